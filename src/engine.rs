@@ -1,0 +1,908 @@
+//! The engine and its type states.
+//!
+//! ```text
+//! Hixl<Initialized> --register--> Hixl<Registered> --activate--> Hixl<Connected> --finalize--> Hixl<Finalized>
+//!                                   ^  (register more)                 |  connect(&self) -> Link<'_>
+//!                                   +-------------- deactivate --------+  (all links dropped first)
+//! ```
+//!
+//! `Hixl<S>` is an `Arc` to the engine's resources plus a zero-sized state marker. Methods exist
+//! only in the states where they are allowed, and transitions consume the engine, so misuse is a
+//! compile error. Fallible transitions hand the engine back in its previous state
+//! ([`TransitionError::into_engine`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::context::{ContextToken, DetachedContext};
+use crate::error::{Error, Refused, Status, check_timeout};
+use crate::link::Link;
+use crate::memory::{Access, MemDesc, MemType, RawMemory, Region, RegionCore, RegistrableMemory};
+use crate::options::Options;
+use crate::transport::tcp::{ServeTable, Server, ServerConfig};
+
+mod sealed {
+    pub trait Sealed {}
+    pub trait SealedReclaim {}
+}
+
+/// An engine state. Sealed: the four states below are all there are.
+pub trait State: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
+    /// The state's name, for diagnostics.
+    const NAME: &'static str;
+}
+
+/// Initialized: the name is parsed and, for a server, the port is bound. No memory yet.
+#[derive(Debug)]
+pub struct Initialized;
+/// Registered: memory can be registered and deregistered; no link can exist, nothing is served.
+#[derive(Debug)]
+pub struct Registered;
+/// Connected: registration is closed; the engine serves its regions (if it listens) and can
+/// connect to remote engines.
+#[derive(Debug)]
+pub struct Connected;
+/// Finalized: everything is torn down; regions can only be handed back.
+#[derive(Debug)]
+pub struct Finalized;
+
+macro_rules! states {
+    ($($s:ident),*) => {$(
+        impl sealed::Sealed for $s {}
+        impl State for $s { const NAME: &'static str = stringify!($s); }
+    )*};
+}
+states!(Initialized, Registered, Connected, Finalized);
+
+/// States that can be finalized (every state but `Finalized`).
+pub trait Live: State {}
+impl Live for Initialized {}
+impl Live for Registered {}
+impl Live for Connected {}
+
+/// States in which no link exists and nothing is served, so regions can be handed back.
+pub trait Quiescent: State {}
+impl Quiescent for Registered {}
+impl Quiescent for Finalized {}
+
+/// A hixl engine in state `S`.
+///
+/// Created by [`Hixl::initialize`]. See the [crate docs](crate) for the lifecycle.
+#[must_use = "dropping an engine tears it down; call `finalize()` to do it explicitly"]
+pub struct Hixl<S: State> {
+    inner: Arc<EngineInner>,
+    _state: PhantomData<S>,
+}
+
+impl<S: State> fmt::Debug for Hixl<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hixl")
+            .field("state", &S::NAME)
+            .field("name", &self.inner.name)
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+/// A parsed HIXL engine name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineName {
+    /// The IP address.
+    pub ip: IpAddr,
+    /// The port; `None` (or 0 in the name) means the engine does not listen.
+    pub port: Option<u16>,
+}
+
+impl EngineName {
+    /// Parses `"ip"`, `"ip:port"`, `"[ipv6]"` or `"[ipv6]:port"` (a bare IPv6 address without
+    /// a port is accepted too). A port of 0 means "no port", as in HIXL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEngineName`] (`PARAM_INVALID`).
+    pub fn parse(name: &str) -> Result<Self, Error> {
+        let bad = |problem| Error::InvalidEngineName {
+            name: name.to_owned(),
+            problem,
+        };
+        let (ip, port) = if let Some(rest) = name.strip_prefix('[') {
+            let (ip, after) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
+            let ip: Ipv6Addr = ip.parse().map_err(|_| bad("not an IPv6 address"))?;
+            let port = match after {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("expected ':' after ']'"))?,
+                ),
+            };
+            (IpAddr::V6(ip), port)
+        } else if let Ok(ip) = name.parse::<Ipv6Addr>() {
+            (IpAddr::V6(ip), None)
+        } else {
+            let (ip, port) = match name.split_once(':') {
+                Some((ip, port)) => (ip, Some(port)),
+                None => (name, None),
+            };
+            (
+                IpAddr::V4(ip.parse().map_err(|_| bad("not an IPv4 address"))?),
+                port,
+            )
+        };
+        let port = match port {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(0) => None,
+                Ok(p) => Some(p),
+                Err(_) => return Err(bad("the port is not a number in 0..=65535")),
+            },
+        };
+        Ok(Self { ip, port })
+    }
+
+    /// The socket address, if the name has a port.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        self.port.map(|p| SocketAddr::new(self.ip, p))
+    }
+}
+
+impl fmt::Display for EngineName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.ip, self.port) {
+            (IpAddr::V4(ip), None) => write!(f, "{ip}"),
+            (IpAddr::V6(ip), None) => write!(f, "[{ip}]"),
+            (ip, Some(p)) => write!(f, "{}", SocketAddr::new(ip, p)),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Regions {
+    by_addr: BTreeMap<usize, Arc<RegionCore>>,
+    next_id: u32,
+    bytes: usize,
+}
+
+/// The engine's resources. `Drop` is the fallback teardown; `finalize` is the observable one.
+pub(crate) struct EngineInner {
+    pub(crate) id: u64,
+    pub(crate) instance: u64,
+    pub(crate) name: String,
+    pub(crate) options: Options,
+    listener: Mutex<Option<TcpListener>>,
+    regions: Mutex<Regions>,
+    server: Mutex<Option<Server>>,
+    peers: Mutex<HashSet<String>>,
+    pub(crate) span: tracing::Span,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A random 64-bit value from the kernel (instance ids, link tokens).
+pub(crate) fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into the live `v`.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        // fall back on time and pid: unique enough for an instance id
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        v = t ^ (u64::from(std::process::id()) << 32) ^ NEXT_ENGINE.load(Ordering::Relaxed);
+    }
+    v
+}
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
+
+impl EngineInner {
+    fn insert(
+        &self,
+        addr: usize,
+        len: usize,
+        mem_type: MemType,
+        make: impl FnOnce(u32) -> RegionCore,
+    ) -> Result<Arc<RegionCore>, Error> {
+        if len == 0 {
+            return Err(Error::ZeroLengthRegion);
+        }
+        if addr == 0 {
+            return Err(Error::NullAddress);
+        }
+        let end = addr
+            .checked_add(len)
+            .ok_or(Error::AddressOverflow { addr, len })?;
+        if mem_type != MemType::Host {
+            return Err(Error::UnsupportedMemory {
+                mem_type,
+                why: "no device transport is available in this build",
+            });
+        }
+        let mut regs = lock(&self.regions);
+        if let Some((&a, r)) = regs.by_addr.range(..=addr).next_back() {
+            if a == addr && r.len == len {
+                return Err(Error::AlreadyRegistered {
+                    addr,
+                    len,
+                    existing: r.id,
+                });
+            }
+            if a + r.len > addr {
+                return Err(Error::OverlappingRegion {
+                    addr,
+                    len,
+                    existing: r.id,
+                });
+            }
+        }
+        if let Some((_, r)) = regs.by_addr.range(addr + 1..end).next() {
+            return Err(Error::OverlappingRegion {
+                addr,
+                len,
+                existing: r.id,
+            });
+        }
+        if regs.by_addr.len() >= self.options.max_regions {
+            return Err(Error::TooManyRegions {
+                limit: self.options.max_regions,
+            });
+        }
+        let id = regs.next_id;
+        regs.next_id = id.checked_add(1).ok_or(Error::TooManyRegions {
+            limit: u32::MAX as usize,
+        })?;
+        let core = Arc::new(make(id));
+        regs.by_addr.insert(addr, core.clone());
+        regs.bytes += len;
+        tracing::debug!(parent: &self.span, region = id, addr = format_args!("{addr:#x}"), len, "registered");
+        Ok(core)
+    }
+
+    fn register_owned<M: RegistrableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Region<M>, Refused<M>> {
+        let raw: RawMemory = mem.into_raw_parts();
+        let engine = self.id;
+        match self.insert(
+            raw.ptr().as_ptr() as usize,
+            raw.len(),
+            raw.mem_type(),
+            |id| RegionCore::new_owned::<M>(id, engine, raw, access),
+        ) {
+            Ok(core) => Ok(Region {
+                core,
+                _mem: PhantomData,
+            }),
+            Err(error) => Err(Refused {
+                error,
+                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
+                value: unsafe { M::from_raw_parts(raw) },
+            }),
+        }
+    }
+
+    fn register_raw(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<Region<MemDesc>, Error> {
+        let engine = self.id;
+        let core = self.insert(desc.addr, desc.len, mem_type, |id| {
+            RegionCore::new_raw(id, engine, desc, mem_type, access)
+        })?;
+        Ok(Region {
+            core,
+            _mem: PhantomData,
+        })
+    }
+
+    fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+        if region.core.engine != self.id {
+            return Err(Refused {
+                error: Error::ForeignHandle {
+                    what: "region",
+                    owner: region.core.engine,
+                    engine: self.id,
+                },
+                value: region,
+            });
+        }
+        let mut regs = lock(&self.regions);
+        let listed = regs
+            .by_addr
+            .get(&region.core.addr)
+            .is_some_and(|r| Arc::ptr_eq(r, &region.core));
+        if listed {
+            regs.by_addr.remove(&region.core.addr);
+            regs.bytes -= region.core.len;
+        }
+        match Arc::try_unwrap(region.core) {
+            Ok(mut core) => {
+                tracing::debug!(parent: &self.span, region = core.id, "deregistered");
+                let desc = MemDesc {
+                    addr: core.addr,
+                    len: core.len,
+                };
+                // SAFETY: `Region<M>` is only created by `register_owned::<M>` (with the parts of
+                // `M::into_raw_parts`) or, for `M = MemDesc`, by `register_raw`; this is the last
+                // reference to the core, and `take_raw` hands the parts out once.
+                Ok(unsafe { M::reclaim(core.take_raw(), desc) })
+            }
+            Err(core) => {
+                let id = core.id;
+                if listed {
+                    regs.bytes += core.len;
+                    regs.by_addr.insert(core.addr, core.clone());
+                }
+                Err(Refused {
+                    error: Error::RegionBusy { region: id },
+                    value: Region {
+                        core,
+                        _mem: PhantomData,
+                    },
+                })
+            }
+        }
+    }
+
+    pub(crate) fn forget_peer(&self, peer: &str) {
+        lock(&self.peers).remove(peer);
+    }
+
+    fn stop_server(&self) {
+        let server = lock(&self.server).take();
+        if let Some(s) = server {
+            s.stop(self.options.finalize_timeout);
+        }
+    }
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.stop_server();
+    }
+}
+
+/// What deregistration hands back for a region of type `Region<M>`. Sealed.
+pub trait Reclaim: sealed::SealedReclaim + Sized {
+    #[doc(hidden)]
+    /// Rebuilds the value from what the region held: its owned memory (for owned registrations,
+    /// handed out once) and its address range.
+    ///
+    /// # Safety
+    /// `raw` must be what `into_raw_parts` of `Self` returned when the region was registered.
+    unsafe fn reclaim(raw: Option<RawMemory>, desc: MemDesc) -> Self;
+}
+
+impl<M: RegistrableMemory> sealed::SealedReclaim for M {}
+impl<M: RegistrableMemory> Reclaim for M {
+    unsafe fn reclaim(raw: Option<RawMemory>, _desc: MemDesc) -> Self {
+        let raw = raw.expect("a Region<M> of owned memory holds its memory until reclaimed");
+        // SAFETY: the caller passes the parts `M::into_raw_parts` produced at registration.
+        unsafe { M::from_raw_parts(raw) }
+    }
+}
+
+impl sealed::SealedReclaim for MemDesc {}
+impl Reclaim for MemDesc {
+    unsafe fn reclaim(_raw: Option<RawMemory>, desc: MemDesc) -> Self {
+        desc
+    }
+}
+
+/// A failed transition: the error, the engine in its previous state, and whatever else the call
+/// consumed (the memory of a failed first registration).
+pub struct TransitionError<S: State, M = ()> {
+    /// Why the transition failed.
+    pub error: Error,
+    engine: Hixl<S>,
+    value: M,
+}
+
+impl<S: State, M> TransitionError<S, M> {
+    /// The engine, back in its previous state.
+    pub fn into_engine(self) -> Hixl<S> {
+        self.engine
+    }
+    /// The error, the engine and the consumed value.
+    pub fn into_parts(self) -> (Error, Hixl<S>, M) {
+        (self.error, self.engine, self.value)
+    }
+    /// HIXL's status code for the failure.
+    pub fn status(&self) -> Status {
+        self.error.status()
+    }
+}
+
+impl<S: State, M> fmt::Debug for TransitionError<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransitionError")
+            .field("error", &self.error)
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: State, M> fmt::Display for TransitionError<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "transition failed; engine returned in state {}: {}",
+            S::NAME,
+            self.error
+        )
+    }
+}
+
+impl<S: State, M> std::error::Error for TransitionError<S, M> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<S: State, M> From<TransitionError<S, M>> for Error {
+    fn from(e: TransitionError<S, M>) -> Self {
+        e.error
+    }
+}
+
+impl<S: State> Hixl<S> {
+    fn into_state<T: State>(self) -> Hixl<T> {
+        tracing::debug!(parent: &self.inner.span, from = S::NAME, to = T::NAME, "transition");
+        Hixl {
+            inner: self.inner,
+            _state: PhantomData,
+        }
+    }
+
+    /// The engine name (for an engine listening on an ephemeral port, with the port it got).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// The engine's id, unique in this process (regions and links carry it).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+    /// The per-process instance id peers see (random; changes when the process restarts).
+    pub fn instance(&self) -> u64 {
+        self.inner.instance
+    }
+    /// Whether the engine listens (serves its regions to peers).
+    pub fn is_server(&self) -> bool {
+        lock(&self.inner.listener).is_some()
+    }
+    /// The number of registered regions.
+    pub fn region_count(&self) -> usize {
+        lock(&self.inner.regions).by_addr.len()
+    }
+    /// The number of registered bytes.
+    pub fn registered_bytes(&self) -> usize {
+        lock(&self.inner.regions).bytes
+    }
+    /// The options the engine was initialized with.
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// Binds the engine's device context on this thread and runs `f` with a token proving it.
+    ///
+    /// # Errors
+    /// Binding a device context can fail on device backends; host engines always succeed.
+    pub fn with_context<R>(&self, f: impl FnOnce(&ContextToken<'_>) -> R) -> Result<R, Error> {
+        let tok = ContextToken::mint(self.inner.id);
+        Ok(f(&tok))
+    }
+
+    /// The engine's context, detached so it can be carried to another thread and bound there.
+    pub fn detach_context(&self) -> DetachedContext {
+        DetachedContext::new(self.inner.id)
+    }
+}
+
+impl Hixl<Initialized> {
+    /// Creates an engine (HIXL `Initialize`) named `"ip"`, `"ip:port"`, `"[ipv6]"` or
+    /// `"[ipv6]:port"`. With a port > 0 the engine listens on that address (only that address)
+    /// and serves its regions once connected; without one it is a client only.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEngineName`] (`PARAM_INVALID`) for a bad name; [`Error::Listen`]
+    /// (`FAILED`) when the port cannot be bound.
+    pub fn initialize(name: &str, options: Options) -> Result<Self, Error> {
+        Self::initialize_with(name, options, false)
+    }
+
+    /// Like [`Hixl::initialize`], but a name without a port (or with port 0) listens on a port
+    /// the OS chooses; [`Hixl::name`] then reports it. Useful for tests and examples.
+    ///
+    /// # Errors
+    /// As [`Hixl::initialize`].
+    pub fn initialize_ephemeral(name: &str, options: Options) -> Result<Self, Error> {
+        Self::initialize_with(name, options, true)
+    }
+
+    fn initialize_with(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
+        let parsed = EngineName::parse(name)?;
+        check_timeout(options.connect_timeout)?;
+        let port = match (parsed.port, ephemeral) {
+            (Some(p), _) => Some(p),
+            (None, true) => Some(0),
+            (None, false) => None,
+        };
+        let (listener, name) = match port {
+            Some(p) => {
+                let addr = SocketAddr::new(parsed.ip, p);
+                let l = TcpListener::bind(addr).map_err(|source| Error::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                let actual = l.local_addr().map_err(|source| Error::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                (Some(l), actual.to_string())
+            }
+            None => (None, parsed.to_string()),
+        };
+        let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!("hixl", engine = %name, id);
+        tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
+        Ok(Hixl {
+            inner: Arc::new(EngineInner {
+                id,
+                instance: random_u64(),
+                name,
+                options,
+                listener: Mutex::new(listener),
+                regions: Mutex::new(Regions::default()),
+                server: Mutex::new(None),
+                peers: Mutex::new(HashSet::new()),
+                span,
+            }),
+            _state: PhantomData,
+        })
+    }
+
+    /// Registers the first region (HIXL `RegisterMem`) with read-write access for peers; the
+    /// engine moves to `Registered`.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`]; the engine and the memory come back in the error.
+    #[allow(clippy::type_complexity)]
+    pub fn register<M: RegistrableMemory>(
+        self,
+        mem: M,
+    ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
+        self.register_with(mem, Access::ReadWrite)
+    }
+
+    /// Registers the first region with the given remote access rights.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`]; the engine and the memory come back in the error.
+    #[allow(clippy::type_complexity)]
+    pub fn register_with<M: RegistrableMemory>(
+        self,
+        mem: M,
+        access: Access,
+    ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
+        match self.inner.register_owned(mem, access) {
+            Ok(r) => Ok((self.into_state(), r)),
+            Err(Refused { error, value }) => Err(TransitionError {
+                error,
+                engine: self,
+                value,
+            }),
+        }
+    }
+
+    /// Registers caller-managed memory as the first region (HIXL's `MemDesc` form).
+    ///
+    /// # Safety
+    /// As [`Hixl::<Registered>::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register_raw`]; the engine comes back in the error.
+    pub unsafe fn register_raw(
+        self,
+        desc: MemDesc,
+        mem_type: MemType,
+    ) -> Result<(Hixl<Registered>, Region<MemDesc>), TransitionError<Initialized>> {
+        match self.inner.register_raw(desc, mem_type, Access::ReadWrite) {
+            Ok(r) => Ok((self.into_state(), r)),
+            Err(error) => Err(TransitionError {
+                error,
+                engine: self,
+                value: (),
+            }),
+        }
+    }
+
+    /// Moves to `Registered` without registering anything (a client that only needs to be
+    /// connected, or code that registers in a loop).
+    pub fn into_registered(self) -> Hixl<Registered> {
+        self.into_state()
+    }
+}
+
+impl Hixl<Registered> {
+    /// Registers memory the engine takes ownership of (HIXL `RegisterMem`), with read-write
+    /// access for peers. Deregistering hands it back.
+    ///
+    /// # Errors
+    /// The memory comes back in the [`Refused`] error. `PARAM_INVALID`:
+    /// [`Error::ZeroLengthRegion`], [`Error::AlreadyRegistered`], [`Error::OverlappingRegion`];
+    /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`: [`Error::UnsupportedMemory`]
+    /// for device memory.
+    pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, Refused<M>> {
+        self.inner.register_owned(mem, Access::ReadWrite)
+    }
+
+    /// Registers memory with the given remote access rights.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`].
+    pub fn register_with<M: RegistrableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Region<M>, Refused<M>> {
+        self.inner.register_owned(mem, access)
+    }
+
+    /// Registers caller-managed memory (HIXL's `RegisterMem(MemDesc, MemType)` form).
+    ///
+    /// # Safety
+    /// Until the returned region is deregistered (or, if it is dropped instead, until the
+    /// engine is finalized or dropped):
+    /// - `desc.addr..desc.addr + desc.len` must stay allocated, mapped and valid for reads and
+    ///   writes of any byte values;
+    /// - nothing else may access it in a way that conflicts with transfers: peers READ it and
+    ///   WRITE it at any time while the engine is `Connected`, and local READ transfers write it.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID`: [`Error::ZeroLengthRegion`], [`Error::NullAddress`],
+    /// [`Error::AddressOverflow`], [`Error::AlreadyRegistered`], [`Error::OverlappingRegion`];
+    /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`:
+    /// [`Error::UnsupportedMemory`] for [`MemType::Device`].
+    pub unsafe fn register_raw(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+    ) -> Result<Region<MemDesc>, Error> {
+        self.inner.register_raw(desc, mem_type, Access::ReadWrite)
+    }
+
+    /// [`register_raw`](Hixl::<Registered>::register_raw) with explicit access rights.
+    ///
+    /// # Safety
+    /// As [`Hixl::<Registered>::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register_raw`].
+    pub unsafe fn register_raw_with(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<Region<MemDesc>, Error> {
+        self.inner.register_raw(desc, mem_type, access)
+    }
+
+    /// Registers device memory; needs a token proving the device context is bound here.
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::UnsupportedMemory`]
+    /// (`UNSUPPORTED`) in this build, which has no device transport. The memory comes back.
+    pub fn register_device<M: RegistrableMemory>(
+        &self,
+        ctx: &ContextToken<'_>,
+        mem: M,
+    ) -> Result<Region<M>, Refused<M>> {
+        if ctx.engine_id() != self.inner.id {
+            return Err(Refused {
+                error: Error::ForeignHandle {
+                    what: "context token",
+                    owner: ctx.engine_id(),
+                    engine: self.inner.id,
+                },
+                value: mem,
+            });
+        }
+        Err(Refused {
+            error: Error::UnsupportedMemory {
+                mem_type: MemType::Device,
+                why: "no device transport is available in this build",
+            },
+            value: mem,
+        })
+    }
+
+    /// Closes registration and opens the engine to links: a listening engine starts serving its
+    /// regions (their table is frozen and sent to each client at connect), and
+    /// [`Hixl::connect`] becomes available.
+    ///
+    /// # Errors
+    /// [`Error::Listen`] (`FAILED`) if serving threads cannot be started; the engine comes back
+    /// in `Registered`.
+    pub fn activate(self) -> Result<Hixl<Connected>, TransitionError<Registered>> {
+        let started = {
+            let listener = lock(&self.inner.listener);
+            match listener.as_ref() {
+                None => Ok(None),
+                Some(l) => {
+                    let regions: Vec<_> = lock(&self.inner.regions)
+                        .by_addr
+                        .values()
+                        .cloned()
+                        .collect();
+                    l.try_clone().and_then(|l| {
+                        Server::start(
+                            l,
+                            ServeTable::new(regions),
+                            ServerConfig {
+                                name: self.inner.name.clone(),
+                                instance: self.inner.instance,
+                                io_timeout: self.inner.options.server_io_timeout,
+                                max_conns: self.inner.options.max_server_conns,
+                                span: self.inner.span.clone(),
+                            },
+                        )
+                        .map(Some)
+                    })
+                }
+            }
+        };
+        match started {
+            Ok(server) => {
+                *lock(&self.inner.server) = server;
+                Ok(self.into_state())
+            }
+            Err(source) => Err(TransitionError {
+                error: Error::Listen {
+                    addr: self.inner.name.clone(),
+                    source,
+                },
+                engine: self,
+                value: (),
+            }),
+        }
+    }
+}
+
+impl<S: Quiescent> Hixl<S> {
+    /// Deregisters a region (HIXL `DeregisterMem`) and hands back its memory. Only possible
+    /// where no link exists and nothing is served, so no transfer can touch it any more.
+    ///
+    /// # Errors
+    /// The region comes back in the [`Refused`] error: [`Error::ForeignHandle`] for a region of
+    /// another engine.
+    pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+        self.inner.deregister(region)
+    }
+}
+
+impl Hixl<Connected> {
+    /// Connects to a listening remote engine with the configured timeout (1000 ms by default),
+    /// HIXL `Connect`. The link borrows the engine.
+    ///
+    /// # Errors
+    /// As [`Hixl::connect_timeout`].
+    pub fn connect(&self, remote: &str) -> Result<Link<'_>, Error> {
+        self.connect_timeout(remote, self.inner.options.connect_timeout)
+    }
+
+    /// Connects to a listening remote engine; the peer sends its region table.
+    ///
+    /// # Errors
+    /// - `PARAM_INVALID`: [`Error::InvalidTimeout`] (zero), [`Error::InvalidEngineName`],
+    ///   [`Error::NotConnectable`] (no port, or this engine itself);
+    /// - `ALREADY_CONNECTED`: [`Error::AlreadyConnected`];
+    /// - `TIMEOUT`: [`Error::Timeout`] when the peer does not answer in time;
+    /// - `FAILED`: [`Error::ConnectFailed`] (refused, unreachable; with the cause),
+    ///   [`Error::Protocol`]; or the peer's status in [`Error::Refused`].
+    pub fn connect_timeout(&self, remote: &str, timeout: Duration) -> Result<Link<'_>, Error> {
+        let timeout = check_timeout(timeout)?;
+        let parsed = EngineName::parse(remote)?;
+        let Some(addr) = parsed.socket_addr() else {
+            return Err(Error::NotConnectable {
+                peer: remote.to_owned(),
+                problem: "the name has no port, so that engine does not listen",
+            });
+        };
+        let key = addr.to_string();
+        if key == self.inner.name {
+            return Err(Error::NotConnectable {
+                peer: remote.to_owned(),
+                problem: "an engine cannot connect to itself",
+            });
+        }
+        if !lock(&self.inner.peers).insert(key.clone()) {
+            return Err(Error::AlreadyConnected { peer: key });
+        }
+        Link::open(&self.inner, key.clone(), addr, timeout)
+            .inspect_err(|_| self.inner.forget_peer(&key))
+    }
+
+    /// Stops serving and returns to `Registered`, where memory can be (de)registered. Every link
+    /// of this engine must be gone (the borrow checker makes sure). Requests being served get up
+    /// to the `finalize_timeout` option to finish; then every incoming connection is closed.
+    pub fn deactivate(self) -> Hixl<Registered> {
+        self.inner.stop_server();
+        self.into_state()
+    }
+}
+
+impl<S: Live> Hixl<S> {
+    /// Tears the engine down (HIXL `Finalize`): serving stops (requests in flight get up to the
+    /// `finalize_timeout` option to finish), the listening socket closes, and the region table is
+    /// released. Regions still held can be handed back with [`Hixl::deregister`] on the
+    /// finalized engine; dropped ones are freed.
+    pub fn finalize(self) -> Hixl<Finalized> {
+        self.inner.stop_server();
+        lock(&self.inner.listener).take();
+        {
+            let mut regs = lock(&self.inner.regions);
+            regs.by_addr.clear();
+            regs.bytes = 0;
+        }
+        self.into_state()
+    }
+}
+
+static_assertions::assert_eq_size!(Hixl<Initialized>, Hixl<Connected>);
+static_assertions::assert_eq_size!(Hixl<Registered>, Arc<()>);
+static_assertions::assert_eq_size!(Hixl<Finalized>, Hixl<Registered>);
+static_assertions::assert_impl_all!(Hixl<Connected>: Send, Sync);
+static_assertions::assert_impl_all!(Hixl<Registered>: Send, Sync);
+static_assertions::assert_impl_all!(Link<'static>: Send, Sync);
+static_assertions::assert_impl_all!(Region<crate::HostBuffer>: Send, Sync);
+static_assertions::assert_impl_all!(TransitionError<Registered>: std::error::Error, Send, Sync);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_names() {
+        let ok = [
+            ("127.0.0.1", "127.0.0.1", None),
+            ("10.1.2.3:26000", "10.1.2.3:26000", Some(26000)),
+            ("10.1.2.3:0", "10.1.2.3", None),
+            ("[::1]:7", "[::1]:7", Some(7)),
+            ("[fe80::1]", "[fe80::1]", None),
+            ("::1", "[::1]", None),
+        ];
+        for (name, shown, port) in ok {
+            let n = EngineName::parse(name).unwrap();
+            assert_eq!(n.to_string(), shown);
+            assert_eq!(n.port, port);
+        }
+        for bad in [
+            "",
+            "localhost",
+            "1.2.3",
+            "1.2.3.4:",
+            "1.2.3.4:x",
+            "1.2.3.4:65536",
+            "1.2.3.4:-1",
+            "[::1",
+            "[::1]x",
+            "[1.2.3.4]:5",
+            " 1.2.3.4",
+            "1.2.3.4:5:6",
+        ] {
+            let e = EngineName::parse(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidEngineName { .. }), "{bad:?}");
+            assert_eq!(e.status(), Status::PARAM_INVALID);
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! HIXL status codes and the crate's error type.
+//!
+//! Every failure is one variant of [`Error`], with the context a caller needs (peer, region,
+//! descriptor index, operation) and its cause. [`Error::status`] maps each variant onto the numeric
+//! status code HIXL would return, so code written against HIXL's codes keeps working.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use crate::memory::MemType;
+use crate::transfer::TransferOp;
+
+/// A HIXL status code (`hixl::Status`, a `uint32_t`), with HIXL's numeric values.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Status(u32);
+
+impl Status {
+    /// `SUCCESS`: no error.
+    pub const SUCCESS: Self = Self(0);
+    /// `PARAM_INVALID`: a bad parameter. Recoverable.
+    pub const PARAM_INVALID: Self = Self(103_900);
+    /// `TIMEOUT`: an operation did not finish within its deadline.
+    pub const TIMEOUT: Self = Self(103_901);
+    /// `NOT_CONNECTED`: there is no (usable) link to the peer. Recoverable by connecting again.
+    pub const NOT_CONNECTED: Self = Self(103_902);
+    /// `ALREADY_CONNECTED`: a second connect to the same remote engine. Recoverable.
+    pub const ALREADY_CONNECTED: Self = Self(103_903);
+    /// `NOTIFY_FAILED`: reserved by HIXL, never returned.
+    pub const NOTIFY_FAILED: Self = Self(103_904);
+    /// `UNSUPPORTED`: a parameter or feature this build or backend does not support. Recoverable.
+    pub const UNSUPPORTED: Self = Self(103_905);
+    /// `RESOURCE_EXHAUSTED`: out of a bounded resource (regions, lanes, queue slots). Retry later.
+    pub const RESOURCE_EXHAUSTED: Self = Self(203_900);
+    /// `FAILED`: a generic failure. Not recoverable on this link.
+    pub const FAILED: Self = Self(503_900);
+
+    /// The numeric code, as HIXL's C++ API returns it.
+    pub const fn code(self) -> u32 {
+        self.0
+    }
+
+    /// The status for a numeric code, if it is one HIXL defines.
+    pub const fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 | 103_900 | 103_901 | 103_902 | 103_903 | 103_904 | 103_905 | 203_900 | 503_900 => {
+                Some(Self(code))
+            }
+            _ => None,
+        }
+    }
+
+    /// HIXL's name for the code (`"PARAM_INVALID"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self.0 {
+            0 => "SUCCESS",
+            103_900 => "PARAM_INVALID",
+            103_901 => "TIMEOUT",
+            103_902 => "NOT_CONNECTED",
+            103_903 => "ALREADY_CONNECTED",
+            103_904 => "NOTIFY_FAILED",
+            103_905 => "UNSUPPORTED",
+            203_900 => "RESOURCE_EXHAUSTED",
+            _ => "FAILED",
+        }
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.name(), self.0)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+/// Why a peer refused a request or a connection (sent back over the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRefusal {
+    /// The HIXL status the peer reported.
+    pub status: Status,
+    /// The peer's explanation.
+    pub reason: String,
+}
+
+impl fmt::Display for RemoteRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status, self.reason)
+    }
+}
+
+/// Every error hixl returns.
+///
+/// Match on the variant for the details, or call [`Error::status`] for HIXL's numeric code and
+/// [`Error::is_retryable`] to decide whether trying again can help.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The engine name is not `ip`, `ip:port`, `[ipv6]` or `[ipv6]:port`.
+    #[error("invalid engine name {name:?}: {problem}")]
+    InvalidEngineName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// An option key HIXL does not define (HIXL answers `PARAM_INVALID`).
+    #[error("unknown option key {key:?}")]
+    UnknownOption {
+        /// The key as given.
+        key: String,
+    },
+    /// A valid option value this build cannot honour.
+    #[error("option {key}={value} is not supported: {why}")]
+    UnsupportedOption {
+        /// The option key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// Why not.
+        why: &'static str,
+    },
+    /// An option value outside its documented range or format.
+    #[error("invalid value {value:?} for option {key}: {problem}")]
+    InvalidOption {
+        /// The option key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// The documented constraint.
+        problem: &'static str,
+    },
+    /// A timeout of zero (HIXL: `timeout_in_millis <= 0`).
+    #[error("timeout must be positive, got {millis} ms")]
+    InvalidTimeout {
+        /// The timeout in milliseconds as given.
+        millis: i64,
+    },
+    /// A region of zero bytes.
+    #[error("cannot register a zero-length region")]
+    ZeroLengthRegion,
+    /// A null address was registered.
+    #[error("cannot register a null address")]
+    NullAddress,
+    /// `addr + len` overflows the address space.
+    #[error("region {addr:#x}+{len} overflows the address space")]
+    AddressOverflow {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// The same `(addr, len)` is registered already.
+    #[error("region {addr:#x}+{len} is already registered as region {existing}")]
+    AlreadyRegistered {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+        /// The id of the existing registration.
+        existing: u32,
+    },
+    /// The range overlaps an existing registration without being identical to it.
+    #[error("region {addr:#x}+{len} overlaps registered region {existing}")]
+    OverlappingRegion {
+        /// Start address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+        /// The id of the registration it overlaps.
+        existing: u32,
+    },
+    /// The engine already holds its maximum number of regions.
+    #[error("region limit reached: {limit} regions are registered")]
+    TooManyRegions {
+        /// The configured limit (`Options::max_regions`, 4000 by default).
+        limit: usize,
+    },
+    /// A memory type this engine cannot serve yet.
+    #[error("{mem_type:?} memory is not supported: {why}")]
+    UnsupportedMemory {
+        /// The memory type asked for.
+        mem_type: MemType,
+        /// Why not.
+        why: &'static str,
+    },
+    /// A region, range or link of one engine was used with another.
+    #[error("{what} belongs to engine {owner}, not to engine {engine}")]
+    ForeignHandle {
+        /// What was passed (`"region"`, `"remote range"`, ...).
+        what: &'static str,
+        /// The owning engine (or link) id.
+        owner: u64,
+        /// The engine (or link) it was used with.
+        engine: u64,
+    },
+    /// A sub-range that does not fit in its region, or is empty.
+    #[error("range {offset}+{len} is outside region {region} of {region_len} bytes (or empty)")]
+    RangeOutOfBounds {
+        /// The region id.
+        region: u32,
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// A remote address range that lies in no region of the peer's table.
+    #[error("remote range {addr:#x}+{len} is not inside any region registered by {peer}")]
+    RemoteNotRegistered {
+        /// The peer's engine name.
+        peer: String,
+        /// The remote address.
+        addr: u64,
+        /// The length.
+        len: u64,
+    },
+    /// The region's access rights forbid the operation.
+    #[error("{op:?} is not permitted on region {region} (access {access})")]
+    AccessDenied {
+        /// The operation.
+        op: TransferOp,
+        /// The region id.
+        region: u32,
+        /// The region's access rights.
+        access: &'static str,
+    },
+    /// A descriptor whose local and remote lengths differ.
+    #[error("descriptor {index}: local length {local} != remote length {remote}")]
+    LengthMismatch {
+        /// Descriptor index in the batch.
+        index: usize,
+        /// Local length.
+        local: u64,
+        /// Remote length.
+        remote: u64,
+    },
+    /// An empty descriptor list.
+    #[error("a transfer needs at least one descriptor")]
+    EmptyBatch,
+    /// Too many descriptors in one call.
+    #[error("{count} descriptors in one call; the limit is {limit}")]
+    BatchTooLarge {
+        /// Descriptors given.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Connecting to a remote engine that already has a link from this engine.
+    #[error("already connected to {peer}")]
+    AlreadyConnected {
+        /// The remote engine name.
+        peer: String,
+    },
+    /// Connecting to a name that does not listen (no port) or to this engine itself.
+    #[error("cannot connect to {peer:?}: {problem}")]
+    NotConnectable {
+        /// The remote engine name.
+        peer: String,
+        /// Why.
+        problem: &'static str,
+    },
+    /// The link is broken (its peer went away or a lane failed) or was closed; connect again.
+    #[error("link to {peer} is not usable: {why}")]
+    NotConnected {
+        /// The remote engine name.
+        peer: String,
+        /// Why the link is unusable.
+        why: String,
+    },
+    /// The operation did not finish within its deadline.
+    #[error("{op} with {peer} timed out after {elapsed:?}")]
+    Timeout {
+        /// What timed out (`"connect"`, `"WRITE"`, ...).
+        op: &'static str,
+        /// The peer's engine name.
+        peer: String,
+        /// How long it ran.
+        elapsed: Duration,
+    },
+    /// The connection could not be made (refused, unreachable, ...).
+    #[error("cannot connect to {peer}")]
+    ConnectFailed {
+        /// The remote engine name.
+        peer: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The engine's listening socket could not be set up.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// An I/O error on a link while a transfer or handshake ran.
+    #[error("{op} with {peer} failed")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The remote engine name.
+        peer: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer refused the request (its own validation failed) or the connection.
+    #[error("{peer} refused {op}: {refusal}")]
+    Refused {
+        /// The operation.
+        op: &'static str,
+        /// The remote engine name.
+        peer: String,
+        /// The peer's code and reason.
+        refusal: RemoteRefusal,
+    },
+    /// The peer sent something that is not valid hixl protocol.
+    #[error("protocol error with {peer}: {problem}")]
+    Protocol {
+        /// The remote engine name.
+        peer: String,
+        /// What was wrong.
+        problem: String,
+    },
+    /// All lanes of a link are busy and no more may be opened before the deadline.
+    #[error("no free lane to {peer} within the deadline ({lanes} lanes busy)")]
+    LanesExhausted {
+        /// The remote engine name.
+        peer: String,
+        /// Lanes in use.
+        lanes: usize,
+    },
+    /// Memory for a buffer could not be allocated.
+    #[error("cannot allocate {len} bytes")]
+    OutOfMemory {
+        /// The size asked for.
+        len: usize,
+    },
+    /// The region is still referenced elsewhere and cannot be handed back yet.
+    #[error("region {region} is still in use")]
+    RegionBusy {
+        /// The region id.
+        region: u32,
+    },
+}
+
+impl Error {
+    /// The HIXL status code this error maps to.
+    pub fn status(&self) -> Status {
+        use Error::*;
+        match self {
+            InvalidEngineName { .. }
+            | UnknownOption { .. }
+            | InvalidOption { .. }
+            | InvalidTimeout { .. }
+            | ZeroLengthRegion
+            | NullAddress
+            | AddressOverflow { .. }
+            | AlreadyRegistered { .. }
+            | OverlappingRegion { .. }
+            | ForeignHandle { .. }
+            | RangeOutOfBounds { .. }
+            | RemoteNotRegistered { .. }
+            | AccessDenied { .. }
+            | LengthMismatch { .. }
+            | EmptyBatch
+            | BatchTooLarge { .. }
+            | NotConnectable { .. } => Status::PARAM_INVALID,
+            UnsupportedMemory { .. } | UnsupportedOption { .. } => Status::UNSUPPORTED,
+            TooManyRegions { .. }
+            | LanesExhausted { .. }
+            | RegionBusy { .. }
+            | OutOfMemory { .. } => Status::RESOURCE_EXHAUSTED,
+            AlreadyConnected { .. } => Status::ALREADY_CONNECTED,
+            NotConnected { .. } => Status::NOT_CONNECTED,
+            Timeout { .. } => Status::TIMEOUT,
+            Refused { refusal, .. } => refusal.status,
+            ConnectFailed { .. } | Listen { .. } | Io { .. } | Protocol { .. } => Status::FAILED,
+        }
+    }
+
+    /// Whether the same call may succeed if tried again (after reconnecting, for link errors).
+    ///
+    /// Parameter errors are not retryable: the same arguments fail the same way.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::NotConnected { .. }
+                | Error::ConnectFailed { .. }
+                | Error::LanesExhausted { .. }
+                | Error::Io { .. }
+        )
+    }
+}
+
+/// A failed consuming call that hands back what it consumed.
+///
+/// Registration returns the memory it could not register; deregistration returns the region.
+/// `?` converts it into [`Error`] (dropping the value).
+pub struct Refused<T> {
+    /// Why the call failed.
+    pub error: Error,
+    /// What the call consumed, handed back unchanged.
+    pub value: T,
+}
+
+impl<T> Refused<T> {
+    /// The value that was handed back.
+    pub fn into_inner(self) -> T {
+        self.value
+    }
+
+    /// The error and the value.
+    pub fn into_parts(self) -> (Error, T) {
+        (self.error, self.value)
+    }
+
+    /// HIXL's status code for the failure.
+    pub fn status(&self) -> Status {
+        self.error.status()
+    }
+}
+
+impl<T> fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for Refused<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<Refused<T>> for Error {
+    fn from(r: Refused<T>) -> Self {
+        r.error
+    }
+}
+
+/// Converts a HIXL-style `timeout_in_millis` into a [`Duration`]; `<= 0` is `PARAM_INVALID`, as in HIXL.
+///
+/// # Errors
+/// [`Error::InvalidTimeout`] for zero or negative values.
+pub fn timeout_from_millis(millis: i32) -> Result<Duration, Error> {
+    if millis <= 0 {
+        return Err(Error::InvalidTimeout {
+            millis: i64::from(millis),
+        });
+    }
+    Ok(Duration::from_millis(millis as u64))
+}
+
+pub(crate) fn check_timeout(t: Duration) -> Result<Duration, Error> {
+    if t.is_zero() {
+        return Err(Error::InvalidTimeout { millis: 0 });
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_keep_hixl_values() {
+        assert_eq!(Status::PARAM_INVALID.code(), 103900);
+        assert_eq!(Status::TIMEOUT.code(), 103901);
+        assert_eq!(Status::NOT_CONNECTED.code(), 103902);
+        assert_eq!(Status::ALREADY_CONNECTED.code(), 103903);
+        assert_eq!(Status::NOTIFY_FAILED.code(), 103904);
+        assert_eq!(Status::UNSUPPORTED.code(), 103905);
+        assert_eq!(Status::RESOURCE_EXHAUSTED.code(), 203900);
+        assert_eq!(Status::FAILED.code(), 503900);
+        for s in [Status::SUCCESS, Status::TIMEOUT, Status::FAILED] {
+            assert_eq!(Status::from_code(s.code()), Some(s));
+        }
+        assert_eq!(Status::from_code(7), None);
+        assert_eq!(format!("{}", Status::TIMEOUT), "TIMEOUT (103901)");
+    }
+
+    #[test]
+    fn timeouts_from_millis() {
+        assert_eq!(timeout_from_millis(5).unwrap(), Duration::from_millis(5));
+        for bad in [0, -1, i32::MIN] {
+            let e = timeout_from_millis(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidTimeout { millis } if millis == i64::from(bad)));
+            assert_eq!(e.status(), Status::PARAM_INVALID);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! # hixl: one-sided memory transfer where misuse does not compile
+//!
+//! hixl moves memory between processes and machines with one-sided READ (remote → local) and
+//! WRITE (local → remote): the engine under KV-cache transfer in disaggregated LLM serving. It
+//! follows the HIXL model (Huawei CANN's transfer library): an engine named `ip[:port]` is
+//! initialized, registers memory, connects to remote engines, runs batches of
+//! `{local, remote, len}` descriptors, then disconnects, deregisters and finalizes, with HIXL's
+//! numeric status codes.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use hixl::{Hixl, HostBuffer, Options, TransferDesc, TransferOp};
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), hixl::Error> {
+//! // a serving engine (it listens) with a 1 MiB cache, and a client engine with a 1 MiB buffer
+//! let (server, cache) = Hixl::initialize_ephemeral("127.0.0.1", Options::default())?
+//!     .register(HostBuffer::new(1 << 20)?)?;
+//! let server = server.activate()?;
+//! let (client, mut buf) = Hixl::initialize("127.0.0.1", Options::default())?
+//!     .register(HostBuffer::new(1 << 20)?)?;
+//! let client = client.activate()?;
+//!
+//! buf.write_at(0, b"hello, decode side")?;
+//! {
+//!     let link = client.connect(server.name())?;                  // the server's table arrives
+//!     let remote = link.remote(cache.addr() as u64, 18)?;          // validated against it
+//!     let desc = TransferDesc::new(buf.range(0..18)?, remote);
+//!     link.transfer_sync(TransferOp::Write, &[desc], Duration::from_secs(1))?;
+//!     link.disconnect(Duration::from_secs(1))?;                    // consumes the link
+//! }
+//! let server = server.deactivate();                                // no link can exist now
+//! let cache = server.deregister(cache)?;                           // the memory comes back
+//! assert_eq!(&cache[..18], b"hello, decode side");
+//! let _ = (client.finalize(), server.finalize());
+//! # Ok(()) }
+//! ```
+//!
+//! ## The lifecycle
+//!
+//! ```text
+//! Hixl<Initialized> --register--> Hixl<Registered> --activate--> Hixl<Connected> --finalize--> Hixl<Finalized>
+//!        |                           ^  register / deregister         |  connect(&self) -> Link<'_>
+//!        +--finalize--> Finalized    +----------- deactivate ---------+  (every link gone first)
+//! ```
+//!
+//! | misuse | what you get |
+//! |---|---|
+//! | registering after `activate` (after links can exist) | compile error: no `register` on `Hixl<Connected>` |
+//! | transferring without a link | compile error: transfers are methods of [`Link`] |
+//! | a descriptor from a raw address or integer | compile error: descriptors take [`LocalRange`] and [`RemoteRange`] |
+//! | a region after `deregister`, a link after `disconnect`, an engine after `finalize` or any transition | compile error (use of moved value) |
+//! | deregistering or finalizing while a link is open | compile error: links borrow the connected engine |
+//! | a [`ContextToken`] sent to another thread | compile error: it is `!Send` |
+//! | a range outliving its region, a link outliving its engine | compile error (borrow) |
+//! | a region of engine A used on engine B, a remote range of another link | [`Error::ForeignHandle`], `PARAM_INVALID` |
+//! | a range outside the peer's table, wrong lengths, forbidden access | `PARAM_INVALID`, checked locally and again by the peer |
+//! | a dead peer, a timeout | `NOT_CONNECTED` / `TIMEOUT`, within the deadline |
+//!
+//! The graph is also written down declaratively in [`spec`], where the `typestate` crate checks
+//! that every state is reachable and can reach `Finalized`; a test keeps it in step with the
+//! engine.
+//!
+//! ## Regions, ranges and links
+//!
+//! Registration takes ownership of memory ([`HostBuffer`], `Box<[u8]>`, `Vec<u8>`, or anything
+//! implementing the `unsafe trait` [`RegistrableMemory`]) and returns a [`Region`]: an owned
+//! capability, not a borrow of the engine, so the engine can still change state.
+//! `deregister(region)` hands the memory back. HIXL's `MemDesc` form is
+//! [`Hixl::register_raw`], an `unsafe fn` with a `# Safety` contract.
+//!
+//! [`Region::range`] gives a [`LocalRange`] that borrows the region; [`Link::remote`] (by address,
+//! as in HIXL) or [`RemoteRegion::range`] give a [`RemoteRange`] that borrows the link. A
+//! [`TransferDesc`] pairs them. Memory peers may write is never handed out as a slice while the
+//! engine may serve it: use [`Region::read_at`] / [`Region::write_at`], or take it back.
+//!
+//! ## Thread safety
+//!
+//! `Hixl<S>`, [`Region`] and [`Link`] are `Send + Sync`. Many threads may transfer on one link
+//! at once (each transfer takes a lane, a TCP connection of its own, up to
+//! [`Options::max_lanes`]); no lock is held across network I/O. Device-bound calls take a
+//! [`ContextToken`], which is `!Send + !Sync`; [`DetachedContext`] carries the context to
+//! another thread.
+//!
+//! ## Resource cleanup
+//!
+//! [`Hixl::finalize`] is the explicit teardown: serving threads stop (requests in flight get a
+//! bounded grace period), sockets close. Dropping an engine does the same. Dropping a [`Link`]
+//! disconnects it; dropping a [`Region`] leaves its memory registered until the engine goes
+//! away, then frees it. Teardown never panics.
+//!
+//! ## Transports
+//!
+//! This build moves data over TCP (any two hosts, zero-copy from and into registered memory, one
+//! round trip per batch). Same-host, UCX and Ascend transports are planned; [`probe`] says what
+//! is available.
+
+#![deny(unsafe_op_in_unsafe_fn, missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+mod context;
+mod engine;
+mod error;
+mod link;
+mod memory;
+mod options;
+pub mod spec;
+mod transfer;
+pub mod transport;
+pub mod wire;
+
+pub use context::{ContextToken, DetachedContext};
+pub use engine::{
+    Connected, EngineName, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered,
+    State, TransitionError,
+};
+pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
+pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
+pub use memory::{
+    Access, HostBuffer, LocalRange, MemDesc, MemType, RawMemory, Region, RegistrableMemory,
+};
+pub use options::{HIXL_KEYS, Options};
+pub use transfer::{TransferDesc, TransferOp};
+pub use transport::{TransportInfo, TransportKind, probe};

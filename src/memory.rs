@@ -1,0 +1,617 @@
+//! Memory that can be registered, registered regions, and local sub-ranges of them.
+//!
+//! A [`Region`] is a capability: proof that a piece of memory is registered with one engine. It is
+//! an owned handle (not a borrow of the engine), so the engine can still change state while regions
+//! exist. Transfers are built from [`LocalRange`]s, which borrow their region: a range cannot outlive
+//! the region, and a region cannot be deregistered while a range of it is alive.
+//!
+//! Memory a peer may write is never handed out as `&[u8]`/`&mut [u8]` while the engine may serve
+//! it; use [`Region::read_at`] / [`Region::write_at`] (copies), or get the memory back with
+//! `deregister` once no link can exist.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Bound, Deref, DerefMut, RangeBounds};
+use std::ptr::NonNull;
+
+use crate::error::Error;
+use crate::transfer::TransferOp;
+
+/// Where memory lives (HIXL `MemType`, same numeric values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MemType {
+    /// Accelerator (device) memory: `MEM_DEVICE` (0).
+    Device = 0,
+    /// Host memory: `MEM_HOST` (1).
+    Host = 1,
+}
+
+impl MemType {
+    pub(crate) fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Device),
+            1 => Some(Self::Host),
+            _ => None,
+        }
+    }
+}
+
+/// HIXL's `MemDesc`: an address range managed by the caller, for [`register_raw`].
+///
+/// [`register_raw`]: crate::Hixl::register_raw
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemDesc {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// What remote peers may do with a region. The serving engine enforces it on every request, and
+/// a client refuses locally what the peer's table forbids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Access {
+    /// Peers may neither read nor write it (local use only).
+    None = 0,
+    /// Peers may READ from it.
+    Read = 1,
+    /// Peers may WRITE into it.
+    Write = 2,
+    /// Peers may READ and WRITE (the default, as in HIXL).
+    #[default]
+    ReadWrite = 3,
+}
+
+impl Access {
+    pub(crate) fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::None),
+            1 => Some(Self::Read),
+            2 => Some(Self::Write),
+            3 => Some(Self::ReadWrite),
+            _ => None,
+        }
+    }
+
+    /// Whether a peer's `op` is allowed on a region with these rights.
+    pub fn permits(self, op: TransferOp) -> bool {
+        let bit = match op {
+            TransferOp::Read => 1,
+            TransferOp::Write => 2,
+        };
+        (self as u8) & bit != 0
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::ReadWrite => "read-write",
+        }
+    }
+}
+
+/// The raw parts of a piece of memory whose ownership was handed to an engine.
+#[derive(Debug, Clone, Copy)]
+pub struct RawMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    extra: usize,
+    mem_type: MemType,
+}
+
+impl RawMemory {
+    /// Describes `len` bytes at `ptr`. `extra` is free for the implementor (a `Vec`'s capacity,
+    /// for example) and comes back unchanged in [`RegistrableMemory::from_raw_parts`].
+    pub fn new(ptr: NonNull<u8>, len: usize, extra: usize, mem_type: MemType) -> Self {
+        Self {
+            ptr,
+            len,
+            extra,
+            mem_type,
+        }
+    }
+    /// Start of the memory.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The implementor's extra word.
+    pub fn extra(&self) -> usize {
+        self.extra
+    }
+    /// The memory's type.
+    pub fn mem_type(&self) -> MemType {
+        self.mem_type
+    }
+}
+
+/// Memory whose ownership can be handed to an engine for registration, and handed back.
+///
+/// # Safety
+/// An implementation promises that:
+/// - `into_raw_parts` gives up all access to the memory: from then until `from_raw_parts` is called
+///   with the same parts, nothing but the engine reads, writes, moves, frees or unmaps the
+///   `len` bytes at `ptr`, and they stay valid for reads and writes of any byte values;
+/// - `from_raw_parts(raw)` accepts exactly what `into_raw_parts` returned and restores the value;
+///   dropping that value frees the memory;
+/// - the reported [`MemType`] is true.
+pub unsafe trait RegistrableMemory: Send + 'static {
+    /// Gives up ownership and returns the raw parts.
+    fn into_raw_parts(self) -> RawMemory;
+    /// Restores the value from its raw parts.
+    ///
+    /// # Safety
+    /// `raw` must come from `into_raw_parts` of the same type, and be used once.
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self;
+}
+
+// SAFETY: `Box::into_raw` gives up ownership of a heap allocation of exactly `len` bytes that
+// nothing else references; `Box::from_raw` on the same pointer and length restores it.
+unsafe impl RegistrableMemory for Box<[u8]> {
+    fn into_raw_parts(self) -> RawMemory {
+        let len = self.len();
+        let ptr =
+            NonNull::new(Box::into_raw(self).cast::<u8>()).expect("Box pointers are non-null");
+        RawMemory::new(ptr, len, 0, MemType::Host)
+    }
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
+        let slice = std::ptr::slice_from_raw_parts_mut(raw.ptr.as_ptr(), raw.len);
+        // SAFETY: the caller passes the parts `into_raw_parts` produced from a `Box<[u8]>`.
+        unsafe { Box::from_raw(slice) }
+    }
+}
+
+// SAFETY: the `Vec` is taken apart with its capacity, so its buffer is neither resized nor freed
+// until `Vec::from_raw_parts` rebuilds it with the same pointer, length and capacity.
+unsafe impl RegistrableMemory for Vec<u8> {
+    fn into_raw_parts(self) -> RawMemory {
+        let mut v = std::mem::ManuallyDrop::new(self);
+        let ptr = NonNull::new(v.as_mut_ptr()).expect("Vec pointers are non-null");
+        RawMemory::new(ptr, v.len(), v.capacity(), MemType::Host)
+    }
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
+        // SAFETY: the caller passes the parts `into_raw_parts` produced from a `Vec<u8>`.
+        unsafe { Vec::from_raw_parts(raw.ptr.as_ptr(), raw.len, raw.extra) }
+    }
+}
+
+/// A page-aligned, zero-initialised host buffer owned by the caller until it is registered.
+///
+/// While you own it, it is an ordinary byte slice (`Deref<Target = [u8]>`). Registering it moves
+/// it into the engine; deregistering gives it back.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostBuffer owns its allocation exclusively, like `Box<[u8]>`.
+unsafe impl Send for HostBuffer {}
+// SAFETY: shared access only hands out `&[u8]`, like `Box<[u8]>`.
+unsafe impl Sync for HostBuffer {}
+
+const PAGE: usize = 4096;
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes aligned to a 4 KiB page.
+    ///
+    /// # Errors
+    /// [`Error::ZeroLengthRegion`] for `len == 0`; [`Error::OutOfMemory`] when the allocation fails.
+    pub fn new(len: usize) -> Result<Self, Error> {
+        if len == 0 {
+            return Err(Error::ZeroLengthRegion);
+        }
+        let layout = Layout::from_size_align(len, PAGE).map_err(|_| Error::OutOfMemory { len })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or(Error::OutOfMemory { len })?;
+        Ok(Self { ptr, len })
+    }
+
+    /// A buffer holding a copy of `data`.
+    ///
+    /// # Errors
+    /// As [`HostBuffer::new`].
+    pub fn from_slice(data: &[u8]) -> Result<Self, Error> {
+        let mut b = Self::new(data.len())?;
+        b.copy_from_slice(data);
+        Ok(b)
+    }
+}
+
+impl Deref for HostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for HostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this exact layout, freed once.
+        unsafe {
+            alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, PAGE),
+            )
+        }
+    }
+}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: a HostBuffer is taken apart without freeing; only `from_raw_parts` rebuilds it.
+unsafe impl RegistrableMemory for HostBuffer {
+    fn into_raw_parts(self) -> RawMemory {
+        let this = std::mem::ManuallyDrop::new(self);
+        RawMemory::new(this.ptr, this.len, 0, MemType::Host)
+    }
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
+        Self {
+            ptr: raw.ptr,
+            len: raw.len,
+        }
+    }
+}
+
+/// The engine-side record of a registered region: shared by the user's [`Region`] handle, the
+/// engine's table and every serving thread, so the memory lives while any of them may touch it.
+pub(crate) struct RegionCore {
+    pub(crate) id: u32,
+    pub(crate) engine: u64,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) mem_type: MemType,
+    pub(crate) access: Access,
+    /// The owned memory and how to free it; `None` once handed back, or for raw registrations.
+    owned: Option<(RawMemory, unsafe fn(RawMemory))>,
+}
+
+// SAFETY: the core only stores addresses and owned memory of a `Send` type; the memory itself is
+// only touched through raw pointers by the engine's transfer code and `read_at`/`write_at`.
+unsafe impl Send for RegionCore {}
+// SAFETY: nothing in the core is mutated through `&RegionCore`.
+unsafe impl Sync for RegionCore {}
+
+unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
+    // SAFETY: `raw` came from `M::into_raw_parts` and is released once (see `RegionCore::drop`).
+    drop(unsafe { M::from_raw_parts(raw) });
+}
+
+impl RegionCore {
+    pub(crate) fn new_owned<M: RegistrableMemory>(
+        id: u32,
+        engine: u64,
+        raw: RawMemory,
+        access: Access,
+    ) -> Self {
+        Self {
+            id,
+            engine,
+            addr: raw.ptr.as_ptr() as usize,
+            len: raw.len,
+            mem_type: raw.mem_type,
+            access,
+            owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
+        }
+    }
+
+    pub(crate) fn new_raw(
+        id: u32,
+        engine: u64,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Self {
+        Self {
+            id,
+            engine,
+            addr: desc.addr,
+            len: desc.len,
+            mem_type,
+            access,
+            owned: None,
+        }
+    }
+
+    /// Takes the owned memory out (deregistration); the core then frees nothing.
+    pub(crate) fn take_raw(&mut self) -> Option<RawMemory> {
+        self.owned.take().map(|(raw, _)| raw)
+    }
+
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        (self.addr + offset) as *mut u8
+    }
+}
+
+impl Drop for RegionCore {
+    fn drop(&mut self) {
+        if let Some((raw, free)) = self.owned.take() {
+            // SAFETY: this is the last reference to the region (it is in an `Arc` that is being
+            // dropped), so no transfer or serving thread can touch the memory any more, and
+            // `free` is the release function of the type that produced `raw`.
+            unsafe { free(raw) }
+        }
+    }
+}
+
+/// A registered memory region: the capability to use this memory in transfers of its engine.
+///
+/// `M` is what deregistration hands back: the [`RegistrableMemory`] you registered, or the
+/// [`MemDesc`] of a raw registration. Dropping a `Region` without deregistering it is safe: the
+/// memory stays registered (and alive) until the engine is finalized or dropped, then it is freed.
+pub struct Region<M = HostBuffer> {
+    pub(crate) core: std::sync::Arc<RegionCore>,
+    pub(crate) _mem: std::marker::PhantomData<fn() -> M>,
+}
+
+impl<M> fmt::Debug for Region<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.core.id)
+            .field("engine", &self.core.engine)
+            .field("addr", &format_args!("{:#x}", self.core.addr))
+            .field("len", &self.core.len)
+            .field("mem_type", &self.core.mem_type)
+            .field("access", &self.core.access)
+            .finish()
+    }
+}
+
+impl<M> Region<M> {
+    /// The region's id in its engine's table (what peers see).
+    pub fn id(&self) -> u32 {
+        self.core.id
+    }
+    /// The id of the engine it is registered with.
+    pub fn engine_id(&self) -> u64 {
+        self.core.engine
+    }
+    /// The start address (what peers see in the region table).
+    pub fn addr(&self) -> usize {
+        self.core.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.core.len
+    }
+    /// Always false: empty regions cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        self.core.len == 0
+    }
+    /// The memory type.
+    pub fn mem_type(&self) -> MemType {
+        self.core.mem_type
+    }
+    /// What peers may do with it.
+    pub fn access(&self) -> Access {
+        self.core.access
+    }
+    /// The start as a raw pointer. Reading or writing through it is up to you (and `unsafe`).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.core.addr as *mut u8
+    }
+
+    /// A sub-range of the region, for use in transfer descriptors. Any non-empty sub-range is allowed.
+    ///
+    /// # Errors
+    /// [`Error::RangeOutOfBounds`] (`PARAM_INVALID`) when the range is empty or leaves the region.
+    pub fn range(&self, range: impl RangeBounds<usize>) -> Result<LocalRange<'_>, Error> {
+        let (offset, len) = resolve(range, self.core.len, self.core.id)?;
+        Ok(LocalRange {
+            core: &self.core,
+            offset,
+            len,
+        })
+    }
+
+    /// The whole region as one range.
+    pub fn full(&self) -> LocalRange<'_> {
+        LocalRange {
+            core: &self.core,
+            offset: 0,
+            len: self.core.len,
+        }
+    }
+
+    /// Copies `buf.len()` bytes starting at `offset` out of the region.
+    ///
+    /// `&mut self` keeps local transfers on this region (which borrow it) from running at the
+    /// same time. A peer may still WRITE into a region its engine serves: read after the peer has
+    /// told you its data landed.
+    ///
+    /// # Errors
+    /// [`Error::RangeOutOfBounds`] if the range leaves the region;
+    /// [`Error::UnsupportedMemory`] for device memory.
+    pub fn read_at(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
+        self.check_host_span(offset, buf.len())?;
+        // SAFETY: the span lies inside the registered region, which stays allocated while `self`
+        // holds its core; host memory is valid for reads; `buf` cannot alias registered memory
+        // given out by this crate, since no `&mut [u8]` to it is ever created.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.core.ptr_at(offset), buf.as_mut_ptr(), buf.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `data` into the region starting at `offset`.
+    ///
+    /// # Errors
+    /// As [`Region::read_at`].
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        self.check_host_span(offset, data.len())?;
+        // SAFETY: as in `read_at`; the memory is valid for writes of any byte values
+        // (the `RegistrableMemory` contract, or the `register_raw` contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.core.ptr_at(offset), data.len())
+        };
+        Ok(())
+    }
+
+    fn check_host_span(&self, offset: usize, len: usize) -> Result<(), Error> {
+        if self.core.mem_type != MemType::Host {
+            return Err(Error::UnsupportedMemory {
+                mem_type: self.core.mem_type,
+                why: "read_at/write_at copy host memory only",
+            });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.core.len => Ok(()),
+            _ => Err(Error::RangeOutOfBounds {
+                region: self.core.id,
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.core.len as u64,
+            }),
+        }
+    }
+}
+
+pub(crate) fn resolve(
+    range: impl RangeBounds<usize>,
+    total: usize,
+    region: u32,
+) -> Result<(usize, usize), Error> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(total),
+    };
+    match (start, end) {
+        (Some(s), Some(e)) if s < e && e <= total => Ok((s, e - s)),
+        _ => Err(Error::RangeOutOfBounds {
+            region,
+            offset: start.unwrap_or(usize::MAX) as u64,
+            len: match (start, end) {
+                (Some(s), Some(e)) => e.saturating_sub(s) as u64,
+                _ => u64::MAX,
+            },
+            region_len: total as u64,
+        }),
+    }
+}
+
+/// A validated, non-empty sub-range of a local [`Region`]; it borrows the region.
+#[derive(Clone, Copy)]
+pub struct LocalRange<'r> {
+    pub(crate) core: &'r RegionCore,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl LocalRange<'_> {
+    /// Offset from the region start.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: ranges are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The region's id.
+    pub fn region_id(&self) -> u32 {
+        self.core.id
+    }
+    /// The address of the range's first byte.
+    pub fn addr(&self) -> usize {
+        self.core.addr + self.offset
+    }
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.core.ptr_at(self.offset)
+    }
+}
+
+impl fmt::Debug for LocalRange<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalRange")
+            .field("region", &self.core.id)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffer_is_page_aligned_and_zeroed() {
+        let b = HostBuffer::new(10_000).unwrap();
+        assert_eq!(b.as_ptr() as usize % PAGE, 0);
+        assert!(b.iter().all(|&x| x == 0));
+        assert!(matches!(HostBuffer::new(0), Err(Error::ZeroLengthRegion)));
+    }
+
+    #[test]
+    fn raw_parts_round_trip() {
+        let v: Vec<u8> = (0..=255).collect();
+        let raw = RegistrableMemory::into_raw_parts(v.clone());
+        // SAFETY: parts from `into_raw_parts` of the same type, used once.
+        let back = unsafe { <Vec<u8> as RegistrableMemory>::from_raw_parts(raw) };
+        assert_eq!(back, v);
+        let b: Box<[u8]> = v.clone().into_boxed_slice();
+        let raw = RegistrableMemory::into_raw_parts(b);
+        // SAFETY: as above.
+        let back = unsafe { <Box<[u8]> as RegistrableMemory>::from_raw_parts(raw) };
+        assert_eq!(&back[..], &v[..]);
+    }
+
+    #[test]
+    fn range_resolution() {
+        assert_eq!(resolve(.., 10, 0).unwrap(), (0, 10));
+        assert_eq!(resolve(3..7, 10, 0).unwrap(), (3, 4));
+        assert_eq!(resolve(3..=9, 10, 0).unwrap(), (3, 7));
+        for bad in [(5usize, 5usize), (7, 3), (0, 11)] {
+            assert!(matches!(
+                resolve(bad.0..bad.1, 10, 4),
+                Err(Error::RangeOutOfBounds { region: 4, .. })
+            ));
+        }
+        assert!(resolve(..=usize::MAX, 10, 0).is_err());
+    }
+
+    #[test]
+    fn access_rights() {
+        assert!(Access::ReadWrite.permits(TransferOp::Read));
+        assert!(Access::ReadWrite.permits(TransferOp::Write));
+        assert!(Access::Read.permits(TransferOp::Read));
+        assert!(!Access::Read.permits(TransferOp::Write));
+        assert!(!Access::Write.permits(TransferOp::Read));
+        assert!(!Access::None.permits(TransferOp::Write));
+    }
+}

@@ -1,0 +1,231 @@
+//! Engine options: a typed builder, plus HIXL's string keys.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// Options for [`Hixl::initialize`](crate::Hixl::initialize).
+///
+/// Build them with the typed methods, or from HIXL's `map<AscendString, AscendString>` with
+/// [`Options::from_pairs`]. Unknown keys are `PARAM_INVALID`, as in HIXL.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub(crate) max_regions: usize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_lanes: usize,
+    pub(crate) server_io_timeout: Duration,
+    pub(crate) finalize_timeout: Duration,
+    pub(crate) max_server_conns: usize,
+    pub(crate) hixl: BTreeMap<String, String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            max_regions: 4000,
+            connect_timeout: Duration::from_millis(1000),
+            max_lanes: 8,
+            server_io_timeout: Duration::from_secs(30),
+            finalize_timeout: Duration::from_secs(5),
+            max_server_conns: 1024,
+            hixl: BTreeMap::new(),
+        }
+    }
+}
+
+/// HIXL's option keys that this build accepts (values are validated; see [`Options::from_pairs`]).
+pub const HIXL_KEYS: &[&str] = &[
+    "BufferPool",
+    "RdmaTrafficClass",
+    "RdmaServiceLevel",
+    "AutoConnect",
+    "EnableUseFabricMem",
+    "LocalCommRes",
+    "GlobalResourceConfig",
+];
+
+impl Options {
+    /// The defaults: 4000 regions, 1000 ms connect timeout, up to 8 lanes per link, 30 s
+    /// serving I/O timeout, 5 s finalize grace.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Most regions one engine may register (HIXL recommends at most 4000).
+    pub fn max_regions(mut self, n: usize) -> Self {
+        self.max_regions = n;
+        self
+    }
+    /// The timeout [`Hixl::connect`](crate::Hixl::connect) uses.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+    /// Most TCP connections (lanes) per link; concurrent transfers on one link use separate lanes.
+    pub fn max_lanes(mut self, n: usize) -> Self {
+        self.max_lanes = n.max(1);
+        self
+    }
+    /// How long a serving thread waits for the rest of a request it has started to receive.
+    pub fn server_io_timeout(mut self, t: Duration) -> Self {
+        self.server_io_timeout = t;
+        self
+    }
+    /// How long leaving `Connected` (or finalizing) waits for requests being served to finish.
+    pub fn finalize_timeout(mut self, t: Duration) -> Self {
+        self.finalize_timeout = t;
+        self
+    }
+    /// Most connections a serving engine keeps open at once; more are refused.
+    pub fn max_server_conns(mut self, n: usize) -> Self {
+        self.max_server_conns = n.max(1);
+        self
+    }
+
+    /// The validated HIXL string options, by canonical key.
+    pub fn hixl_options(&self) -> &BTreeMap<String, String> {
+        &self.hixl
+    }
+
+    /// Options from HIXL's string keys (`"BufferPool"`, `"RdmaTrafficClass"`, ...; the `adxl.`
+    /// prefixed synonyms too) and hixl's own (`"hixl.MaxRegions"`, `"hixl.MaxLanes"`,
+    /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`).
+    ///
+    /// # Errors
+    /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
+    /// - [`Error::InvalidOption`] (`PARAM_INVALID`) for a value outside its documented range;
+    /// - [`Error::UnsupportedOption`] (`UNSUPPORTED`) for a valid value this build cannot honour
+    ///   (`AutoConnect=1`, `EnableUseFabricMem=1`).
+    pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, Error> {
+        let mut o = Self::default();
+        for (k, v) in pairs {
+            o.set(k.as_ref(), v.as_ref())?;
+        }
+        Ok(o)
+    }
+
+    /// Sets one option by its string key; see [`Options::from_pairs`].
+    ///
+    /// # Errors
+    /// As [`Options::from_pairs`].
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        let bad = |problem| Error::InvalidOption {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            problem,
+        };
+        let canonical = key.strip_prefix("adxl.").filter(|k| {
+            matches!(
+                *k,
+                "RdmaTrafficClass" | "RdmaServiceLevel" | "BufferPool" | "LocalCommRes"
+            )
+        });
+        let k = canonical.unwrap_or(key);
+        let millis = |v: &str| -> Result<Duration, Error> {
+            match v.parse::<u64>() {
+                Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+                _ => Err(bad("a positive number of milliseconds")),
+            }
+        };
+        let count = |v: &str| -> Result<usize, Error> {
+            match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(bad("a positive integer")),
+            }
+        };
+        match k {
+            "BufferPool" => {
+                let ok = value
+                    .split_once(':')
+                    .is_some_and(|(n, s)| n.parse::<u32>().is_ok() && s.parse::<u32>().is_ok());
+                if !ok {
+                    return Err(bad("\"<num>:<size_MB>\", e.g. \"4:8\" or \"0:0\""));
+                }
+            }
+            "RdmaTrafficClass" => match value.parse::<u32>() {
+                Ok(tc) if tc <= 255 && tc % 4 == 0 => {}
+                _ => return Err(bad("0..=255 and a multiple of 4")),
+            },
+            "RdmaServiceLevel" => match value.parse::<u32>() {
+                Ok(sl) if sl <= 7 => {}
+                _ => return Err(bad("0..=7")),
+            },
+            "AutoConnect" | "EnableUseFabricMem" => match value {
+                "0" => {}
+                "1" => {
+                    return Err(Error::UnsupportedOption {
+                        key: k.to_owned(),
+                        value: value.to_owned(),
+                        why: match k {
+                            "AutoConnect" => {
+                                "links are explicit capabilities in hixl; connect first"
+                            }
+                            _ => "fabric memory needs the Ascend backend",
+                        },
+                    });
+                }
+                _ => return Err(bad("\"0\" or \"1\"")),
+            },
+            "LocalCommRes" | "GlobalResourceConfig" => {
+                let t = value.trim();
+                if !t.is_empty() && !(t.starts_with('{') && t.ends_with('}')) {
+                    return Err(bad("a JSON object"));
+                }
+            }
+            "hixl.MaxRegions" => self.max_regions = count(value)?,
+            "hixl.MaxLanes" => self.max_lanes = count(value)?,
+            "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
+            "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
+            "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,
+            _ => {
+                return Err(Error::UnknownOption {
+                    key: key.to_owned(),
+                });
+            }
+        }
+        self.hixl.insert(k.to_owned(), value.to_owned());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+
+    #[test]
+    fn hixl_keys_are_validated() {
+        let o = Options::from_pairs([
+            ("BufferPool", "4:8"),
+            ("adxl.RdmaTrafficClass", "132"),
+            ("RdmaServiceLevel", "4"),
+        ])
+        .unwrap();
+        assert_eq!(o.hixl_options()["RdmaTrafficClass"], "132");
+        for (k, v) in [
+            ("RdmaTrafficClass", "130"),
+            ("RdmaTrafficClass", "256"),
+            ("RdmaServiceLevel", "8"),
+            ("BufferPool", "4"),
+            ("AutoConnect", "yes"),
+            ("LocalCommRes", "version"),
+            ("hixl.MaxRegions", "0"),
+        ] {
+            let e = Options::from_pairs([(k, v)]).unwrap_err();
+            assert!(matches!(e, Error::InvalidOption { .. }), "{k}={v}: {e:?}");
+            assert_eq!(e.status(), Status::PARAM_INVALID);
+        }
+        let e = Options::from_pairs([("NoSuchKey", "1")]).unwrap_err();
+        assert!(matches!(e, Error::UnknownOption { ref key } if key == "NoSuchKey"));
+        assert_eq!(e.status(), Status::PARAM_INVALID);
+        let e = Options::from_pairs([("AutoConnect", "1")]).unwrap_err();
+        assert_eq!(e.status(), Status::UNSUPPORTED);
+        let o = Options::from_pairs([("hixl.MaxRegions", "7"), ("hixl.ConnectTimeoutMs", "250")])
+            .unwrap();
+        assert_eq!(o.max_regions, 7);
+        assert_eq!(o.connect_timeout, Duration::from_millis(250));
+    }
+}

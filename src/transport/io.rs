@@ -1,0 +1,323 @@
+//! Deadline-bounded vectored socket I/O straight into and out of registered memory.
+//!
+//! Registered memory is never turned into Rust slices (a peer may write it at any time); the
+//! kernel copies between the socket and raw addresses with `sendmsg`/`readv`. Deadlines are kept
+//! with `SO_RCVTIMEO`/`SO_SNDTIMEO`, re-armed only when the remaining time has shrunk well below
+//! the armed value, so a steady stream of transfers costs no extra system calls.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// Most iovecs passed to one system call (Linux `IOV_MAX`).
+pub(crate) const IOV_MAX: usize = 1024;
+/// Remainders at least this large are received straight into their target.
+const DIRECT_MIN: usize = 32 << 10;
+/// Initial size of the receive buffer.
+const INBOUND: usize = 64 << 10;
+
+/// An `iovec` that is `Send` (it holds an address, not a pointer), with `libc::iovec`'s layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IoVec {
+    pub base: usize,
+    pub len: usize,
+}
+
+static_assertions::assert_eq_size!(IoVec, libc::iovec);
+static_assertions::assert_eq_align!(IoVec, libc::iovec);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Send,
+    Recv,
+}
+
+/// A socket with its armed timeouts.
+#[derive(Debug)]
+pub(crate) struct Sock {
+    pub stream: TcpStream,
+    rd: Option<Duration>,
+    wr: Option<Duration>,
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
+}
+
+impl Sock {
+    pub fn new(stream: TcpStream) -> io::Result<Self> {
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            rd: None,
+            wr: None,
+        })
+    }
+
+    /// Arms the socket timeout for `dir` so that one blocking call cannot pass `deadline` by much.
+    /// `None` leaves the armed value alone (the caller loops on timeouts).
+    fn arm(&mut self, dir: Dir, deadline: Option<Instant>) -> io::Result<()> {
+        let Some(d) = deadline else { return Ok(()) };
+        let rem = d.saturating_duration_since(Instant::now());
+        if rem.is_zero() {
+            return Err(timed_out());
+        }
+        let want = rem.max(Duration::from_millis(1));
+        let armed = match dir {
+            Dir::Send => &mut self.wr,
+            Dir::Recv => &mut self.rd,
+        };
+        let rearm = match *armed {
+            None => true,
+            Some(a) => a > want + want / 8 + Duration::from_millis(1),
+        };
+        if rearm {
+            match dir {
+                Dir::Send => self.stream.set_write_timeout(Some(want))?,
+                Dir::Recv => self.stream.set_read_timeout(Some(want))?,
+            }
+            *armed = Some(want);
+        }
+        Ok(())
+    }
+
+    /// Sets a fixed timeout for both directions (used by serving threads).
+    pub fn set_fixed_timeout(&mut self, t: Duration) -> io::Result<()> {
+        self.stream.set_read_timeout(Some(t))?;
+        self.stream.set_write_timeout(Some(t))?;
+        self.rd = Some(t);
+        self.wr = Some(t);
+        Ok(())
+    }
+
+    /// Moves every byte described by `iov` (which it consumes as it goes).
+    ///
+    /// # Safety
+    /// For `Send`, every iovec must describe memory valid for reads; for `Recv`, valid for
+    /// writes of any byte values, for the whole call.
+    unsafe fn io_all(
+        &mut self,
+        dir: Dir,
+        iov: &mut [IoVec],
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let fd = self.stream.as_raw_fd();
+        let mut i = 0;
+        loop {
+            while i < iov.len() && iov[i].len == 0 {
+                i += 1;
+            }
+            if i == iov.len() {
+                return Ok(());
+            }
+            self.arm(dir, deadline)?;
+            let cnt = (iov.len() - i).min(IOV_MAX);
+            let p = iov[i..].as_mut_ptr().cast::<libc::iovec>();
+            let n = match dir {
+                Dir::Send => {
+                    // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout
+                    // of `libc::iovec` (asserted above) that stay alive for the call.
+                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                    msg.msg_iov = p;
+                    msg.msg_iovlen = cnt as _;
+                    // SAFETY: `fd` is an open socket; the iovecs describe readable memory (the
+                    // caller's contract). MSG_NOSIGNAL turns SIGPIPE into EPIPE.
+                    unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) }
+                }
+                // SAFETY: `fd` is an open socket; the iovecs describe writable memory (the
+                // caller's contract) and stay alive for the call.
+                Dir::Recv => unsafe { libc::readv(fd, p, cnt as libc::c_int) },
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(timed_out());
+                        }
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            if n == 0 && dir == Dir::Recv {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                ));
+            }
+            let mut n = n as usize;
+            while n > 0 {
+                let take = n.min(iov[i].len);
+                iov[i].base += take;
+                iov[i].len -= take;
+                n -= take;
+                if iov[i].len == 0 {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Sends every byte described by `iov`.
+    ///
+    /// # Safety
+    /// Every iovec must describe memory valid for reads for the whole call.
+    pub unsafe fn send_all(
+        &mut self,
+        iov: &mut [IoVec],
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.io_all(Dir::Send, iov, deadline) }
+    }
+
+    /// Sends a byte slice.
+    pub fn send_bytes(&mut self, b: &[u8], deadline: Option<Instant>) -> io::Result<()> {
+        let mut iov = [IoVec {
+            base: b.as_ptr() as usize,
+            len: b.len(),
+        }];
+        // SAFETY: `b` is a live slice for the whole call.
+        unsafe { self.send_all(&mut iov, deadline) }
+    }
+
+    /// Receives into `buf` whatever is available (at least one byte).
+    fn recv_some(&mut self, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<usize> {
+        let fd = self.stream.as_raw_fd();
+        loop {
+            self.arm(Dir::Recv, deadline)?;
+            // SAFETY: `buf` is a live, writable slice of `buf.len()` bytes.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(timed_out());
+                        }
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                ));
+            }
+            return Ok(n as usize);
+        }
+    }
+
+    /// Shuts the socket down in both directions (wakes any thread blocked on it).
+    pub fn shutdown(stream: &TcpStream) {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A receive buffer: small frames and small payload pieces are read in bulk and copied; large
+/// payload pieces go straight from the socket into their target.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Inbound {
+    pub fn new() -> Self {
+        Self {
+            buf: vec![0; INBOUND],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Makes at least `n` bytes available in the buffer.
+    pub fn fill(&mut self, sock: &mut Sock, n: usize, deadline: Option<Instant>) -> io::Result<()> {
+        if self.buffered() >= n {
+            return Ok(());
+        }
+        if self.buf.len() - self.start < n {
+            // compact, and grow if the frame is larger than the buffer
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.buf.len() < n {
+                self.buf.resize(n, 0);
+            }
+        }
+        while self.buffered() < n {
+            let end = self.end;
+            let got = sock.recv_some(&mut self.buf[end..], deadline)?;
+            self.end += got;
+        }
+        Ok(())
+    }
+
+    /// The next `n` buffered bytes (after [`Inbound::fill`]); consumes them.
+    pub fn take(&mut self, n: usize) -> &[u8] {
+        debug_assert!(self.buffered() >= n);
+        let s = self.start;
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        &self.buf[s..s + n]
+    }
+
+    /// Receives exactly the bytes described by `targets`, in order.
+    ///
+    /// # Safety
+    /// Every target must describe memory valid for writes of any byte values for the whole call.
+    pub unsafe fn recv_into(
+        &mut self,
+        sock: &mut Sock,
+        targets: &[IoVec],
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        for t in targets {
+            let mut base = t.base;
+            let mut left = t.len;
+            while left > 0 {
+                if self.buffered() > 0 {
+                    let take = left.min(self.buffered());
+                    // SAFETY: the source is initialised buffer memory; the target is writable
+                    // (caller contract) and cannot overlap our private buffer.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.buf.as_ptr().add(self.start),
+                            base as *mut u8,
+                            take,
+                        )
+                    };
+                    self.take(take);
+                    base += take;
+                    left -= take;
+                } else if left >= DIRECT_MIN {
+                    let mut iov = [IoVec { base, len: left }];
+                    // SAFETY: the caller's contract for this target.
+                    unsafe { sock.io_all(Dir::Recv, &mut iov, deadline)? };
+                    left = 0;
+                } else {
+                    self.start = 0;
+                    self.end = 0;
+                    let got = sock.recv_some(&mut self.buf[..], deadline)?;
+                    self.end = got;
+                }
+            }
+        }
+        Ok(())
+    }
+}

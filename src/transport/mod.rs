@@ -1,0 +1,59 @@
+//! Transports: how bytes move once a link exists.
+//!
+//! The control plane (handshake, region tables, disconnect) is common to all transports and
+//! speaks the [`wire`](crate::wire) protocol over TCP. This build has one data transport, TCP;
+//! [`probe`] reports what is available.
+
+pub(crate) mod io;
+pub(crate) mod tcp;
+
+/// The transports hixl knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// TCP, between any two hosts.
+    Tcp,
+    /// Same host, one-sided (`process_vm_readv`/`process_vm_writev`, shared mappings).
+    Cma,
+    /// UCX (RDMA verbs, tcp, shared memory), loaded at run time.
+    Ucx,
+    /// Ascend ACL + HCCL, loaded at run time.
+    Ascend,
+}
+
+/// Whether a transport can be used here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportInfo {
+    /// The transport.
+    pub kind: TransportKind,
+    /// Whether it can be used.
+    pub available: bool,
+    /// Why not, or what it runs on.
+    pub detail: &'static str,
+}
+
+/// Which transports this build and this machine provide. Never panics, has no side effects.
+pub fn probe() -> Vec<TransportInfo> {
+    vec![
+        TransportInfo {
+            kind: TransportKind::Tcp,
+            available: true,
+            detail: "built in",
+        },
+        TransportInfo {
+            kind: TransportKind::Cma,
+            available: false,
+            detail: "not implemented in this build",
+        },
+        TransportInfo {
+            kind: TransportKind::Ucx,
+            available: false,
+            detail: "not implemented in this build",
+        },
+        TransportInfo {
+            kind: TransportKind::Ascend,
+            available: false,
+            detail: "not implemented in this build",
+        },
+    ]
+}

@@ -1,0 +1,791 @@
+//! The TCP transport: works between any two hosts.
+//!
+//! A link is one or more *lanes* (TCP connections). A transfer takes a lane for itself, sends one
+//! XFER frame with all its descriptors (the WRITE payload follows it straight from registered
+//! memory), and reads one DONE frame (the READ payload follows it straight into registered
+//! memory): one round trip per batch, however many descriptors. Concurrent transfers on one
+//! link use different lanes, so no lock is held across network I/O.
+//!
+//! The serving side runs one thread per lane. It validates every descriptor against its frozen
+//! region table (region id, bounds with overflow checks, access rights) before it touches a byte,
+//! and never trusts a length it has not checked.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::Status;
+use crate::memory::RegionCore;
+use crate::transfer::{TransferDesc, TransferOp};
+use crate::transport::io::{Inbound, IoVec, Sock};
+use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
+
+/// The frozen region table a serving engine exposes, indexed by region id.
+pub(crate) struct ServeTable {
+    by_id: Vec<Arc<RegionCore>>,
+}
+
+impl ServeTable {
+    pub fn new(mut regions: Vec<Arc<RegionCore>>) -> Self {
+        regions.sort_by_key(|r| r.id);
+        Self { by_id: regions }
+    }
+    fn get(&self, id: u32) -> Option<&RegionCore> {
+        self.by_id
+            .binary_search_by_key(&id, |r| r.id)
+            .ok()
+            .map(|i| &*self.by_id[i])
+    }
+    pub fn entries(&self) -> Vec<TableEntry> {
+        self.by_id
+            .iter()
+            .map(|r| TableEntry {
+                id: r.id,
+                addr: r.addr as u64,
+                len: r.len as u64,
+                mem_type: r.mem_type,
+                access: r.access,
+            })
+            .collect()
+    }
+}
+
+/// Checks a batch against the table and computes the memory it touches.
+///
+/// Never trusts the peer: unknown regions, empty, overflowing or out-of-bounds ranges and
+/// forbidden operations are refused before any memory is touched.
+pub(crate) fn validate(
+    table: &ServeTable,
+    op: TransferOp,
+    descs: &[WireDesc],
+    targets: &mut Vec<IoVec>,
+) -> Result<(), (Status, String)> {
+    targets.clear();
+    for (i, d) in descs.iter().enumerate() {
+        let Some(r) = table.get(d.region) else {
+            return Err((
+                Status::PARAM_INVALID,
+                format!("descriptor {i}: no region {}", d.region),
+            ));
+        };
+        let in_bounds = d.len > 0
+            && d.offset
+                .checked_add(d.len)
+                .is_some_and(|end| end <= r.len as u64);
+        if !in_bounds {
+            return Err((
+                Status::PARAM_INVALID,
+                format!(
+                    "descriptor {i}: range {}+{} outside region {} of {} bytes",
+                    d.offset, d.len, r.id, r.len
+                ),
+            ));
+        }
+        if !r.access.permits(op) {
+            return Err((
+                Status::PARAM_INVALID,
+                format!(
+                    "descriptor {i}: {op} not permitted on region {} ({})",
+                    r.id,
+                    r.access.name()
+                ),
+            ));
+        }
+        if r.mem_type != crate::memory::MemType::Host {
+            return Err((
+                Status::UNSUPPORTED,
+                format!("descriptor {i}: device memory over tcp"),
+            ));
+        }
+        targets.push(IoVec {
+            base: r.addr + d.offset as usize,
+            len: d.len as usize,
+        });
+    }
+    Ok(())
+}
+
+/// Why a serving connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ConnEnd {
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("link closed by BYE")]
+    Bye,
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] WireError),
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Reads one frame; the payload stays in the inbound buffer.
+fn read_frame<'a>(
+    sock: &mut Sock,
+    inb: &'a mut Inbound,
+    first: Option<Instant>,
+    rest: impl FnOnce() -> Option<Instant>,
+) -> Result<Result<(Kind, &'a [u8]), WireError>, io::Error> {
+    inb.fill(sock, wire::HEADER_LEN, first)?;
+    let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
+    let h = match wire::decode_header(&h) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    inb.fill(sock, h.len as usize, rest())?;
+    Ok(Ok((h.kind, inb.take(h.len as usize))))
+}
+
+struct LinkRec {
+    client: String,
+    instance: u64,
+    conns: HashSet<u64>,
+}
+
+/// State shared by the accept thread and every serving thread of one engine.
+pub(crate) struct ServerShared {
+    name: String,
+    instance: u64,
+    table: ServeTable,
+    io_timeout: Duration,
+    max_conns: usize,
+    stop: AtomicBool,
+    /// Requests being served right now.
+    active: AtomicUsize,
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    links: Mutex<HashMap<u64, LinkRec>>,
+    next_id: AtomicU64,
+    span: tracing::Span,
+}
+
+/// A running server: the accept thread and the serving threads.
+pub(crate) struct Server {
+    shared: Arc<ServerShared>,
+    accept: Option<JoinHandle<()>>,
+    wake: OwnedFd,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+/// Options for [`Server::start`].
+pub(crate) struct ServerConfig {
+    pub name: String,
+    pub instance: u64,
+    pub io_timeout: Duration,
+    pub max_conns: usize,
+    pub span: tracing::Span,
+}
+
+impl Server {
+    /// Starts accepting on `listener` (a clone of the engine's listening socket).
+    pub fn start(listener: TcpListener, table: ServeTable, cfg: ServerConfig) -> io::Result<Self> {
+        // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        listener.set_nonblocking(true)?;
+        let shared = Arc::new(ServerShared {
+            name: cfg.name,
+            instance: cfg.instance,
+            table,
+            io_timeout: cfg.io_timeout,
+            max_conns: cfg.max_conns,
+            stop: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            conns: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            span: cfg.span,
+        });
+        let handles = Arc::new(Mutex::new(Vec::new()));
+        let (s, h, wfd) = (shared.clone(), handles.clone(), wake.as_raw_fd());
+        let accept = std::thread::Builder::new()
+            .name("hixl-accept".into())
+            .spawn(move || accept_loop(listener, wfd, s, h))?;
+        Ok(Self {
+            shared,
+            accept: Some(accept),
+            wake,
+            handles,
+        })
+    }
+
+    /// Stops serving: no new connections; waits up to `grace` for requests being served to
+    /// finish; then closes every connection and joins every thread. When this returns, no
+    /// serving thread touches registered memory any more.
+    pub fn stop(mut self, grace: Duration) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        let until = Instant::now() + grace;
+        while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let busy = self.shared.active.load(Ordering::SeqCst);
+        for s in self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            Sock::shutdown(s);
+        }
+        let handles = std::mem::take(&mut *self.handles.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+        tracing::debug!(parent: &self.shared.span, cut_requests = busy, "server stopped");
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    wake: i32,
+    shared: Arc<ServerShared>,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    let mut fds = [
+        libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a live array of two pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if r < 0 {
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, from)) => {
+                let mut hs = handles.lock().unwrap_or_else(|e| e.into_inner());
+                // reap finished threads so handles do not pile up
+                let mut i = 0;
+                while i < hs.len() {
+                    if hs[i].is_finished() {
+                        let _ = hs.swap_remove(i).join();
+                    } else {
+                        i += 1;
+                    }
+                }
+                let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                {
+                    let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+                    if conns.len() >= shared.max_conns {
+                        tracing::debug!(parent: &shared.span, %from, "refused: too many connections");
+                        drop(stream);
+                        continue;
+                    }
+                    match stream.try_clone() {
+                        Ok(c) => conns.insert(id, c),
+                        Err(_) => continue,
+                    };
+                }
+                let s = shared.clone();
+                match std::thread::Builder::new()
+                    .name("hixl-serve".into())
+                    .spawn(move || serve_conn(s, id, stream, from))
+                {
+                    Ok(h) => hs.push(h),
+                    Err(e) => {
+                        shared
+                            .conns
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&id);
+                        tracing::warn!(parent: &shared.span, error = %e, "cannot spawn a serving thread");
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                tracing::debug!(parent: &shared.span, error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+struct ActiveGuard<'a>(&'a AtomicUsize);
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: SocketAddr) {
+    let mut link = None;
+    let end = serve(&shared, id, stream, &mut link);
+    shared
+        .conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+    if let Some(token) = link {
+        let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = links.get_mut(&token) {
+            l.conns.remove(&id);
+            if l.conns.is_empty() {
+                links.remove(&token);
+            }
+        }
+    }
+    match end {
+        ConnEnd::Closed | ConnEnd::Bye => {
+            tracing::trace!(parent: &shared.span, %from, reason = %end, "lane closed")
+        }
+        _ => tracing::debug!(parent: &shared.span, %from, reason = %end, "lane closed"),
+    }
+}
+
+fn refuse(
+    sock: &mut Sock,
+    out: &mut Vec<u8>,
+    status: Status,
+    reason: &str,
+    deadline: Option<Instant>,
+) {
+    Refuse {
+        status: status.code(),
+        reason: reason.to_owned(),
+    }
+    .encode(out);
+    let _ = sock.send_bytes(out, deadline);
+}
+
+fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u64>) -> ConnEnd {
+    let mut sock = match Sock::new(stream) {
+        Ok(s) => s,
+        Err(e) => return ConnEnd::Io(e),
+    };
+    if let Err(e) = sock.set_fixed_timeout(shared.io_timeout) {
+        return ConnEnd::Io(e);
+    }
+    let mut inb = Inbound::new();
+    let mut out = Vec::with_capacity(256);
+    let io_deadline = || Some(Instant::now() + shared.io_timeout);
+
+    // handshake: the first frame must be HELLO, within the I/O timeout
+    let hello = match read_frame(&mut sock, &mut inb, io_deadline(), io_deadline) {
+        Err(e) => return ConnEnd::Io(e),
+        Ok(Err(e)) => {
+            refuse(
+                &mut sock,
+                &mut out,
+                Status::FAILED,
+                &e.to_string(),
+                io_deadline(),
+            );
+            return ConnEnd::Protocol(e);
+        }
+        Ok(Ok((Kind::Hello, p))) => match Hello::decode(p) {
+            Ok(h) => h,
+            Err(e) => {
+                refuse(
+                    &mut sock,
+                    &mut out,
+                    Status::FAILED,
+                    &e.to_string(),
+                    io_deadline(),
+                );
+                return ConnEnd::Protocol(e);
+            }
+        },
+        Ok(Ok((k, _))) => {
+            let e = WireError::Unexpected(k);
+            refuse(
+                &mut sock,
+                &mut out,
+                Status::FAILED,
+                "expected HELLO",
+                io_deadline(),
+            );
+            return ConnEnd::Protocol(e);
+        }
+    };
+    let token = match hello.role {
+        LaneRole::NewLink => {
+            let token = loop {
+                let t = crate::engine::random_u64();
+                if t != 0 {
+                    break t;
+                }
+            };
+            let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+            // a new link from a client name we know replaces the old one (the peer restarted)
+            let stale: Vec<u64> = links
+                .iter()
+                .filter(|(_, l)| l.client == hello.name)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in stale {
+                if let Some(old) = links.remove(&t) {
+                    tracing::debug!(parent: &shared.span, client = %old.client, old_instance = old.instance,
+                        new_instance = hello.instance, "replacing the link of a restarted client");
+                    let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+                    for c in old.conns.iter().filter_map(|c| conns.get(c)) {
+                        Sock::shutdown(c);
+                    }
+                }
+            }
+            links.insert(
+                token,
+                LinkRec {
+                    client: hello.name.clone(),
+                    instance: hello.instance,
+                    conns: HashSet::from([id]),
+                },
+            );
+            tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
+            token
+        }
+        LaneRole::Join => {
+            let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+            match links.get_mut(&hello.token) {
+                Some(l) if l.instance == hello.instance && l.client == hello.name => {
+                    l.conns.insert(id);
+                    hello.token
+                }
+                _ => {
+                    drop(links);
+                    refuse(
+                        &mut sock,
+                        &mut out,
+                        Status::NOT_CONNECTED,
+                        "unknown link",
+                        io_deadline(),
+                    );
+                    return ConnEnd::Refused("join to an unknown link".into());
+                }
+            }
+        }
+    };
+    *link = Some(token);
+    Welcome {
+        instance: shared.instance,
+        token,
+        pid: std::process::id(),
+        table: match hello.role {
+            LaneRole::NewLink => shared.table.entries(),
+            LaneRole::Join => Vec::new(),
+        },
+    }
+    .encode(&mut out);
+    if let Err(e) = sock.send_bytes(&out, io_deadline()) {
+        return ConnEnd::Io(e);
+    }
+    let _ = &shared.name;
+
+    let mut descs = Vec::new();
+    let mut targets = Vec::new();
+    let mut iov: Vec<IoVec> = Vec::new();
+    loop {
+        // idle: wait for the next request as long as it takes (shutdown wakes us)
+        let frame = match read_frame(&mut sock, &mut inb, None, io_deadline) {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ConnEnd::Closed,
+            Err(e) => return ConnEnd::Io(e),
+            Ok(Err(e)) => {
+                refuse(
+                    &mut sock,
+                    &mut out,
+                    Status::FAILED,
+                    &e.to_string(),
+                    io_deadline(),
+                );
+                return ConnEnd::Protocol(e);
+            }
+            Ok(Ok(f)) => f,
+        };
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let _guard = ActiveGuard(&shared.active);
+        let deadline = io_deadline();
+        match frame {
+            (Kind::Xfer, p) => {
+                let (op, req) = match wire::decode_xfer(p, &mut descs) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        refuse(
+                            &mut sock,
+                            &mut out,
+                            Status::FAILED,
+                            &e.to_string(),
+                            deadline,
+                        );
+                        return ConnEnd::Protocol(e);
+                    }
+                };
+                if let Err((status, reason)) = validate(&shared.table, op, &descs, &mut targets) {
+                    wire::encode_done(&mut out, req, status.code(), &reason);
+                    let _ = sock.send_bytes(&out, deadline);
+                    if op == TransferOp::Write {
+                        // the payload that follows cannot be skipped safely: close the lane
+                        return ConnEnd::Refused(reason);
+                    }
+                    continue;
+                }
+                match op {
+                    TransferOp::Write => {
+                        // SAFETY: `validate` checked every target against the frozen table: each
+                        // lies inside a registered host region, kept alive by the table's `Arc`s,
+                        // whose memory is valid for writes of any bytes (RegistrableMemory /
+                        // register_raw contracts).
+                        if let Err(e) = unsafe { inb.recv_into(&mut sock, &targets, deadline) } {
+                            return ConnEnd::Io(e);
+                        }
+                        wire::encode_done(&mut out, req, 0, "");
+                        if let Err(e) = sock.send_bytes(&out, deadline) {
+                            return ConnEnd::Io(e);
+                        }
+                    }
+                    TransferOp::Read => {
+                        wire::encode_done(&mut out, req, 0, "");
+                        iov.clear();
+                        iov.push(IoVec {
+                            base: out.as_ptr() as usize,
+                            len: out.len(),
+                        });
+                        iov.extend_from_slice(&targets);
+                        // SAFETY: the first iovec is `out`, alive for the call; the others were
+                        // validated as above and are valid for reads.
+                        if let Err(e) = unsafe { sock.send_all(&mut iov, deadline) } {
+                            return ConnEnd::Io(e);
+                        }
+                    }
+                }
+            }
+            (Kind::Bye, p) => {
+                if !p.is_empty() {
+                    return ConnEnd::Protocol(WireError::Trailing(p.len()));
+                }
+                let rec = shared
+                    .links
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&token);
+                if let Some(rec) = rec {
+                    let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+                    for c in rec
+                        .conns
+                        .iter()
+                        .filter(|&&c| c != id)
+                        .filter_map(|c| conns.get(c))
+                    {
+                        Sock::shutdown(c);
+                    }
+                    tracing::debug!(parent: &shared.span, client = %rec.client, "link closed by client");
+                }
+                out.clear();
+                out.extend_from_slice(&wire::header(Kind::ByeAck, 0));
+                let _ = sock.send_bytes(&out, deadline);
+                return ConnEnd::Bye;
+            }
+            (k, _) => {
+                let e = WireError::Unexpected(k);
+                refuse(
+                    &mut sock,
+                    &mut out,
+                    Status::FAILED,
+                    &e.to_string(),
+                    deadline,
+                );
+                return ConnEnd::Protocol(e);
+            }
+        }
+    }
+}
+
+/// How a lane operation failed.
+#[derive(Debug)]
+pub(crate) enum LaneFail {
+    /// The peer refused the request; `usable` says whether the lane is still in step.
+    Refused {
+        status: Status,
+        reason: String,
+        usable: bool,
+    },
+    /// An I/O error (timeouts included); the lane is dead.
+    Io(io::Error),
+    /// The peer broke the protocol; the lane is dead.
+    Protocol(String),
+}
+
+/// One connection of a link, client side.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    sock: Sock,
+    inb: Inbound,
+    out: Vec<u8>,
+    iov: Vec<IoVec>,
+    targets: Vec<IoVec>,
+}
+
+impl Lane {
+    /// Connects, says HELLO and reads the WELCOME.
+    pub fn open(
+        addr: SocketAddr,
+        hello: &Hello,
+        deadline: Instant,
+    ) -> Result<(Self, Welcome), LaneFail> {
+        let rem = deadline.saturating_duration_since(Instant::now());
+        if rem.is_zero() {
+            return Err(LaneFail::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "deadline passed",
+            )));
+        }
+        let stream = TcpStream::connect_timeout(&addr, rem).map_err(LaneFail::Io)?;
+        let mut lane = Lane {
+            sock: Sock::new(stream).map_err(LaneFail::Io)?,
+            inb: Inbound::new(),
+            out: Vec::with_capacity(256),
+            iov: Vec::new(),
+            targets: Vec::new(),
+        };
+        hello.encode(&mut lane.out);
+        lane.sock
+            .send_bytes(&lane.out, Some(deadline))
+            .map_err(LaneFail::Io)?;
+        let dl = Some(deadline);
+        match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((Kind::Welcome, p)) => {
+                let w = Welcome::decode(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
+                Ok((lane, w))
+            }
+            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected WELCOME, got {k:?}"))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
+    }
+
+    /// Runs one batch (at most [`wire::MAX_DESCS_PER_FRAME`] descriptors) on this lane.
+    pub fn xfer(
+        &mut self,
+        op: TransferOp,
+        req: u64,
+        descs: &[TransferDesc<'_>],
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        wire::encode_xfer(
+            &mut self.out,
+            op,
+            req,
+            descs.iter().map(|d| WireDesc {
+                region: d.remote.region,
+                offset: d.remote.offset,
+                len: d.remote.len,
+            }),
+        );
+        self.targets.clear();
+        self.targets.extend(descs.iter().map(|d| IoVec {
+            base: d.local.ptr() as usize,
+            len: d.local.len,
+        }));
+        self.iov.clear();
+        self.iov.push(IoVec {
+            base: self.out.as_ptr() as usize,
+            len: self.out.len(),
+        });
+        if op == TransferOp::Write {
+            self.iov.extend_from_slice(&self.targets);
+        }
+        // SAFETY: the first iovec is `self.out`, alive for the call; the others are local ranges
+        // borrowed by `descs` for the whole call, inside registered regions valid for reads.
+        let sent = unsafe { self.sock.send_all(&mut self.iov, dl) };
+        if let Err(e) = sent {
+            // the peer may have refused and closed: prefer its reason to the broken pipe
+            if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
+                let quick = Some(Instant::now() + Duration::from_millis(50));
+                if let Ok(Ok((Kind::Done, p))) =
+                    read_frame(&mut self.sock, &mut self.inb, quick, || quick)
+                {
+                    if let Ok((_, status, reason)) = wire::decode_done(p) {
+                        if status != 0 {
+                            return Err(LaneFail::Refused {
+                                status: Status::from_code(status).unwrap_or(Status::FAILED),
+                                reason,
+                                usable: false,
+                            });
+                        }
+                    }
+                }
+            }
+            return Err(LaneFail::Io(e));
+        }
+        let (got, status, reason) =
+            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Done, p)) => {
+                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+            };
+        if got != req {
+            return Err(LaneFail::Protocol(format!(
+                "DONE for request {got}, expected {req}"
+            )));
+        }
+        if status != 0 {
+            return Err(LaneFail::Refused {
+                status: Status::from_code(status).unwrap_or(Status::FAILED),
+                reason,
+                // a refused READ leaves the lane in step; a refused WRITE is closed by the peer
+                usable: op == TransferOp::Read,
+            });
+        }
+        if op == TransferOp::Read {
+            // SAFETY: the targets are local ranges borrowed by `descs` for the whole call, inside
+            // registered host regions valid for writes of any bytes.
+            unsafe { self.inb.recv_into(&mut self.sock, &self.targets, dl) }
+                .map_err(LaneFail::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Sends BYE and waits for the acknowledgement.
+    pub fn bye(&mut self, deadline: Instant) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        self.sock
+            .send_bytes(&wire::header(Kind::Bye, 0), dl)
+            .map_err(LaneFail::Io)?;
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((Kind::ByeAck, _)) => Ok(()),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected BYE_ACK, got {k:?}"))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
+    }
+}
+
+fn refusal(p: &[u8], usable: bool) -> LaneFail {
+    match Refuse::decode(p) {
+        Ok(r) => LaneFail::Refused {
+            status: Status::from_code(r.status).unwrap_or(Status::FAILED),
+            reason: r.reason,
+            usable,
+        },
+        Err(e) => LaneFail::Protocol(e.to_string()),
+    }
+}
