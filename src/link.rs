@@ -235,9 +235,13 @@ impl<'e> Link<'e> {
                         Ok(lane)
                     }
                     Err(f) => {
-                        let refused = matches!(f, LaneFail::Refused { .. });
+                        let dead = match &f {
+                            LaneFail::Refused { .. } => true,
+                            LaneFail::Io(e) => is_gone(e),
+                            LaneFail::Protocol(_) => false,
+                        };
                         let e = lane_error(f, op, &self.peer, started, false);
-                        self.discard(refused.then(|| format!("peer refused a new lane: {e}")));
+                        self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
                         Err(e)
                     }
                 };
@@ -428,7 +432,12 @@ fn is_gone(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
         e.kind(),
-        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected
+        UnexpectedEof
+            | ConnectionReset
+            | ConnectionAborted
+            | BrokenPipe
+            | NotConnected
+            | ConnectionRefused
     )
 }
 
