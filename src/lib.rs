@@ -106,6 +106,7 @@ mod link;
 mod memory;
 mod options;
 pub mod spec;
+pub mod testkit;
 mod transfer;
 pub mod transport;
 pub mod wire;

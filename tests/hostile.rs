@@ -1,0 +1,371 @@
+//! A raw socket that speaks the protocol badly never crashes the serving engine, never makes it
+//! touch memory outside a registered, permitted range, and the engine keeps serving others.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Rng, client};
+use hixl::wire::{self, Hello, Kind, LaneRole, WireDesc};
+use hixl::{Access, Connected, Hixl, MemDesc, MemType, Options, Region, TransferDesc, TransferOp};
+
+const GUARD: usize = 4096;
+const LEN: usize = 64 << 10;
+const T: Duration = Duration::from_secs(5);
+
+/// A server whose one region sits between two guard areas that are not registered.
+struct Guarded {
+    engine: Hixl<Connected>,
+    region: Region<MemDesc>,
+    ro: Region<Vec<u8>>,
+    mem: Box<[u8]>,
+    pattern: Vec<u8>,
+}
+
+fn guarded() -> Guarded {
+    let mut rng = Rng::new(42);
+    let pattern = rng.bytes(GUARD * 2 + LEN);
+    let mut mem = pattern.clone().into_boxed_slice();
+    let base = mem.as_mut_ptr() as usize;
+    let e = Hixl::initialize_ephemeral(
+        "127.0.0.1",
+        Options::default().server_io_timeout(Duration::from_secs(2)),
+    )
+    .unwrap()
+    .into_registered();
+    // SAFETY: `mem` outlives the engine (the engine is finalized before `mem` is dropped, in
+    // `check`), and the test only reads it through the engine's transfers and after finalize.
+    let region = unsafe {
+        e.register_raw(
+            MemDesc {
+                addr: base + GUARD,
+                len: LEN,
+            },
+            MemType::Host,
+        )
+    }
+    .unwrap();
+    let ro = e.register_with(vec![0xAAu8; 256], Access::Read).unwrap();
+    Guarded {
+        engine: e.activate().unwrap(),
+        region,
+        ro,
+        mem,
+        pattern,
+    }
+}
+
+impl Guarded {
+    /// Still serves an honest client; then, after finalize, the guards are intact.
+    fn check(self) {
+        {
+            let (cli, buf) = client(64);
+            let link = cli.connect(self.engine.name()).unwrap();
+            let d = TransferDesc::new(
+                buf.range(0..64).unwrap(),
+                link.region(self.region.id()).unwrap().range(0..64).unwrap(),
+            );
+            link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+        }
+        let e = self.engine.finalize();
+        let _ = e.deregister(self.region).unwrap();
+        assert_eq!(
+            e.deregister(self.ro).unwrap(),
+            vec![0xAAu8; 256],
+            "a read-only region was written"
+        );
+        assert!(
+            self.mem[..GUARD] == self.pattern[..GUARD],
+            "the guard before the region was touched"
+        );
+        assert!(
+            self.mem[GUARD + LEN..] == self.pattern[GUARD + LEN..],
+            "the guard after the region was touched"
+        );
+    }
+}
+
+fn connect_raw(name: &str) -> TcpStream {
+    let s = TcpStream::connect(name).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s
+}
+
+fn hello(s: &mut TcpStream) -> wire::Welcome {
+    let mut out = Vec::new();
+    Hello {
+        role: LaneRole::NewLink,
+        instance: 77,
+        token: 0,
+        name: "10.9.9.9".into(),
+        target: String::new(),
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+    let (k, p) = read_frame(s).expect("a WELCOME");
+    assert_eq!(k, Kind::Welcome);
+    wire::Welcome::decode(&p).unwrap()
+}
+
+/// Reads one frame; `None` when the peer closed the connection.
+fn read_frame(s: &mut TcpStream) -> Option<(Kind, Vec<u8>)> {
+    let mut h = [0u8; wire::HEADER_LEN];
+    s.read_exact(&mut h).ok()?;
+    let h = wire::decode_header(&h).unwrap();
+    let mut p = vec![0u8; h.len as usize];
+    s.read_exact(&mut p).ok()?;
+    Some((h.kind, p))
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+}
+
+fn xfer(op: TransferOp, descs: &[WireDesc]) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode_xfer(&mut out, op, 1, descs.iter().copied());
+    out
+}
+
+/// Out-of-range, overflowing, unknown-region and forbidden descriptors are refused with
+/// PARAM_INVALID before any byte moves; READ refusals keep the lane, WRITE refusals close it.
+#[test]
+fn bad_descriptors_are_refused() {
+    let g = guarded();
+    let id = g.region.id();
+    let bad: Vec<(TransferOp, WireDesc)> = vec![
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: id,
+                offset: LEN as u64 - 10,
+                len: 11,
+            },
+        ),
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: id,
+                offset: u64::MAX - 5,
+                len: 10,
+            },
+        ),
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: id,
+                offset: 0,
+                len: u64::MAX,
+            },
+        ),
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: id,
+                offset: 5,
+                len: 0,
+            },
+        ),
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: 999,
+                offset: 0,
+                len: 1,
+            },
+        ),
+        (
+            TransferOp::Write,
+            WireDesc {
+                region: g.ro.id(),
+                offset: 0,
+                len: 8,
+            },
+        ),
+        (
+            TransferOp::Read,
+            WireDesc {
+                region: id,
+                offset: LEN as u64,
+                len: 1,
+            },
+        ),
+        (
+            TransferOp::Read,
+            WireDesc {
+                region: id,
+                offset: 1 << 63,
+                len: 1 << 63,
+            },
+        ),
+        (
+            TransferOp::Read,
+            WireDesc {
+                region: 12345,
+                offset: 0,
+                len: 1,
+            },
+        ),
+    ];
+    for (op, d) in bad {
+        let mut s = connect_raw(g.engine.name());
+        hello(&mut s);
+        // a good descriptor first, so a refusal must cover the whole batch
+        let good = WireDesc {
+            region: id,
+            offset: 0,
+            len: 16,
+        };
+        let mut frame = xfer(op, &[good, d]);
+        if op == TransferOp::Write {
+            frame.extend_from_slice(&[0xEE; 16]); // the payload of the good descriptor, nothing more
+        }
+        s.write_all(&frame).unwrap();
+        let (k, p) = read_frame(&mut s).expect("a DONE");
+        assert_eq!(k, Kind::Done);
+        let (_, status, reason) = wire::decode_done(&p).unwrap();
+        assert_eq!(status, 103_900, "{op:?} {d:?}: {reason}");
+        assert!(reason.contains("descriptor 1"), "{reason}");
+        if op == TransferOp::Write {
+            assert!(closed(&mut s), "a refused WRITE must close the lane");
+        } else {
+            // the lane stays in step: a valid READ on it still works
+            s.write_all(&xfer(op, &[good])).unwrap();
+            let (k, p) = read_frame(&mut s).unwrap();
+            assert_eq!((k, wire::decode_done(&p).unwrap().1), (Kind::Done, 0));
+            let mut data = [0u8; 16];
+            s.read_exact(&mut data).unwrap();
+            assert_eq!(&data[..], &g.pattern[GUARD..GUARD + 16]);
+        }
+    }
+    g.check();
+}
+
+/// Malformed frames close the connection with a reason; the engine lives on.
+#[test]
+fn malformed_frames_close_the_connection() {
+    let g = guarded();
+    let name = g.engine.name().to_owned();
+    let header = |kind: u16, len: u32| {
+        let mut h = wire::header(Kind::Bye, 0);
+        h[6..8].copy_from_slice(&kind.to_le_bytes());
+        h[8..12].copy_from_slice(&len.to_le_bytes());
+        h.to_vec()
+    };
+    let mut wrong_version = wire::header(Kind::Hello, 0).to_vec();
+    wrong_version[4] = 9;
+    let cases: Vec<(&str, bool, Vec<u8>)> = vec![
+        (
+            "request before the handshake",
+            false,
+            xfer(
+                TransferOp::Read,
+                &[WireDesc {
+                    region: 0,
+                    offset: 0,
+                    len: 1,
+                }],
+            ),
+        ),
+        ("unknown version", false, wrong_version),
+        ("unknown frame kind", true, header(99, 0)),
+        ("length 2^32-1", true, header(Kind::Xfer as u16, u32::MAX)),
+        ("garbage", false, b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ("handshake twice", true, {
+            let mut out = Vec::new();
+            Hello {
+                role: LaneRole::NewLink,
+                instance: 1,
+                token: 0,
+                name: "x".into(),
+                target: String::new(),
+            }
+            .encode(&mut out);
+            out
+        }),
+        ("descriptor count 2^32-1", true, {
+            let mut f = header(Kind::Xfer as u16, 13);
+            f.push(1);
+            f.extend_from_slice(&1u64.to_le_bytes());
+            f.extend_from_slice(&u32::MAX.to_le_bytes());
+            f
+        }),
+        ("truncated descriptors", true, {
+            let mut f = header(Kind::Xfer as u16, 13 + 10);
+            f.push(1);
+            f.extend_from_slice(&1u64.to_le_bytes());
+            f.extend_from_slice(&5u32.to_le_bytes());
+            f.extend_from_slice(&[0u8; 10]);
+            f
+        }),
+        ("join to an unknown link", false, {
+            let mut out = Vec::new();
+            Hello {
+                role: LaneRole::Join,
+                instance: 1,
+                token: 12345,
+                name: "x".into(),
+                target: String::new(),
+            }
+            .encode(&mut out);
+            out
+        }),
+    ];
+    for (what, after_hello, bytes) in cases {
+        let mut s = connect_raw(&name);
+        if after_hello {
+            hello(&mut s);
+        }
+        s.write_all(&bytes).unwrap();
+        // the engine answers with a REFUSE (or just closes), and the connection ends
+        let mut saw_refuse = false;
+        while let Some((k, p)) = read_frame(&mut s) {
+            assert_eq!(k, Kind::Refuse, "{what}");
+            let r = wire::Refuse::decode(&p).unwrap();
+            assert!(r.status == 503_900 || r.status == 103_902, "{what}: {r:?}");
+            saw_refuse = true;
+        }
+        assert!(saw_refuse, "{what}: no reason given");
+    }
+    // a frame cut short, then silence: the serving thread gives up after its I/O timeout
+    let mut s = connect_raw(&name);
+    hello(&mut s);
+    s.write_all(
+        &xfer(
+            TransferOp::Read,
+            &[WireDesc {
+                region: 0,
+                offset: 0,
+                len: 1,
+            }],
+        )[..15],
+    )
+    .unwrap();
+    assert!(closed(&mut s));
+    g.check();
+}
+
+/// A WRITE that announces more payload than it sends, then disconnects, leaves only bytes of
+/// its own valid range changed.
+#[test]
+fn truncated_write_payload() {
+    let g = guarded();
+    let mut s = connect_raw(g.engine.name());
+    hello(&mut s);
+    let mut f = xfer(
+        TransferOp::Write,
+        &[WireDesc {
+            region: g.region.id(),
+            offset: 100,
+            len: 1000,
+        }],
+    );
+    f.extend_from_slice(&[1u8; 500]);
+    s.write_all(&f).unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(50));
+    g.check();
+}
