@@ -31,6 +31,8 @@ struct Pool {
     idle: Vec<Lane>,
     open: usize,
     broken: Option<String>,
+    /// Set once the link was closed (by `disconnect` or `Drop`).
+    closed: bool,
 }
 
 /// A connection to one remote engine, borrowed from the connected engine.
@@ -99,6 +101,7 @@ impl<'e> Link<'e> {
                 idle: vec![lane],
                 open: 1,
                 broken: None,
+                closed: false,
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
@@ -408,6 +411,7 @@ impl<'e> Link<'e> {
             let mut pool = self.lock();
             pool.idle.clear();
             pool.broken.get_or_insert_with(|| "disconnected".into());
+            pool.closed = true;
         }
         tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
         r
@@ -416,12 +420,7 @@ impl<'e> Link<'e> {
 
 impl Drop for Link<'_> {
     fn drop(&mut self) {
-        if !self
-            .lock()
-            .broken
-            .as_deref()
-            .is_some_and(|w| w == "disconnected")
-        {
+        if !self.lock().closed {
             let _ = self.close(Duration::from_millis(200));
         }
         self.engine.forget_peer(&self.peer);

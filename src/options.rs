@@ -171,7 +171,8 @@ impl Options {
             },
             "LocalCommRes" | "GlobalResourceConfig" => {
                 let t = value.trim();
-                if !t.is_empty() && !(t.starts_with('{') && t.ends_with('}')) {
+                let object = t.starts_with('{') && t.ends_with('}');
+                if !t.is_empty() && !object {
                     return Err(bad("a JSON object"));
                 }
             }

@@ -10,7 +10,7 @@
 //! Fallible transitions are modelled as the macro wants them: a decision enum whose variants are
 //! the success state and the state the engine is handed back in.
 
-#![allow(missing_docs, dead_code)]
+#![allow(missing_docs, dead_code, clippy::manual_non_exhaustive)]
 
 #[typestate::typestate]
 pub mod graph {

@@ -171,7 +171,7 @@ fn peer_killed_mid_transfer_then_restarted() {
             );
             let mut rounds = 0u32;
             loop {
-                let op = if rounds % 2 == 0 {
+                let op = if rounds.is_multiple_of(2) {
                     TransferOp::Write
                 } else {
                     TransferOp::Read

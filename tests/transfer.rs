@@ -22,7 +22,7 @@ fn write_then_read_back_block_sizes() {
     assert_eq!(remote.len(), (big + 4096) as u64);
     for &size in &[1usize, 7, 4095, 4096, 65_537, 1 << 20, 3 << 20, big] {
         let loff = 3 + rng.below(4000) as usize;
-        let roff = 1 + rng.below(4000) as u64;
+        let roff = 1 + rng.below(4000);
         let data = rng.bytes(size);
         buf.write_at(loff, &data).unwrap();
         let w = TransferDesc::new(

@@ -718,18 +718,16 @@ impl Lane {
             // the peer may have refused and closed: prefer its reason to the broken pipe
             if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
                 let quick = Some(Instant::now() + Duration::from_millis(50));
-                if let Ok(Ok((Kind::Done, p))) =
-                    read_frame(&mut self.sock, &mut self.inb, quick, || quick)
+                let reply = read_frame(&mut self.sock, &mut self.inb, quick, || quick);
+                if let Ok(Ok((Kind::Done, p))) = reply
+                    && let Ok((_, status, reason)) = wire::decode_done(p)
+                    && status != 0
                 {
-                    if let Ok((_, status, reason)) = wire::decode_done(p) {
-                        if status != 0 {
-                            return Err(LaneFail::Refused {
-                                status: Status::from_code(status).unwrap_or(Status::FAILED),
-                                reason,
-                                usable: false,
-                            });
-                        }
-                    }
+                    return Err(LaneFail::Refused {
+                        status: Status::from_code(status).unwrap_or(Status::FAILED),
+                        reason,
+                        usable: false,
+                    });
                 }
             }
             return Err(LaneFail::Io(e));

@@ -3,6 +3,7 @@
 
 use hixl::{Connected, Hixl, HostBuffer, Options, Region};
 
+#[allow(unused_imports)]
 pub use hixl::testkit::{Rng, fnv1a};
 
 /// A serving engine on an ephemeral loopback port with one region of `len` bytes, activated.
