@@ -241,3 +241,68 @@ fn both_engines_serve_and_connect() {
     assert_eq!(&mem[..4096], &data[..]);
     let _ = (a.finalize(), b.finalize());
 }
+
+/// Finalizing a server waits (bounded) for the request it is serving: a large WRITE that is in
+/// flight when the server finalizes completes intact.
+#[test]
+fn finalize_waits_for_in_flight_work() {
+    let len = 256 << 20;
+    let (srv, _cache) = server(
+        len,
+        Options::default().finalize_timeout(Duration::from_secs(10)),
+    );
+    let (cli, mut buf) = client(len);
+    let data = Rng::new(6).bytes(len);
+    buf.write_at(0, &data).unwrap();
+    let link = cli.connect(srv.name()).unwrap();
+    let remote = link.regions().next().unwrap();
+    let d = TransferDesc::new(buf.full(), remote.full());
+    // warm up the lane, then start a WRITE and finalize while it runs
+    link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+    let result = std::thread::scope(|s| {
+        let w = s.spawn(|| link.transfer_sync(TransferOp::Write, &[d], T));
+        std::thread::sleep(Duration::from_millis(15));
+        let t0 = std::time::Instant::now();
+        let _ = srv.finalize();
+        (w.join().unwrap(), t0.elapsed())
+    });
+    let (r, waited) = result;
+    assert!(r.is_ok(), "in-flight WRITE cut by finalize: {r:?}");
+    assert!(waited < Duration::from_secs(10));
+    // afterwards the link is dead
+    let e = link.transfer_sync(TransferOp::Write, &[d], T).unwrap_err();
+    assert_eq!(e.status().code(), 103_902, "{e:?}");
+}
+
+/// The device context travels to another thread only as a `DetachedContext`, bound there.
+#[test]
+fn detached_context_binds_on_another_thread() {
+    let (cli, _buf) = client(4096);
+    let cli = cli.deactivate();
+    let ctx = cli.detach_context();
+    let engine = &cli;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let refused = ctx
+                .bind(|tok| engine.register_device(tok, vec![3u8; 8]))
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(refused.status().code(), 103_905);
+            assert_eq!(refused.into_inner(), vec![3u8; 8]);
+        });
+    });
+    // a token of one engine is refused by another
+    let (other, _b) = client(4096);
+    let other = other.deactivate();
+    let e = other
+        .with_context(|tok| cli.register_device(tok, vec![1u8]))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(
+        e.error,
+        hixl::Error::ForeignHandle {
+            what: "context token",
+            ..
+        }
+    ));
+}
