@@ -15,14 +15,18 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
-use crate::link::Link;
+use crate::link::{Link, LinkShared};
 use crate::memory::{Access, MemDesc, MemType, RawMemory, Region, RegionCore, RegistrableMemory};
+use crate::metrics::Metrics;
+use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
 use crate::transport::tcp::{ServeTable, Server, ServerConfig};
 
@@ -176,6 +180,11 @@ pub(crate) struct EngineInner {
     regions: Mutex<Regions>,
     server: Mutex<Option<Server>>,
     peers: Mutex<HashSet<String>>,
+    /// Links this engine opened, for metrics.
+    links: Mutex<Vec<Weak<LinkShared>>>,
+    pub(crate) notifies: Arc<NotifyQueue>,
+    pub(crate) connects: Arc<ConnectPool>,
+    me: Weak<EngineInner>,
     pub(crate) span: tracing::Span,
 }
 
@@ -358,6 +367,45 @@ impl EngineInner {
         lock(&self.peers).remove(peer);
     }
 
+    /// A link handle went away.
+    pub(crate) fn forget_link(&self, link: &LinkShared) {
+        self.forget_peer(&link.peer);
+        lock(&self.links).retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), link));
+    }
+
+    /// Opens a link to `key` (reserving the name first: `ALREADY_CONNECTED` if it is taken).
+    pub(crate) fn open_link(
+        &self,
+        key: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<LinkShared>, Error> {
+        if !lock(&self.peers).insert(key.to_owned()) {
+            return Err(Error::AlreadyConnected {
+                peer: key.to_owned(),
+            });
+        }
+        match LinkShared::open(self, key.to_owned(), addr, timeout) {
+            Ok(l) => {
+                let mut links = lock(&self.links);
+                links.retain(|w| w.strong_count() > 0);
+                links.push(Arc::downgrade(&l));
+                Ok(l)
+            }
+            Err(e) => {
+                self.forget_peer(key);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes every link the async connect queue still holds.
+    fn close_async_links(&self, join: bool) {
+        for peer in self.connects.shutdown(join) {
+            self.forget_peer(&peer);
+        }
+    }
+
     fn stop_server(&self) {
         let server = lock(&self.server).take();
         if let Some(s) = server {
@@ -368,6 +416,7 @@ impl EngineInner {
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        self.close_async_links(false);
         self.stop_server();
     }
 }
@@ -493,6 +542,29 @@ impl<S: State> Hixl<S> {
         &self.inner.options
     }
 
+    /// A snapshot of the engine's metrics: registered regions and bytes, and per link and
+    /// operation the bytes, operations, errors by status, requests in flight and latency
+    /// percentiles.
+    pub fn metrics(&self) -> Metrics {
+        let links = lock(&self.inner.links)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|l| !l.is_closed())
+            .map(|l| l.counters.snapshot(l.id, &l.peer))
+            .collect();
+        let regs = lock(&self.inner.regions);
+        Metrics {
+            regions: regs.by_addr.len(),
+            registered_bytes: regs.bytes,
+            links,
+        }
+    }
+
+    /// Takes every notification received from peers so far, oldest first (HIXL `GetNotifies`).
+    pub fn get_notifies(&self) -> Vec<Notify> {
+        self.inner.notifies.drain()
+    }
+
     /// Binds the engine's device context on this thread and runs `f` with a token proving it.
     ///
     /// # Errors
@@ -556,7 +628,7 @@ impl Hixl<Initialized> {
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
         Ok(Hixl {
-            inner: Arc::new(EngineInner {
+            inner: Arc::new_cyclic(|me| EngineInner {
                 id,
                 instance: random_u64(),
                 name,
@@ -565,6 +637,10 @@ impl Hixl<Initialized> {
                 regions: Mutex::new(Regions::default()),
                 server: Mutex::new(None),
                 peers: Mutex::new(HashSet::new()),
+                links: Mutex::new(Vec::new()),
+                notifies: Arc::new(NotifyQueue::default()),
+                connects: Arc::new(ConnectPool::default()),
+                me: me.clone(),
                 span,
             }),
             _state: PhantomData,
@@ -753,6 +829,7 @@ impl Hixl<Registered> {
                                 instance: self.inner.instance,
                                 io_timeout: self.inner.options.server_io_timeout,
                                 max_conns: self.inner.options.max_server_conns,
+                                notifies: self.inner.notifies.clone(),
                                 span: self.inner.span.clone(),
                             },
                         )
@@ -825,17 +902,86 @@ impl Hixl<Connected> {
                 problem: "an engine cannot connect to itself",
             });
         }
-        if !lock(&self.inner.peers).insert(key.clone()) {
-            return Err(Error::AlreadyConnected { peer: key });
+        let shared = self.inner.open_link(&key, addr, timeout)?;
+        Ok(Link::from_shared(&self.inner, shared))
+    }
+
+    /// Starts connecting in the background (HIXL `ConnectAsync`): queued (at most 128 tasks per
+    /// engine), run by a pool of two threads, in order for each remote. Poll with
+    /// [`Hixl::async_connect_status`]; get the link with [`Hixl::take_link`].
+    ///
+    /// # Errors
+    /// The parameter errors of [`Hixl::connect_timeout`] at once; [`Error::QueueFull`]
+    /// (`RESOURCE_EXHAUSTED`) when the queue is full. Connect errors are reported by `take_link`.
+    pub fn connect_async(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
+        let timeout = check_timeout(timeout)?;
+        let (key, addr) = self.remote_key(remote)?;
+        self.inner
+            .connects
+            .connect(&self.inner.me, &key, addr, timeout)
+    }
+
+    /// Queues a disconnect of an async connection not yet taken (HIXL `DisconnectAsync`).
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] if there is no such connection (or it was taken: disconnect the
+    /// [`Link`] itself); [`Error::QueueFull`] when the queue is full.
+    pub fn disconnect_async(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
+        let timeout = check_timeout(timeout)?;
+        let (key, _) = self.remote_key(remote)?;
+        self.inner
+            .connects
+            .disconnect(&self.inner.me, &key, timeout)
+    }
+
+    /// The status of the async connection to `remote` (HIXL `GetAsyncConnectStatus`).
+    pub fn async_connect_status(&self, remote: &str) -> AsyncConnectStatus {
+        match self.remote_key(remote) {
+            Ok((key, _)) => self.inner.connects.status(&key),
+            Err(_) => AsyncConnectStatus::NotConnect,
         }
-        Link::open(&self.inner, key.clone(), addr, timeout)
-            .inspect_err(|_| self.inner.forget_peer(&key))
+    }
+
+    /// The status of every async connection.
+    pub fn async_connect_statuses(&self) -> BTreeMap<String, AsyncConnectStatus> {
+        self.inner.connects.all()
+    }
+
+    /// Hands over the link of a finished async connect, or returns its error. After this the
+    /// link is an ordinary [`Link`] and the async status of `remote` is `NotConnect`.
+    ///
+    /// # Errors
+    /// The connect's own error (in [`Error::Shared`]); [`Error::NotConnected`] if it is still
+    /// pending or there is none.
+    pub fn take_link(&self, remote: &str) -> Result<Link<'_>, Error> {
+        let (key, _) = self.remote_key(remote)?;
+        let shared = self.inner.connects.take(&key)?;
+        Ok(Link::from_shared(&self.inner, shared))
+    }
+
+    fn remote_key(&self, remote: &str) -> Result<(String, SocketAddr), Error> {
+        let parsed = EngineName::parse(remote)?;
+        let Some(addr) = parsed.socket_addr() else {
+            return Err(Error::NotConnectable {
+                peer: remote.to_owned(),
+                problem: "the name has no port, so that engine does not listen",
+            });
+        };
+        let key = addr.to_string();
+        if key == self.inner.name {
+            return Err(Error::NotConnectable {
+                peer: remote.to_owned(),
+                problem: "an engine cannot connect to itself",
+            });
+        }
+        Ok((key, addr))
     }
 
     /// Stops serving and returns to `Registered`, where memory can be (de)registered. Every link
     /// of this engine must be gone (the borrow checker makes sure). Requests being served get up
     /// to the `finalize_timeout` option to finish; then every incoming connection is closed.
     pub fn deactivate(self) -> Hixl<Registered> {
+        self.inner.close_async_links(true);
         self.inner.stop_server();
         self.into_state()
     }
@@ -847,6 +993,7 @@ impl<S: Live> Hixl<S> {
     /// released. Regions still held can be handed back with [`Hixl::deregister`] on the
     /// finalized engine; dropped ones are freed.
     pub fn finalize(self) -> Hixl<Finalized> {
+        self.inner.close_async_links(true);
         self.inner.stop_server();
         lock(&self.inner.listener).take();
         {

@@ -345,6 +345,33 @@ pub enum Error {
         /// The size asked for.
         len: usize,
     },
+    /// A notification name or message over 1024 bytes.
+    #[error("notification {what} of {len} bytes exceeds {limit}")]
+    NotifyTooLong {
+        /// `"name"` or `"message"`.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An async request was cancelled.
+    #[error("{op} with {peer} was cancelled")]
+    Cancelled {
+        /// The operation.
+        op: &'static str,
+        /// The remote engine name.
+        peer: String,
+    },
+    /// An async connect or disconnect was refused because its queue is full.
+    #[error("the async connect queue is full ({capacity} tasks)")]
+    QueueFull {
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The error of an async request (shared by every handle that reports it).
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
     /// The region is still referenced elsewhere and cannot be handed back yet.
     #[error("region {region} is still in use")]
     RegionBusy {
@@ -374,7 +401,11 @@ impl Error {
             | LengthMismatch { .. }
             | EmptyBatch
             | BatchTooLarge { .. }
+            | NotifyTooLong { .. }
             | NotConnectable { .. } => Status::PARAM_INVALID,
+            Shared(e) => e.status(),
+            Cancelled { .. } => Status::FAILED,
+            QueueFull { .. } => Status::RESOURCE_EXHAUSTED,
             UnsupportedMemory { .. } | UnsupportedOption { .. } => Status::UNSUPPORTED,
             TooManyRegions { .. }
             | LanesExhausted { .. }
@@ -392,12 +423,16 @@ impl Error {
     ///
     /// Parameter errors are not retryable: the same arguments fail the same way.
     pub fn is_retryable(&self) -> bool {
+        if let Error::Shared(e) = self {
+            return e.is_retryable();
+        }
         matches!(
             self,
             Error::Timeout { .. }
                 | Error::NotConnected { .. }
                 | Error::ConnectFailed { .. }
                 | Error::LanesExhausted { .. }
+                | Error::QueueFull { .. }
                 | Error::Io { .. }
         )
     }

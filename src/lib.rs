@@ -99,18 +99,23 @@
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod connect;
 mod context;
 mod engine;
 mod error;
 mod link;
 mod memory;
+mod metrics;
+mod notify;
 mod options;
+mod request;
 pub mod spec;
 pub mod testkit;
 mod transfer;
 pub mod transport;
 pub mod wire;
 
+pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
 pub use engine::{
     Connected, EngineName, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered,
@@ -121,6 +126,9 @@ pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
 pub use memory::{
     Access, HostBuffer, LocalRange, MemDesc, MemType, RawMemory, Region, RegistrableMemory,
 };
+pub use metrics::{LinkMetrics, Metrics, OpMetrics};
+pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options};
+pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use transfer::{TransferDesc, TransferOp};
 pub use transport::{TransportInfo, TransportKind, probe};

@@ -9,23 +9,34 @@
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::memory::{Access, MemType};
+use crate::memory::{Access, MemType, RegionCore};
+use crate::metrics::LinkCounters;
+use crate::notify::MAX_NOTIFY_LEN;
+use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
-use crate::transport::tcp::{Lane, LaneFail};
-use crate::wire::{self, Hello, LaneRole, TableEntry};
+use crate::transport::tcp::{Lane, LaneFail, Xd};
+use crate::wire::{self, Hello, LaneRole, TableEntry, WireDesc};
 
-/// Most descriptors in one `transfer_sync` call.
+/// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
+
+/// How long an idle async worker thread waits for work before it exits.
+const WORKER_IDLE: Duration = Duration::from_secs(2);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 struct Pool {
     idle: Vec<Lane>,
@@ -35,44 +46,48 @@ struct Pool {
     closed: bool,
 }
 
-/// A connection to one remote engine, borrowed from the connected engine.
-pub struct Link<'e> {
-    engine: &'e EngineInner,
-    id: u64,
-    peer: String,
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Job>,
+    workers: usize,
+    idle: usize,
+}
+
+/// A link's state, shared by the [`Link`] handle, async requests and async worker threads.
+pub(crate) struct LinkShared {
+    pub(crate) id: u64,
+    pub(crate) peer: String,
     addr: SocketAddr,
     token: u64,
     remote_instance: u64,
     remote_pid: u32,
     /// Sorted by address, disjoint (checked when decoded).
     table: Vec<TableEntry>,
+    engine_id: u64,
+    instance: u64,
+    name: String,
+    max_lanes: usize,
     pool: Mutex<Pool>,
     freed: Condvar,
     next_req: AtomicU64,
-    span: tracing::Span,
-    _engine: PhantomData<&'e ()>,
-}
-
-impl fmt::Debug for Link<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Link")
-            .field("id", &self.id)
-            .field("peer", &self.peer)
-            .field("remote_instance", &self.remote_instance)
-            .field("regions", &self.table.len())
-            .finish()
-    }
+    jobs: Mutex<Jobs>,
+    jobs_cv: Condvar,
+    /// Async requests not finished yet, by sequence number (notifications wait for earlier ones).
+    unfinished: Mutex<BTreeSet<u64>>,
+    finished_cv: Condvar,
+    pub(crate) counters: LinkCounters,
+    pub(crate) span: tracing::Span,
 }
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
-impl<'e> Link<'e> {
+impl LinkShared {
     pub(crate) fn open(
-        engine: &'e EngineInner,
+        engine: &EngineInner,
         peer: String,
         addr: SocketAddr,
         timeout: Duration,
-    ) -> Result<Self, Error> {
+    ) -> Result<Arc<Self>, Error> {
         let started = Instant::now();
         let deadline = started + timeout;
         let hello = Hello {
@@ -88,8 +103,7 @@ impl<'e> Link<'e> {
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
         tracing::debug!(parent: &span, regions = welcome.table.len(), remote_instance = welcome.instance,
             elapsed_us = started.elapsed().as_micros() as u64, "connected");
-        Ok(Link {
-            engine,
+        Ok(Arc::new(LinkShared {
             id,
             peer,
             addr,
@@ -97,6 +111,10 @@ impl<'e> Link<'e> {
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
             table: welcome.table,
+            engine_id: engine.id,
+            instance: engine.instance,
+            name: engine.name.clone(),
+            max_lanes: engine.options.max_lanes,
             pool: Mutex::new(Pool {
                 idle: vec![lane],
                 open: 1,
@@ -105,113 +123,27 @@ impl<'e> Link<'e> {
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
+            jobs: Mutex::new(Jobs::default()),
+            jobs_cv: Condvar::new(),
+            unfinished: Mutex::new(BTreeSet::new()),
+            finished_cv: Condvar::new(),
+            counters: LinkCounters::default(),
             span,
-            _engine: PhantomData,
-        })
+        }))
     }
 
-    /// The remote engine's name.
-    pub fn peer(&self) -> &str {
-        &self.peer
-    }
-    /// This link's id (unique in the process).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-    /// The remote engine's per-process instance id (changes when the peer restarts).
-    pub fn remote_instance(&self) -> u64 {
-        self.remote_instance
-    }
-    /// The remote engine's process id, as it reported it.
-    pub fn remote_pid(&self) -> u32 {
-        self.remote_pid
-    }
-    /// The transport carrying this link's data.
-    pub fn transport(&self) -> crate::TransportKind {
-        crate::TransportKind::Tcp
-    }
-    /// Whether the link broke (its peer went away or refused a lane). A broken link stays
-    /// broken: disconnect it and connect again.
-    pub fn is_broken(&self) -> bool {
-        self.lock().broken.is_some()
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.pool).closed
     }
 
-    /// The peer's registered regions, as it sent them at connect, sorted by address.
-    pub fn regions(&self) -> impl ExactSizeIterator<Item = RemoteRegion<'_>> + '_ {
-        self.table.iter().map(move |e| RemoteRegion {
-            link: self,
-            entry: *e,
-        })
-    }
-
-    /// The peer's region with this id.
-    ///
-    /// # Errors
-    /// [`Error::RemoteNotRegistered`] if the peer's table has no such region.
-    pub fn region(&self, id: u32) -> Result<RemoteRegion<'_>, Error> {
-        self.table
-            .iter()
-            .find(|e| e.id == id)
-            .map(|e| RemoteRegion {
-                link: self,
-                entry: *e,
-            })
-            .ok_or_else(|| Error::RemoteNotRegistered {
-                peer: self.peer.clone(),
-                addr: 0,
-                len: 0,
-            })
-    }
-
-    /// The remote range `addr..addr+len` in the peer's address space (HIXL's form); it must lie
-    /// inside one region of the peer's table.
-    ///
-    /// # Errors
-    /// [`Error::RemoteNotRegistered`] (`PARAM_INVALID`) if it does not, or `len` is zero.
-    pub fn remote(&self, addr: u64, len: u64) -> Result<RemoteRange<'_>, Error> {
-        let not_registered = || Error::RemoteNotRegistered {
-            peer: self.peer.clone(),
-            addr,
-            len,
-        };
-        let end = addr
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or_else(not_registered)?;
-        let i = self.table.partition_point(|e| e.addr <= addr);
-        let e = i
-            .checked_sub(1)
-            .map(|i| &self.table[i])
-            .ok_or_else(not_registered)?;
-        if end > e.addr + e.len {
-            return Err(not_registered());
-        }
-        Ok(self.make_range(e, addr - e.addr, len))
-    }
-
-    fn make_range(&self, e: &TableEntry, offset: u64, len: u64) -> RemoteRange<'_> {
-        RemoteRange {
-            link: self.id,
-            region: e.id,
-            offset,
-            len,
-            access: e.access,
-            _link: PhantomData,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes an idle lane, opens a new one (up to the engine's `max_lanes`), or waits for one.
+    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one.
     fn checkout(
         &self,
         deadline: Instant,
         started: Instant,
         op: &'static str,
     ) -> Result<Lane, Error> {
-        let mut pool = self.lock();
+        let mut pool = lock(&self.pool);
         loop {
             if let Some(why) = &pool.broken {
                 return Err(Error::NotConnected {
@@ -222,14 +154,14 @@ impl<'e> Link<'e> {
             if let Some(l) = pool.idle.pop() {
                 return Ok(l);
             }
-            if pool.open < self.engine.options.max_lanes {
+            if pool.open < self.max_lanes {
                 pool.open += 1;
                 drop(pool);
                 let hello = Hello {
                     role: LaneRole::Join,
-                    instance: self.engine.instance,
+                    instance: self.instance,
                     token: self.token,
-                    name: self.engine.name.clone(),
+                    name: self.name.clone(),
                     target: self.peer.clone(),
                 };
                 return match Lane::open(self.addr, &hello, deadline) {
@@ -265,13 +197,20 @@ impl<'e> Link<'e> {
     }
 
     fn checkin(&self, lane: Lane) {
-        self.lock().idle.push(lane);
+        let mut pool = lock(&self.pool);
+        if pool.closed || pool.broken.is_some() {
+            pool.open -= 1;
+            drop(pool);
+            drop(lane);
+        } else {
+            pool.idle.push(lane);
+        }
         self.freed.notify_one();
     }
 
     /// Forgets a dead lane; `broken` marks the whole link unusable.
     fn discard(&self, broken: Option<String>) {
-        let mut pool = self.lock();
+        let mut pool = lock(&self.pool);
         pool.open -= 1;
         if let Some(why) = broken {
             if pool.broken.is_none() {
@@ -283,6 +222,398 @@ impl<'e> Link<'e> {
         } else {
             self.freed.notify_one();
         }
+    }
+
+    /// Puts a lane back after `f`, or drops it when the failure left it out of step.
+    fn release(&self, lane: Lane, f: Option<&LaneFail>) {
+        match f {
+            None | Some(LaneFail::Refused { usable: true, .. }) => self.checkin(lane),
+            Some(LaneFail::Io(e)) if is_gone(e) => {
+                drop(lane);
+                self.discard(Some(format!("peer went away: {e}")));
+            }
+            Some(_) => {
+                drop(lane);
+                self.discard(None);
+            }
+        }
+    }
+
+    /// Runs `xds` on `lane`, in frames of at most 65,536 descriptors.
+    fn run_on(
+        &self,
+        lane: &mut Lane,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
+            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+            lane.xfer(op, req, chunk, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Executes one async job on this link (called by worker threads).
+    fn execute(self: &Arc<Self>, job: Job) {
+        let st = &job.state;
+        if !st.claim_queued() {
+            return; // resolved while queued (deadline, cancel)
+        }
+        let lane = match self.checkout(st.deadline, st.started, st.op.name()) {
+            Ok(l) => l,
+            Err(e) => {
+                let outcome = match e {
+                    Error::LanesExhausted { .. } | Error::Timeout { .. } => Outcome::TimedOut,
+                    e => Outcome::Failed(Arc::new(e)),
+                };
+                st.finish(self, outcome);
+                return;
+            }
+        };
+        let mut lane = lane;
+        if let Err(outcome) = st.set_running(lane.raw_fd()) {
+            self.checkin(lane);
+            st.finish(self, outcome);
+            return;
+        }
+        let r = self.run_on(&mut lane, st.op, &job.xds, st.deadline);
+        // the lane (and its descriptor) stays alive until `finish` has left the running phase
+        let outcome = match &r {
+            Ok(()) => Outcome::Completed,
+            Err(LaneFail::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                Outcome::TimedOut
+            }
+            Err(f) => Outcome::Failed(Arc::new(lane_error(
+                clone_fail(f),
+                st.op.name(),
+                &self.peer,
+                st.started,
+                false,
+            ))),
+        };
+        st.finish(self, outcome);
+        if r.is_err() && st.cancel_requested() {
+            // the lane was shut down by `cancel`: that says nothing about the peer
+            drop(lane);
+            self.discard(None);
+        } else {
+            self.release(lane, r.as_ref().err());
+        }
+        drop(job.keep);
+    }
+
+    /// Bookkeeping when a request ends, whoever ended it.
+    pub(crate) fn settle(
+        &self,
+        seq: u64,
+        op: TransferOp,
+        bytes: u64,
+        took: Duration,
+        err: Option<crate::Status>,
+    ) {
+        self.counters.finish(op, bytes, took, err);
+        lock(&self.unfinished).remove(&seq);
+        self.finished_cv.notify_all();
+    }
+
+    fn enqueue(self: &Arc<Self>, job: Job) {
+        let mut jobs = lock(&self.jobs);
+        jobs.queue.push_back(job);
+        if jobs.idle > 0 {
+            self.jobs_cv.notify_one();
+        } else if jobs.workers < self.max_lanes {
+            jobs.workers += 1;
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("hixl-async".into())
+                .spawn(move || me.worker());
+            if spawned.is_err() {
+                jobs.workers -= 1;
+                // nobody can run it: fail what is queued rather than leave it waiting
+                let stranded: Vec<Job> = jobs.queue.drain(..).collect();
+                drop(jobs);
+                for j in stranded {
+                    if j.state.claim_queued() {
+                        let e = Error::LanesExhausted {
+                            peer: self.peer.clone(),
+                            lanes: 0,
+                        };
+                        j.state.finish(self, Outcome::Failed(Arc::new(e)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn worker(self: Arc<Self>) {
+        loop {
+            let job = {
+                let mut jobs = lock(&self.jobs);
+                loop {
+                    if let Some(j) = jobs.queue.pop_front() {
+                        break j;
+                    }
+                    if self.is_closed() {
+                        jobs.workers -= 1;
+                        return;
+                    }
+                    jobs.idle += 1;
+                    let (g, t) = self
+                        .jobs_cv
+                        .wait_timeout(jobs, WORKER_IDLE)
+                        .unwrap_or_else(|e| e.into_inner());
+                    jobs = g;
+                    jobs.idle -= 1;
+                    if t.timed_out() && jobs.queue.is_empty() {
+                        jobs.workers -= 1;
+                        return;
+                    }
+                }
+            };
+            self.execute(job);
+        }
+    }
+
+    /// Closes the link, waiting up to `timeout` for the peer's acknowledgement.
+    pub(crate) fn close_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        self.close(timeout)
+    }
+
+    /// Closes the link, briefly, ignoring errors (teardown).
+    pub(crate) fn close_quietly(&self) {
+        if !self.is_closed() {
+            let _ = self.close(Duration::from_millis(200));
+        }
+    }
+
+    fn close(&self, timeout: Duration) -> Result<(), Error> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let (lane, broken) = {
+            let mut pool = lock(&self.pool);
+            (pool.idle.pop(), pool.broken.is_some())
+        };
+        let r = match (lane, broken) {
+            (Some(mut lane), false) => lane
+                .bye(deadline)
+                .map_err(|f| lane_error(f, "disconnect", &self.peer, started, false)),
+            _ => Ok(()),
+        };
+        {
+            let mut pool = lock(&self.pool);
+            pool.open -= pool.idle.len();
+            pool.idle.clear();
+            pool.broken.get_or_insert_with(|| "disconnected".into());
+            pool.closed = true;
+        }
+        self.freed.notify_all();
+        self.jobs_cv.notify_all();
+        tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
+        r
+    }
+}
+
+/// `LaneFail` holds an `io::Error`, which is not `Clone`; keep the kind and the message.
+fn clone_fail(f: &LaneFail) -> LaneFail {
+    match f {
+        LaneFail::Refused {
+            status,
+            reason,
+            usable,
+        } => LaneFail::Refused {
+            status: *status,
+            reason: reason.clone(),
+            usable: *usable,
+        },
+        LaneFail::Io(e) => LaneFail::Io(std::io::Error::new(e.kind(), e.to_string())),
+        LaneFail::Protocol(p) => LaneFail::Protocol(p.clone()),
+    }
+}
+
+/// A connection to one remote engine, borrowed from the connected engine.
+pub struct Link<'e> {
+    engine: &'e EngineInner,
+    pub(crate) shared: Arc<LinkShared>,
+}
+
+impl fmt::Debug for Link<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("id", &self.shared.id)
+            .field("peer", &self.shared.peer)
+            .field("remote_instance", &self.shared.remote_instance)
+            .field("regions", &self.shared.table.len())
+            .finish()
+    }
+}
+
+impl<'e> Link<'e> {
+    pub(crate) fn from_shared(engine: &'e EngineInner, shared: Arc<LinkShared>) -> Self {
+        Link { engine, shared }
+    }
+
+    /// The remote engine's name.
+    pub fn peer(&self) -> &str {
+        &self.shared.peer
+    }
+    /// This link's id (unique in the process).
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+    /// The remote engine's per-process instance id (changes when the peer restarts).
+    pub fn remote_instance(&self) -> u64 {
+        self.shared.remote_instance
+    }
+    /// The remote engine's process id, as it reported it.
+    pub fn remote_pid(&self) -> u32 {
+        self.shared.remote_pid
+    }
+    /// The transport carrying this link's data.
+    pub fn transport(&self) -> crate::TransportKind {
+        crate::TransportKind::Tcp
+    }
+    /// Whether the link broke (its peer went away or refused a lane). A broken link stays
+    /// broken: disconnect it and connect again.
+    pub fn is_broken(&self) -> bool {
+        lock(&self.shared.pool).broken.is_some()
+    }
+
+    /// The peer's registered regions, as it sent them at connect, sorted by address.
+    pub fn regions(&self) -> impl ExactSizeIterator<Item = RemoteRegion<'_>> + '_ {
+        self.shared.table.iter().map(move |e| RemoteRegion {
+            link: self,
+            entry: *e,
+        })
+    }
+
+    /// The peer's region with this id.
+    ///
+    /// # Errors
+    /// [`Error::RemoteNotRegistered`] if the peer's table has no such region.
+    pub fn region(&self, id: u32) -> Result<RemoteRegion<'_>, Error> {
+        self.shared
+            .table
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| RemoteRegion {
+                link: self,
+                entry: *e,
+            })
+            .ok_or_else(|| Error::RemoteNotRegistered {
+                peer: self.shared.peer.clone(),
+                addr: 0,
+                len: 0,
+            })
+    }
+
+    /// The remote range `addr..addr+len` in the peer's address space (HIXL's form); it must lie
+    /// inside one region of the peer's table.
+    ///
+    /// # Errors
+    /// [`Error::RemoteNotRegistered`] (`PARAM_INVALID`) if it does not, or `len` is zero.
+    pub fn remote(&self, addr: u64, len: u64) -> Result<RemoteRange<'_>, Error> {
+        let not_registered = || Error::RemoteNotRegistered {
+            peer: self.shared.peer.clone(),
+            addr,
+            len,
+        };
+        let table = &self.shared.table;
+        let end = addr
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or_else(not_registered)?;
+        let i = table.partition_point(|e| e.addr <= addr);
+        let e = i
+            .checked_sub(1)
+            .map(|i| &table[i])
+            .ok_or_else(not_registered)?;
+        if end > e.addr + e.len {
+            return Err(not_registered());
+        }
+        Ok(self.make_range(e, addr - e.addr, len))
+    }
+
+    fn make_range(&self, e: &TableEntry, offset: u64, len: u64) -> RemoteRange<'_> {
+        RemoteRange {
+            link: self.shared.id,
+            region: e.id,
+            offset,
+            len,
+            access: e.access,
+            _link: PhantomData,
+        }
+    }
+
+    /// Checks a batch and turns it into lane descriptors; returns them and the byte count.
+    fn prepare(
+        &self,
+        op: TransferOp,
+        descs: &[TransferDesc<'_>],
+        xds: &mut Vec<Xd>,
+    ) -> Result<u64, Error> {
+        if descs.is_empty() {
+            return Err(Error::EmptyBatch);
+        }
+        if descs.len() > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                count: descs.len(),
+                limit: MAX_BATCH,
+            });
+        }
+        let mut bytes = 0u64;
+        xds.reserve(descs.len());
+        for (index, d) in descs.iter().enumerate() {
+            if d.local.core.engine != self.shared.engine_id {
+                return Err(Error::ForeignHandle {
+                    what: "local region",
+                    owner: d.local.core.engine,
+                    engine: self.shared.engine_id,
+                });
+            }
+            if d.remote.link != self.shared.id {
+                return Err(Error::ForeignHandle {
+                    what: "remote range",
+                    owner: d.remote.link,
+                    engine: self.shared.id,
+                });
+            }
+            if d.local.len as u64 != d.remote.len {
+                return Err(Error::LengthMismatch {
+                    index,
+                    local: d.local.len as u64,
+                    remote: d.remote.len,
+                });
+            }
+            if !d.remote.access.permits(op) {
+                return Err(Error::AccessDenied {
+                    op,
+                    region: d.remote.region,
+                    access: d.remote.access.name(),
+                });
+            }
+            if d.local.core.mem_type != MemType::Host {
+                return Err(Error::UnsupportedMemory {
+                    mem_type: d.local.core.mem_type,
+                    why: "the tcp transport moves host memory only",
+                });
+            }
+            bytes += d.remote.len;
+            xds.push(Xd {
+                local: d.local.ptr() as usize,
+                remote: WireDesc {
+                    region: d.remote.region,
+                    offset: d.remote.offset,
+                    len: d.remote.len,
+                },
+            });
+        }
+        Ok(bytes)
     }
 
     /// Runs a batch of READ or WRITE descriptors and returns when all have completed (HIXL
@@ -307,79 +638,138 @@ impl<'e> Link<'e> {
         let timeout = check_timeout(timeout)?;
         let started = Instant::now();
         let deadline = started + timeout;
-        self.validate(op, descs)?;
-        let mut lane = self.checkout(deadline, started, op.name())?;
-        for chunk in descs.chunks(wire::MAX_DESCS_PER_FRAME) {
-            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-            if let Err(f) = lane.xfer(op, req, chunk, deadline) {
-                let (usable, broken) = match &f {
-                    LaneFail::Refused { usable, .. } => (*usable, None),
-                    LaneFail::Io(e) if is_gone(e) => (false, Some(format!("peer went away: {e}"))),
-                    _ => (false, None),
-                };
-                let e = lane_error(f, op.name(), &self.peer, started, false);
-                if usable {
-                    self.checkin(lane);
-                } else {
-                    drop(lane);
-                    self.discard(broken);
-                }
-                tracing::trace!(parent: &self.span, %op, descs = descs.len(), error = %e, "transfer failed");
-                return Err(e);
+        let mut xds = Vec::new();
+        let bytes = self.prepare(op, descs, &mut xds)?;
+        let sh = &*self.shared;
+        sh.counters.start(op);
+        let r = match sh.checkout(deadline, started, op.name()) {
+            Err(e) => Err(e),
+            Ok(mut lane) => {
+                let r = sh.run_on(&mut lane, op, &xds, deadline);
+                let e = r
+                    .as_ref()
+                    .err()
+                    .map(|f| lane_error(clone_fail(f), op.name(), &sh.peer, started, false));
+                sh.release(lane, r.as_ref().err());
+                e.map_or(Ok(()), Err)
+            }
+        };
+        let took = started.elapsed();
+        sh.counters
+            .finish(op, bytes, took, r.as_ref().err().map(Error::status));
+        match &r {
+            Ok(()) => {
+                tracing::trace!(parent: &sh.span, %op, descs = descs.len(), us = took.as_micros() as u64, "transfer done")
+            }
+            Err(e) => {
+                tracing::trace!(parent: &sh.span, %op, descs = descs.len(), error = %e, "transfer failed")
             }
         }
-        self.checkin(lane);
-        tracing::trace!(parent: &self.span, %op, descs = descs.len(), us = started.elapsed().as_micros() as u64, "transfer done");
-        Ok(())
+        r
     }
 
-    fn validate(&self, op: TransferOp, descs: &[TransferDesc<'_>]) -> Result<(), Error> {
-        if descs.is_empty() {
-            return Err(Error::EmptyBatch);
-        }
-        if descs.len() > MAX_BATCH {
-            return Err(Error::BatchTooLarge {
-                count: descs.len(),
-                limit: MAX_BATCH,
+    /// Starts a batch and returns at once (HIXL `TransferAsync`). The request owns what it
+    /// touches (the local regions stay alive and registered until it ends, even if the request
+    /// is dropped or forgotten), so this is safe without borrowing the regions past the call.
+    ///
+    /// The engine enforces the deadline (`args.timeout` from now): a request that has not
+    /// finished by then ends [`TransferStatus::TimedOut`](crate::TransferStatus::TimedOut). Many
+    /// requests may be in flight on one link; they run on up to `max_lanes` lanes and complete
+    /// in any order.
+    ///
+    /// # Errors
+    /// The validation errors of [`Link::transfer_sync`] (before anything starts), and
+    /// [`Error::NotConnected`] if the link is broken.
+    pub fn transfer_async(
+        &self,
+        op: TransferOp,
+        descs: &[TransferDesc<'_>],
+        args: TransferArgs,
+    ) -> Result<TransferReq<'_>, Error> {
+        let timeout = check_timeout(args.timeout)?;
+        if let Some(why) = &lock(&self.shared.pool).broken {
+            return Err(Error::NotConnected {
+                peer: self.shared.peer.clone(),
+                why: why.clone(),
             });
         }
-        for (index, d) in descs.iter().enumerate() {
-            if d.local.core.engine != self.engine.id {
-                return Err(Error::ForeignHandle {
-                    what: "local region",
-                    owner: d.local.core.engine,
-                    engine: self.engine.id,
-                });
+        let mut xds = Vec::new();
+        let bytes = self.prepare(op, descs, &mut xds)?;
+        let mut keep: Vec<Arc<RegionCore>> = Vec::new();
+        for d in descs {
+            if !keep.iter().any(|k| Arc::ptr_eq(k, d.local.core)) {
+                keep.push(d.local.core.clone());
             }
-            if d.remote.link != self.id {
-                return Err(Error::ForeignHandle {
-                    what: "remote range",
-                    owner: d.remote.link,
-                    engine: self.id,
-                });
-            }
-            if d.local.len as u64 != d.remote.len {
-                return Err(Error::LengthMismatch {
-                    index,
-                    local: d.local.len as u64,
-                    remote: d.remote.len,
-                });
-            }
-            if !d.remote.access.permits(op) {
-                return Err(Error::AccessDenied {
-                    op,
-                    region: d.remote.region,
-                    access: d.remote.access.name(),
-                });
-            }
-            if d.local.core.mem_type != MemType::Host {
-                return Err(Error::UnsupportedMemory {
-                    mem_type: d.local.core.mem_type,
-                    why: "the tcp transport moves host memory only",
+        }
+        let seq = self.shared.next_req.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ReqState::new(seq, op, args.user_data, bytes, timeout));
+        lock(&self.shared.unfinished).insert(seq);
+        self.shared.counters.start(op);
+        crate::request::watch(&state, &self.shared);
+        self.shared.enqueue(Job {
+            state: state.clone(),
+            xds,
+            keep,
+        });
+        Ok(TransferReq::new(state, self.shared.clone()))
+    }
+
+    /// Sends a notification to the peer and waits for its acknowledgement (HIXL `SendNotify`).
+    ///
+    /// It is delivered after every transfer started earlier on this link has ended: a
+    /// notification sent after a WRITE (sync, or async and still running) reaches the peer only
+    /// once that WRITE's data has landed. That makes it the KV-ready signal.
+    ///
+    /// # Errors
+    /// - `PARAM_INVALID`: [`Error::InvalidTimeout`], [`Error::NotifyTooLong`];
+    /// - `RESOURCE_EXHAUSTED`: the peer has 4096 notifications of this link pending (in
+    ///   [`Error::Refused`]);
+    /// - `TIMEOUT`: [`Error::Timeout`] (no acknowledgement, or earlier transfers still running);
+    /// - `NOT_CONNECTED` and `FAILED` as for transfers.
+    pub fn send_notify(&self, name: &str, msg: &str, timeout: Duration) -> Result<(), Error> {
+        let timeout = check_timeout(timeout)?;
+        for (what, s) in [("name", name), ("message", msg)] {
+            if s.len() > MAX_NOTIFY_LEN {
+                return Err(Error::NotifyTooLong {
+                    what,
+                    len: s.len(),
+                    limit: MAX_NOTIFY_LEN,
                 });
             }
         }
-        Ok(())
+        let sh = &*self.shared;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let me = sh.next_req.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut unfinished = lock(&sh.unfinished);
+            while unfinished.range(..me).next().is_some() {
+                let rem = deadline.saturating_duration_since(Instant::now());
+                if rem.is_zero() {
+                    return Err(Error::Timeout {
+                        op: "notify (waiting for earlier transfers)",
+                        peer: sh.peer.clone(),
+                        elapsed: started.elapsed(),
+                    });
+                }
+                unfinished = sh
+                    .finished_cv
+                    .wait_timeout(unfinished, rem)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let mut lane = sh.checkout(deadline, started, "notify")?;
+        let r = lane.notify(me, name, msg, deadline);
+        let e = r
+            .as_ref()
+            .err()
+            .map(|f| lane_error(clone_fail(f), "notify", &sh.peer, started, false));
+        sh.release(lane, r.as_ref().err());
+        if e.is_none() {
+            sh.counters.notified();
+        }
+        e.map_or(Ok(()), Err)
     }
 
     /// Closes the link (HIXL `Disconnect`): tells the peer, waits for its acknowledgement up to
@@ -389,41 +779,16 @@ impl<'e> Link<'e> {
     /// [`Error::InvalidTimeout`] for a zero timeout (the link is closed anyway); otherwise the
     /// error of the goodbye exchange. The link is closed on the local side in every case.
     pub fn disconnect(self, timeout: Duration) -> Result<(), Error> {
-        let timeout = check_timeout(timeout)?;
-        self.close(timeout)
-    }
-
-    fn close(&self, timeout: Duration) -> Result<(), Error> {
-        let started = Instant::now();
-        let deadline = started + timeout;
-        let (lane, broken) = {
-            let mut pool = self.lock();
-            (pool.idle.pop(), pool.broken.is_some())
-        };
-        let r = match (lane, broken) {
-            (_, true) => Ok(()),
-            (Some(mut lane), false) => lane
-                .bye(deadline)
-                .map_err(|f| lane_error(f, "disconnect", &self.peer, started, false)),
-            (None, false) => Ok(()),
-        };
-        {
-            let mut pool = self.lock();
-            pool.idle.clear();
-            pool.broken.get_or_insert_with(|| "disconnected".into());
-            pool.closed = true;
-        }
-        tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
+        let r = check_timeout(timeout).and_then(|t| self.shared.close(t));
+        self.shared.close_quietly();
         r
     }
 }
 
 impl Drop for Link<'_> {
     fn drop(&mut self) {
-        if !self.lock().closed {
-            let _ = self.close(Duration::from_millis(200));
-        }
-        self.engine.forget_peer(&self.peer);
+        self.shared.close_quietly();
+        self.engine.forget_link(&self.shared);
     }
 }
 
@@ -440,7 +805,7 @@ fn is_gone(e: &std::io::Error) -> bool {
     )
 }
 
-fn lane_error(
+pub(crate) fn lane_error(
     f: LaneFail,
     op: &'static str,
     peer: &str,

@@ -524,7 +524,7 @@ pub(crate) fn resolve(
 /// A validated, non-empty sub-range of a local [`Region`]; it borrows the region.
 #[derive(Clone, Copy)]
 pub struct LocalRange<'r> {
-    pub(crate) core: &'r RegionCore,
+    pub(crate) core: &'r std::sync::Arc<RegionCore>,
     pub(crate) offset: usize,
     pub(crate) len: usize,
 }

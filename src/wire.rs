@@ -49,6 +49,8 @@ pub enum Kind {
     Bye = 6,
     /// Server → client: the link is closed.
     ByeAck = 7,
+    /// Client → server: a notification (name and message); answered with DONE.
+    Notify = 8,
 }
 
 impl Kind {
@@ -61,6 +63,7 @@ impl Kind {
             5 => Self::Done,
             6 => Self::Bye,
             7 => Self::ByeAck,
+            8 => Self::Notify,
             _ => return None,
         })
     }
@@ -499,6 +502,28 @@ pub fn decode_done(p: &[u8]) -> Result<(u64, u32, String), WireError> {
     Ok((req, status, reason))
 }
 
+/// Encodes a NOTIFY frame (name and message are cut at [`MAX_STR`] bytes; callers check first).
+pub fn encode_notify(out: &mut Vec<u8>, req: u64, name: &str, msg: &str) {
+    begin(out, Kind::Notify);
+    out.extend_from_slice(&req.to_le_bytes());
+    put_str(out, name);
+    put_str(out, msg);
+    seal(out);
+}
+
+/// Decodes a NOTIFY payload: request id, name and message.
+///
+/// # Errors
+/// A [`WireError`] if the payload is malformed.
+pub fn decode_notify(p: &[u8]) -> Result<(u64, String, String), WireError> {
+    let mut r = Reader::new(p);
+    let req = r.u64("request id")?;
+    let name = r.string("notify name")?;
+    let msg = r.string("notify message")?;
+    r.finish()?;
+    Ok((req, name, msg))
+}
+
 /// Decodes any frame payload of `kind`, for fuzzing and property tests: `Ok` means the decoder
 /// accepted it, and nothing it does may panic.
 ///
@@ -511,6 +536,7 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Refuse => Refuse::decode(p).map(drop),
         Kind::Xfer => decode_xfer(p, &mut Vec::new()).map(drop),
         Kind::Done => decode_done(p).map(drop),
+        Kind::Notify => decode_notify(p).map(drop),
         Kind::Bye | Kind::ByeAck => Reader::new(p).finish(),
     }
 }
@@ -639,6 +665,7 @@ mod tests {
             Kind::Xfer,
             Kind::Done,
             Kind::Bye,
+            Kind::Notify,
         ];
         let mut accepted = 0;
         for i in 0..200_000 {

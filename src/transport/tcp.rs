@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Status;
 use crate::memory::RegionCore;
-use crate::transfer::{TransferDesc, TransferOp};
+use crate::notify::{Notify, NotifyQueue};
+use crate::transfer::TransferOp;
 use crate::transport::io::{Inbound, IoVec, Sock};
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
 
@@ -161,6 +162,7 @@ pub(crate) struct ServerShared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     links: Mutex<HashMap<u64, LinkRec>>,
     next_id: AtomicU64,
+    notifies: Arc<NotifyQueue>,
     span: tracing::Span,
 }
 
@@ -178,6 +180,7 @@ pub(crate) struct ServerConfig {
     pub instance: u64,
     pub io_timeout: Duration,
     pub max_conns: usize,
+    pub notifies: Arc<NotifyQueue>,
     pub span: tracing::Span,
 }
 
@@ -203,6 +206,7 @@ impl Server {
             conns: Mutex::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            notifies: cfg.notifies,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -575,6 +579,41 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     }
                 }
             }
+            (Kind::Notify, p) => {
+                let (req, name, msg) = match wire::decode_notify(p) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        refuse(
+                            &mut sock,
+                            &mut out,
+                            Status::FAILED,
+                            &e.to_string(),
+                            deadline,
+                        );
+                        return ConnEnd::Protocol(e);
+                    }
+                };
+                let from = shared
+                    .links
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&token)
+                    .map(|l| l.client.clone())
+                    .unwrap_or_default();
+                let queued = shared.notifies.push(token, Notify { from, name, msg });
+                if queued {
+                    wire::encode_done(&mut out, req, 0, "");
+                } else {
+                    let reason = format!(
+                        "more than {} notifications pending",
+                        crate::notify::MAX_PENDING_NOTIFIES
+                    );
+                    wire::encode_done(&mut out, req, Status::RESOURCE_EXHAUSTED.code(), &reason);
+                }
+                if let Err(e) = sock.send_bytes(&out, deadline) {
+                    return ConnEnd::Io(e);
+                }
+            }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
                     return ConnEnd::Protocol(WireError::Trailing(p.len()));
@@ -614,6 +653,15 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             }
         }
     }
+}
+
+/// One descriptor as a lane moves it: a local address and the peer's range.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Xd {
+    /// Local address (inside a registered region the caller keeps alive).
+    pub local: usize,
+    /// The peer's region range; its `len` is the length of both sides.
+    pub remote: WireDesc,
 }
 
 /// How a lane operation failed.
@@ -684,24 +732,15 @@ impl Lane {
         &mut self,
         op: TransferOp,
         req: u64,
-        descs: &[TransferDesc<'_>],
+        descs: &[Xd],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         let dl = Some(deadline);
-        wire::encode_xfer(
-            &mut self.out,
-            op,
-            req,
-            descs.iter().map(|d| WireDesc {
-                region: d.remote.region,
-                offset: d.remote.offset,
-                len: d.remote.len,
-            }),
-        );
+        wire::encode_xfer(&mut self.out, op, req, descs.iter().map(|d| d.remote));
         self.targets.clear();
         self.targets.extend(descs.iter().map(|d| IoVec {
-            base: d.local.ptr() as usize,
-            len: d.local.len,
+            base: d.local,
+            len: d.remote.len as usize,
         }));
         self.iov.clear();
         self.iov.push(IoVec {
@@ -712,7 +751,7 @@ impl Lane {
             self.iov.extend_from_slice(&self.targets);
         }
         // SAFETY: the first iovec is `self.out`, alive for the call; the others are local ranges
-        // borrowed by `descs` for the whole call, inside registered regions valid for reads.
+        // the caller keeps registered (and alive) for the whole call, valid for reads.
         let sent = unsafe { self.sock.send_all(&mut self.iov, dl) };
         if let Err(e) = sent {
             // the peer may have refused and closed: prefer its reason to the broken pipe
@@ -755,10 +794,50 @@ impl Lane {
             });
         }
         if op == TransferOp::Read {
-            // SAFETY: the targets are local ranges borrowed by `descs` for the whole call, inside
-            // registered host regions valid for writes of any bytes.
+            // SAFETY: the targets are local ranges the caller keeps registered (and alive) for
+            // the whole call, inside host regions valid for writes of any bytes.
             unsafe { self.inb.recv_into(&mut self.sock, &self.targets, dl) }
                 .map_err(LaneFail::Io)?;
+        }
+        Ok(())
+    }
+
+    /// The socket's descriptor (to shut it down from another thread while it is known alive).
+    pub fn raw_fd(&self) -> i32 {
+        self.sock.stream.as_raw_fd()
+    }
+
+    /// Sends a notification and waits for its acknowledgement.
+    pub fn notify(
+        &mut self,
+        req: u64,
+        name: &str,
+        msg: &str,
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        wire::encode_notify(&mut self.out, req, name, msg);
+        self.sock.send_bytes(&self.out, dl).map_err(LaneFail::Io)?;
+        let (got, status, reason) =
+            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Done, p)) => {
+                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+            };
+        if got != req {
+            return Err(LaneFail::Protocol(format!(
+                "DONE for request {got}, expected {req}"
+            )));
+        }
+        if status != 0 {
+            return Err(LaneFail::Refused {
+                status: Status::from_code(status).unwrap_or(Status::FAILED),
+                reason,
+                usable: true,
+            });
         }
         Ok(())
     }

@@ -1,0 +1,500 @@
+//! Asynchronous transfers: requests with enforced deadlines, cancellation, user data, batch
+//! polling, and `Future` support (no runtime dependency).
+//!
+//! A [`TransferReq`] owns what its transfer touches: the local regions (kept alive and
+//! registered by `Arc`) and the link's state. Dropping or forgetting it is therefore safe: a
+//! request that has not started is cancelled, one that is running finishes on its own. A terminal
+//! status ([`TransferStatus::is_terminal`]) means the engine no longer touches the local buffers.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::link::LinkShared;
+use crate::memory::RegionCore;
+use crate::transfer::TransferOp;
+use crate::transport::tcp::Xd;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Optional arguments of [`Link::transfer_async`](crate::Link::transfer_async) (HIXL `TransferArgs`).
+#[derive(Debug, Clone, Copy)]
+pub struct TransferArgs {
+    /// A tag returned with the request's status (HIXL `TransferArgs.user_data`).
+    pub user_data: u64,
+    /// The request's deadline, from the call (1000 ms by default, as HIXL's timeouts).
+    pub timeout: Duration,
+}
+
+impl Default for TransferArgs {
+    fn default() -> Self {
+        Self {
+            user_data: 0,
+            timeout: Duration::from_millis(1000),
+        }
+    }
+}
+
+impl TransferArgs {
+    /// Arguments with this tag and the default timeout.
+    pub fn tagged(user_data: u64) -> Self {
+        Self {
+            user_data,
+            ..Self::default()
+        }
+    }
+    /// The same arguments with another timeout.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+}
+
+/// Where an async request is (HIXL `TransferStatus`, with deadlines and cancellation that HIXL
+/// leaves to the caller).
+#[derive(Debug, Clone)]
+pub enum TransferStatus {
+    /// Queued or running: the engine may still touch the local buffers.
+    Waiting,
+    /// All descriptors completed.
+    Completed,
+    /// It failed; the data of the batch is unspecified.
+    Failed(Arc<Error>),
+    /// The deadline passed before it completed; the data of the batch is unspecified.
+    TimedOut,
+    /// [`TransferReq::cancel`] stopped it; the data of the batch is unspecified.
+    Cancelled,
+}
+
+impl TransferStatus {
+    /// Whether the request has ended. Then the engine no longer touches its local buffers.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Self::Waiting)
+    }
+    /// HIXL's status code for the outcome: `SUCCESS` for completed, `TIMEOUT`, the error's code,
+    /// `FAILED` for cancelled; `None` while waiting.
+    pub fn code(&self) -> Option<crate::Status> {
+        match self {
+            Self::Waiting => None,
+            Self::Completed => Some(crate::Status::SUCCESS),
+            Self::Failed(e) => Some(e.status()),
+            Self::TimedOut => Some(crate::Status::TIMEOUT),
+            Self::Cancelled => Some(crate::Status::FAILED),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    Completed,
+    Failed(Arc<Error>),
+    TimedOut,
+    Cancelled,
+}
+
+enum Phase {
+    Queued,
+    /// Running on a lane whose socket is `fd` (alive while this phase lasts).
+    Running {
+        fd: i32,
+    },
+    Done(Outcome),
+}
+
+struct Inner {
+    phase: Phase,
+    cancel: bool,
+    /// The link's bookkeeping for this request was done (exactly once).
+    settled: bool,
+    waker: Option<Waker>,
+}
+
+/// The shared state of one async request.
+pub(crate) struct ReqState {
+    m: Mutex<Inner>,
+    cv: Condvar,
+    pub(crate) seq: u64,
+    pub(crate) op: TransferOp,
+    pub(crate) user_data: u64,
+    pub(crate) bytes: u64,
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
+}
+
+/// A queued async request: its state, its lane descriptors, and the regions it keeps alive.
+pub(crate) struct Job {
+    pub state: Arc<ReqState>,
+    pub xds: Vec<Xd>,
+    pub keep: Vec<Arc<RegionCore>>,
+}
+
+impl ReqState {
+    pub(crate) fn new(
+        seq: u64,
+        op: TransferOp,
+        user_data: u64,
+        bytes: u64,
+        timeout: Duration,
+    ) -> Self {
+        let started = Instant::now();
+        Self {
+            m: Mutex::new(Inner {
+                phase: Phase::Queued,
+                cancel: false,
+                settled: false,
+                waker: None,
+            }),
+            cv: Condvar::new(),
+            seq,
+            op,
+            user_data,
+            bytes,
+            started,
+            deadline: started + timeout,
+        }
+    }
+
+    /// Whether `cancel` was asked for while it ran.
+    pub(crate) fn cancel_requested(&self) -> bool {
+        lock(&self.m).cancel
+    }
+
+    /// A worker takes the request; `false` if it already ended (deadline, cancel).
+    pub(crate) fn claim_queued(&self) -> bool {
+        matches!(lock(&self.m).phase, Phase::Queued)
+    }
+
+    /// The worker is about to move bytes on socket `fd`. `Err` with the outcome to end with if
+    /// the request was cancelled or its deadline passed meanwhile.
+    pub(crate) fn set_running(&self, fd: i32) -> Result<(), Outcome> {
+        let mut g = lock(&self.m);
+        match g.phase {
+            Phase::Queued if g.cancel => Err(Outcome::Cancelled),
+            Phase::Queued if Instant::now() >= self.deadline => Err(Outcome::TimedOut),
+            Phase::Queued => {
+                g.phase = Phase::Running { fd };
+                Ok(())
+            }
+            Phase::Running { .. } => Err(Outcome::Failed(Arc::new(Error::Protocol {
+                peer: String::new(),
+                problem: "request run twice".into(),
+            }))),
+            Phase::Done(ref o) => Err(o.clone()),
+        }
+    }
+
+    /// Ends the request with `outcome` unless it has ended already; settles the link's
+    /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
+    /// not started is ended. Returns whether this call ended it.
+    fn end(&self, link: &LinkShared, outcome: Outcome, only_queued: bool) -> bool {
+        let mut g = lock(&self.m);
+        if g.settled || (only_queued && !matches!(g.phase, Phase::Queued)) {
+            return false;
+        }
+        let outcome = match (&g.phase, outcome) {
+            (Phase::Done(o), _) => o.clone(),
+            (_, Outcome::Failed(_)) if g.cancel => Outcome::Cancelled,
+            (_, o) => o,
+        };
+        g.phase = Phase::Done(outcome.clone());
+        g.settled = true;
+        let waker = g.waker.take();
+        drop(g);
+        let err = match &outcome {
+            Outcome::Completed => None,
+            Outcome::Failed(e) => Some(e.status()),
+            Outcome::TimedOut => Some(crate::Status::TIMEOUT),
+            Outcome::Cancelled => Some(crate::Status::FAILED),
+        };
+        link.settle(self.seq, self.op, self.bytes, self.started.elapsed(), err);
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// The worker ends the request it ran (or could not run).
+    pub(crate) fn finish(&self, link: &LinkShared, outcome: Outcome) {
+        self.end(link, outcome, false);
+    }
+
+    /// Ends a request that has not started (deadline, cancel, drop) without touching memory.
+    fn resolve_queued(&self, link: &LinkShared, outcome: Outcome) -> bool {
+        self.end(link, outcome, true)
+    }
+
+    fn status(&self) -> TransferStatus {
+        match &lock(&self.m).phase {
+            Phase::Queued | Phase::Running { .. } => TransferStatus::Waiting,
+            Phase::Done(o) => to_status(o),
+        }
+    }
+}
+
+fn to_status(o: &Outcome) -> TransferStatus {
+    match o {
+        Outcome::Completed => TransferStatus::Completed,
+        Outcome::Failed(e) => TransferStatus::Failed(e.clone()),
+        Outcome::TimedOut => TransferStatus::TimedOut,
+        Outcome::Cancelled => TransferStatus::Cancelled,
+    }
+}
+
+/// An async transfer in flight. It borrows its link (so the link cannot be disconnected while
+/// the request is held), and owns the memory it touches.
+#[must_use = "a request that is dropped before it starts is cancelled"]
+pub struct TransferReq<'l> {
+    st: Arc<ReqState>,
+    link: Arc<LinkShared>,
+    _link: PhantomData<&'l ()>,
+}
+
+impl fmt::Debug for TransferReq<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransferReq")
+            .field("op", &self.st.op)
+            .field("user_data", &self.st.user_data)
+            .field("status", &self.st.status())
+            .finish()
+    }
+}
+
+impl TransferReq<'_> {
+    pub(crate) fn new(st: Arc<ReqState>, link: Arc<LinkShared>) -> Self {
+        Self {
+            st,
+            link,
+            _link: PhantomData,
+        }
+    }
+
+    /// The tag given in [`TransferArgs::user_data`].
+    pub fn user_data(&self) -> u64 {
+        self.st.user_data
+    }
+    /// The operation.
+    pub fn op(&self) -> TransferOp {
+        self.st.op
+    }
+    /// The deadline the engine enforces.
+    pub fn deadline(&self) -> Instant {
+        self.st.deadline
+    }
+
+    fn expire_if_due(&self) {
+        if Instant::now() >= self.st.deadline {
+            self.st.resolve_queued(&self.link, Outcome::TimedOut);
+        }
+    }
+
+    /// The request's status, without blocking (HIXL `GetTransferStatus`).
+    pub fn status(&self) -> TransferStatus {
+        self.expire_if_due();
+        self.st.status()
+    }
+
+    /// Waits up to `timeout` for the request to end; returns its status then (`Waiting` if it
+    /// has not ended). The request's own deadline still applies.
+    pub fn wait(&self, timeout: Duration) -> TransferStatus {
+        let until = Instant::now() + timeout;
+        loop {
+            self.expire_if_due();
+            let g = lock(&self.st.m);
+            if let Phase::Done(o) = &g.phase {
+                return to_status(o);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return TransferStatus::Waiting;
+            }
+            // wake at the deadline too, to resolve a request still queued then
+            let next = until.min(self.st.deadline.max(now + Duration::from_millis(1)));
+            let _ = self
+                .st
+                .cv
+                .wait_timeout(g, next - now)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Asks the engine to stop the request. One still queued ends `Cancelled` at once; one
+    /// running has its lane shut down and ends as soon as the I/O returns (`Cancelled`, or
+    /// `Completed` if the data had already moved). Returns the status after the request; wait
+    /// for a terminal status before reusing the buffers.
+    pub fn cancel(&self) -> TransferStatus {
+        if !self.st.resolve_queued(&self.link, Outcome::Cancelled) {
+            let mut g = lock(&self.st.m);
+            if let Phase::Running { fd } = g.phase {
+                g.cancel = true;
+                // SAFETY: the worker keeps the lane (and so `fd`) open while the phase is
+                // `Running`, and the phase cannot change while we hold the lock.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+        }
+        self.st.status()
+    }
+
+    /// The outcome as a `Result`, if the request has ended.
+    pub fn result(&self) -> Option<Result<(), Error>> {
+        let st = self.status();
+        self.to_result(st)
+    }
+
+    fn to_result(&self, st: TransferStatus) -> Option<Result<(), Error>> {
+        match st {
+            TransferStatus::Waiting => None,
+            TransferStatus::Completed => Some(Ok(())),
+            TransferStatus::Failed(e) => Some(Err(Error::Shared(e))),
+            TransferStatus::TimedOut => Some(Err(Error::Timeout {
+                op: self.st.op.name(),
+                peer: self.link.peer.clone(),
+                elapsed: self.st.deadline - self.st.started,
+            })),
+            TransferStatus::Cancelled => Some(Err(Error::Cancelled {
+                op: self.st.op.name(),
+                peer: self.link.peer.clone(),
+            })),
+        }
+    }
+
+    /// Polls many requests at once (HIXL's batch `GetTransferStatus`): returns up to
+    /// `max_query_count` entries `(index in reqs, user_data, status)`, in order, skipping those
+    /// still waiting if `skip_waiting`.
+    pub fn poll_many(
+        reqs: &[TransferReq<'_>],
+        max_query_count: usize,
+        skip_waiting: bool,
+    ) -> Vec<(usize, u64, TransferStatus)> {
+        let mut out = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            if out.len() >= max_query_count {
+                break;
+            }
+            let st = r.status();
+            if skip_waiting && !st.is_terminal() {
+                continue;
+            }
+            out.push((i, r.user_data(), st));
+        }
+        out
+    }
+}
+
+impl Future for TransferReq<'_> {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.expire_if_due();
+        let mut g = lock(&self.st.m);
+        if let Phase::Done(o) = &g.phase {
+            let st = to_status(o);
+            drop(g);
+            return Poll::Ready(self.to_result(st).expect("a terminal status"));
+        }
+        g.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for TransferReq<'_> {
+    fn drop(&mut self) {
+        // not started yet: nobody wants it any more. Running: let it finish on its own.
+        self.st.resolve_queued(&self.link, Outcome::Cancelled);
+    }
+}
+
+// ---- the deadline watcher: resolves queued requests whose deadline passed and wakes their
+// futures, even when every worker of their link is busy
+
+struct Watched {
+    at: Instant,
+    seq: u64,
+    st: Weak<ReqState>,
+    link: Weak<LinkShared>,
+}
+impl PartialEq for Watched {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Watched {}
+impl PartialOrd for Watched {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Watched {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Watcher {
+    heap: Mutex<BinaryHeap<Reverse<Watched>>>,
+    cv: Condvar,
+}
+
+fn watcher() -> &'static Watcher {
+    static W: OnceLock<&'static Watcher> = OnceLock::new();
+    W.get_or_init(|| {
+        let w: &'static Watcher = Box::leak(Box::new(Watcher {
+            heap: Mutex::new(BinaryHeap::new()),
+            cv: Condvar::new(),
+        }));
+        let _ = std::thread::Builder::new()
+            .name("hixl-deadlines".into())
+            .spawn(move || watch_loop(w));
+        w
+    })
+}
+
+fn watch_loop(w: &'static Watcher) {
+    let mut heap = lock(&w.heap);
+    loop {
+        let now = Instant::now();
+        match heap.peek() {
+            None => heap = w.cv.wait(heap).unwrap_or_else(|e| e.into_inner()),
+            Some(Reverse(top)) if top.at <= now => {
+                let Reverse(item) = heap.pop().expect("peeked");
+                drop(heap);
+                if let (Some(st), Some(link)) = (item.st.upgrade(), item.link.upgrade()) {
+                    st.resolve_queued(&link, Outcome::TimedOut);
+                }
+                heap = lock(&w.heap);
+            }
+            Some(Reverse(top)) => {
+                let wait = top.at - now;
+                heap =
+                    w.cv.wait_timeout(heap, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+            }
+        }
+    }
+}
+
+/// Watches a new request's deadline.
+pub(crate) fn watch(st: &Arc<ReqState>, link: &Arc<LinkShared>) {
+    let w = watcher();
+    let mut heap = lock(&w.heap);
+    let earliest = heap.peek().is_none_or(|Reverse(t)| st.deadline < t.at);
+    heap.push(Reverse(Watched {
+        at: st.deadline,
+        seq: st.seq,
+        st: Arc::downgrade(st),
+        link: Arc::downgrade(link),
+    }));
+    if earliest {
+        w.cv.notify_one();
+    }
+}
