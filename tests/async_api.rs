@@ -1,0 +1,516 @@
+//! Async transfers (deadlines, cancellation, futures, batch polling), notifications, async
+//! connect, and metrics.
+
+mod common;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use common::{Rng, client, fnv1a, server};
+use hixl::wire::{self, Kind, TableEntry, Welcome};
+use hixl::{
+    Access, AsyncConnectStatus, Error, MemType, Options, TransferArgs, TransferDesc, TransferOp,
+    TransferReq, TransferStatus,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+/// A peer that completes the handshake (one region at `BASE`) on every lane, then never answers.
+fn mute_peer() -> (String, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        l.set_nonblocking(false).unwrap();
+        let mut lanes = Vec::new();
+        // serve lanes until the test drops its engine (the accept times out)
+        l.set_nonblocking(true).unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            match l.accept() {
+                Ok((s, _)) => lanes.push(std::thread::spawn(move || mute_lane(s))),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    (name, h)
+}
+
+const BASE: u64 = 0x7000_0000;
+
+fn mute_lane(mut s: TcpStream) {
+    s.set_nonblocking(false).unwrap();
+    let mut h = [0u8; wire::HEADER_LEN];
+    if s.read_exact(&mut h).is_err() {
+        return;
+    }
+    let hd = wire::decode_header(&h).unwrap();
+    let mut p = vec![0u8; hd.len as usize];
+    s.read_exact(&mut p).unwrap();
+    assert_eq!(hd.kind, Kind::Hello);
+    let mut out = Vec::new();
+    Welcome {
+        instance: 5,
+        token: 6,
+        pid: 7,
+        table: vec![TableEntry {
+            id: 0,
+            addr: BASE,
+            len: 1 << 20,
+            mem_type: MemType::Host,
+            access: Access::ReadWrite,
+        }],
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+    let mut sink = vec![0u8; 1 << 16];
+    while let Ok(n) = s.read(&mut sink) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// A minimal executor: polls a future on this thread, parking between wake-ups.
+fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Many requests in flight on one link, finishing in any order; tags come back; data is right.
+#[test]
+fn many_requests_in_flight() {
+    let block = 256 << 10;
+    let n = 64;
+    let (srv, mut cache) = server(n * block, Options::default());
+    let (cli, mut buf) = client(2 * n * block);
+    let data = Rng::new(21).bytes(n * block);
+    buf.write_at(0, &data).unwrap();
+    let link = cli.connect(srv.name()).unwrap();
+    let remote = link.regions().next().unwrap();
+    let reqs: Vec<TransferReq<'_>> = (0..n)
+        .map(|i| {
+            let (a, b) = (i * block, (i + 1) * block);
+            let d = TransferDesc::new(
+                buf.range(a..b).unwrap(),
+                remote.range(a as u64..b as u64).unwrap(),
+            );
+            link.transfer_async(
+                TransferOp::Write,
+                &[d],
+                TransferArgs::tagged(1000 + i as u64).timeout(T),
+            )
+            .unwrap()
+        })
+        .collect();
+    // poll them all until every one is done; check tags and order of the report
+    let t0 = Instant::now();
+    loop {
+        let done = TransferReq::poll_many(&reqs, usize::MAX, true);
+        for (i, tag, st) in &done {
+            assert_eq!(*tag, 1000 + *i as u64);
+            assert!(matches!(st, TransferStatus::Completed), "{st:?}");
+        }
+        if done.len() == n {
+            break;
+        }
+        assert!(t0.elapsed() < T, "requests did not finish");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(TransferReq::poll_many(&reqs, 5, false).len(), 5);
+    drop(reqs);
+    let mut got = vec![0u8; n * block];
+    cache.read_at(0, &mut got).unwrap();
+    assert!(got == data);
+
+    // READ back asynchronously, awaiting each request as a future
+    let reqs: Vec<_> = (0..n)
+        .map(|i| {
+            let (a, b) = (i * block, (i + 1) * block);
+            let d = TransferDesc::new(
+                buf.range(n * block + a..n * block + b).unwrap(),
+                remote.range(a as u64..b as u64).unwrap(),
+            );
+            link.transfer_async(TransferOp::Read, &[d], TransferArgs::default().timeout(T))
+                .unwrap()
+        })
+        .collect();
+    for r in reqs {
+        block_on(r).unwrap();
+    }
+    drop(link);
+    let mut got = vec![0u8; n * block];
+    buf.read_at(n * block, &mut got).unwrap();
+    assert!(got == data);
+    let m = cli.metrics();
+    assert_eq!(m.links.len(), 0, "a dropped link is not reported");
+}
+
+/// The engine enforces deadlines: a request on a silent peer ends `TimedOut` on time, for
+/// `status`, `wait` and the future alike; the buffers are released then.
+#[test]
+fn deadlines_are_enforced() {
+    let (name, _peer) = mute_peer();
+    let (cli, buf) = client(1 << 20);
+    let link = cli.connect(&name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(BASE, 4096).unwrap(),
+    );
+    for op in [TransferOp::Read, TransferOp::Write] {
+        let t0 = Instant::now();
+        let r = link
+            .transfer_async(
+                op,
+                &[d],
+                TransferArgs::default().timeout(Duration::from_millis(300)),
+            )
+            .unwrap();
+        assert!(matches!(r.status(), TransferStatus::Waiting));
+        let st = r.wait(Duration::from_secs(5));
+        let took = t0.elapsed();
+        assert!(matches!(st, TransferStatus::TimedOut), "{op}: {st:?}");
+        assert_eq!(st.code().unwrap().code(), 103_901);
+        assert!(
+            took >= Duration::from_millis(290) && took < Duration::from_millis(900),
+            "{op}: {took:?}"
+        );
+    }
+    // more requests than lanes: the queued ones time out on time too, and their futures wake
+    let reqs: Vec<_> = (0..20)
+        .map(|i| {
+            link.transfer_async(
+                TransferOp::Read,
+                &[d],
+                TransferArgs::tagged(i).timeout(Duration::from_millis(200 + 10 * i)),
+            )
+            .unwrap()
+        })
+        .collect();
+    let t0 = Instant::now();
+    for r in reqs {
+        let e = block_on(r).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert_eq!(e.status().code(), 103_901);
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        t0.elapsed()
+    );
+    let m = cli.metrics();
+    let read = &m.links[0].read;
+    assert_eq!(read.in_flight, 0);
+    assert!(
+        read.errors.get(&103_901).copied().unwrap_or(0) >= 20,
+        "{read:?}"
+    );
+}
+
+/// Cancel: a queued request ends at once; a running one is stopped well before its deadline.
+#[test]
+fn cancellation() {
+    let (name, _peer) = mute_peer();
+    let (cli, buf) = client(1 << 20);
+    let link = cli.connect(&name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(BASE, 4096).unwrap(),
+    );
+    let long = TransferArgs::default().timeout(Duration::from_secs(30));
+    let running = link.transfer_async(TransferOp::Read, &[d], long).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    running.cancel();
+    let st = running.wait(Duration::from_secs(5));
+    assert!(matches!(st, TransferStatus::Cancelled), "{st:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(matches!(
+        running.result(),
+        Some(Err(Error::Cancelled { .. }))
+    ));
+    // the link survives a cancel
+    assert!(!link.is_broken());
+    // fill every lane, then cancel one that is still queued
+    let busy: Vec<_> = (0..8)
+        .map(|_| link.transfer_async(TransferOp::Read, &[d], long).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let queued = link.transfer_async(TransferOp::Read, &[d], long).unwrap();
+    let st = queued.cancel();
+    assert!(matches!(st, TransferStatus::Cancelled), "{st:?}");
+    for b in &busy {
+        b.cancel();
+    }
+    for b in &busy {
+        assert!(b.wait(Duration::from_secs(5)).is_terminal());
+    }
+}
+
+/// Dropping or forgetting requests is safe: the memory stays alive (and registered) until the
+/// request has ended, and nothing grows.
+#[test]
+fn dropped_and_forgotten_requests() {
+    let (srv, _cache) = server(1 << 20, Options::default());
+    let (cli, buf) = client(1 << 20);
+    {
+        let link = cli.connect(srv.name()).unwrap();
+        let d = TransferDesc::new(
+            buf.range(0..65536).unwrap(),
+            link.regions().next().unwrap().range(0..65536).unwrap(),
+        );
+        for _ in 0..2000 {
+            drop(
+                link.transfer_async(TransferOp::Write, &[d], TransferArgs::default())
+                    .unwrap(),
+            );
+        }
+        // the link settles: nothing left in flight
+        let t0 = Instant::now();
+        while cli.metrics().links[0].write.in_flight > 0 {
+            assert!(t0.elapsed() < T);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+    }
+    // a forgotten request on a silent peer keeps its region alive past the link and the state
+    let (name, _peer) = mute_peer();
+    let cli = {
+        let link = cli.connect(&name).unwrap();
+        let d = TransferDesc::new(
+            buf.range(0..4096).unwrap(),
+            link.remote(BASE, 4096).unwrap(),
+        );
+        let r = link
+            .transfer_async(
+                TransferOp::Read,
+                &[d],
+                TransferArgs::default().timeout(Duration::from_millis(400)),
+            )
+            .unwrap();
+        std::mem::forget(r);
+        drop(link);
+        cli.deactivate()
+    };
+    let refused = cli.deregister(buf).unwrap_err();
+    assert!(
+        matches!(refused.error, Error::RegionBusy { .. }),
+        "{:?}",
+        refused.error
+    );
+    assert_eq!(refused.status().code(), 203_900);
+    std::thread::sleep(Duration::from_millis(700));
+    let mem = cli.deregister(refused.into_inner()).unwrap();
+    assert_eq!(mem.len(), 1 << 20);
+}
+
+/// A notification sent right after an async WRITE reaches the peer only after that WRITE's data
+/// has landed.
+#[test]
+fn notify_after_write_is_ordered() {
+    let len = 64 << 20;
+    let (srv, mut cache) = server(len, Options::default());
+    let (cli, mut buf) = client(len);
+    let link = cli.connect(srv.name()).unwrap();
+    for round in 0..3u64 {
+        let data = Rng::new(100 + round).bytes(len);
+        buf.write_at(0, &data).unwrap();
+        let d = TransferDesc::new(buf.full(), link.regions().next().unwrap().full());
+        let w = link
+            .transfer_async(TransferOp::Write, &[d], TransferArgs::default().timeout(T))
+            .unwrap();
+        link.send_notify("kv-ready", &format!("round {round}"), T)
+            .unwrap();
+        // the WRITE has ended by the time the notification was acknowledged
+        assert!(matches!(w.status(), TransferStatus::Completed));
+        let got = srv.get_notifies();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (got[0].name.as_str(), got[0].msg.clone()),
+            ("kv-ready", format!("round {round}"))
+        );
+        assert_eq!(got[0].from, cli.name());
+        let mut landed = vec![0u8; len];
+        cache.read_at(0, &mut landed).unwrap();
+        assert_eq!(
+            fnv1a(&landed),
+            fnv1a(&data),
+            "round {round}: notified before the data landed"
+        );
+    }
+}
+
+#[test]
+fn notify_limits() {
+    let (srv, _cache) = server(4096, Options::default());
+    let (cli, _buf) = client(4096);
+    let link = cli.connect(srv.name()).unwrap();
+    let long = "x".repeat(1025);
+    let e = link.send_notify(&long, "m", T).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::NotifyTooLong {
+            what: "name",
+            len: 1025,
+            ..
+        }
+    ));
+    assert_eq!(e.status().code(), 103_900);
+    let e = link.send_notify("n", &long, T).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::NotifyTooLong {
+            what: "message",
+            ..
+        }
+    ));
+    link.send_notify(&"y".repeat(1024), &"z".repeat(1024), T)
+        .unwrap();
+    for i in 1..4096 {
+        link.send_notify("n", &i.to_string(), T).unwrap();
+    }
+    let e = link.send_notify("n", "one too many", T).unwrap_err();
+    assert_eq!(e.status().code(), 203_900, "{e:?}");
+    assert!(!link.is_broken());
+    let got = srv.get_notifies();
+    assert_eq!(got.len(), 4096);
+    assert_eq!(got[1].msg, "1");
+    assert_eq!(got[4095].msg, "4095");
+    link.send_notify("n", "room again", T).unwrap();
+    assert_eq!(srv.get_notifies().len(), 1);
+    assert_eq!(cli.metrics().links[0].notifies, 4097);
+}
+
+#[test]
+fn async_connect() {
+    let (srv, _cache) = server(4096, Options::default());
+    let (cli, buf) = client(4096);
+    assert_eq!(
+        cli.async_connect_status(srv.name()),
+        AsyncConnectStatus::NotConnect
+    );
+    cli.connect_async(srv.name(), T).unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(srv.name()) != AsyncConnectStatus::Connected {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(cli.async_connect_statuses().len(), 1);
+    // the link is held by the engine: a sync connect to the same peer is ALREADY_CONNECTED
+    assert_eq!(
+        cli.connect(srv.name()).unwrap_err().status().code(),
+        103_903
+    );
+    {
+        let link = cli.take_link(srv.name()).unwrap();
+        assert_eq!(
+            cli.async_connect_status(srv.name()),
+            AsyncConnectStatus::NotConnect
+        );
+        let d = TransferDesc::new(
+            buf.range(0..8).unwrap(),
+            link.regions().next().unwrap().range(0..8).unwrap(),
+        );
+        link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+    }
+    // FIFO per remote: connect, disconnect, connect queued back to back ends connected
+    cli.connect_async(srv.name(), T).unwrap();
+    cli.disconnect_async(srv.name(), T).unwrap();
+    cli.connect_async(srv.name(), T).unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(srv.name()) != AsyncConnectStatus::Connected {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    cli.disconnect_async(srv.name(), T).unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(srv.name()) != AsyncConnectStatus::NotConnect {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // a failed connect reports its error through take_link
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    cli.connect_async(&gone, Duration::from_millis(500))
+        .unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(&gone) != AsyncConnectStatus::ConnectFailed {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let e = cli.take_link(&gone).unwrap_err();
+    assert_eq!(e.status().code(), 503_900, "{e:?}");
+    assert!(matches!(
+        cli.disconnect_async(&gone, T),
+        Err(Error::NotConnected { .. })
+    ));
+    assert!(matches!(
+        cli.connect_async(&gone, Duration::ZERO),
+        Err(Error::InvalidTimeout { .. })
+    ));
+}
+
+#[test]
+fn async_connect_queue_is_bounded() {
+    // a listener that never accepts: connects complete in the kernel, and the handshake times out
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = silent.local_addr().unwrap().to_string();
+    let (cli, _buf) = client(4096);
+    let mut full = None;
+    for i in 0..200 {
+        match cli.connect_async(&name, Duration::from_millis(300)) {
+            Ok(()) => {}
+            Err(e) => {
+                full = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (i, e) = full.expect("the queue never filled");
+    assert!((128..=131).contains(&i), "filled after {i}");
+    assert!(matches!(e, Error::QueueFull { capacity: 128 }));
+    assert_eq!(e.status().code(), 203_900);
+    // finalize does not wait for the queue to drain
+    let t0 = Instant::now();
+    let _ = cli.finalize();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn metrics_count_what_happened() {
+    let (srv, _cache) = server(1 << 20, Options::default());
+    let (cli, buf) = client(1 << 20);
+    let link = cli.connect(srv.name()).unwrap();
+    let remote = link.regions().next().unwrap();
+    let d = TransferDesc::new(buf.range(0..1000).unwrap(), remote.range(0..1000).unwrap());
+    for _ in 0..10 {
+        link.transfer_sync(TransferOp::Write, &[d, d], T).unwrap();
+    }
+    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    let m = cli.metrics();
+    assert_eq!((m.regions, m.registered_bytes), (1, 1 << 20));
+    let l = &m.links[0];
+    assert_eq!((l.link, l.peer.as_str()), (link.id(), srv.name()));
+    assert_eq!((l.write.ops, l.write.bytes), (10, 20_000));
+    assert_eq!((l.read.ops, l.read.bytes), (1, 1000));
+    let (p50, p99) = (l.write.p50.unwrap(), l.write.p99.unwrap());
+    assert!(p50 <= p99 && p99 < T, "{p50:?} {p99:?}");
+    assert!(l.write.errors.is_empty());
+}
