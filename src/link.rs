@@ -67,6 +67,8 @@ pub(crate) struct LinkShared {
     instance: u64,
     name: String,
     max_lanes: usize,
+    /// How many lanes one large transfer may use at once.
+    parallel: usize,
     pool: Mutex<Pool>,
     freed: Condvar,
     next_req: AtomicU64,
@@ -115,6 +117,7 @@ impl LinkShared {
             instance: engine.instance,
             name: engine.name.clone(),
             max_lanes: engine.options.max_lanes,
+            parallel: engine.options.parallel_lanes.min(engine.options.max_lanes),
             pool: Mutex::new(Pool {
                 idle: vec![lane],
                 open: 1,
@@ -237,6 +240,24 @@ impl LinkShared {
                 self.discard(None);
             }
         }
+    }
+
+    /// Takes a lane, runs `xds` on it, and puts it back.
+    fn run_part(
+        &self,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), Error> {
+        let mut lane = self.checkout(deadline, started, op.name())?;
+        let r = self.run_on(&mut lane, op, xds, deadline);
+        let e = r
+            .as_ref()
+            .err()
+            .map(|f| lane_error(clone_fail(f), op.name(), &self.peer, started, false));
+        self.release(lane, r.as_ref().err());
+        e.map_or(Ok(()), Err)
     }
 
     /// Runs `xds` on `lane`, in frames of at most 65,536 descriptors.
@@ -417,6 +438,45 @@ impl LinkShared {
         tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
         r
     }
+}
+
+/// Bytes per lane below which a transfer is not split across lanes.
+const SPLIT_MIN: u64 = 8 << 20;
+
+/// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
+/// needed), or returns it whole when it is too small to gain from more lanes.
+fn split(xds: &[Xd], bytes: u64, lanes: usize) -> Vec<Vec<Xd>> {
+    let parts = (lanes as u64).min(bytes / SPLIT_MIN).max(1) as usize;
+    if parts < 2 {
+        return Vec::new();
+    }
+    let share = bytes.div_ceil(parts as u64);
+    let mut out: Vec<Vec<Xd>> = vec![Vec::new()];
+    let mut room = share;
+    for d in xds {
+        let mut d = *d;
+        while d.remote.len > 0 {
+            if room == 0 {
+                out.push(Vec::new());
+                room = share;
+            }
+            let take = d.remote.len.min(room);
+            let last = out.last_mut().expect("at least one part");
+            last.push(Xd {
+                local: d.local,
+                remote: WireDesc {
+                    region: d.remote.region,
+                    offset: d.remote.offset,
+                    len: take,
+                },
+            });
+            d.local += take as usize;
+            d.remote.offset += take;
+            d.remote.len -= take;
+            room -= take;
+        }
+    }
+    out
 }
 
 /// `LaneFail` holds an `io::Error`, which is not `Clone`; keep the kind and the message.
@@ -642,17 +702,29 @@ impl<'e> Link<'e> {
         let bytes = self.prepare(op, descs, &mut xds)?;
         let sh = &*self.shared;
         sh.counters.start(op);
-        let r = match sh.checkout(deadline, started, op.name()) {
-            Err(e) => Err(e),
-            Ok(mut lane) => {
-                let r = sh.run_on(&mut lane, op, &xds, deadline);
-                let e = r
-                    .as_ref()
-                    .err()
-                    .map(|f| lane_error(clone_fail(f), op.name(), &sh.peer, started, false));
-                sh.release(lane, r.as_ref().err());
-                e.map_or(Ok(()), Err)
-            }
+        let parts = split(&xds, bytes, sh.parallel);
+        let r = if parts.len() > 1 {
+            // a large batch: its parts go over several lanes at once, one caller thread each
+            std::thread::scope(|s| {
+                let helpers: Vec<_> = parts[1..]
+                    .iter()
+                    .map(|p| s.spawn(move || sh.run_part(op, p, deadline, started)))
+                    .collect();
+                let first = sh.run_part(op, &parts[0], deadline, started);
+                helpers
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Protocol {
+                                peer: sh.peer.clone(),
+                                problem: "a transfer helper thread panicked".into(),
+                            })
+                        })
+                    })
+                    .fold(first, |acc, r| acc.and(r))
+            })
+        } else {
+            sh.run_part(op, &xds, deadline, started)
         };
         let took = started.elapsed();
         sh.counters
@@ -847,6 +919,74 @@ pub(crate) fn lane_error(
             peer: peer.to_owned(),
             problem,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xd(local: usize, region: u32, offset: u64, len: u64) -> Xd {
+        Xd {
+            local,
+            remote: WireDesc {
+                region,
+                offset,
+                len,
+            },
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_byte_once_and_in_place() {
+        let m = 1u64 << 20;
+        // too small to split
+        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2).is_empty());
+        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1).is_empty());
+        let cases: Vec<Vec<Xd>> = vec![
+            vec![xd(0x1000, 1, 7, 64 * m)],
+            vec![
+                xd(0x1000, 1, 0, 16 * m),
+                xd(0x9000_0000, 2, 5, 16 * m),
+                xd(0x5000_0000, 3, 9, 3),
+            ],
+            (0..4)
+                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
+                .collect(),
+        ];
+        for xds in cases {
+            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
+            for lanes in [2usize, 3, 8] {
+                let parts = split(&xds, bytes, lanes);
+                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
+                assert_eq!(parts.len(), want);
+                // parts differ by at most one share's rounding, and cover the batch in order
+                let flat: Vec<Xd> = parts.iter().flatten().copied().collect();
+                let mut i = 0;
+                for d in &xds {
+                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
+                    while left > 0 {
+                        let p = flat[i];
+                        assert_eq!(
+                            (p.local, p.remote.region, p.remote.offset),
+                            (local, d.remote.region, off)
+                        );
+                        assert!(p.remote.len > 0 && p.remote.len <= left);
+                        local += p.remote.len as usize;
+                        off += p.remote.len;
+                        left -= p.remote.len;
+                        i += 1;
+                    }
+                }
+                assert_eq!(i, flat.len());
+                let sizes: Vec<u64> = parts
+                    .iter()
+                    .map(|p| p.iter().map(|d| d.remote.len).sum())
+                    .collect();
+                let share = bytes.div_ceil(want as u64);
+                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
+            }
+        }
     }
 }
 

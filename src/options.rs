@@ -14,6 +14,7 @@ pub struct Options {
     pub(crate) max_regions: usize,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_lanes: usize,
+    pub(crate) parallel_lanes: usize,
     pub(crate) server_io_timeout: Duration,
     pub(crate) finalize_timeout: Duration,
     pub(crate) max_server_conns: usize,
@@ -26,6 +27,7 @@ impl Default for Options {
             max_regions: 4000,
             connect_timeout: Duration::from_millis(1000),
             max_lanes: 8,
+            parallel_lanes: 2,
             server_io_timeout: Duration::from_secs(30),
             finalize_timeout: Duration::from_secs(5),
             max_server_conns: 1024,
@@ -65,6 +67,12 @@ impl Options {
     /// Most TCP connections (lanes) per link; concurrent transfers on one link use separate lanes.
     pub fn max_lanes(mut self, n: usize) -> Self {
         self.max_lanes = n.max(1);
+        self
+    }
+    /// How many lanes one large transfer (at least 8 MiB per lane) may use at once (default 2).
+    /// 1 keeps every transfer on a single connection.
+    pub fn parallel_lanes(mut self, n: usize) -> Self {
+        self.parallel_lanes = n.max(1);
         self
     }
     /// How long a serving thread waits for the rest of a request it has started to receive.
@@ -178,6 +186,7 @@ impl Options {
             }
             "hixl.MaxRegions" => self.max_regions = count(value)?,
             "hixl.MaxLanes" => self.max_lanes = count(value)?,
+            "hixl.ParallelLanes" => self.parallel_lanes = count(value)?,
             "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
             "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
             "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,

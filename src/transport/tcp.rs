@@ -387,6 +387,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     if let Err(e) = sock.set_fixed_timeout(shared.io_timeout) {
         return ConnEnd::Io(e);
     }
+    sock.set_spin(SERVE_SPIN);
     let mut inb = Inbound::new();
     let mut out = Vec::with_capacity(256);
     let io_deadline = || Some(Instant::now() + shared.io_timeout);
@@ -679,6 +680,14 @@ pub(crate) enum LaneFail {
     Protocol(String),
 }
 
+/// How long a serving thread polls for the next request before sleeping: back-to-back small
+/// requests skip a wake-up.
+const SERVE_SPIN: Duration = Duration::from_micros(20);
+
+/// How long a client lane polls for a reply before sleeping: small transfers come back within
+/// it and skip a wake-up; large ones spend at most this much CPU more per call.
+const REPLY_SPIN: Duration = Duration::from_micros(50);
+
 /// One connection of a link, client side.
 #[derive(Debug)]
 pub(crate) struct Lane {
@@ -704,8 +713,10 @@ impl Lane {
             )));
         }
         let stream = TcpStream::connect_timeout(&addr, rem).map_err(LaneFail::Io)?;
+        let mut sock = Sock::new(stream).map_err(LaneFail::Io)?;
+        sock.set_spin(REPLY_SPIN);
         let mut lane = Lane {
-            sock: Sock::new(stream).map_err(LaneFail::Io)?,
+            sock,
             inb: Inbound::new(),
             out: Vec::with_capacity(256),
             iov: Vec::new(),

@@ -1,0 +1,587 @@
+//! hixl's benchmark, in the manner of nixlbench: op x transport x block size x batch, GB/s
+//! (1e9 bytes/s), p50/p99 latency per call, and the anchors measured in the same invocation.
+//!
+//! ```text
+//! cargo run --release --example bench                      # a useful table in about a minute
+//! cargo run --release --example bench -- --anchors         # plus iperf3 / Mooncake / NIXL / ucx_perftest
+//! cargo run --release --example bench -- --op write --block 1048576 --batch 4 --duration 5 --json
+//! ```
+//!
+//! Options:
+//! - `--transport tcp` (the only one in this build)
+//! - `--op write,read`; `--block 4096,65536,1048576,16777216` (bytes, comma lists)
+//! - `--batch N` (descriptors per call; default 256 below 64 KiB, 64 below 1 MiB, 4 from 1 MiB)
+//! - `--iters N` or `--duration SECONDS` per row (default 2 s)
+//! - `--processes 1|2` (default 2: the serving engine runs in a child process)
+//! - `--threads N`: callers sharing the one link (default 1)
+//! - `--json`: one JSON object per row on stdout
+//! - `--anchors`: run `../shared/bench/peers.sh` for the matching anchors (`peers.sh install`
+//!   first); `HIXL_PEERS` overrides the script's path
+//! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hixl::testkit::Rng;
+use hixl::{Hixl, HostBuffer, Options, TransferDesc, TransferOp};
+
+const WS: usize = 256 << 20; // working set per side, as the memcpy anchor uses
+
+struct Args {
+    transport: String,
+    ops: Vec<TransferOp>,
+    blocks: Vec<usize>,
+    batch: Option<usize>,
+    iters: Option<usize>,
+    duration: Duration,
+    processes: u32,
+    threads: usize,
+    json: bool,
+    anchors: bool,
+    extras: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        transport: "tcp".into(),
+        ops: vec![TransferOp::Write, TransferOp::Read],
+        blocks: vec![4096, 65536, 1 << 20, 16 << 20],
+        batch: None,
+        iters: None,
+        duration: Duration::from_secs(2),
+        processes: 2,
+        threads: 1,
+        json: false,
+        anchors: false,
+        extras: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(f) = it.next() {
+        let mut val = || it.next().ok_or(format!("{f} needs a value"));
+        match f.as_str() {
+            "--transport" => a.transport = val()?,
+            "--op" => {
+                a.ops = val()?
+                    .split(',')
+                    .map(|o| match o.trim().to_ascii_lowercase().as_str() {
+                        "write" => Ok(TransferOp::Write),
+                        "read" => Ok(TransferOp::Read),
+                        o => Err(format!("unknown op {o}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--block" => {
+                a.blocks = val()?
+                    .split(',')
+                    .map(|b| b.trim().parse().map_err(|e| format!("--block: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--batch" => a.batch = Some(val()?.parse().map_err(|e| format!("--batch: {e}"))?),
+            "--iters" => a.iters = Some(val()?.parse().map_err(|e| format!("--iters: {e}"))?),
+            "--duration" => {
+                a.duration =
+                    Duration::from_secs_f64(val()?.parse().map_err(|e| format!("--duration: {e}"))?)
+            }
+            "--processes" => {
+                a.processes = val()?.parse().map_err(|e| format!("--processes: {e}"))?
+            }
+            "--threads" => {
+                a.threads = val()?
+                    .parse::<usize>()
+                    .map_err(|e| format!("--threads: {e}"))?
+                    .max(1)
+            }
+            "--json" => a.json = true,
+            "--anchors" => a.anchors = true,
+            "--no-extras" => a.extras = false,
+            "--help" | "-h" => {
+                return Err("see the doc comment of examples/bench.rs for the options".into());
+            }
+            _ => return Err(format!("unknown option {f}")),
+        }
+    }
+    if a.transport != "tcp" {
+        return Err(format!(
+            "transport {} is not available in this build (tcp is)",
+            a.transport
+        ));
+    }
+    if !(1..=2).contains(&a.processes) {
+        return Err("--processes is 1 or 2".into());
+    }
+    if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > WS) {
+        return Err(format!("block {b} must be in 1..={WS}"));
+    }
+    Ok(a)
+}
+
+fn default_batch(block: usize) -> usize {
+    match block {
+        b if b < 65536 => 256,
+        b if b < 1 << 20 => 64,
+        _ => 4,
+    }
+}
+
+/// The serving side: in this process, or a child (`bench --serve SIZE REGIONS`).
+enum Server {
+    Local(Box<Hixl<hixl::Connected>>, String),
+    Child(Child, String),
+}
+
+impl Server {
+    fn name(&self) -> &str {
+        match self {
+            Server::Local(_, n) | Server::Child(_, n) => n,
+        }
+    }
+}
+
+fn start_server(
+    processes: u32,
+    size: usize,
+    regions: usize,
+) -> Result<Server, Box<dyn std::error::Error>> {
+    if processes == 1 {
+        let (e, name) = serve(size, regions)?;
+        return Ok(Server::Local(Box::new(e), name));
+    }
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--serve", &size.to_string(), &regions.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let name = line
+        .strip_prefix("READY ")
+        .ok_or(format!("server said {line:?}"))?
+        .trim()
+        .to_owned();
+    Ok(Server::Child(child, name))
+}
+
+fn serve(size: usize, regions: usize) -> Result<(Hixl<hixl::Connected>, String), hixl::Error> {
+    let e = Hixl::initialize_ephemeral(
+        "127.0.0.1",
+        Options::default().max_regions(regions.max(1) + 1),
+    )?
+    .into_registered();
+    if regions <= 1 {
+        // touch every page (random bytes), as a real KV cache is
+        let mut buf = HostBuffer::new(size)?;
+        Rng::new(1).fill(&mut buf);
+        let r = e.register(buf)?;
+        std::mem::forget(r); // stays registered until the engine goes away
+    } else {
+        for _ in 0..regions {
+            std::mem::forget(e.register(HostBuffer::new(size / regions)?)?);
+        }
+    }
+    let e = e.activate()?;
+    let name = e.name().to_owned();
+    Ok((e, name))
+}
+
+fn serve_main(size: usize, regions: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (e, name) = serve(size, regions)?;
+    println!("READY {name}");
+    std::io::stdout().flush()?;
+    // serve until the parent closes our stdin
+    let mut sink = String::new();
+    while std::io::stdin().read_line(&mut sink)? > 0 {}
+    let _ = e.finalize();
+    Ok(())
+}
+
+struct Row {
+    op: &'static str,
+    block: usize,
+    batch: usize,
+    gbps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    calls: usize,
+    anchors: Vec<(String, Option<f64>)>,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+fn progress(msg: &str) {
+    eprint!("\r\x1b[2K{msg}");
+    let _ = std::io::stderr().flush();
+}
+
+/// Runs one (op, block, batch) row against `server`.
+fn measure(
+    a: &Args,
+    server: &Server,
+    op: TransferOp,
+    block: usize,
+    batch: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let mut mem = HostBuffer::new(WS)?;
+    Rng::new(2).fill(&mut mem); // touch every page
+    let (client, buf) = Hixl::initialize("127.0.0.1", Options::default())?.register(mem)?;
+    let client = client.activate()?;
+    let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
+    let remote = link.regions().next().ok_or("the server has no region")?;
+    let slots = (WS / block).max(1);
+    let calls_in_ws = (slots / batch).max(1);
+    let descs: Vec<Vec<TransferDesc<'_>>> = (0..calls_in_ws)
+        .map(|c| {
+            (0..batch)
+                .map(|j| {
+                    let off = ((c * batch + j) % slots) * block;
+                    Ok(TransferDesc::new(
+                        buf.range(off..off + block)?,
+                        remote.range(off as u64..(off + block) as u64)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, hixl::Error>>()
+        })
+        .collect::<Result<_, _>>()?;
+    let t = Duration::from_secs(30);
+    // warm up: every lane and page once
+    for d in descs.iter().take(calls_in_ws.min(8)) {
+        link.transfer_sync(op, d, t)?;
+    }
+    // `threads` callers share the link, each on its own share of the working set
+    let started = Instant::now();
+    let per_thread: Vec<Result<(usize, Vec<Duration>), hixl::Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..a.threads)
+            .map(|th| {
+                let (link, descs) = (&link, &descs);
+                s.spawn(move || {
+                    let mut lat = Vec::with_capacity(100_000);
+                    let mut i = 0;
+                    loop {
+                        let done = match a.iters {
+                            Some(n) => i >= n.div_ceil(a.threads),
+                            None => started.elapsed() >= a.duration,
+                        };
+                        if done {
+                            break;
+                        }
+                        let t0 = Instant::now();
+                        link.transfer_sync(op, &descs[(i * a.threads + th) % calls_in_ws], t)?;
+                        lat.push(t0.elapsed());
+                        i += 1;
+                    }
+                    Ok((i, lat))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a bench thread panicked"))
+            .collect()
+    });
+    let total = started.elapsed().as_secs_f64();
+    let mut lat = Vec::new();
+    let mut i = 0;
+    for r in per_thread {
+        let (n, l) = r?;
+        i += n;
+        lat.extend(l);
+    }
+    lat.sort_unstable();
+    drop(descs);
+    drop(link);
+    Ok(Row {
+        op: op.name(),
+        block,
+        batch,
+        gbps: (i * batch * block) as f64 / total / 1e9,
+        p50_us: pct(&lat, 0.5),
+        p99_us: pct(&lat, 0.99),
+        calls: i,
+        anchors: Vec::new(),
+    })
+}
+
+fn peers_script() -> std::path::PathBuf {
+    std::env::var_os("HIXL_PEERS")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/peers.sh")
+        })
+}
+
+/// Runs `peers.sh ARGS` and reads the number on its last line.
+fn anchor(args: &[&str]) -> Option<f64> {
+    let out = Command::new("bash")
+        .arg(peers_script())
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .rev()
+        .find_map(|l| l.trim().parse::<f64>().ok())
+        .filter(|v| *v > 0.0)
+}
+
+fn human(b: usize) -> String {
+    match b {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1024 && b % 1024 == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--serve") {
+        let size = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(WS);
+        let regions = argv.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
+        return serve_main(size, regions);
+    }
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let server = start_server(a.processes, WS, 1)?;
+    let mut rows = Vec::new();
+    let total = a.ops.len() * a.blocks.len();
+    for (k, (&block, &op)) in a
+        .blocks
+        .iter()
+        .flat_map(|b| a.ops.iter().map(move |o| (b, o)))
+        .enumerate()
+    {
+        let batch = a
+            .batch
+            .unwrap_or_else(|| default_batch(block))
+            .clamp(1, (WS / block).max(1));
+        progress(&format!(
+            "[{}/{}] {} {} x{} ...",
+            k + 1,
+            total,
+            op,
+            human(block),
+            batch
+        ));
+        rows.push(measure(&a, &server, op, block, batch)?);
+    }
+    let mut extra = Vec::new();
+    if a.extras {
+        for op in [TransferOp::Write, TransferOp::Read] {
+            progress(&format!("8-byte {op} latency ..."));
+            let mut r = measure(
+                &Args {
+                    iters: Some(20_000),
+                    ..clone_args(&a)
+                },
+                &server,
+                op,
+                8,
+                1,
+            )?;
+            r.op = match op {
+                TransferOp::Write => "WRITE 8B",
+                TransferOp::Read => "READ 8B",
+            };
+            extra.push(r);
+        }
+    }
+    drop(server_stop(server));
+    if a.anchors {
+        progress("anchors: iperf3 ...");
+        let iperf = anchor(&["iperf"]);
+        for r in &mut rows {
+            let op = r.op.to_ascii_lowercase();
+            let size = r.block.to_string();
+            progress(&format!("anchors: {} {} ...", r.op, human(r.block)));
+            r.anchors.push(("iperf3".into(), iperf));
+            r.anchors
+                .push(("mooncake".into(), anchor(&["mooncake", &op, &size])));
+            r.anchors
+                .push(("nixl".into(), anchor(&["nixl", &op, &size, "tcp"])));
+            if r.block < 1 << 20 {
+                r.anchors
+                    .push(("ucx_perftest".into(), anchor(&["ucx-tcp", &size])));
+            }
+        }
+    }
+    progress("");
+    eprint!("\r\x1b[2K");
+    print_rows(&a, &rows);
+    if a.extras {
+        let (conn, reg) = connect_and_register_costs(&a)?;
+        print_rows(&a, &extra);
+        if a.json {
+            println!(
+                "{{\"metric\":\"connect_4000_regions\",\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
+                conn.0, conn.1
+            );
+            println!("{{\"metric\":\"register_per_region\",\"us\":{reg:.3}}}");
+        } else {
+            println!(
+                "connect with 4000 registered regions: p50 {:.2} ms, p99 {:.2} ms",
+                conn.0, conn.1
+            );
+            println!("registration: {reg:.2} us per region (4000 regions of 4 KiB)");
+        }
+    }
+    Ok(())
+}
+
+fn clone_args(a: &Args) -> Args {
+    Args {
+        transport: a.transport.clone(),
+        ops: a.ops.clone(),
+        blocks: a.blocks.clone(),
+        batch: a.batch,
+        iters: a.iters,
+        duration: a.duration,
+        processes: a.processes,
+        threads: a.threads,
+        json: a.json,
+        anchors: a.anchors,
+        extras: a.extras,
+    }
+}
+
+fn server_stop(s: Server) -> Result<(), Box<dyn std::error::Error>> {
+    match s {
+        Server::Local(e, _) => {
+            let _ = e.finalize();
+        }
+        Server::Child(mut c, _) => {
+            drop(c.stdin.take());
+            c.wait()?;
+        }
+    }
+    Ok(())
+}
+
+/// Connect time to a server with 4000 regions (p50/p99 ms), and registration cost per region (us).
+fn connect_and_register_costs(a: &Args) -> Result<((f64, f64), f64), Box<dyn std::error::Error>> {
+    progress("connect with 4000 regions ...");
+    let server = start_server(a.processes, 4000 * 4096, 4000)?;
+    let client = Hixl::initialize("127.0.0.1", Options::default())?
+        .into_registered()
+        .activate()?;
+    let mut lat = Vec::new();
+    for _ in 0..50 {
+        let t0 = Instant::now();
+        let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
+        lat.push(t0.elapsed());
+        assert_eq!(link.regions().len(), 4000);
+        link.disconnect(Duration::from_secs(5))?;
+    }
+    lat.sort_unstable();
+    server_stop(server)?;
+    progress("registration cost ...");
+    let e = Hixl::initialize("127.0.0.1", Options::default())?.into_registered();
+    let bufs: Vec<HostBuffer> = (0..4000)
+        .map(|_| HostBuffer::new(4096))
+        .collect::<Result<_, _>>()?;
+    let t0 = Instant::now();
+    let regions: Vec<_> = bufs
+        .into_iter()
+        .map(|b| e.register(b))
+        .collect::<Result<_, _>>()?;
+    let per = t0.elapsed().as_secs_f64() * 1e6 / 4000.0;
+    drop(regions);
+    eprint!("\r\x1b[2K");
+    Ok(((pct(&lat, 0.5) / 1000.0, pct(&lat, 0.99) / 1000.0), per))
+}
+
+fn print_rows(a: &Args, rows: &[Row]) {
+    if a.json {
+        for r in rows {
+            // the primary anchor: iperf3 from 1 MiB, ucx_perftest below (the targets' references)
+            let primary = r
+                .anchors
+                .iter()
+                .find(|(n, _)| {
+                    n == if r.block >= 1 << 20 {
+                        "iperf3"
+                    } else {
+                        "ucx_perftest"
+                    }
+                })
+                .or(r.anchors.first());
+            let (an, ag) = match primary {
+                Some((n, Some(g))) => (format!("\"{n}\""), format!("{g:.3}")),
+                Some((n, None)) => (format!("\"{n}\""), "null".into()),
+                None => ("null".into(), "null".into()),
+            };
+            let ratio = match primary {
+                Some((_, Some(g))) => format!("{:.3}", r.gbps / g),
+                _ => "null".into(),
+            };
+            let all: Vec<String> = r
+                .anchors
+                .iter()
+                .map(|(n, g)| format!("\"{n}\":{}", g.map_or("null".into(), |g| format!("{g:.3}"))))
+                .collect();
+            println!(
+                "{{\"op\":\"{}\",\"transport\":\"{}\",\"block\":{},\"batch\":{},\"gbps\":{:.3},\"p50_us\":{:.2},\"p99_us\":{:.2},\"calls\":{},\"processes\":{},\"anchor\":{an},\"anchor_gbps\":{ag},\"ratio\":{ratio},\"anchors\":{{{}}}}}",
+                r.op,
+                a.transport,
+                r.block,
+                r.batch,
+                r.gbps,
+                r.p50_us,
+                r.p99_us,
+                r.calls,
+                a.processes,
+                all.join(",")
+            );
+        }
+        return;
+    }
+    let names: Vec<String> = {
+        let mut n: Vec<String> = Vec::new();
+        for r in rows {
+            for (a, _) in &r.anchors {
+                if !n.contains(a) {
+                    n.push(a.clone());
+                }
+            }
+        }
+        n
+    };
+    print!(
+        "{:<9} {:<9} {:>8} {:>6} {:>8} {:>9} {:>9}",
+        "op", "transport", "block", "batch", "GB/s", "p50 us", "p99 us"
+    );
+    for n in &names {
+        print!(" {:>13} {:>6}", format!("{n} GB/s"), "ratio");
+    }
+    println!();
+    for r in rows {
+        print!(
+            "{:<9} {:<9} {:>8} {:>6} {:>8.3} {:>9.1} {:>9.1}",
+            r.op,
+            a.transport,
+            human(r.block),
+            r.batch,
+            r.gbps,
+            r.p50_us,
+            r.p99_us
+        );
+        for n in &names {
+            match r.anchors.iter().find(|(a, _)| a == n) {
+                Some((_, Some(g))) => print!(" {:>13.3} {:>6.2}", g, r.gbps / g),
+                Some((_, None)) => print!(" {:>13} {:>6}", "n/a", "-"),
+                None => print!(" {:>13} {:>6}", "", ""),
+            }
+        }
+        println!();
+    }
+}
