@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Options:
-//! - `--transport tcp` (the only one in this build)
+//! - `--transport tcp|cma` (cma: the same-host transport, required; tcp: never the same-host one)
+//! - `--memory hostbuffer|user`: the serving region is a `HostBuffer` (memfd, mapped by cma
+//!   clients) or a `Vec<u8>` (reached with `process_vm_readv`/`writev`)
 //! - `--op write,read`; `--block 4096,65536,1048576,16777216` (bytes, comma lists)
 //! - `--batch N` (descriptors per call; default 256 below 64 KiB, 64 below 1 MiB, 4 from 1 MiB)
 //! - `--iters N` or `--duration SECONDS` per row (default 2 s)
@@ -24,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hixl::testkit::Rng;
-use hixl::{Hixl, HostBuffer, Options, TransferDesc, TransferOp};
+use hixl::{Hixl, HostBuffer, Options, SameHost, TransferDesc, TransferOp};
 
 const WS: usize = 256 << 20; // working set per side, as the memcpy anchor uses
 
@@ -37,6 +39,7 @@ struct Args {
     duration: Duration,
     processes: u32,
     threads: usize,
+    user_memory: bool,
     json: bool,
     anchors: bool,
     extras: bool,
@@ -52,6 +55,7 @@ fn parse() -> Result<Args, String> {
         duration: Duration::from_secs(2),
         processes: 2,
         threads: 1,
+        user_memory: false,
         json: false,
         anchors: false,
         extras: true,
@@ -92,6 +96,13 @@ fn parse() -> Result<Args, String> {
                     .map_err(|e| format!("--threads: {e}"))?
                     .max(1)
             }
+            "--memory" => {
+                a.user_memory = match val()?.as_str() {
+                    "user" => true,
+                    "hostbuffer" => false,
+                    m => return Err(format!("unknown memory kind {m} (hostbuffer or user)")),
+                }
+            }
             "--json" => a.json = true,
             "--anchors" => a.anchors = true,
             "--no-extras" => a.extras = false,
@@ -101,9 +112,9 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {f}")),
         }
     }
-    if a.transport != "tcp" {
+    if a.transport != "tcp" && a.transport != "cma" {
         return Err(format!(
-            "transport {} is not available in this build (tcp is)",
+            "transport {} is not available in this build (tcp and cma are)",
             a.transport
         ));
     }
@@ -114,6 +125,14 @@ fn parse() -> Result<Args, String> {
         return Err(format!("block {b} must be in 1..={WS}"));
     }
     Ok(a)
+}
+
+/// The client's options for the chosen transport: TCP only, or the same-host transport required.
+fn client_options(a: &Args) -> Options {
+    Options::default().same_host(match a.transport.as_str() {
+        "cma" => SameHost::Require,
+        _ => SameHost::Forbid,
+    })
 }
 
 fn default_batch(block: usize) -> usize {
@@ -142,13 +161,15 @@ fn start_server(
     processes: u32,
     size: usize,
     regions: usize,
+    user: bool,
 ) -> Result<Server, Box<dyn std::error::Error>> {
     if processes == 1 {
-        let (e, name) = serve(size, regions)?;
+        let (e, name) = serve(size, regions, user)?;
         return Ok(Server::Local(Box::new(e), name));
     }
+    let kind = if user { "user" } else { "hostbuffer" };
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["--serve", &size.to_string(), &regions.to_string()])
+        .args(["--serve", &size.to_string(), &regions.to_string(), kind])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -162,13 +183,22 @@ fn start_server(
     Ok(Server::Child(child, name))
 }
 
-fn serve(size: usize, regions: usize) -> Result<(Hixl<hixl::Connected>, String), hixl::Error> {
+fn serve(
+    size: usize,
+    regions: usize,
+    user: bool,
+) -> Result<(Hixl<hixl::Connected>, String), hixl::Error> {
     let e = Hixl::initialize_ephemeral(
         "127.0.0.1",
         Options::default().max_regions(regions.max(1) + 1),
     )?
     .into_registered();
-    if regions <= 1 {
+    if regions <= 1 && user {
+        // ordinary user memory: same-host clients reach it with process_vm_readv/writev
+        let mut v = vec![0u8; size];
+        Rng::new(1).fill(&mut v);
+        std::mem::forget(e.register(v)?);
+    } else if regions <= 1 {
         // touch every page (random bytes), as a real KV cache is
         let mut buf = HostBuffer::new(size)?;
         Rng::new(1).fill(&mut buf);
@@ -184,8 +214,8 @@ fn serve(size: usize, regions: usize) -> Result<(Hixl<hixl::Connected>, String),
     Ok((e, name))
 }
 
-fn serve_main(size: usize, regions: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let (e, name) = serve(size, regions)?;
+fn serve_main(size: usize, regions: usize, user: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let (e, name) = serve(size, regions, user)?;
     println!("READY {name}");
     std::io::stdout().flush()?;
     // serve until the parent closes our stdin
@@ -229,7 +259,7 @@ fn measure(
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let mut mem = HostBuffer::new(WS)?;
     Rng::new(2).fill(&mut mem); // touch every page
-    let (client, buf) = Hixl::initialize("127.0.0.1", Options::default())?.register(mem)?;
+    let (client, buf) = Hixl::initialize("127.0.0.1", client_options(a))?.register(mem)?;
     let client = client.activate()?;
     let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
     let remote = link.regions().next().ok_or("the server has no region")?;
@@ -293,6 +323,18 @@ fn measure(
         lat.extend(l);
     }
     lat.sort_unstable();
+    let mut anchors = Vec::new();
+    if a.transport == "cma" {
+        progress(&format!("anchors: memcpy {} ...", human(block)));
+        anchors.push(("memcpy".to_owned(), Some(memcpy_gbps(block))));
+        if a.user_memory {
+            progress(&format!("anchors: process_vm {} ...", human(block)));
+            anchors.push((
+                "process_vm".to_owned(),
+                pvm_gbps(op, link.remote_pid(), remote.addr(), block, &buf),
+            ));
+        }
+    }
     drop(descs);
     drop(link);
     Ok(Row {
@@ -303,8 +345,78 @@ fn measure(
         p50_us: pct(&lat, 0.5),
         p99_us: pct(&lat, 0.99),
         calls: i,
-        anchors: Vec::new(),
+        anchors,
     })
+}
+
+/// Single-thread memcpy in `block` chunks over the working set, best of three passes, GB/s.
+fn memcpy_gbps(block: usize) -> f64 {
+    let mut src = vec![0u8; WS];
+    let mut dst = vec![0u8; WS];
+    Rng::new(3).fill(&mut src);
+    dst.copy_from_slice(&src);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let mut moved = 0usize;
+        for off in (0..=WS - block).step_by(block) {
+            dst[off..off + block].copy_from_slice(&src[off..off + block]);
+            moved += block;
+            if moved % (64 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
+                break;
+            }
+        }
+        std::hint::black_box(&dst);
+        best = best.max(moved as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// A bare `process_vm_readv` (READ) or `process_vm_writev` (WRITE) loop between `buf` and the
+/// peer's region, `block` bytes a call, over the working set, best of three passes, GB/s.
+fn pvm_gbps(
+    op: TransferOp,
+    pid: u32,
+    remote: u64,
+    block: usize,
+    buf: &hixl::Region,
+) -> Option<f64> {
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let mut moved = 0usize;
+        for off in (0..=WS - block).step_by(block) {
+            if moved % (1 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
+                break;
+            }
+            moved += block;
+            let local = libc::iovec {
+                iov_base: (buf.addr() + off) as *mut libc::c_void,
+                iov_len: block,
+            };
+            let rem = libc::iovec {
+                iov_base: (remote as usize + off) as *mut libc::c_void,
+                iov_len: block,
+            };
+            // SAFETY: the local iovec lies in `buf`, a registered region this thread owns and
+            // nothing else uses during the measurement; the kernel checks the remote one.
+            let n = unsafe {
+                match op {
+                    TransferOp::Read => {
+                        libc::process_vm_readv(pid as libc::pid_t, &local, 1, &rem, 1, 0)
+                    }
+                    TransferOp::Write => {
+                        libc::process_vm_writev(pid as libc::pid_t, &local, 1, &rem, 1, 0)
+                    }
+                }
+            };
+            if n != block as isize {
+                return None;
+            }
+        }
+        best = best.max(moved as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    Some(best)
 }
 
 fn peers_script() -> std::path::PathBuf {
@@ -343,7 +455,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if argv.get(1).map(String::as_str) == Some("--serve") {
         let size = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(WS);
         let regions = argv.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
-        return serve_main(size, regions);
+        let user = argv.get(4).map(String::as_str) == Some("user");
+        return serve_main(size, regions, user);
     }
     let a = match parse() {
         Ok(a) => a,
@@ -352,7 +465,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
-    let server = start_server(a.processes, WS, 1)?;
+    let server = start_server(a.processes, WS, 1, a.user_memory)?;
     let mut rows = Vec::new();
     let total = a.ops.len() * a.blocks.len();
     for (k, (&block, &op)) in a
@@ -397,7 +510,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     drop(server_stop(server));
-    if a.anchors {
+    if a.anchors && a.transport == "cma" {
+        for r in &mut rows {
+            let op = r.op.to_ascii_lowercase();
+            let size = r.block.to_string();
+            progress(&format!("anchors: {} {} ...", r.op, human(r.block)));
+            r.anchors
+                .push(("nixl_sm".into(), anchor(&["nixl", &op, &size, "sm"])));
+            r.anchors
+                .push(("ucx_sm".into(), anchor(&["ucx-sm", &size])));
+        }
+    } else if a.anchors {
         progress("anchors: iperf3 ...");
         let iperf = anchor(&["iperf"]);
         for r in &mut rows {
@@ -448,6 +571,7 @@ fn clone_args(a: &Args) -> Args {
         duration: a.duration,
         processes: a.processes,
         threads: a.threads,
+        user_memory: a.user_memory,
         json: a.json,
         anchors: a.anchors,
         extras: a.extras,
@@ -470,8 +594,8 @@ fn server_stop(s: Server) -> Result<(), Box<dyn std::error::Error>> {
 /// Connect time to a server with 4000 regions (p50/p99 ms), and registration cost per region (us).
 fn connect_and_register_costs(a: &Args) -> Result<((f64, f64), f64), Box<dyn std::error::Error>> {
     progress("connect with 4000 regions ...");
-    let server = start_server(a.processes, 4000 * 4096, 4000)?;
-    let client = Hixl::initialize("127.0.0.1", Options::default())?
+    let server = start_server(a.processes, 4000 * 4096, 4000, false)?;
+    let client = Hixl::initialize("127.0.0.1", client_options(a))?
         .into_registered()
         .activate()?;
     let mut lat = Vec::new();

@@ -334,26 +334,37 @@ impl EngineInner {
             regs.by_addr.remove(&region.core.addr);
             regs.bytes -= region.core.len;
         }
-        match Arc::try_unwrap(region.core) {
+        let busy = match Arc::try_unwrap(region.core) {
             Ok(mut core) => {
-                tracing::debug!(parent: &self.span, region = core.id, "deregistered");
                 let desc = MemDesc {
                     addr: core.addr,
                     len: core.len,
                 };
-                // SAFETY: `Region<M>` is only created by `register_owned::<M>` (with the parts of
-                // `M::into_raw_parts`) or, for `M = MemDesc`, by `register_raw`; this is the last
-                // reference to the core, and `take_raw` hands the parts out once.
-                Ok(unsafe { M::reclaim(core.take_raw(), desc) })
+                match core.take_raw() {
+                    Ok(raw) => {
+                        tracing::debug!(parent: &self.span, region = core.id, "deregistered");
+                        // SAFETY: `Region<M>` is only created by `register_owned::<M>` (with the
+                        // parts of `M::into_raw_parts`, or a HostBuffer copy of them for a
+                        // HostBuffer) or, for `M = MemDesc`, by `register_raw`; this is the last
+                        // reference to the core, and `take_raw` hands the parts out once.
+                        return Ok(unsafe { M::reclaim(raw, desc) });
+                    }
+                    Err(error) => (error, Arc::new(core)),
+                }
             }
-            Err(core) => {
+            Err(core) => (Error::RegionBusy { region: core.id }, core),
+        };
+        {
+            let (error, core) = busy;
+            {
                 let id = core.id;
                 if listed {
                     regs.bytes += core.len;
                     regs.by_addr.insert(core.addr, core.clone());
                 }
+                let _ = id;
                 Err(Refused {
-                    error: Error::RegionBusy { region: id },
+                    error,
                     value: Region {
                         core,
                         _mem: PhantomData,
@@ -830,6 +841,10 @@ impl Hixl<Registered> {
                                 io_timeout: self.inner.options.server_io_timeout,
                                 max_conns: self.inner.options.max_server_conns,
                                 notifies: self.inner.notifies.clone(),
+                                host: match self.inner.options.same_host {
+                                    crate::options::SameHost::Forbid => None,
+                                    _ => crate::transport::host::HostId::current(),
+                                },
                                 span: self.inner.span.clone(),
                             },
                         )

@@ -345,6 +345,29 @@ pub enum Error {
         /// The size asked for.
         len: usize,
     },
+    /// A transport that was required cannot be used with this peer.
+    #[error("transport {transport} is not available with {peer}: {why}")]
+    TransportUnavailable {
+        /// The remote engine name.
+        peer: String,
+        /// The transport.
+        transport: &'static str,
+        /// Why not.
+        why: &'static str,
+    },
+    /// A same-host transfer failed in the kernel (`process_vm_readv`/`writev`).
+    #[error("{op} with {peer} failed at descriptor {index}")]
+    SameHost {
+        /// The operation.
+        op: &'static str,
+        /// The remote engine name.
+        peer: String,
+        /// The descriptor where it stopped.
+        index: usize,
+        /// The cause (`EFAULT`: the peer's memory is not mapped there; `EPERM`: not allowed).
+        #[source]
+        source: io::Error,
+    },
     /// A notification name or message over 1024 bytes.
     #[error("notification {what} of {len} bytes exceeds {limit}")]
     NotifyTooLong {
@@ -406,7 +429,10 @@ impl Error {
             Shared(e) => e.status(),
             Cancelled { .. } => Status::FAILED,
             QueueFull { .. } => Status::RESOURCE_EXHAUSTED,
-            UnsupportedMemory { .. } | UnsupportedOption { .. } => Status::UNSUPPORTED,
+            UnsupportedMemory { .. } | UnsupportedOption { .. } | TransportUnavailable { .. } => {
+                Status::UNSUPPORTED
+            }
+            SameHost { .. } => Status::FAILED,
             TooManyRegions { .. }
             | LanesExhausted { .. }
             | RegionBusy { .. }

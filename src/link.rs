@@ -9,7 +9,7 @@
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
@@ -23,8 +23,11 @@ use crate::error::{Error, RemoteRefusal, check_timeout};
 use crate::memory::{Access, MemType, RegionCore};
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
+use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
+use crate::transport::host::{HostId, Mapping, PeerProc};
+use crate::transport::io::IoVec;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
 use crate::wire::{self, Hello, LaneRole, TableEntry, WireDesc};
 
@@ -78,7 +81,66 @@ pub(crate) struct LinkShared {
     unfinished: Mutex<BTreeSet<u64>>,
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
+    /// The same-host data path, when the peer is on this host and the kernel allows it.
+    cma: Option<Cma>,
     pub(crate) span: tracing::Span,
+}
+
+/// A peer region as the same-host path reaches it.
+struct CmaRegion {
+    addr: u64,
+    map: Option<Mapping>,
+}
+
+/// The same-host data path of a link: the pinned peer process, its mapped memfds, and a handle
+/// to the link's control connection (to notice the peer closing the link).
+struct Cma {
+    proc: PeerProc,
+    watch: std::net::TcpStream,
+    regions: HashMap<u32, CmaRegion>,
+}
+
+impl Cma {
+    fn setup(peer: &HostId, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
+        let proc = PeerProc::open(peer)?;
+        let mut regions = HashMap::with_capacity(table.len());
+        let mut probe = None;
+        for e in table {
+            let map = if e.fd >= 0 && e.access != Access::None {
+                let fd = proc.getfd(e.fd)?;
+                Some(Mapping::new(
+                    &fd,
+                    e.len,
+                    e.access.permits(TransferOp::Write),
+                )?)
+            } else {
+                None
+            };
+            if map.is_none() && e.access.permits(TransferOp::Read) && probe.is_none() {
+                probe = Some(e.addr);
+            }
+            regions.insert(e.id, CmaRegion { addr: e.addr, map });
+        }
+        // a probe read where the kernel must allow process_vm_readv
+        if let Some(addr) = probe {
+            let mut byte = 0u8;
+            let mut l = [IoVec {
+                base: &mut byte as *mut u8 as usize,
+                len: 1,
+            }];
+            let mut r = [IoVec {
+                base: addr as usize,
+                len: 1,
+            }];
+            // SAFETY: the local iovec is the live byte above.
+            unsafe { proc.pvm(false, &mut l, &mut r) }.map_err(|(e, _)| e)?;
+        }
+        Ok(Cma {
+            proc,
+            watch: lane.try_clone_stream()?,
+            regions,
+        })
+    }
 }
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
@@ -92,17 +154,40 @@ impl LinkShared {
     ) -> Result<Arc<Self>, Error> {
         let started = Instant::now();
         let deadline = started + timeout;
+        let policy = engine.options.same_host;
+        let me = match policy {
+            SameHost::Forbid => None,
+            _ => HostId::current(),
+        };
         let hello = Hello {
             role: LaneRole::NewLink,
             instance: engine.instance,
             token: 0,
             name: engine.name.clone(),
             target: peer.clone(),
+            host: me,
         };
         let (lane, welcome) = Lane::open(addr, &hello, deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
+        let cma = match (&me, &welcome.host) {
+            (Some(a), Some(b)) if a.same_host(b) => match Cma::setup(b, &welcome.table, &lane) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
+                    None
+                }
+            },
+            _ => None,
+        };
+        if policy == SameHost::Require && cma.is_none() {
+            return Err(Error::TransportUnavailable {
+                peer,
+                transport: "cma",
+                why: "the peer is not on this host (boot id and pid namespace), or the kernel refused access",
+            });
+        }
         tracing::debug!(parent: &span, regions = welcome.table.len(), remote_instance = welcome.instance,
             elapsed_us = started.elapsed().as_micros() as u64, "connected");
         Ok(Arc::new(LinkShared {
@@ -131,6 +216,7 @@ impl LinkShared {
             unfinished: Mutex::new(BTreeSet::new()),
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
+            cma,
             span,
         }))
     }
@@ -166,6 +252,7 @@ impl LinkShared {
                     token: self.token,
                     name: self.name.clone(),
                     target: self.peer.clone(),
+                    host: None,
                 };
                 return match Lane::open(self.addr, &hello, deadline) {
                     Ok((lane, _)) => {
@@ -242,6 +329,92 @@ impl LinkShared {
         }
     }
 
+    /// Moves a batch over the same-host path: memory copies for mapped regions,
+    /// `process_vm_readv`/`writev` for the others.
+    ///
+    /// The caller keeps every local range registered and alive for the call.
+    fn run_cma(
+        &self,
+        cma: &Cma,
+        op: TransferOp,
+        xds: &[Xd],
+        started: Instant,
+    ) -> Result<(), Error> {
+        if !cma.proc.alive(&cma.watch) {
+            let why = "the peer exited or closed the link".to_owned();
+            let mut pool = lock(&self.pool);
+            pool.broken.get_or_insert_with(|| why.clone());
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why,
+            });
+        }
+        let (mut lo, mut ro, mut index) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, d) in xds.iter().enumerate() {
+            let Some(r) = cma.regions.get(&d.remote.region) else {
+                return Err(Error::RemoteNotRegistered {
+                    peer: self.peer.clone(),
+                    addr: d.remote.offset,
+                    len: d.remote.len,
+                });
+            };
+            let len = d.remote.len as usize;
+            match &r.map {
+                Some(m) => {
+                    let (src, dst) = match op {
+                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
+                        TransferOp::Read => (m.at(d.remote.offset), d.local),
+                    };
+                    // SAFETY: the local range lies in a registered region the caller keeps
+                    // alive; the remote range was validated against the peer's table, and the
+                    // mapping covers the whole region (its memfd is sealed against shrinking and
+                    // was checked to be at least that long). The two are distinct mappings.
+                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+                }
+                None => {
+                    lo.push(IoVec { base: d.local, len });
+                    ro.push(IoVec {
+                        base: (r.addr + d.remote.offset) as usize,
+                        len,
+                    });
+                    index.push(i);
+                }
+            }
+        }
+        if lo.is_empty() {
+            return Ok(());
+        }
+        let lens: Vec<u64> = lo.iter().map(|v| v.len as u64).collect();
+        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
+        match unsafe { cma.proc.pvm(op == TransferOp::Write, &mut lo, &mut ro) } {
+            Ok(()) => Ok(()),
+            Err((e, moved)) => {
+                // the descriptor where it stopped
+                let mut at = 0;
+                let mut sum = 0;
+                while at + 1 < lens.len() && sum + lens[at] <= moved {
+                    sum += lens[at];
+                    at += 1;
+                }
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    let why = "the peer exited".to_owned();
+                    lock(&self.pool).broken.get_or_insert_with(|| why.clone());
+                    return Err(Error::NotConnected {
+                        peer: self.peer.clone(),
+                        why,
+                    });
+                }
+                let _ = started;
+                Err(Error::SameHost {
+                    op: op.name(),
+                    peer: self.peer.clone(),
+                    index: index[at],
+                    source: e,
+                })
+            }
+        }
+    }
+
     /// Takes a lane, runs `xds` on it, and puts it back.
     fn run_part(
         &self,
@@ -280,6 +453,19 @@ impl LinkShared {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
+        }
+        if let Some(cma) = &self.cma {
+            if let Err(outcome) = st.set_running(-1) {
+                st.finish(self, outcome);
+                return;
+            }
+            let outcome = match self.run_cma(cma, st.op, &job.xds, st.started) {
+                Ok(()) => Outcome::Completed,
+                Err(e) => Outcome::Failed(Arc::new(e)),
+            };
+            st.finish(self, outcome);
+            drop(job.keep);
+            return;
         }
         let lane = match self.checkout(st.deadline, st.started, st.op.name()) {
             Ok(l) => l,
@@ -534,9 +720,14 @@ impl<'e> Link<'e> {
     pub fn remote_pid(&self) -> u32 {
         self.shared.remote_pid
     }
-    /// The transport carrying this link's data.
+    /// The transport carrying this link's data: [`TransportKind::Cma`](crate::TransportKind::Cma)
+    /// when the peer is on this host and the kernel allows it, TCP otherwise.
     pub fn transport(&self) -> crate::TransportKind {
-        crate::TransportKind::Tcp
+        if self.shared.cma.is_some() {
+            crate::TransportKind::Cma
+        } else {
+            crate::TransportKind::Tcp
+        }
     }
     /// Whether the link broke (its peer went away or refused a lane). A broken link stays
     /// broken: disconnect it and connect again.
@@ -660,7 +851,7 @@ impl<'e> Link<'e> {
             if d.local.core.mem_type != MemType::Host {
                 return Err(Error::UnsupportedMemory {
                     mem_type: d.local.core.mem_type,
-                    why: "the tcp transport moves host memory only",
+                    why: "the tcp and same-host transports move host memory only",
                 });
             }
             bytes += d.remote.len;
@@ -702,8 +893,14 @@ impl<'e> Link<'e> {
         let bytes = self.prepare(op, descs, &mut xds)?;
         let sh = &*self.shared;
         sh.counters.start(op);
-        let parts = split(&xds, bytes, sh.parallel);
-        let r = if parts.len() > 1 {
+        let parts = if sh.cma.is_some() {
+            Vec::new()
+        } else {
+            split(&xds, bytes, sh.parallel)
+        };
+        let r = if let Some(cma) = &sh.cma {
+            sh.run_cma(cma, op, &xds, started)
+        } else if parts.len() > 1 {
             // a large batch: its parts go over several lanes at once, one caller thread each
             std::thread::scope(|s| {
                 let helpers: Vec<_> = parts[1..]

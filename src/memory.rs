@@ -9,7 +9,6 @@
 //! it; use [`Region::read_at`] / [`Region::write_at`] (copies), or get the memory back with
 //! `deregister` once no link can exist.
 
-use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::ptr::NonNull;
@@ -101,6 +100,8 @@ pub struct RawMemory {
     len: usize,
     extra: usize,
     mem_type: MemType,
+    /// The sealed memfd behind the memory (HostBuffer only), or -1.
+    pub(crate) fd: i32,
 }
 
 impl RawMemory {
@@ -112,6 +113,7 @@ impl RawMemory {
             len,
             extra,
             mem_type,
+            fd: -1,
         }
     }
     /// Start of the memory.
@@ -190,12 +192,20 @@ unsafe impl RegistrableMemory for Vec<u8> {
 ///
 /// While you own it, it is an ordinary byte slice (`Deref<Target = [u8]>`). Registering it moves
 /// it into the engine; deregistering gives it back.
+///
+/// Its pages live in a sealed `memfd` (it can neither shrink nor grow), which lets same-host peers
+/// map the region and move data with a plain memory copy. If a same-host peer may have mapped it,
+/// deregistration hands back a private copy, never pages a peer can still write.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes mapped (`len` rounded up to a page).
+    map_len: usize,
+    /// The memfd, or -1 when the buffer is anonymous memory (memfd unavailable).
+    fd: i32,
 }
 
-// SAFETY: HostBuffer owns its allocation exclusively, like `Box<[u8]>`.
+// SAFETY: HostBuffer owns its mapping exclusively, like `Box<[u8]>`.
 unsafe impl Send for HostBuffer {}
 // SAFETY: shared access only hands out `&[u8]`, like `Box<[u8]>`.
 unsafe impl Sync for HostBuffer {}
@@ -211,11 +221,39 @@ impl HostBuffer {
         if len == 0 {
             return Err(Error::ZeroLengthRegion);
         }
-        let layout = Layout::from_size_align(len, PAGE).map_err(|_| Error::OutOfMemory { len })?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or(Error::OutOfMemory { len })?;
-        Ok(Self { ptr, len })
+        let map_len = len
+            .checked_next_multiple_of(PAGE)
+            .ok_or(Error::OutOfMemory { len })?;
+        let fd = sealed_memfd(map_len);
+        let (flags, mfd) = match fd {
+            Some(fd) => (libc::MAP_SHARED, fd),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a new mapping of `map_len` bytes, of our own memfd or anonymous memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                mfd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            if mfd >= 0 {
+                // SAFETY: closing the memfd we just created, once.
+                unsafe { libc::close(mfd) };
+            }
+            return Err(Error::OutOfMemory { len });
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(Error::OutOfMemory { len })?;
+        Ok(Self {
+            ptr,
+            len,
+            map_len,
+            fd: mfd,
+        })
     }
 
     /// A buffer holding a copy of `data`.
@@ -227,12 +265,44 @@ impl HostBuffer {
         b.copy_from_slice(data);
         Ok(b)
     }
+
+    /// Whether the buffer is backed by a sealed memfd (same-host peers can map it).
+    pub fn is_shareable(&self) -> bool {
+        self.fd >= 0
+    }
+}
+
+/// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
+fn sealed_memfd(len: usize) -> Option<i32> {
+    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"hixl".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: sizing and sealing the descriptor we just created.
+    let ok = unsafe {
+        libc::ftruncate(fd, len as libc::off_t) == 0
+            && libc::fcntl(fd, libc::F_ADD_SEALS, seals) == 0
+    };
+    if !ok {
+        // SAFETY: closing our own descriptor, once.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(fd)
 }
 
 impl Deref for HostBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len` initialised bytes owned by `self`.
+        // SAFETY: `ptr` points to `len` initialised bytes owned by `self`; no peer can have
+        // mapped them (a buffer handed back after sharing is a private copy).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -246,12 +316,12 @@ impl DerefMut for HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this exact layout, freed once.
+        // SAFETY: unmapping the mapping made in `new` and closing its memfd, once.
         unsafe {
-            alloc::dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len, PAGE),
-            )
+            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+            if self.fd >= 0 {
+                libc::close(self.fd);
+            }
         }
     }
 }
@@ -261,22 +331,42 @@ impl fmt::Debug for HostBuffer {
         f.debug_struct("HostBuffer")
             .field("ptr", &self.ptr)
             .field("len", &self.len)
+            .field("shareable", &(self.fd >= 0))
             .finish()
     }
 }
 
-// SAFETY: a HostBuffer is taken apart without freeing; only `from_raw_parts` rebuilds it.
+// SAFETY: a HostBuffer is taken apart without unmapping; only `from_raw_parts` rebuilds it. Its
+// `fd`, when set, is a sealed memfd whose first `len` bytes are the memory at `ptr`.
 unsafe impl RegistrableMemory for HostBuffer {
     fn into_raw_parts(self) -> RawMemory {
         let this = std::mem::ManuallyDrop::new(self);
-        RawMemory::new(this.ptr, this.len, 0, MemType::Host)
+        let mut raw = RawMemory::new(this.ptr, this.len, this.map_len, MemType::Host);
+        raw.fd = this.fd;
+        raw
     }
     unsafe fn from_raw_parts(raw: RawMemory) -> Self {
         Self {
             ptr: raw.ptr,
             len: raw.len,
+            map_len: raw.extra,
+            fd: raw.fd,
         }
     }
+}
+
+/// Replaces memory a peer may have mapped by a private copy (a HostBuffer, since only
+/// HostBuffers have a memfd), releasing the shared one.
+fn unshare(raw: RawMemory, free: unsafe fn(RawMemory)) -> Result<RawMemory, (Error, RawMemory)> {
+    let mut copy = match HostBuffer::new(raw.len) {
+        Ok(b) => b,
+        Err(e) => return Err((e, raw)),
+    };
+    // SAFETY: `raw` describes `len` readable bytes; `copy` is a fresh buffer of the same length.
+    unsafe { std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), copy.as_mut_ptr(), raw.len) };
+    // SAFETY: `free` is the release function of the type that produced `raw`, called once.
+    unsafe { free(raw) };
+    Ok(copy.into_raw_parts())
 }
 
 /// The engine-side record of a registered region: shared by the user's [`Region`] handle, the
@@ -288,6 +378,10 @@ pub(crate) struct RegionCore {
     pub(crate) len: usize,
     pub(crate) mem_type: MemType,
     pub(crate) access: Access,
+    /// The sealed memfd behind the memory, or -1.
+    pub(crate) fd: i32,
+    /// Set once the memfd was offered to a same-host peer, which may have mapped it.
+    pub(crate) exposed: std::sync::atomic::AtomicBool,
     /// The owned memory and how to free it; `None` once handed back, or for raw registrations.
     owned: Option<(RawMemory, unsafe fn(RawMemory))>,
 }
@@ -317,6 +411,8 @@ impl RegionCore {
             len: raw.len,
             mem_type: raw.mem_type,
             access,
+            fd: raw.fd,
+            exposed: std::sync::atomic::AtomicBool::new(false),
             owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
         }
     }
@@ -335,13 +431,28 @@ impl RegionCore {
             len: desc.len,
             mem_type,
             access,
+            fd: -1,
+            exposed: std::sync::atomic::AtomicBool::new(false),
             owned: None,
         }
     }
 
-    /// Takes the owned memory out (deregistration); the core then frees nothing.
-    pub(crate) fn take_raw(&mut self) -> Option<RawMemory> {
-        self.owned.take().map(|(raw, _)| raw)
+    /// Takes the owned memory out (deregistration); the core then frees nothing. Memory a
+    /// same-host peer may have mapped is replaced by a private copy first.
+    pub(crate) fn take_raw(&mut self) -> Result<Option<RawMemory>, Error> {
+        let Some((raw, free)) = self.owned.take() else {
+            return Ok(None);
+        };
+        if raw.fd < 0 || !self.exposed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Some(raw));
+        }
+        match unshare(raw, free) {
+            Ok(copy) => Ok(Some(copy)),
+            Err((e, raw)) => {
+                self.owned = Some((raw, free));
+                Err(e)
+            }
+        }
     }
 
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
@@ -574,6 +685,13 @@ mod tests {
         let b = HostBuffer::new(10_000).unwrap();
         assert_eq!(b.as_ptr() as usize % PAGE, 0);
         assert!(b.iter().all(|&x| x == 0));
+        assert!(b.is_shareable());
+        // SAFETY: reading the seals of the buffer's own memfd.
+        let seals = unsafe { libc::fcntl(b.fd, libc::F_GET_SEALS) };
+        assert_eq!(
+            seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW),
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+        );
         assert!(matches!(HostBuffer::new(0), Err(Error::ZeroLengthRegion)));
     }
 

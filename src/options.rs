@@ -18,7 +18,20 @@ pub struct Options {
     pub(crate) server_io_timeout: Duration,
     pub(crate) finalize_timeout: Duration,
     pub(crate) max_server_conns: usize,
+    pub(crate) same_host: SameHost,
     pub(crate) hixl: BTreeMap<String, String>,
+}
+
+/// Whether links between engines on one machine use the same-host transport (`cma`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SameHost {
+    /// Use it when both engines are on one host and the kernel allows it; TCP otherwise.
+    #[default]
+    Auto,
+    /// Never use it: every link moves data over TCP.
+    Forbid,
+    /// Use it or fail the connect (`UNSUPPORTED`) when it cannot be used.
+    Require,
 }
 
 impl Default for Options {
@@ -31,6 +44,7 @@ impl Default for Options {
             server_io_timeout: Duration::from_secs(30),
             finalize_timeout: Duration::from_secs(5),
             max_server_conns: 1024,
+            same_host: SameHost::Auto,
             hixl: BTreeMap::new(),
         }
     }
@@ -83,6 +97,11 @@ impl Options {
     /// How long leaving `Connected` (or finalizing) waits for requests being served to finish.
     pub fn finalize_timeout(mut self, t: Duration) -> Self {
         self.finalize_timeout = t;
+        self
+    }
+    /// Whether same-host links use the same-host transport (default [`SameHost::Auto`]).
+    pub fn same_host(mut self, policy: SameHost) -> Self {
+        self.same_host = policy;
         self
     }
     /// Most connections a serving engine keeps open at once; more are refused.
@@ -190,6 +209,14 @@ impl Options {
             "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
             "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
             "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,
+            "hixl.SameHost" => {
+                self.same_host = match value {
+                    "auto" => SameHost::Auto,
+                    "off" => SameHost::Forbid,
+                    "require" => SameHost::Require,
+                    _ => return Err(bad("\"auto\", \"off\" or \"require\"")),
+                }
+            }
             _ => {
                 return Err(Error::UnknownOption {
                     key: key.to_owned(),

@@ -29,7 +29,22 @@ pub const MAX_STR: usize = 1024;
 /// Bytes per encoded descriptor.
 pub const DESC_LEN: usize = 20;
 /// Bytes per encoded region-table entry.
-pub const ENTRY_LEN: usize = 22;
+pub const ENTRY_LEN: usize = 26;
+
+pub use crate::transport::host::HostId;
+
+fn put_host(out: &mut Vec<u8>, h: &Option<HostId>) {
+    match h {
+        None => out.push(0),
+        Some(h) => {
+            out.push(1);
+            out.extend_from_slice(&h.boot);
+            out.extend_from_slice(&h.pidns.to_le_bytes());
+            out.extend_from_slice(&h.pid.to_le_bytes());
+            out.extend_from_slice(&h.start.to_le_bytes());
+        }
+    }
+}
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +227,18 @@ impl<'a> Reader<'a> {
         }
         Ok(n)
     }
+    fn host(&mut self) -> Result<Option<HostId>, WireError> {
+        match self.u8("host flag")? {
+            0 => Ok(None),
+            1 => Ok(Some(HostId {
+                boot: self.take(16, "boot id")?.try_into().expect("16 bytes"),
+                pidns: self.u64("pid namespace")?,
+                pid: self.u32("pid")?,
+                start: self.u64("start time")?,
+            })),
+            _ => Err(WireError::Invalid("host flag")),
+        }
+    }
     fn finish(self) -> Result<(), WireError> {
         match self.buf.len() - self.pos {
             0 => Ok(()),
@@ -260,6 +287,8 @@ pub struct Hello {
     pub name: String,
     /// The engine name the client believes it is talking to.
     pub target: String,
+    /// The client process, for same-host transfers (`None` if it does not offer them).
+    pub host: Option<HostId>,
 }
 
 impl Hello {
@@ -274,6 +303,7 @@ impl Hello {
         out.extend_from_slice(&self.token.to_le_bytes());
         put_str(out, &self.name);
         put_str(out, &self.target);
+        put_host(out, &self.host);
         seal(out);
     }
     /// Decodes a HELLO payload.
@@ -293,6 +323,7 @@ impl Hello {
             token: r.u64("token")?,
             name: r.string("name")?,
             target: r.string("target")?,
+            host: r.host()?,
         };
         r.finish()?;
         Ok(h)
@@ -312,6 +343,9 @@ pub struct TableEntry {
     pub mem_type: MemType,
     /// Remote access rights.
     pub access: Access,
+    /// The owner's descriptor of the sealed memfd behind the region, for same-host peers
+    /// (`-1`: none, or not offered to this peer).
+    pub fd: i32,
 }
 
 /// Server → client acceptance.
@@ -325,6 +359,8 @@ pub struct Welcome {
     pub pid: u32,
     /// The server's region table (empty for joined lanes).
     pub table: Vec<TableEntry>,
+    /// The server process, for same-host transfers (`None` if it does not offer them).
+    pub host: Option<HostId>,
 }
 
 impl Welcome {
@@ -341,7 +377,9 @@ impl Welcome {
             out.extend_from_slice(&e.len.to_le_bytes());
             out.push(e.mem_type as u8);
             out.push(e.access as u8);
+            out.extend_from_slice(&e.fd.to_le_bytes());
         }
+        put_host(out, &self.host);
         seal(out);
     }
     /// Decodes a WELCOME payload and checks the table: lengths non-zero, no overflow, ids unique,
@@ -363,6 +401,7 @@ impl Welcome {
             let mem_type =
                 MemType::from_u8(r.u8("mem type")?).ok_or(WireError::Invalid("mem type"))?;
             let access = Access::from_u8(r.u8("access")?).ok_or(WireError::Invalid("access"))?;
+            let fd = r.u32("region fd")? as i32;
             if len == 0 || addr.checked_add(len).is_none() {
                 return Err(WireError::Invalid("region range"));
             }
@@ -372,8 +411,10 @@ impl Welcome {
                 len,
                 mem_type,
                 access,
+                fd,
             });
         }
+        let host = r.host()?;
         r.finish()?;
         let mut ids: Vec<u32> = table.iter().map(|e| e.id).collect();
         ids.sort_unstable();
@@ -389,6 +430,7 @@ impl Welcome {
             token,
             pid,
             table,
+            host,
         })
     }
 }
@@ -559,6 +601,12 @@ mod tests {
             token: 99,
             name: "10.0.0.1:5".into(),
             target: "[::1]:6".into(),
+            host: Some(HostId {
+                boot: [7; 16],
+                pidns: 4_026_531_836,
+                pid: 42,
+                start: 99,
+            }),
         };
         let mut out = Vec::new();
         h.encode(&mut out);
@@ -582,12 +630,14 @@ mod tests {
             len,
             mem_type: MemType::Host,
             access: Access::ReadWrite,
+            fd: -1,
         };
         let w = Welcome {
             instance: 1,
             token: 2,
             pid: 3,
             table: vec![e(0, 4096, 100), e(1, 8192, 10)],
+            host: None,
         };
         let mut out = Vec::new();
         w.encode(&mut out);

@@ -62,7 +62,9 @@ fn mute_lane(mut s: TcpStream) {
             len: 1 << 20,
             mem_type: MemType::Host,
             access: Access::ReadWrite,
+            fd: -1,
         }],
+        host: None,
     }
     .encode(&mut out);
     s.write_all(&out).unwrap();

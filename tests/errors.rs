@@ -461,7 +461,9 @@ fn stopped_peer_times_out_within_the_deadline() {
                 len: 4096,
                 mem_type: MemType::Host,
                 access: Access::ReadWrite,
+                fd: -1,
             }],
+            host: None,
         }
         .encode(&mut out);
         s.write_all(&out).unwrap();

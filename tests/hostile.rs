@@ -101,6 +101,7 @@ fn hello(s: &mut TcpStream) -> wire::Welcome {
         token: 0,
         name: "10.9.9.9".into(),
         target: String::new(),
+        host: None,
     }
     .encode(&mut out);
     s.write_all(&out).unwrap();
@@ -282,6 +283,7 @@ fn malformed_frames_close_the_connection() {
                 token: 0,
                 name: "x".into(),
                 target: String::new(),
+                host: None,
             }
             .encode(&mut out);
             out
@@ -309,6 +311,7 @@ fn malformed_frames_close_the_connection() {
                 token: 12345,
                 name: "x".into(),
                 target: String::new(),
+                host: None,
             }
             .encode(&mut out);
             out

@@ -1,9 +1,10 @@
 //! Transports: how bytes move once a link exists.
 //!
 //! The control plane (handshake, region tables, disconnect) is common to all transports and
-//! speaks the [`wire`](crate::wire) protocol over TCP. This build has one data transport, TCP;
-//! [`probe`] reports what is available.
+//! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP, or, between engines
+//! on one host, over the same-host transport (`cma`); [`probe`] reports what is available.
 
+pub(crate) mod host;
 pub(crate) mod io;
 pub(crate) mod tcp;
 
@@ -40,10 +41,17 @@ pub fn probe() -> Vec<TransportInfo> {
             available: true,
             detail: "built in",
         },
-        TransportInfo {
-            kind: TransportKind::Cma,
-            available: false,
-            detail: "not implemented in this build",
+        match host::available() {
+            Ok(()) => TransportInfo {
+                kind: TransportKind::Cma,
+                available: true,
+                detail: "pidfd, sealed memfd mappings and process_vm_readv/writev (per peer: same boot id and pid namespace, and ptrace rights)",
+            },
+            Err(why) => TransportInfo {
+                kind: TransportKind::Cma,
+                available: false,
+                detail: why,
+            },
         },
         TransportInfo {
             kind: TransportKind::Ucx,

@@ -23,6 +23,7 @@ use crate::error::Status;
 use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
 use crate::transfer::TransferOp;
+use crate::transport::host::HostId;
 use crate::transport::io::{Inbound, IoVec, Sock};
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
 
@@ -42,10 +43,18 @@ impl ServeTable {
             .ok()
             .map(|i| &*self.by_id[i])
     }
-    pub fn entries(&self) -> Vec<TableEntry> {
+    /// The table as peers see it; with `fds`, the memfd of each shareable region is offered
+    /// (and the region marked as possibly mapped by a peer).
+    pub fn entries(&self, fds: bool) -> Vec<TableEntry> {
         self.by_id
             .iter()
             .map(|r| TableEntry {
+                fd: if fds && r.fd >= 0 && r.access != crate::memory::Access::None {
+                    r.exposed.store(true, Ordering::SeqCst);
+                    r.fd
+                } else {
+                    -1
+                },
                 id: r.id,
                 addr: r.addr as u64,
                 len: r.len as u64,
@@ -163,6 +172,8 @@ pub(crate) struct ServerShared {
     links: Mutex<HashMap<u64, LinkRec>>,
     next_id: AtomicU64,
     notifies: Arc<NotifyQueue>,
+    /// This process, offered to same-host clients (`None`: same-host transfers are off).
+    host: Option<HostId>,
     span: tracing::Span,
 }
 
@@ -181,6 +192,7 @@ pub(crate) struct ServerConfig {
     pub io_timeout: Duration,
     pub max_conns: usize,
     pub notifies: Arc<NotifyQueue>,
+    pub host: Option<HostId>,
     pub span: tracing::Span,
 }
 
@@ -207,6 +219,7 @@ impl Server {
             links: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             notifies: cfg.notifies,
+            host: cfg.host,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -488,14 +501,16 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         }
     };
     *link = Some(token);
+    let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
     Welcome {
         instance: shared.instance,
         token,
         pid: std::process::id(),
         table: match hello.role {
-            LaneRole::NewLink => shared.table.entries(),
+            LaneRole::NewLink => shared.table.entries(same_host),
             LaneRole::Join => Vec::new(),
         },
+        host: if same_host { shared.host } else { None },
     }
     .encode(&mut out);
     if let Err(e) = sock.send_bytes(&out, io_deadline()) {
@@ -811,6 +826,11 @@ impl Lane {
                 .map_err(LaneFail::Io)?;
         }
         Ok(())
+    }
+
+    /// Another handle to the lane's socket (it keeps the socket open on its own).
+    pub fn try_clone_stream(&self) -> io::Result<TcpStream> {
+        self.sock.stream.try_clone()
     }
 
     /// The socket's descriptor (to shut it down from another thread while it is known alive).
