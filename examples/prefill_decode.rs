@@ -69,7 +69,10 @@ fn decode(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Hixl::initialize(&a.listen, Options::default())?
     };
-    let (engine, cache) = engine.register(HostBuffer::new(a.blocks * a.block)?)?;
+    // a cache in use has its pages touched already
+    let mut mem = HostBuffer::new(a.blocks * a.block)?;
+    mem.fill(0);
+    let (engine, cache) = engine.register(mem)?;
     let mut ready = engine.register(HostBuffer::new(8)?)?;
     let engine = engine.activate()?;
     // tell the prefill side (and a parent process) where to connect
@@ -122,6 +125,11 @@ fn prefill(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let t = Duration::from_secs(30);
     let elapsed = {
         let link = engine.connect_timeout(&a.peer, Duration::from_secs(10))?;
+        println!(
+            "prefill: link to {} over {:?}",
+            link.peer(),
+            link.transport()
+        );
         // the decode side registered the cache first, then the 8-byte marker
         let mut regions = link.regions().collect::<Vec<_>>();
         regions.sort_by_key(|r| r.id());

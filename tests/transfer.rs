@@ -4,20 +4,30 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Rng, client, server};
-use hixl::{Options, TransferDesc, TransferOp};
+use common::{Rng, client, client_with, expected_transport, server};
+use hixl::{Options, SameHost, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
 
+#[test]
+fn write_then_read_back_block_sizes_tcp() {
+    write_then_read_back_block_sizes(SameHost::Forbid);
+}
+
+#[test]
+fn write_then_read_back_block_sizes_same_host() {
+    write_then_read_back_block_sizes(SameHost::Auto);
+}
+
 /// One descriptor per block size, 1 B to 64 MiB, at odd offsets on both sides: WRITE random
 /// data, check it landed in the server's memory, READ it back into another place, compare.
-#[test]
-fn write_then_read_back_block_sizes() {
+fn write_then_read_back_block_sizes(policy: SameHost) {
     let big = 64 << 20;
     let (srv, mut cache) = server(big + 4096, Options::default());
-    let (cli, mut buf) = client(2 * big + 8192);
+    let (cli, mut buf) = client_with(2 * big + 8192, Options::default().same_host(policy));
     let mut rng = Rng::new(1);
     let link = cli.connect(srv.name()).unwrap();
+    assert_eq!(link.transport(), expected_transport(policy));
     let remote = link.regions().next().unwrap();
     assert_eq!(remote.len(), (big + 4096) as u64);
     for &size in &[1usize, 7, 4095, 4096, 65_537, 1 << 20, 3 << 20, big] {
@@ -49,12 +59,22 @@ fn write_then_read_back_block_sizes() {
     let _ = (cli.finalize(), srv.finalize());
 }
 
-/// Batches of 1, 64 and 4096 descriptors, random sizes and sub-ranges, in one call each.
 #[test]
-fn batches_of_many_descriptors() {
+fn batches_of_many_descriptors_tcp() {
+    batches_of_many_descriptors(SameHost::Forbid);
+}
+
+#[test]
+fn batches_of_many_descriptors_same_host() {
+    batches_of_many_descriptors(SameHost::Auto);
+}
+
+/// Batches of 1, 64 and 4096 descriptors, random sizes and sub-ranges, in one call each.
+fn batches_of_many_descriptors(policy: SameHost) {
     let (srv, mut cache) = server(32 << 20, Options::default());
-    let (cli, mut buf) = client(32 << 20);
+    let (cli, mut buf) = client_with(32 << 20, Options::default().same_host(policy));
     let link = cli.connect(srv.name()).unwrap();
+    assert_eq!(link.transport(), expected_transport(policy));
     let remote = link.regions().next().unwrap();
     let mut rng = Rng::new(2);
     for &n in &[1usize, 64, 4096] {
@@ -116,13 +136,22 @@ fn batches_of_many_descriptors() {
     let _ = (cli.finalize(), srv.finalize());
 }
 
-/// Several threads transfer at once on one engine and one link, each on its own ranges.
 #[test]
-fn threads_share_one_link() {
+fn threads_share_one_link_tcp() {
+    threads_share_one_link(SameHost::Forbid);
+}
+
+#[test]
+fn threads_share_one_link_same_host() {
+    threads_share_one_link(SameHost::Auto);
+}
+
+/// Several threads transfer at once on one engine and one link, each on its own ranges.
+fn threads_share_one_link(policy: SameHost) {
     let per = 2 << 20;
     let threads = 6;
     let (srv, _cache) = server(per * threads, Options::default());
-    let (cli, mut buf) = client(2 * per * threads);
+    let (cli, mut buf) = client_with(2 * per * threads, Options::default().same_host(policy));
     let mut rng = Rng::new(3);
     let data = rng.bytes(per * threads);
     buf.write_at(0, &data).unwrap();

@@ -1,21 +1,31 @@
 //! `hixl-peer`: a serving engine in its own process, for cross-process tests and benchmarks.
 //!
 //! ```text
-//! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N]
+//! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
+//! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! ```
 //!
-//! Registers one region of `--size` bytes (default 64 MiB) filled with the `testkit::Rng` bytes of
-//! `--seed`, starts serving, and prints `READY <name> <addr> <len> <pid>`. Then it reads commands
-//! on standard input, one per line:
+//! `serve` registers one region of `--size` bytes (default 64 MiB) filled with the
+//! `testkit::Rng` bytes of `--seed` (a `HostBuffer`, or a `Vec<u8>` with `--memory user`), starts
+//! serving, and prints `READY <name> <addr> <len> <pid>`. Then it reads commands on standard
+//! input, one per line:
 //!
 //! - `sum OFF LEN`: prints `SUM <fnv1a of those bytes, hex>`;
 //! - `quit` (or the end of input): finalizes and exits.
+//!
+//! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
+//! its first region, and prints `TRANSPORT <tcp|cma> <fnv1a of the bytes, hex>`.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
 use hixl::testkit::{Rng, fnv1a};
-use hixl::{Hixl, HostBuffer, Options};
+use std::time::Duration;
+
+use hixl::{
+    Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp,
+    TransportKind,
+};
 
 fn main() -> ExitCode {
     match run() {
@@ -27,25 +37,98 @@ fn main() -> ExitCode {
     }
 }
 
+const USAGE: &str =
+    "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
+       hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]";
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    if args.next().as_deref() != Some("serve") {
-        return Err("usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N]".into());
+    match args.next().as_deref() {
+        Some("serve") => {}
+        Some("probe") => return probe(args),
+        _ => return Err(USAGE.into()),
     }
-    let (mut name, mut size, mut seed) = ("127.0.0.1".to_owned(), 64usize << 20, 1u64);
+    let (mut name, mut size, mut seed, mut user) =
+        ("127.0.0.1".to_owned(), 64usize << 20, 1u64, false);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--name" => name = value,
             "--size" => size = value.parse()?,
             "--seed" => seed = value.parse()?,
+            "--memory" => user = value == "user",
             _ => return Err(format!("unknown flag {flag}").into()),
         }
     }
+    let engine = Hixl::initialize_ephemeral(&name, Options::default())?;
+    if user {
+        let mut mem = vec![0u8; size];
+        Rng::new(seed).fill(&mut mem);
+        let (engine, region) = engine.register(mem)?;
+        return serve(engine, region);
+    }
     let mut mem = HostBuffer::new(size)?;
     Rng::new(seed).fill(&mut mem);
-    let (engine, mut region) =
-        Hixl::initialize_ephemeral(&name, Options::default())?.register(mem)?;
+    let (engine, region) = engine.register(mem)?;
+    serve(engine, region)
+}
+
+fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    let name = args.next().ok_or(USAGE)?;
+    let mut policy = SameHost::Auto;
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--uid" => {
+                let uid: u32 = value.parse()?;
+                // SAFETY: plain system calls with no memory arguments; the results are checked.
+                if unsafe { libc::setgid(uid) != 0 || libc::setuid(uid) != 0 } {
+                    return Err(format!(
+                        "cannot become uid {uid}: {}",
+                        std::io::Error::last_os_error()
+                    )
+                    .into());
+                }
+            }
+            "--same-host" => {
+                policy = match value.as_str() {
+                    "require" => SameHost::Require,
+                    "off" => SameHost::Forbid,
+                    _ => SameHost::Auto,
+                }
+            }
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    let (engine, mut buf) = Hixl::initialize("127.0.0.1", Options::default().same_host(policy))?
+        .register(HostBuffer::new(64)?)?;
+    let engine = engine.activate()?;
+    let transport = {
+        let link = engine.connect(&name)?;
+        let remote = link
+            .regions()
+            .next()
+            .ok_or("the peer has no region")?
+            .range(0..64)?;
+        let d = TransferDesc::new(buf.full(), remote);
+        link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(5))?;
+        link.transport()
+    };
+    let mut got = [0u8; 64];
+    buf.read_at(0, &mut got)?;
+    let t = if transport == TransportKind::Cma {
+        "cma"
+    } else {
+        "tcp"
+    };
+    println!("TRANSPORT {t} {:016x}", fnv1a(&got));
+    Ok(())
+}
+
+fn serve<M: Reclaim + 'static>(
+    engine: Hixl<Registered>,
+    mut region: Region<M>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let engine = engine.activate()?;
     let mut out = std::io::stdout().lock();
     writeln!(

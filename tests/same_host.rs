@@ -1,0 +1,425 @@
+//! The same-host transport (`cma`): two processes, both memory kinds, a stopped peer, a killed
+//! peer, fallback to TCP (forbidden, or refused by the kernel), hostile memfds, and the copy a
+//! shared region's deregistration hands back.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Rng, client_with, fnv1a, server};
+use hixl::wire::{self, HostId, Kind, TableEntry, Welcome};
+use hixl::{Access, Error, MemType, Options, SameHost, TransferDesc, TransferOp, TransportKind};
+
+const T: Duration = Duration::from_secs(20);
+
+fn cma_available() -> bool {
+    let ok = hixl::probe()
+        .iter()
+        .any(|t| t.kind == TransportKind::Cma && t.available);
+    if !ok {
+        eprintln!(
+            "same-host transport unavailable here ({:?}); its tests check the TCP fallback only",
+            hixl::probe()
+        );
+    }
+    ok
+}
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    name: String,
+    addr: u64,
+}
+
+impl Peer {
+    fn spawn(size: usize, seed: u64, memory: &str) -> Peer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
+            .args([
+                "serve",
+                "--size",
+                &size.to_string(),
+                "--seed",
+                &seed.to_string(),
+                "--memory",
+                memory,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
+        Peer {
+            name: w[1].to_owned(),
+            addr: w[2].parse().unwrap(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+    fn sum(&mut self, off: u64, len: u64) -> u64 {
+        writeln!(self.stdin, "sum {off} {len}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        u64::from_str_radix(line.strip_prefix("SUM ").unwrap().trim(), 16).unwrap()
+    }
+    fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+    fn quit(mut self) {
+        writeln!(self.stdin, "quit").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// Random data both ways with another process: one 64 MiB block, 4096 small sub-ranges at odd
+/// offsets, and a WRITE batch the peer checks in its own memory; for a HostBuffer (mapped) and
+/// for ordinary user memory (process_vm_readv/writev).
+#[test]
+fn two_processes_both_memory_kinds() {
+    if !cma_available() {
+        return;
+    }
+    for memory in ["hostbuffer", "user"] {
+        let size = 72 << 20;
+        let mut peer = Peer::spawn(size, 31, memory);
+        let expected = Rng::new(31).bytes(size);
+        let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
+        let link = cli.connect(&peer.name).unwrap();
+        assert_eq!(link.transport(), TransportKind::Cma, "{memory}");
+
+        let d = TransferDesc::new(
+            buf.range(1..(64 << 20) + 1).unwrap(),
+            link.remote(peer.addr + 3, 64 << 20).unwrap(),
+        );
+        link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+        let mut got = vec![0u8; 64 << 20];
+        buf.read_at(1, &mut got).unwrap();
+        assert!(
+            got[..] == expected[3..3 + (64 << 20)],
+            "{memory}: 64 MiB READ differs"
+        );
+
+        let mut rng = Rng::new(32);
+        let spans: Vec<(u64, usize)> = (0..4096)
+            .map(|i| (i * 17_000 + rng.below(1000), 1 + rng.below(15_000) as usize))
+            .collect();
+        let descs: Vec<_> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, len))| {
+                TransferDesc::new(
+                    buf.range(i * 16_384..i * 16_384 + len).unwrap(),
+                    link.remote(peer.addr + r, len as u64).unwrap(),
+                )
+            })
+            .collect();
+        link.transfer_sync(TransferOp::Read, &descs, T).unwrap();
+        drop(descs);
+        let mut got = vec![0u8; 4096 * 16_384];
+        buf.read_at(0, &mut got).unwrap();
+        for (i, &(r, len)) in spans.iter().enumerate() {
+            assert_eq!(
+                &got[i * 16_384..i * 16_384 + len],
+                &expected[r as usize..r as usize + len],
+                "{memory}: descriptor {i}"
+            );
+        }
+
+        let data = rng.bytes(size);
+        buf.write_at(0, &data).unwrap();
+        let big = 40 << 20;
+        let d = TransferDesc::new(
+            buf.range(0..big).unwrap(),
+            link.remote(peer.addr + 5, big as u64).unwrap(),
+        );
+        link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+        assert_eq!(peer.sum(5, big as u64), fnv1a(&data[..big]), "{memory}");
+        let descs: Vec<_> = (0..4096)
+            .map(|i| {
+                let (l, r, len) = (big + i * 4000, (48 << 20) + i * 5000 + 7, 3999);
+                TransferDesc::new(
+                    buf.range(l..l + len).unwrap(),
+                    link.remote(peer.addr + r as u64, len as u64).unwrap(),
+                )
+            })
+            .collect();
+        link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
+        drop(descs);
+        for i in [0usize, 1234, 4095] {
+            let (l, r) = (big + i * 4000, (48 << 20) + i * 5000 + 7);
+            assert_eq!(
+                peer.sum(r as u64, 3999),
+                fnv1a(&data[l..l + 3999]),
+                "{memory}: descriptor {i}"
+            );
+        }
+        drop(link);
+        peer.quit();
+    }
+}
+
+/// The peer's CPU does nothing for a transfer: with the peer stopped (SIGSTOP), READ and WRITE
+/// complete, for both memory kinds.
+#[test]
+fn stopped_peer_still_serves() {
+    if !cma_available() {
+        return;
+    }
+    for memory in ["hostbuffer", "user"] {
+        let size = 8 << 20;
+        let mut peer = Peer::spawn(size, 41, memory);
+        let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
+        let link = cli.connect(&peer.name).unwrap();
+        peer.signal(libc::SIGSTOP);
+        let d = TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap());
+        let t0 = Instant::now();
+        link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(2))
+            .unwrap();
+        let data = Rng::new(42).bytes(size);
+        let mut got = vec![0u8; size];
+        buf.read_at(0, &mut got).unwrap();
+        assert!(
+            got == Rng::new(41).bytes(size),
+            "{memory}: READ from a stopped peer differs"
+        );
+        buf.write_at(0, &data).unwrap();
+        let d = TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap());
+        link.transfer_sync(TransferOp::Write, &[d], Duration::from_secs(2))
+            .unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        peer.signal(libc::SIGCONT);
+        assert_eq!(
+            peer.sum(0, size as u64),
+            fnv1a(&data),
+            "{memory}: WRITE to a stopped peer lost"
+        );
+        drop(link);
+        peer.quit();
+    }
+}
+
+/// A peer killed mid-transfer: the caller gets NOT_CONNECTED at once, and the link stays broken.
+#[test]
+fn killed_peer_over_same_host() {
+    if !cma_available() {
+        return;
+    }
+    let size = 64 << 20;
+    let peer = Peer::spawn(size, 51, "user");
+    let (cli, buf) = client_with(size, Options::default().same_host(SameHost::Require));
+    let link = cli.connect(&peer.name).unwrap();
+    let mut child = peer.child;
+    let (rounds, err) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let d = TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap());
+            let mut rounds = 0;
+            loop {
+                match link.transfer_sync(TransferOp::Write, &[d], T) {
+                    Ok(()) => rounds += 1,
+                    Err(e) => return (rounds, e),
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        child.kill().unwrap();
+        w.join().unwrap()
+    });
+    let _ = child.wait();
+    assert!(rounds > 0);
+    assert_eq!(err.status().code(), 103_902, "{err:?}");
+    assert!(link.is_broken());
+}
+
+/// `SameHost::Forbid` keeps the link on TCP, with the same data.
+#[test]
+fn forbidden_same_host_uses_tcp() {
+    let (srv, mut cache) = server(1 << 20, Options::default());
+    let data = Rng::new(61).bytes(1 << 20);
+    cache.write_at(0, &data).unwrap();
+    let (cli, mut buf) = client_with(1 << 20, Options::default().same_host(SameHost::Forbid));
+    let link = cli.connect(srv.name()).unwrap();
+    assert_eq!(link.transport(), TransportKind::Tcp);
+    let d = TransferDesc::new(buf.full(), link.regions().next().unwrap().full());
+    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    buf.read_at(0, &mut got).unwrap();
+    assert!(got == data);
+}
+
+/// Where the kernel refuses (a client without the right to trace the server), the link falls
+/// back to TCP; with `Require`, connect fails with UNSUPPORTED.
+#[test]
+fn kernel_refusal_falls_back_to_tcp() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !cma_available() {
+        eprintln!(
+            "skipped: needs root, to run a client as another user (this is uid {})",
+            unsafe { libc::geteuid() }
+        );
+        return;
+    }
+    let (srv, mut cache) = server(4096, Options::default());
+    let data = Rng::new(71).bytes(4096);
+    cache.write_at(0, &data).unwrap();
+    let probe = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
+            .arg("probe")
+            .arg(srv.name())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let want = format!("{:016x}", fnv1a(&data[..64]));
+    let (ok, out, err) = probe(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), format!("TRANSPORT cma {want}"));
+    let (ok, out, err) = probe(&["--uid", "65534"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("TRANSPORT tcp {want}"),
+        "an unprivileged client must fall back to tcp"
+    );
+    let (ok, _, err) = probe(&["--uid", "65534", "--same-host", "require"]);
+    assert!(!ok);
+    assert!(err.contains("transport cma is not available"), "{err}");
+}
+
+/// A same-host "server" that offers descriptors which are not sealed memfds, or shorter than
+/// the region it claims: the client refuses to map them (no SIGBUS possible) and stays on TCP;
+/// with `Require`, connect says UNSUPPORTED.
+#[test]
+fn unsafe_memfds_are_refused() {
+    let Some(me) = HostId::current() else {
+        eprintln!("skipped: /proc does not identify this process");
+        return;
+    };
+    // SAFETY: creating and sizing descriptors this test owns.
+    let (unsealed, short) = unsafe {
+        let a = libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(a >= 0 && libc::ftruncate(a, 1 << 20) == 0);
+        let b = libc::memfd_create(
+            c"short".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(b >= 0 && libc::ftruncate(b, 4096) == 0);
+        assert_eq!(
+            libc::fcntl(
+                b,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+            ),
+            0
+        );
+        (a, b)
+    };
+    let mut pipe = [0i32; 2];
+    // SAFETY: a pipe into a live two-element array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    for (what, fd) in [
+        ("unsealed memfd", unsealed),
+        ("memfd shorter than its region", short),
+        ("pipe", pipe[0]),
+    ] {
+        for policy in [SameHost::Auto, SameHost::Require] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let name = l.local_addr().unwrap().to_string();
+            let fake = std::thread::spawn(move || {
+                let Ok((mut s, _)) = l.accept() else { return };
+                let mut h = [0u8; wire::HEADER_LEN];
+                s.read_exact(&mut h).unwrap();
+                let hd = wire::decode_header(&h).unwrap();
+                assert_eq!(hd.kind, Kind::Hello);
+                let mut p = vec![0u8; hd.len as usize];
+                s.read_exact(&mut p).unwrap();
+                let mut out = Vec::new();
+                Welcome {
+                    instance: 1,
+                    token: 2,
+                    pid: me.pid,
+                    table: vec![TableEntry {
+                        id: 0,
+                        addr: 0x10_0000,
+                        len: 1 << 20,
+                        mem_type: MemType::Host,
+                        access: Access::ReadWrite,
+                        fd,
+                    }],
+                    host: Some(me),
+                }
+                .encode(&mut out);
+                let _ = s.write_all(&out);
+                let mut sink = [0u8; 64];
+                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            let (cli, _buf) = client_with(4096, Options::default().same_host(policy));
+            match policy {
+                SameHost::Require => {
+                    let e = cli.connect(&name).unwrap_err();
+                    assert!(
+                        matches!(
+                            e,
+                            Error::TransportUnavailable {
+                                transport: "cma",
+                                ..
+                            }
+                        ),
+                        "{what}: {e:?}"
+                    );
+                    assert_eq!(e.status().code(), 103_905);
+                }
+                _ => {
+                    let link = cli.connect(&name).unwrap();
+                    assert_eq!(
+                        link.transport(),
+                        TransportKind::Tcp,
+                        "{what}: mapped anyway"
+                    );
+                }
+            }
+            drop(cli);
+            fake.join().unwrap();
+        }
+    }
+}
+
+/// Deregistering a HostBuffer that was offered to a same-host peer hands back a private copy
+/// (never pages the peer may still have mapped); one never offered comes back as it was.
+#[test]
+fn shared_region_is_handed_back_as_a_copy() {
+    if !cma_available() {
+        return;
+    }
+    for (policy, copied) in [(SameHost::Auto, true), (SameHost::Forbid, false)] {
+        let (srv, cache) = server(1 << 20, Options::default());
+        let addr = cache.addr();
+        let data = Rng::new(81).bytes(1 << 20);
+        let (cli, mut buf) = client_with(1 << 20, Options::default().same_host(policy));
+        buf.write_at(0, &data).unwrap();
+        {
+            let link = cli.connect(srv.name()).unwrap();
+            let d = TransferDesc::new(buf.full(), link.regions().next().unwrap().full());
+            link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+        }
+        let srv = srv.deactivate();
+        let mem = srv.deregister(cache).unwrap();
+        assert!(mem[..] == data[..], "{policy:?}: contents lost");
+        assert_eq!(mem.as_ptr() as usize != addr, copied, "{policy:?}");
+    }
+}
