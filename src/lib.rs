@@ -90,11 +90,23 @@
 //! disconnects it; dropping a [`Region`] leaves its memory registered until the engine goes
 //! away, then frees it. Teardown never panics.
 //!
+//! ## Async transfers, notifications, metrics
+//!
+//! [`Link::transfer_async`] returns a [`TransferReq`] with an enforced deadline, `cancel`,
+//! `status`/`wait`, a user-data tag and `Future` support; it owns the memory it touches, so
+//! dropping or forgetting it is safe. [`Link::send_notify`] is delivered after every transfer
+//! started before it on the link (the KV-ready signal). [`Hixl::connect_async`] queues connects.
+//! [`Hixl::metrics`] counts bytes, operations, errors and latency per link and operation.
+//!
 //! ## Transports
 //!
-//! This build moves data over TCP (any two hosts, zero-copy from and into registered memory, one
-//! round trip per batch). Same-host, UCX and Ascend transports are planned; [`probe`] says what
-//! is available.
+//! TCP between any two hosts (zero-copy from and into registered memory, one round trip per
+//! batch, large transfers over two lanes). Between engines on one host, the same-host transport
+//! (`cma`): sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
+//! other memory with `process_vm_readv`/`writev`; the peer's CPU does nothing. It is chosen
+//! automatically and falls back to TCP where the kernel refuses ([`SameHost`],
+//! [`Link::transport`]). UCX and Ascend transports are planned; [`probe`] says what is
+//! available.
 
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]

@@ -333,13 +333,7 @@ impl LinkShared {
     /// `process_vm_readv`/`writev` for the others.
     ///
     /// The caller keeps every local range registered and alive for the call.
-    fn run_cma(
-        &self,
-        cma: &Cma,
-        op: TransferOp,
-        xds: &[Xd],
-        started: Instant,
-    ) -> Result<(), Error> {
+    fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[Xd]) -> Result<(), Error> {
         if !cma.proc.alive(&cma.watch) {
             let why = "the peer exited or closed the link".to_owned();
             let mut pool = lock(&self.pool);
@@ -404,7 +398,6 @@ impl LinkShared {
                         why,
                     });
                 }
-                let _ = started;
                 Err(Error::SameHost {
                     op: op.name(),
                     peer: self.peer.clone(),
@@ -459,7 +452,7 @@ impl LinkShared {
                 st.finish(self, outcome);
                 return;
             }
-            let outcome = match self.run_cma(cma, st.op, &job.xds, st.started) {
+            let outcome = match self.run_cma(cma, st.op, &job.xds) {
                 Ok(()) => Outcome::Completed,
                 Err(e) => Outcome::Failed(Arc::new(e)),
             };
@@ -626,13 +619,15 @@ impl LinkShared {
     }
 }
 
-/// Bytes per lane below which a transfer is not split across lanes.
+/// Bytes per lane below which a TCP transfer is not split across lanes.
 const SPLIT_MIN: u64 = 8 << 20;
+/// Bytes per thread below which a same-host transfer is not split across copying threads.
+const SPLIT_MIN_CMA: u64 = 2 << 20;
 
 /// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
 /// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[Xd], bytes: u64, lanes: usize) -> Vec<Vec<Xd>> {
-    let parts = (lanes as u64).min(bytes / SPLIT_MIN).max(1) as usize;
+fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
+    let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
     if parts < 2 {
         return Vec::new();
     }
@@ -893,21 +888,21 @@ impl<'e> Link<'e> {
         let bytes = self.prepare(op, descs, &mut xds)?;
         let sh = &*self.shared;
         sh.counters.start(op);
-        let parts = if sh.cma.is_some() {
-            Vec::new()
+        // one part per lane (tcp) or per copying thread (same host) for large batches
+        let min_part = if sh.cma.is_some() {
+            SPLIT_MIN_CMA
         } else {
-            split(&xds, bytes, sh.parallel)
+            SPLIT_MIN
         };
-        let r = if let Some(cma) = &sh.cma {
-            sh.run_cma(cma, op, &xds, started)
-        } else if parts.len() > 1 {
-            // a large batch: its parts go over several lanes at once, one caller thread each
+        let parts = split(&xds, bytes, sh.parallel, min_part);
+        let run = |p: &[Xd]| match &sh.cma {
+            Some(cma) => sh.run_cma(cma, op, p),
+            None => sh.run_part(op, p, deadline, started),
+        };
+        let r = if parts.len() > 1 {
             std::thread::scope(|s| {
-                let helpers: Vec<_> = parts[1..]
-                    .iter()
-                    .map(|p| s.spawn(move || sh.run_part(op, p, deadline, started)))
-                    .collect();
-                let first = sh.run_part(op, &parts[0], deadline, started);
+                let helpers: Vec<_> = parts[1..].iter().map(|p| s.spawn(move || run(p))).collect();
+                let first = run(&parts[0]);
                 helpers
                     .into_iter()
                     .map(|h| {
@@ -921,7 +916,7 @@ impl<'e> Link<'e> {
                     .fold(first, |acc, r| acc.and(r))
             })
         } else {
-            sh.run_part(op, &xds, deadline, started)
+            run(&xds)
         };
         let took = started.elapsed();
         sh.counters
@@ -1138,8 +1133,8 @@ mod tests {
     fn split_keeps_every_byte_once_and_in_place() {
         let m = 1u64 << 20;
         // too small to split
-        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2).is_empty());
-        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1).is_empty());
+        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
+        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
         let cases: Vec<Vec<Xd>> = vec![
             vec![xd(0x1000, 1, 7, 64 * m)],
             vec![
@@ -1154,7 +1149,7 @@ mod tests {
         for xds in cases {
             let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
             for lanes in [2usize, 3, 8] {
-                let parts = split(&xds, bytes, lanes);
+                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
                 let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
                 assert_eq!(parts.len(), want);
                 // parts differ by at most one share's rounding, and cover the batch in order
