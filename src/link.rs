@@ -26,7 +26,7 @@ use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
-use crate::transport::host::{HostId, Mapping, PeerProc};
+use crate::transport::host::{self, HostId, Mapping, PeerProc};
 use crate::transport::io::IoVec;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
 use crate::wire::{self, Hello, LaneRole, TableEntry, WireDesc};
@@ -343,7 +343,8 @@ impl LinkShared {
                 why,
             });
         }
-        let (mut lo, mut ro, mut index) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut lo, mut ro, mut index, mut copies) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (i, d) in xds.iter().enumerate() {
             let Some(r) = cma.regions.get(&d.remote.region) else {
                 return Err(Error::RemoteNotRegistered {
@@ -359,11 +360,7 @@ impl LinkShared {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),
                         TransferOp::Read => (m.at(d.remote.offset), d.local),
                     };
-                    // SAFETY: the local range lies in a registered region the caller keeps
-                    // alive; the remote range was validated against the peer's table, and the
-                    // mapping covers the whole region (its memfd is sealed against shrinking and
-                    // was checked to be at least that long). The two are distinct mappings.
-                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+                    copies.push(host::Copy { src, dst, len });
                 }
                 None => {
                     lo.push(IoVec { base: d.local, len });
@@ -375,6 +372,11 @@ impl LinkShared {
                 }
             }
         }
+        // SAFETY: each local range lies in a registered region the caller keeps alive; each
+        // remote range was validated against the peer's table, and its mapping covers the whole
+        // region (the memfd is sealed against shrinking and was checked to be at least that
+        // long). Local and mapped memory are distinct mappings.
+        unsafe { host::copy_all(&copies) };
         if lo.is_empty() {
             return Ok(());
         }
@@ -621,8 +623,6 @@ impl LinkShared {
 
 /// Bytes per lane below which a TCP transfer is not split across lanes.
 const SPLIT_MIN: u64 = 8 << 20;
-/// Bytes per thread below which a same-host transfer is not split across copying threads.
-const SPLIT_MIN_CMA: u64 = 2 << 20;
 
 /// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
 /// needed), or returns it whole when it is too small to gain from more lanes.
@@ -888,13 +888,13 @@ impl<'e> Link<'e> {
         let bytes = self.prepare(op, descs, &mut xds)?;
         let sh = &*self.shared;
         sh.counters.start(op);
-        // one part per lane (tcp) or per copying thread (same host) for large batches
-        let min_part = if sh.cma.is_some() {
-            SPLIT_MIN_CMA
+        // large TCP batches: one part per lane (the same-host path shares large copies with a
+        // helper thread itself)
+        let parts = if sh.cma.is_some() {
+            Vec::new()
         } else {
-            SPLIT_MIN
+            split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let parts = split(&xds, bytes, sh.parallel, min_part);
         let run = |p: &[Xd]| match &sh.cma {
             Some(cma) => sh.run_cma(cma, op, p),
             None => sh.run_part(op, p, deadline, started),

@@ -280,3 +280,131 @@ pub fn available() -> Result<(), &'static str> {
         .map(drop)
         .map_err(|_| "pidfd_open is not available")
 }
+
+/// A memory copy to run: `len` bytes from `src` to `dst` (addresses).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Copy {
+    pub src: usize,
+    pub dst: usize,
+    pub len: usize,
+}
+
+struct CopyJob {
+    copies: Vec<Copy>,
+    done: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+/// A persistent helper thread that copies part of a large same-host batch while the caller
+/// copies the rest (waking it costs far less than spawning a thread per transfer).
+struct CopyHelper {
+    queue: std::sync::Mutex<std::collections::VecDeque<CopyJob>>,
+    cv: std::sync::Condvar,
+}
+
+fn helper() -> Option<&'static CopyHelper> {
+    static H: OnceLock<Option<&'static CopyHelper>> = OnceLock::new();
+    *H.get_or_init(|| {
+        let h: &'static CopyHelper = Box::leak(Box::new(CopyHelper {
+            queue: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            cv: std::sync::Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("hixl-copy".into())
+            .spawn(move || {
+                loop {
+                    let job = {
+                        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        loop {
+                            if let Some(j) = q.pop_front() {
+                                break j;
+                            }
+                            q = h.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                        }
+                    };
+                    // SAFETY: the submitter keeps every range valid until `done` is set (it
+                    // waits for it, even while unwinding: see `WaitDone`).
+                    unsafe { run_copies(&job.copies) };
+                    let (m, cv) = &*job.done;
+                    *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    cv.notify_all();
+                }
+            })
+            .ok()
+            .map(|_| h)
+    })
+}
+
+/// # Safety
+/// Every copy's source must be valid for reads and its destination for writes of `len` bytes,
+/// and the two must not overlap.
+unsafe fn run_copies(copies: &[Copy]) {
+    for c in copies {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) };
+    }
+}
+
+/// Waits for a helper job on drop, so the borrowed memory outlives the helper's use of it even
+/// if the caller unwinds.
+struct WaitDone(std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl Drop for WaitDone {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.0;
+        let mut done = m.lock().unwrap_or_else(|e| e.into_inner());
+        while !*done {
+            done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Copies below this many bytes in all are not shared with the helper thread.
+const HELP_MIN: usize = 1 << 20;
+
+/// Runs the copies, sharing large batches with the helper thread (about half the bytes each).
+///
+/// # Safety
+/// As [`run_copies`], for the whole call.
+pub(crate) unsafe fn copy_all(copies: &[Copy]) {
+    let total: usize = copies.iter().map(|c| c.len).sum();
+    let Some(h) = helper().filter(|_| total >= HELP_MIN) else {
+        // SAFETY: the caller's contract.
+        return unsafe { run_copies(copies) };
+    };
+    // the second half of the bytes goes to the helper, cutting a copy where needed
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    let mut room = total / 2;
+    for c in copies {
+        let take = c.len.min(room);
+        if take > 0 {
+            mine.push(Copy { len: take, ..*c });
+        }
+        if c.len > take {
+            theirs.push(Copy {
+                src: c.src + take,
+                dst: c.dst + take,
+                len: c.len - take,
+            });
+        }
+        room -= take;
+    }
+    let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    {
+        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.is_empty() {
+            // the helper is busy with another caller's copies: do it all here
+            drop(q);
+            // SAFETY: the caller's contract.
+            return unsafe { run_copies(copies) };
+        }
+        q.push_back(CopyJob {
+            copies: theirs,
+            done: done.clone(),
+        });
+    }
+    let _wait = WaitDone(done);
+    h.cv.notify_one();
+    // SAFETY: the caller's contract; `_wait` keeps this call from returning before the helper
+    // has finished its half.
+    unsafe { run_copies(&mine) };
+}
