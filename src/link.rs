@@ -86,14 +86,38 @@ pub(crate) struct LinkShared {
     pub(crate) span: tracing::Span,
 }
 
-/// A peer region as the same-host path reaches it.
+/// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
+/// through `process_vm_readv`/`writev` at its address.
 struct CmaRegion {
     addr: u64,
-    map: Option<Mapping>,
+    len: u64,
+    fd: i32,
+    writable: bool,
+    map: std::sync::OnceLock<Option<Mapping>>,
 }
 
-/// The same-host data path of a link: the pinned peer process, its mapped memfds, and a handle
-/// to the link's control connection (to notice the peer closing the link).
+impl CmaRegion {
+    /// The region's mapping, made on first use; `None` if it has no memfd or the memfd failed
+    /// the checks (then the region is reached with `process_vm_*`, which the kernel checks).
+    fn mapping(&self, proc: &PeerProc) -> Option<&Mapping> {
+        self.map
+            .get_or_init(|| {
+                if self.fd < 0 {
+                    return None;
+                }
+                let m = proc.getfd(self.fd).and_then(|fd| Mapping::new(&fd, self.len, self.writable));
+                if let Err(e) = &m {
+                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; using process_vm");
+                }
+                m.ok()
+            })
+            .as_ref()
+    }
+}
+
+/// The same-host data path of a link: the pinned peer process, its regions (mapped lazily, so
+/// connecting to an engine with thousands of regions stays fast), and a handle to the link's
+/// control connection (to notice the peer closing the link).
 struct Cma {
     proc: PeerProc,
     watch: std::net::TcpStream,
@@ -104,22 +128,29 @@ impl Cma {
     fn setup(peer: &HostId, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
         let proc = PeerProc::open(peer)?;
         let mut regions = HashMap::with_capacity(table.len());
-        let mut probe = None;
+        let (mut mapped, mut probe) = (false, None);
         for e in table {
-            let map = if e.fd >= 0 && e.access != Access::None {
-                let fd = proc.getfd(e.fd)?;
-                Some(Mapping::new(
-                    &fd,
-                    e.len,
-                    e.access.permits(TransferOp::Write),
-                )?)
-            } else {
-                None
+            let fd = if e.access == Access::None { -1 } else { e.fd };
+            let r = CmaRegion {
+                addr: e.addr,
+                len: e.len,
+                fd,
+                writable: e.access.permits(TransferOp::Write),
+                map: std::sync::OnceLock::new(),
             };
-            if map.is_none() && e.access.permits(TransferOp::Read) && probe.is_none() {
+            if fd >= 0 && !mapped {
+                // the first memfd is taken and checked now: a peer whose memory cannot be mapped
+                // safely, or a kernel that refuses pidfd_getfd, keeps the link on TCP
+                let m = proc
+                    .getfd(fd)
+                    .and_then(|f| Mapping::new(&f, e.len, r.writable))?;
+                let _ = r.map.set(Some(m));
+                mapped = true;
+            }
+            if fd < 0 && e.access.permits(TransferOp::Read) && probe.is_none() {
                 probe = Some(e.addr);
             }
-            regions.insert(e.id, CmaRegion { addr: e.addr, map });
+            regions.insert(e.id, r);
         }
         // a probe read where the kernel must allow process_vm_readv
         if let Some(addr) = probe {
@@ -354,7 +385,7 @@ impl LinkShared {
                 });
             };
             let len = d.remote.len as usize;
-            match &r.map {
+            match r.mapping(&cma.proc) {
                 Some(m) => {
                     let (src, dst) = match op {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),

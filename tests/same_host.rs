@@ -423,3 +423,112 @@ fn shared_region_is_handed_back_as_a_copy() {
         assert_eq!(mem.as_ptr() as usize != addr, copied, "{policy:?}");
     }
 }
+
+/// A region whose memfd fails the checks is not mapped but reached with process_vm (checked by
+/// the kernel); a remote address the peer does not have gives `SameHost` with the descriptor
+/// index and EFAULT.
+#[test]
+fn unmappable_regions_use_process_vm_and_faults_name_the_descriptor() {
+    let Some(me) = HostId::current() else {
+        eprintln!("skipped: /proc does not identify this process");
+        return;
+    };
+    if !cma_available() {
+        return;
+    }
+    let p0 = Rng::new(91).bytes(4096);
+    let p1 = Rng::new(92).bytes(4096);
+    let b = p1.clone();
+    // SAFETY: creating, filling and sealing descriptors this test owns.
+    let (good, bad) = unsafe {
+        let g = libc::memfd_create(
+            c"good".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(g >= 0 && libc::ftruncate(g, 4096) == 0);
+        assert_eq!(libc::pwrite(g, p0.as_ptr().cast(), 4096, 0), 4096);
+        assert_eq!(
+            libc::fcntl(
+                g,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+            ),
+            0
+        );
+        let u = libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(u >= 0 && libc::ftruncate(u, 4096) == 0);
+        (g, u)
+    };
+    let (a_addr, b_addr) = (0x7f00_0000_0000u64, b.as_ptr() as u64);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = l.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        let mut h = [0u8; wire::HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        let mut p = vec![0u8; wire::decode_header(&h).unwrap().len as usize];
+        s.read_exact(&mut p).unwrap();
+        let e = |id, addr, fd, access| TableEntry {
+            id,
+            addr,
+            len: 4096,
+            mem_type: MemType::Host,
+            access,
+            fd,
+        };
+        let mut out = Vec::new();
+        Welcome {
+            instance: 1,
+            token: 2,
+            pid: me.pid,
+            table: vec![
+                e(0, a_addr, good, Access::ReadWrite),
+                e(1, b_addr, bad, Access::ReadWrite),
+                e(2, 0x1000, -1, Access::Write),
+            ],
+            host: Some(me),
+        }
+        .encode(&mut out);
+        let _ = s.write_all(&out);
+        let mut sink = [0u8; 64];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    {
+        let (cli, mut buf) = client_with(8192, Options::default().same_host(SameHost::Require));
+        let link = cli.connect(&name).unwrap();
+        assert_eq!(link.transport(), TransportKind::Cma);
+        let r = |id: u32| link.region(id).unwrap();
+        let reads = [
+            TransferDesc::new(buf.range(0..4096).unwrap(), r(0).full()),
+            TransferDesc::new(buf.range(4096..8192).unwrap(), r(1).full()),
+        ];
+        link.transfer_sync(TransferOp::Read, &reads, T).unwrap();
+        let mut got = vec![0u8; 8192];
+        buf.read_at(0, &mut got).unwrap();
+        assert!(
+            got[..4096] == p0[..],
+            "the sealed memfd was not read through its mapping"
+        );
+        assert!(
+            got[4096..] == p1[..],
+            "the unsealed region was not read with process_vm_readv"
+        );
+        let writes = [
+            TransferDesc::new(buf.range(0..100).unwrap(), r(1).range(0..100).unwrap()),
+            TransferDesc::new(buf.range(0..100).unwrap(), r(2).range(0..100).unwrap()),
+        ];
+        let e = link
+            .transfer_sync(TransferOp::Write, &writes, T)
+            .unwrap_err();
+        match &e {
+            Error::SameHost { index, source, .. } => {
+                assert_eq!(*index, 1);
+                assert_eq!(source.raw_os_error(), Some(libc::EFAULT));
+            }
+            e => panic!("{e:?}"),
+        }
+        assert_eq!(e.status().code(), 503_900);
+    }
+    fake.join().unwrap();
+    drop(b);
+}
