@@ -411,18 +411,10 @@ impl LinkShared {
         if lo.is_empty() {
             return Ok(());
         }
-        let lens: Vec<u64> = lo.iter().map(|v| v.len as u64).collect();
         // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-        match unsafe { cma.proc.pvm(op == TransferOp::Write, &mut lo, &mut ro) } {
+        match unsafe { host::pvm_all(&cma.proc, op == TransferOp::Write, &lo, &ro) } {
             Ok(()) => Ok(()),
-            Err((e, moved)) => {
-                // the descriptor where it stopped
-                let mut at = 0;
-                let mut sum = 0;
-                while at + 1 < lens.len() && sum + lens[at] <= moved {
-                    sum += lens[at];
-                    at += 1;
-                }
+            Err((e, at)) => {
                 if e.raw_os_error() == Some(libc::ESRCH) {
                     let why = "the peer exited".to_owned();
                     lock(&self.pool).broken.get_or_insert_with(|| why.clone());

@@ -151,49 +151,71 @@ impl PeerProc {
         local: &mut [IoVec],
         remote: &mut [IoVec],
     ) -> Result<(), (io::Error, u64)> {
-        let (mut li, mut ri, mut moved) = (0usize, 0usize, 0u64);
-        loop {
-            while li < local.len() && local[li].len == 0 {
-                li += 1;
-            }
-            while ri < remote.len() && remote[ri].len == 0 {
-                ri += 1;
-            }
-            if li == local.len() || ri == remote.len() {
-                return Ok(());
-            }
-            let (ln, rn) = (
-                (local.len() - li).min(IOV_MAX),
-                (remote.len() - ri).min(IOV_MAX),
-            );
-            let (lp, rp) = (
-                local[li..].as_ptr().cast::<libc::iovec>(),
-                remote[ri..].as_ptr().cast::<libc::iovec>(),
-            );
-            // SAFETY: the iovec arrays have `libc::iovec`'s layout and stay alive for the call;
-            // the local memory is valid per the caller's contract; the kernel checks the remote
-            // addresses against the peer's address space (EFAULT), never ours.
-            let n = unsafe {
-                if write {
-                    libc::process_vm_writev(self.pid, lp, ln as _, rp, rn as _, 0)
-                } else {
-                    libc::process_vm_readv(self.pid, lp, ln as _, rp, rn as _, 0)
-                }
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err((e, moved));
-            }
-            if n == 0 {
-                return Err((io::Error::from_raw_os_error(libc::EFAULT), moved));
-            }
-            moved += n as u64;
-            advance(local, &mut li, n as usize);
-            advance(remote, &mut ri, n as usize);
+        // SAFETY: forwarded caller contract.
+        unsafe { pvm_pid(self.pid, write, local, remote) }
+    }
+
+    /// The peer's pid (valid while the pidfd shows it alive).
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+}
+
+/// `process_vm_writev` (`write`) or `process_vm_readv` between `local` and `remote` (same total
+/// length) of process `pid`, continuing partial transfers. On failure returns the error and how
+/// many bytes had moved.
+///
+/// # Safety
+/// For a read, `local` must describe memory valid for writes of any bytes; for a write, valid
+/// for reads; both for the whole call.
+unsafe fn pvm_pid(
+    pid: libc::pid_t,
+    write: bool,
+    local: &mut [IoVec],
+    remote: &mut [IoVec],
+) -> Result<(), (io::Error, u64)> {
+    let (mut li, mut ri, mut moved) = (0usize, 0usize, 0u64);
+    loop {
+        while li < local.len() && local[li].len == 0 {
+            li += 1;
         }
+        while ri < remote.len() && remote[ri].len == 0 {
+            ri += 1;
+        }
+        if li == local.len() || ri == remote.len() {
+            return Ok(());
+        }
+        let (ln, rn) = (
+            (local.len() - li).min(IOV_MAX),
+            (remote.len() - ri).min(IOV_MAX),
+        );
+        let (lp, rp) = (
+            local[li..].as_ptr().cast::<libc::iovec>(),
+            remote[ri..].as_ptr().cast::<libc::iovec>(),
+        );
+        // SAFETY: the iovec arrays have `libc::iovec`'s layout and stay alive for the call;
+        // the local memory is valid per the caller's contract; the kernel checks the remote
+        // addresses against the peer's address space (EFAULT), never ours.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid, lp, ln as _, rp, rn as _, 0)
+            } else {
+                libc::process_vm_readv(pid, lp, ln as _, rp, rn as _, 0)
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err((e, moved));
+        }
+        if n == 0 {
+            return Err((io::Error::from_raw_os_error(libc::EFAULT), moved));
+        }
+        moved += n as u64;
+        advance(local, &mut li, n as usize);
+        advance(remote, &mut ri, n as usize);
     }
 }
 
@@ -289,9 +311,23 @@ pub(crate) struct Copy {
     pub len: usize,
 }
 
+/// What the helper does: memory copies, or a `process_vm_*` batch for process `pid`.
+enum Work {
+    Copies(Vec<Copy>),
+    Pvm {
+        pid: libc::pid_t,
+        write: bool,
+        local: Vec<IoVec>,
+        remote: Vec<IoVec>,
+    },
+}
+
+type PvmResult = Result<(), (io::Error, u64)>;
+type Done = std::sync::Arc<(std::sync::Mutex<Option<PvmResult>>, std::sync::Condvar)>;
+
 struct CopyJob {
-    copies: Vec<Copy>,
-    done: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    work: Work,
+    done: Done,
 }
 
 /// A persistent helper thread that copies part of a large same-host batch while the caller
@@ -323,9 +359,22 @@ fn helper() -> Option<&'static CopyHelper> {
                     };
                     // SAFETY: the submitter keeps every range valid until `done` is set (it
                     // waits for it, even while unwinding: see `WaitDone`).
-                    unsafe { run_copies(&job.copies) };
+                    let r = unsafe {
+                        match job.work {
+                            Work::Copies(c) => {
+                                run_copies(&c);
+                                Ok(())
+                            }
+                            Work::Pvm {
+                                pid,
+                                write,
+                                mut local,
+                                mut remote,
+                            } => pvm_pid(pid, write, &mut local, &mut remote),
+                        }
+                    };
                     let (m, cv) = &*job.done;
-                    *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    *m.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                     cv.notify_all();
                 }
             })
@@ -346,16 +395,49 @@ unsafe fn run_copies(copies: &[Copy]) {
 
 /// Waits for a helper job on drop, so the borrowed memory outlives the helper's use of it even
 /// if the caller unwinds.
-struct WaitDone(std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+struct WaitDone(Done);
+
+impl WaitDone {
+    /// Waits for the helper and takes its result.
+    fn result(self) -> PvmResult {
+        let r = Self::wait(&self.0);
+        std::mem::forget(self);
+        r
+    }
+    fn wait(done: &Done) -> PvmResult {
+        let (m, cv) = &**done;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = g.take() {
+                return r;
+            }
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
 
 impl Drop for WaitDone {
     fn drop(&mut self) {
-        let (m, cv) = &*self.0;
-        let mut done = m.lock().unwrap_or_else(|e| e.into_inner());
-        while !*done {
-            done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
-        }
+        let _ = Self::wait(&self.0);
     }
+}
+
+/// Hands `work` to the helper if it is idle; `None` (and the work back) if it is busy or absent.
+fn submit(work: Work) -> Result<WaitDone, Work> {
+    let Some(h) = helper() else { return Err(work) };
+    let done: Done = std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
+    {
+        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.is_empty() {
+            return Err(work);
+        }
+        q.push_back(CopyJob {
+            work,
+            done: done.clone(),
+        });
+    }
+    h.cv.notify_one();
+    Ok(WaitDone(done))
 }
 
 /// Copies below this many bytes in all are not shared with the helper thread.
@@ -367,10 +449,10 @@ const HELP_MIN: usize = 1 << 20;
 /// As [`run_copies`], for the whole call.
 pub(crate) unsafe fn copy_all(copies: &[Copy]) {
     let total: usize = copies.iter().map(|c| c.len).sum();
-    let Some(h) = helper().filter(|_| total >= HELP_MIN) else {
+    if total < HELP_MIN {
         // SAFETY: the caller's contract.
         return unsafe { run_copies(copies) };
-    };
+    }
     // the second half of the bytes goes to the helper, cutting a copy where needed
     let (mut mine, mut theirs) = (Vec::new(), Vec::new());
     let mut room = total / 2;
@@ -388,23 +470,95 @@ pub(crate) unsafe fn copy_all(copies: &[Copy]) {
         }
         room -= take;
     }
-    let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    {
-        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if !q.is_empty() {
-            // the helper is busy with another caller's copies: do it all here
-            drop(q);
+    let _wait = match submit(Work::Copies(theirs)) {
+        Ok(w) => w,
+        Err(_) => {
+            // the helper is busy with another caller's work: do it all here
             // SAFETY: the caller's contract.
             return unsafe { run_copies(copies) };
         }
-        q.push_back(CopyJob {
-            copies: theirs,
-            done: done.clone(),
-        });
-    }
-    let _wait = WaitDone(done);
-    h.cv.notify_one();
+    };
     // SAFETY: the caller's contract; `_wait` keeps this call from returning before the helper
     // has finished its half.
     unsafe { run_copies(&mine) };
+}
+
+/// `process_vm_*` over pairs `(local[i], remote[i])` of equal lengths, sharing batches of 1 MiB
+/// or more with the helper thread (about half the bytes each). On failure returns the error and
+/// the index of the pair where it stopped.
+///
+/// # Safety
+/// As [`PeerProc::pvm`], for the whole call.
+pub(crate) unsafe fn pvm_all(
+    proc: &PeerProc,
+    write: bool,
+    local: &[IoVec],
+    remote: &[IoVec],
+) -> Result<(), (io::Error, usize)> {
+    let where_ = |lens: &[usize], moved: u64| {
+        let (mut at, mut sum) = (0usize, 0u64);
+        while at + 1 < lens.len() && sum + lens[at] as u64 <= moved {
+            sum += lens[at] as u64;
+            at += 1;
+        }
+        at
+    };
+    let total: usize = local.iter().map(|v| v.len).sum();
+    let (mut l, mut r) = (local.to_vec(), remote.to_vec());
+    if total < HELP_MIN {
+        let lens: Vec<usize> = l.iter().map(|v| v.len).collect();
+        // SAFETY: the caller's contract.
+        return unsafe { proc.pvm(write, &mut l, &mut r) }
+            .map_err(|(e, moved)| (e, where_(&lens, moved)));
+    }
+    // cut at half the bytes: pairs [0, k) and the first part of pair k go here, the rest there
+    let (mut room, mut k) = (total / 2, 0);
+    while room >= l[k].len {
+        room -= l[k].len;
+        k += 1;
+    }
+    let (mut l2, mut r2) = (l.split_off(k), r.split_off(k));
+    if room > 0 {
+        l.push(IoVec {
+            base: l2[0].base,
+            len: room,
+        });
+        r.push(IoVec {
+            base: r2[0].base,
+            len: room,
+        });
+        l2[0] = IoVec {
+            base: l2[0].base + room,
+            len: l2[0].len - room,
+        };
+        r2[0] = IoVec {
+            base: r2[0].base + room,
+            len: r2[0].len - room,
+        };
+    }
+    let (lens1, lens2): (Vec<usize>, Vec<usize>) = (
+        l.iter().map(|v| v.len).collect(),
+        l2.iter().map(|v| v.len).collect(),
+    );
+    let theirs = Work::Pvm {
+        pid: proc.pid(),
+        write,
+        local: l2,
+        remote: r2,
+    };
+    let (wait, mut l2, mut r2) = match submit(theirs) {
+        Ok(w) => (Some(w), Vec::new(), Vec::new()),
+        Err(Work::Pvm { local, remote, .. }) => (None, local, remote),
+        Err(Work::Copies(_)) => unreachable!("submit hands back what it was given"),
+    };
+    // SAFETY: the caller's contract; the helper's half is waited for before returning.
+    let first =
+        unsafe { proc.pvm(write, &mut l, &mut r) }.map_err(|(e, moved)| (e, where_(&lens1, moved)));
+    let second = match wait {
+        Some(w) => w.result(),
+        // SAFETY: the caller's contract.
+        None => unsafe { proc.pvm(write, &mut l2, &mut r2) },
+    }
+    .map_err(|(e, moved)| (e, k + where_(&lens2, moved)));
+    first.and(second)
 }
