@@ -903,20 +903,7 @@ impl Hixl<Connected> {
     ///   [`Error::Protocol`]; or the peer's status in [`Error::Refused`].
     pub fn connect_timeout(&self, remote: &str, timeout: Duration) -> Result<Link<'_>, Error> {
         let timeout = check_timeout(timeout)?;
-        let parsed = EngineName::parse(remote)?;
-        let Some(addr) = parsed.socket_addr() else {
-            return Err(Error::NotConnectable {
-                peer: remote.to_owned(),
-                problem: "the name has no port, so that engine does not listen",
-            });
-        };
-        let key = addr.to_string();
-        if key == self.inner.name {
-            return Err(Error::NotConnectable {
-                peer: remote.to_owned(),
-                problem: "an engine cannot connect to itself",
-            });
-        }
+        let (key, addr) = self.remote_key(remote)?;
         let shared = self.inner.open_link(&key, addr, timeout)?;
         Ok(Link::from_shared(&self.inner, shared))
     }

@@ -2,78 +2,19 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Rng, client, fnv1a};
+use common::{Peer, Rng, client, fnv1a};
 use hixl::{Error, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
-
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    name: String,
-    addr: u64,
-    len: u64,
-}
-
-impl Peer {
-    fn spawn(name: &str, size: usize, seed: u64) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
-            .args([
-                "serve",
-                "--name",
-                name,
-                "--size",
-                &size.to_string(),
-                "--seed",
-                &seed.to_string(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hixl-peer");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
-        Peer {
-            name: w[1].to_owned(),
-            addr: w[2].parse().unwrap(),
-            len: w[3].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn sum(&mut self, off: u64, len: u64) -> u64 {
-        writeln!(self.stdin, "sum {off} {len}").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let hex = line
-            .strip_prefix("SUM ")
-            .unwrap_or_else(|| panic!("peer said {line:?}"));
-        u64::from_str_radix(hex.trim(), 16).unwrap()
-    }
-
-    fn quit(mut self) {
-        writeln!(self.stdin, "quit").unwrap();
-        assert!(self.child.wait().unwrap().success());
-    }
-}
 
 /// WRITE random data at sub-ranges and in batches into another process, check it there (the
 /// peer hashes its own memory), and READ the peer's seeded memory back.
 #[test]
 fn two_processes_random_data() {
     let size = 72 << 20;
-    let mut peer = Peer::spawn("127.0.0.1", size, 11);
+    let mut peer = Peer::spawn("127.0.0.1", size, 11, "hostbuffer");
     assert_eq!(peer.len, size as u64);
     let expected = Rng::new(11).bytes(size);
     let (cli, mut buf) = client(size);
@@ -157,7 +98,7 @@ fn two_processes_random_data() {
 #[test]
 fn peer_killed_mid_transfer_then_restarted() {
     let size = 64 << 20;
-    let peer = Peer::spawn("127.0.0.1", size, 3);
+    let peer = Peer::spawn("127.0.0.1", size, 3, "hostbuffer");
     let name = peer.name.clone();
     let (cli, buf) = client(size);
     let link = cli.connect(&name).unwrap();
@@ -212,7 +153,7 @@ fn peer_killed_mid_transfer_then_restarted() {
     drop(link);
 
     // the peer comes back under the same name; a new link works, with the new memory
-    let mut peer = Peer::spawn(&name, 4096, 99);
+    let mut peer = Peer::spawn(&name, 4096, 99, "hostbuffer");
     assert_eq!(peer.name, name);
     let link = cli.connect(&name).unwrap();
     let d = TransferDesc::new(

@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Rng, client_with, fnv1a, server};
+use common::{Peer, Rng, client_with, fnv1a, server};
 use hixl::wire::{self, HostId, Kind, TableEntry, Welcome};
 use hixl::{Access, Error, MemType, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
@@ -28,60 +28,6 @@ fn cma_available() -> bool {
     ok
 }
 
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    name: String,
-    addr: u64,
-}
-
-impl Peer {
-    fn spawn(size: usize, seed: u64, memory: &str) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
-            .args([
-                "serve",
-                "--size",
-                &size.to_string(),
-                "--seed",
-                &seed.to_string(),
-                "--memory",
-                memory,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
-        Peer {
-            name: w[1].to_owned(),
-            addr: w[2].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
-        }
-    }
-    fn sum(&mut self, off: u64, len: u64) -> u64 {
-        writeln!(self.stdin, "sum {off} {len}").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        u64::from_str_radix(line.strip_prefix("SUM ").unwrap().trim(), 16).unwrap()
-    }
-    fn signal(&self, sig: i32) {
-        // SAFETY: sending a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-    fn quit(mut self) {
-        writeln!(self.stdin, "quit").unwrap();
-        assert!(self.child.wait().unwrap().success());
-    }
-}
-
 /// Random data both ways with another process: one 64 MiB block, 4096 small sub-ranges at odd
 /// offsets, and a WRITE batch the peer checks in its own memory; for a HostBuffer (mapped) and
 /// for ordinary user memory (process_vm_readv/writev).
@@ -92,7 +38,7 @@ fn two_processes_both_memory_kinds() {
     }
     for memory in ["hostbuffer", "user"] {
         let size = 72 << 20;
-        let mut peer = Peer::spawn(size, 31, memory);
+        let mut peer = Peer::spawn("127.0.0.1", size, 31, memory);
         let expected = Rng::new(31).bytes(size);
         let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
         let link = cli.connect(&peer.name).unwrap();
@@ -178,7 +124,7 @@ fn stopped_peer_still_serves() {
     }
     for memory in ["hostbuffer", "user"] {
         let size = 8 << 20;
-        let mut peer = Peer::spawn(size, 41, memory);
+        let mut peer = Peer::spawn("127.0.0.1", size, 41, memory);
         let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
         let link = cli.connect(&peer.name).unwrap();
         peer.signal(libc::SIGSTOP);
@@ -216,7 +162,7 @@ fn killed_peer_over_same_host() {
         return;
     }
     let size = 64 << 20;
-    let peer = Peer::spawn(size, 51, "user");
+    let peer = Peer::spawn("127.0.0.1", size, 51, "user");
     let (cli, buf) = client_with(size, Options::default().same_host(SameHost::Require));
     let link = cli.connect(&peer.name).unwrap();
     let mut child = peer.child;

@@ -797,20 +797,7 @@ impl Lane {
             }
             return Err(LaneFail::Io(e));
         }
-        let (got, status, reason) =
-            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-                Ok((Kind::Done, p)) => {
-                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
-                }
-                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
-                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
-                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
-            };
-        if got != req {
-            return Err(LaneFail::Protocol(format!(
-                "DONE for request {got}, expected {req}"
-            )));
-        }
+        let (status, reason) = self.read_done(req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {
                 status: Status::from_code(status).unwrap_or(Status::FAILED),
@@ -826,6 +813,25 @@ impl Lane {
                 .map_err(LaneFail::Io)?;
         }
         Ok(())
+    }
+
+    /// Reads the DONE frame answering request `req`: its status code and reason.
+    fn read_done(&mut self, req: u64, dl: Option<Instant>) -> Result<(u32, String), LaneFail> {
+        let (got, status, reason) =
+            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Done, p)) => {
+                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+            };
+        if got != req {
+            return Err(LaneFail::Protocol(format!(
+                "DONE for request {got}, expected {req}"
+            )));
+        }
+        Ok((status, reason))
     }
 
     /// Another handle to the lane's socket (it keeps the socket open on its own).
@@ -849,20 +855,7 @@ impl Lane {
         let dl = Some(deadline);
         wire::encode_notify(&mut self.out, req, name, msg);
         self.sock.send_bytes(&self.out, dl).map_err(LaneFail::Io)?;
-        let (got, status, reason) =
-            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-                Ok((Kind::Done, p)) => {
-                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
-                }
-                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
-                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
-                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
-            };
-        if got != req {
-            return Err(LaneFail::Protocol(format!(
-                "DONE for request {got}, expected {req}"
-            )));
-        }
+        let (status, reason) = self.read_done(req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {
                 status: Status::from_code(status).unwrap_or(Status::FAILED),
