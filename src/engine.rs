@@ -334,7 +334,7 @@ impl EngineInner {
             regs.by_addr.remove(&region.core.addr);
             regs.bytes -= region.core.len;
         }
-        let busy = match Arc::try_unwrap(region.core) {
+        let (error, core) = match Arc::try_unwrap(region.core) {
             Ok(mut core) => {
                 let desc = MemDesc {
                     addr: core.addr,
@@ -354,24 +354,18 @@ impl EngineInner {
             }
             Err(core) => (Error::RegionBusy { region: core.id }, core),
         };
-        {
-            let (error, core) = busy;
-            {
-                let id = core.id;
-                if listed {
-                    regs.bytes += core.len;
-                    regs.by_addr.insert(core.addr, core.clone());
-                }
-                let _ = id;
-                Err(Refused {
-                    error,
-                    value: Region {
-                        core,
-                        _mem: PhantomData,
-                    },
-                })
-            }
+        // not handed back: the region stays registered, and comes back to the caller
+        if listed {
+            regs.bytes += core.len;
+            regs.by_addr.insert(core.addr, core.clone());
         }
+        Err(Refused {
+            error,
+            value: Region {
+                core,
+                _mem: PhantomData,
+            },
+        })
     }
 
     pub(crate) fn forget_peer(&self, peer: &str) {

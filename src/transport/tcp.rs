@@ -460,7 +460,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 .collect();
             for t in stale {
                 if let Some(old) = links.remove(&t) {
-                    tracing::debug!(parent: &shared.span, client = %old.client, old_instance = old.instance,
+                    tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client, old_instance = old.instance,
                         new_instance = hello.instance, "replacing the link of a restarted client");
                     let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
                     for c in old.conns.iter().filter_map(|c| conns.get(c)) {
@@ -516,7 +516,6 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     if let Err(e) = sock.send_bytes(&out, io_deadline()) {
         return ConnEnd::Io(e);
     }
-    let _ = &shared.name;
 
     let mut descs = Vec::new();
     let mut targets = Vec::new();
