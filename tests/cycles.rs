@@ -39,7 +39,7 @@ fn cycles(policy: SameHost, n: usize) {
             buf.range(0..4096).unwrap(),
             link.regions().next().unwrap().range(0..4096).unwrap(),
         );
-        let op = if i % 2 == 0 {
+        let op = if i.is_multiple_of(2) {
             TransferOp::Write
         } else {
             TransferOp::Read
