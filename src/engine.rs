@@ -839,6 +839,7 @@ impl Hixl<Registered> {
                                     crate::options::SameHost::Forbid => None,
                                     _ => crate::transport::host::HostId::current(),
                                 },
+                                allow: self.inner.options.allow_peers.clone(),
                                 span: self.inner.span.clone(),
                             },
                         )

@@ -19,6 +19,7 @@ pub struct Options {
     pub(crate) finalize_timeout: Duration,
     pub(crate) max_server_conns: usize,
     pub(crate) same_host: SameHost,
+    pub(crate) allow_peers: Option<Vec<String>>,
     pub(crate) hixl: BTreeMap<String, String>,
 }
 
@@ -45,6 +46,7 @@ impl Default for Options {
             finalize_timeout: Duration::from_secs(5),
             max_server_conns: 1024,
             same_host: SameHost::Auto,
+            allow_peers: None,
             hixl: BTreeMap::new(),
         }
     }
@@ -102,6 +104,13 @@ impl Options {
     /// Whether same-host links use the same-host transport (default [`SameHost::Auto`]).
     pub fn same_host(mut self, policy: SameHost) -> Self {
         self.same_host = policy;
+        self
+    }
+    /// Serve only clients whose engine names are in `names` (others are refused with
+    /// `PARAM_INVALID` at the handshake). Names are what clients say they are: pair this with
+    /// peer authentication where that matters.
+    pub fn allow_peers<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.allow_peers = Some(names.into_iter().map(Into::into).collect());
         self
     }
     /// Most connections a serving engine keeps open at once; more are refused.

@@ -540,3 +540,28 @@ fn spec_edges_match_the_engine() {
     let spec: BTreeSet<_> = hixl::spec::EDGES.iter().copied().collect();
     assert_eq!(seen, spec);
 }
+
+/// A server with an allow-list refuses other engines at the handshake, and serves those listed.
+#[test]
+fn allow_list_refuses_unlisted_engines() {
+    let (srv, _cache) = server(4096, Options::default().allow_peers(["127.0.0.9"]));
+    let (cli, _buf) = client(4096);
+    let e = cli.connect(srv.name()).unwrap_err();
+    match &e {
+        Error::Refused { refusal, .. } => {
+            assert!(refusal.reason.contains("allow-list"), "{refusal:?}")
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(e.status().code(), 103_900);
+    let (listed, _r) = Hixl::initialize(
+        "127.0.0.9",
+        Options::default().same_host(hixl::SameHost::Forbid),
+    )
+    .unwrap()
+    .register(vec![0u8; 64])
+    .unwrap();
+    let listed = listed.activate().unwrap();
+    let link = listed.connect(srv.name()).unwrap();
+    assert_eq!(link.regions().len(), 1);
+}

@@ -174,6 +174,8 @@ pub(crate) struct ServerShared {
     notifies: Arc<NotifyQueue>,
     /// This process, offered to same-host clients (`None`: same-host transfers are off).
     host: Option<HostId>,
+    /// The client engine names served (`None`: all).
+    allow: Option<Vec<String>>,
     span: tracing::Span,
 }
 
@@ -193,6 +195,7 @@ pub(crate) struct ServerConfig {
     pub max_conns: usize,
     pub notifies: Arc<NotifyQueue>,
     pub host: Option<HostId>,
+    pub allow: Option<Vec<String>>,
     pub span: tracing::Span,
 }
 
@@ -220,6 +223,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             notifies: cfg.notifies,
             host: cfg.host,
+            allow: cfg.allow,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -443,6 +447,19 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             return ConnEnd::Protocol(e);
         }
     };
+    if let Some(allow) = &shared.allow
+        && !allow.iter().any(|n| *n == hello.name)
+    {
+        let why = format!("engine {:?} is not on the allow-list", hello.name);
+        refuse(
+            &mut sock,
+            &mut out,
+            Status::PARAM_INVALID,
+            &why,
+            io_deadline(),
+        );
+        return ConnEnd::Refused(why);
+    }
     let token = match hello.role {
         LaneRole::NewLink => {
             let token = loop {
