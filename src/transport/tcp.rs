@@ -448,7 +448,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         }
     };
     if let Some(allow) = &shared.allow
-        && !allow.iter().any(|n| *n == hello.name)
+        && !allow.contains(&hello.name)
     {
         let why = format!("engine {:?} is not on the allow-list", hello.name);
         refuse(
