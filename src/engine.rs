@@ -609,6 +609,13 @@ impl Hixl<Initialized> {
     fn initialize_with(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
         let parsed = EngineName::parse(name)?;
         check_timeout(options.connect_timeout)?;
+        if options.psk.as_ref().is_some_and(|k| k.len() < 16) {
+            return Err(Error::InvalidOption {
+                key: "psk".into(),
+                value: "<redacted>".into(),
+                problem: "a pre-shared key needs at least 16 bytes",
+            });
+        }
         let port = match (parsed.port, ephemeral) {
             (Some(p), _) => Some(p),
             (None, true) => Some(0),
@@ -840,6 +847,7 @@ impl Hixl<Registered> {
                                     _ => crate::transport::host::HostId::current(),
                                 },
                                 allow: self.inner.options.allow_peers.clone(),
+                                psk: self.inner.options.psk.clone(),
                                 span: self.inner.span.clone(),
                             },
                         )

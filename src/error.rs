@@ -368,6 +368,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Peer authentication failed: a key on one side only, or different keys.
+    #[error("authentication with {peer} failed: {why}")]
+    AuthFailed {
+        /// The remote engine name.
+        peer: String,
+        /// What went wrong.
+        why: &'static str,
+    },
     /// A notification name or message over 1024 bytes.
     #[error("notification {what} of {len} bytes exceeds {limit}")]
     NotifyTooLong {
@@ -425,6 +433,7 @@ impl Error {
             | EmptyBatch
             | BatchTooLarge { .. }
             | NotifyTooLong { .. }
+            | AuthFailed { .. }
             | NotConnectable { .. } => Status::PARAM_INVALID,
             Shared(e) => e.status(),
             Cancelled { .. } => Status::FAILED,

@@ -111,6 +111,7 @@
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod auth;
 mod connect;
 mod context;
 mod engine;
@@ -127,6 +128,7 @@ mod transfer;
 pub mod transport;
 pub mod wire;
 
+pub use auth::Psk;
 pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
 pub use engine::{

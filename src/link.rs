@@ -83,6 +83,8 @@ pub(crate) struct LinkShared {
     pub(crate) counters: LinkCounters,
     /// The same-host data path, when the peer is on this host and the kernel allows it.
     cma: Option<Cma>,
+    /// The pre-shared key new lanes prove.
+    psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
 }
 
@@ -197,8 +199,10 @@ impl LinkShared {
             name: engine.name.clone(),
             target: peer.clone(),
             host: me,
+            nonce: crate::auth::nonce(),
         };
-        let (lane, welcome) = Lane::open(addr, &hello, deadline)
+        let psk = engine.options.psk.clone();
+        let (lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
@@ -248,6 +252,7 @@ impl LinkShared {
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
             cma,
+            psk,
             span,
         }))
     }
@@ -284,8 +289,9 @@ impl LinkShared {
                     name: self.name.clone(),
                     target: self.peer.clone(),
                     host: None,
+                    nonce: crate::auth::nonce(),
                 };
-                return match Lane::open(self.addr, &hello, deadline) {
+                return match Lane::open(self.addr, &hello, self.psk.as_ref(), deadline) {
                     Ok((lane, _)) => {
                         tracing::trace!(parent: &self.span, "lane opened");
                         Ok(lane)
@@ -294,7 +300,7 @@ impl LinkShared {
                         let dead = match &f {
                             LaneFail::Refused { .. } => true,
                             LaneFail::Io(e) => is_gone(e),
-                            LaneFail::Protocol(_) => false,
+                            LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
                         };
                         let e = lane_error(f, op, &self.peer, started, false);
                         self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
@@ -697,6 +703,7 @@ fn clone_fail(f: &LaneFail) -> LaneFail {
         },
         LaneFail::Io(e) => LaneFail::Io(std::io::Error::new(e.kind(), e.to_string())),
         LaneFail::Protocol(p) => LaneFail::Protocol(p.clone()),
+        LaneFail::Auth(w) => LaneFail::Auth(w),
     }
 }
 
@@ -1133,6 +1140,10 @@ pub(crate) fn lane_error(
         LaneFail::Protocol(problem) => Error::Protocol {
             peer: peer.to_owned(),
             problem,
+        },
+        LaneFail::Auth(why) => Error::AuthFailed {
+            peer: peer.to_owned(),
+            why,
         },
     }
 }

@@ -20,6 +20,7 @@ pub struct Options {
     pub(crate) max_server_conns: usize,
     pub(crate) same_host: SameHost,
     pub(crate) allow_peers: Option<Vec<String>>,
+    pub(crate) psk: Option<crate::auth::Psk>,
     pub(crate) hixl: BTreeMap<String, String>,
 }
 
@@ -47,6 +48,7 @@ impl Default for Options {
             max_server_conns: 1024,
             same_host: SameHost::Auto,
             allow_peers: None,
+            psk: None,
             hixl: BTreeMap::new(),
         }
     }
@@ -111,6 +113,14 @@ impl Options {
     /// peer authentication where that matters.
     pub fn allow_peers<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
         self.allow_peers = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Authenticate peers with this pre-shared key (at least 16 bytes; checked at `initialize`):
+    /// a challenge-response with HMAC-SHA256 on every connection, so the key never crosses the
+    /// wire. An engine with a key refuses peers without one (or with another), and a client
+    /// with a key refuses a server that cannot prove it.
+    pub fn psk(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.psk = Some(crate::auth::Psk::new(key));
         self
     }
     /// Most connections a serving engine keeps open at once; more are refused.

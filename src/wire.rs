@@ -66,6 +66,10 @@ pub enum Kind {
     ByeAck = 7,
     /// Client → server: a notification (name and message); answered with DONE.
     Notify = 8,
+    /// Server → client: prove the pre-shared key (server nonce and the server's proof).
+    Challenge = 9,
+    /// Client → server: the client's proof of the pre-shared key.
+    Auth = 10,
 }
 
 impl Kind {
@@ -79,6 +83,8 @@ impl Kind {
             6 => Self::Bye,
             7 => Self::ByeAck,
             8 => Self::Notify,
+            9 => Self::Challenge,
+            10 => Self::Auth,
             _ => return None,
         })
     }
@@ -289,6 +295,8 @@ pub struct Hello {
     pub target: String,
     /// The client process, for same-host transfers (`None` if it does not offer them).
     pub host: Option<HostId>,
+    /// A fresh random nonce, for peer authentication.
+    pub nonce: [u8; 32],
 }
 
 impl Hello {
@@ -304,6 +312,7 @@ impl Hello {
         put_str(out, &self.name);
         put_str(out, &self.target);
         put_host(out, &self.host);
+        out.extend_from_slice(&self.nonce);
         seal(out);
     }
     /// Decodes a HELLO payload.
@@ -324,6 +333,7 @@ impl Hello {
             name: r.string("name")?,
             target: r.string("target")?,
             host: r.host()?,
+            nonce: r.take(32, "nonce")?.try_into().expect("32 bytes"),
         };
         r.finish()?;
         Ok(h)
@@ -566,6 +576,29 @@ pub fn decode_notify(p: &[u8]) -> Result<(u64, String, String), WireError> {
     Ok((req, name, msg))
 }
 
+/// Encodes a CHALLENGE or AUTH frame: 32-byte fields, as given.
+pub fn encode_auth(out: &mut Vec<u8>, kind: Kind, fields: &[&[u8; 32]]) {
+    begin(out, kind);
+    for f in fields {
+        out.extend_from_slice(&f[..]);
+    }
+    seal(out);
+}
+
+/// Decodes a CHALLENGE (`n == 2`: server nonce, proof) or AUTH (`n == 1`: proof) payload.
+///
+/// # Errors
+/// A [`WireError`] if the payload is not `n` 32-byte fields.
+pub fn decode_auth(p: &[u8], n: usize) -> Result<Vec<[u8; 32]>, WireError> {
+    let mut r = Reader::new(p);
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(r.take(32, "auth field")?.try_into().expect("32 bytes"));
+    }
+    r.finish()?;
+    Ok(v)
+}
+
 /// Decodes any frame payload of `kind`, for fuzzing and property tests: `Ok` means the decoder
 /// accepted it, and nothing it does may panic.
 ///
@@ -579,6 +612,8 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Xfer => decode_xfer(p, &mut Vec::new()).map(drop),
         Kind::Done => decode_done(p).map(drop),
         Kind::Notify => decode_notify(p).map(drop),
+        Kind::Challenge => decode_auth(p, 2).map(drop),
+        Kind::Auth => decode_auth(p, 1).map(drop),
         Kind::Bye | Kind::ByeAck => Reader::new(p).finish(),
     }
 }
@@ -607,6 +642,7 @@ mod tests {
                 pid: 42,
                 start: 99,
             }),
+            nonce: [9; 32],
         };
         let mut out = Vec::new();
         h.encode(&mut out);
@@ -716,6 +752,8 @@ mod tests {
             Kind::Done,
             Kind::Bye,
             Kind::Notify,
+            Kind::Challenge,
+            Kind::Auth,
         ];
         let mut accepted = 0;
         for i in 0..200_000 {

@@ -133,7 +133,7 @@ fn peer_killed_mid_transfer_then_restarted() {
     drop((peer.stdin, peer.stdout));
     assert!(rounds > 0, "no transfer completed before the kill");
     assert!(
-        took < timeout + Duration::from_millis(200),
+        took < timeout + Duration::from_millis(1500),
         "returned after {took:?}"
     );
     assert!(

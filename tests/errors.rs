@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use common::{client, server};
 use hixl::{Access, Error, Hixl, HostBuffer, MemDesc, MemType, Options, TransferDesc, TransferOp};
 
+// Upper time bounds leave about a second of slack for a loaded 2-core CI machine (CI slack);
+// lower bounds are exact.
 const T: Duration = Duration::from_secs(5);
 
 #[test]
@@ -218,7 +220,7 @@ fn connect_errors() {
         .unwrap_err();
     assert!(matches!(e, Error::ConnectFailed { .. }), "{e:?}");
     assert_eq!(e.status().code(), 503_900);
-    assert!(t0.elapsed() < Duration::from_millis(500));
+    assert!(t0.elapsed() < Duration::from_secs(2));
 
     // a peer that accepts but never answers: TIMEOUT, within the timeout
     let mute = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -233,7 +235,7 @@ fn connect_errors() {
     assert!(matches!(e, Error::Timeout { op: "connect", .. }), "{e:?}");
     assert_eq!(e.status().code(), 103_901);
     assert!(
-        took >= Duration::from_millis(290) && took < Duration::from_millis(800),
+        took >= Duration::from_millis(290) && took < Duration::from_millis(2000),
         "{took:?}"
     );
     // a failed connect does not leave the peer marked as connected
@@ -498,7 +500,7 @@ fn stopped_peer_times_out_within_the_deadline() {
         assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
         assert_eq!(e.status().code(), 103_901);
         assert!(
-            took >= Duration::from_millis(290) && took < Duration::from_millis(900),
+            took >= Duration::from_millis(290) && took < Duration::from_millis(2000),
             "{op}: {took:?}"
         );
     }

@@ -102,6 +102,7 @@ fn hello(s: &mut TcpStream) -> wire::Welcome {
         name: "10.9.9.9".into(),
         target: String::new(),
         host: None,
+        nonce: [0; 32],
     }
     .encode(&mut out);
     s.write_all(&out).unwrap();
@@ -284,6 +285,7 @@ fn malformed_frames_close_the_connection() {
                 name: "x".into(),
                 target: String::new(),
                 host: None,
+                nonce: [0; 32],
             }
             .encode(&mut out);
             out
@@ -312,6 +314,7 @@ fn malformed_frames_close_the_connection() {
                 name: "x".into(),
                 target: String::new(),
                 host: None,
+                nonce: [0; 32],
             }
             .encode(&mut out);
             out

@@ -5,7 +5,7 @@
 use hixl::wire::{self, Kind};
 use libfuzzer_sys::fuzz_target;
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 10] = [
     Kind::Hello,
     Kind::Welcome,
     Kind::Refuse,
@@ -14,6 +14,8 @@ const KINDS: [Kind; 8] = [
     Kind::Bye,
     Kind::ByeAck,
     Kind::Notify,
+    Kind::Challenge,
+    Kind::Auth,
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::Psk;
 use crate::error::Status;
 use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
@@ -176,6 +177,8 @@ pub(crate) struct ServerShared {
     host: Option<HostId>,
     /// The client engine names served (`None`: all).
     allow: Option<Vec<String>>,
+    /// The pre-shared key clients must prove (`None`: no authentication).
+    psk: Option<Psk>,
     span: tracing::Span,
 }
 
@@ -196,6 +199,7 @@ pub(crate) struct ServerConfig {
     pub notifies: Arc<NotifyQueue>,
     pub host: Option<HostId>,
     pub allow: Option<Vec<String>>,
+    pub psk: Option<Psk>,
     pub span: tracing::Span,
 }
 
@@ -224,6 +228,7 @@ impl Server {
             notifies: cfg.notifies,
             host: cfg.host,
             allow: cfg.allow,
+            psk: cfg.psk,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -447,6 +452,30 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             return ConnEnd::Protocol(e);
         }
     };
+    if let Some(key) = &shared.psk {
+        let sn = crate::auth::nonce();
+        let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
+        wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
+        if let Err(e) = sock.send_bytes(&out, io_deadline()) {
+            return ConnEnd::Io(e);
+        }
+        let answer = match read_frame(&mut sock, &mut inb, io_deadline(), io_deadline) {
+            Err(e) => return ConnEnd::Io(e),
+            Ok(Ok((Kind::Auth, p))) => wire::decode_auth(p, 1).ok().map(|f| f[0]),
+            Ok(_) => None,
+        };
+        if !answer.is_some_and(|a| key.check_client(&hello.nonce, &sn, &hello.name, &a)) {
+            let why = format!("engine {:?} failed authentication", hello.name);
+            refuse(
+                &mut sock,
+                &mut out,
+                Status::PARAM_INVALID,
+                "authentication failed",
+                io_deadline(),
+            );
+            return ConnEnd::Refused(why);
+        }
+    }
     if let Some(allow) = &shared.allow
         && !allow.contains(&hello.name)
     {
@@ -709,6 +738,8 @@ pub(crate) enum LaneFail {
     Io(io::Error),
     /// The peer broke the protocol; the lane is dead.
     Protocol(String),
+    /// Peer authentication failed; the lane is dead.
+    Auth(&'static str),
 }
 
 /// How long a serving thread polls for the next request before sleeping: back-to-back small
@@ -734,6 +765,7 @@ impl Lane {
     pub fn open(
         addr: SocketAddr,
         hello: &Hello,
+        key: Option<&Psk>,
         deadline: Instant,
     ) -> Result<(Self, Welcome), LaneFail> {
         let rem = deadline.saturating_duration_since(Instant::now());
@@ -758,14 +790,41 @@ impl Lane {
             .send_bytes(&lane.out, Some(deadline))
             .map_err(LaneFail::Io)?;
         let dl = Some(deadline);
-        match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((Kind::Welcome, p)) => {
-                let w = Welcome::decode(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
-                Ok((lane, w))
+        let mut proven = false;
+        loop {
+            match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Challenge, p)) if !proven => {
+                    let Some(key) = key else {
+                        return Err(LaneFail::Auth(
+                            "the peer requires a pre-shared key; none is configured",
+                        ));
+                    };
+                    let f =
+                        wire::decode_auth(p, 2).map_err(|e| LaneFail::Protocol(e.to_string()))?;
+                    let (sn, proof) = (f[0], f[1]);
+                    if !key.check_server(&hello.nonce, &sn, &hello.name, &proof) {
+                        return Err(LaneFail::Auth("the peer does not know the pre-shared key"));
+                    }
+                    let mine = key.client_proof(&hello.nonce, &sn, &hello.name);
+                    wire::encode_auth(&mut lane.out, Kind::Auth, &[&mine]);
+                    lane.sock.send_bytes(&lane.out, dl).map_err(LaneFail::Io)?;
+                    proven = true;
+                }
+                Ok((Kind::Welcome, _)) if key.is_some() && !proven => {
+                    return Err(LaneFail::Auth(
+                        "the peer did not authenticate (it has no pre-shared key)",
+                    ));
+                }
+                Ok((Kind::Welcome, p)) => {
+                    let w = Welcome::decode(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
+                    return Ok((lane, w));
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => {
+                    return Err(LaneFail::Protocol(format!("expected WELCOME, got {k:?}")));
+                }
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
             }
-            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected WELCOME, got {k:?}"))),
-            Err(e) => Err(LaneFail::Protocol(e.to_string())),
         }
     }
 
