@@ -498,16 +498,18 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 }
             };
             let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
-            // a new link from a client name we know replaces the old one (the peer restarted)
+            // a new link from the same client engine (name and instance) replaces its old one,
+            // whose lanes may linger; clients are told apart by name *and* instance, since many
+            // client-only engines on one host share the name of its address
             let stale: Vec<u64> = links
                 .iter()
-                .filter(|(_, l)| l.client == hello.name)
+                .filter(|(_, l)| l.client == hello.name && l.instance == hello.instance)
                 .map(|(t, _)| *t)
                 .collect();
             for t in stale {
                 if let Some(old) = links.remove(&t) {
-                    tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client, old_instance = old.instance,
-                        new_instance = hello.instance, "replacing the link of a restarted client");
+                    tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
+                        instance = old.instance, "replacing the old link of a reconnecting client");
                     let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
                     for c in old.conns.iter().filter_map(|c| conns.get(c)) {
                         Sock::shutdown(c);
