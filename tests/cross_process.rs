@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, client, fnv1a};
+use common::{Peer, Rng, client, exercise_peer, fnv1a};
 use hixl::{Error, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
@@ -16,79 +16,11 @@ fn two_processes_random_data() {
     let size = 72 << 20;
     let mut peer = Peer::spawn("127.0.0.1", size, 11, "hostbuffer");
     assert_eq!(peer.len, size as u64);
-    let expected = Rng::new(11).bytes(size);
     let (cli, mut buf) = client(size);
     let link = cli.connect(&peer.name).unwrap();
     assert_eq!(link.remote_pid(), peer.child.id());
 
-    // READ the peer's seeded memory: one 64 MiB descriptor, then 4096 small ones at odd offsets
-    let d = TransferDesc::new(
-        buf.range(1..(64 << 20) + 1).unwrap(),
-        link.remote(peer.addr + 3, 64 << 20).unwrap(),
-    );
-    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
-    let mut got = vec![0u8; 64 << 20];
-    buf.read_at(1, &mut got).unwrap();
-    assert!(
-        got[..] == expected[3..3 + (64 << 20)],
-        "64 MiB READ differs"
-    );
-
-    let mut rng = Rng::new(12);
-    let spans: Vec<(u64, usize)> = (0..4096)
-        .map(|i| (i * 17_000 + rng.below(1000), 1 + rng.below(15_000) as usize))
-        .collect();
-    let descs: Vec<_> = spans
-        .iter()
-        .enumerate()
-        .map(|(i, &(r, len))| {
-            TransferDesc::new(
-                buf.range(i * 16_384..i * 16_384 + len).unwrap(),
-                link.remote(peer.addr + r, len as u64).unwrap(),
-            )
-        })
-        .collect();
-    link.transfer_sync(TransferOp::Read, &descs, T).unwrap();
-    drop(descs);
-    let mut got = vec![0u8; 4096 * 16_384];
-    buf.read_at(0, &mut got).unwrap();
-    for (i, &(r, len)) in spans.iter().enumerate() {
-        assert_eq!(
-            &got[i * 16_384..i * 16_384 + len],
-            &expected[r as usize..r as usize + len],
-            "descriptor {i}"
-        );
-    }
-
-    // WRITE: random data, one big block and a batch of 64, then the peer checks its memory
-    let data = rng.bytes(size);
-    buf.write_at(0, &data).unwrap();
-    let big = 40 << 20;
-    let d = TransferDesc::new(
-        buf.range(0..big).unwrap(),
-        link.remote(peer.addr + 5, big as u64).unwrap(),
-    );
-    link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
-    assert_eq!(peer.sum(5, big as u64), fnv1a(&data[..big]));
-    let descs: Vec<_> = (0..64)
-        .map(|i| {
-            let (l, r, len) = (big + i * 4097, (48 << 20) + i * 5000 + 7, 4097);
-            TransferDesc::new(
-                buf.range(l..l + len).unwrap(),
-                link.remote(peer.addr + r as u64, len as u64).unwrap(),
-            )
-        })
-        .collect();
-    link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
-    drop(descs);
-    for i in [0usize, 31, 63] {
-        let (l, r) = (big + i * 4097, (48 << 20) + i * 5000 + 7);
-        assert_eq!(
-            peer.sum(r as u64, 4097),
-            fnv1a(&data[l..l + 4097]),
-            "descriptor {i}"
-        );
-    }
+    exercise_peer(&link, &mut peer, &mut buf, 11, 64, "tcp");
     link.disconnect(T).unwrap();
     peer.quit();
 }

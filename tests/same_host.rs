@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, client_with, fnv1a, server};
+use common::{Peer, Rng, client_with, exercise_peer, fnv1a, server};
 use hixl::wire::{self, HostId, Kind, TableEntry, Welcome};
 use hixl::{Access, Error, MemType, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
@@ -39,77 +39,11 @@ fn two_processes_both_memory_kinds() {
     for memory in ["hostbuffer", "user"] {
         let size = 72 << 20;
         let mut peer = Peer::spawn("127.0.0.1", size, 31, memory);
-        let expected = Rng::new(31).bytes(size);
         let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
         let link = cli.connect(&peer.name).unwrap();
         assert_eq!(link.transport(), TransportKind::Cma, "{memory}");
 
-        let d = TransferDesc::new(
-            buf.range(1..(64 << 20) + 1).unwrap(),
-            link.remote(peer.addr + 3, 64 << 20).unwrap(),
-        );
-        link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
-        let mut got = vec![0u8; 64 << 20];
-        buf.read_at(1, &mut got).unwrap();
-        assert!(
-            got[..] == expected[3..3 + (64 << 20)],
-            "{memory}: 64 MiB READ differs"
-        );
-
-        let mut rng = Rng::new(32);
-        let spans: Vec<(u64, usize)> = (0..4096)
-            .map(|i| (i * 17_000 + rng.below(1000), 1 + rng.below(15_000) as usize))
-            .collect();
-        let descs: Vec<_> = spans
-            .iter()
-            .enumerate()
-            .map(|(i, &(r, len))| {
-                TransferDesc::new(
-                    buf.range(i * 16_384..i * 16_384 + len).unwrap(),
-                    link.remote(peer.addr + r, len as u64).unwrap(),
-                )
-            })
-            .collect();
-        link.transfer_sync(TransferOp::Read, &descs, T).unwrap();
-        drop(descs);
-        let mut got = vec![0u8; 4096 * 16_384];
-        buf.read_at(0, &mut got).unwrap();
-        for (i, &(r, len)) in spans.iter().enumerate() {
-            assert_eq!(
-                &got[i * 16_384..i * 16_384 + len],
-                &expected[r as usize..r as usize + len],
-                "{memory}: descriptor {i}"
-            );
-        }
-
-        let data = rng.bytes(size);
-        buf.write_at(0, &data).unwrap();
-        let big = 40 << 20;
-        let d = TransferDesc::new(
-            buf.range(0..big).unwrap(),
-            link.remote(peer.addr + 5, big as u64).unwrap(),
-        );
-        link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
-        assert_eq!(peer.sum(5, big as u64), fnv1a(&data[..big]), "{memory}");
-        let descs: Vec<_> = (0..4096)
-            .map(|i| {
-                let (l, r, len) = (big + i * 4000, (48 << 20) + i * 5000 + 7, 3999);
-                TransferDesc::new(
-                    buf.range(l..l + len).unwrap(),
-                    link.remote(peer.addr + r as u64, len as u64).unwrap(),
-                )
-            })
-            .collect();
-        link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
-        drop(descs);
-        for i in [0usize, 1234, 4095] {
-            let (l, r) = (big + i * 4000, (48 << 20) + i * 5000 + 7);
-            assert_eq!(
-                peer.sum(r as u64, 3999),
-                fnv1a(&data[l..l + 3999]),
-                "{memory}: descriptor {i}"
-            );
-        }
+        exercise_peer(&link, &mut peer, &mut buf, 31, 4096, memory);
         drop(link);
         peer.quit();
     }

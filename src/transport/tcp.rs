@@ -386,6 +386,17 @@ fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: Socke
     }
 }
 
+/// Ends a connection that broke the protocol: tells the peer why, then closes.
+fn violation(
+    sock: &mut Sock,
+    out: &mut Vec<u8>,
+    e: WireError,
+    deadline: Option<Instant>,
+) -> ConnEnd {
+    refuse(sock, out, Status::FAILED, &e.to_string(), deadline);
+    ConnEnd::Protocol(e)
+}
+
 fn refuse(
     sock: &mut Sock,
     out: &mut Vec<u8>,
@@ -418,26 +429,12 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     let hello = match read_frame(&mut sock, &mut inb, io_deadline(), io_deadline) {
         Err(e) => return ConnEnd::Io(e),
         Ok(Err(e)) => {
-            refuse(
-                &mut sock,
-                &mut out,
-                Status::FAILED,
-                &e.to_string(),
-                io_deadline(),
-            );
-            return ConnEnd::Protocol(e);
+            return violation(&mut sock, &mut out, e, io_deadline());
         }
         Ok(Ok((Kind::Hello, p))) => match Hello::decode(p) {
             Ok(h) => h,
             Err(e) => {
-                refuse(
-                    &mut sock,
-                    &mut out,
-                    Status::FAILED,
-                    &e.to_string(),
-                    io_deadline(),
-                );
-                return ConnEnd::Protocol(e);
+                return violation(&mut sock, &mut out, e, io_deadline());
             }
         },
         Ok(Ok((k, _))) => {
@@ -574,14 +571,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ConnEnd::Closed,
             Err(e) => return ConnEnd::Io(e),
             Ok(Err(e)) => {
-                refuse(
-                    &mut sock,
-                    &mut out,
-                    Status::FAILED,
-                    &e.to_string(),
-                    io_deadline(),
-                );
-                return ConnEnd::Protocol(e);
+                return violation(&mut sock, &mut out, e, io_deadline());
             }
             Ok(Ok(f)) => f,
         };
@@ -593,14 +583,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 let (op, req) = match wire::decode_xfer(p, &mut descs) {
                     Ok(x) => x,
                     Err(e) => {
-                        refuse(
-                            &mut sock,
-                            &mut out,
-                            Status::FAILED,
-                            &e.to_string(),
-                            deadline,
-                        );
-                        return ConnEnd::Protocol(e);
+                        return violation(&mut sock, &mut out, e, deadline);
                     }
                 };
                 if let Err((status, reason)) = validate(&shared.table, op, &descs, &mut targets) {
@@ -646,14 +629,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 let (req, name, msg) = match wire::decode_notify(p) {
                     Ok(x) => x,
                     Err(e) => {
-                        refuse(
-                            &mut sock,
-                            &mut out,
-                            Status::FAILED,
-                            &e.to_string(),
-                            deadline,
-                        );
-                        return ConnEnd::Protocol(e);
+                        return violation(&mut sock, &mut out, e, deadline);
                     }
                 };
                 let from = shared
@@ -705,14 +681,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             }
             (k, _) => {
                 let e = WireError::Unexpected(k);
-                refuse(
-                    &mut sock,
-                    &mut out,
-                    Status::FAILED,
-                    &e.to_string(),
-                    deadline,
-                );
-                return ConnEnd::Protocol(e);
+                return violation(&mut sock, &mut out, e, deadline);
             }
         }
     }

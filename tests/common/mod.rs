@@ -115,3 +115,87 @@ impl Peer {
         assert!(self.child.wait().unwrap().success());
     }
 }
+
+/// Moves random data both ways with a `hixl-peer` of at least 72 MiB seeded with `seed`, and
+/// checks every byte: READ one 64 MiB descriptor and 4096 small ones at odd offsets (against the
+/// seeded bytes), then WRITE a 40 MiB block and a batch of `batch` small descriptors (the peer
+/// hashes its own memory). `buf` must be at least 72 MiB.
+pub fn exercise_peer(
+    link: &hixl::Link<'_>,
+    peer: &mut Peer,
+    buf: &mut Region,
+    seed: u64,
+    batch: usize,
+    what: &str,
+) {
+    use hixl::{TransferDesc, TransferOp};
+    let t = std::time::Duration::from_secs(20);
+    let expected = Rng::new(seed).bytes(72 << 20);
+    let d = TransferDesc::new(
+        buf.range(1..(64 << 20) + 1).unwrap(),
+        link.remote(peer.addr + 3, 64 << 20).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], t).unwrap();
+    let mut got = vec![0u8; 64 << 20];
+    buf.read_at(1, &mut got).unwrap();
+    assert!(
+        got[..] == expected[3..3 + (64 << 20)],
+        "{what}: 64 MiB READ differs"
+    );
+
+    let mut rng = Rng::new(seed + 1);
+    let spans: Vec<(u64, usize)> = (0..4096)
+        .map(|i| (i * 17_000 + rng.below(1000), 1 + rng.below(15_000) as usize))
+        .collect();
+    let descs: Vec<_> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, len))| {
+            TransferDesc::new(
+                buf.range(i * 16_384..i * 16_384 + len).unwrap(),
+                link.remote(peer.addr + r, len as u64).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Read, &descs, t).unwrap();
+    drop(descs);
+    let mut got = vec![0u8; 4096 * 16_384];
+    buf.read_at(0, &mut got).unwrap();
+    for (i, &(r, len)) in spans.iter().enumerate() {
+        assert_eq!(
+            &got[i * 16_384..i * 16_384 + len],
+            &expected[r as usize..r as usize + len],
+            "{what}: descriptor {i}"
+        );
+    }
+
+    let data = rng.bytes(72 << 20);
+    buf.write_at(0, &data).unwrap();
+    let big = 40 << 20;
+    let d = TransferDesc::new(
+        buf.range(0..big).unwrap(),
+        link.remote(peer.addr + 5, big as u64).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Write, &[d], t).unwrap();
+    assert_eq!(peer.sum(5, big as u64), fnv1a(&data[..big]), "{what}");
+    let span = |i: usize| (big + i * 4000, (48 << 20) + i * 5000 + 7, 3999usize);
+    let descs: Vec<_> = (0..batch)
+        .map(|i| {
+            let (l, r, len) = span(i);
+            TransferDesc::new(
+                buf.range(l..l + len).unwrap(),
+                link.remote(peer.addr + r as u64, len as u64).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Write, &descs, t).unwrap();
+    drop(descs);
+    for i in [0, batch / 2, batch - 1] {
+        let (l, r, len) = span(i);
+        assert_eq!(
+            peer.sum(r as u64, len as u64),
+            fnv1a(&data[l..l + len]),
+            "{what}: descriptor {i}"
+        );
+    }
+}
