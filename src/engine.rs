@@ -185,6 +185,8 @@ pub(crate) struct EngineInner {
     pub(crate) notifies: Arc<NotifyQueue>,
     pub(crate) connects: Arc<ConnectPool>,
     me: Weak<EngineInner>,
+    /// Whether the heartbeat thread runs.
+    heartbeats: std::sync::atomic::AtomicBool,
     pub(crate) span: tracing::Span,
 }
 
@@ -395,12 +397,45 @@ impl EngineInner {
                 let mut links = lock(&self.links);
                 links.retain(|w| w.strong_count() > 0);
                 links.push(Arc::downgrade(&l));
+                drop(links);
+                self.start_heartbeats();
                 Ok(l)
             }
             Err(e) => {
                 self.forget_peer(key);
                 Err(e)
             }
+        }
+    }
+
+    /// Starts the engine's heartbeat thread (once), which pings idle links every interval.
+    fn start_heartbeats(&self) {
+        let Some(every) = self.options.heartbeat else {
+            return;
+        };
+        if self.heartbeats.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hixl-heartbeat".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    // hold the engine only while pinging, so dropping it is never delayed long
+                    let Some(engine) = me.upgrade() else { return };
+                    let links: Vec<Arc<LinkShared>> = lock(&engine.links)
+                        .iter()
+                        .filter_map(Weak::upgrade)
+                        .collect();
+                    drop(engine);
+                    for l in links {
+                        l.heartbeat(every);
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.heartbeats.store(false, Ordering::SeqCst);
         }
     }
 
@@ -653,6 +688,7 @@ impl Hixl<Initialized> {
                 notifies: Arc::new(NotifyQueue::default()),
                 connects: Arc::new(ConnectPool::default()),
                 me: me.clone(),
+                heartbeats: std::sync::atomic::AtomicBool::new(false),
                 span,
             }),
             _state: PhantomData,

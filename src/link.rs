@@ -611,6 +611,38 @@ impl LinkShared {
         }
     }
 
+    /// One heartbeat: PING on an idle lane; no PONG within `timeout` breaks the link (a silent
+    /// peer: stopped, hung, or cut off). Links that are busy (no idle lane) prove themselves by
+    /// their transfers; same-host links watch the peer's pidfd instead (a stopped peer still
+    /// serves them).
+    pub(crate) fn heartbeat(&self, timeout: Duration) {
+        if self.cma.is_some() {
+            return;
+        }
+        let lane = {
+            let mut pool = lock(&self.pool);
+            if pool.closed || pool.broken.is_some() {
+                return;
+            }
+            pool.idle.pop()
+        };
+        let Some(mut lane) = lane else { return };
+        match lane.ping(Instant::now() + timeout) {
+            Ok(()) => self.checkin(lane),
+            Err(f) => {
+                drop(lane);
+                let why = match f {
+                    LaneFail::Io(e) if !is_gone(&e) => {
+                        format!("no heartbeat answer within {timeout:?}")
+                    }
+                    LaneFail::Io(e) => format!("peer went away: {e}"),
+                    _ => "the heartbeat was answered wrongly".to_owned(),
+                };
+                self.discard(Some(why));
+            }
+        }
+    }
+
     /// Closes the link, waiting up to `timeout` for the peer's acknowledgement.
     pub(crate) fn close_timeout(&self, timeout: Duration) -> Result<(), Error> {
         self.close(timeout)

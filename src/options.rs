@@ -21,6 +21,7 @@ pub struct Options {
     pub(crate) same_host: SameHost,
     pub(crate) allow_peers: Option<Vec<String>>,
     pub(crate) psk: Option<crate::auth::Psk>,
+    pub(crate) heartbeat: Option<Duration>,
     pub(crate) hixl: BTreeMap<String, String>,
 }
 
@@ -49,6 +50,7 @@ impl Default for Options {
             same_host: SameHost::Auto,
             allow_peers: None,
             psk: None,
+            heartbeat: Some(Duration::from_secs(10)),
             hixl: BTreeMap::new(),
         }
     }
@@ -121,6 +123,14 @@ impl Options {
     /// with a key refuses a server that cannot prove it.
     pub fn psk(mut self, key: impl AsRef<[u8]>) -> Self {
         self.psk = Some(crate::auth::Psk::new(key));
+        self
+    }
+    /// How often idle TCP links are checked with a heartbeat (default 10 s, as HIXL's); a peer
+    /// that does not answer within the same interval breaks the link (`NOT_CONNECTED`), so a
+    /// stopped, hung or cut-off peer is noticed without waiting for a transfer to time out.
+    /// `None` turns heartbeats off.
+    pub fn heartbeat_interval(mut self, every: Option<Duration>) -> Self {
+        self.heartbeat = every.filter(|d| !d.is_zero());
         self
     }
     /// Most connections a serving engine keeps open at once; more are refused.

@@ -70,6 +70,10 @@ pub enum Kind {
     Challenge = 9,
     /// Client → server: the client's proof of the pre-shared key.
     Auth = 10,
+    /// Client → server: are you there? (heartbeat; answered with PONG)
+    Ping = 11,
+    /// Server → client: the answer to PING.
+    Pong = 12,
 }
 
 impl Kind {
@@ -85,6 +89,8 @@ impl Kind {
             8 => Self::Notify,
             9 => Self::Challenge,
             10 => Self::Auth,
+            11 => Self::Ping,
+            12 => Self::Pong,
             _ => return None,
         })
     }
@@ -614,7 +620,7 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Notify => decode_notify(p).map(drop),
         Kind::Challenge => decode_auth(p, 2).map(drop),
         Kind::Auth => decode_auth(p, 1).map(drop),
-        Kind::Bye | Kind::ByeAck => Reader::new(p).finish(),
+        Kind::Bye | Kind::ByeAck | Kind::Ping | Kind::Pong => Reader::new(p).finish(),
     }
 }
 
@@ -754,6 +760,7 @@ mod tests {
             Kind::Notify,
             Kind::Challenge,
             Kind::Auth,
+            Kind::Ping,
         ];
         let mut accepted = 0;
         for i in 0..200_000 {

@@ -101,3 +101,46 @@ fn peer_killed_mid_transfer_then_restarted() {
     assert_eq!(peer.sum(0, 4096), fnv1a(&got));
     peer.quit();
 }
+
+/// A silent peer (stopped with SIGSTOP) is noticed by the heartbeat within about two intervals:
+/// the link breaks, and transfers say NOT_CONNECTED at once instead of waiting for their
+/// deadline.
+#[test]
+fn heartbeat_notices_a_silent_peer() {
+    let peer = Peer::spawn("127.0.0.1", 1 << 20, 5, "hostbuffer");
+    let every = Duration::from_millis(200);
+    let opts = hixl::Options::default()
+        .same_host(hixl::SameHost::Forbid)
+        .heartbeat_interval(Some(every));
+    let (cli, buf) = common::client_with(1 << 20, opts);
+    let link = cli.connect(&peer.name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(peer.addr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    // a live but idle peer keeps its link
+    std::thread::sleep(every * 4);
+    assert!(!link.is_broken(), "an answering peer lost its link");
+    peer.signal(libc::SIGSTOP);
+    let t0 = Instant::now();
+    while !link.is_broken() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the heartbeat never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let noticed = t0.elapsed();
+    assert!(
+        noticed < every * 3 + Duration::from_millis(500),
+        "noticed after {noticed:?}"
+    );
+    let t0 = Instant::now();
+    let e = link.transfer_sync(TransferOp::Read, &[d], T).unwrap_err();
+    assert_eq!(e.status().code(), 103_902, "{e:?}");
+    assert!(t0.elapsed() < Duration::from_millis(100));
+    peer.signal(libc::SIGCONT);
+    drop(link);
+    peer.quit();
+}

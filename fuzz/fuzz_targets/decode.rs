@@ -5,7 +5,7 @@
 use hixl::wire::{self, Kind};
 use libfuzzer_sys::fuzz_target;
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 12] = [
     Kind::Hello,
     Kind::Welcome,
     Kind::Refuse,
@@ -16,6 +16,8 @@ const KINDS: [Kind; 10] = [
     Kind::Notify,
     Kind::Challenge,
     Kind::Auth,
+    Kind::Ping,
+    Kind::Pong,
 ];
 
 fuzz_target!(|data: &[u8]| {

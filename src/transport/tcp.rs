@@ -653,6 +653,14 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     return ConnEnd::Io(e);
                 }
             }
+            (Kind::Ping, p) => {
+                if !p.is_empty() {
+                    return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
+                }
+                if let Err(e) = sock.send_bytes(&wire::header(Kind::Pong, 0), deadline) {
+                    return ConnEnd::Io(e);
+                }
+            }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
                     return ConnEnd::Protocol(WireError::Trailing(p.len()));
@@ -910,6 +918,19 @@ impl Lane {
             });
         }
         Ok(())
+    }
+
+    /// Sends PING and waits for PONG.
+    pub fn ping(&mut self, deadline: Instant) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        self.sock
+            .send_bytes(&wire::header(Kind::Ping, 0), dl)
+            .map_err(LaneFail::Io)?;
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((Kind::Pong, _)) => Ok(()),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected PONG, got {k:?}"))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
     }
 
     /// Sends BYE and waits for the acknowledgement.
