@@ -4,16 +4,14 @@
 mod common;
 
 use std::future::Future;
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use common::{Rng, client, fnv1a, server};
-use hixl::wire::{self, Kind, TableEntry, Welcome};
 use hixl::{
-    Access, AsyncConnectStatus, Error, MemType, Options, TransferArgs, TransferDesc, TransferOp,
+    Access, AsyncConnectStatus, Error, Options, TransferArgs, TransferDesc, TransferOp,
     TransferReq, TransferStatus,
 };
 
@@ -43,39 +41,13 @@ fn mute_peer() -> (String, std::thread::JoinHandle<()>) {
 
 const BASE: u64 = 0x7000_0000;
 
-fn mute_lane(mut s: TcpStream) {
+fn mute_lane(s: TcpStream) {
     s.set_nonblocking(false).unwrap();
-    let mut h = [0u8; wire::HEADER_LEN];
-    if s.read_exact(&mut h).is_err() {
-        return;
-    }
-    let hd = wire::decode_header(&h).unwrap();
-    let mut p = vec![0u8; hd.len as usize];
-    s.read_exact(&mut p).unwrap();
-    assert_eq!(hd.kind, Kind::Hello);
-    let mut out = Vec::new();
-    Welcome {
-        instance: 5,
-        token: 6,
-        pid: 7,
-        table: vec![TableEntry {
-            id: 0,
-            addr: BASE,
-            len: 1 << 20,
-            mem_type: MemType::Host,
-            access: Access::ReadWrite,
-            fd: -1,
-        }],
-        host: None,
-    }
-    .encode(&mut out);
-    s.write_all(&out).unwrap();
-    let mut sink = vec![0u8; 1 << 16];
-    while let Ok(n) = s.read(&mut sink) {
-        if n == 0 {
-            break;
-        }
-    }
+    common::fake_serve(
+        s,
+        vec![common::entry(0, BASE, 1 << 20, Access::ReadWrite, -1)],
+        None,
+    );
 }
 
 /// A minimal executor: polls a future on this thread, parking between wake-ups.

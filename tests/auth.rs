@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Rng, client_with, server};
+use common::{Rng, client_with, read_frame, server};
 use hixl::wire::{self, Hello, Kind, LaneRole};
 use hixl::{Error, Options, SameHost, TransferDesc, TransferOp};
 
@@ -106,12 +106,8 @@ fn forged_answers_are_refused() {
         }
         .encode(&mut out);
         s.write_all(&out).unwrap();
-        let mut h = [0u8; wire::HEADER_LEN];
-        s.read_exact(&mut h).unwrap();
-        let hd = wire::decode_header(&h).unwrap();
-        assert_eq!(hd.kind, Kind::Challenge);
-        let mut p = vec![0u8; hd.len as usize];
-        s.read_exact(&mut p).unwrap();
+        let (kind, p) = read_frame(&mut s).unwrap();
+        assert_eq!(kind, Kind::Challenge);
         assert!(!p.windows(KEY.len()).any(|w| w == KEY.as_bytes()));
         if forge {
             wire::encode_auth(&mut out, Kind::Auth, &[&[0x5a; 32]]);
@@ -129,11 +125,8 @@ fn forged_answers_are_refused() {
             );
         }
         s.write_all(&out).unwrap();
-        s.read_exact(&mut h).unwrap();
-        let hd = wire::decode_header(&h).unwrap();
-        assert_eq!(hd.kind, Kind::Refuse, "forge={forge}");
-        let mut p = vec![0u8; hd.len as usize];
-        s.read_exact(&mut p).unwrap();
+        let (kind, p) = read_frame(&mut s).unwrap();
+        assert_eq!(kind, Kind::Refuse, "forge={forge}");
         let r = wire::Refuse::decode(&p).unwrap();
         assert_eq!(r.status, 103_900);
         let mut rest = [0u8; 1];

@@ -440,42 +440,15 @@ fn peer_finalized_gives_not_connected() {
 fn stopped_peer_times_out_within_the_deadline() {
     // a server whose serving threads are slowed to a halt is indistinguishable from a stopped
     // one: use a raw listener that completes the handshake and then never answers
-    use hixl::wire::{self, Kind, Welcome};
-    use std::io::{Read, Write};
     let mute = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = mute.local_addr().unwrap();
     let base = 0x10_0000u64;
-    let serve = move |mut s: std::net::TcpStream| {
-        let mut h = [0u8; wire::HEADER_LEN];
-        s.read_exact(&mut h).unwrap();
-        let hd = wire::decode_header(&h).unwrap();
-        assert_eq!(hd.kind, Kind::Hello);
-        let mut p = vec![0u8; hd.len as usize];
-        s.read_exact(&mut p).unwrap();
-        let mut out = Vec::new();
-        Welcome {
-            instance: 1,
-            token: 2,
-            pid: 3,
-            table: vec![wire::TableEntry {
-                id: 0,
-                addr: base,
-                len: 4096,
-                mem_type: MemType::Host,
-                access: Access::ReadWrite,
-                fd: -1,
-            }],
-            host: None,
-        }
-        .encode(&mut out);
-        s.write_all(&out).unwrap();
-        // hold the connection open, answer nothing
-        let mut sink = vec![0u8; 1 << 16];
-        while let Ok(n) = s.read(&mut sink) {
-            if n == 0 {
-                break;
-            }
-        }
+    let serve = move |s| {
+        common::fake_serve(
+            s,
+            vec![common::entry(0, base, 4096, Access::ReadWrite, -1)],
+            None,
+        )
     };
     // every lane the client opens gets a handshake and then silence
     let srv = std::thread::spawn(move || {

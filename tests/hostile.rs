@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Rng, client};
+use common::{Rng, client, read_frame};
 use hixl::wire::{self, Hello, Kind, LaneRole, WireDesc};
 use hixl::{Access, Connected, Hixl, MemDesc, MemType, Options, Region, TransferDesc, TransferOp};
 
@@ -109,16 +109,6 @@ fn hello(s: &mut TcpStream) -> wire::Welcome {
     let (k, p) = read_frame(s).expect("a WELCOME");
     assert_eq!(k, Kind::Welcome);
     wire::Welcome::decode(&p).unwrap()
-}
-
-/// Reads one frame; `None` when the peer closed the connection.
-fn read_frame(s: &mut TcpStream) -> Option<(Kind, Vec<u8>)> {
-    let mut h = [0u8; wire::HEADER_LEN];
-    s.read_exact(&mut h).ok()?;
-    let h = wire::decode_header(&h).unwrap();
-    let mut p = vec![0u8; h.len as usize];
-    s.read_exact(&mut p).ok()?;
-    Some((h.kind, p))
 }
 
 fn closed(s: &mut TcpStream) -> bool {

@@ -4,14 +4,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Peer, Rng, client_with, exercise_peer, fnv1a, server};
-use hixl::wire::{self, HostId, Kind, TableEntry, Welcome};
-use hixl::{Access, Error, MemType, Options, SameHost, TransferDesc, TransferOp, TransportKind};
+use hixl::wire::HostId;
+use hixl::{Access, Error, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -221,32 +220,12 @@ fn unsafe_memfds_are_refused() {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let name = l.local_addr().unwrap().to_string();
             let fake = std::thread::spawn(move || {
-                let Ok((mut s, _)) = l.accept() else { return };
-                let mut h = [0u8; wire::HEADER_LEN];
-                s.read_exact(&mut h).unwrap();
-                let hd = wire::decode_header(&h).unwrap();
-                assert_eq!(hd.kind, Kind::Hello);
-                let mut p = vec![0u8; hd.len as usize];
-                s.read_exact(&mut p).unwrap();
-                let mut out = Vec::new();
-                Welcome {
-                    instance: 1,
-                    token: 2,
-                    pid: me.pid,
-                    table: vec![TableEntry {
-                        id: 0,
-                        addr: 0x10_0000,
-                        len: 1 << 20,
-                        mem_type: MemType::Host,
-                        access: Access::ReadWrite,
-                        fd,
-                    }],
-                    host: Some(me),
-                }
-                .encode(&mut out);
-                let _ = s.write_all(&out);
-                let mut sink = [0u8; 64];
-                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+                let Ok((s, _)) = l.accept() else { return };
+                common::fake_serve(
+                    s,
+                    vec![common::entry(0, 0x10_0000, 1 << 20, Access::ReadWrite, fd)],
+                    Some(me),
+                );
             });
             let (cli, _buf) = client_with(4096, Options::default().same_host(policy));
             match policy {
@@ -343,35 +322,14 @@ fn unmappable_regions_use_process_vm_and_faults_name_the_descriptor() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let name = l.local_addr().unwrap().to_string();
     let fake = std::thread::spawn(move || {
-        let Ok((mut s, _)) = l.accept() else { return };
-        let mut h = [0u8; wire::HEADER_LEN];
-        s.read_exact(&mut h).unwrap();
-        let mut p = vec![0u8; wire::decode_header(&h).unwrap().len as usize];
-        s.read_exact(&mut p).unwrap();
-        let e = |id, addr, fd, access| TableEntry {
-            id,
-            addr,
-            len: 4096,
-            mem_type: MemType::Host,
-            access,
-            fd,
-        };
-        let mut out = Vec::new();
-        Welcome {
-            instance: 1,
-            token: 2,
-            pid: me.pid,
-            table: vec![
-                e(0, a_addr, good, Access::ReadWrite),
-                e(1, b_addr, bad, Access::ReadWrite),
-                e(2, 0x1000, -1, Access::Write),
-            ],
-            host: Some(me),
-        }
-        .encode(&mut out);
-        let _ = s.write_all(&out);
-        let mut sink = [0u8; 64];
-        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        let Ok((s, _)) = l.accept() else { return };
+        let e = |id, addr, fd, access| common::entry(id, addr, 4096, access, fd);
+        let table = vec![
+            e(0, a_addr, good, Access::ReadWrite),
+            e(1, b_addr, bad, Access::ReadWrite),
+            e(2, 0x1000, -1, Access::Write),
+        ];
+        common::fake_serve(s, table, Some(me));
     });
     {
         let (cli, mut buf) = client_with(8192, Options::default().same_host(SameHost::Require));

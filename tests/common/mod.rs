@@ -199,3 +199,59 @@ pub fn exercise_peer(
         );
     }
 }
+
+/// Reads one frame from a raw socket: its kind and payload; `None` once the other side closed.
+pub fn read_frame(s: &mut std::net::TcpStream) -> Option<(hixl::wire::Kind, Vec<u8>)> {
+    use std::io::Read;
+    let mut h = [0u8; hixl::wire::HEADER_LEN];
+    s.read_exact(&mut h).ok()?;
+    let h = hixl::wire::decode_header(&h).unwrap();
+    let mut p = vec![0u8; h.len as usize];
+    s.read_exact(&mut p).ok()?;
+    Some((h.kind, p))
+}
+
+/// A host region entry of a fake server's table.
+pub fn entry(
+    id: u32,
+    addr: u64,
+    len: u64,
+    access: hixl::Access,
+    fd: i32,
+) -> hixl::wire::TableEntry {
+    hixl::wire::TableEntry {
+        id,
+        addr,
+        len,
+        mem_type: hixl::MemType::Host,
+        access,
+        fd,
+    }
+}
+
+/// Plays a fake serving engine on one accepted connection: reads the HELLO, answers with a
+/// WELCOME of `table` (offering `host` for same-host transfers), then answers nothing until
+/// the client closes.
+pub fn fake_serve(
+    mut s: std::net::TcpStream,
+    table: Vec<hixl::wire::TableEntry>,
+    host: Option<hixl::wire::HostId>,
+) {
+    use std::io::{Read, Write};
+    let Some((kind, _)) = read_frame(&mut s) else {
+        return;
+    };
+    assert_eq!(kind, hixl::wire::Kind::Hello);
+    let mut out = Vec::new();
+    hixl::wire::Welcome {
+        instance: 1,
+        token: 2,
+        pid: host.map_or(3, |h| h.pid),
+        table,
+        host,
+    }
+    .encode(&mut out);
+    let _ = s.write_all(&out);
+    let mut sink = [0u8; 4096];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+}
