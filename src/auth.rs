@@ -40,14 +40,14 @@ impl Psk {
     }
     /// The server's proof for client nonce `cn`, server nonce `sn`, client name `name`.
     pub(crate) fn server_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.mac(b"hixl-v1 server", cn, sn, name)
+        self.mac(SERVER, cn, sn, name)
             .finalize()
             .into_bytes()
             .into()
     }
-    /// The client's proof.
+    /// The client's proof (its nonces in the other order, under another label).
     pub(crate) fn client_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.mac(b"hixl-v1 client", sn, cn, name)
+        self.mac(CLIENT, sn, cn, name)
             .finalize()
             .into_bytes()
             .into()
@@ -60,9 +60,7 @@ impl Psk {
         name: &str,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(b"hixl-v1 server", cn, sn, name)
-            .verify_slice(proof)
-            .is_ok()
+        self.mac(SERVER, cn, sn, name).verify_slice(proof).is_ok()
     }
     /// Checks a client proof in constant time.
     pub(crate) fn check_client(
@@ -72,11 +70,12 @@ impl Psk {
         name: &str,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(b"hixl-v1 client", sn, cn, name)
-            .verify_slice(proof)
-            .is_ok()
+        self.mac(CLIENT, sn, cn, name).verify_slice(proof).is_ok()
     }
 }
+
+const SERVER: &[u8] = b"hixl-v1 server";
+const CLIENT: &[u8] = b"hixl-v1 client";
 
 impl fmt::Debug for Psk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -77,6 +77,22 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every frame kind.
+    pub const ALL: [Kind; 12] = [
+        Kind::Hello,
+        Kind::Welcome,
+        Kind::Refuse,
+        Kind::Xfer,
+        Kind::Done,
+        Kind::Bye,
+        Kind::ByeAck,
+        Kind::Notify,
+        Kind::Challenge,
+        Kind::Auth,
+        Kind::Ping,
+        Kind::Pong,
+    ];
+
     fn from_u16(v: u16) -> Option<Self> {
         Some(match v {
             1 => Self::Hello,
@@ -750,18 +766,7 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let kinds = [
-            Kind::Hello,
-            Kind::Welcome,
-            Kind::Refuse,
-            Kind::Xfer,
-            Kind::Done,
-            Kind::Bye,
-            Kind::Notify,
-            Kind::Challenge,
-            Kind::Auth,
-            Kind::Ping,
-        ];
+        let kinds = Kind::ALL;
         let mut accepted = 0;
         for i in 0..200_000 {
             let len = (next() % 96) as usize;
