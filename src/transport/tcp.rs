@@ -922,26 +922,25 @@ impl Lane {
 
     /// Sends PING and waits for PONG.
     pub fn ping(&mut self, deadline: Instant) -> Result<(), LaneFail> {
-        let dl = Some(deadline);
-        self.sock
-            .send_bytes(&wire::header(Kind::Ping, 0), dl)
-            .map_err(LaneFail::Io)?;
-        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((Kind::Pong, _)) => Ok(()),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected PONG, got {k:?}"))),
-            Err(e) => Err(LaneFail::Protocol(e.to_string())),
-        }
+        self.exchange(Kind::Ping, Kind::Pong, deadline)
     }
 
     /// Sends BYE and waits for the acknowledgement.
     pub fn bye(&mut self, deadline: Instant) -> Result<(), LaneFail> {
+        self.exchange(Kind::Bye, Kind::ByeAck, deadline)
+    }
+
+    /// Sends an empty frame of kind `ask` and waits for an empty frame of kind `answer`.
+    fn exchange(&mut self, ask: Kind, answer: Kind, deadline: Instant) -> Result<(), LaneFail> {
         let dl = Some(deadline);
         self.sock
-            .send_bytes(&wire::header(Kind::Bye, 0), dl)
+            .send_bytes(&wire::header(ask, 0), dl)
             .map_err(LaneFail::Io)?;
         match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((Kind::ByeAck, _)) => Ok(()),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected BYE_ACK, got {k:?}"))),
+            Ok((k, _)) if k == answer => Ok(()),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!(
+                "expected {answer:?}, got {k:?}"
+            ))),
             Err(e) => Err(LaneFail::Protocol(e.to_string())),
         }
     }
