@@ -355,6 +355,26 @@ pub enum Error {
         /// Why not.
         why: &'static str,
     },
+    /// A vendor library (UCX, ACL, HCCL) could not be loaded, or lacks a symbol hixl needs.
+    #[error("cannot load {library}: {why}")]
+    LibraryUnavailable {
+        /// The library (or the list of candidates tried).
+        library: String,
+        /// What `dlopen`/`dlsym` said.
+        why: String,
+    },
+    /// A vendor library call failed; the native code is kept.
+    #[error("{library} call {call} failed with code {code}: {detail}")]
+    Native {
+        /// `"ucx"`, `"acl"` or `"hccl"`.
+        library: &'static str,
+        /// The C function.
+        call: &'static str,
+        /// The native status code (`ucs_status_t`, `aclError`, `HcclResult`).
+        code: i64,
+        /// The library's text for the code, or hixl's explanation.
+        detail: String,
+    },
     /// A same-host transfer failed in the kernel (`process_vm_readv`/`writev`).
     #[error("{op} with {peer} failed at descriptor {index}")]
     SameHost {
@@ -438,9 +458,11 @@ impl Error {
             Shared(e) => e.status(),
             Cancelled { .. } => Status::FAILED,
             QueueFull { .. } => Status::RESOURCE_EXHAUSTED,
-            UnsupportedMemory { .. } | UnsupportedOption { .. } | TransportUnavailable { .. } => {
-                Status::UNSUPPORTED
-            }
+            UnsupportedMemory { .. }
+            | UnsupportedOption { .. }
+            | TransportUnavailable { .. }
+            | LibraryUnavailable { .. } => Status::UNSUPPORTED,
+            Native { .. } => Status::FAILED,
             SameHost { .. } => Status::FAILED,
             TooManyRegions { .. }
             | LanesExhausted { .. }

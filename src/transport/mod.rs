@@ -4,9 +4,12 @@
 //! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP, or, between engines
 //! on one host, over the same-host transport (`cma`); [`probe`] reports what is available.
 
+pub(crate) mod ascend;
+pub(crate) mod dl;
 pub(crate) mod host;
 pub(crate) mod io;
 pub(crate) mod tcp;
+pub(crate) mod ucx;
 
 /// The transports hixl knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

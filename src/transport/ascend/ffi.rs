@@ -1,0 +1,1 @@
+//! Hand-written ACL and HCCL FFI, loaded with `dlopen` at run time.

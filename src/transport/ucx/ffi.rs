@@ -1,0 +1,1 @@
+//! Hand-written UCP FFI, loaded with `dlopen("libucp.so.0")`.
