@@ -189,8 +189,8 @@ impl ConnectPool {
     }
 
     /// Stops the workers (waiting for running tasks if `join`) and closes every link still
-    /// held; returns their peers.
-    pub fn shutdown(&self, join: bool) -> Vec<String> {
+    /// held; returns them (closed).
+    pub fn shutdown(&self, join: bool) -> Vec<Arc<LinkShared>> {
         let links: Vec<Arc<LinkShared>> = {
             let mut st = lock(&self.st);
             st.stop = true;
@@ -204,12 +204,11 @@ impl ConnectPool {
                 let _ = h.join();
             }
         }
-        let peers = links.iter().map(|l| l.peer.clone()).collect();
-        for l in links {
+        for l in &links {
             l.close_quietly();
         }
         lock(&self.st).stop = false;
-        peers
+        links
     }
 }
 
@@ -277,7 +276,7 @@ fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
             Task::Disconnect(timeout) => {
                 if let Some(l) = held {
                     let _ = l.close_timeout(timeout);
-                    inner.forget_peer(&key);
+                    inner.forget_link(&l);
                 }
                 (AsyncConnectStatus::NotConnect, None, None)
             }
@@ -292,7 +291,7 @@ fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
             } else if let Some(l) = link {
                 // the slot went away (shutdown): do not leak the link
                 l.close_quietly();
-                inner.forget_peer(&key);
+                inner.forget_link(&l);
             }
         }
         pool.cv.notify_all();

@@ -11,7 +11,7 @@
 //! compile error. Fallible transitions hand the engine back in its previous state
 //! ([`TransitionError::into_engine`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
@@ -170,6 +170,14 @@ struct Regions {
     bytes: usize,
 }
 
+/// Who holds a remote engine's name.
+enum PeerSlot {
+    /// A connect is running (the ticket tells it apart from a later one).
+    Connecting(u64),
+    /// A link; a broken one does not block a new connect.
+    Linked(Weak<LinkShared>),
+}
+
 /// The engine's resources. `Drop` is the fallback teardown; `finalize` is the observable one.
 pub(crate) struct EngineInner {
     pub(crate) id: u64,
@@ -179,7 +187,8 @@ pub(crate) struct EngineInner {
     listener: Mutex<Option<TcpListener>>,
     regions: Mutex<Regions>,
     server: Mutex<Option<Server>>,
-    peers: Mutex<HashSet<String>>,
+    /// Remote engine name → the link that holds it (one usable link per peer).
+    peers: Mutex<HashMap<String, PeerSlot>>,
     /// Links this engine opened, for metrics.
     links: Mutex<Vec<Weak<LinkShared>>>,
     pub(crate) notifies: Arc<NotifyQueue>,
@@ -370,30 +379,63 @@ impl EngineInner {
         })
     }
 
-    pub(crate) fn forget_peer(&self, peer: &str) {
-        lock(&self.peers).remove(peer);
-    }
-
-    /// A link handle went away.
+    /// A link handle went away (or a held async link was closed): its peer's name is free again,
+    /// unless a newer link already holds it.
     pub(crate) fn forget_link(&self, link: &LinkShared) {
-        self.forget_peer(&link.peer);
+        {
+            let mut peers = lock(&self.peers);
+            if let Some(PeerSlot::Linked(w)) = peers.get(&link.peer)
+                && std::ptr::eq(w.as_ptr(), link)
+            {
+                peers.remove(&link.peer);
+            }
+        }
         lock(&self.links).retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), link));
     }
 
-    /// Opens a link to `key` (reserving the name first: `ALREADY_CONNECTED` if it is taken).
+    /// Opens a link to `key` (reserving the name first: `ALREADY_CONNECTED` if a usable link or
+    /// a connect holds it). A *broken* link does not hold its name: the new link supersedes it
+    /// (link generations: the old handle stays broken, `NOT_CONNECTED`, and the new link has a
+    /// larger [`Link::id`](crate::Link::id)).
     pub(crate) fn open_link(
         &self,
         key: &str,
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Arc<LinkShared>, Error> {
-        if !lock(&self.peers).insert(key.to_owned()) {
-            return Err(Error::AlreadyConnected {
-                peer: key.to_owned(),
-            });
+        let ticket = crate::engine::random_u64();
+        {
+            let mut peers = lock(&self.peers);
+            match peers.get(key) {
+                None => {}
+                Some(PeerSlot::Linked(w)) => match w.upgrade() {
+                    Some(old) if !old.is_broken() => {
+                        return Err(Error::AlreadyConnected {
+                            peer: key.to_owned(),
+                        });
+                    }
+                    old => {
+                        tracing::debug!(parent: &self.span, peer = key,
+                            old_link = old.map(|o| o.id), "a new link supersedes a broken one");
+                    }
+                },
+                Some(PeerSlot::Connecting(_)) => {
+                    return Err(Error::AlreadyConnected {
+                        peer: key.to_owned(),
+                    });
+                }
+            }
+            peers.insert(key.to_owned(), PeerSlot::Connecting(ticket));
         }
-        match LinkShared::open(self, key.to_owned(), addr, timeout) {
+        let r = LinkShared::open(self, key.to_owned(), addr, timeout);
+        let mut peers = lock(&self.peers);
+        let ours = matches!(peers.get(key), Some(PeerSlot::Connecting(t)) if *t == ticket);
+        match r {
             Ok(l) => {
+                if ours {
+                    peers.insert(key.to_owned(), PeerSlot::Linked(Arc::downgrade(&l)));
+                }
+                drop(peers);
                 let mut links = lock(&self.links);
                 links.retain(|w| w.strong_count() > 0);
                 links.push(Arc::downgrade(&l));
@@ -402,7 +444,9 @@ impl EngineInner {
                 Ok(l)
             }
             Err(e) => {
-                self.forget_peer(key);
+                if ours {
+                    peers.remove(key);
+                }
                 Err(e)
             }
         }
@@ -441,8 +485,8 @@ impl EngineInner {
 
     /// Closes every link the async connect queue still holds.
     fn close_async_links(&self, join: bool) {
-        for peer in self.connects.shutdown(join) {
-            self.forget_peer(&peer);
+        for link in self.connects.shutdown(join) {
+            self.forget_link(&link);
         }
     }
 
@@ -683,7 +727,7 @@ impl Hixl<Initialized> {
                 listener: Mutex::new(listener),
                 regions: Mutex::new(Regions::default()),
                 server: Mutex::new(None),
-                peers: Mutex::new(HashSet::new()),
+                peers: Mutex::new(HashMap::new()),
                 links: Mutex::new(Vec::new()),
                 notifies: Arc::new(NotifyQueue::default()),
                 connects: Arc::new(ConnectPool::default()),
@@ -884,6 +928,7 @@ impl Hixl<Registered> {
                                 },
                                 allow: self.inner.options.allow_peers.clone(),
                                 psk: self.inner.options.psk.clone(),
+                                keepalive: self.inner.options.heartbeat,
                                 span: self.inner.span.clone(),
                             },
                         )

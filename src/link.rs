@@ -257,6 +257,11 @@ impl LinkShared {
         }))
     }
 
+    /// Whether the link broke (or was closed).
+    pub(crate) fn is_broken(&self) -> bool {
+        lock(&self.pool).broken.is_some()
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         lock(&self.pool).closed
     }
@@ -624,9 +629,35 @@ impl LinkShared {
             if pool.closed || pool.broken.is_some() {
                 return;
             }
-            pool.idle.pop()
+            match pool.idle.pop() {
+                Some(l) => Some(l),
+                // lanes at work have their own deadlines
+                None if pool.open > 0 => return,
+                // no lane at all (the last one died with a timed-out transfer): the peer must
+                // still accept a new one
+                None => None,
+            }
         };
-        let Some(mut lane) = lane else { return };
+        let mut lane = match lane {
+            Some(l) => l,
+            None => {
+                let now = Instant::now();
+                match self.checkout(now + timeout, now, "heartbeat") {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let mut pool = lock(&self.pool);
+                        if pool.broken.is_none() {
+                            tracing::debug!(parent: &self.span, error = %e, "link broken");
+                            pool.broken = Some(format!("no heartbeat answer: {e}"));
+                            pool.idle.clear();
+                        }
+                        drop(pool);
+                        self.freed.notify_all();
+                        return;
+                    }
+                }
+            }
+        };
         match lane.ping(Instant::now() + timeout) {
             Ok(()) => self.checkin(lane),
             Err(f) => {
@@ -765,7 +796,8 @@ impl<'e> Link<'e> {
     pub fn peer(&self) -> &str {
         &self.shared.peer
     }
-    /// This link's id (unique in the process).
+    /// This link's id: unique in the process, and increasing, so it is also the link's
+    /// generation: a link that supersedes a broken one to the same peer has a larger id.
     pub fn id(&self) -> u64 {
         self.shared.id
     }
@@ -789,7 +821,7 @@ impl<'e> Link<'e> {
     /// Whether the link broke (its peer went away or refused a lane). A broken link stays
     /// broken: disconnect it and connect again.
     pub fn is_broken(&self) -> bool {
-        lock(&self.shared.pool).broken.is_some()
+        self.shared.is_broken()
     }
 
     /// The peer's registered regions, as it sent them at connect, sorted by address.

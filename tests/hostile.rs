@@ -94,21 +94,7 @@ fn connect_raw(name: &str) -> TcpStream {
 }
 
 fn hello(s: &mut TcpStream) -> wire::Welcome {
-    let mut out = Vec::new();
-    Hello {
-        role: LaneRole::NewLink,
-        instance: 77,
-        token: 0,
-        name: "10.9.9.9".into(),
-        target: String::new(),
-        host: None,
-        nonce: [0; 32],
-    }
-    .encode(&mut out);
-    s.write_all(&out).unwrap();
-    let (k, p) = read_frame(s).expect("a WELCOME");
-    assert_eq!(k, Kind::Welcome);
-    wire::Welcome::decode(&p).unwrap()
+    hello_as(s, 77)
 }
 
 fn closed(s: &mut TcpStream) -> bool {
@@ -363,5 +349,161 @@ fn truncated_write_payload() {
     s.write_all(&f).unwrap();
     drop(s);
     std::thread::sleep(Duration::from_millis(50));
+    g.check();
+}
+
+/// Opens a new link as client engine "10.9.9.9" with the given instance id.
+fn hello_as(s: &mut TcpStream, instance: u64) -> wire::Welcome {
+    let mut out = Vec::new();
+    Hello {
+        role: LaneRole::NewLink,
+        instance,
+        token: 0,
+        name: "10.9.9.9".into(),
+        target: String::new(),
+        host: None,
+        nonce: [0; 32],
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+    let (k, p) = read_frame(s).expect("a WELCOME");
+    assert_eq!(k, Kind::Welcome);
+    wire::Welcome::decode(&p).unwrap()
+}
+
+/// The region's current bytes, READ by an honest client.
+fn contents(g: &Guarded) -> Vec<u8> {
+    let (cli, mut buf) = client(LEN);
+    {
+        let link = cli.connect(g.engine.name()).unwrap();
+        let d = TransferDesc::new(
+            buf.range(..).unwrap(),
+            link.region(g.region.id()).unwrap().range(..).unwrap(),
+        );
+        link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    }
+    let mut v = vec![0u8; LEN];
+    buf.read_at(0, &mut v).unwrap();
+    v
+}
+
+/// Link generations on the serving side: when a client engine (same name, same instance) opens
+/// a new link, the rest of a WRITE still arriving on its old link is not applied (the server
+/// waits for the old link's requests to stop before welcoming the new one), and the old
+/// connection is closed; the new link works.
+#[test]
+fn a_superseded_link_applies_nothing() {
+    let g = guarded();
+    let id = g.region.id();
+    let mut old = connect_raw(g.engine.name());
+    hello_as(&mut old, 91);
+    // half of a WRITE of the whole region is on the wire when the new link opens
+    let junk = vec![0x5Au8; LEN];
+    old.write_all(&xfer(
+        TransferOp::Write,
+        &[WireDesc {
+            region: id,
+            offset: 0,
+            len: LEN as u64,
+        }],
+    ))
+    .unwrap();
+    old.write_all(&junk[..LEN / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut new = connect_raw(g.engine.name());
+    hello_as(&mut new, 91);
+    let _ = old.write_all(&junk[LEN / 2..]);
+    assert!(closed(&mut old), "the superseded connection stayed open");
+    // the half that arrived before the new link existed may be in memory (an interrupted
+    // WRITE leaves its range unspecified); nothing sent after it was applied
+    let now = contents(&g);
+    let half = GUARD + LEN / 2;
+    assert!(
+        now[LEN / 2..] == g.pattern[half..GUARD + LEN],
+        "a superseded link's WRITE was applied after the new link opened ({} bytes changed)",
+        now[LEN / 2..]
+            .iter()
+            .zip(&g.pattern[half..])
+            .filter(|(a, b)| a != b)
+            .count()
+    );
+    // the new link is served
+    let data = Rng::new(5).bytes(100);
+    new.write_all(&xfer(
+        TransferOp::Write,
+        &[WireDesc {
+            region: id,
+            offset: 10,
+            len: 100,
+        }],
+    ))
+    .unwrap();
+    new.write_all(&data).unwrap();
+    let (k, p) = read_frame(&mut new).expect("DONE");
+    assert_eq!(k, Kind::Done);
+    assert_eq!(wire::decode_done(&p).unwrap().1, 0);
+    assert_eq!(contents(&g)[10..110], data[..]);
+    drop(new);
+    g.check();
+}
+
+/// A client that floods requests past the window (one outstanding request per connection) and
+/// never reads the answers: the server stops reading it, gives up after its I/O timeout and
+/// closes that connection only; other clients are served meanwhile, and no memory outside the
+/// region is touched.
+#[test]
+fn a_flood_past_the_window_closes_only_that_connection() {
+    let g = guarded();
+    let id = g.region.id();
+    let mut s = connect_raw(g.engine.name());
+    hello(&mut s);
+    s.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let req = xfer(
+        TransferOp::Read,
+        &[WireDesc {
+            region: id,
+            offset: 0,
+            len: LEN as u64,
+        }],
+    );
+    let flood: Vec<u8> = req.iter().copied().cycle().take(req.len() * 4096).collect();
+    let t0 = std::time::Instant::now();
+    let mut sent = 0usize;
+    let mut served_meanwhile = false;
+    let end = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the flooding connection was never closed"
+        );
+        match s.write(&flood[sent % flood.len()..]) {
+            Ok(n) => sent += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                // the server stopped reading us; it still serves an honest client
+                if !served_meanwhile {
+                    assert_eq!(contents(&g), g.pattern[GUARD..GUARD + LEN]);
+                    served_meanwhile = true;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    let took = t0.elapsed();
+    assert!(served_meanwhile, "the flood never filled the window");
+    assert!(
+        matches!(
+            end.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{end:?}"
+    );
+    // the server's I/O timeout is 2 s
+    assert!(took < Duration::from_secs(8), "closed after {took:?}");
+    assert!(sent > req.len() * 100, "only {sent} bytes were accepted");
     g.check();
 }

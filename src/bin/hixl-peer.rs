@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
+//!                 [--heartbeat-ms MS] [--io-timeout-ms MS]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! ```
 //!
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str =
     "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
+                       [--heartbeat-ms MS] [--io-timeout-ms MS]
        hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,6 +52,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (mut name, mut size, mut seed, mut user) =
         ("127.0.0.1".to_owned(), 64usize << 20, 1u64, false);
+    let mut opts = Options::default();
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -57,10 +60,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--size" => size = value.parse()?,
             "--seed" => seed = value.parse()?,
             "--memory" => user = value == "user",
+            "--heartbeat-ms" => {
+                opts = opts.heartbeat_interval(Some(Duration::from_millis(value.parse()?)))
+            }
+            "--io-timeout-ms" => {
+                opts = opts.server_io_timeout(Duration::from_millis(value.parse()?))
+            }
             _ => return Err(format!("unknown flag {flag}").into()),
         }
     }
-    let engine = Hixl::initialize_ephemeral(&name, Options::default())?;
+    let engine = Hixl::initialize_ephemeral(&name, opts)?;
     if user {
         let mut mem = vec![0u8; size];
         Rng::new(seed).fill(&mut mem);

@@ -64,6 +64,39 @@ impl Sock {
         })
     }
 
+    /// Turns on TCP keepalive probes after `every` of silence, and makes the kernel drop the
+    /// connection when data or probes stay unanswered for about three intervals
+    /// (`TCP_USER_TIMEOUT`): a peer whose host died or whose link was cut is noticed even when
+    /// nothing is being sent.
+    pub fn set_keepalive(&self, every: Duration) -> io::Result<()> {
+        let fd = self.stream.as_raw_fd();
+        let secs = every.as_secs().clamp(1, i32::MAX as u64 / 4) as libc::c_int;
+        let user_ms = (every.as_millis().max(1000) * 3).min(i32::MAX as u128) as libc::c_int;
+        let opts: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2),
+            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_ms),
+        ];
+        for (level, name, value) in opts {
+            // SAFETY: `fd` is our open socket; the option value is a live c_int of the size given.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&value as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the receive polling window (see the field).
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;

@@ -157,6 +157,33 @@ struct LinkRec {
     client: String,
     instance: u64,
     conns: HashSet<u64>,
+    /// Cleared when the link is superseded or closed: its lanes apply nothing more.
+    live: Arc<AtomicBool>,
+    /// Requests of this link being applied right now.
+    busy: Arc<AtomicUsize>,
+}
+
+impl LinkRec {
+    /// Stops the link's lanes: they apply no request after this returns, except those already
+    /// being applied, which [`LinkRec::drain`] waits for.
+    fn retire(&self, shared: &ServerShared) {
+        self.live.store(false, Ordering::SeqCst);
+        let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        for c in self.conns.iter().filter_map(|c| conns.get(c)) {
+            Sock::shutdown(c);
+        }
+    }
+    /// Waits (up to `limit`) until no request of this retired link is being applied.
+    fn drain(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while self.busy.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
 }
 
 /// State shared by the accept thread and every serving thread of one engine.
@@ -179,6 +206,8 @@ pub(crate) struct ServerShared {
     allow: Option<Vec<String>>,
     /// The pre-shared key clients must prove (`None`: no authentication).
     psk: Option<Psk>,
+    /// Keepalive interval for served connections (`None`: off).
+    keepalive: Option<Duration>,
     span: tracing::Span,
 }
 
@@ -200,6 +229,8 @@ pub(crate) struct ServerConfig {
     pub host: Option<HostId>,
     pub allow: Option<Vec<String>>,
     pub psk: Option<Psk>,
+    /// Keepalive interval for served connections (the engine's heartbeat interval).
+    pub keepalive: Option<Duration>,
     pub span: tracing::Span,
 }
 
@@ -229,6 +260,7 @@ impl Server {
             host: cfg.host,
             allow: cfg.allow,
             psk: cfg.psk,
+            keepalive: cfg.keepalive,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -421,6 +453,11 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         return ConnEnd::Io(e);
     }
     sock.set_spin(SERVE_SPIN);
+    if let Some(every) = shared.keepalive
+        && let Err(e) = sock.set_keepalive(every)
+    {
+        return ConnEnd::Io(e);
+    }
     let mut inb = Inbound::new();
     let mut out = Vec::with_capacity(256);
     let io_deadline = || Some(Instant::now() + shared.io_timeout);
@@ -486,7 +523,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         );
         return ConnEnd::Refused(why);
     }
-    let token = match hello.role {
+    let (token, live, busy) = match hello.role {
         LaneRole::NewLink => {
             let token = loop {
                 let t = crate::engine::random_u64();
@@ -503,33 +540,48 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 .filter(|(_, l)| l.client == hello.name && l.instance == hello.instance)
                 .map(|(t, _)| *t)
                 .collect();
+            let mut retired = Vec::new();
             for t in stale {
                 if let Some(old) = links.remove(&t) {
                     tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
                         instance = old.instance, "replacing the old link of a reconnecting client");
-                    let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-                    for c in old.conns.iter().filter_map(|c| conns.get(c)) {
-                        Sock::shutdown(c);
-                    }
+                    old.retire(shared);
+                    retired.push(old);
                 }
             }
-            links.insert(
-                token,
-                LinkRec {
-                    client: hello.name.clone(),
-                    instance: hello.instance,
-                    conns: HashSet::from([id]),
-                },
-            );
+            let rec = LinkRec {
+                client: hello.name.clone(),
+                instance: hello.instance,
+                conns: HashSet::from([id]),
+                live: Arc::new(AtomicBool::new(true)),
+                busy: Arc::new(AtomicUsize::new(0)),
+            };
+            let (live, busy) = (rec.live.clone(), rec.busy.clone());
+            links.insert(token, rec);
+            drop(links);
+            // nothing of the old link is applied once the new one exists: wait for requests
+            // it was applying (each is bounded by the I/O timeout) before welcoming the new one
+            for old in retired {
+                if !old.drain(shared.io_timeout) {
+                    refuse(
+                        &mut sock,
+                        &mut out,
+                        Status::FAILED,
+                        "the previous link is still busy",
+                        io_deadline(),
+                    );
+                    return ConnEnd::Refused("the previous link did not drain".into());
+                }
+            }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
-            token
+            (token, live, busy)
         }
         LaneRole::Join => {
             let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
             match links.get_mut(&hello.token) {
                 Some(l) if l.instance == hello.instance && l.client == hello.name => {
                     l.conns.insert(id);
-                    hello.token
+                    (hello.token, l.live.clone(), l.busy.clone())
                 }
                 _ => {
                     drop(links);
@@ -577,6 +629,12 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         };
         shared.active.fetch_add(1, Ordering::SeqCst);
         let _guard = ActiveGuard(&shared.active);
+        busy.fetch_add(1, Ordering::SeqCst);
+        let _busy = ActiveGuard(&busy);
+        if !live.load(Ordering::SeqCst) {
+            // superseded (or closed) while this request was on its way: apply nothing
+            return ConnEnd::Refused("request on a superseded link".into());
+        }
         let deadline = io_deadline();
         match frame {
             (Kind::Xfer, p) => {
@@ -671,6 +729,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&token);
                 if let Some(rec) = rec {
+                    rec.live.store(false, Ordering::SeqCst);
                     let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
                     for c in rec
                         .conns

@@ -56,9 +56,31 @@ impl Peer {
     /// Starts a peer named `name` with `size` bytes of `memory` ("hostbuffer" or "user") holding
     /// the `Rng` bytes of `seed`.
     pub fn spawn(name: &str, size: usize, seed: u64, memory: &str) -> Peer {
+        Self::spawn_in(&[], name, size, seed, memory, &[])
+    }
+
+    /// As [`Peer::spawn`], run under the command `prefix` (e.g. `ip netns exec NS`), with extra
+    /// `serve` flags.
+    pub fn spawn_in(
+        prefix: &[&str],
+        name: &str,
+        size: usize,
+        seed: u64,
+        memory: &str,
+        extra: &[&str],
+    ) -> Peer {
         use std::io::BufRead;
         use std::process::{Command, Stdio};
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
+        let exe = env!("CARGO_BIN_EXE_hixl-peer");
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = cmd
             .args([
                 "serve",
                 "--name",
@@ -70,6 +92,7 @@ impl Peer {
                 "--memory",
                 memory,
             ])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
