@@ -1,1 +1,676 @@
 //! Hand-written ACL and HCCL FFI, loaded with `dlopen` at run time.
+//!
+//! Only the C ABI is used: no header is needed at build time and nothing is linked. Every symbol
+//! is looked up when the library is loaded, so a missing one is [`Error::LibraryUnavailable`]
+//! naming it, never a crash on first use.
+//!
+//! Sources of the declarations (see `/work/shared/reference/hixl-api.md` §8, §9):
+//! - ACL: `acl/acl_rt.h`, `acl/acl_base_rt.h`, `acl/error_codes/rt_error_codes.h` of the CANN
+//!   runtime. `aclError` is `int`; streams and contexts are `void *`.
+//! - HCCL one-sided: `pkg_inc/legacy/hccl/hccl_one_sided_services.h` of hcomm, and HIXL's private
+//!   copy `src/llm_datadist/comm_adapter/comm_types.h`; `HcclCommConfig` from `hccl/hccl_types.h`
+//!   at `HCCL_COMM_CONFIG_VERSION = 5`, the version HIXL's `DlHcclCommConfigInit` writes.
+
+#![allow(dead_code)] // used by the Ascend link integration
+
+use std::ffi::{OsStr, c_char, c_int, c_void};
+use std::mem::{offset_of, size_of};
+use std::path::Path;
+
+use crate::error::Error;
+use crate::transport::dl::Library;
+
+/// `aclError` (`int`).
+pub(crate) type AclError = c_int;
+/// `aclrtStream` (`void *`).
+pub(crate) type AclrtStream = *mut c_void;
+/// `aclrtContext` (`void *`).
+pub(crate) type AclrtContext = *mut c_void;
+/// `HcclResult` (a C enum, `int`).
+pub(crate) type HcclResult = c_int;
+/// `HcclComm` (`void *`).
+pub(crate) type HcclComm = *mut c_void;
+
+// ---------------------------------------------------------------------------------------------
+// ACL constants
+// ---------------------------------------------------------------------------------------------
+
+/// `ACL_SUCCESS`.
+pub(crate) const ACL_SUCCESS: AclError = 0;
+
+/// `aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST`.
+pub(crate) const ACL_MEM_MALLOC_HUGE_FIRST: u32 = 0;
+/// `ACL_MEM_MALLOC_HUGE_ONLY`: huge pages only (2 MiB); required for HCCS registrations.
+pub(crate) const ACL_MEM_MALLOC_HUGE_ONLY: u32 = 1;
+/// `ACL_MEM_MALLOC_NORMAL_ONLY`.
+pub(crate) const ACL_MEM_MALLOC_NORMAL_ONLY: u32 = 2;
+/// `ACL_MEM_MALLOC_HUGE_FIRST_P2P`.
+pub(crate) const ACL_MEM_MALLOC_HUGE_FIRST_P2P: u32 = 3;
+/// `ACL_MEM_MALLOC_HUGE_ONLY_P2P`.
+pub(crate) const ACL_MEM_MALLOC_HUGE_ONLY_P2P: u32 = 4;
+/// `ACL_MEM_MALLOC_NORMAL_ONLY_P2P`.
+pub(crate) const ACL_MEM_MALLOC_NORMAL_ONLY_P2P: u32 = 5;
+/// `ACL_MEM_MALLOC_HUGE1G_ONLY`.
+pub(crate) const ACL_MEM_MALLOC_HUGE1G_ONLY: u32 = 6;
+/// `ACL_MEM_MALLOC_HUGE1G_ONLY_P2P`.
+pub(crate) const ACL_MEM_MALLOC_HUGE1G_ONLY_P2P: u32 = 7;
+/// `ACL_MEM_TYPE_LOW_BAND_WIDTH`.
+pub(crate) const ACL_MEM_TYPE_LOW_BAND_WIDTH: u32 = 0x100;
+/// `ACL_MEM_TYPE_HIGH_BAND_WIDTH`.
+pub(crate) const ACL_MEM_TYPE_HIGH_BAND_WIDTH: u32 = 0x1000;
+
+/// `aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST`.
+pub(crate) const ACL_MEMCPY_HOST_TO_HOST: c_int = 0;
+/// `ACL_MEMCPY_HOST_TO_DEVICE`.
+pub(crate) const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
+/// `ACL_MEMCPY_DEVICE_TO_HOST`.
+pub(crate) const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `ACL_MEMCPY_DEVICE_TO_DEVICE`.
+pub(crate) const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
+
+/// The size of a huge page that `ACL_MEM_MALLOC_HUGE_ONLY` allocations are aligned to.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// `aclError` codes HIXL's backend meets, with their header names.
+pub(crate) const ACL_ERRORS: &[(AclError, &str)] = &[
+    (0, "ACL_SUCCESS"),
+    (100_000, "ACL_ERROR_INVALID_PARAM"),
+    (100_001, "ACL_ERROR_UNINITIALIZE"),
+    (100_002, "ACL_ERROR_REPEAT_INITIALIZE"),
+    (100_037, "ACL_ERROR_REPEAT_FINALIZE"),
+    (200_000, "ACL_ERROR_BAD_ALLOC"),
+    (200_001, "ACL_ERROR_API_NOT_SUPPORT"),
+    (200_002, "ACL_ERROR_INVALID_DEVICE"),
+    (200_003, "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED"),
+    (200_006, "ACL_ERROR_FEATURE_UNSUPPORTED"),
+    (300_000, "ACL_ERROR_STORAGE_OVER_LIMIT"),
+    (500_000, "ACL_ERROR_INTERNAL_ERROR"),
+    (500_001, "ACL_ERROR_FAILURE"),
+    (500_003, "ACL_ERROR_RT_FAILURE"),
+    (500_004, "ACL_ERROR_DRV_FAILURE"),
+    (107_000, "ACL_ERROR_RT_PARAM_INVALID"),
+    (107_001, "ACL_ERROR_RT_INVALID_DEVICEID"),
+    (107_002, "ACL_ERROR_RT_CONTEXT_NULL"),
+    (107_003, "ACL_ERROR_RT_STREAM_CONTEXT"),
+    (107_019, "ACL_ERROR_RT_WAIT_TIMEOUT"),
+    (107_020, "ACL_ERROR_RT_TASK_TIMEOUT"),
+    (207_000, "ACL_ERROR_RT_FEATURE_NOT_SUPPORT"),
+    (207_001, "ACL_ERROR_RT_MEMORY_ALLOCATION"),
+    (207_018, "ACL_ERROR_RT_DEVICE_OOM"),
+    (207_020, "ACL_ERROR_RT_TIMEOUT"),
+    (507_022, "ACL_ERROR_RT_IPC_ERROR"),
+    (507_046, "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT"),
+    (507_899, "ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
+    (507_910, "ACL_ERROR_RT_HOST_MEMORY_ALREADY_REGISTERED"),
+    (507_911, "ACL_ERROR_RT_HOST_MEMORY_NOT_REGISTERED"),
+];
+
+/// `ACL_ERROR_REPEAT_INITIALIZE`: a second `aclInit`, harmless.
+pub(crate) const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100_002;
+/// `ACL_ERROR_MEMORY_ADDRESS_UNALIGNED`.
+pub(crate) const ACL_ERROR_MEMORY_ADDRESS_UNALIGNED: AclError = 200_003;
+/// `ACL_ERROR_RT_CONTEXT_NULL`: no current context on the calling thread.
+pub(crate) const ACL_ERROR_RT_CONTEXT_NULL: AclError = 107_002;
+/// `ACL_ERROR_RT_MEMORY_ALLOCATION`.
+pub(crate) const ACL_ERROR_RT_MEMORY_ALLOCATION: AclError = 207_001;
+/// `ACL_ERROR_RT_STREAM_SYNC_TIMEOUT`: `aclrtSynchronizeStreamWithTimeout` ran out of time.
+pub(crate) const ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: AclError = 507_046;
+/// The ACL codes that mean "timed out" (HIXL maps the stream-sync one to `TIMEOUT`; the others
+/// are the runtime's wait/task/generic timeouts).
+pub(crate) const ACL_TIMEOUT_CODES: &[AclError] = &[507_046, 107_019, 107_020, 207_020];
+
+/// The header name of an `aclError`, or `"ACL_ERROR_UNKNOWN"`.
+pub(crate) fn acl_error_name(code: AclError) -> &'static str {
+    ACL_ERRORS
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map_or("ACL_ERROR_UNKNOWN", |(_, n)| n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// HCCL constants and types
+// ---------------------------------------------------------------------------------------------
+
+/// `HcclResult` names, indexed by value 0..=24 (`hccl_types.h`); 1041 is `HCCL_E_IN_STATUS`.
+pub(crate) const HCCL_RESULTS: &[&str] = &[
+    "HCCL_SUCCESS",
+    "HCCL_E_PARA",
+    "HCCL_E_PTR",
+    "HCCL_E_MEMORY",
+    "HCCL_E_INTERNAL",
+    "HCCL_E_NOT_SUPPORT",
+    "HCCL_E_NOT_FOUND",
+    "HCCL_E_UNAVAIL",
+    "HCCL_E_SYSCALL",
+    "HCCL_E_TIMEOUT",
+    "HCCL_E_OPEN_FILE_FAILURE",
+    "HCCL_E_TCP_CONNECT",
+    "HCCL_E_ROCE_CONNECT",
+    "HCCL_E_TCP_TRANSFER",
+    "HCCL_E_ROCE_TRANSFER",
+    "HCCL_E_RUNTIME",
+    "HCCL_E_DRV",
+    "HCCL_E_PROFILING",
+    "HCCL_E_CCE",
+    "HCCL_E_NETWORK",
+    "HCCL_E_AGAIN",
+    "HCCL_E_REMOTE",
+    "HCCL_E_SUSPENDING",
+    "HCCL_E_OPRETRY_FAIL",
+    "HCCL_E_OOM",
+];
+
+/// `HCCL_SUCCESS`.
+pub(crate) const HCCL_SUCCESS: HcclResult = 0;
+/// `HCCL_E_PARA`.
+pub(crate) const HCCL_E_PARA: HcclResult = 1;
+/// `HCCL_E_NOT_SUPPORT`.
+pub(crate) const HCCL_E_NOT_SUPPORT: HcclResult = 5;
+/// `HCCL_E_TIMEOUT`.
+pub(crate) const HCCL_E_TIMEOUT: HcclResult = 9;
+/// `HCCL_E_IN_STATUS`.
+pub(crate) const HCCL_E_IN_STATUS: HcclResult = 1041;
+
+/// The header name of an `HcclResult`, or `"HCCL_E_UNKNOWN"`.
+pub(crate) fn hccl_result_name(code: HcclResult) -> &'static str {
+    if code == HCCL_E_IN_STATUS {
+        return "HCCL_E_IN_STATUS";
+    }
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| HCCL_RESULTS.get(i).copied())
+        .unwrap_or("HCCL_E_UNKNOWN")
+}
+
+/// `HcclDataType::HCCL_DATA_TYPE_UINT8`: HIXL describes every one-sided op in bytes.
+pub(crate) const HCCL_DATA_TYPE_UINT8: c_int = 7;
+/// `CommMemType::COMM_MEM_TYPE_DEVICE` (= `HCCL_MEM_TYPE_DEVICE`).
+pub(crate) const COMM_MEM_TYPE_DEVICE: c_int = 0;
+/// `CommMemType::COMM_MEM_TYPE_HOST` (= `HCCL_MEM_TYPE_HOST`).
+pub(crate) const COMM_MEM_TYPE_HOST: c_int = 1;
+/// `HcclTopoType::HCCL_TOPO_FULLMESH`.
+pub(crate) const HCCL_TOPO_FULLMESH: c_int = 0;
+
+/// `HCCL_COMM_CONFIG_MAGIC_WORD`.
+pub(crate) const HCCL_COMM_CONFIG_MAGIC_WORD: u32 = 0xf0f0_f0f0;
+/// The config version HIXL writes (`DlHcclCommConfigInit`: 5). HCCL reads fields by version.
+pub(crate) const HCCL_COMM_CONFIG_VERSION: u32 = 5;
+/// `HCCL_COMM_DEFAULT_BUFFSIZE`, in MB.
+pub(crate) const HCCL_COMM_DEFAULT_BUFFSIZE: u32 = 200;
+/// `HCCL_COMM_TRAFFIC_CLASS_CONFIG_NOT_SET` / `..._SERVICE_LEVEL_...`: the field is unset.
+pub(crate) const HCCL_COMM_CONFIG_NOT_SET: u32 = 0xffff_ffff;
+/// `COMM_NAME_MAX_LENGTH`, including the NUL.
+pub(crate) const COMM_NAME_MAX_LENGTH: usize = 128;
+/// `UDI_MAX_LENGTH`, including the NUL.
+pub(crate) const UDI_MAX_LENGTH: usize = 128;
+
+/// `CommMem` (= `HcclMem`): `{CommMemType type; void *addr; uint64_t size;}`.
+///
+/// Documented: HIXL's `hcomm_res_defs.h` copy and hcomm's `hccl_mem_defs.h` (`HcclMem`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CommMem {
+    /// `COMM_MEM_TYPE_DEVICE` or `COMM_MEM_TYPE_HOST`.
+    pub(crate) mem_type: c_int,
+    /// Start address.
+    pub(crate) addr: *mut c_void,
+    /// Length in bytes.
+    pub(crate) size: u64,
+}
+
+/// `HcclOneSideOpDesc`: `{void *localAddr; void *remoteAddr; u64 count; HcclDataType dataType;}`.
+///
+/// Documented: HIXL `comm_types.h` and hcomm `hccl_one_sided_services.h` (identical).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HcclOneSideOpDesc {
+    /// Local address.
+    pub(crate) local_addr: *mut c_void,
+    /// Remote address (in the remote rank's address space).
+    pub(crate) remote_addr: *mut c_void,
+    /// Element count (bytes with `HCCL_DATA_TYPE_UINT8`).
+    pub(crate) count: u64,
+    /// `HcclDataType`.
+    pub(crate) data_type: c_int,
+}
+
+/// `HcclPrepareConfig`: `{HcclTopoType topoType; uint64_t rsvd0, rsvd1, rsvd2;}`.
+///
+/// Documented: HIXL `comm_types.h`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HcclPrepareConfig {
+    /// `HCCL_TOPO_FULLMESH`.
+    pub(crate) topo_type: c_int,
+    /// Reserved, zero.
+    pub(crate) rsvd0: u64,
+    /// Reserved, zero.
+    pub(crate) rsvd1: u64,
+    /// Reserved, zero.
+    pub(crate) rsvd2: u64,
+}
+
+/// The 24 reserved leading bytes of `HcclCommConfig` as `HcclCommConfigInit` fills them
+/// (`{size_t configSize; uint32_t magicWord; uint32_t version; uint64_t reserved;}`).
+///
+/// Documented: HIXL `comm_adapter.cc` `DlHcclCommConfigInit` (`struct HcclConfigInfo`) and
+/// hcomm `CommConfigHandle.info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HcclCommConfigInfo {
+    /// How many bytes of the struct HCCL may read.
+    pub(crate) config_size: usize,
+    /// `HCCL_COMM_CONFIG_MAGIC_WORD`.
+    pub(crate) magic_word: u32,
+    /// `HCCL_COMM_CONFIG_VERSION`.
+    pub(crate) version: u32,
+    /// Zero.
+    pub(crate) reserved: u64,
+}
+
+/// `HcclCommConfig` at version 5 (`hccl_types.h`, `HCCL_COMM_CONFIG_VERSION = 5`):
+/// `{char reserved[24]; uint32_t hcclBufferSize; uint32_t hcclDeterministic;
+/// char hcclCommName[128]; char hcclUdi[128]; uint32_t hcclOpExpansionMode;
+/// uint32_t hcclRdmaTrafficClass; uint32_t hcclRdmaServiceLevel;}` (300 bytes in C).
+///
+/// Documented for these fields. Newer headers append fields (`hcclWorldRankID`, `hcclJobID`, ...);
+/// HCCL copies `min(configSize, its sizeof)` bytes and reads fields by `version`, so a version-5
+/// config with `configSize` = [`HCCL_COMM_CONFIG_V5_SIZE`] is what a HIXL built against the v5
+/// header passes. The trailing `tail` is Rust-side padding to the 8-byte alignment of `info`;
+/// it lies beyond `configSize` and HCCL does not read it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HcclCommConfig {
+    /// The reserved header.
+    pub(crate) info: HcclCommConfigInfo,
+    /// `hcclBufferSize` in MB (default 200).
+    pub(crate) buffer_size: u32,
+    /// `hcclDeterministic` (0).
+    pub(crate) deterministic: u32,
+    /// `hcclCommName`, NUL-terminated.
+    pub(crate) comm_name: [c_char; COMM_NAME_MAX_LENGTH],
+    /// `hcclUdi`, NUL-terminated.
+    pub(crate) udi: [c_char; UDI_MAX_LENGTH],
+    /// `hcclOpExpansionMode` (0 = default).
+    pub(crate) op_expansion_mode: u32,
+    /// `hcclRdmaTrafficClass`, or `HCCL_COMM_CONFIG_NOT_SET`.
+    pub(crate) rdma_traffic_class: u32,
+    /// `hcclRdmaServiceLevel`, or `HCCL_COMM_CONFIG_NOT_SET`.
+    pub(crate) rdma_service_level: u32,
+    /// Rust-side padding (not part of the C v5 struct; zero).
+    pub(crate) tail: u32,
+}
+
+/// `sizeof(HcclCommConfig)` in C at version 5: up to and including `hcclRdmaServiceLevel`.
+pub(crate) const HCCL_COMM_CONFIG_V5_SIZE: usize = offset_of!(HcclCommConfig, tail);
+
+impl HcclCommConfig {
+    /// The config exactly as HIXL's `DlHcclCommConfigInit` leaves it: magic, version 5,
+    /// 200 MB buffer, no name, TC/SL unset.
+    pub(crate) fn hixl_default() -> Self {
+        Self {
+            info: HcclCommConfigInfo {
+                config_size: HCCL_COMM_CONFIG_V5_SIZE,
+                magic_word: HCCL_COMM_CONFIG_MAGIC_WORD,
+                version: HCCL_COMM_CONFIG_VERSION,
+                reserved: 0,
+            },
+            buffer_size: HCCL_COMM_DEFAULT_BUFFSIZE,
+            deterministic: 0,
+            comm_name: [0; COMM_NAME_MAX_LENGTH],
+            udi: [0; UDI_MAX_LENGTH],
+            op_expansion_mode: 0,
+            rdma_traffic_class: HCCL_COMM_CONFIG_NOT_SET,
+            rdma_service_level: HCCL_COMM_CONFIG_NOT_SET,
+            tail: 0,
+        }
+    }
+}
+
+// Layout checks against the C declarations (LP64).
+const _: () = {
+    assert!(size_of::<CommMem>() == 24);
+    assert!(offset_of!(CommMem, addr) == 8);
+    assert!(offset_of!(CommMem, size) == 16);
+    assert!(size_of::<HcclOneSideOpDesc>() == 32);
+    assert!(offset_of!(HcclOneSideOpDesc, remote_addr) == 8);
+    assert!(offset_of!(HcclOneSideOpDesc, count) == 16);
+    assert!(offset_of!(HcclOneSideOpDesc, data_type) == 24);
+    assert!(size_of::<HcclPrepareConfig>() == 32);
+    assert!(offset_of!(HcclPrepareConfig, rsvd0) == 8);
+    assert!(size_of::<HcclCommConfigInfo>() == 24);
+    assert!(offset_of!(HcclCommConfig, buffer_size) == 24);
+    assert!(offset_of!(HcclCommConfig, deterministic) == 28);
+    assert!(offset_of!(HcclCommConfig, comm_name) == 32);
+    assert!(offset_of!(HcclCommConfig, udi) == 160);
+    assert!(offset_of!(HcclCommConfig, op_expansion_mode) == 288);
+    assert!(offset_of!(HcclCommConfig, rdma_traffic_class) == 292);
+    assert!(offset_of!(HcclCommConfig, rdma_service_level) == 296);
+    assert!(HCCL_COMM_CONFIG_V5_SIZE == 300);
+    assert!(size_of::<usize>() == 8);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Loaders
+// ---------------------------------------------------------------------------------------------
+
+/// Default ACL runtime sonames, in order (`libascendcl.so` is the deprecated compatibility name).
+pub(crate) const ACL_DEFAULTS: &[&str] = &["libacl_rt.so", "libascendcl.so"];
+/// Default HCCL sonames, in order (`libhcomm.so` since CANN 8.5, `libhccl.so` before).
+pub(crate) const HCCL_DEFAULTS: &[&str] = &["libhcomm.so", "libhccl.so"];
+/// Environment variable naming the ACL library to try before the defaults.
+pub(crate) const ACL_ENV: &str = "HIXL_ACL_LIB";
+/// Environment variable naming the HCCL library to try before the defaults.
+pub(crate) const HCCL_ENV: &str = "HIXL_HCCL_LIB";
+
+/// Which files to `dlopen`, in order: an explicit path alone (the caller chose it; falling back
+/// would hide a mistake), else the environment override (if set and non-empty) followed by the
+/// default sonames.
+pub(crate) fn candidates(
+    explicit: Option<&Path>,
+    env: Option<&OsStr>,
+    defaults: &[&str],
+) -> Vec<String> {
+    if let Some(p) = explicit {
+        return vec![p.to_string_lossy().into_owned()];
+    }
+    let mut v = Vec::with_capacity(defaults.len() + 1);
+    if let Some(e) = env.filter(|e| !e.is_empty()) {
+        v.push(e.to_string_lossy().into_owned());
+    }
+    v.extend(defaults.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+fn open(cands: &[String]) -> Result<Library, Error> {
+    let refs: Vec<&str> = cands.iter().map(String::as_str).collect();
+    Library::open(&refs)
+}
+
+/// Looks a symbol up as the field's declared function pointer type.
+macro_rules! syms {
+    ($lib:ident; $($field:ident = $name:literal),* $(,)?) => {
+        $(
+            // SAFETY: each field's type is the `unsafe extern "C" fn` spelled from the C
+            // declaration of the symbol of the same name (see the struct), and the pointer is
+            // stored next to the `Library` that keeps it valid.
+            let $field = unsafe { $lib.sym($name) }?;
+        )*
+    };
+}
+
+/// The ACL runtime entry points, with the library that keeps them valid.
+#[derive(Debug)]
+pub(crate) struct AclApi {
+    /// `aclError aclInit(const char *configPath)`.
+    pub(crate) init: unsafe extern "C" fn(*const c_char) -> AclError,
+    /// `aclError aclFinalize(void)`.
+    pub(crate) finalize: unsafe extern "C" fn() -> AclError,
+    /// `aclError aclrtSetDevice(int32_t)`.
+    pub(crate) set_device: unsafe extern "C" fn(i32) -> AclError,
+    /// `aclError aclrtResetDevice(int32_t)`.
+    pub(crate) reset_device: unsafe extern "C" fn(i32) -> AclError,
+    /// `aclError aclrtGetDevice(int32_t *)`.
+    pub(crate) get_device: unsafe extern "C" fn(*mut i32) -> AclError,
+    /// `aclError aclrtGetCurrentContext(aclrtContext *)`.
+    pub(crate) get_current_context: unsafe extern "C" fn(*mut AclrtContext) -> AclError,
+    /// `aclError aclrtSetCurrentContext(aclrtContext)`.
+    pub(crate) set_current_context: unsafe extern "C" fn(AclrtContext) -> AclError,
+    /// `aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy)`.
+    pub(crate) malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> AclError,
+    /// `aclError aclrtFree(void *devPtr)`.
+    pub(crate) free: unsafe extern "C" fn(*mut c_void) -> AclError,
+    /// `aclError aclrtMallocHost(void **hostPtr, size_t size)`.
+    pub(crate) malloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> AclError,
+    /// `aclError aclrtFreeHost(void *hostPtr)`.
+    pub(crate) free_host: unsafe extern "C" fn(*mut c_void) -> AclError,
+    /// `aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
+    /// aclrtMemcpyKind kind)`.
+    pub(crate) memcpy:
+        unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, c_int) -> AclError,
+    /// `aclError aclrtCreateStream(aclrtStream *)`.
+    pub(crate) create_stream: unsafe extern "C" fn(*mut AclrtStream) -> AclError,
+    /// `aclError aclrtDestroyStream(aclrtStream)`.
+    pub(crate) destroy_stream: unsafe extern "C" fn(AclrtStream) -> AclError,
+    /// `aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t timeout_ms)`.
+    pub(crate) synchronize_stream_with_timeout: unsafe extern "C" fn(AclrtStream, i32) -> AclError,
+    /// `const char *aclGetRecentErrMsg(void)`.
+    pub(crate) get_recent_err_msg: unsafe extern "C" fn() -> *const c_char,
+    lib: Library,
+}
+
+impl AclApi {
+    /// Loads ACL: `explicit` alone if given, else `$HIXL_ACL_LIB` then `libacl_rt.so`,
+    /// `libascendcl.so`.
+    ///
+    /// # Errors
+    /// [`Error::LibraryUnavailable`] naming the candidates, or the first missing symbol.
+    pub(crate) fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+        let env = std::env::var_os(ACL_ENV);
+        Self::load_from(&candidates(explicit, env.as_deref(), ACL_DEFAULTS))
+    }
+
+    /// Loads ACL from the first of `cands` that opens.
+    ///
+    /// # Errors
+    /// As [`AclApi::load`].
+    pub(crate) fn load_from(cands: &[String]) -> Result<Self, Error> {
+        let lib = open(cands)?;
+        syms!(lib;
+            init = "aclInit",
+            finalize = "aclFinalize",
+            set_device = "aclrtSetDevice",
+            reset_device = "aclrtResetDevice",
+            get_device = "aclrtGetDevice",
+            get_current_context = "aclrtGetCurrentContext",
+            set_current_context = "aclrtSetCurrentContext",
+            malloc = "aclrtMalloc",
+            free = "aclrtFree",
+            malloc_host = "aclrtMallocHost",
+            free_host = "aclrtFreeHost",
+            memcpy = "aclrtMemcpy",
+            create_stream = "aclrtCreateStream",
+            destroy_stream = "aclrtDestroyStream",
+            synchronize_stream_with_timeout = "aclrtSynchronizeStreamWithTimeout",
+            get_recent_err_msg = "aclGetRecentErrMsg",
+        );
+        Ok(Self {
+            init,
+            finalize,
+            set_device,
+            reset_device,
+            get_device,
+            get_current_context,
+            set_current_context,
+            malloc,
+            free,
+            malloc_host,
+            free_host,
+            memcpy,
+            create_stream,
+            destroy_stream,
+            synchronize_stream_with_timeout,
+            get_recent_err_msg,
+            lib,
+        })
+    }
+
+    /// The name the library was opened by.
+    pub(crate) fn library(&self) -> &str {
+        self.lib.name()
+    }
+}
+
+/// The HCCL one-sided entry points, with the library that keeps them valid.
+#[derive(Debug)]
+pub(crate) struct HcclApi {
+    /// `HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle)`.
+    pub(crate) register_global_mem:
+        unsafe extern "C" fn(*const CommMem, *mut *mut c_void) -> HcclResult,
+    /// `HcclResult HcclDeregisterGlobalMem(void *memHandle)`.
+    pub(crate) deregister_global_mem: unsafe extern "C" fn(*mut c_void) -> HcclResult,
+    /// `HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, uint32_t rank,
+    /// HcclCommConfig *cfg, HcclComm *comm)`.
+    pub(crate) comm_init_cluster_info_mem_config:
+        unsafe extern "C" fn(*const c_char, u32, *mut HcclCommConfig, *mut HcclComm) -> HcclResult,
+    /// `HcclResult HcclCommBindMem(HcclComm comm, void *memHandle)`.
+    pub(crate) comm_bind_mem: unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+    /// `HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle)`.
+    pub(crate) comm_unbind_mem: unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+    /// `HcclResult HcclCommPrepare(HcclComm comm, const HcclPrepareConfig *cfg,
+    /// const int timeout_s)`.
+    pub(crate) comm_prepare:
+        unsafe extern "C" fn(HcclComm, *const HcclPrepareConfig, c_int) -> HcclResult,
+    /// `HcclResult HcclBatchPut(HcclComm, u32 remoteRank, HcclOneSideOpDesc *desc, u32 descNum,
+    /// rtStream_t stream)`.
+    pub(crate) batch_put:
+        unsafe extern "C" fn(HcclComm, u32, *mut HcclOneSideOpDesc, u32, AclrtStream) -> HcclResult,
+    /// `HcclResult HcclBatchGet(...)`, as `HcclBatchPut`.
+    pub(crate) batch_get:
+        unsafe extern "C" fn(HcclComm, u32, *mut HcclOneSideOpDesc, u32, AclrtStream) -> HcclResult,
+    /// `HcclResult HcclCommDestroy(HcclComm comm)`.
+    pub(crate) comm_destroy: unsafe extern "C" fn(HcclComm) -> HcclResult,
+    lib: Library,
+}
+
+impl HcclApi {
+    /// Loads HCCL: `explicit` alone if given, else `$HIXL_HCCL_LIB` then `libhcomm.so`,
+    /// `libhccl.so`.
+    ///
+    /// # Errors
+    /// [`Error::LibraryUnavailable`] naming the candidates, or the first missing symbol.
+    pub(crate) fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+        let env = std::env::var_os(HCCL_ENV);
+        Self::load_from(&candidates(explicit, env.as_deref(), HCCL_DEFAULTS))
+    }
+
+    /// Loads HCCL from the first of `cands` that opens.
+    ///
+    /// # Errors
+    /// As [`HcclApi::load`].
+    pub(crate) fn load_from(cands: &[String]) -> Result<Self, Error> {
+        let lib = open(cands)?;
+        syms!(lib;
+            register_global_mem = "HcclRegisterGlobalMem",
+            deregister_global_mem = "HcclDeregisterGlobalMem",
+            comm_init_cluster_info_mem_config = "HcclCommInitClusterInfoMemConfig",
+            comm_bind_mem = "HcclCommBindMem",
+            comm_unbind_mem = "HcclCommUnbindMem",
+            comm_prepare = "HcclCommPrepare",
+            batch_put = "HcclBatchPut",
+            batch_get = "HcclBatchGet",
+            comm_destroy = "HcclCommDestroy",
+        );
+        Ok(Self {
+            register_global_mem,
+            deregister_global_mem,
+            comm_init_cluster_info_mem_config,
+            comm_bind_mem,
+            comm_unbind_mem,
+            comm_prepare,
+            batch_put,
+            batch_get,
+            comm_destroy,
+            lib,
+        })
+    }
+
+    /// The name the library was opened by.
+    pub(crate) fn library(&self) -> &str {
+        self.lib.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+
+    #[test]
+    fn candidate_order() {
+        let p = Path::new("/opt/x/libacl_rt.so");
+        assert_eq!(
+            candidates(Some(p), Some(OsStr::new("/env/lib.so")), ACL_DEFAULTS),
+            vec!["/opt/x/libacl_rt.so"]
+        );
+        assert_eq!(
+            candidates(None, Some(OsStr::new("/env/lib.so")), ACL_DEFAULTS),
+            vec!["/env/lib.so", "libacl_rt.so", "libascendcl.so"]
+        );
+        assert_eq!(
+            candidates(None, Some(OsStr::new("")), HCCL_DEFAULTS),
+            vec!["libhcomm.so", "libhccl.so"]
+        );
+        assert_eq!(
+            candidates(None, None, HCCL_DEFAULTS),
+            vec!["libhcomm.so", "libhccl.so"]
+        );
+    }
+
+    #[test]
+    fn missing_libraries_name_both_candidates() {
+        let e = AclApi::load_from(&candidates(None, None, ACL_DEFAULTS)).unwrap_err();
+        match &e {
+            Error::LibraryUnavailable { library, .. } => {
+                assert!(library.contains("libacl_rt.so"), "{library}");
+                assert!(library.contains("libascendcl.so"), "{library}");
+            }
+            other => panic!("wrong error {other:?}"),
+        }
+        assert_eq!(e.status(), Status::UNSUPPORTED);
+        let e = HcclApi::load_from(&candidates(None, None, HCCL_DEFAULTS)).unwrap_err();
+        match &e {
+            Error::LibraryUnavailable { library, .. } => {
+                assert!(library.contains("libhcomm.so"), "{library}");
+                assert!(library.contains("libhccl.so"), "{library}");
+            }
+            other => panic!("wrong error {other:?}"),
+        }
+        let e = AclApi::load(Some(Path::new("/nonexistent/libacl_rt.so"))).unwrap_err();
+        assert!(
+            matches!(&e, Error::LibraryUnavailable { library, .. } if library == "/nonexistent/libacl_rt.so")
+        );
+    }
+
+    #[test]
+    fn a_library_without_the_symbols_names_the_first_missing_one() {
+        let e = AclApi::load(Some(Path::new("libc.so.6"))).unwrap_err();
+        assert!(
+            matches!(&e, Error::LibraryUnavailable { why, .. } if why.contains("aclInit")),
+            "{e:?}"
+        );
+        let e = HcclApi::load(Some(Path::new("libc.so.6"))).unwrap_err();
+        assert!(
+            matches!(&e, Error::LibraryUnavailable { why, .. } if why.contains("HcclRegisterGlobalMem")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_double_provides_every_symbol() {
+        let so = crate::transport::ascend::double::test_instance("ffi-load");
+        let acl = AclApi::load(Some(&so)).expect("ACL symbols");
+        let hccl = HcclApi::load(Some(&so)).expect("HCCL symbols");
+        assert!(acl.library().ends_with(".so"));
+        assert_eq!(acl.library(), hccl.library());
+        let _ = std::fs::remove_file(so);
+    }
+
+    #[test]
+    fn names_and_defaults() {
+        assert_eq!(acl_error_name(507_046), "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT");
+        assert_eq!(acl_error_name(207_001), "ACL_ERROR_RT_MEMORY_ALLOCATION");
+        assert_eq!(acl_error_name(-5), "ACL_ERROR_UNKNOWN");
+        assert_eq!(hccl_result_name(9), "HCCL_E_TIMEOUT");
+        assert_eq!(hccl_result_name(24), "HCCL_E_OOM");
+        assert_eq!(hccl_result_name(1041), "HCCL_E_IN_STATUS");
+        assert_eq!(hccl_result_name(99), "HCCL_E_UNKNOWN");
+        let c = HcclCommConfig::hixl_default();
+        assert_eq!(c.info.magic_word, 0xf0f0_f0f0);
+        assert_eq!(c.info.version, 5);
+        assert_eq!(c.info.config_size, 300);
+        assert_eq!(c.buffer_size, 200);
+        assert_eq!(c.rdma_traffic_class, u32::MAX);
+        assert_eq!(c.rdma_service_level, u32::MAX);
+    }
+}

@@ -1,0 +1,1140 @@
+/*
+ * ABI test double for the ACL runtime and HCCL one-sided symbols hixl's Ascend backend uses.
+ *
+ * Built by src/transport/ascend/double.rs with `cc -shared -fPIC -O1` into libascend_double.so.
+ * Device memory is host memory; contexts are per-device tokens; the current context is
+ * thread-local; HcclBatchPut/HcclBatchGet really move bytes, within a process (memmove) or to
+ * another process running the double (process_vm_writev/readv).
+ *
+ * Configuration (each key read from the environment unless set with hixl_double_control()):
+ *   HIXL_ASCEND_DOUBLE_LOG   file to append one line per call to:
+ *                            "<symbol> key=value ... rc=<code>"
+ *   HIXL_ASCEND_DOUBLE_FAIL  comma-separated failures to inject:
+ *                            "<symbol>"        that symbol fails (aclrtMalloc/aclrtMallocHost:
+ *                                              207001, other acl*: 500000, Hccl*: 4)
+ *                            "<symbol>=<code>" that symbol returns <code>
+ *                            "sync_timeout"    aclrtSynchronizeStreamWithTimeout returns 507046
+ *                                              (queued copies are dropped)
+ *                            "misalign"        aclrtMalloc returns a pointer 64 bytes past a
+ *                                              2 MiB boundary (the memory is valid)
+ *   HIXL_ASCEND_DOUBLE_DIR   directory where processes announce themselves: a file named after
+ *                            the device_ip of their rank, containing their pid (written by
+ *                            HcclCommInitClusterInfoMemConfig for the caller's rank, logged as
+ *                            "announce device_ip=<ip> pid=<pid>"; removed when the double is
+ *                            unloaded; entries naming dead pids are ignored). Announcing also
+ *                            sets PR_SET_PTRACER_ANY so peers may write under Yama scope 1.
+ *   HIXL_ASCEND_DOUBLE_DEVICE_IP  if set, aclrtSetDevice announces this device_ip at once
+ *
+ * Rules the double enforces (so that the caller's discipline is testable):
+ *   - aclInit before aclrtSetDevice (else 100001 ACL_ERROR_UNINITIALIZE);
+ *   - a current context on the calling thread for aclrtGetDevice, aclrtMalloc(Host), aclrtFree
+ *     (Host), aclrtMemcpy, stream calls (else 107002 ACL_ERROR_RT_CONTEXT_NULL), and for
+ *     HcclRegisterGlobalMem, HcclCommInitClusterInfoMemConfig, HcclBatchPut/Get (else 15
+ *     HCCL_E_RUNTIME);
+ *   - stream calls and batch calls run under the context the stream was created in (else 107003
+ *     ACL_ERROR_RT_STREAM_CONTEXT, or HCCL_E_PARA for batch calls);
+ *   - HUGE_ONLY / HUGE_ONLY_P2P allocations are 2 MiB aligned, others 64-byte aligned;
+ *   - batch calls need a prepared comm, a remote rank other than the own, and every local range
+ *     inside a global memory registration bound to the comm (else HCCL_E_PARA);
+ *   - deregistering memory still bound to a comm is HCCL_E_PARA.
+ *
+ * Batch copies are queued on the stream and performed by aclrtSynchronizeStreamWithTimeout; a
+ * copy that fails there (remote process gone, remote range unmapped) makes the sync return
+ * 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR with the errno text in aclGetRecentErrMsg.
+ *
+ * Rank table: HCCL's version "1.0" format, as HIXL's RankTableGeneratorV1 produces it:
+ *   {"version":"1.0","server_count":"1","server_list":[{"server_id":"...","device":[
+ *     {"device_id":"0","device_ip":"192.168.1.8","rank_id":"0"}, ...]}],"status":"completed"}
+ * The double reads, for every object holding a "rank_id", its "rank_id" and "device_ip"
+ * (device objects are flat; other fields are ignored). At most 64 ranks.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int aclError;
+typedef int HcclResult;
+
+enum {
+    ACL_OK = 0,
+    ACL_INVALID_PARAM = 100000,
+    ACL_UNINITIALIZE = 100001,
+    ACL_REPEAT_INITIALIZE = 100002,
+    ACL_REPEAT_FINALIZE = 100037,
+    ACL_INTERNAL_ERROR = 500000,
+    RT_PARAM_INVALID = 107000,
+    RT_INVALID_DEVICEID = 107001,
+    RT_CONTEXT_NULL = 107002,
+    RT_STREAM_CONTEXT = 107003,
+    RT_MEMORY_ALLOCATION = 207001,
+    RT_STREAM_SYNC_TIMEOUT = 507046,
+    RT_DRV_INTERNAL_ERROR = 507899,
+};
+
+enum {
+    HCCL_OK = 0,
+    HCCL_E_PARA = 1,
+    HCCL_E_PTR = 2,
+    HCCL_E_MEMORY = 3,
+    HCCL_E_INTERNAL = 4,
+    HCCL_E_TIMEOUT = 9,
+    HCCL_E_RUNTIME = 15,
+};
+
+#define MAX_DEVICES 64
+#define MAX_RANKS 64
+#define HUGE_PAGE (2u << 20)
+
+typedef struct {
+    int type;
+    void *addr;
+    uint64_t size;
+} CommMem;
+
+typedef struct {
+    void *localAddr;
+    void *remoteAddr;
+    uint64_t count;
+    int dataType;
+} HcclOneSideOpDesc;
+
+typedef struct {
+    int topoType;
+    uint64_t rsvd0, rsvd1, rsvd2;
+} HcclPrepareConfig;
+
+typedef struct {
+    size_t configSize;
+    uint32_t magicWord;
+    uint32_t version;
+    uint64_t reserved;
+    uint32_t hcclBufferSize;
+    uint32_t hcclDeterministic;
+    char hcclCommName[128];
+    char hcclUdi[128];
+    uint32_t hcclOpExpansionMode;
+    uint32_t hcclRdmaTrafficClass;
+    uint32_t hcclRdmaServiceLevel;
+} HcclCommConfigV5;
+
+/* ------------------------------------------------------------------------------------------ */
+/* state                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int device;
+    int refs;
+} Ctx;
+
+typedef struct Alloc {
+    struct Alloc *next;
+    void *base; /* what posix_memalign returned */
+    void *ptr;  /* what the caller got */
+    size_t size;
+    int host;
+} Alloc;
+
+typedef struct {
+    int put;
+    pid_t pid; /* 0: this process */
+    void *local;
+    void *remote;
+    uint64_t len;
+} Op;
+
+typedef struct Stream {
+    struct Stream *next;
+    Ctx *ctx;
+    Op *ops;
+    size_t nops, cap;
+} Stream;
+
+typedef struct GMem {
+    struct GMem *next;
+    CommMem mem;
+    int binds;
+} GMem;
+
+typedef struct Comm {
+    struct Comm *next;
+    uint32_t rank, nranks;
+    char ips[MAX_RANKS][64];
+    pid_t pids[MAX_RANKS];
+    GMem *bound[1024];
+    size_t nbound;
+    int prepared;
+} Comm;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static Ctx ctxs[MAX_DEVICES];
+static int acl_inits;
+static Alloc *allocs;
+static Stream *streams;
+static GMem *gmems;
+static Comm *comms;
+static char own_ips[MAX_RANKS][64];
+static int n_own_ips;
+static char announced_dir[4096];
+static char ctl_log[4096], ctl_fail[4096], ctl_dir[4096], ctl_ip[64];
+static int has_log, has_fail, has_dir, has_ip;
+
+static __thread Ctx *cur_ctx;
+static __thread char errmsg[512];
+static __thread char errmsg_out[512];
+
+/* ------------------------------------------------------------------------------------------ */
+/* configuration, log, failure injection                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+EXPORT int hixl_double_control(const char *key, const char *value) {
+    char *dst = NULL;
+    int *flag = NULL;
+    size_t cap = 0;
+    if (key == NULL) return -1;
+    if (strcmp(key, "log") == 0) { dst = ctl_log; flag = &has_log; cap = sizeof ctl_log; }
+    else if (strcmp(key, "fail") == 0) { dst = ctl_fail; flag = &has_fail; cap = sizeof ctl_fail; }
+    else if (strcmp(key, "dir") == 0) { dst = ctl_dir; flag = &has_dir; cap = sizeof ctl_dir; }
+    else if (strcmp(key, "device_ip") == 0) { dst = ctl_ip; flag = &has_ip; cap = sizeof ctl_ip; }
+    else return -1;
+    pthread_mutex_lock(&mu);
+    if (value == NULL) {
+        *flag = 0;
+        dst[0] = 0;
+    } else {
+        snprintf(dst, cap, "%s", value);
+        *flag = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+/* Copies the setting into out (empty when unset). */
+static void setting(const char *key, char *out, size_t cap) {
+    const char *v = NULL;
+    pthread_mutex_lock(&mu);
+    if (strcmp(key, "log") == 0 && has_log) v = ctl_log;
+    else if (strcmp(key, "fail") == 0 && has_fail) v = ctl_fail;
+    else if (strcmp(key, "dir") == 0 && has_dir) v = ctl_dir;
+    else if (strcmp(key, "device_ip") == 0 && has_ip) v = ctl_ip;
+    if (v != NULL) snprintf(out, cap, "%s", v);
+    pthread_mutex_unlock(&mu);
+    if (v != NULL) return;
+    if (strcmp(key, "log") == 0) v = getenv("HIXL_ASCEND_DOUBLE_LOG");
+    else if (strcmp(key, "fail") == 0) v = getenv("HIXL_ASCEND_DOUBLE_FAIL");
+    else if (strcmp(key, "dir") == 0) v = getenv("HIXL_ASCEND_DOUBLE_DIR");
+    else if (strcmp(key, "device_ip") == 0) v = getenv("HIXL_ASCEND_DOUBLE_DEVICE_IP");
+    snprintf(out, cap, "%s", v ? v : "");
+}
+
+static void logf_(const char *fmt, ...) {
+    char path[4096];
+    char line[1024];
+    va_list ap;
+    int n, fd;
+    setting("log", path, sizeof path);
+    if (path[0] == 0) return;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    if (write(fd, line, (size_t)n) < 0) { /* best effort */ }
+    close(fd);
+}
+
+static void set_err(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    va_end(ap);
+}
+
+/* Whether `token` is in the comma-separated fail list; *code gets "=<code>" if given. */
+static int fail_has(const char *token, long *code) {
+    char list[4096];
+    char *save = NULL, *t;
+    setting("fail", list, sizeof list);
+    for (t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (eq != NULL) *eq = 0;
+        if (strcmp(t, token) == 0) {
+            if (eq != NULL && code != NULL) *code = strtol(eq + 1, NULL, 10);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The injected return code for `sym`, or 0. */
+static int injected(const char *sym, int dflt) {
+    long code = dflt;
+    if (!fail_has(sym, &code)) return 0;
+    set_err("double: injected failure of %s (code %ld)", sym, code);
+    return (int)code;
+}
+
+static int acl_inject(const char *sym) {
+    int dflt = ACL_INTERNAL_ERROR;
+    if (strcmp(sym, "aclrtMalloc") == 0 || strcmp(sym, "aclrtMallocHost") == 0) dflt = RT_MEMORY_ALLOCATION;
+    return injected(sym, dflt);
+}
+
+#define ACL_FAIL_POINT(sym, fmt, ...)                                \
+    do {                                                             \
+        int inj_ = acl_inject(sym);                                  \
+        if (inj_ != 0) {                                             \
+            logf_(sym " " fmt " rc=%d", __VA_ARGS__, inj_);          \
+            return inj_;                                             \
+        }                                                            \
+    } while (0)
+
+#define HCCL_FAIL_POINT(sym, fmt, ...)                               \
+    do {                                                             \
+        int inj_ = injected(sym, HCCL_E_INTERNAL);                   \
+        if (inj_ != 0) {                                             \
+            logf_(sym " " fmt " rc=%d", __VA_ARGS__, inj_);          \
+            return inj_;                                             \
+        }                                                            \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* ACL                                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static int ctx_valid(const Ctx *c) {
+    return c != NULL && c >= &ctxs[0] && c < &ctxs[MAX_DEVICES] && c->refs > 0;
+}
+
+/* Returns 0 when the calling thread has a live current context. */
+static int need_ctx(const char *sym) {
+    int ok;
+    pthread_mutex_lock(&mu);
+    ok = ctx_valid(cur_ctx);
+    pthread_mutex_unlock(&mu);
+    if (ok) return 0;
+    set_err("double: %s called without a current context on this thread", sym);
+    return 1;
+}
+
+EXPORT const char *aclGetRecentErrMsg(void) {
+    if (errmsg[0] == 0) return NULL;
+    memcpy(errmsg_out, errmsg, sizeof errmsg_out);
+    errmsg[0] = 0;
+    return errmsg_out;
+}
+
+EXPORT aclError aclInit(const char *configPath) {
+    int rc = ACL_OK;
+    ACL_FAIL_POINT("aclInit", "config=%s", configPath ? configPath : "(null)");
+    pthread_mutex_lock(&mu);
+    if (acl_inits > 0) rc = ACL_REPEAT_INITIALIZE;
+    else acl_inits = 1;
+    pthread_mutex_unlock(&mu);
+    logf_("aclInit config=%s rc=%d", configPath ? configPath : "(null)", rc);
+    return rc;
+}
+
+EXPORT aclError aclFinalize(void) {
+    int rc = ACL_OK;
+    ACL_FAIL_POINT("aclFinalize", "%s", "");
+    pthread_mutex_lock(&mu);
+    if (acl_inits == 0) rc = ACL_REPEAT_FINALIZE;
+    else acl_inits = 0;
+    pthread_mutex_unlock(&mu);
+    logf_("aclFinalize rc=%d", rc);
+    return rc;
+}
+
+static void announce(const char *ip);
+
+EXPORT aclError aclrtSetDevice(int32_t deviceId) {
+    int rc = ACL_OK;
+    char ip[64];
+    ACL_FAIL_POINT("aclrtSetDevice", "device=%d", deviceId);
+    pthread_mutex_lock(&mu);
+    if (acl_inits == 0) {
+        rc = ACL_UNINITIALIZE;
+    } else if (deviceId < 0 || deviceId >= MAX_DEVICES) {
+        rc = RT_INVALID_DEVICEID;
+    } else {
+        ctxs[deviceId].device = deviceId;
+        ctxs[deviceId].refs++;
+        cur_ctx = &ctxs[deviceId];
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc == ACL_UNINITIALIZE) set_err("double: aclrtSetDevice before aclInit");
+    logf_("aclrtSetDevice device=%d ctx=%p rc=%d", deviceId, rc ? NULL : (void *)cur_ctx, rc);
+    if (rc == ACL_OK) {
+        setting("device_ip", ip, sizeof ip);
+        if (ip[0] != 0) announce(ip);
+    }
+    return rc;
+}
+
+EXPORT aclError aclrtResetDevice(int32_t deviceId) {
+    int rc = ACL_OK;
+    ACL_FAIL_POINT("aclrtResetDevice", "device=%d", deviceId);
+    pthread_mutex_lock(&mu);
+    if (deviceId < 0 || deviceId >= MAX_DEVICES || ctxs[deviceId].refs == 0) {
+        rc = RT_INVALID_DEVICEID;
+    } else {
+        ctxs[deviceId].refs--;
+        if (ctxs[deviceId].refs == 0 && cur_ctx == &ctxs[deviceId]) cur_ctx = NULL;
+    }
+    pthread_mutex_unlock(&mu);
+    logf_("aclrtResetDevice device=%d rc=%d", deviceId, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtGetDevice(int32_t *deviceId) {
+    ACL_FAIL_POINT("aclrtGetDevice", "%s", "");
+    if (deviceId == NULL) return ACL_INVALID_PARAM;
+    if (need_ctx("aclrtGetDevice")) {
+        logf_("aclrtGetDevice rc=%d", RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    *deviceId = cur_ctx->device;
+    logf_("aclrtGetDevice device=%d rc=0", *deviceId);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtGetCurrentContext(void **ctx) {
+    ACL_FAIL_POINT("aclrtGetCurrentContext", "%s", "");
+    if (ctx == NULL) return ACL_INVALID_PARAM;
+    if (need_ctx("aclrtGetCurrentContext")) {
+        logf_("aclrtGetCurrentContext rc=%d", RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    *ctx = cur_ctx;
+    logf_("aclrtGetCurrentContext ctx=%p rc=0", (void *)cur_ctx);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtSetCurrentContext(void *ctx) {
+    int ok;
+    ACL_FAIL_POINT("aclrtSetCurrentContext", "ctx=%p", ctx);
+    pthread_mutex_lock(&mu);
+    ok = ctx_valid((Ctx *)ctx);
+    if (ok) cur_ctx = (Ctx *)ctx;
+    pthread_mutex_unlock(&mu);
+    if (!ok) set_err("double: aclrtSetCurrentContext(%p): not a live context", ctx);
+    logf_("aclrtSetCurrentContext ctx=%p rc=%d", ctx, ok ? 0 : RT_PARAM_INVALID);
+    return ok ? ACL_OK : RT_PARAM_INVALID;
+}
+
+static aclError do_malloc(const char *sym, void **out, size_t size, uint32_t policy, int host) {
+    size_t align = 64;
+    size_t total;
+    void *base = NULL;
+    void *ptr;
+    Alloc *a;
+    int misalign = 0;
+    uint32_t p = policy & 0xffu;
+    if (out == NULL || size == 0) {
+        set_err("double: %s: null out pointer or zero size", sym);
+        return ACL_INVALID_PARAM;
+    }
+    if (!host && (p == 1 || p == 4)) {
+        align = HUGE_PAGE;
+        misalign = fail_has("misalign", NULL);
+    }
+    total = size + (misalign ? 64 : 0);
+    if (posix_memalign(&base, align, total) != 0) {
+        set_err("double: %s: out of host memory for %zu bytes", sym, size);
+        return RT_MEMORY_ALLOCATION;
+    }
+    memset(base, 0, total);
+    ptr = (char *)base + (misalign ? 64 : 0);
+    a = calloc(1, sizeof *a);
+    if (a == NULL) {
+        free(base);
+        return RT_MEMORY_ALLOCATION;
+    }
+    a->base = base;
+    a->ptr = ptr;
+    a->size = size;
+    a->host = host;
+    pthread_mutex_lock(&mu);
+    a->next = allocs;
+    allocs = a;
+    pthread_mutex_unlock(&mu);
+    *out = ptr;
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtMalloc(void **devPtr, size_t size, uint32_t policy) {
+    aclError rc;
+    ACL_FAIL_POINT("aclrtMalloc", "size=%zu policy=%u", size, policy);
+    if (need_ctx("aclrtMalloc")) {
+        logf_("aclrtMalloc size=%zu policy=%u rc=%d", size, policy, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    rc = do_malloc("aclrtMalloc", devPtr, size, policy, 0);
+    logf_("aclrtMalloc size=%zu policy=%u ptr=%p rc=%d", size, policy, rc ? NULL : *devPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    aclError rc;
+    ACL_FAIL_POINT("aclrtMallocHost", "size=%zu", size);
+    if (need_ctx("aclrtMallocHost")) {
+        logf_("aclrtMallocHost size=%zu rc=%d", size, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    rc = do_malloc("aclrtMallocHost", hostPtr, size, 0, 1);
+    logf_("aclrtMallocHost size=%zu ptr=%p rc=%d", size, rc ? NULL : *hostPtr, rc);
+    return rc;
+}
+
+static aclError do_free(const char *sym, void *ptr, int host) {
+    Alloc **pp, *a = NULL;
+    pthread_mutex_lock(&mu);
+    for (pp = &allocs; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->ptr == ptr && (*pp)->host == host) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (a == NULL) {
+        set_err("double: %s(%p): not an allocation of this kind", sym, ptr);
+        return RT_PARAM_INVALID;
+    }
+    free(a->base);
+    free(a);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtFree(void *devPtr) {
+    aclError rc;
+    ACL_FAIL_POINT("aclrtFree", "ptr=%p", devPtr);
+    if (need_ctx("aclrtFree")) {
+        logf_("aclrtFree ptr=%p rc=%d", devPtr, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    rc = do_free("aclrtFree", devPtr, 0);
+    logf_("aclrtFree ptr=%p rc=%d", devPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtFreeHost(void *hostPtr) {
+    aclError rc;
+    ACL_FAIL_POINT("aclrtFreeHost", "ptr=%p", hostPtr);
+    if (need_ctx("aclrtFreeHost")) {
+        logf_("aclrtFreeHost ptr=%p rc=%d", hostPtr, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    rc = do_free("aclrtFreeHost", hostPtr, 1);
+    logf_("aclrtFreeHost ptr=%p rc=%d", hostPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind) {
+    ACL_FAIL_POINT("aclrtMemcpy", "count=%zu kind=%d", count, kind);
+    if (need_ctx("aclrtMemcpy")) {
+        logf_("aclrtMemcpy count=%zu kind=%d rc=%d", count, kind, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    if (dst == NULL || src == NULL || count > destMax || kind < 0 || kind > 7) {
+        set_err("double: aclrtMemcpy: bad arguments");
+        logf_("aclrtMemcpy count=%zu kind=%d rc=%d", count, kind, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    memmove(dst, src, count);
+    logf_("aclrtMemcpy count=%zu kind=%d rc=0", count, kind);
+    return ACL_OK;
+}
+
+static Stream *find_stream(void *s) {
+    Stream *it;
+    for (it = streams; it != NULL; it = it->next)
+        if ((void *)it == s) return it;
+    return NULL;
+}
+
+EXPORT aclError aclrtCreateStream(void **stream) {
+    Stream *s;
+    ACL_FAIL_POINT("aclrtCreateStream", "%s", "");
+    if (stream == NULL) return ACL_INVALID_PARAM;
+    if (need_ctx("aclrtCreateStream")) {
+        logf_("aclrtCreateStream rc=%d", RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    s = calloc(1, sizeof *s);
+    if (s == NULL) return RT_MEMORY_ALLOCATION;
+    s->ctx = cur_ctx;
+    pthread_mutex_lock(&mu);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&mu);
+    *stream = s;
+    logf_("aclrtCreateStream stream=%p ctx=%p rc=0", (void *)s, (void *)s->ctx);
+    return ACL_OK;
+}
+
+/* Checks the stream exists and belongs to the current context. */
+static int stream_check(const char *sym, void *stream, Stream **out) {
+    Stream *s;
+    int rc = 0;
+    pthread_mutex_lock(&mu);
+    s = find_stream(stream);
+    if (s == NULL) rc = RT_PARAM_INVALID;
+    else if (!ctx_valid(cur_ctx)) rc = RT_CONTEXT_NULL;
+    else if (s->ctx != cur_ctx) rc = RT_STREAM_CONTEXT;
+    pthread_mutex_unlock(&mu);
+    if (rc == RT_PARAM_INVALID) set_err("double: %s(%p): unknown stream", sym, stream);
+    if (rc == RT_CONTEXT_NULL) set_err("double: %s called without a current context", sym);
+    if (rc == RT_STREAM_CONTEXT) set_err("double: %s: stream %p belongs to another context", sym, stream);
+    *out = s;
+    return rc;
+}
+
+EXPORT aclError aclrtDestroyStream(void *stream) {
+    Stream *s, **pp;
+    int rc;
+    ACL_FAIL_POINT("aclrtDestroyStream", "stream=%p", stream);
+    rc = stream_check("aclrtDestroyStream", stream, &s);
+    if (rc == 0) {
+        pthread_mutex_lock(&mu);
+        for (pp = &streams; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == s) {
+                *pp = s->next;
+                break;
+            }
+        pthread_mutex_unlock(&mu);
+        free(s->ops);
+        free(s);
+    }
+    logf_("aclrtDestroyStream stream=%p rc=%d", stream, rc);
+    return rc;
+}
+
+static int run_op(const Op *op, char *why, size_t cap) {
+    ssize_t n;
+    struct iovec l, r;
+    if (op->len == 0) return 0;
+    if (op->pid == 0) {
+        if (op->put) memmove(op->remote, op->local, op->len);
+        else memmove(op->local, op->remote, op->len);
+        return 0;
+    }
+    l.iov_base = op->local;
+    l.iov_len = op->len;
+    r.iov_base = op->remote;
+    r.iov_len = op->len;
+    n = op->put ? process_vm_writev(op->pid, &l, 1, &r, 1, 0) : process_vm_readv(op->pid, &l, 1, &r, 1, 0);
+    if (n == (ssize_t)op->len) return 0;
+    snprintf(why, cap, "%s pid %d remote %p len %llu: %s", op->put ? "process_vm_writev" : "process_vm_readv",
+             (int)op->pid, op->remote, (unsigned long long)op->len, n < 0 ? strerror(errno) : "short copy");
+    return -1;
+}
+
+EXPORT aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout) {
+    Stream *s;
+    Op *ops;
+    size_t nops, i;
+    int rc;
+    char why[256] = "";
+    ACL_FAIL_POINT("aclrtSynchronizeStreamWithTimeout", "stream=%p timeout=%d", stream, timeout);
+    rc = stream_check("aclrtSynchronizeStreamWithTimeout", stream, &s);
+    if (rc != 0) {
+        logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d rc=%d", stream, timeout, rc);
+        return rc;
+    }
+    pthread_mutex_lock(&mu);
+    ops = s->ops;
+    nops = s->nops;
+    s->ops = NULL;
+    s->nops = s->cap = 0;
+    pthread_mutex_unlock(&mu);
+    if (fail_has("sync_timeout", NULL)) {
+        rc = RT_STREAM_SYNC_TIMEOUT;
+        set_err("double: injected stream sync timeout after %d ms (%zu copies dropped)", timeout, nops);
+    } else {
+        for (i = 0; i < nops; i++) {
+            if (run_op(&ops[i], why, sizeof why) != 0) {
+                rc = RT_DRV_INTERNAL_ERROR;
+                set_err("double: copy %zu failed: %s", i, why);
+                break;
+            }
+        }
+    }
+    free(ops);
+    logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d ops=%zu rc=%d", stream, timeout, nops, rc);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* process directory                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+static void announce(const char *ip) {
+    char dir[4096], tmp[4400], path[4400], buf[32];
+    int fd, n, i, known = 0;
+    pthread_mutex_lock(&mu);
+    for (i = 0; i < n_own_ips; i++)
+        if (strcmp(own_ips[i], ip) == 0) known = 1;
+    if (!known && n_own_ips < MAX_RANKS) snprintf(own_ips[n_own_ips++], 64, "%s", ip);
+    pthread_mutex_unlock(&mu);
+    setting("dir", dir, sizeof dir);
+    if (dir[0] == 0) return;
+    /* let peers write into this process even under Yama ptrace_scope=1 */
+    (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    pthread_mutex_lock(&mu);
+    snprintf(announced_dir, sizeof announced_dir, "%s", dir);
+    pthread_mutex_unlock(&mu);
+    snprintf(tmp, sizeof tmp, "%s/.tmp.%d.%s", dir, (int)getpid(), ip);
+    snprintf(path, sizeof path, "%s/%s", dir, ip);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    n = snprintf(buf, sizeof buf, "%d\n", (int)getpid());
+    if (write(fd, buf, (size_t)n) < 0) { /* best effort */ }
+    close(fd);
+    if (rename(tmp, path) != 0) unlink(tmp);
+    logf_("announce device_ip=%s pid=%d", ip, (int)getpid());
+}
+
+/* The pid serving `ip`: 0 for this process, -1 when unknown. */
+static pid_t resolve(const char *ip) {
+    char dir[4096], path[4400], buf[32];
+    int fd, i;
+    ssize_t n;
+    long pid;
+    pthread_mutex_lock(&mu);
+    for (i = 0; i < n_own_ips; i++)
+        if (strcmp(own_ips[i], ip) == 0) {
+            pthread_mutex_unlock(&mu);
+            return 0;
+        }
+    pthread_mutex_unlock(&mu);
+    setting("dir", dir, sizeof dir);
+    if (dir[0] == 0) return -1;
+    snprintf(path, sizeof path, "%s/%s", dir, ip);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    pid = strtol(buf, NULL, 10);
+    if (pid <= 0) return -1;
+    if (pid == (long)getpid()) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return -1; /* a stale announcement */
+    return (pid_t)pid;
+}
+
+/* Removes this process's announcements (those still naming its pid) when the double unloads. */
+__attribute__((destructor)) static void unannounce(void) {
+    char path[8300], buf[32];
+    int fd, i;
+    ssize_t n;
+    if (announced_dir[0] == 0) return;
+    for (i = 0; i < n_own_ips; i++) {
+        snprintf(path, sizeof path, "%s/%s", announced_dir, own_ips[i]);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        if (strtol(buf, NULL, 10) == (long)getpid()) unlink(path);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* HCCL                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static GMem *find_gmem(void *h) {
+    GMem *g;
+    for (g = gmems; g != NULL; g = g->next)
+        if ((void *)g == h) return g;
+    return NULL;
+}
+
+static Comm *find_comm(void *c) {
+    Comm *it;
+    for (it = comms; it != NULL; it = it->next)
+        if ((void *)it == c) return it;
+    return NULL;
+}
+
+EXPORT HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle) {
+    GMem *g;
+    HCCL_FAIL_POINT("HcclRegisterGlobalMem", "type=%d addr=%p size=%llu", mem ? mem->type : -1,
+                    mem ? mem->addr : NULL, mem ? (unsigned long long)mem->size : 0ULL);
+    if (mem == NULL || memHandle == NULL || mem->addr == NULL || mem->size == 0 ||
+        (mem->type != 0 && mem->type != 1)) {
+        set_err("double: HcclRegisterGlobalMem: bad arguments");
+        logf_("HcclRegisterGlobalMem rc=%d", HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    if (need_ctx("HcclRegisterGlobalMem")) {
+        logf_("HcclRegisterGlobalMem type=%d addr=%p size=%llu rc=%d", mem->type, mem->addr,
+              (unsigned long long)mem->size, HCCL_E_RUNTIME);
+        return HCCL_E_RUNTIME;
+    }
+    g = calloc(1, sizeof *g);
+    if (g == NULL) return HCCL_E_MEMORY;
+    g->mem = *mem;
+    pthread_mutex_lock(&mu);
+    g->next = gmems;
+    gmems = g;
+    pthread_mutex_unlock(&mu);
+    *memHandle = g;
+    logf_("HcclRegisterGlobalMem type=%d addr=%p size=%llu handle=%p rc=0", mem->type, mem->addr,
+          (unsigned long long)mem->size, (void *)g);
+    return HCCL_OK;
+}
+
+EXPORT HcclResult HcclDeregisterGlobalMem(void *memHandle) {
+    GMem **pp, *g = NULL;
+    int rc = HCCL_OK;
+    HCCL_FAIL_POINT("HcclDeregisterGlobalMem", "handle=%p", memHandle);
+    pthread_mutex_lock(&mu);
+    for (pp = &gmems; *pp != NULL; pp = &(*pp)->next)
+        if ((void *)*pp == memHandle) {
+            g = *pp;
+            if (g->binds > 0) {
+                rc = HCCL_E_PARA;
+            } else {
+                *pp = g->next;
+            }
+            break;
+        }
+    if (g == NULL) rc = HCCL_E_PARA;
+    pthread_mutex_unlock(&mu);
+    if (rc == HCCL_OK) free(g);
+    else set_err("double: HcclDeregisterGlobalMem(%p): %s", memHandle, g ? "still bound to a comm" : "unknown handle");
+    logf_("HcclDeregisterGlobalMem handle=%p rc=%d", memHandle, rc);
+    return rc;
+}
+
+/* Reads the string or number value of "key" inside [p, end) into out. */
+static int json_field(const char *p, const char *end, const char *key, char *out, size_t cap) {
+    char pat[64];
+    const char *k, *v;
+    size_t n = 0;
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    k = strstr(p, pat);
+    if (k == NULL || k >= end) return -1;
+    v = k + strlen(pat);
+    while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r')) v++;
+    if (v >= end || *v != ':') return -1;
+    v++;
+    while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r')) v++;
+    if (v < end && *v == '"') {
+        v++;
+        while (v < end && *v != '"' && n + 1 < cap) out[n++] = *v++;
+        if (v >= end || *v != '"') return -1;
+    } else {
+        while (v < end && *v >= '0' && *v <= '9' && n + 1 < cap) out[n++] = *v++;
+        if (n == 0) return -1;
+    }
+    out[n] = 0;
+    return 0;
+}
+
+/* Parses the rank table into c->ips; returns the number of ranks or -1. */
+static int parse_rank_table(const char *json, Comm *c) {
+    const char *p = json;
+    int count = 0, seen[MAX_RANKS] = {0};
+    while ((p = strstr(p, "\"rank_id\"")) != NULL) {
+        const char *start = p, *end = p;
+        char rid[16], ip[64];
+        long r;
+        while (start > json && *start != '{') start--;
+        while (*end != 0 && *end != '}') end++;
+        if (*start != '{' || *end != '}') return -1;
+        if (json_field(start, end, "rank_id", rid, sizeof rid) != 0) return -1;
+        if (json_field(start, end, "device_ip", ip, sizeof ip) != 0) return -1;
+        r = strtol(rid, NULL, 10);
+        if (r < 0 || r >= MAX_RANKS || seen[r]) return -1;
+        seen[r] = 1;
+        snprintf(c->ips[r], sizeof c->ips[r], "%s", ip);
+        count++;
+        p = end;
+    }
+    for (int i = 0; i < count; i++)
+        if (!seen[i]) return -1;
+    return count;
+}
+
+EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, uint32_t rank, HcclCommConfigV5 *cfg,
+                                                   void **comm) {
+    Comm *c;
+    int n;
+    const char *name;
+    HCCL_FAIL_POINT("HcclCommInitClusterInfoMemConfig", "rank=%u", rank);
+    if (rankTableJson == NULL || cfg == NULL || comm == NULL) {
+        set_err("double: HcclCommInitClusterInfoMemConfig: null argument");
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_PTR);
+        return HCCL_E_PTR;
+    }
+    if (cfg->magicWord != 0xf0f0f0f0u || cfg->version < 1 || cfg->configSize < 32) {
+        set_err("double: HcclCommInitClusterInfoMemConfig: config not initialised (magic %#x version %u size %zu)",
+                cfg->magicWord, cfg->version, cfg->configSize);
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    if (need_ctx("HcclCommInitClusterInfoMemConfig")) {
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_RUNTIME);
+        return HCCL_E_RUNTIME;
+    }
+    c = calloc(1, sizeof *c);
+    if (c == NULL) return HCCL_E_MEMORY;
+    n = parse_rank_table(rankTableJson, c);
+    if (n <= 0 || rank >= (uint32_t)n) {
+        free(c);
+        set_err("double: HcclCommInitClusterInfoMemConfig: bad rank table or rank %u", rank);
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    c->rank = rank;
+    c->nranks = (uint32_t)n;
+    for (int i = 0; i < n; i++) c->pids[i] = -1;
+    c->pids[rank] = 0;
+    announce(c->ips[rank]);
+    pthread_mutex_lock(&mu);
+    c->next = comms;
+    comms = c;
+    pthread_mutex_unlock(&mu);
+    *comm = c;
+    name = cfg->configSize >= 32 + 128 && cfg->version >= 1 ? cfg->hcclCommName : "";
+    logf_("HcclCommInitClusterInfoMemConfig rank=%u nranks=%d device_ip=%s name=%.127s version=%u size=%zu "
+          "bufsize=%u tc=%u sl=%u comm=%p rc=0",
+          rank, n, c->ips[rank], name, cfg->version, cfg->configSize, cfg->hcclBufferSize,
+          cfg->configSize >= 300 ? cfg->hcclRdmaTrafficClass : 0xffffffffu,
+          cfg->configSize >= 300 ? cfg->hcclRdmaServiceLevel : 0xffffffffu, (void *)c);
+    return HCCL_OK;
+}
+
+EXPORT HcclResult HcclCommBindMem(void *comm, void *memHandle) {
+    Comm *c;
+    GMem *g;
+    int rc = HCCL_OK;
+    HCCL_FAIL_POINT("HcclCommBindMem", "comm=%p handle=%p", comm, memHandle);
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    g = find_gmem(memHandle);
+    if (c == NULL || g == NULL || c->nbound >= 1024) {
+        rc = HCCL_E_PARA;
+    } else {
+        for (size_t i = 0; i < c->nbound; i++)
+            if (c->bound[i] == g) rc = HCCL_E_PARA;
+        if (rc == HCCL_OK) {
+            c->bound[c->nbound++] = g;
+            g->binds++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc) set_err("double: HcclCommBindMem: unknown comm/handle or already bound");
+    logf_("HcclCommBindMem comm=%p handle=%p rc=%d", comm, memHandle, rc);
+    return rc;
+}
+
+EXPORT HcclResult HcclCommUnbindMem(void *comm, void *memHandle) {
+    Comm *c;
+    int rc = HCCL_E_PARA;
+    HCCL_FAIL_POINT("HcclCommUnbindMem", "comm=%p handle=%p", comm, memHandle);
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    if (c != NULL) {
+        for (size_t i = 0; i < c->nbound; i++)
+            if ((void *)c->bound[i] == memHandle) {
+                c->bound[i]->binds--;
+                c->bound[i] = c->bound[--c->nbound];
+                rc = HCCL_OK;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc) set_err("double: HcclCommUnbindMem: not bound");
+    logf_("HcclCommUnbindMem comm=%p handle=%p rc=%d", comm, memHandle, rc);
+    return rc;
+}
+
+EXPORT HcclResult HcclCommPrepare(void *comm, const HcclPrepareConfig *cfg, const int timeout) {
+    Comm *c;
+    struct timespec t0, now, nap = {0, 5 * 1000 * 1000};
+    uint32_t missing = 0;
+    HCCL_FAIL_POINT("HcclCommPrepare", "comm=%p timeout=%d", comm, timeout);
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    pthread_mutex_unlock(&mu);
+    if (c == NULL || cfg == NULL || cfg->topoType != 0 || timeout <= 0) {
+        set_err("double: HcclCommPrepare: bad arguments");
+        logf_("HcclCommPrepare comm=%p timeout=%d rc=%d", comm, timeout, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        missing = 0;
+        for (uint32_t r = 0; r < c->nranks; r++) {
+            pid_t pid;
+            pthread_mutex_lock(&mu);
+            pid = c->pids[r];
+            pthread_mutex_unlock(&mu);
+            if (pid >= 0) continue;
+            pid = resolve(c->ips[r]);
+            pthread_mutex_lock(&mu);
+            c->pids[r] = pid;
+            pthread_mutex_unlock(&mu);
+            if (pid < 0) missing++;
+        }
+        if (missing == 0) break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= (long)timeout * 1000) {
+            set_err("double: HcclCommPrepare: %u peer(s) did not announce within %d s", missing, timeout);
+            logf_("HcclCommPrepare comm=%p timeout=%d missing=%u rc=%d", comm, timeout, missing, HCCL_E_TIMEOUT);
+            return HCCL_E_TIMEOUT;
+        }
+        nanosleep(&nap, NULL);
+    }
+    c->prepared = 1;
+    logf_("HcclCommPrepare comm=%p timeout=%d rc=0", comm, timeout);
+    return HCCL_OK;
+}
+
+static size_t dtype_size(int t) {
+    switch (t) {
+    case 0: case 7: return 1;
+    case 1: case 3: case 8: case 11: return 2;
+    case 2: case 4: case 9: return 4;
+    case 5: case 6: case 10: return 8;
+    case 12: return 16;
+    default: return 0;
+    }
+}
+
+static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc,
+                        uint32_t descNum, void *stream) {
+    Comm *c;
+    Stream *s;
+    int rc = HCCL_OK;
+    const char *why = "";
+    int inj = injected(sym, HCCL_E_INTERNAL);
+    if (inj != 0) {
+        logf_("%s rank=%u num=%u rc=%d", sym, remoteRank, descNum, inj);
+        return inj;
+    }
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    s = find_stream(stream);
+    if (!ctx_valid(cur_ctx)) {
+        rc = HCCL_E_RUNTIME;
+        why = "no current context on this thread";
+    } else if (c == NULL || s == NULL) {
+        rc = HCCL_E_PARA;
+        why = "unknown comm or stream";
+    } else if (s->ctx != cur_ctx) {
+        rc = HCCL_E_PARA;
+        why = "stream belongs to another context";
+    } else if (!c->prepared) {
+        rc = HCCL_E_PARA;
+        why = "comm not prepared";
+    } else if (remoteRank >= c->nranks || remoteRank == c->rank) {
+        rc = HCCL_E_PARA;
+        why = "bad remote rank";
+    } else if (descNum > 0 && desc == NULL) {
+        rc = HCCL_E_PTR;
+        why = "null descriptors";
+    }
+    for (uint32_t i = 0; rc == HCCL_OK && i < descNum; i++) {
+        size_t es = dtype_size(desc[i].dataType);
+        uint64_t len = desc[i].count * es;
+        uintptr_t a = (uintptr_t)desc[i].localAddr;
+        int inside = 0;
+        if (es == 0 || (es > 1 && desc[i].count > UINT64_MAX / es)) {
+            rc = HCCL_E_PARA;
+            why = "bad data type or count";
+            break;
+        }
+        for (size_t b = 0; b < c->nbound; b++) {
+            uintptr_t lo = (uintptr_t)c->bound[b]->mem.addr;
+            uint64_t sz = c->bound[b]->mem.size;
+            if (a >= lo && len <= sz && a - lo <= sz - len) inside = 1;
+        }
+        if (!inside) {
+            rc = HCCL_E_PARA;
+            why = "local range is not inside memory bound to the comm";
+            break;
+        }
+    }
+    if (rc == HCCL_OK && descNum > 0) {
+        if (s->nops + descNum > s->cap) {
+            size_t cap = (s->nops + descNum) * 2;
+            Op *n = realloc(s->ops, cap * sizeof *n);
+            if (n == NULL) {
+                rc = HCCL_E_MEMORY;
+            } else {
+                s->ops = n;
+                s->cap = cap;
+            }
+        }
+        for (uint32_t i = 0; rc == HCCL_OK && i < descNum; i++) {
+            Op *op = &s->ops[s->nops++];
+            op->put = put;
+            op->pid = c->pids[remoteRank];
+            op->local = desc[i].localAddr;
+            op->remote = desc[i].remoteAddr;
+            op->len = desc[i].count * dtype_size(desc[i].dataType);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc) set_err("double: %s: %s", sym, why);
+    logf_("%s rank=%u num=%u rc=%d", sym, remoteRank, descNum, rc);
+    return rc;
+}
+
+EXPORT HcclResult HcclBatchPut(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
+                               void *stream) {
+    return batch("HcclBatchPut", 1, comm, remoteRank, desc, descNum, stream);
+}
+
+EXPORT HcclResult HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
+                               void *stream) {
+    return batch("HcclBatchGet", 0, comm, remoteRank, desc, descNum, stream);
+}
+
+EXPORT HcclResult HcclCommDestroy(void *comm) {
+    Comm **pp, *c = NULL;
+    HCCL_FAIL_POINT("HcclCommDestroy", "comm=%p", comm);
+    pthread_mutex_lock(&mu);
+    for (pp = &comms; *pp != NULL; pp = &(*pp)->next)
+        if ((void *)*pp == comm) {
+            c = *pp;
+            *pp = c->next;
+            break;
+        }
+    if (c != NULL)
+        for (size_t i = 0; i < c->nbound; i++) c->bound[i]->binds--;
+    pthread_mutex_unlock(&mu);
+    if (c == NULL) {
+        set_err("double: HcclCommDestroy(%p): unknown comm", comm);
+        logf_("HcclCommDestroy comm=%p rc=%d", comm, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    logf_("HcclCommDestroy comm=%p bound=%zu rc=0", comm, c->nbound);
+    free(c);
+    return HCCL_OK;
+}
