@@ -8,7 +8,10 @@
 //! ```
 //!
 //! Options:
-//! - `--transport tcp|cma` (cma: the same-host transport, required; tcp: never the same-host one)
+//! - `--transport tcp|cma|ucx` (cma: the same-host transport, required; tcp: never the same-host
+//!   one; ucx: UCX required, over the transports `UCX_TLS` names, e.g.
+//!   `UCX_TLS=tcp UCX_NET_DEVICES=lo` or `UCX_TLS=sm`; its anchor is `ucx_perftest ucp_put_bw`
+//!   with the same `UCX_TLS`)
 //! - `--memory hostbuffer|user`: the serving region is a `HostBuffer` (memfd, mapped by cma
 //!   clients) or a `Vec<u8>` (reached with `process_vm_readv`/`writev`)
 //! - `--op write,read`; `--block 4096,65536,1048576,16777216` (bytes, comma lists)
@@ -19,6 +22,9 @@
 //! - `--json`: one JSON object per row on stdout
 //! - `--anchors`: run `../shared/bench/peers.sh` for the matching anchors (`peers.sh install`
 //!   first); `HIXL_PEERS` overrides the script's path
+//! - `--ws BYTES`: the part of the 256 MiB region each row cycles through (default all of it, so
+//!   transfers come from memory, not caches); `--ws 0` means one block, as `ucx_perftest` does
+//!   (the same buffer every time)
 //! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
 
 use std::io::{BufRead, BufReader, Write};
@@ -26,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hixl::testkit::Rng;
-use hixl::{Hixl, HostBuffer, Options, SameHost, TransferDesc, TransferOp};
+use hixl::{Hixl, HostBuffer, Options, SameHost, TransferDesc, TransferOp, Ucx};
 
 const WS: usize = 256 << 20; // working set per side, as the memcpy anchor uses
 
@@ -42,6 +48,7 @@ struct Args {
     user_memory: bool,
     json: bool,
     anchors: bool,
+    ws: usize,
     extras: bool,
 }
 
@@ -58,6 +65,7 @@ fn parse() -> Result<Args, String> {
         user_memory: false,
         json: false,
         anchors: false,
+        ws: WS,
         extras: true,
     };
     let mut it = std::env::args().skip(1);
@@ -105,6 +113,7 @@ fn parse() -> Result<Args, String> {
             }
             "--json" => a.json = true,
             "--anchors" => a.anchors = true,
+            "--ws" => a.ws = val()?.parse().map_err(|e| format!("--ws: {e}"))?,
             "--no-extras" => a.extras = false,
             "--help" | "-h" => {
                 return Err("see the doc comment of examples/bench.rs for the options".into());
@@ -112,9 +121,9 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {f}")),
         }
     }
-    if a.transport != "tcp" && a.transport != "cma" {
+    if !["tcp", "cma", "ucx"].contains(&a.transport.as_str()) {
         return Err(format!(
-            "transport {} is not available in this build (tcp and cma are)",
+            "transport {} is not available in this build (tcp, cma and ucx are)",
             a.transport
         ));
     }
@@ -129,11 +138,19 @@ fn parse() -> Result<Args, String> {
 
 /// The client's options for the chosen transport: TCP only, or the same-host transport required.
 fn client_options(a: &Args) -> Options {
-    Options::default().same_host(match a.transport.as_str() {
+    let o = Options::default().same_host(match a.transport.as_str() {
         "cma" => SameHost::Require,
         _ => SameHost::Forbid,
-    })
+    });
+    if a.transport == "ucx" {
+        o.psk(BENCH_KEY).ucx(Ucx::Require)
+    } else {
+        o
+    }
 }
+
+/// The pre-shared key of the UCX rows (UCX needs authenticated peers).
+const BENCH_KEY: &str = "hixl-bench-ucx-key";
 
 fn default_batch(block: usize) -> usize {
     match block {
@@ -162,14 +179,22 @@ fn start_server(
     size: usize,
     regions: usize,
     user: bool,
+    ucx: bool,
 ) -> Result<Server, Box<dyn std::error::Error>> {
     if processes == 1 {
-        let (e, name) = serve(size, regions, user)?;
+        let (e, name) = serve(size, regions, user, ucx)?;
         return Ok(Server::Local(Box::new(e), name));
     }
     let kind = if user { "user" } else { "hostbuffer" };
+    let with = if ucx { "ucx" } else { "plain" };
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["--serve", &size.to_string(), &regions.to_string(), kind])
+        .args([
+            "--serve",
+            &size.to_string(),
+            &regions.to_string(),
+            kind,
+            with,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -187,12 +212,13 @@ fn serve(
     size: usize,
     regions: usize,
     user: bool,
+    ucx: bool,
 ) -> Result<(Hixl<hixl::Connected>, String), hixl::Error> {
-    let e = Hixl::initialize_ephemeral(
-        "127.0.0.1",
-        Options::default().max_regions(regions.max(1) + 1),
-    )?
-    .into_registered();
+    let mut opts = Options::default().max_regions(regions.max(1) + 1);
+    if ucx {
+        opts = opts.psk(BENCH_KEY).ucx(Ucx::Require);
+    }
+    let e = Hixl::initialize_ephemeral("127.0.0.1", opts)?.into_registered();
     if regions <= 1 && user {
         // ordinary user memory: same-host clients reach it with process_vm_readv/writev
         let mut v = vec![0u8; size];
@@ -214,8 +240,13 @@ fn serve(
     Ok((e, name))
 }
 
-fn serve_main(size: usize, regions: usize, user: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let (e, name) = serve(size, regions, user)?;
+fn serve_main(
+    size: usize,
+    regions: usize,
+    user: bool,
+    ucx: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (e, name) = serve(size, regions, user, ucx)?;
     println!("READY {name}");
     std::io::stdout().flush()?;
     // serve until the parent closes our stdin
@@ -263,7 +294,12 @@ fn measure(
     let client = client.activate()?;
     let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
     let remote = link.regions().next().ok_or("the server has no region")?;
-    let slots = (WS / block).max(1);
+    let ws = if a.ws == 0 {
+        block
+    } else {
+        a.ws.clamp(block, WS)
+    };
+    let slots = (ws / block).max(1);
     let calls_in_ws = (slots / batch).max(1);
     let descs: Vec<Vec<TransferDesc<'_>>> = (0..calls_in_ws)
         .map(|c| {
@@ -461,7 +497,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let size = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(WS);
         let regions = argv.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
         let user = argv.get(4).map(String::as_str) == Some("user");
-        return serve_main(size, regions, user);
+        let ucx = argv.get(5).map(String::as_str) == Some("ucx");
+        return serve_main(size, regions, user, ucx);
     }
     let a = match parse() {
         Ok(a) => a,
@@ -470,7 +507,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
-    let server = start_server(a.processes, WS, 1, a.user_memory)?;
+    let server = start_server(a.processes, WS, 1, a.user_memory, a.transport == "ucx")?;
     let mut rows = Vec::new();
     let total = a.ops.len() * a.blocks.len();
     for (k, (&block, &op)) in a
@@ -524,6 +561,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .push(("nixl_sm".into(), anchor(&["nixl", &op, &size, "sm"])));
             r.anchors
                 .push(("ucx_sm".into(), anchor(&["ucx-sm", &size])));
+        }
+    } else if a.anchors && a.transport == "ucx" {
+        let tls = std::env::var("UCX_TLS").unwrap_or_default();
+        let which = if tls.contains("tcp") {
+            "ucx-tcp"
+        } else {
+            "ucx-sm"
+        };
+        for r in &mut rows {
+            let size = r.block.to_string();
+            progress(&format!("anchors: {which} {} ...", human(r.block)));
+            r.anchors
+                .push(("ucx_perftest".into(), anchor(&[which, &size])));
         }
     } else if a.anchors {
         progress("anchors: iperf3 ...");
@@ -580,6 +630,7 @@ fn clone_args(a: &Args) -> Args {
         json: a.json,
         anchors: a.anchors,
         extras: a.extras,
+        ws: a.ws,
     }
 }
 
@@ -599,7 +650,7 @@ fn server_stop(s: Server) -> Result<(), Box<dyn std::error::Error>> {
 /// Connect time to a server with 4000 regions (p50/p99 ms), and registration cost per region (us).
 fn connect_and_register_costs(a: &Args) -> Result<((f64, f64), f64), Box<dyn std::error::Error>> {
     progress("connect with 4000 regions ...");
-    let server = start_server(a.processes, 4000 * 4096, 4000, false)?;
+    let server = start_server(a.processes, 4000 * 4096, 4000, false, a.transport == "ucx")?;
     let client = Hixl::initialize("127.0.0.1", client_options(a))?
         .into_registered()
         .activate()?;

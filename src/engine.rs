@@ -187,6 +187,10 @@ pub(crate) struct EngineInner {
     listener: Mutex<Option<TcpListener>>,
     regions: Mutex<Regions>,
     server: Mutex<Option<Server>>,
+    /// UCX, when the options ask for it and it loaded.
+    pub(crate) ucx: Option<crate::transport::ucx::UcxEngine>,
+    /// The UCX serving side (worker, progress thread, memory handles) while serving.
+    ucx_server: Mutex<Option<crate::transport::ucx::UcxServer>>,
     /// Remote engine name → the link that holds it (one usable link per peer).
     peers: Mutex<HashMap<String, PeerSlot>>,
     /// Links this engine opened, for metrics.
@@ -495,6 +499,9 @@ impl EngineInner {
         if let Some(s) = server {
             s.stop(self.options.finalize_timeout);
         }
+        // after the TCP side: no new client gets keys; the memory handles are unmapped before
+        // any region can be deregistered
+        drop(lock(&self.ucx_server).take());
     }
 }
 
@@ -715,6 +722,26 @@ impl Hixl<Initialized> {
             }
             None => (None, parsed.to_string()),
         };
+        let ucx = match options.ucx {
+            crate::options::Ucx::Off => None,
+            policy => {
+                if options.psk.is_none() {
+                    return Err(Error::InvalidOption {
+                        key: "hixl.Ucx".into(),
+                        value: format!("{policy:?}").to_lowercase(),
+                        problem: "UCX needs Options::psk: its remote keys give access UCX does not bound-check, so only authenticated peers may get them",
+                    });
+                }
+                match crate::transport::ucx::UcxEngine::new() {
+                    Ok(u) => Some(u),
+                    Err(e) if policy == crate::options::Ucx::Require => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "UCX unavailable; links use tcp or same-host");
+                        None
+                    }
+                }
+            }
+        };
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
@@ -727,6 +754,8 @@ impl Hixl<Initialized> {
                 listener: Mutex::new(listener),
                 regions: Mutex::new(Regions::default()),
                 server: Mutex::new(None),
+                ucx,
+                ucx_server: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
                 links: Mutex::new(Vec::new()),
                 notifies: Arc::new(NotifyQueue::default()),
@@ -912,6 +941,21 @@ impl Hixl<Registered> {
                         .values()
                         .cloned()
                         .collect();
+                    let ucx = match &self.inner.ucx {
+                        Some(u) => match crate::transport::ucx::UcxServer::start(u, &regions) {
+                            Ok(srv) => {
+                                let frame = srv.frame().to_vec();
+                                *lock(&self.inner.ucx_server) = Some(srv);
+                                Some(frame)
+                            }
+                            Err(e) => {
+                                tracing::warn!(parent: &self.inner.span, error = %e,
+                                    "cannot serve over UCX; serving over tcp only");
+                                None
+                            }
+                        },
+                        None => None,
+                    };
                     l.try_clone().and_then(|l| {
                         Server::start(
                             l,
@@ -929,6 +973,7 @@ impl Hixl<Registered> {
                                 allow: self.inner.options.allow_peers.clone(),
                                 psk: self.inner.options.psk.clone(),
                                 keepalive: self.inner.options.heartbeat,
+                                ucx,
                                 span: self.inner.span.clone(),
                             },
                         )
@@ -942,14 +987,17 @@ impl Hixl<Registered> {
                 *lock(&self.inner.server) = server;
                 Ok(self.into_state())
             }
-            Err(source) => Err(TransitionError {
-                error: Error::Listen {
-                    addr: self.inner.name.clone(),
-                    source,
-                },
-                engine: self,
-                value: (),
-            }),
+            Err(source) => {
+                drop(lock(&self.inner.ucx_server).take());
+                Err(TransitionError {
+                    error: Error::Listen {
+                        addr: self.inner.name.clone(),
+                        source,
+                    },
+                    engine: self,
+                    value: (),
+                })
+            }
         }
     }
 }

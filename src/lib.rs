@@ -142,7 +142,7 @@ pub use memory::{
 };
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
-pub use options::{HIXL_KEYS, Options, SameHost};
+pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use transfer::{TransferDesc, TransferOp};
 pub use transport::{TransportInfo, TransportKind, probe};

@@ -83,6 +83,8 @@ pub(crate) struct LinkShared {
     pub(crate) counters: LinkCounters,
     /// The same-host data path, when the peer is on this host and the kernel allows it.
     cma: Option<Cma>,
+    /// The UCX data path, when both engines use UCX.
+    ucx: Option<crate::transport::ucx::UcxLink>,
     /// The pre-shared key new lanes prove.
     psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
@@ -206,7 +208,41 @@ impl LinkShared {
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
+        let mut lane = lane;
+        let ucx = match &engine.ucx {
+            None => None,
+            Some(u) => {
+                let require = engine.options.ucx == crate::options::Ucx::Require;
+                let got = lane
+                    .ucx_info(deadline)
+                    .map_err(|f| lane_error(f, "connect", &peer, started, true))
+                    .and_then(|info| match info {
+                        Some(info) => {
+                            crate::transport::ucx::UcxLink::connect(u, &peer, &info, &welcome.table)
+                                .map(Some)
+                        }
+                        None => Ok(None),
+                    });
+                match got {
+                    Ok(Some(l)) => Some(l),
+                    Ok(None) if require => {
+                        return Err(Error::TransportUnavailable {
+                            peer,
+                            transport: "ucx",
+                            why: "the peer does not serve over UCX",
+                        });
+                    }
+                    Ok(None) => None,
+                    Err(e) if require => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(parent: &span, error = %e, "UCX link failed; using tcp or same-host");
+                        None
+                    }
+                }
+            }
+        };
         let cma = match (&me, &welcome.host) {
+            _ if ucx.is_some() => None,
             (Some(a), Some(b)) if a.same_host(b) => match Cma::setup(b, &welcome.table, &lane) {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -252,6 +288,7 @@ impl LinkShared {
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
             cma,
+            ucx,
             psk,
             span,
         }))
@@ -375,6 +412,41 @@ impl LinkShared {
     /// `process_vm_readv`/`writev` for the others.
     ///
     /// The caller keeps every local range registered and alive for the call.
+    /// The UCX link, when it carries this batch (every region has a remote key).
+    fn ucx_for(&self, xds: &[Xd]) -> Option<&crate::transport::ucx::UcxLink> {
+        self.ucx.as_ref().filter(|u| u.covers(xds))
+    }
+
+    /// Moves a batch over UCX. A failure or a timeout poisons the link (the endpoint is closed:
+    /// HIXL's rule, reconnect to go on).
+    fn run_ucx(
+        &self,
+        u: &crate::transport::ucx::UcxLink,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        if let Some(why) = &lock(&self.pool).broken {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            });
+        }
+        // SAFETY: `prepare` checked every local range against the caller's registered regions,
+        // which the caller's borrows (sync) or the request's `keep` (async) hold alive for the
+        // call, and every remote range against the peer's table; `run` ends UCX's use of the
+        // buffers before it returns.
+        let r = unsafe { u.run(op, xds, deadline) };
+        if let Err(e) = &r {
+            let mut pool = lock(&self.pool);
+            if pool.broken.is_none() {
+                tracing::debug!(parent: &self.span, error = %e, "UCX transfer failed; link poisoned");
+                pool.broken = Some(format!("UCX transfer failed: {e}"));
+            }
+        }
+        r
+    }
+
     fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[Xd]) -> Result<(), Error> {
         if !cma.proc.alive(&cma.watch) {
             let why = "the peer exited or closed the link".to_owned();
@@ -482,6 +554,20 @@ impl LinkShared {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
+        }
+        if let Some(u) = self.ucx_for(&job.xds) {
+            if let Err(outcome) = st.set_running(-1) {
+                st.finish(self, outcome);
+                return;
+            }
+            let outcome = match self.run_ucx(u, st.op, &job.xds, st.deadline) {
+                Ok(()) => Outcome::Completed,
+                Err(Error::Timeout { .. }) => Outcome::TimedOut,
+                Err(e) => Outcome::Failed(Arc::new(e)),
+            };
+            st.finish(self, outcome);
+            drop(job.keep);
+            return;
         }
         if let Some(cma) = &self.cma {
             if let Err(outcome) = st.set_running(-1) {
@@ -622,6 +708,16 @@ impl LinkShared {
     /// serves them).
     pub(crate) fn heartbeat(&self, timeout: Duration) {
         if self.cma.is_some() {
+            return;
+        }
+        if self.ucx.as_ref().is_some_and(|u| u.is_failed()) {
+            let mut pool = lock(&self.pool);
+            if pool.broken.is_none() {
+                pool.broken = Some("the UCX endpoint failed (peer unreachable)".into());
+                pool.idle.clear();
+            }
+            drop(pool);
+            self.freed.notify_all();
             return;
         }
         let lane = {
@@ -812,7 +908,9 @@ impl<'e> Link<'e> {
     /// The transport carrying this link's data: [`TransportKind::Cma`](crate::TransportKind::Cma)
     /// when the peer is on this host and the kernel allows it, TCP otherwise.
     pub fn transport(&self) -> crate::TransportKind {
-        if self.shared.cma.is_some() {
+        if self.shared.ucx.is_some() {
+            crate::TransportKind::Ucx
+        } else if self.shared.cma.is_some() {
             crate::TransportKind::Cma
         } else {
             crate::TransportKind::Tcp
@@ -984,14 +1082,16 @@ impl<'e> Link<'e> {
         sh.counters.start(op);
         // large TCP batches: one part per lane (the same-host path shares large copies with a
         // helper thread itself)
-        let parts = if sh.cma.is_some() {
+        let ucx = sh.ucx_for(&xds);
+        let parts = if sh.cma.is_some() || ucx.is_some() {
             Vec::new()
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match &sh.cma {
-            Some(cma) => sh.run_cma(cma, op, p),
-            None => sh.run_part(op, p, deadline, started),
+        let run = |p: &[Xd]| match (ucx, &sh.cma) {
+            (Some(u), _) => sh.run_ucx(u, op, p, deadline),
+            (None, Some(cma)) => sh.run_cma(cma, op, p),
+            (None, None) => sh.run_part(op, p, deadline, started),
         };
         let r = if parts.len() > 1 {
             std::thread::scope(|s| {

@@ -19,6 +19,7 @@ pub struct Options {
     pub(crate) finalize_timeout: Duration,
     pub(crate) max_server_conns: usize,
     pub(crate) same_host: SameHost,
+    pub(crate) ucx: Ucx,
     pub(crate) allow_peers: Option<Vec<String>>,
     pub(crate) psk: Option<crate::auth::Psk>,
     pub(crate) heartbeat: Option<Duration>,
@@ -37,6 +38,22 @@ pub enum SameHost {
     Require,
 }
 
+/// Whether links move data over UCX (UCP RMA: RDMA verbs, tcp or shared memory, as the
+/// environment's `UCX_TLS` / `UCX_NET_DEVICES` choose). UCX is loaded at run time
+/// (`libucp.so.0`, or `HIXL_UCX_LIB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ucx {
+    /// Never load UCX (the default): links use TCP or the same-host transport.
+    #[default]
+    Off,
+    /// Serve over UCX when it loads, and use it for a link when the peer offers it; otherwise
+    /// fall back as with [`Ucx::Off`].
+    Auto,
+    /// UCX or nothing: `initialize` fails (`UNSUPPORTED`, naming the library) if UCX cannot be
+    /// loaded, and a connect fails if the peer does not offer UCX.
+    Require,
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {
@@ -48,6 +65,7 @@ impl Default for Options {
             finalize_timeout: Duration::from_secs(5),
             max_server_conns: 1024,
             same_host: SameHost::Auto,
+            ucx: Ucx::Off,
             allow_peers: None,
             psk: None,
             heartbeat: Some(Duration::from_secs(10)),
@@ -105,6 +123,12 @@ impl Options {
         self.finalize_timeout = t;
         self
     }
+    /// Whether links use UCX (default [`Ucx::Off`]).
+    pub fn ucx(mut self, policy: Ucx) -> Self {
+        self.ucx = policy;
+        self
+    }
+
     /// Whether same-host links use the same-host transport (default [`SameHost::Auto`]).
     pub fn same_host(mut self, policy: SameHost) -> Self {
         self.same_host = policy;
@@ -244,6 +268,14 @@ impl Options {
                     "off" => SameHost::Forbid,
                     "require" => SameHost::Require,
                     _ => return Err(bad("\"auto\", \"off\" or \"require\"")),
+                }
+            }
+            "hixl.Ucx" => {
+                self.ucx = match value {
+                    "off" => Ucx::Off,
+                    "auto" => Ucx::Auto,
+                    "require" => Ucx::Require,
+                    _ => return Err(bad("\"off\", \"auto\" or \"require\"")),
                 }
             }
             _ => {

@@ -74,11 +74,15 @@ pub enum Kind {
     Ping = 11,
     /// Server → client: the answer to PING.
     Pong = 12,
+    /// Client → server: send your UCX worker address and remote keys (empty payload).
+    UcxAsk = 13,
+    /// Server → client: the UCX worker address and one packed remote key per region.
+    UcxInfo = 14,
 }
 
 impl Kind {
     /// Every frame kind.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Hello,
         Kind::Welcome,
         Kind::Refuse,
@@ -91,6 +95,8 @@ impl Kind {
         Kind::Auth,
         Kind::Ping,
         Kind::Pong,
+        Kind::UcxAsk,
+        Kind::UcxInfo,
     ];
 
     fn from_u16(v: u16) -> Option<Self> {
@@ -107,6 +113,8 @@ impl Kind {
             10 => Self::Auth,
             11 => Self::Ping,
             12 => Self::Pong,
+            13 => Self::UcxAsk,
+            14 => Self::UcxInfo,
             _ => return None,
         })
     }
@@ -621,6 +629,64 @@ pub fn decode_auth(p: &[u8], n: usize) -> Result<Vec<[u8; 32]>, WireError> {
     Ok(v)
 }
 
+/// The longest UCX worker address or packed remote key accepted (UCX's are a few hundred bytes).
+pub const MAX_UCX_BLOB: usize = 64 << 10;
+
+/// Server → client: what a UCX client needs to reach the server's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UcxInfo {
+    /// The server's UCP worker address (opaque bytes from `ucp_worker_get_address`).
+    pub worker: Vec<u8>,
+    /// Region id → its packed remote key (opaque bytes from `ucp_rkey_pack`).
+    pub rkeys: Vec<(u32, Vec<u8>)>,
+}
+
+impl UcxInfo {
+    /// Encodes the frame into `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        begin(out, Kind::UcxInfo);
+        out.extend_from_slice(&(self.worker.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.worker);
+        out.extend_from_slice(&(self.rkeys.len() as u32).to_le_bytes());
+        for (id, k) in &self.rkeys {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            out.extend_from_slice(k);
+        }
+        seal(out);
+    }
+
+    /// Decodes a UCXINFO payload: blobs non-empty and at most [`MAX_UCX_BLOB`] bytes, region ids
+    /// unique.
+    ///
+    /// # Errors
+    /// A [`WireError`] if the payload is malformed.
+    pub fn decode(p: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(p);
+        let blob = |r: &mut Reader<'_>, what: &'static str| -> Result<Vec<u8>, WireError> {
+            let n = r.u32(what)? as usize;
+            if n == 0 || n > MAX_UCX_BLOB {
+                return Err(WireError::Invalid(what));
+            }
+            Ok(r.take(n, what)?.to_vec())
+        };
+        let worker = blob(&mut r, "ucx worker address")?;
+        let n = r.count("rkey count", MAX_TABLE, 9)?;
+        let mut rkeys = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = r.u32("region id")?;
+            rkeys.push((id, blob(&mut r, "ucx rkey")?));
+        }
+        r.finish()?;
+        let mut ids: Vec<u32> = rkeys.iter().map(|(i, _)| *i).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(WireError::Invalid("duplicate region id"));
+        }
+        Ok(UcxInfo { worker, rkeys })
+    }
+}
+
 /// Decodes any frame payload of `kind`, for fuzzing and property tests: `Ok` means the decoder
 /// accepted it, and nothing it does may panic.
 ///
@@ -636,7 +702,10 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Notify => decode_notify(p).map(drop),
         Kind::Challenge => decode_auth(p, 2).map(drop),
         Kind::Auth => decode_auth(p, 1).map(drop),
-        Kind::Bye | Kind::ByeAck | Kind::Ping | Kind::Pong => Reader::new(p).finish(),
+        Kind::UcxInfo => UcxInfo::decode(p).map(drop),
+        Kind::Bye | Kind::ByeAck | Kind::Ping | Kind::Pong | Kind::UcxAsk => {
+            Reader::new(p).finish()
+        }
     }
 }
 
@@ -648,6 +717,41 @@ mod tests {
         let h = decode_header(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.len as usize, frame.len() - HEADER_LEN);
         (h, &frame[HEADER_LEN..])
+    }
+
+    #[test]
+    fn ucx_info_round_trip_and_limits() {
+        let info = UcxInfo {
+            worker: vec![1, 2, 3],
+            rkeys: vec![(4, vec![9; 40]), (7, vec![8; 1])],
+        };
+        let mut out = Vec::new();
+        info.encode(&mut out);
+        let (h, p) = payload(&out);
+        assert_eq!(h.kind, Kind::UcxInfo);
+        assert_eq!(UcxInfo::decode(p).unwrap(), info);
+        // a duplicate id, an empty blob, an oversized blob, a count past the payload
+        let dup = UcxInfo {
+            worker: vec![1],
+            rkeys: vec![(4, vec![1]), (4, vec![2])],
+        };
+        out.clear();
+        dup.encode(&mut out);
+        assert_eq!(
+            UcxInfo::decode(payload(&out).1),
+            Err(WireError::Invalid("duplicate region id"))
+        );
+        let mut p = Vec::new();
+        p.extend_from_slice(&0u32.to_le_bytes());
+        assert!(UcxInfo::decode(&p).is_err());
+        let mut p = Vec::new();
+        p.extend_from_slice(&((MAX_UCX_BLOB + 1) as u32).to_le_bytes());
+        assert!(UcxInfo::decode(&p).is_err());
+        let mut p = Vec::new();
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.push(5);
+        p.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(UcxInfo::decode(&p).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
-//!                 [--heartbeat-ms MS] [--io-timeout-ms MS]
+//!                 [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! ```
 //!
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use hixl::{
     Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp,
-    TransportKind,
+    TransportKind, Ucx,
 };
 
 fn main() -> ExitCode {
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str =
     "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
-                       [--heartbeat-ms MS] [--io-timeout-ms MS]
+                       [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
        hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -65,6 +65,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--io-timeout-ms" => {
                 opts = opts.server_io_timeout(Duration::from_millis(value.parse()?))
+            }
+            "--psk" => opts = opts.psk(value.as_bytes()),
+            "--ucx" => {
+                opts = opts.ucx(match value.as_str() {
+                    "off" => Ucx::Off,
+                    "auto" => Ucx::Auto,
+                    "require" => Ucx::Require,
+                    _ => return Err(format!("--ucx {value}: off, auto or require").into()),
+                })
             }
             _ => return Err(format!("unknown flag {flag}").into()),
         }

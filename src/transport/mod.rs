@@ -56,10 +56,17 @@ pub fn probe() -> Vec<TransportInfo> {
                 detail: why,
             },
         },
-        TransportInfo {
-            kind: TransportKind::Ucx,
-            available: false,
-            detail: "not implemented in this build",
+        match ucx::ffi::ucp() {
+            Ok(_) => TransportInfo {
+                kind: TransportKind::Ucx,
+                available: true,
+                detail: "libucp loaded (UCP RMA; UCX_TLS and UCX_NET_DEVICES choose the devices); needs Options::psk",
+            },
+            Err(_) => TransportInfo {
+                kind: TransportKind::Ucx,
+                available: false,
+                detail: "libucp.so.0 (UCX 1.13 or later) cannot be loaded; set HIXL_UCX_LIB or install UCX",
+            },
         },
         TransportInfo {
             kind: TransportKind::Ascend,

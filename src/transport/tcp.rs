@@ -208,6 +208,8 @@ pub(crate) struct ServerShared {
     psk: Option<Psk>,
     /// Keepalive interval for served connections (`None`: off).
     keepalive: Option<Duration>,
+    /// The encoded UCXINFO frame, when the engine serves over UCX.
+    ucx: Option<Vec<u8>>,
     span: tracing::Span,
 }
 
@@ -231,6 +233,8 @@ pub(crate) struct ServerConfig {
     pub psk: Option<Psk>,
     /// Keepalive interval for served connections (the engine's heartbeat interval).
     pub keepalive: Option<Duration>,
+    /// The encoded UCXINFO frame, when the engine serves over UCX.
+    pub ucx: Option<Vec<u8>>,
     pub span: tracing::Span,
 }
 
@@ -261,6 +265,7 @@ impl Server {
             allow: cfg.allow,
             psk: cfg.psk,
             keepalive: cfg.keepalive,
+            ucx: cfg.ucx,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -711,6 +716,26 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     return ConnEnd::Io(e);
                 }
             }
+            (Kind::UcxAsk, p) => {
+                if !p.is_empty() {
+                    return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
+                }
+                let sent = match &shared.ucx {
+                    Some(frame) => sock.send_bytes(frame, deadline),
+                    None => {
+                        wire::encode_done(
+                            &mut out,
+                            0,
+                            Status::UNSUPPORTED.code(),
+                            "this engine does not serve over UCX",
+                        );
+                        sock.send_bytes(&out, deadline)
+                    }
+                };
+                if let Err(e) = sent {
+                    return ConnEnd::Io(e);
+                }
+            }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
                     return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
@@ -977,6 +1002,27 @@ impl Lane {
             });
         }
         Ok(())
+    }
+
+    /// Asks the server for its UCX worker address and remote keys: `None` if it does not serve
+    /// over UCX (it answers DONE with `UNSUPPORTED` and the lane stays usable).
+    pub fn ucx_info(&mut self, deadline: Instant) -> Result<Option<wire::UcxInfo>, LaneFail> {
+        let dl = Some(deadline);
+        self.sock
+            .send_bytes(&wire::header(Kind::UcxAsk, 0), dl)
+            .map_err(LaneFail::Io)?;
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((Kind::UcxInfo, p)) => wire::UcxInfo::decode(p)
+                .map(Some)
+                .map_err(|e| LaneFail::Protocol(e.to_string())),
+            Ok((Kind::Done, p)) => match wire::decode_done(p) {
+                Ok((0, status, _)) if status != 0 => Ok(None),
+                _ => Err(LaneFail::Protocol("a malformed answer to UCXASK".into())),
+            },
+            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected UCXINFO, got {k:?}"))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
     }
 
     /// Sends PING and waits for PONG.

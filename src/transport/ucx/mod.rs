@@ -1,3 +1,252 @@
 //! UCX transport (UCP RMA over verbs, tcp or shared memory), loaded at run time.
+//!
+//! hixl keeps its own control plane: the link is opened over TCP as always (handshake, region
+//! table, authentication), then the client asks for the server's UCP worker address and one
+//! packed remote key per region (`UCXASK` / `UCXINFO`), connects a UCP endpoint (error mode
+//! `PEER`) and moves the bytes with `ucp_put_nbx` / `ucp_get_nbx`, completed by a flush.
+//!
+//! Safety of the remote keys: over UCX's tcp and shared-memory transports a remote key grants
+//! access that UCX does not bound-check. So a serving engine hands out keys only for regions
+//! peers may both read and write, only over authenticated links (UCX requires
+//! [`Options::psk`](crate::Options::psk)), and a transfer that touches any other region goes
+//! over the link's TCP lanes, where the server checks every descriptor.
 
 pub(crate) mod ffi;
+pub(crate) mod ucp;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::memory::{Access, RegionCore};
+use crate::transfer::TransferOp;
+use crate::transport::tcp::Xd;
+use crate::wire::{TableEntry, UcxInfo};
+
+use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
+
+/// How long the serving progress thread keeps polling after its last event before it sleeps on
+/// the worker's event descriptor (tcp needs the target to progress; polling keeps it fast).
+const SERVE_POLL: Duration = Duration::from_micros(50);
+
+/// An engine's UCX context (both sides).
+#[derive(Debug, Clone)]
+pub(crate) struct UcxEngine {
+    ctx: Context,
+}
+
+impl UcxEngine {
+    /// Loads UCX and creates a context (the user's `UCX_*` environment applies).
+    ///
+    /// # Errors
+    /// [`Error::LibraryUnavailable`] without a usable `libucp.so.0`; [`Error::Native`] if UCX
+    /// fails.
+    pub(crate) fn new() -> Result<Self, Error> {
+        Ok(Self {
+            ctx: Context::new()?,
+        })
+    }
+}
+
+/// The serving side: a worker progressed by its own thread, the regions' memory handles, and
+/// the encoded `UCXINFO` frame sent to clients.
+pub(crate) struct UcxServer {
+    waker: Waker,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    mems: Vec<MemHandle>,
+    frame: Vec<u8>,
+}
+
+impl std::fmt::Debug for UcxServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxServer")
+            .field("regions", &self.mems.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UcxServer {
+    /// Maps the regions peers may read and write, packs their keys, and starts progressing a
+    /// worker.
+    ///
+    /// # Errors
+    /// UCX failures ([`Error::Native`]), or a thread that cannot be spawned ([`Error::Io`]).
+    pub(crate) fn start(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+        let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
+        let mut mems = Vec::new();
+        let mut rkeys = Vec::new();
+        for r in regions.iter().filter(|r| r.access == Access::ReadWrite) {
+            // SAFETY: the region is registered host memory, valid for reads and writes by peers
+            // while it is registered; the engine stops this server (dropping the handles, which
+            // unmaps them) before any region can be deregistered.
+            let m = unsafe { eng.ctx.map(r.addr as *mut u8, r.len) }?;
+            rkeys.push((r.id, m.packed_rkey().to_vec()));
+            mems.push(m);
+        }
+        let mut frame = Vec::new();
+        UcxInfo {
+            worker: worker.address().to_vec(),
+            rkeys,
+        }
+        .encode(&mut frame);
+        let stop = Arc::new(AtomicBool::new(false));
+        let waker = worker.waker();
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("hixl-ucx-serve".into())
+            .spawn(move || {
+                let mut last = Instant::now();
+                while !s.load(Ordering::Acquire) {
+                    if worker.progress() != 0 {
+                        last = Instant::now();
+                        continue;
+                    }
+                    if last.elapsed() < SERVE_POLL {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    if let Err(e) = worker.wait_event(Some(Duration::from_millis(100))) {
+                        tracing::warn!(error = %e, "UCX progress thread: waiting failed");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    last = Instant::now();
+                }
+            })
+            .map_err(|source| Error::Io {
+                peer: String::new(),
+                op: "spawn the UCX progress thread",
+                source,
+            })?;
+        Ok(Self {
+            waker,
+            stop,
+            thread: Some(thread),
+            mems,
+            frame,
+        })
+    }
+
+    /// The encoded `UCXINFO` frame.
+    pub(crate) fn frame(&self) -> &[u8] {
+        &self.frame
+    }
+}
+
+impl Drop for UcxServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // the worker is gone with the thread; now the memory handles are unmapped (field drop)
+    }
+}
+
+/// The client side of one link: its own worker and an endpoint to the server's worker, with
+/// the server's keys.
+pub(crate) struct UcxLink {
+    ep: Mutex<Endpoint>,
+    /// Region id → (rkey index, the region's address in the server).
+    keys: HashMap<u32, (usize, u64)>,
+}
+
+impl std::fmt::Debug for UcxLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxLink")
+            .field("regions", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UcxLink {
+    /// Connects to the server's worker and unpacks its keys (only for regions of its table).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] for a malformed address or key, UCX failures otherwise.
+    pub(crate) fn connect(
+        eng: &UcxEngine,
+        peer: &str,
+        info: &UcxInfo,
+        table: &[TableEntry],
+    ) -> Result<Self, Error> {
+        let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
+        let mut ep = Endpoint::connect(&worker, &info.worker, peer)?;
+        let mut keys = HashMap::new();
+        for (id, packed) in &info.rkeys {
+            let Some(e) = table.iter().find(|e| e.id == *id) else {
+                return Err(Error::Protocol {
+                    peer: peer.to_owned(),
+                    problem: format!("a UCX key for region {id}, which is not in the table"),
+                });
+            };
+            let idx = ep.add_rkey(packed)?;
+            keys.insert(*id, (idx, e.addr));
+        }
+        Ok(Self {
+            ep: Mutex::new(ep),
+            keys,
+        })
+    }
+
+    /// Whether every descriptor's region has a key (otherwise the batch goes over TCP).
+    pub(crate) fn covers(&self, xds: &[Xd]) -> bool {
+        xds.iter().all(|d| self.keys.contains_key(&d.remote.region))
+    }
+
+    /// Whether the endpoint failed (the peer died, a flush timed out).
+    pub(crate) fn is_failed(&self) -> bool {
+        self.ep
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_failed()
+    }
+
+    /// Moves a batch and waits for it to complete at the peer, or for the deadline. When this
+    /// returns, UCX no longer touches the local buffers (a timeout force-closes the endpoint).
+    ///
+    /// # Safety
+    /// Every descriptor's local range must be valid registered memory (readable for WRITE,
+    /// writable and unaliased for READ) for the whole call, and inside the peer's region of its
+    /// descriptor (checked by the caller against the table).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], [`Error::NotConnected`] (the peer went away), [`Error::Native`].
+    pub(crate) unsafe fn run(
+        &self,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let mut ep = self.ep.lock().unwrap_or_else(|e| e.into_inner());
+        for d in xds {
+            let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
+                let _ = ep.flush(Some(Instant::now()));
+                return Err(Error::Protocol {
+                    peer: ep.peer().to_owned(),
+                    problem: format!("no UCX key for region {}", d.remote.region),
+                });
+            };
+            let remote = base + d.remote.offset;
+            let len = d.remote.len as usize;
+            // SAFETY: the caller guarantees the local range; the flush below (or a failure,
+            // which force-closes the endpoint) ends UCX's use of it before this returns.
+            let posted = unsafe {
+                match op {
+                    TransferOp::Write => ep.put(d.local as *const u8, len, remote, idx),
+                    TransferOp::Read => ep.get(d.local as *mut u8, len, remote, idx),
+                }
+            };
+            if let Err(e) = posted {
+                // earlier operations may be in flight: end them before returning
+                let _ = ep.flush(Some(Instant::now()));
+                return Err(e);
+            }
+        }
+        ep.flush(Some(deadline))
+    }
+}

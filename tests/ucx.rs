@@ -1,0 +1,284 @@
+//! The UCX transport across two processes: random data READ and WRITE, sub-ranges and batches,
+//! a killed peer, fallbacks, and a missing library. `.ci/run` runs this file under `UCX_TLS=tcp`
+//! and under `UCX_TLS=sm` as well as with UCX's own choice; where UCX cannot be loaded the
+//! tests that need it say so and return.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Peer, Rng, exercise_peer, fnv1a};
+use hixl::{
+    Access, Error, Hixl, HostBuffer, Options, SameHost, TransferArgs, TransferDesc, TransferOp,
+    TransportKind, Ucx,
+};
+
+const T: Duration = Duration::from_secs(20);
+const KEY: &str = "hixl-ucx-test-key-0123";
+
+fn ucx_available(test: &str) -> bool {
+    let p = hixl::probe();
+    let u = p.iter().find(|t| t.kind == TransportKind::Ucx).unwrap();
+    if !u.available {
+        eprintln!("{test}: skipped: {}", u.detail);
+    }
+    u.available
+}
+
+fn ucx_opts() -> Options {
+    Options::default()
+        .psk(KEY)
+        .ucx(Ucx::Require)
+        .same_host(SameHost::Forbid)
+}
+
+fn ucx_peer(size: usize, seed: u64) -> Peer {
+    Peer::spawn_in(
+        &[],
+        "127.0.0.1",
+        size,
+        seed,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    )
+}
+
+fn ucx_client(len: usize) -> (hixl::Hixl<hixl::Connected>, hixl::Region) {
+    common::client_with(len, ucx_opts())
+}
+
+/// Random data both ways with another process over UCX: a 64 MiB READ at odd offsets, 4096
+/// small READs, a 40 MiB WRITE and a batch of 512 WRITEs, every byte checked on both sides.
+#[test]
+fn random_data_across_processes() {
+    if !ucx_available("random_data_across_processes") {
+        return;
+    }
+    let size = 72 << 20;
+    let mut peer = ucx_peer(size, 41);
+    let (cli, mut buf) = ucx_client(size);
+    let link = cli.connect(&peer.name).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ucx);
+    eprintln!(
+        "UCX_TLS={}",
+        std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX's choice)".into())
+    );
+    exercise_peer(&link, &mut peer, &mut buf, 41, 512, "ucx");
+    // async requests ride the same endpoint
+    let data = Rng::new(42).bytes(1 << 20);
+    buf.write_at(0, &data).unwrap();
+    let reqs: Vec<_> = (0..8u64)
+        .map(|i| {
+            let d = TransferDesc::new(
+                buf.range((i as usize) << 17..((i as usize) + 1) << 17)
+                    .unwrap(),
+                link.remote(peer.addr + (i << 20) + 5, 1 << 17).unwrap(),
+            );
+            link.transfer_async(TransferOp::Write, &[d], TransferArgs::tagged(i).timeout(T))
+                .unwrap()
+        })
+        .collect();
+    for r in &reqs {
+        assert!(
+            matches!(r.wait(T), hixl::TransferStatus::Completed),
+            "{:?}",
+            r.status()
+        );
+    }
+    drop(reqs);
+    for i in 0..8usize {
+        assert_eq!(
+            peer.sum(((i as u64) << 20) + 5, 1 << 17),
+            fnv1a(&data[i << 17..(i + 1) << 17]),
+            "async WRITE {i}"
+        );
+    }
+    let m = cli.metrics();
+    let lm = m.links.iter().find(|l| l.link == link.id()).unwrap();
+    assert!(lm.write.ops >= 9, "{lm:?}");
+    assert!(lm.write.errors.is_empty(), "{lm:?}");
+    link.disconnect(T).unwrap();
+    peer.quit();
+}
+
+/// A region peers may only READ gets no UCX key: transfers touching it go over the link's TCP
+/// lanes, where the server enforces the access rights (a WRITE is refused).
+#[test]
+fn narrow_access_rights_fall_back_to_checked_tcp() {
+    if !ucx_available("narrow_access_rights_fall_back_to_checked_tcp") {
+        return;
+    }
+    let seed = Rng::new(9).bytes(4096);
+    let srv = Hixl::initialize_ephemeral("127.0.0.1", ucx_opts())
+        .unwrap()
+        .into_registered();
+    let ro = srv.register_with(seed.clone(), Access::Read).unwrap();
+    let rw = srv
+        .register_with(vec![0u8; 4096], Access::ReadWrite)
+        .unwrap();
+    let srv = srv.activate().unwrap();
+    let (cli, mut buf) = ucx_client(8192);
+    {
+        let link = cli.connect(srv.name()).unwrap();
+        assert_eq!(link.transport(), TransportKind::Ucx);
+        let rr = link.region(ro.id()).unwrap();
+        let rw_r = link.region(rw.id()).unwrap();
+        // READ from the read-only region (over TCP) and WRITE to the read-write one (over UCX)
+        let d = TransferDesc::new(buf.range(0..4096).unwrap(), rr.range(..).unwrap());
+        link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+        let d = TransferDesc::new(buf.range(0..4096).unwrap(), rw_r.range(..).unwrap());
+        link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+        // a WRITE to the read-only region is refused locally, before anything moves
+        let d = TransferDesc::new(buf.range(0..16).unwrap(), rr.range(0..16).unwrap());
+        let e = link.transfer_sync(TransferOp::Write, &[d], T).unwrap_err();
+        assert!(matches!(e, Error::AccessDenied { .. }), "{e:?}");
+        assert_eq!(e.status().code(), 103_900);
+        link.disconnect(T).unwrap();
+    }
+    let mut got = vec![0u8; 4096];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, seed);
+    let srv = srv.finalize();
+    assert_eq!(srv.deregister(rw).unwrap(), seed, "the UCX WRITE landed");
+    assert_eq!(srv.deregister(ro).unwrap(), seed);
+}
+
+/// The peer is killed while UCX transfers run: the call returns an error within its deadline,
+/// the link is poisoned (`NOT_CONNECTED`), and a new connect works once the peer is back.
+#[test]
+fn peer_killed_then_restarted() {
+    if !ucx_available("peer_killed_then_restarted") {
+        return;
+    }
+    let size = 16 << 20;
+    let peer = ucx_peer(size, 43);
+    let name = peer.name.clone();
+    let (cli, buf) = ucx_client(size);
+    let link = cli.connect(&name).unwrap();
+    let deadline = Duration::from_secs(3);
+    let mut child = peer.child;
+    let (rounds, err, took) = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let d = TransferDesc::new(
+                buf.range(..).unwrap(),
+                link.remote(peer.addr, size as u64).unwrap(),
+            );
+            let mut rounds = 0u32;
+            loop {
+                let op = if rounds.is_multiple_of(2) {
+                    TransferOp::Write
+                } else {
+                    TransferOp::Read
+                };
+                let t0 = Instant::now();
+                if let Err(e) = link.transfer_sync(op, &[d], deadline) {
+                    return (rounds, e, t0.elapsed());
+                }
+                rounds += 1;
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        child.kill().unwrap();
+        w.join().unwrap()
+    });
+    let _ = child.wait();
+    drop((peer.stdin, peer.stdout));
+    assert!(rounds > 0);
+    assert!(took < deadline + Duration::from_secs(2), "{took:?}");
+    assert!(
+        [103_901, 103_902, 503_900].contains(&err.status().code()),
+        "{err:?}"
+    );
+    let d = TransferDesc::new(buf.range(0..8).unwrap(), link.remote(peer.addr, 8).unwrap());
+    let t0 = Instant::now();
+    let again = link
+        .transfer_sync(TransferOp::Read, &[d], deadline)
+        .unwrap_err();
+    assert_eq!(again.status().code(), 103_902, "{again:?}");
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    // back under the same name: a new link (it supersedes the broken one)
+    let mut peer = Peer::spawn_in(
+        &[],
+        &name,
+        4096,
+        44,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    );
+    let new = cli.connect(&name).unwrap();
+    assert_eq!(new.transport(), TransportKind::Ucx);
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        new.remote(peer.addr, 4096).unwrap(),
+    );
+    new.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    new.disconnect(T).unwrap();
+    drop(link);
+    let mut b = buf;
+    let mut got = vec![0u8; 4096];
+    b.read_at(0, &mut got).unwrap();
+    assert_eq!(got, Rng::new(44).bytes(4096));
+    assert_eq!(peer.sum(0, 4096), fnv1a(&got));
+    peer.quit();
+}
+
+/// `Ucx::Require` against a peer that does not serve over UCX fails the connect with
+/// `UNSUPPORTED`; `Ucx::Auto` falls back to TCP; UCX without a pre-shared key is refused at
+/// initialize.
+#[test]
+fn policies_and_fallbacks() {
+    if !ucx_available("policies_and_fallbacks") {
+        return;
+    }
+    let e = Hixl::initialize("127.0.0.1", Options::default().ucx(Ucx::Auto))
+        .expect_err("UCX without a key");
+    assert!(matches!(e, Error::InvalidOption { .. }), "{e:?}");
+    assert_eq!(e.status().code(), 103_900);
+
+    let plain = Hixl::initialize_ephemeral("127.0.0.1", Options::default().psk(KEY))
+        .unwrap()
+        .into_registered();
+    let r = plain.register(HostBuffer::new(4096).unwrap()).unwrap();
+    let plain = plain.activate().unwrap();
+    let (cli, _b) = ucx_client(64);
+    let e = cli.connect(plain.name()).expect_err("no UCX there");
+    assert!(
+        matches!(
+            e,
+            Error::TransportUnavailable {
+                transport: "ucx",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.status().code(), 103_905);
+    let auto = Options::default()
+        .psk(KEY)
+        .ucx(Ucx::Auto)
+        .same_host(SameHost::Forbid);
+    let (cli2, _b2) = common::client_with(64, auto);
+    let l = cli2.connect(plain.name()).unwrap();
+    assert_eq!(l.transport(), TransportKind::Tcp);
+    drop(l);
+    let plain = plain.finalize();
+    plain.deregister(r).unwrap();
+}
+
+/// Where libucp cannot be loaded, asking for UCX is a typed error naming the library, and
+/// `probe()` says why. Run in a child process whose `HIXL_UCX_LIB` names a missing file.
+#[test]
+fn missing_library_is_a_typed_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
+        .args(["serve", "--size", "4096", "--psk", KEY, "--ucx", "require"])
+        .env("HIXL_UCX_LIB", "/nonexistent/libucp.so.0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot load") && err.contains("/nonexistent/libucp.so.0"),
+        "{err}"
+    );
+}
