@@ -26,6 +26,7 @@ use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
+use crate::transport::ascend::link::DeviceLink;
 use crate::transport::host::{self, HostId, Mapping, PeerProc};
 use crate::transport::io::IoVec;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
@@ -83,6 +84,9 @@ pub(crate) struct LinkShared {
     pub(crate) counters: LinkCounters,
     /// The same-host data path, when the peer is on this host and the kernel allows it.
     cma: Option<Cma>,
+    /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
+    /// when the link closes (the communicator is destroyed then).
+    device: Option<Mutex<Option<DeviceLink>>>,
     /// The pre-shared key new lanes prove.
     psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
@@ -202,11 +206,25 @@ impl LinkShared {
             nonce: crate::auth::nonce(),
         };
         let psk = engine.options.psk.clone();
-        let (lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
+        let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
+        let device = match &engine.ascend {
+            Some(rt) => crate::transport::ascend::link::connect(
+                rt,
+                &mut lane,
+                &engine.region_cores(),
+                &welcome.table,
+                &engine.name,
+                &peer,
+                deadline,
+                |f| lane_error(f, "connect", &peer, started, false),
+            )?,
+            None => None,
+        };
         let cma = match (&me, &welcome.host) {
+            _ if device.is_some() => None,
             (Some(a), Some(b)) if a.same_host(b) => match Cma::setup(b, &welcome.table, &lane) {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -216,7 +234,7 @@ impl LinkShared {
             },
             _ => None,
         };
-        if policy == SameHost::Require && cma.is_none() {
+        if policy == SameHost::Require && cma.is_none() && device.is_none() {
             return Err(Error::TransportUnavailable {
                 peer,
                 transport: "cma",
@@ -252,6 +270,7 @@ impl LinkShared {
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
             cma,
+            device: device.map(|d| Mutex::new(Some(d))),
             psk,
             span,
         }))
@@ -444,6 +463,46 @@ impl LinkShared {
         }
     }
 
+    /// Moves a batch over the device data path (HCCL). A failure poisons the link (HIXL: a
+    /// failed channel is unusable until reconnected): later transfers are `NOT_CONNECTED`.
+    ///
+    /// The caller keeps every local range registered and alive for the call.
+    fn run_device(
+        &self,
+        dev: &Mutex<Option<DeviceLink>>,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        if let Some(why) = &lock(&self.pool).broken {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            });
+        }
+        let guard = lock(dev);
+        let Some(d) = guard.as_ref() else {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: "disconnected".into(),
+            });
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
+        // ranges; async: the job holds the regions), and no Rust reference to registered memory
+        // is ever made.
+        let r = unsafe { d.transfer(op, xds, timeout.max(Duration::from_millis(1))) };
+        drop(guard);
+        if let Err(e) = &r {
+            let mut pool = lock(&self.pool);
+            if pool.broken.is_none() {
+                tracing::debug!(parent: &self.span, error = %e, "link poisoned");
+                pool.broken = Some(format!("a device transfer failed: {e}"));
+            }
+        }
+        r
+    }
+
     /// Takes a lane, runs `xds` on it, and puts it back.
     fn run_part(
         &self,
@@ -482,6 +541,20 @@ impl LinkShared {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
+        }
+        if let Some(dev) = &self.device {
+            if let Err(outcome) = st.set_running(-1) {
+                st.finish(self, outcome);
+                return;
+            }
+            let outcome = match self.run_device(dev, st.op, &job.xds, st.deadline) {
+                Ok(()) => Outcome::Completed,
+                Err(Error::Timeout { .. }) => Outcome::TimedOut,
+                Err(e) => Outcome::Failed(Arc::new(e)),
+            };
+            st.finish(self, outcome);
+            drop(job.keep);
+            return;
         }
         if let Some(cma) = &self.cma {
             if let Err(outcome) = st.set_running(-1) {
@@ -706,6 +779,11 @@ impl LinkShared {
             pool.broken.get_or_insert_with(|| "disconnected".into());
             pool.closed = true;
         }
+        if let Some(dev) = &self.device {
+            // unbind the regions and destroy the communicator now, not when the last worker
+            // lets go of the link
+            drop(lock(dev).take());
+        }
         self.freed.notify_all();
         self.jobs_cv.notify_all();
         tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
@@ -812,7 +890,9 @@ impl<'e> Link<'e> {
     /// The transport carrying this link's data: [`TransportKind::Cma`](crate::TransportKind::Cma)
     /// when the peer is on this host and the kernel allows it, TCP otherwise.
     pub fn transport(&self) -> crate::TransportKind {
-        if self.shared.cma.is_some() {
+        if self.shared.device.is_some() {
+            crate::TransportKind::Ascend
+        } else if self.shared.cma.is_some() {
             crate::TransportKind::Cma
         } else {
             crate::TransportKind::Tcp
@@ -886,6 +966,7 @@ impl<'e> Link<'e> {
             offset,
             len,
             access: e.access,
+            mem_type: e.mem_type,
             _link: PhantomData,
         }
     }
@@ -937,10 +1018,18 @@ impl<'e> Link<'e> {
                     access: d.remote.access.name(),
                 });
             }
-            if d.local.core.mem_type != MemType::Host {
+            let host_only = self.shared.device.is_none();
+            if host_only && d.local.core.mem_type != MemType::Host {
                 return Err(Error::UnsupportedMemory {
                     mem_type: d.local.core.mem_type,
                     why: "the tcp and same-host transports move host memory only",
+                });
+            }
+            if host_only && d.remote.mem_type != MemType::Host {
+                return Err(Error::UnsupportedMemory {
+                    mem_type: d.remote.mem_type,
+                    why: "the peer's region is device memory: it needs a device link (Ascend \
+                          on both engines)",
                 });
             }
             bytes += d.remote.len;
@@ -984,14 +1073,15 @@ impl<'e> Link<'e> {
         sh.counters.start(op);
         // large TCP batches: one part per lane (the same-host path shares large copies with a
         // helper thread itself)
-        let parts = if sh.cma.is_some() {
+        let parts = if sh.cma.is_some() || sh.device.is_some() {
             Vec::new()
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match &sh.cma {
-            Some(cma) => sh.run_cma(cma, op, p),
-            None => sh.run_part(op, p, deadline, started),
+        let run = |p: &[Xd]| match (&sh.device, &sh.cma) {
+            (Some(dev), _) => sh.run_device(dev, op, p, deadline),
+            (None, Some(cma)) => sh.run_cma(cma, op, p),
+            (None, None) => sh.run_part(op, p, deadline, started),
         };
         let r = if parts.len() > 1 {
             std::thread::scope(|s| {
@@ -1369,6 +1459,7 @@ pub struct RemoteRange<'l> {
     pub(crate) offset: u64,
     pub(crate) len: u64,
     pub(crate) access: Access,
+    pub(crate) mem_type: MemType,
     _link: PhantomData<&'l ()>,
 }
 

@@ -113,8 +113,7 @@ fn killed_during_async(op: TransferOp, seed: u64) {
     }
     let e = old
         .transfer_async(TransferOp::Read, &[d], TransferArgs::default())
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(e.status().code(), 103_902, "{e:?}");
 
     let old_d = d;
