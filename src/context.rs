@@ -9,13 +9,31 @@
 //! - a [`DetachedContext`] is `Send`: the explicit way to carry the context to another thread,
 //!   where [`DetachedContext::bind`] makes it current and mints a token there.
 //!
-//! Host memory needs no device context, so for the host transports binding is trivial; the same
-//! API applies so code does not change when device memory arrives.
+//! On an Ascend engine a token is minted only after the engine's ACL context was made current
+//! on the calling thread (`aclrtSetCurrentContext`) and confirmed with `aclrtGetCurrentContext`;
+//! the previous context is restored when the closure returns. Host-only engines have no device
+//! context, so for them binding is trivial; the same API applies.
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use crate::error::Error;
+use crate::transport::ascend::Runtime;
+
+/// Binds `device`'s context (if any) on this thread, mints a token for `engine` and runs `f`.
+pub(crate) fn bind<R>(
+    engine: u64,
+    device: Option<&Runtime>,
+    f: impl FnOnce(&ContextToken<'_>) -> R,
+) -> Result<R, Error> {
+    let _guard = match device {
+        Some(rt) => Some(rt.bind()?),
+        None => None,
+    };
+    let tok = ContextToken::mint(engine);
+    Ok(f(&tok))
+}
 
 /// Proof that the current thread has an engine's device context bound. `!Send + !Sync`.
 pub struct ContextToken<'e> {
@@ -49,20 +67,21 @@ impl fmt::Debug for ContextToken<'_> {
 #[derive(Debug, Clone)]
 pub struct DetachedContext {
     engine: u64,
+    device: Option<Arc<Runtime>>,
 }
 
 impl DetachedContext {
-    pub(crate) fn new(engine: u64) -> Self {
-        Self { engine }
+    pub(crate) fn new(engine: u64, device: Option<Arc<Runtime>>) -> Self {
+        Self { engine, device }
     }
 
-    /// Binds the context on the calling thread and runs `f` with a token for it.
+    /// Binds the context on the calling thread (`aclrtSetCurrentContext` on an Ascend engine)
+    /// and runs `f` with a token for it; the thread's previous context comes back afterwards.
     ///
     /// # Errors
-    /// Binding a device context can fail on device backends; for host engines it cannot.
+    /// [`Error::Native`] when ACL cannot make the context current; host engines cannot fail.
     pub fn bind<R>(&self, f: impl FnOnce(&ContextToken<'_>) -> R) -> Result<R, Error> {
-        let tok = ContextToken::mint(self.engine);
-        Ok(f(&tok))
+        bind(self.engine, self.device.as_deref(), f)
     }
 
     /// The engine whose context this is.

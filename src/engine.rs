@@ -200,6 +200,8 @@ pub(crate) struct EngineInner {
     me: Weak<EngineInner>,
     /// Whether the heartbeat thread runs.
     heartbeats: std::sync::atomic::AtomicBool,
+    /// The Ascend runtime, for engines initialized with Ascend options.
+    pub(crate) ascend: Option<Arc<crate::transport::ascend::Runtime>>,
     pub(crate) span: tracing::Span,
 }
 
@@ -242,10 +244,10 @@ impl EngineInner {
         let end = addr
             .checked_add(len)
             .ok_or(Error::AddressOverflow { addr, len })?;
-        if mem_type != MemType::Host {
+        if mem_type != MemType::Host && self.ascend.is_none() {
             return Err(Error::UnsupportedMemory {
                 mem_type,
-                why: "no device transport is available in this build",
+                why: "device memory needs an engine initialized with Ascend options",
             });
         }
         let mut regs = lock(&self.regions);
@@ -278,10 +280,20 @@ impl EngineInner {
             });
         }
         let id = regs.next_id;
-        regs.next_id = id.checked_add(1).ok_or(Error::TooManyRegions {
+        let next = id.checked_add(1).ok_or(Error::TooManyRegions {
             limit: u32::MAX as usize,
         })?;
-        let core = Arc::new(make(id));
+        let device = match &self.ascend {
+            // SAFETY: the range is the memory being registered (owned by the engine from here,
+            // or vouched for by `register_raw`'s caller); the registration is stored in the
+            // region's core, which releases it before the memory.
+            Some(rt) => Some(unsafe { rt.register(addr, len, mem_type) }?),
+            None => None,
+        };
+        regs.next_id = next;
+        let mut core = make(id);
+        core.device = device;
+        let core = Arc::new(core);
         regs.by_addr.insert(addr, core.clone());
         regs.bytes += len;
         tracing::debug!(parent: &self.span, region = id, addr = format_args!("{addr:#x}"), len, "registered");
@@ -292,9 +304,20 @@ impl EngineInner {
         &self,
         mem: M,
         access: Access,
+        with_token: bool,
     ) -> Result<Region<M>, Refused<M>> {
         let raw: RawMemory = mem.into_raw_parts();
         let engine = self.id;
+        if raw.mem_type() == MemType::Device && !with_token {
+            return Err(Refused {
+                error: Error::UnsupportedMemory {
+                    mem_type: MemType::Device,
+                    why: "device memory is registered with register_device and a context token",
+                },
+                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
+                value: unsafe { M::from_raw_parts(raw) },
+            });
+        }
         match self.insert(
             raw.ptr().as_ptr() as usize,
             raw.len(),
@@ -381,6 +404,11 @@ impl EngineInner {
                 _mem: PhantomData,
             },
         })
+    }
+
+    /// Every registered region (a link's device data path binds them all).
+    pub(crate) fn region_cores(&self) -> Vec<Arc<RegionCore>> {
+        lock(&self.regions).by_addr.values().cloned().collect()
     }
 
     /// A link handle went away (or a held async link was closed): its peer's name is free again,
@@ -661,13 +689,57 @@ impl<S: State> Hixl<S> {
     /// # Errors
     /// Binding a device context can fail on device backends; host engines always succeed.
     pub fn with_context<R>(&self, f: impl FnOnce(&ContextToken<'_>) -> R) -> Result<R, Error> {
-        let tok = ContextToken::mint(self.inner.id);
-        Ok(f(&tok))
+        crate::context::bind(self.inner.id, self.inner.ascend.as_deref(), f)
     }
 
     /// The engine's context, detached so it can be carried to another thread and bound there.
     pub fn detach_context(&self) -> DetachedContext {
-        DetachedContext::new(self.inner.id)
+        DetachedContext::new(self.inner.id, self.inner.ascend.clone())
+    }
+
+    /// Whether the engine has an Ascend runtime (it was initialized with Ascend options).
+    pub fn has_ascend(&self) -> bool {
+        self.inner.ascend.is_some()
+    }
+
+    /// Allocates `len` bytes of device memory (`aclrtMalloc`, `ACL_MEM_MALLOC_HUGE_ONLY`) on
+    /// the engine's device.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedMemory`] on an engine without an Ascend runtime;
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::ZeroLengthRegion`];
+    /// [`Error::Native`] from ACL (e.g. `ACL_ERROR_RT_MEMORY_ALLOCATION`, or
+    /// `ACL_ERROR_MEMORY_ADDRESS_UNALIGNED` for a misaligned huge-page allocation).
+    pub fn alloc_device(
+        &self,
+        ctx: &ContextToken<'_>,
+        len: usize,
+    ) -> Result<crate::DeviceBuffer, Error> {
+        let rt = self.runtime()?;
+        crate::DeviceBuffer::alloc(rt, self.inner.id, ctx, len)
+    }
+
+    /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).
+    ///
+    /// # Errors
+    /// As [`Hixl::alloc_device`].
+    pub fn alloc_pinned_host(
+        &self,
+        ctx: &ContextToken<'_>,
+        len: usize,
+    ) -> Result<crate::PinnedHostBuffer, Error> {
+        let rt = self.runtime()?;
+        crate::PinnedHostBuffer::alloc(rt, self.inner.id, ctx, len)
+    }
+
+    fn runtime(&self) -> Result<&crate::transport::ascend::Runtime, Error> {
+        self.inner
+            .ascend
+            .as_deref()
+            .ok_or(Error::UnsupportedMemory {
+                mem_type: MemType::Device,
+                why: "device memory needs an engine initialized with Ascend options",
+            })
     }
 }
 
@@ -742,6 +814,11 @@ impl Hixl<Initialized> {
                 }
             }
         };
+        let ascend = if options.ascend_enabled {
+            Some(crate::transport::ascend::Runtime::start(&options.ascend)?)
+        } else {
+            None
+        };
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
@@ -762,6 +839,7 @@ impl Hixl<Initialized> {
                 connects: Arc::new(ConnectPool::default()),
                 me: me.clone(),
                 heartbeats: std::sync::atomic::AtomicBool::new(false),
+                ascend,
                 span,
             }),
             _state: PhantomData,
@@ -791,7 +869,7 @@ impl Hixl<Initialized> {
         mem: M,
         access: Access,
     ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
-        match self.inner.register_owned(mem, access) {
+        match self.inner.register_owned(mem, access, false) {
             Ok(r) => Ok((self.into_state(), r)),
             Err(Refused { error, value }) => Err(TransitionError {
                 error,
@@ -840,7 +918,7 @@ impl Hixl<Registered> {
     /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`: [`Error::UnsupportedMemory`]
     /// for device memory.
     pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, Refused<M>> {
-        self.inner.register_owned(mem, Access::ReadWrite)
+        self.inner.register_owned(mem, Access::ReadWrite, false)
     }
 
     /// Registers memory with the given remote access rights.
@@ -852,7 +930,7 @@ impl Hixl<Registered> {
         mem: M,
         access: Access,
     ) -> Result<Region<M>, Refused<M>> {
-        self.inner.register_owned(mem, access)
+        self.inner.register_owned(mem, access, false)
     }
 
     /// Registers caller-managed memory (HIXL's `RegisterMem(MemDesc, MemType)` form).
@@ -894,11 +972,14 @@ impl Hixl<Registered> {
         self.inner.register_raw(desc, mem_type, access)
     }
 
-    /// Registers device memory; needs a token proving the device context is bound here.
+    /// Registers memory (device memory included) with a token proving the engine's device
+    /// context is bound on this thread, as HIXL requires for device registrations
+    /// (`HcclRegisterGlobalMem` runs under it).
     ///
     /// # Errors
     /// [`Error::ForeignHandle`] for a token of another engine; [`Error::UnsupportedMemory`]
-    /// (`UNSUPPORTED`) in this build, which has no device transport. The memory comes back.
+    /// (`UNSUPPORTED`) on an engine without an Ascend runtime; the errors of
+    /// [`Hixl::<Registered>::register`]; [`Error::Native`] from HCCL. The memory comes back.
     pub fn register_device<M: RegistrableMemory>(
         &self,
         ctx: &ContextToken<'_>,
@@ -914,13 +995,16 @@ impl Hixl<Registered> {
                 value: mem,
             });
         }
-        Err(Refused {
-            error: Error::UnsupportedMemory {
-                mem_type: MemType::Device,
-                why: "no device transport is available in this build",
-            },
-            value: mem,
-        })
+        if self.inner.ascend.is_none() {
+            return Err(Refused {
+                error: Error::UnsupportedMemory {
+                    mem_type: MemType::Device,
+                    why: "device memory needs an engine initialized with Ascend options",
+                },
+                value: mem,
+            });
+        }
+        self.inner.register_owned(mem, Access::ReadWrite, true)
     }
 
     /// Closes registration and opens the engine to links: a listening engine starts serving its
@@ -974,6 +1058,7 @@ impl Hixl<Registered> {
                                 psk: self.inner.options.psk.clone(),
                                 keepalive: self.inner.options.heartbeat,
                                 ucx,
+                                device: self.inner.ascend.clone(),
                                 span: self.inner.span.clone(),
                             },
                         )

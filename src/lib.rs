@@ -145,4 +145,5 @@ pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use transfer::{TransferDesc, TransferOp};
+pub use transport::ascend::{AscendConfig, DeviceBuffer, PinnedHostBuffer};
 pub use transport::{TransportInfo, TransportKind, probe};

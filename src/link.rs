@@ -26,6 +26,7 @@ use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
+use crate::transport::ascend::link::DeviceLink;
 use crate::transport::host::{self, HostId, Mapping, PeerProc};
 use crate::transport::io::IoVec;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
@@ -85,6 +86,9 @@ pub(crate) struct LinkShared {
     cma: Option<Cma>,
     /// The UCX data path, when both engines use UCX.
     ucx: Option<crate::transport::ucx::UcxLink>,
+    /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
+    /// when the link closes (the communicator is destroyed then).
+    device: Option<Mutex<Option<DeviceLink>>>,
     /// The pre-shared key new lanes prove.
     psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
@@ -204,11 +208,10 @@ impl LinkShared {
             nonce: crate::auth::nonce(),
         };
         let psk = engine.options.psk.clone();
-        let (lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
+        let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
-        let mut lane = lane;
         let ucx = match &engine.ucx {
             None => None,
             Some(u) => {
@@ -241,8 +244,21 @@ impl LinkShared {
                 }
             }
         };
+        let device = match &engine.ascend {
+            Some(rt) => crate::transport::ascend::link::connect(
+                rt,
+                &mut lane,
+                &engine.region_cores(),
+                &welcome.table,
+                &engine.name,
+                &peer,
+                deadline,
+                |f| lane_error(f, "connect", &peer, started, false),
+            )?,
+            None => None,
+        };
         let cma = match (&me, &welcome.host) {
-            _ if ucx.is_some() => None,
+            _ if ucx.is_some() || device.is_some() => None,
             (Some(a), Some(b)) if a.same_host(b) => match Cma::setup(b, &welcome.table, &lane) {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -252,7 +268,7 @@ impl LinkShared {
             },
             _ => None,
         };
-        if policy == SameHost::Require && cma.is_none() {
+        if policy == SameHost::Require && cma.is_none() && device.is_none() {
             return Err(Error::TransportUnavailable {
                 peer,
                 transport: "cma",
@@ -289,6 +305,7 @@ impl LinkShared {
             counters: LinkCounters::default(),
             cma,
             ucx,
+            device: device.map(|d| Mutex::new(Some(d))),
             psk,
             span,
         }))
@@ -516,6 +533,46 @@ impl LinkShared {
         }
     }
 
+    /// Moves a batch over the device data path (HCCL). A failure poisons the link (HIXL: a
+    /// failed channel is unusable until reconnected): later transfers are `NOT_CONNECTED`.
+    ///
+    /// The caller keeps every local range registered and alive for the call.
+    fn run_device(
+        &self,
+        dev: &Mutex<Option<DeviceLink>>,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        if let Some(why) = &lock(&self.pool).broken {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            });
+        }
+        let guard = lock(dev);
+        let Some(d) = guard.as_ref() else {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: "disconnected".into(),
+            });
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
+        // ranges; async: the job holds the regions), and no Rust reference to registered memory
+        // is ever made.
+        let r = unsafe { d.transfer(op, xds, timeout.max(Duration::from_millis(1))) };
+        drop(guard);
+        if let Err(e) = &r {
+            let mut pool = lock(&self.pool);
+            if pool.broken.is_none() {
+                tracing::debug!(parent: &self.span, error = %e, "link poisoned");
+                pool.broken = Some(format!("a device transfer failed: {e}"));
+            }
+        }
+        r
+    }
+
     /// Takes a lane, runs `xds` on it, and puts it back.
     fn run_part(
         &self,
@@ -554,6 +611,20 @@ impl LinkShared {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
+        }
+        if let Some(dev) = &self.device {
+            if let Err(outcome) = st.set_running(-1) {
+                st.finish(self, outcome);
+                return;
+            }
+            let outcome = match self.run_device(dev, st.op, &job.xds, st.deadline) {
+                Ok(()) => Outcome::Completed,
+                Err(Error::Timeout { .. }) => Outcome::TimedOut,
+                Err(e) => Outcome::Failed(Arc::new(e)),
+            };
+            st.finish(self, outcome);
+            drop(job.keep);
+            return;
         }
         if let Some(u) = self.ucx_for(&job.xds) {
             if let Err(outcome) = st.set_running(-1) {
@@ -802,6 +873,11 @@ impl LinkShared {
             pool.broken.get_or_insert_with(|| "disconnected".into());
             pool.closed = true;
         }
+        if let Some(dev) = &self.device {
+            // unbind the regions and destroy the communicator now, not when the last worker
+            // lets go of the link
+            drop(lock(dev).take());
+        }
         self.freed.notify_all();
         self.jobs_cv.notify_all();
         tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
@@ -908,7 +984,9 @@ impl<'e> Link<'e> {
     /// The transport carrying this link's data: [`TransportKind::Cma`](crate::TransportKind::Cma)
     /// when the peer is on this host and the kernel allows it, TCP otherwise.
     pub fn transport(&self) -> crate::TransportKind {
-        if self.shared.ucx.is_some() {
+        if self.shared.device.is_some() {
+            crate::TransportKind::Ascend
+        } else if self.shared.ucx.is_some() {
             crate::TransportKind::Ucx
         } else if self.shared.cma.is_some() {
             crate::TransportKind::Cma
@@ -984,6 +1062,7 @@ impl<'e> Link<'e> {
             offset,
             len,
             access: e.access,
+            mem_type: e.mem_type,
             _link: PhantomData,
         }
     }
@@ -1035,10 +1114,18 @@ impl<'e> Link<'e> {
                     access: d.remote.access.name(),
                 });
             }
-            if d.local.core.mem_type != MemType::Host {
+            let host_only = self.shared.device.is_none();
+            if host_only && d.local.core.mem_type != MemType::Host {
                 return Err(Error::UnsupportedMemory {
                     mem_type: d.local.core.mem_type,
                     why: "the tcp and same-host transports move host memory only",
+                });
+            }
+            if host_only && d.remote.mem_type != MemType::Host {
+                return Err(Error::UnsupportedMemory {
+                    mem_type: d.remote.mem_type,
+                    why: "the peer's region is device memory: it needs a device link (Ascend \
+                          on both engines)",
                 });
             }
             bytes += d.remote.len;
@@ -1083,15 +1170,16 @@ impl<'e> Link<'e> {
         // large TCP batches: one part per lane (the same-host path shares large copies with a
         // helper thread itself)
         let ucx = sh.ucx_for(&xds);
-        let parts = if sh.cma.is_some() || ucx.is_some() {
+        let parts = if sh.cma.is_some() || ucx.is_some() || sh.device.is_some() {
             Vec::new()
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match (ucx, &sh.cma) {
-            (Some(u), _) => sh.run_ucx(u, op, p, deadline),
-            (None, Some(cma)) => sh.run_cma(cma, op, p),
-            (None, None) => sh.run_part(op, p, deadline, started),
+        let run = |p: &[Xd]| match (&sh.device, ucx, &sh.cma) {
+            (Some(dev), _, _) => sh.run_device(dev, op, p, deadline),
+            (None, Some(u), _) => sh.run_ucx(u, op, p, deadline),
+            (None, None, Some(cma)) => sh.run_cma(cma, op, p),
+            (None, None, None) => sh.run_part(op, p, deadline, started),
         };
         let r = if parts.len() > 1 {
             std::thread::scope(|s| {
@@ -1469,6 +1557,7 @@ pub struct RemoteRange<'l> {
     pub(crate) offset: u64,
     pub(crate) len: u64,
     pub(crate) access: Access,
+    pub(crate) mem_type: MemType,
     _link: PhantomData<&'l ()>,
 }
 

@@ -384,6 +384,8 @@ pub(crate) struct RegionCore {
     pub(crate) exposed: std::sync::atomic::AtomicBool,
     /// The owned memory and how to free it; `None` once handed back, or for raw registrations.
     owned: Option<(RawMemory, unsafe fn(RawMemory))>,
+    /// The region's HCCL registration on an Ascend engine; released before the memory.
+    pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
 }
 
 // SAFETY: the core only stores addresses and owned memory of a `Send` type; the memory itself is
@@ -414,6 +416,7 @@ impl RegionCore {
             fd: raw.fd,
             exposed: std::sync::atomic::AtomicBool::new(false),
             owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
+            device: None,
         }
     }
 
@@ -434,12 +437,15 @@ impl RegionCore {
             fd: -1,
             exposed: std::sync::atomic::AtomicBool::new(false),
             owned: None,
+            device: None,
         }
     }
 
     /// Takes the owned memory out (deregistration); the core then frees nothing. Memory a
     /// same-host peer may have mapped is replaced by a private copy first.
     pub(crate) fn take_raw(&mut self) -> Result<Option<RawMemory>, Error> {
+        // the HCCL registration goes first: the memory is about to leave the engine
+        drop(self.device.take());
         let Some((raw, free)) = self.owned.take() else {
             return Ok(None);
         };
@@ -462,6 +468,7 @@ impl RegionCore {
 
 impl Drop for RegionCore {
     fn drop(&mut self) {
+        drop(self.device.take());
         if let Some((raw, free)) = self.owned.take() {
             // SAFETY: this is the last reference to the region (it is in an `Arc` that is being
             // dropped), so no transfer or serving thread can touch the memory any more, and
@@ -582,6 +589,69 @@ impl<M> Region<M> {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.core.ptr_at(offset), data.len())
         };
         Ok(())
+    }
+
+    /// Copies `buf.len()` bytes starting at `offset` out of a region of an Ascend engine, device
+    /// memory included, with `aclrtMemcpy` (the way to read device memory: it is never a host
+    /// slice).
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::RangeOutOfBounds`];
+    /// [`Error::UnsupportedMemory`] on an engine without an Ascend runtime; [`Error::Native`].
+    pub fn read_device(
+        &mut self,
+        ctx: &crate::ContextToken<'_>,
+        offset: usize,
+        buf: &mut [u8],
+    ) -> Result<(), Error> {
+        let dev = self.check_device_span(ctx, offset, buf.len())?;
+        // SAFETY: the span lies inside the registered region, alive while `self` holds its core.
+        unsafe { dev.read(self.core.addr + offset, buf) }
+    }
+
+    /// Copies `data` into a region of an Ascend engine at `offset` with `aclrtMemcpy`.
+    ///
+    /// # Errors
+    /// As [`Region::read_device`].
+    pub fn write_device(
+        &mut self,
+        ctx: &crate::ContextToken<'_>,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let dev = self.check_device_span(ctx, offset, data.len())?;
+        // SAFETY: as in `read_device`; no Rust reference to registered memory is ever made.
+        unsafe { dev.write(self.core.addr + offset, data) }
+    }
+
+    fn check_device_span(
+        &self,
+        ctx: &crate::ContextToken<'_>,
+        offset: usize,
+        len: usize,
+    ) -> Result<&crate::transport::ascend::DeviceReg, Error> {
+        if ctx.engine_id() != self.core.engine {
+            return Err(Error::ForeignHandle {
+                what: "context token",
+                owner: ctx.engine_id(),
+                engine: self.core.engine,
+            });
+        }
+        let Some(dev) = &self.core.device else {
+            return Err(Error::UnsupportedMemory {
+                mem_type: self.core.mem_type,
+                why: "the engine has no Ascend runtime",
+            });
+        };
+        match offset.checked_add(len) {
+            Some(end) if end <= self.core.len => Ok(dev),
+            _ => Err(Error::RangeOutOfBounds {
+                region: self.core.id,
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.core.len as u64,
+            }),
+        }
     }
 
     fn check_host_span(&self, offset: usize, len: usize) -> Result<(), Error> {

@@ -24,6 +24,10 @@ pub struct Options {
     pub(crate) psk: Option<crate::auth::Psk>,
     pub(crate) heartbeat: Option<Duration>,
     pub(crate) hixl: BTreeMap<String, String>,
+    /// HIXL's Ascend keys and hixl's `hixl.ascend.*`, parsed.
+    pub(crate) ascend: crate::transport::ascend::options::AscendOptions,
+    /// Whether `initialize` starts an Ascend runtime.
+    pub(crate) ascend_enabled: bool,
 }
 
 /// Whether links between engines on one machine use the same-host transport (`cma`).
@@ -70,6 +74,8 @@ impl Default for Options {
             psk: None,
             heartbeat: Some(Duration::from_secs(10)),
             hixl: BTreeMap::new(),
+            ascend: Default::default(),
+            ascend_enabled: false,
         }
     }
 }
@@ -163,6 +169,24 @@ impl Options {
         self
     }
 
+    /// Use the Ascend backend: `initialize` loads ACL and HCCL (a missing library is
+    /// [`Error::LibraryUnavailable`]), sets the device on the calling thread and takes its
+    /// context; device memory can then be allocated, registered and moved with HCCL.
+    pub fn ascend(mut self, cfg: crate::AscendConfig) -> Self {
+        self.ascend.acl_lib = cfg.acl_lib;
+        self.ascend.hccl_lib = cfg.hccl_lib;
+        self.ascend.device_id = Some(cfg.device_id);
+        self.ascend.device_ip = cfg.device_ip.or(self.ascend.device_ip);
+        self.ascend_enabled = true;
+        self
+    }
+
+    /// Whether `initialize` starts an Ascend runtime ([`Options::ascend`] or a `hixl.ascend.*`
+    /// key was given).
+    pub fn uses_ascend(&self) -> bool {
+        self.ascend_enabled
+    }
+
     /// The validated HIXL string options, by canonical key.
     pub fn hixl_options(&self) -> &BTreeMap<String, String> {
         &self.hixl
@@ -197,13 +221,7 @@ impl Options {
             value: value.to_owned(),
             problem,
         };
-        let canonical = key.strip_prefix("adxl.").filter(|k| {
-            matches!(
-                *k,
-                "RdmaTrafficClass" | "RdmaServiceLevel" | "BufferPool" | "LocalCommRes"
-            )
-        });
-        let k = canonical.unwrap_or(key);
+        let k = crate::transport::ascend::options::canonical_key(key);
         let millis = |v: &str| -> Result<Duration, Error> {
             match v.parse::<u64>() {
                 Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
@@ -217,45 +235,31 @@ impl Options {
             }
         };
         match k {
-            "BufferPool" => {
-                let ok = value
-                    .split_once(':')
-                    .is_some_and(|(n, s)| n.parse::<u32>().is_ok() && s.parse::<u32>().is_ok());
-                if !ok {
-                    return Err(bad("\"<num>:<size_MB>\", e.g. \"4:8\" or \"0:0\""));
+            // HIXL's Ascend keys and hixl's own `hixl.ascend.*`: the Ascend backend validates
+            _ if crate::transport::ascend::options::is_ascend_key(k) => {
+                self.ascend.set(key, value)?;
+                if k == "EnableUseFabricMem" && value == "1" {
+                    return Err(Error::UnsupportedOption {
+                        key: k.to_owned(),
+                        value: value.to_owned(),
+                        why: "fabric memory is not implemented by the Ascend backend yet",
+                    });
+                }
+                if k.starts_with("hixl.ascend.") {
+                    self.ascend_enabled = true;
                 }
             }
-            "RdmaTrafficClass" => match value.parse::<u32>() {
-                Ok(tc) if tc <= 255 && tc % 4 == 0 => {}
-                _ => return Err(bad("0..=255 and a multiple of 4")),
-            },
-            "RdmaServiceLevel" => match value.parse::<u32>() {
-                Ok(sl) if sl <= 7 => {}
-                _ => return Err(bad("0..=7")),
-            },
-            "AutoConnect" | "EnableUseFabricMem" => match value {
+            "AutoConnect" => match value {
                 "0" => {}
                 "1" => {
                     return Err(Error::UnsupportedOption {
                         key: k.to_owned(),
                         value: value.to_owned(),
-                        why: match k {
-                            "AutoConnect" => {
-                                "links are explicit capabilities in hixl; connect first"
-                            }
-                            _ => "fabric memory needs the Ascend backend",
-                        },
+                        why: "links are explicit capabilities in hixl; connect first",
                     });
                 }
                 _ => return Err(bad("\"0\" or \"1\"")),
             },
-            "LocalCommRes" | "GlobalResourceConfig" => {
-                let t = value.trim();
-                let object = t.starts_with('{') && t.ends_with('}');
-                if !t.is_empty() && !object {
-                    return Err(bad("a JSON object"));
-                }
-            }
             "hixl.MaxRegions" => self.max_regions = count(value)?,
             "hixl.MaxLanes" => self.max_lanes = count(value)?,
             "hixl.ParallelLanes" => self.parallel_lanes = count(value)?,

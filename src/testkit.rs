@@ -48,3 +48,13 @@ pub fn fnv1a(data: &[u8]) -> u64 {
     }
     h
 }
+
+/// Builds the ACL/HCCL ABI test double (`tests/ascend_double/double.c`, compiled with the
+/// system `cc`) into `dir` and returns the path of the shared library, for tests that run the
+/// Ascend backend without CANN.
+///
+/// # Errors
+/// What failed (no `cc`, a compiler error, an unwritable `dir`).
+pub fn build_ascend_double(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    crate::transport::ascend::double::build(dir)
+}

@@ -78,11 +78,17 @@ pub enum Kind {
     UcxAsk = 13,
     /// Server → client: the UCX worker address and one packed remote key per region.
     UcxInfo = 14,
+    /// Client → server, on a new link's first lane: the client's device (Ascend backend), to
+    /// set up a device data path; answered with DEVICE_WELCOME, then DONE (request 0) once the
+    /// server's side of the data path is ready.
+    DeviceHello = 15,
+    /// Server → client: the server's device, or why it has none (a status other than 0).
+    DeviceWelcome = 16,
 }
 
 impl Kind {
     /// Every frame kind.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Hello,
         Kind::Welcome,
         Kind::Refuse,
@@ -97,6 +103,8 @@ impl Kind {
         Kind::Pong,
         Kind::UcxAsk,
         Kind::UcxInfo,
+        Kind::DeviceHello,
+        Kind::DeviceWelcome,
     ];
 
     fn from_u16(v: u16) -> Option<Self> {
@@ -115,6 +123,8 @@ impl Kind {
             12 => Self::Pong,
             13 => Self::UcxAsk,
             14 => Self::UcxInfo,
+            15 => Self::DeviceHello,
+            16 => Self::DeviceWelcome,
             _ => return None,
         })
     }
@@ -475,6 +485,55 @@ impl Welcome {
     }
 }
 
+/// A device announcement (DEVICE_HELLO and DEVICE_WELCOME): what a peer needs to build the
+/// two-rank HCCL rank table of a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// 0, or the HIXL status code of why the sender has no device data path.
+    pub status: u32,
+    /// The device (physical) id.
+    pub device_id: u32,
+    /// The device's RoCE address (`/etc/hccn.conf` `address_<id>`, or an option).
+    pub device_ip: String,
+    /// The host's address (the rank table's `server_id`).
+    pub host_ip: String,
+    /// How long the sender waits for the data path to be ready, in milliseconds.
+    pub timeout_ms: u32,
+    /// Why not (with a non-zero status).
+    pub reason: String,
+}
+
+impl DeviceInfo {
+    /// Encodes the frame (`kind` is [`Kind::DeviceHello`] or [`Kind::DeviceWelcome`]).
+    pub fn encode(&self, kind: Kind, out: &mut Vec<u8>) {
+        begin(out, kind);
+        out.extend_from_slice(&self.status.to_le_bytes());
+        out.extend_from_slice(&self.device_id.to_le_bytes());
+        put_str(out, &self.device_ip);
+        put_str(out, &self.host_ip);
+        out.extend_from_slice(&self.timeout_ms.to_le_bytes());
+        put_str(out, &self.reason);
+        seal(out);
+    }
+    /// Decodes a DEVICE_HELLO or DEVICE_WELCOME payload.
+    ///
+    /// # Errors
+    /// A [`WireError`] if the payload is malformed.
+    pub fn decode(p: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(p);
+        let d = DeviceInfo {
+            status: r.u32("status")?,
+            device_id: r.u32("device id")?,
+            device_ip: r.string("device ip")?,
+            host_ip: r.string("host ip")?,
+            timeout_ms: r.u32("timeout")?,
+            reason: r.string("reason")?,
+        };
+        r.finish()?;
+        Ok(d)
+    }
+}
+
 /// A refusal: status code and reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refuse {
@@ -706,6 +765,7 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Bye | Kind::ByeAck | Kind::Ping | Kind::Pong | Kind::UcxAsk => {
             Reader::new(p).finish()
         }
+        Kind::DeviceHello | Kind::DeviceWelcome => DeviceInfo::decode(p).map(drop),
     }
 }
 

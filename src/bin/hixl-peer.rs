@@ -4,7 +4,12 @@
 //! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
 //!                 [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
+//! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
 //! ```
+//!
+//! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
+//! ABI test double in tests): its region is a `DeviceBuffer`, filled through `aclrtMemcpy`, and
+//! `sum` reads it back the same way.
 //!
 //! `serve` registers one region of `--size` bytes (default 64 MiB) filled with the
 //! `testkit::Rng` bytes of `--seed` (a `HostBuffer`, or a `Vec<u8>` with `--memory user`), starts
@@ -48,6 +53,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     match args.next().as_deref() {
         Some("serve") => {}
         Some("probe") => return probe(args),
+        Some("serve-ascend") => return serve_ascend(args),
         _ => return Err(USAGE.into()),
     }
     let (mut name, mut size, mut seed, mut user) =
@@ -166,6 +172,66 @@ fn serve<M: Reclaim + 'static>(
                 let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
                 let mut buf = vec![0u8; len];
                 region.read_at(off, &mut buf)?;
+                writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
+            }
+            ["quit"] => break,
+            _ => writeln!(out, "ERR unknown command {line:?}")?,
+        }
+        out.flush()?;
+    }
+    let engine = engine.finalize();
+    engine.deregister(region)?;
+    Ok(())
+}
+
+fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    let (mut name, mut size, mut seed) = ("127.0.0.1".to_owned(), 8usize << 20, 1u64);
+    let (mut lib, mut ip) = (None, None);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--name" => name = value,
+            "--size" => size = value.parse()?,
+            "--seed" => seed = value.parse()?,
+            "--lib" => lib = Some(std::path::PathBuf::from(value)),
+            "--device-ip" => ip = Some(value.parse()?),
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    let cfg = hixl::AscendConfig {
+        acl_lib: lib.clone(),
+        hccl_lib: lib,
+        device_id: 0,
+        device_ip: ip,
+    };
+    let engine =
+        Hixl::initialize_ephemeral(&name, Options::default().ascend(cfg))?.into_registered();
+    let mut data = vec![0u8; size];
+    Rng::new(seed).fill(&mut data);
+    let mut region = engine.with_context(|ctx| -> Result<_, hixl::Error> {
+        let mut buf = engine.alloc_device(ctx, size)?;
+        buf.write(ctx, 0, &data)?;
+        engine.register_device(ctx, buf).map_err(|r| r.error)
+    })??;
+    let engine = engine.activate()?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "READY {} {} {} {}",
+        engine.name(),
+        region.addr(),
+        region.len(),
+        std::process::id()
+    )?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["sum", off, len] => {
+                let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
+                let mut buf = vec![0u8; len];
+                engine.with_context(|ctx| region.read_device(ctx, off, &mut buf))??;
                 writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
             }
             ["quit"] => break,

@@ -36,7 +36,9 @@ pub struct TransportInfo {
     pub detail: &'static str,
 }
 
-/// Which transports this build and this machine provide. Never panics, has no side effects.
+/// Which transports this build and this machine provide. Never panics, has no side effects
+/// (the Ascend libraries are opened once, to check their symbols, and nothing is initialised;
+/// the answer is kept for the life of the process).
 pub fn probe() -> Vec<TransportInfo> {
     vec![
         TransportInfo {
@@ -68,10 +70,17 @@ pub fn probe() -> Vec<TransportInfo> {
                 detail: "libucp.so.0 (UCX 1.13 or later) cannot be loaded; set HIXL_UCX_LIB or install UCX",
             },
         },
-        TransportInfo {
-            kind: TransportKind::Ascend,
-            available: false,
-            detail: "not implemented in this build",
+        match ascend::probe() {
+            Ok(detail) => TransportInfo {
+                kind: TransportKind::Ascend,
+                available: true,
+                detail,
+            },
+            Err(detail) => TransportInfo {
+                kind: TransportKind::Ascend,
+                available: false,
+                detail,
+            },
         },
     ]
 }

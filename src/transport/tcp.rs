@@ -38,6 +38,10 @@ impl ServeTable {
         regions.sort_by_key(|r| r.id);
         Self { by_id: regions }
     }
+    /// The regions served.
+    pub(crate) fn cores(&self) -> &[Arc<RegionCore>] {
+        &self.by_id
+    }
     fn get(&self, id: u32) -> Option<&RegionCore> {
         self.by_id
             .binary_search_by_key(&id, |r| r.id)
@@ -161,6 +165,8 @@ struct LinkRec {
     live: Arc<AtomicBool>,
     /// Requests of this link being applied right now.
     busy: Arc<AtomicUsize>,
+    /// The server's side of the link's device data path (Ascend), dropped with the link.
+    device: Option<crate::transport::ascend::link::DeviceLink>,
 }
 
 impl LinkRec {
@@ -210,6 +216,8 @@ pub(crate) struct ServerShared {
     keepalive: Option<Duration>,
     /// The encoded UCXINFO frame, when the engine serves over UCX.
     ucx: Option<Vec<u8>>,
+    /// The engine's Ascend runtime, for device data paths (`None`: none).
+    device: Option<Arc<crate::transport::ascend::Runtime>>,
     span: tracing::Span,
 }
 
@@ -235,6 +243,8 @@ pub(crate) struct ServerConfig {
     pub keepalive: Option<Duration>,
     /// The encoded UCXINFO frame, when the engine serves over UCX.
     pub ucx: Option<Vec<u8>>,
+    /// The engine's Ascend runtime, for device data paths.
+    pub device: Option<Arc<crate::transport::ascend::Runtime>>,
     pub span: tracing::Span,
 }
 
@@ -266,6 +276,7 @@ impl Server {
             psk: cfg.psk,
             keepalive: cfg.keepalive,
             ucx: cfg.ucx,
+            device: cfg.device,
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -560,6 +571,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 conns: HashSet::from([id]),
                 live: Arc::new(AtomicBool::new(true)),
                 busy: Arc::new(AtomicUsize::new(0)),
+                device: None,
             };
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
             links.insert(token, rec);
@@ -734,6 +746,30 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 };
                 if let Err(e) = sent {
                     return ConnEnd::Io(e);
+                }
+            }
+            (Kind::DeviceHello, p) => {
+                let info = match wire::DeviceInfo::decode(p) {
+                    Ok(i) => i,
+                    Err(e) => return violation(&mut sock, &mut out, e, deadline),
+                };
+                let sent = crate::transport::ascend::link::serve(
+                    shared.device.as_ref(),
+                    &info,
+                    shared.table.cores(),
+                    &shared.name,
+                    &hello.name,
+                    |f| sock.send_bytes(f, deadline),
+                );
+                match sent {
+                    Ok(Some(dev)) => {
+                        let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(l) = links.get_mut(&token) {
+                            l.device = Some(dev);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => return ConnEnd::Io(e),
                 }
             }
             (Kind::Ping, p) => {
@@ -970,6 +1006,38 @@ impl Lane {
             )));
         }
         Ok((status, reason))
+    }
+
+    /// Sends one encoded frame (device handshake).
+    pub fn send_frame(&mut self, frame: &[u8], deadline: Instant) -> Result<(), LaneFail> {
+        self.sock
+            .send_bytes(frame, Some(deadline))
+            .map_err(LaneFail::Io)
+    }
+
+    /// Reads one frame of kind `want` (a REFUSE is the peer's refusal) and decodes its payload.
+    pub fn recv_frame<T>(
+        &mut self,
+        want: Kind,
+        deadline: Instant,
+        decode: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, LaneFail> {
+        let dl = Some(deadline);
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((k, p)) if k == want => Ok(decode(p)),
+            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected {want:?}, got {k:?}"))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
+    }
+
+    /// Reads the DONE frame answering request `req` (device handshake: request 0).
+    pub fn read_done_for(
+        &mut self,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<(u32, String), LaneFail> {
+        self.read_done(req, Some(deadline))
     }
 
     /// Another handle to the lane's socket (it keeps the socket open on its own).

@@ -5,7 +5,9 @@
 //! `aclGetRecentErrMsg` (`FAILED`). ACL keeps the current context per thread; allocations and
 //! streams remember the context they were made in, and release themselves under it.
 
-#![allow(dead_code)] // used by the Ascend link integration
+// Unused yet: the other malloc policies (BufferPool staging), `is_host`, `finalize`,
+// `reset_device` and `device` (engine teardown leaves ACL initialised, as HIXL does).
+#![allow(dead_code)]
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
@@ -132,6 +134,10 @@ impl AclBuffer {
     /// Whether it is pinned host memory (`aclrtMallocHost`).
     pub(crate) fn is_host(&self) -> bool {
         self.host
+    }
+    /// The runtime it was allocated from.
+    pub(crate) fn acl(&self) -> &Acl {
+        &self.acl
     }
 
     /// Frees it now, reporting a failure (dropping frees too, logging failures).
@@ -493,6 +499,71 @@ impl Acl {
                 dst.as_mut_ptr().cast(),
                 dst.len(),
                 buf.ptr.as_ptr().cast::<u8>().add(offset).cast(),
+                dst.len(),
+                kind,
+            )
+        };
+        self.check("aclrtMemcpy", rc)
+    }
+
+    /// Copies `src` to `addr` (`aclrtMemcpy`, host to device, or host to host when `device` is
+    /// false).
+    ///
+    /// # Safety
+    /// `addr..addr + src.len()` is live ACL (or registered host) memory of that kind, with no
+    /// Rust reference to it.
+    ///
+    /// # Errors
+    /// [`Error::Native`].
+    pub(crate) unsafe fn write_raw(
+        &self,
+        addr: usize,
+        src: &[u8],
+        device: bool,
+    ) -> Result<(), Error> {
+        let kind = if device {
+            ffi::ACL_MEMCPY_HOST_TO_DEVICE
+        } else {
+            ffi::ACL_MEMCPY_HOST_TO_HOST
+        };
+        // SAFETY: the caller vouches for the destination; `src` is a valid slice.
+        let rc = unsafe {
+            (self.api.memcpy)(
+                addr as *mut c_void,
+                src.len(),
+                src.as_ptr().cast(),
+                src.len(),
+                kind,
+            )
+        };
+        self.check("aclrtMemcpy", rc)
+    }
+
+    /// Copies from `addr` into `dst` (`aclrtMemcpy`, device to host, or host to host when
+    /// `device` is false).
+    ///
+    /// # Safety
+    /// `addr..addr + dst.len()` is live ACL (or registered host) memory of that kind.
+    ///
+    /// # Errors
+    /// [`Error::Native`].
+    pub(crate) unsafe fn read_raw(
+        &self,
+        addr: usize,
+        dst: &mut [u8],
+        device: bool,
+    ) -> Result<(), Error> {
+        let kind = if device {
+            ffi::ACL_MEMCPY_DEVICE_TO_HOST
+        } else {
+            ffi::ACL_MEMCPY_HOST_TO_HOST
+        };
+        // SAFETY: the caller vouches for the source; `dst` is an exclusively borrowed slice.
+        let rc = unsafe {
+            (self.api.memcpy)(
+                dst.as_mut_ptr().cast(),
+                dst.len(),
+                addr as *const c_void,
                 dst.len(),
                 kind,
             )

@@ -6,8 +6,6 @@
 //! processes with `process_vm_writev`/`readv`). Its environment variables, control symbol and
 //! log format are described at the top of the C file.
 
-#![allow(dead_code)] // used by the Ascend link integration
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;

@@ -11,7 +11,8 @@
 //!   copy `src/llm_datadist/comm_adapter/comm_types.h`; `HcclCommConfig` from `hccl/hccl_types.h`
 //!   at `HCCL_COMM_CONFIG_VERSION = 5`, the version HIXL's `DlHcclCommConfigInit` writes.
 
-#![allow(dead_code)] // used by the Ascend link integration
+// The ABI tables mirror the C headers: every enum value and code is listed, used or not.
+#![allow(dead_code)]
 
 use std::ffi::{OsStr, c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};

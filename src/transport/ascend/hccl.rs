@@ -6,7 +6,9 @@
 //! descriptors are issued in calls of at most [`MAX_DESCS_PER_CALL`], then the stream is
 //! synchronised with the caller's timeout.
 
-#![allow(dead_code)] // used by the Ascend link integration
+// Unused yet: the address/length accessors of `GlobalMem` and `Comm::rank` (diagnostics),
+// `GlobalMem::deregister` (explicit error reporting; dropping deregisters too).
+#![allow(dead_code)]
 
 use std::ffi::{CString, c_int, c_void};
 use std::path::Path;

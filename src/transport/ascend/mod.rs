@@ -1,7 +1,402 @@
 //! Ascend backend: ACL runtime memory and HCCL one-sided transfers, loaded at run time.
+//!
+//! An engine initialized with Ascend options ([`Options::ascend`](crate::Options::ascend) or the
+//! `hixl.ascend.*` keys) owns a [`Runtime`]: ACL and HCCL loaded with `dlopen`, `aclInit`,
+//! `aclrtSetDevice` on the initializing thread, and that thread's context. Every region of such
+//! an engine is registered with `HcclRegisterGlobalMem`; links between two Ascend engines move
+//! bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
 
 pub(crate) mod acl;
 pub(crate) mod double;
 pub(crate) mod ffi;
 pub(crate) mod hccl;
+pub(crate) mod link;
 pub(crate) mod options;
+
+use std::fmt;
+use std::net::IpAddr;
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+use self::acl::{Acl, AclBuffer, Context, ContextGuard, MallocPolicy};
+use self::hccl::{CommConfig, GlobalMem, Hccl, MemKind};
+use self::options::AscendOptions;
+use crate::context::ContextToken;
+use crate::error::Error;
+use crate::memory::{MemType, RawMemory, RegistrableMemory};
+
+/// Where to find CANN and which device to use, for [`Options::ascend`](crate::Options::ascend).
+///
+/// The same settings are available as string options: `hixl.ascend.acl_lib`,
+/// `hixl.ascend.hccl_lib`, `hixl.ascend.device_id`, `hixl.ascend.device_ip`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AscendConfig {
+    /// The ACL runtime library; `None`: `$HIXL_ACL_LIB`, then `libacl_rt.so`, `libascendcl.so`
+    /// (found through the loader path, e.g. `LD_LIBRARY_PATH` set by CANN's `set_env.sh`).
+    pub acl_lib: Option<PathBuf>,
+    /// The HCCL library; `None`: `$HIXL_HCCL_LIB`, then `libhcomm.so`, `libhccl.so`.
+    pub hccl_lib: Option<PathBuf>,
+    /// The device (`aclrtSetDevice`), 0 by default.
+    pub device_id: u32,
+    /// The device's RoCE address; `None`: `address_<device_id>` from `/etc/hccn.conf`.
+    pub device_ip: Option<IpAddr>,
+}
+
+/// An engine's Ascend runtime: the loaded libraries, its device and the device context of the
+/// thread that initialized the engine.
+pub(crate) struct Runtime {
+    pub(crate) acl: Acl,
+    pub(crate) hccl: Hccl,
+    pub(crate) device_id: u32,
+    pub(crate) device_ip: IpAddr,
+    pub(crate) ctx: Context,
+    pub(crate) comm: CommConfig,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("acl", &self.acl.library())
+            .field("hccl", &self.hccl.library())
+            .field("device_id", &self.device_id)
+            .field("device_ip", &self.device_ip)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Loads ACL and HCCL, initialises ACL and sets the device on the calling thread, whose
+    /// context becomes the engine's (HIXL `Initialize`).
+    ///
+    /// # Errors
+    /// [`Error::LibraryUnavailable`] (`UNSUPPORTED`) for a missing library or symbol;
+    /// [`Error::InvalidOption`] without a device address; [`Error::Native`] from ACL.
+    pub(crate) fn start(o: &AscendOptions) -> Result<Arc<Self>, Error> {
+        let acl = Acl::load(o.acl_lib.as_deref())?;
+        let hccl = Hccl::load(o.hccl_lib.as_deref())?;
+        let device_id = o.device_id.unwrap_or(0);
+        let device = i32::try_from(device_id).map_err(|_| Error::InvalidOption {
+            key: "hixl.ascend.device_id".into(),
+            value: device_id.to_string(),
+            problem: "a device id below 2^31",
+        })?;
+        let device_ip = o.resolve_device_ip().ok_or_else(|| Error::InvalidOption {
+            key: "hixl.ascend.device_ip".into(),
+            value: String::new(),
+            problem: "the device's RoCE address: set it, or configure address_<device_id> in \
+                      /etc/hccn.conf",
+        })?;
+        acl.init()?;
+        acl.set_device(device)?;
+        let ctx = acl.current_context()?;
+        Ok(Arc::new(Self {
+            acl,
+            hccl,
+            device_id,
+            device_ip,
+            ctx,
+            comm: CommConfig {
+                traffic_class: o.rdma_traffic_class,
+                service_level: o.rdma_service_level,
+                ..CommConfig::default()
+            },
+        }))
+    }
+
+    /// Makes the engine's context current on this thread until the guard drops.
+    ///
+    /// # Errors
+    /// [`Error::Native`] from `aclrtSetCurrentContext`.
+    pub(crate) fn enter(&self) -> Result<ContextGuard, Error> {
+        self.acl.enter(self.ctx)
+    }
+
+    /// Binds the engine's context on this thread and checks, with `aclrtGetCurrentContext`,
+    /// that it is current: what a [`ContextToken`] is minted from.
+    ///
+    /// # Errors
+    /// [`Error::Native`] from ACL.
+    pub(crate) fn bind(&self) -> Result<ContextGuard, Error> {
+        let guard = self.enter()?;
+        let now = self.acl.current_context()?;
+        if now != self.ctx {
+            return Err(Error::Native {
+                library: "acl",
+                call: "aclrtGetCurrentContext",
+                code: i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL),
+                detail: "the engine's context did not become current".into(),
+            });
+        }
+        Ok(guard)
+    }
+
+    /// `HcclRegisterGlobalMem` for a region about to be registered with the engine.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is memory of `mem_type` that stays allocated until the returned
+    /// registration is dropped, and no Rust reference to it is live while peers may write it.
+    pub(crate) unsafe fn register(
+        self: &Arc<Self>,
+        addr: usize,
+        len: usize,
+        mem_type: MemType,
+    ) -> Result<DeviceReg, Error> {
+        let _guard = self.enter()?;
+        let kind = match mem_type {
+            MemType::Device => MemKind::Device,
+            MemType::Host => MemKind::Host,
+        };
+        // SAFETY: forwarded from the caller.
+        let mem = unsafe { self.hccl.register_global_mem(kind, addr, len as u64) }?;
+        Ok(DeviceReg {
+            mem,
+            rt: self.clone(),
+        })
+    }
+}
+
+/// A region's HCCL registration (and the runtime to copy device bytes with).
+#[derive(Debug)]
+pub(crate) struct DeviceReg {
+    pub(crate) mem: GlobalMem,
+    pub(crate) rt: Arc<Runtime>,
+}
+
+impl DeviceReg {
+    /// Copies `data` to `addr` (inside this registration) with `aclrtMemcpy`.
+    ///
+    /// # Safety
+    /// `addr..addr + data.len()` lies inside the registered memory, which is alive.
+    pub(crate) unsafe fn write(&self, addr: usize, data: &[u8]) -> Result<(), Error> {
+        let _g = self.rt.enter()?;
+        let device = self.mem.kind() == MemKind::Device;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.rt.acl.write_raw(addr, data, device) }
+    }
+    /// Copies from `addr` (inside this registration) into `buf` with `aclrtMemcpy`.
+    ///
+    /// # Safety
+    /// `addr..addr + buf.len()` lies inside the registered memory, which is alive.
+    pub(crate) unsafe fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), Error> {
+        let _g = self.rt.enter()?;
+        let device = self.mem.kind() == MemKind::Device;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.rt.acl.read_raw(addr, buf, device) }
+    }
+}
+
+fn check_token(rt: &Runtime, engine: u64, ctx: &ContextToken<'_>) -> Result<(), Error> {
+    let _ = rt;
+    if ctx.engine_id() != engine {
+        return Err(Error::ForeignHandle {
+            what: "context token",
+            owner: ctx.engine_id(),
+            engine,
+        });
+    }
+    Ok(())
+}
+
+/// Device memory (`aclrtMalloc`) of an Ascend engine, allocated with
+/// [`Hixl::alloc_device`](crate::Hixl::alloc_device).
+///
+/// Allocated `ACL_MEM_MALLOC_HUGE_ONLY` (HCCS links need huge pages, and hixl cannot know at
+/// allocation time which links will use a buffer); a length that is a multiple of 2 MiB gets a
+/// 2 MiB aligned address, or the allocation fails. Device memory is never a host slice: copy
+/// with [`DeviceBuffer::write`] and [`DeviceBuffer::read`] (`aclrtMemcpy`). Register it with
+/// [`Hixl::register_device`](crate::Hixl::register_device).
+pub struct DeviceBuffer {
+    buf: AclBuffer,
+    engine: u64,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("addr", &format_args!("{:#x}", self.buf.addr()))
+            .field("len", &self.buf.len())
+            .field("engine", &self.engine)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    pub(crate) fn alloc(
+        rt: &Runtime,
+        engine: u64,
+        ctx: &ContextToken<'_>,
+        len: usize,
+    ) -> Result<Self, Error> {
+        check_token(rt, engine, ctx)?;
+        if len == 0 {
+            return Err(Error::ZeroLengthRegion);
+        }
+        let buf = rt.acl.malloc_device(len, MallocPolicy::HugeOnly)?;
+        Ok(Self { buf, engine })
+    }
+    /// The device address.
+    pub fn addr(&self) -> usize {
+        self.buf.addr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    /// Always false: empty buffers cannot be allocated.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+    /// The engine it was allocated by.
+    pub fn engine_id(&self) -> u64 {
+        self.engine
+    }
+    /// Copies `data` into the buffer at `offset` (`aclrtMemcpy`, host to device).
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::RangeOutOfBounds`];
+    /// [`Error::Native`].
+    pub fn write(
+        &mut self,
+        ctx: &ContextToken<'_>,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        self.token(ctx)?;
+        let acl = self.buf_acl();
+        acl.write(&self.buf, offset, data)
+    }
+    /// Copies from the buffer at `offset` into `buf` (`aclrtMemcpy`, device to host).
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::write`].
+    pub fn read(&self, ctx: &ContextToken<'_>, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
+        self.token(ctx)?;
+        self.buf_acl().read(&self.buf, offset, buf)
+    }
+    fn token(&self, ctx: &ContextToken<'_>) -> Result<(), Error> {
+        if ctx.engine_id() != self.engine {
+            return Err(Error::ForeignHandle {
+                what: "context token",
+                owner: ctx.engine_id(),
+                engine: self.engine,
+            });
+        }
+        Ok(())
+    }
+    fn buf_acl(&self) -> &Acl {
+        self.buf.acl()
+    }
+}
+
+/// Pinned host memory (`aclrtMallocHost`) of an Ascend engine, allocated with
+/// [`Hixl::alloc_pinned_host`](crate::Hixl::alloc_pinned_host). Host memory: while you own it,
+/// it is an ordinary byte slice.
+pub struct PinnedHostBuffer {
+    buf: AclBuffer,
+}
+
+impl fmt::Debug for PinnedHostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedHostBuffer")
+            .field("addr", &format_args!("{:#x}", self.buf.addr()))
+            .field("len", &self.buf.len())
+            .finish()
+    }
+}
+
+impl PinnedHostBuffer {
+    pub(crate) fn alloc(
+        rt: &Runtime,
+        engine: u64,
+        ctx: &ContextToken<'_>,
+        len: usize,
+    ) -> Result<Self, Error> {
+        check_token(rt, engine, ctx)?;
+        if len == 0 {
+            return Err(Error::ZeroLengthRegion);
+        }
+        let buf = rt.acl.malloc_host(len)?;
+        let mut me = Self { buf };
+        me.fill(0);
+        Ok(me)
+    }
+}
+
+impl Deref for PinnedHostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `self`
+        // (zeroed at allocation, so initialised); nothing else references them while owned.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.buf.len()) }
+    }
+}
+
+impl DerefMut for PinnedHostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr().cast::<u8>(), self.buf.len()) }
+    }
+}
+
+/// Boxes the buffer so its raw parts fit in [`RawMemory`] (the box pointer is the extra word).
+fn boxed_parts<T>(
+    value: T,
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+    mem_type: MemType,
+) -> RawMemory {
+    let ptr = NonNull::new(ptr.cast::<u8>()).expect("ACL allocations are non-null");
+    let extra = Box::into_raw(Box::new(value)) as usize;
+    RawMemory::new(ptr, len, extra, mem_type)
+}
+
+// SAFETY: the buffer (with its allocation) moves into a box that only `from_raw_parts` takes
+// back, so nothing frees or touches the memory meanwhile; the memory type is what ACL allocated
+// (`aclrtMalloc`: device). hixl never dereferences `MemType::Device` memory: it only hands its
+// addresses to ACL/HCCL.
+unsafe impl RegistrableMemory for DeviceBuffer {
+    fn into_raw_parts(self) -> RawMemory {
+        let (p, len) = (self.buf.as_ptr(), self.buf.len());
+        boxed_parts(self, p, len, MemType::Device)
+    }
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
+        // SAFETY: the extra word is the box made by `into_raw_parts`, taken back once.
+        *unsafe { Box::from_raw(raw.extra() as *mut DeviceBuffer) }
+    }
+}
+
+// SAFETY: as for DeviceBuffer; `aclrtMallocHost` memory is host memory, valid for reads and
+// writes of any bytes.
+unsafe impl RegistrableMemory for PinnedHostBuffer {
+    fn into_raw_parts(self) -> RawMemory {
+        let (p, len) = (self.buf.as_ptr(), self.buf.len());
+        boxed_parts(self, p, len, MemType::Host)
+    }
+    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
+        // SAFETY: the extra word is the box made by `into_raw_parts`, taken back once.
+        *unsafe { Box::from_raw(raw.extra() as *mut PinnedHostBuffer) }
+    }
+}
+
+static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// Whether the default ACL and HCCL libraries (or `$HIXL_ACL_LIB` / `$HIXL_HCCL_LIB`) load,
+/// with every symbol; checked once per process (nothing is initialised).
+pub(crate) fn probe() -> Result<&'static str, &'static str> {
+    let r = PROBE.get_or_init(|| {
+        let acl = ffi::AclApi::load(None).map_err(|e| e.to_string())?;
+        let hccl = ffi::HcclApi::load(None).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "ACL runtime {} and HCCL {} (verified against an ABI test double; not yet run on \
+             Ascend hardware)",
+            acl.library(),
+            hccl.library()
+        ))
+    });
+    match r {
+        Ok(s) => Ok(s.as_str()),
+        Err(s) => Err(s.as_str()),
+    }
+}

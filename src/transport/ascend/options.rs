@@ -5,7 +5,9 @@
 //! (`hixl_options.cc`, `adxl_inner_engine.cc`); see `/work/shared/reference/hixl-api.md` §3.2.
 //! JSON values are parsed with a small strict RFC 8259 parser (no dependency).
 
-#![allow(dead_code)] // used by the Ascend link integration
+// Unused yet: `validate` and `from_pairs` (the engine parses through `AscendOptions::set`) and
+// the `BufferPool` helpers (no staging pool yet).
+#![allow(dead_code)]
 
 use std::net::IpAddr;
 use std::path::PathBuf;
