@@ -184,6 +184,13 @@ impl Cma {
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
+/// A data path that moves a batch without a TCP lane.
+enum Direct<'a> {
+    Device(&'a Mutex<Option<DeviceLink>>),
+    Ucx(&'a crate::transport::ucx::UcxLink),
+    Cma(&'a Cma),
+}
+
 impl LinkShared {
     pub(crate) fn open(
         engine: &EngineInner,
@@ -612,41 +619,26 @@ impl LinkShared {
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
         }
-        if let Some(dev) = &self.device {
+        // the paths that need no lane: device (HCCL), UCX, same-host
+        let direct = match (&self.device, self.ucx_for(&job.xds), &self.cma) {
+            (Some(dev), _, _) => Some(Direct::Device(dev)),
+            (None, Some(u), _) => Some(Direct::Ucx(u)),
+            (None, None, Some(cma)) => Some(Direct::Cma(cma)),
+            (None, None, None) => None,
+        };
+        if let Some(path) = direct {
             if let Err(outcome) = st.set_running(-1) {
                 st.finish(self, outcome);
                 return;
             }
-            let outcome = match self.run_device(dev, st.op, &job.xds, st.deadline) {
+            let r = match path {
+                Direct::Device(dev) => self.run_device(dev, st.op, &job.xds, st.deadline),
+                Direct::Ucx(u) => self.run_ucx(u, st.op, &job.xds, st.deadline),
+                Direct::Cma(cma) => self.run_cma(cma, st.op, &job.xds),
+            };
+            let outcome = match r {
                 Ok(()) => Outcome::Completed,
                 Err(Error::Timeout { .. }) => Outcome::TimedOut,
-                Err(e) => Outcome::Failed(Arc::new(e)),
-            };
-            st.finish(self, outcome);
-            drop(job.keep);
-            return;
-        }
-        if let Some(u) = self.ucx_for(&job.xds) {
-            if let Err(outcome) = st.set_running(-1) {
-                st.finish(self, outcome);
-                return;
-            }
-            let outcome = match self.run_ucx(u, st.op, &job.xds, st.deadline) {
-                Ok(()) => Outcome::Completed,
-                Err(Error::Timeout { .. }) => Outcome::TimedOut,
-                Err(e) => Outcome::Failed(Arc::new(e)),
-            };
-            st.finish(self, outcome);
-            drop(job.keep);
-            return;
-        }
-        if let Some(cma) = &self.cma {
-            if let Err(outcome) = st.set_running(-1) {
-                st.finish(self, outcome);
-                return;
-            }
-            let outcome = match self.run_cma(cma, st.op, &job.xds) {
-                Ok(()) => Outcome::Completed,
                 Err(e) => Outcome::Failed(Arc::new(e)),
             };
             st.finish(self, outcome);

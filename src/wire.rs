@@ -780,6 +780,54 @@ mod tests {
     }
 
     #[test]
+    fn device_info_round_trip_and_hostile_payloads() {
+        let info = DeviceInfo {
+            status: 0,
+            device_id: 7,
+            device_ip: "192.168.1.9".into(),
+            host_ip: "10.0.0.2".into(),
+            timeout_ms: 5000,
+            reason: String::new(),
+        };
+        let mut out = Vec::new();
+        info.encode(Kind::DeviceHello, &mut out);
+        let (h, p) = payload(&out);
+        assert_eq!(h.kind, Kind::DeviceHello);
+        assert_eq!(DeviceInfo::decode(p).unwrap(), info);
+        // every truncation is an error, never a panic
+        for n in 0..p.len() {
+            assert!(DeviceInfo::decode(&p[..n]).is_err(), "prefix of {n} bytes");
+        }
+        let mut long = p.to_vec();
+        long.push(0);
+        assert!(DeviceInfo::decode(&long).is_err(), "trailing bytes");
+        // a string length past MAX_STR, and bytes that are not UTF-8
+        let mut over = 0u32.to_le_bytes().to_vec();
+        over.extend_from_slice(&0u32.to_le_bytes());
+        over.extend_from_slice(&((MAX_STR + 1) as u16).to_le_bytes());
+        over.extend(std::iter::repeat_n(b'1', MAX_STR + 1));
+        assert!(matches!(
+            DeviceInfo::decode(&over),
+            Err(WireError::OverLimit { .. })
+        ));
+        let mut bad = 0u32.to_le_bytes().to_vec();
+        bad.extend_from_slice(&0u32.to_le_bytes());
+        bad.extend_from_slice(&2u16.to_le_bytes());
+        bad.extend_from_slice(&[0xff, 0xfe]);
+        assert!(DeviceInfo::decode(&bad).is_err());
+        // strings that are not addresses decode (the device link refuses them), unchanged
+        let odd = DeviceInfo {
+            device_ip: r#"1.2.3.4","rank_id":"0"#.into(),
+            host_ip: "x".repeat(MAX_STR),
+            ..info
+        };
+        odd.encode(Kind::DeviceWelcome, &mut out);
+        let (h, p) = payload(&out);
+        assert_eq!(h.kind, Kind::DeviceWelcome);
+        assert_eq!(DeviceInfo::decode(p).unwrap(), odd);
+    }
+
+    #[test]
     fn ucx_info_round_trip_and_limits() {
         let info = UcxInfo {
             worker: vec![1, 2, 3],

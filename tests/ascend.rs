@@ -424,12 +424,79 @@ fn sync_timeout_is_timeout_and_poisons_the_link() {
     link.transfer_sync(TransferOp::Read, &[d2], T).unwrap();
     drop(link);
     let log = d.log_lines();
+    let timed_out = log
+        .iter()
+        .position(|l| {
+            l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=507046")
+        })
+        .unwrap_or_else(|| panic!("no sync timeout in {log:#?}"));
+    // the poisoned link drained its stream before it unbound anything
+    let comm = client_comm(&log);
+    let unbind = first(&log, &format!("HcclCommUnbindMem comm={comm} "));
     assert!(
-        log.iter().any(
-            |l| l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=507046")
-        ),
-        "{log:#?}"
+        log[timed_out + 1..unbind]
+            .iter()
+            .any(|l| l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=0")),
+        "no drain between the timeout ({timed_out}) and the unbind ({unbind}): {log:#?}"
     );
+}
+
+/// The `comm=` of the first client-side (rank 1) communicator in a double's log.
+fn client_comm(log: &[String]) -> String {
+    let init = first(log, "HcclCommInitClusterInfoMemConfig rank=1 ");
+    log[init]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("comm="))
+        .unwrap_or_else(|| panic!("no comm= in {:?}", log[init]))
+        .to_owned()
+}
+
+/// A link whose stream does not drain after a failed transfer is not torn down under the
+/// copies it may still run: its communicator, stream and regions are leaked, so the memory is
+/// never unbound, deregistered or freed (deregistering the region reports it busy).
+#[test]
+fn an_undrained_link_keeps_its_memory() {
+    let Some(d) = Double::new("drain") else {
+        return;
+    };
+    let (client, creg, server, saddr) = pair(&d, 1 << 20);
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    d.control("fail", Some("sync_timeout"));
+    let desc = TransferDesc::new(
+        creg.range(0..4096).unwrap(),
+        link.remote(saddr, 4096).unwrap(),
+    );
+    let e = link
+        .transfer_sync(TransferOp::Read, &[desc], Duration::from_millis(50))
+        .unwrap_err();
+    assert_eq!(e.status(), Status::TIMEOUT, "{e:?}");
+    // the drain right after the failure and the drain at disconnect time out as well
+    let _ = link.disconnect(T);
+    d.control("fail", None);
+    let client = client.deactivate();
+    let r = client.deregister(creg).unwrap_err();
+    assert!(
+        matches!(r.error, Error::RegionBusy { .. }),
+        "the leaked link still holds the region: {:?}",
+        r.error
+    );
+    let log = d.log_lines();
+    let comm = client_comm(&log);
+    assert!(
+        !log.iter().any(|l| l.contains(&format!("comm={comm} "))
+            && (l.starts_with("HcclCommUnbindMem ") || l.starts_with("HcclCommDestroy "))),
+        "the undrained communicator was torn down: {log:#?}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(
+                |l| l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=507046")
+            )
+            .count(),
+        3,
+        "the transfer's sync, its drain, and the drain at disconnect: {log:#?}"
+    );
+    drop(server);
 }
 
 /// A failed HCCL call keeps its native code (FAILED) and poisons the link too.

@@ -507,3 +507,35 @@ fn a_flood_past_the_window_closes_only_that_connection() {
     assert!(sent > req.len() * 100, "only {sent} bytes were accepted");
     g.check();
 }
+
+/// A device handshake is set up once per link, on the lane that opened it: a second
+/// DEVICE_HELLO closes the connection (it would rebuild the communicator under a running link).
+/// An engine without a device answers the first with a DEVICE_WELCOME that says why not.
+#[test]
+fn a_second_device_hello_closes_the_connection() {
+    let g = guarded();
+    let mut s = connect_raw(g.engine.name());
+    hello(&mut s);
+    let mut out = Vec::new();
+    wire::DeviceInfo {
+        status: 0,
+        device_id: 0,
+        device_ip: "10.0.0.9".into(),
+        host_ip: "10.9.9.9".into(),
+        timeout_ms: 1000,
+        reason: String::new(),
+    }
+    .encode(Kind::DeviceHello, &mut out);
+    s.write_all(&out).unwrap();
+    let (k, p) = read_frame(&mut s).expect("an answer");
+    assert_eq!(k, Kind::DeviceWelcome);
+    let answer = wire::DeviceInfo::decode(&p).unwrap();
+    assert_eq!(answer.status, 103_905, "{answer:?}");
+    s.write_all(&out).unwrap();
+    match read_frame(&mut s) {
+        None => {}
+        Some((Kind::Refuse, _)) => assert!(closed(&mut s)),
+        Some((k, _)) => panic!("a second DEVICE_HELLO was answered with {k:?}"),
+    }
+    g.check();
+}

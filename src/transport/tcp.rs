@@ -631,6 +631,8 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         return ConnEnd::Io(e);
     }
 
+    // a device data path is set up once per link, on the lane that opened it
+    let mut device_asked = hello.role != LaneRole::NewLink;
     let mut descs = Vec::new();
     let mut targets = Vec::new();
     let mut iov: Vec<IoVec> = Vec::new();
@@ -749,6 +751,10 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 }
             }
             (Kind::DeviceHello, p) => {
+                if std::mem::replace(&mut device_asked, true) {
+                    let e = WireError::Unexpected(Kind::DeviceHello);
+                    return violation(&mut sock, &mut out, e, deadline);
+                }
                 let info = match wire::DeviceInfo::decode(p) {
                     Ok(i) => i,
                     Err(e) => return violation(&mut sock, &mut out, e, deadline),

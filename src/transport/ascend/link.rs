@@ -8,13 +8,14 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Runtime;
 use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
 use crate::error::{Error, Status};
-use crate::memory::RegionCore;
+use crate::memory::{Access, RegionCore};
 use crate::transfer::TransferOp;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
 use crate::wire::{DeviceInfo, Kind, TableEntry};
@@ -23,6 +24,9 @@ use crate::wire::{DeviceInfo, Kind, TableEntry};
 pub(crate) const SERVER_RANK: u32 = 0;
 /// The client's rank.
 pub(crate) const CLIENT_RANK: u32 = 1;
+/// How long dropping a link whose last transfer failed waits for its stream to drain before it
+/// gives up and leaks the link's memory instead of freeing it under a running copy.
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One side of a link's device data path: the communicator (with this engine's regions bound),
 /// the stream, and the peer's rank. Unbinds and destroys everything when dropped.
@@ -35,6 +39,9 @@ pub(crate) struct DeviceLink {
     peer: String,
     /// Peer region id → its start address (client side).
     remote: HashMap<u32, u64>,
+    /// Set when a transfer failed: copies may still be queued on the stream (a stream-sync
+    /// timeout does not cancel them), so dropping must drain it before anything is released.
+    dirty: AtomicBool,
 }
 
 impl std::fmt::Debug for DeviceLink {
@@ -50,6 +57,30 @@ impl std::fmt::Debug for DeviceLink {
 impl Drop for DeviceLink {
     fn drop(&mut self) {
         let guard = self.rt.enter();
+        // A failed transfer may have left copies queued on the stream (a stream-sync timeout
+        // does not cancel them): they read or write the bound regions, which must not be
+        // unbound, deregistered or freed under them. Drain first; if the stream will not
+        // drain, leak the communicator, the stream and the regions' memory rather than free
+        // memory the device may still write.
+        if self.dirty.load(Ordering::SeqCst)
+            && let Some(s) = &self.stream
+            && let Err(e) = self
+                .rt
+                .acl
+                .synchronize(s, DRAIN_TIMEOUT, "disconnect", &self.peer)
+        {
+            tracing::error!(
+                peer = %self.peer,
+                "the device stream did not drain after a failed transfer ({e}); leaking the \
+                 link's communicator, stream and {} regions",
+                self.bound.len()
+            );
+            std::mem::forget(self.comm.take());
+            std::mem::forget(self.stream.take());
+            std::mem::forget(std::mem::take(&mut self.bound));
+            drop(guard);
+            return;
+        }
         if let Some(comm) = self.comm.take() {
             for r in &self.bound {
                 if let Some(d) = &r.device
@@ -183,6 +214,7 @@ fn build(
         },
         peer: peer.to_owned(),
         remote,
+        dirty: AtomicBool::new(false),
     };
     // from here on, dropping `link` unbinds and destroys
     link.comm = Some(comm);
@@ -324,12 +356,18 @@ pub(crate) fn serve(
         device_ip: rt.device_ip,
         host_ip: ip_of_name(me).parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
     };
+    // regions peers may neither read nor write are not exposed through the communicator
+    let served: Vec<Arc<RegionCore>> = regions
+        .iter()
+        .filter(|r| r.access != Access::None)
+        .cloned()
+        .collect();
     let r = build(
         rt,
         &rank_table(&server, &client),
         SERVER_RANK,
         comm_name(client_name, me),
-        regions,
+        &served,
         client_name,
         timeout,
         HashMap::new(),
@@ -393,7 +431,7 @@ impl DeviceLink {
         };
         // SAFETY: forwarded from the caller; the regions are bound to `comm` (every region of
         // the engine was bound when the link was built).
-        unsafe {
+        let r = unsafe {
             self.rt.hccl.transfer(
                 &self.rt.acl,
                 comm,
@@ -404,7 +442,29 @@ impl DeviceLink {
                 timeout,
                 &self.peer,
             )
+        };
+        if r.is_err() {
+            // copies may still be queued (a stream-sync timeout does not cancel them): give the
+            // stream a bounded chance to drain now, so that when this call returns the device no
+            // longer touches the caller's buffers; if it will not drain, the link stays dirty
+            // and its drop keeps the regions (and leaks them rather than free them under a copy)
+            let drained = self
+                .rt
+                .acl
+                .synchronize(
+                    stream,
+                    DRAIN_TIMEOUT,
+                    "drain after a failed transfer",
+                    &self.peer,
+                )
+                .is_ok();
+            if !drained {
+                tracing::error!(peer = %self.peer,
+                    "the device stream did not drain after a failed transfer; its buffers may still be written");
+                self.dirty.store(true, Ordering::SeqCst);
+            }
         }
+        r
     }
 }
 
@@ -436,5 +496,32 @@ mod tests {
         assert_eq!(comm_name("a", "b"), "hixl_a_b");
         assert_eq!(comm_name(&"x".repeat(300), "b").len(), 127);
         assert_eq!(comm_name("a\0", "b"), "hixl_a_b");
+    }
+
+    #[test]
+    fn peer_strings_never_reach_the_rank_table_unparsed() {
+        let ok = DeviceInfo {
+            status: 0,
+            device_id: 1,
+            device_ip: "192.168.1.9".into(),
+            host_ip: "::1".into(),
+            timeout_ms: 1,
+            reason: String::new(),
+        };
+        assert!(parse_dev(&ok).is_ok());
+        for inject in [
+            r#"1.2.3.4","rank_id":"0"#,
+            "1.2.3.4 ",
+            "fe80::1%eth0",
+            "",
+            "../../etc/passwd",
+        ] {
+            let mut d = ok.clone();
+            d.device_ip = inject.into();
+            assert!(parse_dev(&d).is_err(), "device ip {inject:?}");
+            let mut d = ok.clone();
+            d.host_ip = inject.into();
+            assert!(parse_dev(&d).is_err(), "host ip {inject:?}");
+        }
     }
 }

@@ -318,9 +318,11 @@ impl PinnedHostBuffer {
             return Err(Error::ZeroLengthRegion);
         }
         let buf = rt.acl.malloc_host(len)?;
-        let mut me = Self { buf };
-        me.fill(0);
-        Ok(me)
+        // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `buf`; they are
+        // zeroed through the raw pointer before any `&[u8]` to them exists (a slice over
+        // uninitialised bytes would be UB).
+        unsafe { std::ptr::write_bytes(buf.as_ptr().cast::<u8>(), 0, buf.len()) };
+        Ok(Self { buf })
     }
 }
 

@@ -6,7 +6,7 @@
 //! `PEER`) and moves the bytes with `ucp_put_nbx` / `ucp_get_nbx`, completed by a flush.
 //!
 //! Safety of the remote keys: over UCX's tcp and shared-memory transports a remote key grants
-//! access that UCX does not bound-check. So a serving engine hands out keys only for regions
+//! access that UCX does not bound-check. So a serving engine hands out keys only for host regions
 //! peers may both read and write, only over authenticated links (UCX requires
 //! [`Options::psk`](crate::Options::psk)), and a transfer that touches any other region goes
 //! over the link's TCP lanes, where the server checks every descriptor.
@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::memory::{Access, RegionCore};
+use crate::memory::{Access, MemType, RegionCore};
 use crate::transfer::TransferOp;
 use crate::transport::tcp::Xd;
 use crate::wire::{TableEntry, UcxInfo};
@@ -79,7 +79,10 @@ impl UcxServer {
         let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
         let mut mems = Vec::new();
         let mut rkeys = Vec::new();
-        for r in regions.iter().filter(|r| r.access == Access::ReadWrite) {
+        for r in regions
+            .iter()
+            .filter(|r| r.access == Access::ReadWrite && r.mem_type == MemType::Host)
+        {
             // SAFETY: the region is registered host memory, valid for reads and writes by peers
             // while it is registered; the engine stops this server (dropping the handles, which
             // unmaps them) before any region can be deregistered.
