@@ -191,6 +191,8 @@ pub(crate) struct EngineInner {
     pub(crate) ucx: Option<crate::transport::ucx::UcxEngine>,
     /// The UCX serving side (worker, progress thread, memory handles) while serving.
     ucx_server: Mutex<Option<crate::transport::ucx::UcxServer>>,
+    /// This engine's regions mapped with UCX for its own links, while connected.
+    pub(crate) ucx_local: Mutex<Option<Arc<crate::transport::ucx::UcxLocal>>>,
     /// Remote engine name → the link that holds it (one usable link per peer).
     peers: Mutex<HashMap<String, PeerSlot>>,
     /// Links this engine opened, for metrics.
@@ -530,6 +532,7 @@ impl EngineInner {
         // after the TCP side: no new client gets keys; the memory handles are unmapped before
         // any region can be deregistered
         drop(lock(&self.ucx_server).take());
+        drop(lock(&self.ucx_local).take());
     }
 }
 
@@ -833,6 +836,7 @@ impl Hixl<Initialized> {
                 server: Mutex::new(None),
                 ucx,
                 ucx_server: Mutex::new(None),
+                ucx_local: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
                 links: Mutex::new(Vec::new()),
                 notifies: Arc::new(NotifyQueue::default()),
@@ -1015,6 +1019,16 @@ impl Hixl<Registered> {
     /// [`Error::Listen`] (`FAILED`) if serving threads cannot be started; the engine comes back
     /// in `Registered`.
     pub fn activate(self) -> Result<Hixl<Connected>, TransitionError<Registered>> {
+        if let Some(u) = &self.inner.ucx {
+            // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a
+            // failure only costs speed: UCX then copies through its own buffers)
+            let regions = self.inner.region_cores();
+            match crate::transport::ucx::UcxLocal::map(u, &regions) {
+                Ok(l) => *lock(&self.inner.ucx_local) = Some(Arc::new(l)),
+                Err(e) => tracing::warn!(parent: &self.inner.span, error = %e,
+                    "cannot map the regions with UCX; UCX transfers will copy"),
+            }
+        }
         let started = {
             let listener = lock(&self.inner.listener);
             match listener.as_ref() {
@@ -1074,6 +1088,7 @@ impl Hixl<Registered> {
             }
             Err(source) => {
                 drop(lock(&self.inner.ucx_server).take());
+                drop(lock(&self.inner.ucx_local).take());
                 Err(TransitionError {
                     error: Error::Listen {
                         addr: self.inner.name.clone(),

@@ -227,10 +227,14 @@ impl LinkShared {
                     .ucx_info(deadline)
                     .map_err(|f| lane_error(f, "connect", &peer, started, true))
                     .and_then(|info| match info {
-                        Some(info) => {
-                            crate::transport::ucx::UcxLink::connect(u, &peer, &info, &welcome.table)
-                                .map(Some)
-                        }
+                        Some(info) => crate::transport::ucx::UcxLink::connect(
+                            u,
+                            &peer,
+                            &info,
+                            &welcome.table,
+                            lock(&engine.ucx_local).clone(),
+                        )
+                        .map(Some),
                         None => Ok(None),
                     });
                 match got {

@@ -150,10 +150,51 @@ impl Drop for UcxServer {
     }
 }
 
+/// An engine's own host regions mapped with UCX (`ucp_mem_map`), for local use only (no key is
+/// handed out): passing the mapping with each PUT/GET lets UCX pick zero-copy protocols.
+pub(crate) struct UcxLocal {
+    /// Sorted by address, disjoint (regions are).
+    mems: Vec<MemHandle>,
+}
+
+impl std::fmt::Debug for UcxLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxLocal")
+            .field("regions", &self.mems.len())
+            .finish()
+    }
+}
+
+impl UcxLocal {
+    /// Maps every host region of the engine.
+    ///
+    /// # Errors
+    /// UCX failures ([`Error::Native`]).
+    pub(crate) fn map(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+        let mut mems = Vec::new();
+        for r in regions.iter().filter(|r| r.mem_type == MemType::Host) {
+            // SAFETY: registered host memory stays valid while the engine is connected; the
+            // engine drops these mappings (with its links) before a region can be deregistered.
+            mems.push(unsafe { eng.ctx.map(r.addr as *mut u8, r.len) }?);
+        }
+        mems.sort_by_key(|m| m.addr());
+        Ok(Self { mems })
+    }
+
+    /// The mapping that covers `addr..addr+len`, if any.
+    fn find(&self, addr: usize, len: usize) -> Option<&MemHandle> {
+        let i = self.mems.partition_point(|m| m.addr() <= addr);
+        let m = self.mems.get(i.checked_sub(1)?)?;
+        (addr.checked_add(len)? <= m.addr() + m.len()).then_some(m)
+    }
+}
+
 /// The client side of one link: its own worker and an endpoint to the server's worker, with
 /// the server's keys.
 pub(crate) struct UcxLink {
     ep: Mutex<Endpoint>,
+    /// This engine's mapped regions (zero-copy sources and targets).
+    local: Option<Arc<UcxLocal>>,
     /// Region id → (rkey index, the region's address in the server).
     keys: HashMap<u32, (usize, u64)>,
 }
@@ -176,6 +217,7 @@ impl UcxLink {
         peer: &str,
         info: &UcxInfo,
         table: &[TableEntry],
+        local: Option<Arc<UcxLocal>>,
     ) -> Result<Self, Error> {
         let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
         let mut ep = Endpoint::connect(&worker, &info.worker, peer)?;
@@ -192,6 +234,7 @@ impl UcxLink {
         }
         Ok(Self {
             ep: Mutex::new(ep),
+            local,
             keys,
         })
     }
@@ -236,12 +279,15 @@ impl UcxLink {
             };
             let remote = base + d.remote.offset;
             let len = d.remote.len as usize;
-            // SAFETY: the caller guarantees the local range; the flush below (or a failure,
-            // which force-closes the endpoint) ends UCX's use of it before this returns.
+            // the local mapping covering the range, if any (zero-copy)
+            let memh = self.local.as_deref().and_then(|l| l.find(d.local, len));
+            // SAFETY: the caller guarantees the local range (`memh` covers it, by `find`); the
+            // flush below (or a failure, which force-closes the endpoint) ends UCX's use of it
+            // before this returns.
             let posted = unsafe {
                 match op {
-                    TransferOp::Write => ep.put(d.local as *const u8, len, remote, idx),
-                    TransferOp::Read => ep.get(d.local as *mut u8, len, remote, idx),
+                    TransferOp::Write => ep.put_in(d.local as *const u8, len, remote, idx, memh),
+                    TransferOp::Read => ep.get_in(d.local as *mut u8, len, remote, idx, memh),
                 }
             };
             if let Err(e) = posted {

@@ -811,9 +811,29 @@ impl Endpoint {
         remote_addr: u64,
         rkey: usize,
     ) -> Result<(), Error> {
-        self.post("ucp_put_nbx", len, rkey, |ucp, ep, rk, param| {
+        // SAFETY: forwarded.
+        unsafe { self.put_in(local, len, remote_addr, rkey, None) }
+    }
+
+    /// [`put`](Self::put) from memory inside `memh` (a mapping of this endpoint's context),
+    /// which lets UCX use zero-copy protocols.
+    ///
+    /// # Safety
+    /// As [`put`](Self::put); `memh`, if given, must cover `local..local+len`.
+    ///
+    /// # Errors
+    /// As [`put`](Self::put).
+    pub(crate) unsafe fn put_in(
+        &mut self,
+        local: *const u8,
+        len: usize,
+        remote_addr: u64,
+        rkey: usize,
+        memh: Option<&MemHandle>,
+    ) -> Result<(), Error> {
+        self.post("ucp_put_nbx", len, rkey, memh, |ucp, ep, rk, param| {
             // SAFETY: live endpoint and rkey of it, inside the worker's critical section; the
-            // caller keeps the buffer valid until the flush.
+            // caller keeps the buffer valid until the flush (and `memh` covering it).
             unsafe { (ucp.ucp_put_nbx)(ep, local.cast(), len, remote_addr, rk, param) }
         })
     }
@@ -834,8 +854,27 @@ impl Endpoint {
         remote_addr: u64,
         rkey: usize,
     ) -> Result<(), Error> {
-        self.post("ucp_get_nbx", len, rkey, |ucp, ep, rk, param| {
-            // SAFETY: as in `put`; the caller keeps the buffer valid and unaliased.
+        // SAFETY: forwarded.
+        unsafe { self.get_in(local, len, remote_addr, rkey, None) }
+    }
+
+    /// [`get`](Self::get) into memory inside `memh` (a mapping of this endpoint's context).
+    ///
+    /// # Safety
+    /// As [`get`](Self::get); `memh`, if given, must cover `local..local+len`.
+    ///
+    /// # Errors
+    /// As [`put`](Self::put).
+    pub(crate) unsafe fn get_in(
+        &mut self,
+        local: *mut u8,
+        len: usize,
+        remote_addr: u64,
+        rkey: usize,
+        memh: Option<&MemHandle>,
+    ) -> Result<(), Error> {
+        self.post("ucp_get_nbx", len, rkey, memh, |ucp, ep, rk, param| {
+            // SAFETY: as in `put_in`; the caller keeps the buffer valid and unaliased.
             unsafe { (ucp.ucp_get_nbx)(ep, local.cast(), len, remote_addr, rk, param) }
         })
     }
@@ -847,6 +886,7 @@ impl Endpoint {
         name: &'static str,
         len: usize,
         rkey: usize,
+        memh: Option<&MemHandle>,
         call: impl FnOnce(
             &Ucp,
             ffi::ucp_ep_h,
@@ -859,7 +899,11 @@ impl Endpoint {
         if len == 0 {
             return Ok(());
         }
-        let param = ffi::ucp_request_param_t::zeroed();
+        let mut param = ffi::ucp_request_param_t::zeroed();
+        if let Some(m) = memh {
+            param.op_attr_mask |= ffi::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = m.memh;
+        }
         let r = {
             let _g = self.worker.enter();
             call(self.worker.ucp(), ep, rkey, &param)
