@@ -453,6 +453,7 @@ impl LinkShared {
         op: TransferOp,
         xds: &[Xd],
         deadline: Instant,
+        stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
         if let Some(why) = &lock(&self.pool).broken {
             return Err(Error::NotConnected {
@@ -464,7 +465,7 @@ impl LinkShared {
         // which the caller's borrows (sync) or the request's `keep` (async) hold alive for the
         // call, and every remote range against the peer's table; `run` ends UCX's use of the
         // buffers before it returns.
-        let r = unsafe { u.run(op, xds, deadline) };
+        let r = unsafe { u.run(op, xds, deadline, stop) };
         if let Err(e) = &r {
             let mut pool = lock(&self.pool);
             if pool.broken.is_none() {
@@ -637,7 +638,9 @@ impl LinkShared {
             }
             let r = match path {
                 Direct::Device(dev) => self.run_device(dev, st.op, &job.xds, st.deadline),
-                Direct::Ucx(u) => self.run_ucx(u, st.op, &job.xds, st.deadline),
+                Direct::Ucx(u) => {
+                    self.run_ucx(u, st.op, &job.xds, st.deadline, &|| st.cancel_requested())
+                }
                 Direct::Cma(cma) => self.run_cma(cma, st.op, &job.xds),
             };
             let outcome = match r {
@@ -1173,7 +1176,7 @@ impl<'e> Link<'e> {
         };
         let run = |p: &[Xd]| match (&sh.device, ucx, &sh.cma) {
             (Some(dev), _, _) => sh.run_device(dev, op, p, deadline),
-            (None, Some(u), _) => sh.run_ucx(u, op, p, deadline),
+            (None, Some(u), _) => sh.run_ucx(u, op, p, deadline, &|| false),
             (None, None, Some(cma)) => sh.run_cma(cma, op, p),
             (None, None, None) => sh.run_part(op, p, deadline, started),
         };

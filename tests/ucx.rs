@@ -282,3 +282,74 @@ fn missing_library_is_a_typed_error() {
         "{err}"
     );
 }
+
+/// Cancelling a running async request over UCX: the request ends `Cancelled` well before its
+/// deadline (the endpoint is force-closed, so UCX no longer touches the buffers), the link is
+/// poisoned (`NOT_CONNECTED`, as after a timeout) and a new connect works. Over shared memory
+/// a batch may finish before the cancel lands (process_vm copies are synchronous); over tcp a
+/// 256 MiB READ takes long enough to be cancelled.
+#[test]
+fn cancel_a_running_request() {
+    if !ucx_available("cancel_a_running_request") {
+        return;
+    }
+    let size = 64 << 20;
+    let mut peer = ucx_peer(size, 45);
+    let (cli, buf) = ucx_client(size);
+    let link = cli.connect(&peer.name).unwrap();
+    let descs: Vec<_> = (0..4)
+        .map(|_| {
+            TransferDesc::new(
+                buf.range(..).unwrap(),
+                link.remote(peer.addr, size as u64).unwrap(),
+            )
+        })
+        .collect();
+    let deadline = Duration::from_secs(15);
+    let r = link
+        .transfer_async(
+            TransferOp::Read,
+            &descs,
+            TransferArgs::default().timeout(deadline),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let t0 = Instant::now();
+    r.cancel();
+    let end = r.wait(deadline);
+    let took = t0.elapsed();
+    let tcp_only = std::env::var("UCX_TLS").is_ok_and(|t| t == "tcp");
+    match end {
+        hixl::TransferStatus::Cancelled => {
+            assert!(took < Duration::from_secs(3), "cancel took {took:?}");
+            drop(r);
+            drop(descs);
+            let d = TransferDesc::new(buf.range(0..8).unwrap(), link.remote(peer.addr, 8).unwrap());
+            let e = link
+                .transfer_sync(TransferOp::Read, &[d], T)
+                .expect_err("poisoned");
+            assert_eq!(e.status().code(), 103_902, "{e:?}");
+        }
+        hixl::TransferStatus::Completed if !tcp_only => {
+            eprintln!("cancel_a_running_request: the batch finished before the cancel landed");
+            drop(r);
+            drop(descs);
+        }
+        other => panic!("{other:?} after {took:?}"),
+    }
+    // a new link to the same peer works
+    let again = cli.connect(&peer.name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        again.remote(peer.addr, 4096).unwrap(),
+    );
+    again.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    drop(again);
+    drop(link);
+    let mut b = buf;
+    let mut got = vec![0u8; 4096];
+    b.read_at(0, &mut got).unwrap();
+    assert_eq!(got, Rng::new(45).bytes(4096));
+    assert_eq!(peer.sum(0, 4096), fnv1a(&got));
+    peer.quit();
+}

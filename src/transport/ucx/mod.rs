@@ -37,7 +37,6 @@ const SERVE_POLL: Duration = Duration::from_micros(50);
 pub(crate) struct UcxEngine {
     ctx: Context,
 }
-
 impl UcxEngine {
     /// Loads UCX and creates a context (the user's `UCX_*` environment applies).
     ///
@@ -252,8 +251,9 @@ impl UcxLink {
             .is_failed()
     }
 
-    /// Moves a batch and waits for it to complete at the peer, or for the deadline. When this
-    /// returns, UCX no longer touches the local buffers (a timeout force-closes the endpoint).
+    /// Moves a batch and waits for it to complete at the peer, for the deadline, or for `stop`
+    /// (a cancel). When this returns, UCX no longer touches the local buffers (a timeout or a
+    /// cancel force-closes the endpoint).
     ///
     /// # Safety
     /// Every descriptor's local range must be valid registered memory (readable for WRITE,
@@ -261,12 +261,14 @@ impl UcxLink {
     /// descriptor (checked by the caller against the table).
     ///
     /// # Errors
-    /// [`Error::Timeout`], [`Error::NotConnected`] (the peer went away), [`Error::Native`].
+    /// [`Error::Timeout`], [`Error::Cancelled`], [`Error::NotConnected`] (the peer went away),
+    /// [`Error::Native`].
     pub(crate) unsafe fn run(
         &self,
         op: TransferOp,
         xds: &[Xd],
         deadline: Instant,
+        stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
         let mut ep = self.ep.lock().unwrap_or_else(|e| e.into_inner());
         for d in xds {
@@ -296,6 +298,6 @@ impl UcxLink {
                 return Err(e);
             }
         }
-        ep.flush(Some(deadline))
+        ep.flush_until(Some(deadline), stop)
     }
 }
