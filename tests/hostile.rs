@@ -539,3 +539,42 @@ fn a_second_device_hello_closes_the_connection() {
     }
     g.check();
 }
+
+/// UCXASK: answered with DONE `UNSUPPORTED` by an engine that does not serve over UCX (the lane
+/// stays usable); with a payload it is a protocol violation that closes the connection.
+#[test]
+fn ucx_ask_is_checked() {
+    let g = guarded();
+    let mut s = connect_raw(g.engine.name());
+    hello(&mut s);
+    s.write_all(&wire::header(Kind::UcxAsk, 0)).unwrap();
+    let (k, p) = read_frame(&mut s).expect("an answer");
+    assert_eq!(k, Kind::Done);
+    assert_eq!(wire::decode_done(&p).unwrap().1, 103_905);
+    // the lane still serves a READ
+    s.write_all(&xfer(
+        TransferOp::Read,
+        &[WireDesc {
+            region: g.region.id(),
+            offset: 0,
+            len: 16,
+        }],
+    ))
+    .unwrap();
+    let (k, p) = read_frame(&mut s).expect("DONE");
+    assert_eq!(k, Kind::Done);
+    assert_eq!(wire::decode_done(&p).unwrap().1, 0);
+    let mut data = [0u8; 16];
+    s.read_exact(&mut data).unwrap();
+    assert_eq!(data[..], g.pattern[GUARD..GUARD + 16]);
+    // a UCXASK with a payload closes the connection
+    let mut bad = wire::header(Kind::UcxAsk, 4).to_vec();
+    bad.extend_from_slice(&[1, 2, 3, 4]);
+    s.write_all(&bad).unwrap();
+    match read_frame(&mut s) {
+        None => {}
+        Some((Kind::Refuse, _)) => assert!(closed(&mut s)),
+        Some((k, _)) => panic!("answered with {k:?}"),
+    }
+    g.check();
+}
