@@ -105,8 +105,11 @@
 //! (`cma`): sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
 //! other memory with `process_vm_readv`/`writev`; the peer's CPU does nothing. It is chosen
 //! automatically and falls back to TCP where the kernel refuses ([`SameHost`],
-//! [`Link::transport`]). UCX and Ascend transports are planned; [`probe`] says what is
-//! available.
+//! [`Link::transport`]). UCX (UCP RMA over RDMA verbs, tcp or shared memory, [`Ucx`]) and
+//! Ascend (ACL device memory and HCCL one-sided put/get, [`AscendConfig`], [`DeviceBuffer`];
+//! verified against an ABI test double, not yet on hardware) are loaded with `dlopen` at run
+//! time, so a missing vendor library is a typed error, never a build or link failure; [`probe`]
+//! says what is available.
 
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]

@@ -1,8 +1,10 @@
 //! Transports: how bytes move once a link exists.
 //!
 //! The control plane (handshake, region tables, disconnect) is common to all transports and
-//! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP, or, between engines
-//! on one host, over the same-host transport (`cma`); [`probe`] reports what is available.
+//! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP; between engines on one
+//! host over the same-host transport (`cma`); over UCX (`ucx/`) when both engines ask for it;
+//! over HCCL (`ascend/`) between Ascend engines. Vendor libraries are loaded at run time
+//! (`dl.rs`); [`probe`] reports what is available.
 
 pub(crate) mod ascend;
 pub(crate) mod dl;
