@@ -602,6 +602,25 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// Whether `UCX_TLS` names only shared-memory transports (UCX 1.13 has no peer-failure
+/// detection for those, so error mode PEER cannot be used with them).
+fn shared_memory_only() -> bool {
+    shared_memory_only_in(std::env::var("UCX_TLS").ok().as_deref())
+}
+
+/// [`shared_memory_only`] for a given `UCX_TLS` value (an exclusion list, `^...`, says nothing).
+fn shared_memory_only_in(tls: Option<&str>) -> bool {
+    const SHM: [&str; 9] = [
+        "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self", "mm",
+    ];
+    match tls.map(str::trim) {
+        Some(v) if !v.is_empty() && !v.starts_with('^') => {
+            v.split(',').map(str::trim).all(|t| SHM.contains(&t))
+        }
+        _ => false,
+    }
+}
+
 impl Endpoint {
     /// Connects to the remote worker whose packed address is `address` (as received from the
     /// peer named `peer`, which names the peer in errors).
@@ -643,7 +662,13 @@ impl Endpoint {
             let status = unsafe { (ucp.ucp_ep_create)(w.h, &params, &mut ep) };
             (status, ep)
         };
-        let (mut status, mut ep) = create(ffi::UCP_ERR_HANDLING_MODE_PEER);
+        // with shared-memory transports only, PEER is known to fail (and UCX logs an error
+        // when it does): go straight to NONE
+        let (mut status, mut ep) = if shared_memory_only() {
+            (ffi::UCS_ERR_UNREACHABLE, std::ptr::null_mut())
+        } else {
+            create(ffi::UCP_ERR_HANDLING_MODE_PEER)
+        };
         let mut detects_failure = true;
         if status == ffi::UCS_ERR_UNREACHABLE {
             // UCX 1.13's shared-memory transports cannot detect a dead peer (error mode PEER);
@@ -1155,6 +1180,17 @@ fn check_rkey(r: &[u8]) -> Result<(), &'static str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shared_memory_only_reads_ucx_tls() {
+        for v in ["sm", "sm,self", " posix , cma ", "shm"] {
+            assert!(shared_memory_only_in(Some(v)), "{v}");
+        }
+        for v in ["tcp", "sm,tcp", "rc,sm", "^tcp", "", "all"] {
+            assert!(!shared_memory_only_in(Some(v)), "{v}");
+        }
+        assert!(!shared_memory_only_in(None));
+    }
+
     use super::*;
     use std::sync::atomic::AtomicBool;
 
