@@ -185,6 +185,7 @@ impl Cma {
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 /// A data path that moves a batch without a TCP lane.
+#[derive(Clone, Copy)]
 enum Direct<'a> {
     Device(&'a Mutex<Option<DeviceLink>>),
     Ucx(&'a crate::transport::ucx::UcxLink),
@@ -409,16 +410,25 @@ impl LinkShared {
     fn discard(&self, broken: Option<String>) {
         let mut pool = lock(&self.pool);
         pool.open -= 1;
-        if let Some(why) = broken {
-            if pool.broken.is_none() {
-                tracing::debug!(parent: &self.span, why = %why, "link broken");
-                pool.broken = Some(why);
-            }
-            pool.idle.clear();
-            self.freed.notify_all();
-        } else {
-            self.freed.notify_one();
+        match broken {
+            Some(why) => self.break_locked(&mut pool, why),
+            None => self.freed.notify_one(),
         }
+    }
+
+    /// Marks the link unusable (the first reason stays), drops its idle lanes and wakes every
+    /// caller waiting for a lane, so they see `NOT_CONNECTED` at once.
+    fn mark_broken(&self, why: String) {
+        self.break_locked(&mut lock(&self.pool), why);
+    }
+
+    fn break_locked(&self, pool: &mut Pool, why: String) {
+        if pool.broken.is_none() {
+            tracing::debug!(parent: &self.span, why = %why, "link broken");
+            pool.broken = Some(why);
+        }
+        pool.idle.clear();
+        self.freed.notify_all();
     }
 
     /// Puts a lane back after `f`, or drops it when the failure left it out of step.
@@ -440,6 +450,34 @@ impl LinkShared {
     /// `process_vm_readv`/`writev` for the others.
     ///
     /// The caller keeps every local range registered and alive for the call.
+    /// The path that moves `xds` without a TCP lane, if any: device (HCCL), then UCX (when
+    /// every region has a remote key), then same-host.
+    fn direct_path(&self, xds: &[Xd]) -> Option<Direct<'_>> {
+        match (&self.device, self.ucx_for(xds), &self.cma) {
+            (Some(dev), _, _) => Some(Direct::Device(dev)),
+            (None, Some(u), _) => Some(Direct::Ucx(u)),
+            (None, None, Some(cma)) => Some(Direct::Cma(cma)),
+            (None, None, None) => None,
+        }
+    }
+
+    /// Moves a batch over a lane-free path; `stop` cancels it where the path can be cancelled
+    /// (UCX).
+    fn run_direct(
+        &self,
+        path: Direct<'_>,
+        op: TransferOp,
+        xds: &[Xd],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), Error> {
+        match path {
+            Direct::Device(dev) => self.run_device(dev, op, xds, deadline),
+            Direct::Ucx(u) => self.run_ucx(u, op, xds, deadline, stop),
+            Direct::Cma(cma) => self.run_cma(cma, op, xds),
+        }
+    }
+
     /// The UCX link, when it carries this batch (every region has a remote key).
     fn ucx_for(&self, xds: &[Xd]) -> Option<&crate::transport::ucx::UcxLink> {
         self.ucx.as_ref().filter(|u| u.covers(xds))
@@ -467,11 +505,7 @@ impl LinkShared {
         // buffers before it returns.
         let r = unsafe { u.run(op, xds, deadline, stop) };
         if let Err(e) = &r {
-            let mut pool = lock(&self.pool);
-            if pool.broken.is_none() {
-                tracing::debug!(parent: &self.span, error = %e, "UCX transfer failed; link poisoned");
-                pool.broken = Some(format!("UCX transfer failed: {e}"));
-            }
+            self.mark_broken(format!("UCX transfer failed: {e}"));
         }
         r
     }
@@ -479,8 +513,7 @@ impl LinkShared {
     fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[Xd]) -> Result<(), Error> {
         if !cma.proc.alive(&cma.watch) {
             let why = "the peer exited or closed the link".to_owned();
-            let mut pool = lock(&self.pool);
-            pool.broken.get_or_insert_with(|| why.clone());
+            self.mark_broken(why.clone());
             return Err(Error::NotConnected {
                 peer: self.peer.clone(),
                 why,
@@ -529,7 +562,7 @@ impl LinkShared {
             Err((e, at)) => {
                 if e.raw_os_error() == Some(libc::ESRCH) {
                     let why = "the peer exited".to_owned();
-                    lock(&self.pool).broken.get_or_insert_with(|| why.clone());
+                    self.mark_broken(why.clone());
                     return Err(Error::NotConnected {
                         peer: self.peer.clone(),
                         why,
@@ -576,11 +609,7 @@ impl LinkShared {
         let r = unsafe { d.transfer(op, xds, timeout.max(Duration::from_millis(1))) };
         drop(guard);
         if let Err(e) = &r {
-            let mut pool = lock(&self.pool);
-            if pool.broken.is_none() {
-                tracing::debug!(parent: &self.span, error = %e, "link poisoned");
-                pool.broken = Some(format!("a device transfer failed: {e}"));
-            }
+            self.mark_broken(format!("a device transfer failed: {e}"));
         }
         r
     }
@@ -624,25 +653,13 @@ impl LinkShared {
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
         }
-        // the paths that need no lane: device (HCCL), UCX, same-host
-        let direct = match (&self.device, self.ucx_for(&job.xds), &self.cma) {
-            (Some(dev), _, _) => Some(Direct::Device(dev)),
-            (None, Some(u), _) => Some(Direct::Ucx(u)),
-            (None, None, Some(cma)) => Some(Direct::Cma(cma)),
-            (None, None, None) => None,
-        };
-        if let Some(path) = direct {
+        if let Some(path) = self.direct_path(&job.xds) {
             if let Err(outcome) = st.set_running(-1) {
                 st.finish(self, outcome);
                 return;
             }
-            let r = match path {
-                Direct::Device(dev) => self.run_device(dev, st.op, &job.xds, st.deadline),
-                Direct::Ucx(u) => {
-                    self.run_ucx(u, st.op, &job.xds, st.deadline, &|| st.cancel_requested())
-                }
-                Direct::Cma(cma) => self.run_cma(cma, st.op, &job.xds),
-            };
+            let stop = || st.cancel_requested();
+            let r = self.run_direct(path, st.op, &job.xds, st.deadline, &stop);
             let outcome = match r {
                 Ok(()) => Outcome::Completed,
                 Err(Error::Timeout { .. }) => Outcome::TimedOut,
@@ -781,13 +798,7 @@ impl LinkShared {
             return;
         }
         if self.ucx.as_ref().is_some_and(|u| u.is_failed()) {
-            let mut pool = lock(&self.pool);
-            if pool.broken.is_none() {
-                pool.broken = Some("the UCX endpoint failed (peer unreachable)".into());
-                pool.idle.clear();
-            }
-            drop(pool);
-            self.freed.notify_all();
+            self.mark_broken("the UCX endpoint failed (peer unreachable)".into());
             return;
         }
         let lane = {
@@ -811,14 +822,7 @@ impl LinkShared {
                 match self.checkout(now + timeout, now, "heartbeat") {
                     Ok(l) => l,
                     Err(e) => {
-                        let mut pool = lock(&self.pool);
-                        if pool.broken.is_none() {
-                            tracing::debug!(parent: &self.span, error = %e, "link broken");
-                            pool.broken = Some(format!("no heartbeat answer: {e}"));
-                            pool.idle.clear();
-                        }
-                        drop(pool);
-                        self.freed.notify_all();
+                        self.mark_broken(format!("no heartbeat answer: {e}"));
                         return;
                     }
                 }
@@ -1168,17 +1172,15 @@ impl<'e> Link<'e> {
         sh.counters.start(op);
         // large TCP batches: one part per lane (the same-host path shares large copies with a
         // helper thread itself)
-        let ucx = sh.ucx_for(&xds);
-        let parts = if sh.cma.is_some() || ucx.is_some() || sh.device.is_some() {
+        let direct = sh.direct_path(&xds);
+        let parts = if direct.is_some() {
             Vec::new()
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match (&sh.device, ucx, &sh.cma) {
-            (Some(dev), _, _) => sh.run_device(dev, op, p, deadline),
-            (None, Some(u), _) => sh.run_ucx(u, op, p, deadline, &|| false),
-            (None, None, Some(cma)) => sh.run_cma(cma, op, p),
-            (None, None, None) => sh.run_part(op, p, deadline, started),
+        let run = |p: &[Xd]| match direct {
+            Some(path) => sh.run_direct(path, op, p, deadline, &|| false),
+            None => sh.run_part(op, p, deadline, started),
         };
         let r = if parts.len() > 1 {
             std::thread::scope(|s| {

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, client, exercise_peer, fnv1a};
+use common::{Peer, client, exercise_peer};
 use hixl::{Error, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
@@ -85,7 +85,7 @@ fn peer_killed_mid_transfer_then_restarted() {
     drop(link);
 
     // the peer comes back under the same name; a new link works, with the new memory
-    let mut peer = Peer::spawn(&name, 4096, 99, "hostbuffer");
+    let peer = Peer::spawn(&name, 4096, 99, "hostbuffer");
     assert_eq!(peer.name, name);
     let link = cli.connect(&name).unwrap();
     let d = TransferDesc::new(
@@ -95,11 +95,7 @@ fn peer_killed_mid_transfer_then_restarted() {
     link.transfer_sync(TransferOp::Read, &[d], timeout).unwrap();
     drop(link);
     let mut b = buf;
-    let mut got = vec![0u8; 4096];
-    b.read_at(0, &mut got).unwrap();
-    assert_eq!(got, Rng::new(99).bytes(4096));
-    assert_eq!(peer.sum(0, 4096), fnv1a(&got));
-    peer.quit();
+    peer.check_read_back_and_quit(&mut b, 4096, 99);
 }
 
 /// A silent peer (stopped with SIGSTOP) is noticed by the heartbeat within about two intervals:

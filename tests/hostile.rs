@@ -97,6 +97,16 @@ fn hello(s: &mut TcpStream) -> wire::Welcome {
     hello_as(s, 77)
 }
 
+/// The next thing the engine does is close the connection, perhaps after a REFUSE; anything
+/// else means `what` was answered.
+fn refused_and_closed(s: &mut TcpStream, what: &str) {
+    match read_frame(s) {
+        None => {}
+        Some((Kind::Refuse, _)) => assert!(closed(s), "{what}: still open after REFUSE"),
+        Some((k, _)) => panic!("{what} was answered with {k:?}"),
+    }
+}
+
 fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 1];
     matches!(s.read(&mut b), Ok(0) | Err(_))
@@ -532,11 +542,7 @@ fn a_second_device_hello_closes_the_connection() {
     let answer = wire::DeviceInfo::decode(&p).unwrap();
     assert_eq!(answer.status, 103_905, "{answer:?}");
     s.write_all(&out).unwrap();
-    match read_frame(&mut s) {
-        None => {}
-        Some((Kind::Refuse, _)) => assert!(closed(&mut s)),
-        Some((k, _)) => panic!("a second DEVICE_HELLO was answered with {k:?}"),
-    }
+    refused_and_closed(&mut s, "a second DEVICE_HELLO");
     g.check();
 }
 
@@ -571,10 +577,6 @@ fn ucx_ask_is_checked() {
     let mut bad = wire::header(Kind::UcxAsk, 4).to_vec();
     bad.extend_from_slice(&[1, 2, 3, 4]);
     s.write_all(&bad).unwrap();
-    match read_frame(&mut s) {
-        None => {}
-        Some((Kind::Refuse, _)) => assert!(closed(&mut s)),
-        Some((k, _)) => panic!("answered with {k:?}"),
-    }
+    refused_and_closed(&mut s, "a UCXASK with a payload");
     g.check();
 }

@@ -198,7 +198,7 @@ fn peer_killed_then_restarted() {
     assert_eq!(again.status().code(), 103_902, "{again:?}");
     assert!(t0.elapsed() < Duration::from_millis(500));
     // back under the same name: a new link (it supersedes the broken one)
-    let mut peer = Peer::spawn_in(
+    let peer = Peer::spawn_in(
         &[],
         &name,
         4096,
@@ -216,11 +216,7 @@ fn peer_killed_then_restarted() {
     new.disconnect(T).unwrap();
     drop(link);
     let mut b = buf;
-    let mut got = vec![0u8; 4096];
-    b.read_at(0, &mut got).unwrap();
-    assert_eq!(got, Rng::new(44).bytes(4096));
-    assert_eq!(peer.sum(0, 4096), fnv1a(&got));
-    peer.quit();
+    peer.check_read_back_and_quit(&mut b, 4096, 44);
 }
 
 /// `Ucx::Require` against a peer that does not serve over UCX fails the connect with
@@ -294,7 +290,7 @@ fn cancel_a_running_request() {
         return;
     }
     let size = 64 << 20;
-    let mut peer = ucx_peer(size, 45);
+    let peer = ucx_peer(size, 45);
     let (cli, buf) = ucx_client(size);
     let link = cli.connect(&peer.name).unwrap();
     let descs: Vec<_> = (0..4)
@@ -347,9 +343,5 @@ fn cancel_a_running_request() {
     drop(again);
     drop(link);
     let mut b = buf;
-    let mut got = vec![0u8; 4096];
-    b.read_at(0, &mut got).unwrap();
-    assert_eq!(got, Rng::new(45).bytes(4096));
-    assert_eq!(peer.sum(0, 4096), fnv1a(&got));
-    peer.quit();
+    peer.check_read_back_and_quit(&mut b, 4096, 45);
 }

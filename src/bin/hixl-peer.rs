@@ -154,13 +154,26 @@ fn serve<M: Reclaim + 'static>(
     mut region: Region<M>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let engine = engine.activate()?;
+    let (addr, len) = (region.addr(), region.len());
+    answer(&engine, addr, len, |off, buf| Ok(region.read_at(off, buf)?))?;
+    let engine = engine.finalize();
+    engine.deregister(region)?;
+    Ok(())
+}
+
+/// Prints `READY NAME ADDR LEN PID`, then answers the commands on standard input until `quit`
+/// (or the end of input), reading the region's bytes with `read`.
+fn answer(
+    engine: &Hixl<hixl::Connected>,
+    addr: usize,
+    len: usize,
+    mut read: impl FnMut(usize, &mut [u8]) -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "READY {} {} {} {}",
+        "READY {} {addr} {len} {}",
         engine.name(),
-        region.addr(),
-        region.len(),
         std::process::id()
     )?;
     out.flush()?;
@@ -171,7 +184,7 @@ fn serve<M: Reclaim + 'static>(
             ["sum", off, len] => {
                 let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
                 let mut buf = vec![0u8; len];
-                region.read_at(off, &mut buf)?;
+                read(off, &mut buf)?;
                 writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
             }
             ["quit"] => break,
@@ -179,8 +192,6 @@ fn serve<M: Reclaim + 'static>(
         }
         out.flush()?;
     }
-    let engine = engine.finalize();
-    engine.deregister(region)?;
     Ok(())
 }
 
@@ -214,31 +225,10 @@ fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
         engine.register_device(ctx, buf).map_err(|r| r.error)
     })??;
     let engine = engine.activate()?;
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "READY {} {} {} {}",
-        engine.name(),
-        region.addr(),
-        region.len(),
-        std::process::id()
-    )?;
-    out.flush()?;
-    for line in std::io::stdin().lock().lines() {
-        let line = line?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["sum", off, len] => {
-                let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
-                let mut buf = vec![0u8; len];
-                engine.with_context(|ctx| region.read_device(ctx, off, &mut buf))??;
-                writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
-            }
-            ["quit"] => break,
-            _ => writeln!(out, "ERR unknown command {line:?}")?,
-        }
-        out.flush()?;
-    }
+    let (addr, len) = (region.addr(), region.len());
+    answer(&engine, addr, len, |off, buf| {
+        Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??)
+    })?;
     let engine = engine.finalize();
     engine.deregister(region)?;
     Ok(())

@@ -131,6 +131,16 @@ impl Peer {
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
     }
 
+    /// Checks that the first `len` bytes of `buf` are this peer's seeded bytes (`seed`), READ
+    /// from it, and that the peer hashes its own memory the same way; then quits the peer.
+    pub fn check_read_back_and_quit(mut self, buf: &mut Region, len: usize, seed: u64) {
+        let mut got = vec![0u8; len];
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(got, Rng::new(seed).bytes(len));
+        assert_eq!(self.sum(0, len as u64), fnv1a(&got));
+        self.quit();
+    }
+
     /// Asks the peer to finalize and exit, and checks that it did.
     pub fn quit(mut self) {
         use std::io::Write;
