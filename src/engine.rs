@@ -204,6 +204,8 @@ pub(crate) struct EngineInner {
     heartbeats: std::sync::atomic::AtomicBool,
     /// The Ascend runtime, for engines initialized with Ascend options.
     pub(crate) ascend: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// Quarantine counters, shared with every region of the engine.
+    quarantine: Arc<crate::quarantine::Stats>,
     pub(crate) span: tracing::Span,
 }
 
@@ -295,6 +297,7 @@ impl EngineInner {
         regs.next_id = next;
         let mut core = make(id);
         core.device = device;
+        core.stats = self.quarantine.clone();
         let core = Arc::new(core);
         regs.by_addr.insert(addr, core.clone());
         regs.bytes += len;
@@ -524,10 +527,30 @@ impl EngineInner {
         }
     }
 
+    /// Closes every link of the engine, held or not: a `Link` that was `mem::forget`ten no
+    /// longer borrows the engine, so leaving `Connected` must end it too.
+    fn close_links(&self) {
+        let links: Vec<Arc<LinkShared>> = std::mem::take(&mut *lock(&self.links))
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for l in &links {
+            l.close_quietly();
+        }
+        lock(&self.peers).clear();
+    }
+
     fn stop_server(&self) {
         let server = lock(&self.server).take();
         if let Some(s) = server {
-            s.stop(self.options.finalize_timeout);
+            let regions = s.regions().to_vec();
+            let stuck = s.stop(self.options.finalize_timeout);
+            if !stuck.is_empty() {
+                // memory those clients can reach is quarantined when it is handed back or freed
+                for r in regions.iter().filter(|r| r.one_sided()) {
+                    lock(&r.blockers).extend(stuck.iter().cloned());
+                }
+            }
         }
         // after the TCP side: no new client gets keys; the memory handles are unmapped before
         // any region can be deregistered
@@ -539,6 +562,7 @@ impl EngineInner {
 impl Drop for EngineInner {
     fn drop(&mut self) {
         self.close_async_links(false);
+        self.close_links();
         self.stop_server();
     }
 }
@@ -675,10 +699,14 @@ impl<S: State> Hixl<S> {
             .map(|l| l.counters.snapshot(l.id, &l.peer))
             .collect();
         let regs = lock(&self.inner.regions);
+        let q = &self.inner.quarantine;
         Metrics {
             regions: regs.by_addr.len(),
             registered_bytes: regs.bytes,
             links,
+            quarantined_regions: q.regions.load(Ordering::SeqCst),
+            quarantined_bytes: q.bytes.load(Ordering::SeqCst),
+            quarantines: q.total.load(Ordering::SeqCst),
         }
     }
 
@@ -844,6 +872,7 @@ impl Hixl<Initialized> {
                 me: me.clone(),
                 heartbeats: std::sync::atomic::AtomicBool::new(false),
                 ascend,
+                quarantine: Default::default(),
                 span,
             }),
             _state: PhantomData,
@@ -1216,6 +1245,7 @@ impl Hixl<Connected> {
     /// to the `finalize_timeout` option to finish; then every incoming connection is closed.
     pub fn deactivate(self) -> Hixl<Registered> {
         self.inner.close_async_links(true);
+        self.inner.close_links();
         self.inner.stop_server();
         self.into_state()
     }
@@ -1228,6 +1258,7 @@ impl<S: Live> Hixl<S> {
     /// finalized engine; dropped ones are freed.
     pub fn finalize(self) -> Hixl<Finalized> {
         self.inner.close_async_links(true);
+        self.inner.close_links();
         self.inner.stop_server();
         lock(&self.inner.listener).take();
         {

@@ -124,6 +124,7 @@ mod memory;
 mod metrics;
 mod notify;
 mod options;
+mod quarantine;
 mod request;
 pub mod spec;
 pub mod testkit;

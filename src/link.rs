@@ -20,13 +20,14 @@ use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::memory::{Access, MemType, RegionCore};
+use crate::memory::{Access, MemType, RegionUse};
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::transfer::{TransferDesc, TransferOp};
 use crate::transport::ascend::link::DeviceLink;
+use crate::transport::fence::ClientFence;
 use crate::transport::host::{self, HostId, Mapping, PeerProc};
 use crate::transport::io::IoVec;
 use crate::transport::tcp::{Lane, LaneFail, Xd};
@@ -89,6 +90,9 @@ pub(crate) struct LinkShared {
     /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
     /// when the link closes (the communicator is destroyed then).
     device: Option<Mutex<Option<DeviceLink>>>,
+    /// The server's fence for this link, when the peer is on this host: its revocable grant of
+    /// one-sided access, entered by every same-host (and same-host UCX) batch.
+    fence: Option<ClientFence>,
     /// The pre-shared key new lanes prove.
     psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
@@ -133,12 +137,21 @@ struct Cma {
 }
 
 impl Cma {
-    fn setup(peer: &HostId, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
-        let proc = PeerProc::open(peer)?;
+    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
+    fn covers(&self, xds: &[Xd]) -> bool {
+        xds.iter()
+            .all(|d| self.regions.contains_key(&d.remote.region))
+    }
+
+    fn setup(proc: PeerProc, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
         let mut regions = HashMap::with_capacity(table.len());
         let (mut mapped, mut probe) = (false, None);
         for e in table {
-            let fd = if e.access == Access::None { -1 } else { e.fd };
+            if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
+                // the peer serves it over TCP only (memory it could not quarantine)
+                continue;
+            }
+            let fd = e.fd;
             let r = CmaRegion {
                 addr: e.addr,
                 len: e.len,
@@ -269,16 +282,26 @@ impl LinkShared {
             )?,
             None => None,
         };
-        let cma = match (&me, &welcome.host) {
-            _ if ucx.is_some() || device.is_some() => None,
-            (Some(a), Some(b)) if a.same_host(b) => match Cma::setup(b, &welcome.table, &lane) {
-                Ok(c) => Some(c),
+        // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
+        let local = match (&me, &welcome.host) {
+            (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
+                .and_then(|p| ClientFence::open(&p, welcome.fence).map(|f| (p, f)))
+                .map_err(|e| {
+                    tracing::debug!(parent: &span, error = %e, "no same-host access to the peer (kernel or peer refused); using tcp");
+                })
+                .ok(),
+            _ => None,
+        };
+        let (cma, fence) = match local {
+            None => (None, None),
+            Some((_, fence)) if ucx.is_some() || device.is_some() => (None, Some(fence)),
+            Some((proc, fence)) => match Cma::setup(proc, &welcome.table, &lane) {
+                Ok(c) => (Some(c), Some(fence)),
                 Err(e) => {
                     tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
-                    None
+                    (None, None)
                 }
             },
-            _ => None,
         };
         if policy == SameHost::Require && cma.is_none() && device.is_none() {
             return Err(Error::TransportUnavailable {
@@ -318,6 +341,7 @@ impl LinkShared {
             cma,
             ucx,
             device: device.map(|d| Mutex::new(Some(d))),
+            fence,
             psk,
             span,
         }))
@@ -456,8 +480,8 @@ impl LinkShared {
         match (&self.device, self.ucx_for(xds), &self.cma) {
             (Some(dev), _, _) => Some(Direct::Device(dev)),
             (None, Some(u), _) => Some(Direct::Ucx(u)),
-            (None, None, Some(cma)) => Some(Direct::Cma(cma)),
-            (None, None, None) => None,
+            (None, None, Some(cma)) if cma.covers(xds) => Some(Direct::Cma(cma)),
+            (None, None, _) => None,
         }
     }
 
@@ -471,10 +495,40 @@ impl LinkShared {
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        match path {
-            Direct::Device(dev) => self.run_device(dev, op, xds, deadline),
+        if let Direct::Device(dev) = path {
+            return self.run_device(dev, op, xds, deadline);
+        }
+        // one-sided on this host: inside the server's fence, so it can revoke access and know
+        // when no batch touches its memory any more
+        let pass = match &self.fence {
+            Some(f) => match f.enter() {
+                Some(p) => Some(p),
+                None => return Err(self.revoked("before this transfer started")),
+            },
+            None => None,
+        };
+        crate::transport::fence::test_pause();
+        let r = match path {
             Direct::Ucx(u) => self.run_ucx(u, op, xds, deadline, stop),
             Direct::Cma(cma) => self.run_cma(cma, op, xds),
+            Direct::Device(_) => unreachable!("handled above"),
+        };
+        let kept = pass.is_none_or(|p| p.leave());
+        match r {
+            Ok(()) if !kept => {
+                Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
+            }
+            r => r,
+        }
+    }
+
+    /// The server revoked one-sided access (it stopped serving): the link is broken.
+    fn revoked(&self, when: &str) -> Error {
+        let why = format!("the peer revoked same-host access {when}");
+        self.mark_broken(why.clone());
+        Error::NotConnected {
+            peer: self.peer.clone(),
+            why,
         }
     }
 
@@ -500,7 +554,7 @@ impl LinkShared {
             });
         }
         // SAFETY: `prepare` checked every local range against the caller's registered regions,
-        // which the caller's borrows (sync) or the request's `keep` (async) hold alive for the
+        // which the caller's borrows (sync) or the request's state (async) hold alive for the
         // call, and every remote range against the peer's table; `run` ends UCX's use of the
         // buffers before it returns.
         let r = unsafe { u.run(op, xds, deadline, stop) };
@@ -666,7 +720,6 @@ impl LinkShared {
                 Err(e) => Outcome::Failed(Arc::new(e)),
             };
             st.finish(self, outcome);
-            drop(job.keep);
             return;
         }
         let lane = match self.checkout(st.deadline, st.started, st.op.name()) {
@@ -714,7 +767,6 @@ impl LinkShared {
         } else {
             self.release(lane, r.as_ref().err());
         }
-        drop(job.keep);
     }
 
     /// Bookkeeping when a request ends, whoever ended it.
@@ -1215,9 +1267,35 @@ impl<'e> Link<'e> {
         r
     }
 
-    /// Starts a batch and returns at once (HIXL `TransferAsync`). The request owns what it
-    /// touches (the local regions stay alive and registered until it ends, even if the request
-    /// is dropped or forgotten), so this is safe without borrowing the regions past the call.
+    /// Starts a batch and returns at once (HIXL `TransferAsync`).
+    ///
+    /// The request borrows what its descriptors borrow (the link, and each local region), so
+    /// while it is held its regions cannot be written or read with `write_at`/`read_at` (they
+    /// need `&mut`) and cannot be deregistered: the engine may still be copying them. Starting
+    /// many requests and then waiting for all of them is fine (shared borrows). It also owns
+    /// what it touches: the local regions stay alive and registered until it ends, even if the
+    /// request is dropped or `mem::forget`ten; while a forgotten request has not ended, its
+    /// regions answer `read_at`, `write_at` and `deregister` with `RegionBusy` (203900).
+    ///
+    /// ```no_run
+    /// # use hixl::{Error, Link, Region, TransferArgs, TransferDesc, TransferOp, TransferReq, TransferStatus};
+    /// # use std::time::Duration;
+    /// # fn layers(link: &Link<'_>, kv: &mut Region, remote: u64) -> Result<(), Error> {
+    /// // one request per layer, all in flight at once, then wait for every one
+    /// let reqs = (0..4usize)
+    ///     .map(|i| {
+    ///         let local = kv.range(i * 4096..(i + 1) * 4096)?;
+    ///         let d = TransferDesc::new(local, link.remote(remote + (i * 4096) as u64, 4096)?);
+    ///         link.transfer_async(TransferOp::Write, &[d], TransferArgs::tagged(i as u64))
+    ///     })
+    ///     .collect::<Result<Vec<TransferReq<'_>>, Error>>()?;
+    /// for r in &reqs {
+    ///     assert!(matches!(r.wait(Duration::from_secs(5)), TransferStatus::Completed));
+    /// }
+    /// drop(reqs);
+    /// kv.write_at(0, b"next layer")?; // the requests are gone: the region is ours again
+    /// # Ok(()) }
+    /// ```
     ///
     /// The engine enforces the deadline (`args.timeout` from now): a request that has not
     /// finished by then ends [`TransferStatus::TimedOut`](crate::TransferStatus::TimedOut). Many
@@ -1227,12 +1305,12 @@ impl<'e> Link<'e> {
     /// # Errors
     /// The validation errors of [`Link::transfer_sync`] (before anything starts), and
     /// [`Error::NotConnected`] if the link is broken.
-    pub fn transfer_async(
-        &self,
+    pub fn transfer_async<'s>(
+        &'s self,
         op: TransferOp,
-        descs: &[TransferDesc<'_>],
+        descs: &[TransferDesc<'s>],
         args: TransferArgs,
-    ) -> Result<TransferReq<'_>, Error> {
+    ) -> Result<TransferReq<'s>, Error> {
         let timeout = check_timeout(args.timeout)?;
         if let Some(why) = &lock(&self.shared.pool).broken {
             return Err(Error::NotConnected {
@@ -1242,21 +1320,20 @@ impl<'e> Link<'e> {
         }
         let mut xds = Vec::new();
         let bytes = self.prepare(op, descs, &mut xds)?;
-        let mut keep: Vec<Arc<RegionCore>> = Vec::new();
+        let mut keep: Vec<RegionUse> = Vec::new();
         for d in descs {
-            if !keep.iter().any(|k| Arc::ptr_eq(k, d.local.core)) {
-                keep.push(d.local.core.clone());
+            if !keep.iter().any(|k| Arc::ptr_eq(k.core(), d.local.core)) {
+                keep.push(RegionUse::new(d.local.core));
             }
         }
         let seq = self.shared.next_req.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ReqState::new(seq, op, args.user_data, bytes, timeout));
+        let state = Arc::new(ReqState::new(seq, op, args.user_data, bytes, timeout, keep));
         lock(&self.shared.unfinished).insert(seq);
         self.shared.counters.start(op);
         crate::request::watch(&state, &self.shared);
         self.shared.enqueue(Job {
             state: state.clone(),
             xds,
-            keep,
         });
         Ok(TransferReq::new(state, self.shared.clone()))
     }

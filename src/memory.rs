@@ -273,7 +273,7 @@ impl HostBuffer {
 }
 
 /// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
-fn sealed_memfd(len: usize) -> Option<i32> {
+pub(crate) fn sealed_memfd(len: usize) -> Option<i32> {
     // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
     let fd = unsafe {
         libc::memfd_create(
@@ -384,8 +384,73 @@ pub(crate) struct RegionCore {
     pub(crate) exposed: std::sync::atomic::AtomicBool,
     /// The owned memory and how to free it; `None` once handed back, or for raw registrations.
     owned: Option<(RawMemory, unsafe fn(RawMemory))>,
+    /// How to copy the owned memory into a new value of its type, for quarantine; only memory
+    /// that can be copied is offered to same-host peers for one-sided access.
+    dup: Option<Duplicate>,
+    /// Fences of same-host clients that did not confirm in time that they stopped touching the
+    /// memory (set when the engine stops serving); while one of them may still touch it, the
+    /// memory is quarantined instead of handed back or freed.
+    pub(crate) blockers: std::sync::Mutex<crate::quarantine::Blockers>,
+    /// The engine's quarantine counters.
+    pub(crate) stats: std::sync::Arc<crate::quarantine::Stats>,
+    /// Async requests using the region that have not ended (a forgotten request does not end
+    /// the borrow the compiler sees, so `read_at`/`write_at` check this).
+    pub(crate) uses: std::sync::atomic::AtomicUsize,
     /// The region's HCCL registration on an Ascend engine; released before the memory.
     pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
+}
+
+/// Copies owned memory into a new value of the same type and returns its raw parts.
+type Duplicate = unsafe fn(&RawMemory) -> Option<RawMemory>;
+
+/// The copy function for `M`, for the memory types the crate knows how to copy: `Vec<u8>`,
+/// `Box<[u8]>` and [`HostBuffer`].
+fn duplicator<M: RegistrableMemory>() -> Option<Duplicate> {
+    use std::any::TypeId;
+    let t = TypeId::of::<M>();
+    if t == TypeId::of::<Vec<u8>>() {
+        Some(dup_vec)
+    } else if t == TypeId::of::<Box<[u8]>>() {
+        Some(dup_box)
+    } else if t == TypeId::of::<HostBuffer>() {
+        Some(dup_host_buffer)
+    } else {
+        None
+    }
+}
+
+/// A `Vec<u8>` holding a copy of `raw`'s bytes, or `None` if it cannot be allocated.
+///
+/// # Safety
+/// `raw` must describe `len` bytes valid for reads.
+unsafe fn copy_to_vec(raw: &RawMemory) -> Option<Vec<u8>> {
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(raw.len).ok()?;
+    // SAFETY: `raw` is readable (the caller's contract); `v` has room for `len` bytes, which
+    // are initialised by the copy before `set_len`. The source may be written by another
+    // process meanwhile: it is read through raw pointers only, and any byte value is valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), v.as_mut_ptr(), raw.len);
+        v.set_len(raw.len);
+    }
+    Some(v)
+}
+
+unsafe fn dup_vec(raw: &RawMemory) -> Option<RawMemory> {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_to_vec(raw) }.map(RegistrableMemory::into_raw_parts)
+}
+
+unsafe fn dup_box(raw: &RawMemory) -> Option<RawMemory> {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_to_vec(raw) }.map(|v| v.into_boxed_slice().into_raw_parts())
+}
+
+unsafe fn dup_host_buffer(raw: &RawMemory) -> Option<RawMemory> {
+    let mut b = HostBuffer::new(raw.len).ok()?;
+    // SAFETY: `raw` is readable (the caller's contract); `b` is a fresh buffer of that length.
+    unsafe { std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), b.as_mut_ptr(), raw.len) };
+    Some(b.into_raw_parts())
 }
 
 // SAFETY: the core only stores addresses and owned memory of a `Send` type; the memory itself is
@@ -416,6 +481,10 @@ impl RegionCore {
             fd: raw.fd,
             exposed: std::sync::atomic::AtomicBool::new(false),
             owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
+            dup: duplicator::<M>(),
+            blockers: std::sync::Mutex::new(Vec::new()),
+            stats: Default::default(),
+            uses: std::sync::atomic::AtomicUsize::new(0),
             device: None,
         }
     }
@@ -437,7 +506,30 @@ impl RegionCore {
             fd: -1,
             exposed: std::sync::atomic::AtomicBool::new(false),
             owned: None,
+            dup: None,
+            blockers: std::sync::Mutex::new(Vec::new()),
+            stats: Default::default(),
+            uses: std::sync::atomic::AtomicUsize::new(0),
             device: None,
+        }
+    }
+
+    /// Whether same-host peers may reach the memory one-sidedly (mapped or `/proc/PID/mem`):
+    /// only owned memory the engine can quarantine (copy out and keep) is offered; the rest is
+    /// served over TCP, by serving threads the engine joins before it hands memory back.
+    pub(crate) fn one_sided(&self) -> bool {
+        self.dup.is_some()
+    }
+
+    /// The fences still blocking the memory (none if every client confirmed, or is gone).
+    fn live_blockers(&self) -> crate::quarantine::Blockers {
+        let b = std::sync::Mutex::lock(&self.blockers)
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if crate::quarantine::blocking(&b) {
+            b
+        } else {
+            Vec::new()
         }
     }
 
@@ -449,6 +541,21 @@ impl RegionCore {
         let Some((raw, free)) = self.owned.take() else {
             return Ok(None);
         };
+        let blockers = self.live_blockers();
+        if !blockers.is_empty() {
+            // a same-host client may still write the original: hand back a copy, keep it
+            let copy = self.dup.and_then(|dup| {
+                // SAFETY: `raw` is this region's owned memory, readable; `dup` is the copy
+                // function of the type that produced it.
+                unsafe { dup(&raw) }
+            });
+            let Some(copy) = copy else {
+                self.owned = Some((raw, free));
+                return Err(Error::OutOfMemory { len: self.len });
+            };
+            crate::quarantine::hold(raw, free, blockers, &self.stats);
+            return Ok(Some(copy));
+        }
         if raw.fd < 0 || !self.exposed.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(Some(raw));
         }
@@ -470,11 +577,40 @@ impl Drop for RegionCore {
     fn drop(&mut self) {
         drop(self.device.take());
         if let Some((raw, free)) = self.owned.take() {
+            let blockers = self.live_blockers();
+            if !blockers.is_empty() {
+                // a same-host client may still write it: free it once it cannot
+                crate::quarantine::hold(raw, free, blockers, &self.stats);
+                return;
+            }
             // SAFETY: this is the last reference to the region (it is in an `Arc` that is being
-            // dropped), so no transfer or serving thread can touch the memory any more, and
-            // `free` is the release function of the type that produced `raw`.
+            // dropped), so no transfer or serving thread of this process can touch the memory
+            // any more, and no same-host client can (none blocks it: every one confirmed, or is
+            // gone); `free` is the release function of the type that produced `raw`.
             unsafe { free(raw) }
         }
+    }
+}
+
+/// An async request's hold on a region: keeps the core alive and counted in its `uses` until
+/// the request is done with the memory.
+pub(crate) struct RegionUse(std::sync::Arc<RegionCore>);
+
+impl RegionUse {
+    pub(crate) fn new(core: &std::sync::Arc<RegionCore>) -> Self {
+        core.uses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(core.clone())
+    }
+    pub(crate) fn core(&self) -> &std::sync::Arc<RegionCore> {
+        &self.0
+    }
+}
+
+impl Drop for RegionUse {
+    fn drop(&mut self) {
+        self.0
+            .uses
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -565,9 +701,12 @@ impl<M> Region<M> {
     ///
     /// # Errors
     /// [`Error::RangeOutOfBounds`] if the range leaves the region;
-    /// [`Error::UnsupportedMemory`] for device memory.
+    /// [`Error::UnsupportedMemory`] for device memory; [`Error::RegionBusy`]
+    /// (`RESOURCE_EXHAUSTED`) while an async request using the region (held, or forgotten with
+    /// `mem::forget`) has not ended.
     pub fn read_at(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
         self.check_host_span(offset, buf.len())?;
+        self.check_idle()?;
         // SAFETY: the span lies inside the registered region, which stays allocated while `self`
         // holds its core; host memory is valid for reads; `buf` cannot alias registered memory
         // given out by this crate, since no `&mut [u8]` to it is ever created.
@@ -583,6 +722,7 @@ impl<M> Region<M> {
     /// As [`Region::read_at`].
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<(), Error> {
         self.check_host_span(offset, data.len())?;
+        self.check_idle()?;
         // SAFETY: as in `read_at`; the memory is valid for writes of any byte values
         // (the `RegistrableMemory` contract, or the `register_raw` contract).
         unsafe {
@@ -605,6 +745,7 @@ impl<M> Region<M> {
         buf: &mut [u8],
     ) -> Result<(), Error> {
         let dev = self.check_device_span(ctx, offset, buf.len())?;
+        self.check_idle()?;
         // SAFETY: the span lies inside the registered region, alive while `self` holds its core.
         unsafe { dev.read(self.core.addr + offset, buf) }
     }
@@ -620,6 +761,7 @@ impl<M> Region<M> {
         data: &[u8],
     ) -> Result<(), Error> {
         let dev = self.check_device_span(ctx, offset, data.len())?;
+        self.check_idle()?;
         // SAFETY: as in `read_device`; no Rust reference to registered memory is ever made.
         unsafe { dev.write(self.core.addr + offset, data) }
     }
@@ -652,6 +794,18 @@ impl<M> Region<M> {
                 region_len: self.core.len as u64,
             }),
         }
+    }
+
+    /// `RegionBusy` while an async request that uses the region has not ended: a request that
+    /// is held borrows the region (so `&mut self` methods do not compile); one that was
+    /// `mem::forget`ten no longer does, and is caught here.
+    fn check_idle(&self) -> Result<(), Error> {
+        if self.core.uses.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Err(Error::RegionBusy {
+                region: self.core.id,
+            });
+        }
+        Ok(())
     }
 
     fn check_host_span(&self, offset: usize, len: usize) -> Result<(), Error> {

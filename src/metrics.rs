@@ -184,6 +184,14 @@ pub struct Metrics {
     pub registered_bytes: usize,
     /// Every link this engine opened that still exists.
     pub links: Vec<LinkMetrics>,
+    /// Allocations of this engine held in quarantine right now: deregistered or freed while a
+    /// same-host client that did not confirm it stopped could still write them (its owner got a
+    /// copy). Freed once that client leaves its fence or exits.
+    pub quarantined_regions: usize,
+    /// Their bytes.
+    pub quarantined_bytes: usize,
+    /// Allocations ever quarantined by this engine.
+    pub quarantines: u64,
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::link::LinkShared;
-use crate::memory::RegionCore;
 use crate::transfer::TransferOp;
 use crate::transport::tcp::Xd;
 
@@ -115,6 +114,8 @@ struct Inner {
     cancel: bool,
     /// The link's bookkeeping for this request was done (exactly once).
     settled: bool,
+    /// The regions the request uses (alive, and counted as in use) until it ends.
+    keep: Vec<crate::memory::RegionUse>,
     waker: Option<Waker>,
 }
 
@@ -130,11 +131,11 @@ pub(crate) struct ReqState {
     pub(crate) deadline: Instant,
 }
 
-/// A queued async request: its state, its lane descriptors, and the regions it keeps alive.
+/// A queued async request: its state (which keeps its regions alive until it ends) and its
+/// lane descriptors.
 pub(crate) struct Job {
     pub state: Arc<ReqState>,
     pub xds: Vec<Xd>,
-    pub keep: Vec<Arc<RegionCore>>,
 }
 
 impl ReqState {
@@ -144,6 +145,7 @@ impl ReqState {
         user_data: u64,
         bytes: u64,
         timeout: Duration,
+        keep: Vec<crate::memory::RegionUse>,
     ) -> Self {
         let started = Instant::now();
         Self {
@@ -151,6 +153,7 @@ impl ReqState {
                 phase: Phase::Queued,
                 cancel: false,
                 settled: false,
+                keep,
                 waker: None,
             }),
             cv: Condvar::new(),
@@ -205,6 +208,9 @@ impl ReqState {
             (_, Outcome::Failed(_)) if g.cancel => Outcome::Cancelled,
             (_, o) => o,
         };
+        // the memory is no longer touched (never started, or the worker is done with it): the
+        // regions are free again before anyone can see the request ended
+        drop(std::mem::take(&mut g.keep));
         g.phase = Phase::Done(outcome.clone());
         g.settled = true;
         let waker = g.waker.take();

@@ -15,7 +15,7 @@ use crate::transfer::TransferOp;
 /// `"HIXL"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest frame payload accepted (the bulk data that follows a frame is not limited by this).
@@ -398,6 +398,9 @@ pub struct TableEntry {
     pub fd: i32,
 }
 
+/// [`TableEntry::fd`] of a region same-host peers must reach over TCP (no one-sided access).
+pub const FD_TCP_ONLY: i32 = -2;
+
 /// Server → client acceptance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Welcome {
@@ -411,6 +414,9 @@ pub struct Welcome {
     pub table: Vec<TableEntry>,
     /// The server process, for same-host transfers (`None` if it does not offer them).
     pub host: Option<HostId>,
+    /// The server's descriptor of this link's fence page (same-host one-sided access it can
+    /// revoke), or `-1`.
+    pub fence: i32,
 }
 
 impl Welcome {
@@ -430,6 +436,7 @@ impl Welcome {
             out.extend_from_slice(&e.fd.to_le_bytes());
         }
         put_host(out, &self.host);
+        out.extend_from_slice(&self.fence.to_le_bytes());
         seal(out);
     }
     /// Decodes a WELCOME payload and checks the table: lengths non-zero, no overflow, ids unique,
@@ -465,6 +472,7 @@ impl Welcome {
             });
         }
         let host = r.host()?;
+        let fence = r.u32("fence fd")? as i32;
         r.finish()?;
         let mut ids: Vec<u32> = table.iter().map(|e| e.id).collect();
         ids.sort_unstable();
@@ -481,6 +489,7 @@ impl Welcome {
             pid,
             table,
             host,
+            fence,
         })
     }
 }
@@ -908,6 +917,7 @@ mod tests {
             pid: 3,
             table: vec![e(0, 4096, 100), e(1, 8192, 10)],
             host: None,
+            fence: 7,
         };
         let mut out = Vec::new();
         w.encode(&mut out);
@@ -958,8 +968,8 @@ mod tests {
         h[6] = 99;
         assert_eq!(decode_header(&h), Err(WireError::UnknownKind(99)));
         let mut h = header(Kind::Bye, 0);
-        h[4] = 2;
-        assert_eq!(decode_header(&h), Err(WireError::BadVersion(2)));
+        h[4] = 1;
+        assert_eq!(decode_header(&h), Err(WireError::BadVersion(1)));
         let h = header(Kind::Xfer, MAX_FRAME as usize + 1);
         assert_eq!(decode_header(&h), Err(WireError::TooLarge(MAX_FRAME + 1)));
         let mut h = header(Kind::Bye, 0);

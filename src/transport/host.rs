@@ -14,6 +14,14 @@
 //! The peer is identified by boot id, pid namespace, pid and process start time; the pid is
 //! pinned with a pidfd right after the start time is checked, and every transfer first checks
 //! (one `poll`) that the peer is alive and the link's control connection open.
+//!
+//! A pid number can be reused once its process is gone, so nothing is ever *written* by pid
+//! number: writes go through the peer's `/proc/PID/mem`, opened once at connect and checked
+//! against the pidfd after opening. That descriptor is bound to the peer's address space, not
+//! to its pid: once the peer is gone it writes nothing (the kernel answers 0 bytes), whichever
+//! process gets the pid next. Reads use `process_vm_readv` (one copy, faster) and are followed by
+//! a pidfd check: a peer still alive after the read was alive for all of it, so the bytes came
+//! from it; a read the peer did not outlive fails (`ESRCH`).
 
 use std::fs;
 use std::io;
@@ -78,15 +86,15 @@ impl HostId {
     }
 }
 
-/// A peer process pinned by a pidfd.
+/// A process pinned by a pidfd (checked against the start time it announced).
 #[derive(Debug)]
-pub(crate) struct PeerProc {
+pub(crate) struct Pinned {
     pidfd: OwnedFd,
     pid: libc::pid_t,
 }
 
-impl PeerProc {
-    /// Opens the peer and checks it is the process `id` describes (not a reused pid).
+impl Pinned {
+    /// Pins the process `id` describes; an error if its pid now belongs to another process.
     pub fn open(id: &HostId) -> io::Result<Self> {
         // SAFETY: pidfd_open takes a pid and flags; the result is checked.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id.pid as libc::pid_t, 0) };
@@ -108,11 +116,59 @@ impl PeerProc {
         })
     }
 
+    /// Whether the process has exited (its pidfd is readable).
+    pub fn exited(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a live array of one pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+        n != 0
+    }
+}
+
+/// A peer process pinned by a pidfd, with its address space open for writes.
+#[derive(Debug)]
+pub(crate) struct PeerProc {
+    pin: Pinned,
+    /// `/proc/PID/mem`, opened after the pidfd and checked against it: bound to the peer's
+    /// address space, so a write through it can never land in another process.
+    mem: OwnedFd,
+}
+
+impl PeerProc {
+    /// Opens the peer and checks it is the process `id` describes (not a reused pid).
+    pub fn open(id: &HostId) -> io::Result<Self> {
+        let pin = Pinned::open(id)?;
+        let path = std::ffi::CString::new(format!("/proc/{}/mem", id.pid))
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: open with a NUL-terminated path; the result is checked.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let mem = unsafe { OwnedFd::from_raw_fd(fd) };
+        // the pidfd's process was alive after the open, so it was alive during it: the pid
+        // named it, and `mem` is its address space
+        if pin.exited() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(Self { pin, mem })
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&self) -> bool {
+        self.pin.exited()
+    }
+
     /// Whether the process still runs, and `control` (the link's TCP connection) is still open.
     pub fn alive(&self, control: &TcpStream) -> bool {
         let mut fds = [
             libc::pollfd {
-                fd: self.pidfd.as_raw_fd(),
+                fd: self.pin.pidfd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -130,7 +186,7 @@ impl PeerProc {
     /// A duplicate of the peer's descriptor `fd` (`pidfd_getfd`).
     pub fn getfd(&self, fd: i32) -> io::Result<OwnedFd> {
         // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags; the result is checked.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pin.pidfd.as_raw_fd(), fd, 0) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -152,25 +208,124 @@ impl PeerProc {
         remote: &mut [IoVec],
     ) -> Result<(), (io::Error, u64)> {
         // SAFETY: forwarded caller contract.
-        unsafe { pvm_pid(self.pid, write, local, remote) }
+        unsafe { vm_io(self.target(), write, local, remote) }
     }
 
-    /// The peer's pid (valid while the pidfd shows it alive).
-    pub fn pid(&self) -> libc::pid_t {
-        self.pid
+    /// What the copy helper needs to reach the peer (valid while `self` lives).
+    fn target(&self) -> Target {
+        Target {
+            pid: self.pin.pid,
+            mem: self.mem.as_raw_fd(),
+        }
     }
 }
 
-/// `process_vm_writev` (`write`) or `process_vm_readv` between `local` and `remote` (same total
-/// length) of process `pid`, continuing partial transfers. On failure returns the error and how
-/// many bytes had moved.
+/// How a batch reaches the peer: its pid for reads, its `/proc/PID/mem` for writes.
+#[derive(Clone, Copy)]
+struct Target {
+    pid: libc::pid_t,
+    mem: i32,
+}
+
+/// Writes (`write`) through the peer's `/proc/PID/mem`, or reads with `process_vm_readv`.
 ///
 /// # Safety
 /// For a read, `local` must describe memory valid for writes of any bytes; for a write, valid
-/// for reads; both for the whole call.
-unsafe fn pvm_pid(
-    pid: libc::pid_t,
+/// for reads; both for the whole call. `target.mem` must stay open for the call.
+unsafe fn vm_io(
+    target: Target,
     write: bool,
+    local: &mut [IoVec],
+    remote: &mut [IoVec],
+) -> Result<(), (io::Error, u64)> {
+    if write {
+        // SAFETY: the caller's contract.
+        unsafe { mem_write(target.mem, local, remote) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { pvm_read(target.pid, local, remote) }
+    }
+}
+
+/// Writes `local` into `remote` (same total length) through `mem`, a `/proc/PID/mem`
+/// descriptor: one `pwritev` per run of contiguous remote bytes, partial writes continued. A
+/// peer whose address space is gone writes 0 bytes: that is `ESRCH`.
+///
+/// # Safety
+/// `local` must describe memory valid for reads for the whole call.
+unsafe fn mem_write(
+    mem: i32,
+    local: &mut [IoVec],
+    remote: &mut [IoVec],
+) -> Result<(), (io::Error, u64)> {
+    let (mut li, mut ri, mut moved) = (0usize, 0usize, 0u64);
+    let mut iov: Vec<libc::iovec> = Vec::new();
+    loop {
+        while li < local.len() && local[li].len == 0 {
+            li += 1;
+        }
+        while ri < remote.len() && remote[ri].len == 0 {
+            ri += 1;
+        }
+        if li == local.len() || ri == remote.len() {
+            return Ok(());
+        }
+        // the run of remote bytes starting at remote[ri] that is contiguous in the peer
+        let start = remote[ri].base;
+        let mut run = remote[ri].len;
+        let mut j = ri + 1;
+        while j < remote.len() && remote[j].base == start + run {
+            run += remote[j].len;
+            j += 1;
+        }
+        let Ok(offset) = libc::off_t::try_from(start) else {
+            return Err((io::Error::from_raw_os_error(libc::EFAULT), moved));
+        };
+        // local pieces covering up to `run` bytes
+        iov.clear();
+        let (mut k, mut want) = (li, run);
+        while k < local.len() && want > 0 && iov.len() < IOV_MAX {
+            let take = local[k].len.min(want);
+            if take > 0 {
+                iov.push(libc::iovec {
+                    iov_base: local[k].base as *mut libc::c_void,
+                    iov_len: take,
+                });
+            }
+            want -= take;
+            k += 1;
+        }
+        // SAFETY: `iov` describes local memory valid for reads (the caller's contract); the
+        // kernel checks the remote range against the peer's address space, never ours.
+        let n = unsafe { libc::pwritev(mem, iov.as_ptr(), iov.len() as i32, offset) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // `/proc/PID/mem` says EIO for an address the peer does not have mapped
+                // (process_vm_* says EFAULT, as reads still do): report one error for both
+                Some(libc::EIO) => return Err((io::Error::from_raw_os_error(libc::EFAULT), moved)),
+                _ => return Err((e, moved)),
+            }
+        }
+        if n == 0 {
+            // the address space is gone (the peer exited): nothing was written anywhere
+            return Err((io::Error::from_raw_os_error(libc::ESRCH), moved));
+        }
+        moved += n as u64;
+        advance(local, &mut li, n as usize);
+        advance(remote, &mut ri, n as usize);
+    }
+}
+
+/// `process_vm_readv` from `remote` of process `pid` into `local` (same total length),
+/// continuing partial transfers. On failure returns the error and how many bytes had moved.
+/// (Never used to write: a pid number can name another process by the time the call runs.)
+///
+/// # Safety
+/// `local` must describe memory valid for writes of any bytes for the whole call.
+unsafe fn pvm_read(
+    pid: libc::pid_t,
     local: &mut [IoVec],
     remote: &mut [IoVec],
 ) -> Result<(), (io::Error, u64)> {
@@ -196,13 +351,7 @@ unsafe fn pvm_pid(
         // SAFETY: the iovec arrays have `libc::iovec`'s layout and stay alive for the call;
         // the local memory is valid per the caller's contract; the kernel checks the remote
         // addresses against the peer's address space (EFAULT), never ours.
-        let n = unsafe {
-            if write {
-                libc::process_vm_writev(pid, lp, ln as _, rp, rn as _, 0)
-            } else {
-                libc::process_vm_readv(pid, lp, ln as _, rp, rn as _, 0)
-            }
-        };
+        let n = unsafe { libc::process_vm_readv(pid, lp, ln as _, rp, rn as _, 0) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -315,7 +464,7 @@ pub(crate) struct Copy {
 enum Work {
     Copies(Vec<Copy>),
     Pvm {
-        pid: libc::pid_t,
+        target: Target,
         write: bool,
         local: Vec<IoVec>,
         remote: Vec<IoVec>,
@@ -366,11 +515,11 @@ fn helper() -> Option<&'static CopyHelper> {
                                 Ok(())
                             }
                             Work::Pvm {
-                                pid,
+                                target,
                                 write,
                                 mut local,
                                 mut remote,
-                            } => pvm_pid(pid, write, &mut local, &mut remote),
+                            } => vm_io(target, write, &mut local, &mut remote),
                         }
                     };
                     let (m, cv) = &*job.done;
@@ -509,7 +658,8 @@ pub(crate) unsafe fn pvm_all(
         let lens: Vec<usize> = l.iter().map(|v| v.len).collect();
         // SAFETY: the caller's contract.
         return unsafe { proc.pvm(write, &mut l, &mut r) }
-            .map_err(|(e, moved)| (e, where_(&lens, moved)));
+            .map_err(|(e, moved)| (e, where_(&lens, moved)))
+            .and_then(|()| read_checked(proc, write, local.len()));
     }
     // cut at half the bytes: pairs [0, k) and the first part of pair k go here, the rest there
     let (mut room, mut k) = (total / 2, 0);
@@ -541,7 +691,7 @@ pub(crate) unsafe fn pvm_all(
         l2.iter().map(|v| v.len).collect(),
     );
     let theirs = Work::Pvm {
-        pid: proc.pid(),
+        target: proc.target(),
         write,
         local: l2,
         remote: r2,
@@ -560,5 +710,19 @@ pub(crate) unsafe fn pvm_all(
         None => unsafe { proc.pvm(write, &mut l2, &mut r2) },
     }
     .map_err(|(e, moved)| (e, k + where_(&lens2, moved)));
-    first.and(second)
+    first
+        .and(second)
+        .and_then(|()| read_checked(proc, write, local.len()))
+}
+
+/// After a read: the peer must still be alive, else the bytes may come from a process that got
+/// its pid (`ESRCH`, reported at the last pair).
+fn read_checked(proc: &PeerProc, write: bool, pairs: usize) -> Result<(), (io::Error, usize)> {
+    if !write && proc.exited() {
+        return Err((
+            io::Error::from_raw_os_error(libc::ESRCH),
+            pairs.saturating_sub(1),
+        ));
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@
 
 pub(crate) mod ascend;
 pub(crate) mod dl;
+pub(crate) mod fence;
 pub(crate) mod host;
 pub(crate) mod io;
 pub(crate) mod tcp;

@@ -24,6 +24,7 @@ use crate::error::Status;
 use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
 use crate::transfer::TransferOp;
+use crate::transport::fence::ServerFence;
 use crate::transport::host::HostId;
 use crate::transport::io::{Inbound, IoVec, Sock};
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
@@ -48,13 +49,20 @@ impl ServeTable {
             .ok()
             .map(|i| &*self.by_id[i])
     }
-    /// The table as peers see it; with `fds`, the memfd of each shareable region is offered
-    /// (and the region marked as possibly mapped by a peer).
-    pub fn entries(&self, fds: bool) -> Vec<TableEntry> {
+    /// The table as peers see it. With `same_host` (a same-host peer with a fence), each region
+    /// says how that peer may reach it: the memfd of a shareable region (the region is then
+    /// marked as possibly mapped by a peer), `-1` for `/proc/PID/mem` at its address, or
+    /// [`wire::FD_TCP_ONLY`] for memory the engine could not quarantine (caller-managed raw
+    /// memory, types it cannot copy): served over TCP only.
+    pub fn entries(&self, same_host: bool) -> Vec<TableEntry> {
         self.by_id
             .iter()
             .map(|r| TableEntry {
-                fd: if fds && r.fd >= 0 && r.access != crate::memory::Access::None {
+                fd: if !same_host {
+                    -1
+                } else if !r.one_sided() || r.access == crate::memory::Access::None {
+                    wire::FD_TCP_ONLY
+                } else if r.fd >= 0 {
                     r.exposed.store(true, Ordering::SeqCst);
                     r.fd
                 } else {
@@ -167,6 +175,17 @@ struct LinkRec {
     busy: Arc<AtomicUsize>,
     /// The server's side of the link's device data path (Ascend), dropped with the link.
     device: Option<crate::transport::ascend::link::DeviceLink>,
+    /// The link's fence, when its client is on this host: revoked when the link ends.
+    fence: Option<Arc<ServerFence>>,
+}
+
+impl Drop for LinkRec {
+    fn drop(&mut self) {
+        // a link that ended grants no more one-sided access
+        if let Some(f) = &self.fence {
+            f.revoke();
+        }
+    }
 }
 
 impl LinkRec {
@@ -218,7 +237,21 @@ pub(crate) struct ServerShared {
     ucx: Option<Vec<u8>>,
     /// The engine's Ascend runtime, for device data paths (`None`: none).
     device: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// Every fence handed to a same-host client that may still be in use: revoked (and waited
+    /// for) when serving stops; dropped once revoked and settled.
+    fences: Mutex<Vec<Arc<ServerFence>>>,
     span: tracing::Span,
+}
+
+impl ServerShared {
+    /// Forgets fences that are revoked and settled: their clients start no batch and have
+    /// none in flight.
+    fn prune_fences(&self) {
+        self.fences
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|f| !(f.is_revoked() && f.settled()));
+    }
 }
 
 /// A running server: the accept thread and the serving threads.
@@ -277,6 +310,7 @@ impl Server {
             keepalive: cfg.keepalive,
             ucx: cfg.ucx,
             device: cfg.device,
+            fences: Mutex::new(Vec::new()),
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -292,10 +326,18 @@ impl Server {
         })
     }
 
-    /// Stops serving: no new connections; waits up to `grace` for requests being served to
-    /// finish; then closes every connection and joins every thread. When this returns, no
-    /// serving thread touches registered memory any more.
-    pub fn stop(mut self, grace: Duration) {
+    /// The regions served.
+    pub fn regions(&self) -> &[Arc<RegionCore>] {
+        self.shared.table.cores()
+    }
+
+    /// Stops serving: no new connections; revokes every same-host client's one-sided access;
+    /// waits up to `grace` for requests being served to finish and for every same-host client
+    /// to leave its fence; then closes every connection and joins every thread. When this
+    /// returns, no serving thread touches registered memory any more, and neither does any
+    /// same-host client, except those returned: their fences did not settle in time (the
+    /// client is stopped or hung), so the memory they can reach must be quarantined.
+    pub fn stop(mut self, grace: Duration) -> crate::quarantine::Blockers {
         self.shared.stop.store(true, Ordering::SeqCst);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
@@ -303,9 +345,22 @@ impl Server {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
+        let fences =
+            std::mem::take(&mut *self.shared.fences.lock().unwrap_or_else(|e| e.into_inner()));
+        for f in &fences {
+            f.revoke();
+        }
         let until = Instant::now() + grace;
-        while self.shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        while (self.shared.active.load(Ordering::SeqCst) > 0 || fences.iter().any(|f| !f.settled()))
+            && Instant::now() < until
+        {
             std::thread::sleep(Duration::from_millis(1));
+        }
+        // a client still inside its fence is given up on: its batch will report failure
+        let stuck: Vec<Arc<ServerFence>> = fences.into_iter().filter(|f| !f.abandon()).collect();
+        if !stuck.is_empty() {
+            tracing::warn!(parent: &self.shared.span, clients = stuck.len(), ?grace,
+                "same-host clients did not leave their fences in time; their memory will be quarantined");
         }
         let busy = self.shared.active.load(Ordering::SeqCst);
         for s in self
@@ -322,6 +377,7 @@ impl Server {
             let _ = h.join();
         }
         tracing::debug!(parent: &self.shared.span, cut_requests = busy, "server stopped");
+        stuck
     }
 }
 
@@ -425,6 +481,8 @@ fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: Socke
                 links.remove(&token);
             }
         }
+        drop(links);
+        shared.prune_fences();
     }
     match end {
         ConnEnd::Closed | ConnEnd::Bye => {
@@ -539,8 +597,20 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         );
         return ConnEnd::Refused(why);
     }
-    let (token, live, busy) = match hello.role {
+    let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
+    let (token, live, busy, fence) = match hello.role {
         LaneRole::NewLink => {
+            // a same-host client gets a fence: one-sided access this server can revoke
+            let fence = match &hello.host {
+                Some(client) if same_host => match ServerFence::new(client) {
+                    Ok(f) => Some(Arc::new(f)),
+                    Err(e) => {
+                        tracing::debug!(parent: &shared.span, error = %e, "no fence for a same-host client; serving it over tcp");
+                        None
+                    }
+                },
+                _ => None,
+            };
             let token = loop {
                 let t = crate::engine::random_u64();
                 if t != 0 {
@@ -572,10 +642,19 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 live: Arc::new(AtomicBool::new(true)),
                 busy: Arc::new(AtomicUsize::new(0)),
                 device: None,
+                fence: fence.clone(),
             };
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
             links.insert(token, rec);
             drop(links);
+            if let Some(f) = &fence {
+                shared.prune_fences();
+                shared
+                    .fences
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(f.clone());
+            }
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {
@@ -591,14 +670,14 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 }
             }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
-            (token, live, busy)
+            (token, live, busy, fence)
         }
         LaneRole::Join => {
             let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
             match links.get_mut(&hello.token) {
                 Some(l) if l.instance == hello.instance && l.client == hello.name => {
                     l.conns.insert(id);
-                    (hello.token, l.live.clone(), l.busy.clone())
+                    (hello.token, l.live.clone(), l.busy.clone(), None)
                 }
                 _ => {
                     drop(links);
@@ -615,16 +694,16 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         }
     };
     *link = Some(token);
-    let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
     Welcome {
         instance: shared.instance,
         token,
         pid: std::process::id(),
         table: match hello.role {
-            LaneRole::NewLink => shared.table.entries(same_host),
+            LaneRole::NewLink => shared.table.entries(fence.is_some()),
             LaneRole::Join => Vec::new(),
         },
         host: if same_host { shared.host } else { None },
+        fence: fence.as_ref().map_or(-1, |f| f.fd()),
     }
     .encode(&mut out);
     if let Err(e) = sock.send_bytes(&out, io_deadline()) {
@@ -807,6 +886,8 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                         Sock::shutdown(c);
                     }
                     tracing::debug!(parent: &shared.span, client = %rec.client, "link closed by client");
+                    drop(rec);
+                    shared.prune_fences();
                 }
                 out.clear();
                 out.extend_from_slice(&wire::header(Kind::ByeAck, 0));

@@ -275,6 +275,27 @@ pub fn fake_serve(
         return;
     };
     assert_eq!(kind, hixl::wire::Kind::Hello);
+    // a same-host "server" offers a fence page, as a real one does (it never revokes it)
+    let fence = host.map_or(-1, |_| {
+        // SAFETY: creating and sealing a descriptor this fake server owns; it stays open for
+        // the connection (and is leaked with the test process).
+        unsafe {
+            let f = libc::memfd_create(
+                c"fence".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            );
+            assert!(f >= 0 && libc::ftruncate(f, 4096) == 0);
+            assert_eq!(
+                libc::fcntl(
+                    f,
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+                ),
+                0
+            );
+            f
+        }
+    });
     let mut out = Vec::new();
     hixl::wire::Welcome {
         instance: 1,
@@ -282,6 +303,7 @@ pub fn fake_serve(
         pid: host.map_or(3, |h| h.pid),
         table,
         host,
+        fence,
     }
     .encode(&mut out);
     let _ = s.write_all(&out);

@@ -1,0 +1,241 @@
+//! Revocable one-sided access for same-host clients: a *fence* page shared by the serving
+//! engine and one client process per link.
+//!
+//! Same-host transfers are one-sided: the client copies into the server's memory (a mapped
+//! memfd, or `/proc/PID/mem`) with no work by the server. So the server cannot see a copy in
+//! flight, and without help it could hand memory back to its owner (deactivate, deregister,
+//! finalize, drop) while a client is still writing it. The fence closes that gap:
+//!
+//! - The server makes one page (a sealed memfd) per same-host link and offers it in WELCOME; the
+//!   client maps it. It holds three words: `revoked`, `abandoned` and `inflight`.
+//! - The client brackets every batch: `inflight += 1`, then checks `revoked` (set: the batch is
+//!   refused, nothing moves); after the copy, `inflight -= 1`, then checks `abandoned` (set: the
+//!   batch is reported failed, whatever it copied).
+//! - To stop serving, the server sets `revoked` on every fence, then waits (up to its grace
+//!   period) until each fence's `inflight` is 0 or its client process is gone (pidfd). A client
+//!   that does not get there in time (stopped, hung) cannot be trusted: the server sets
+//!   `abandoned`, and the memory that client could reach is *quarantined* (see
+//!   `crate::quarantine`): its owner gets a copy, and the original pages are freed only once the
+//!   fence settles (`inflight` 0, or the client process gone).
+//!
+//! All three words are sequentially consistent atomics (the page is shared memory, so the
+//! other process's accesses are the hardware's atomic operations on the same physical page).
+//! Why it holds: a client batch that saw `revoked == 0` had incremented `inflight` before the
+//! server set `revoked` (SC order), so the server sees it in flight and waits for it. A batch
+//! that reports success read `abandoned == 0` after its decrement, so the server set `abandoned`
+//! later and, reading `inflight` after that, observes the decrement (a release): the batch's
+//! bytes are in the memory the server hands back, and no quarantine is needed for it.
+//!
+//! The fence protects a correct program from itself; it is not a defence against a hostile
+//! same-host client, which has the right to trace the server anyway (that right is what the
+//! same-host transport needs).
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+
+use crate::transport::host::{HostId, Mapping, PeerProc, Pinned};
+
+/// The words of a fence page.
+#[repr(C)]
+struct Words {
+    revoked: AtomicU32,
+    abandoned: AtomicU32,
+    inflight: AtomicU64,
+}
+
+/// Bytes of a fence page (one page; the words use the first 16).
+const FENCE_LEN: u64 = 4096;
+
+/// A fence page mapped into this process.
+struct Page {
+    map: Mapping,
+}
+
+impl Page {
+    fn words(&self) -> &Words {
+        // SAFETY: the mapping is at least FENCE_LEN bytes, page-aligned (so aligned for the
+        // words), readable and writable, and lives as long as `self`. Both processes touch it
+        // only with atomic operations; any bit pattern is a valid value of these integers.
+        unsafe { &*(self.map.at(0) as *const Words) }
+    }
+}
+
+/// The serving side of one same-host link's fence.
+pub(crate) struct ServerFence {
+    page: Page,
+    /// The memfd behind the page, kept open so the client can take it with `pidfd_getfd`.
+    fd: OwnedFd,
+    /// The client process, pinned.
+    client: Pinned,
+}
+
+impl std::fmt::Debug for ServerFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.page.words();
+        f.debug_struct("ServerFence")
+            .field("revoked", &w.revoked.load(SeqCst))
+            .field("abandoned", &w.abandoned.load(SeqCst))
+            .field("inflight", &w.inflight.load(SeqCst))
+            .finish()
+    }
+}
+
+impl ServerFence {
+    /// A new fence for a link from the client process `client`.
+    pub fn new(client: &HostId) -> io::Result<Self> {
+        let client = Pinned::open(client)?;
+        let fd = crate::memory::sealed_memfd(FENCE_LEN as usize)
+            .ok_or_else(|| io::Error::other("cannot create a sealed memfd for the fence"))?;
+        // SAFETY: a new descriptor that nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let map = Mapping::new(&fd, FENCE_LEN, true)?;
+        Ok(Self {
+            page: Page { map },
+            fd,
+            client,
+        })
+    }
+
+    /// The descriptor the client takes (offered in WELCOME).
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// No batch may start any more.
+    pub fn revoke(&self) {
+        self.page.words().revoked.store(1, SeqCst);
+    }
+
+    /// Whether [`ServerFence::revoke`] was called.
+    pub fn is_revoked(&self) -> bool {
+        self.page.words().revoked.load(SeqCst) != 0
+    }
+
+    /// Whether no batch of this client can touch the memory any more: it has none in flight
+    /// (and, once revoked, will start none), or its process is gone.
+    pub fn settled(&self) -> bool {
+        self.page.words().inflight.load(SeqCst) == 0 || self.client.exited()
+    }
+
+    /// Gives up waiting: batches still in flight will report failure. Returns whether the fence
+    /// settled after all (then nothing needs quarantine).
+    pub fn abandon(&self) -> bool {
+        self.page.words().abandoned.store(1, SeqCst);
+        self.settled()
+    }
+}
+
+/// The client side of a link's fence: the server's page, mapped.
+pub(crate) struct ClientFence {
+    page: Page,
+}
+
+impl std::fmt::Debug for ClientFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientFence").finish_non_exhaustive()
+    }
+}
+
+impl ClientFence {
+    /// Takes the server's fence descriptor `fd` and maps it (checked: sealed against
+    /// shrinking, at least a page).
+    pub fn open(server: &PeerProc, fd: i32) -> io::Result<Self> {
+        if fd < 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the peer offers no fence for same-host access",
+            ));
+        }
+        let fd = server.getfd(fd)?;
+        let map = Mapping::new(&fd, FENCE_LEN, true)?;
+        Ok(Self { page: Page { map } })
+    }
+
+    /// Enters the fence for one batch; `None` if the server revoked access (move nothing).
+    pub fn enter(&self) -> Option<Pass<'_>> {
+        let w = self.page.words();
+        w.inflight.fetch_add(1, SeqCst);
+        if w.revoked.load(SeqCst) != 0 {
+            w.inflight.fetch_sub(1, SeqCst);
+            return None;
+        }
+        Some(Pass {
+            words: w,
+            left: false,
+        })
+    }
+}
+
+/// One batch inside a fence. Leave with [`Pass::leave`]; dropping it leaves too (unwinding).
+pub(crate) struct Pass<'a> {
+    words: &'a Words,
+    left: bool,
+}
+
+impl Pass<'_> {
+    /// Leaves the fence; `false` if the server gave up waiting for this batch (report it
+    /// failed: the server may have handed back a copy taken before its bytes landed).
+    pub fn leave(mut self) -> bool {
+        self.left = true;
+        self.words.inflight.fetch_sub(1, SeqCst);
+        self.words.abandoned.load(SeqCst) == 0
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if !self.left {
+            self.words.inflight.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+/// A test hook: with `HIXL_TEST_STOP_IN_FENCE=1` in its environment, a process stops itself
+/// (`SIGSTOP`) inside the fence of its first same-host batch, before moving a byte. The tests
+/// use it to make "a client stopped in the middle of a batch" happen every time, not by luck.
+pub(crate) fn test_pause() {
+    static ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static ARMED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ARMED.get_or_init(|| std::env::var_os("HIXL_TEST_STOP_IN_FENCE").is_some_and(|v| v == "1"))
+        && !ONCE.swap(true, SeqCst)
+    {
+        // SAFETY: raising a signal has no memory-safety preconditions.
+        unsafe { libc::raise(libc::SIGSTOP) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_between_two_views_of_one_page() {
+        let me = HostId::current().expect("/proc tells who we are");
+        let server = ServerFence::new(&me).unwrap();
+        let proc = PeerProc::open(&me).unwrap();
+        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        assert!(server.settled());
+        let pass = client.enter().expect("not revoked yet");
+        assert!(!server.settled(), "a batch is in flight");
+        server.revoke();
+        assert!(client.enter().is_none(), "revoked: no new batch");
+        assert!(!server.settled());
+        assert!(pass.leave(), "the server still waits: the batch counts");
+        assert!(server.settled());
+        // a batch the server gave up on reports failure
+        let server = ServerFence::new(&me).unwrap();
+        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        let pass = client.enter().unwrap();
+        server.revoke();
+        assert!(!server.abandon(), "still in flight when abandoned");
+        assert!(!pass.leave(), "abandoned: the batch must fail");
+        assert!(server.settled());
+        // dropping a pass leaves too
+        let server = ServerFence::new(&me).unwrap();
+        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        drop(client.enter().unwrap());
+        assert!(server.settled());
+        assert!(ClientFence::open(&proc, -1).is_err());
+    }
+}
