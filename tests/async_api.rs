@@ -490,3 +490,97 @@ fn metrics_count_what_happened() {
     assert!(p50 <= p99 && p99 < T, "{p50:?} {p99:?}");
     assert!(l.write.errors.is_empty());
 }
+
+/// `mem::forget` ends the borrows a request holds on its regions, so the compiler no longer
+/// stops `read_at`/`write_at` (`ui-tests/write_at_while_request_held.rs` is the held form): the
+/// engine checks at run time, and both say `RegionBusy` until the request has ended, instead of
+/// racing the copy. Once it ends, the region is the caller's again.
+#[test]
+fn forgotten_request_makes_region_copies_busy() {
+    let (cli, mut buf) = client(1 << 20);
+    let (name, _peer) = mute_peer();
+    let link = cli.connect(&name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(BASE, 4096).unwrap(),
+    );
+    let r = link
+        .transfer_async(
+            TransferOp::Read,
+            &[d],
+            TransferArgs::default().timeout(Duration::from_secs(3)),
+        )
+        .unwrap();
+    std::mem::forget(r);
+    let mut one = [0u8; 1];
+    for e in [
+        buf.read_at(0, &mut one).unwrap_err(),
+        buf.write_at(0, b"x").unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::RegionBusy { .. }), "{e:?}");
+        assert_eq!(e.status().code(), 203_900);
+    }
+    // the deadline ends the request (the peer never answers); then the region is free again
+    let t0 = Instant::now();
+    while buf.write_at(0, b"x").is_err() {
+        assert!(t0.elapsed() < T, "the forgotten request never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    buf.read_at(0, &mut one).unwrap();
+    assert_eq!(one[0], b'x');
+    // a request that ended (waited for, then dropped) leaves nothing busy
+    let r = link
+        .transfer_async(
+            TransferOp::Read,
+            &[TransferDesc::new(
+                buf.range(0..4096).unwrap(),
+                link.remote(BASE, 4096).unwrap(),
+            )],
+            TransferArgs::default().timeout(Duration::from_millis(200)),
+        )
+        .unwrap();
+    assert!(matches!(r.wait(T), TransferStatus::TimedOut));
+    drop(r);
+    buf.write_at(0, b"y")
+        .expect("an ended request releases its region at once");
+}
+
+/// A `Link` that was `mem::forget`ten no longer borrows its engine, so `deactivate` compiles;
+/// it must still end that link: none is listed afterwards, and after re-activation a new connect
+/// to the same peer works (it is not `ALREADY_CONNECTED` for the life of the engine).
+#[test]
+fn deactivate_ends_forgotten_links() {
+    let (srv, _cache) = server(1 << 20, Options::default());
+    let (cli, mut buf) = client(1 << 20);
+    let link = cli.connect(srv.name()).unwrap();
+    std::mem::forget(link);
+    assert_eq!(cli.metrics().links.len(), 1);
+    let cli = cli.deactivate();
+    assert!(cli.metrics().links.is_empty(), "{:?}", cli.metrics().links);
+    let cli = cli.activate().unwrap();
+    let link = cli
+        .connect(srv.name())
+        .expect("the forgotten link no longer holds the peer's name");
+    let data = Rng::new(77).bytes(4096);
+    buf.write_at(0, &data).unwrap();
+    let remote = link.regions().next().unwrap().range(0..4096).unwrap();
+    link.transfer_sync(
+        TransferOp::Write,
+        &[TransferDesc::new(buf.range(0..4096).unwrap(), remote)],
+        T,
+    )
+    .unwrap();
+    link.transfer_sync(
+        TransferOp::Read,
+        &[TransferDesc::new(buf.range(4096..8192).unwrap(), remote)],
+        T,
+    )
+    .unwrap();
+    let mut got = vec![0u8; 4096];
+    buf.read_at(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert_eq!(cli.metrics().links.len(), 1);
+    // finalize ends forgotten links too
+    std::mem::forget(link);
+    drop(cli.finalize());
+}

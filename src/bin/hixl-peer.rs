@@ -5,6 +5,7 @@
 //!                 [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
+//! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
 //! ```
 //!
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
@@ -21,6 +22,14 @@
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
 //! its first region, and prints `TRANSPORT <tcp|cma> <fnv1a of the bytes, hex>`.
+//!
+//! `hammer` is a same-host client that keeps writing: it connects to `NAME` (same-host transport
+//! required), prints `LINKED`, then WRITEs the first `--len` bytes (default: all) of each of the
+//! peer's first `--regions` regions (default: all), `--repeat` times over (default 1), in one
+//! batch, again and again. Batch `i` (from 1) carries the `testkit::Rng` bytes of `seed`, or
+//! with `--alternate` those of `seed + i % 2` (both prepared up front, so the loop is all
+//! transfer). After each batch that returns `Ok` it prints `OK i`; at the first error it prints
+//! `ENDED <HIXL status code>` and exits.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -46,7 +55,8 @@ fn main() -> ExitCode {
 const USAGE: &str =
     "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
                        [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
-       hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]";
+       hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
+       hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]";
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -54,6 +64,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("serve") => {}
         Some("probe") => return probe(args),
         Some("serve-ascend") => return serve_ascend(args),
+        Some("hammer") => return hammer(args),
         _ => return Err(USAGE.into()),
     }
     let (mut name, mut size, mut seed, mut user) =
@@ -146,6 +157,80 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
         "tcp"
     };
     println!("TRANSPORT {t} {:016x}", fnv1a(&got));
+    Ok(())
+}
+
+fn hammer(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    let name = args.next().ok_or(USAGE)?;
+    let (mut len, mut regions, mut seed, mut alternate) = (usize::MAX, usize::MAX, 1u64, false);
+    let mut repeat = 1;
+    while let Some(flag) = args.next() {
+        if flag == "--alternate" {
+            alternate = true;
+            continue;
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--len" => len = value.parse()?,
+            "--regions" => regions = value.parse()?,
+            "--repeat" => repeat = value.parse()?,
+            "--seed" => seed = value.parse()?,
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    let opts = Options::default().same_host(SameHost::Require);
+    let engine = Hixl::initialize("127.0.0.1", opts)?.into_registered();
+    let link_len = {
+        // size the local buffer from the peer's table
+        let probe = engine.activate()?;
+        let l = probe.connect(&name)?;
+        let n: usize = l
+            .regions()
+            .take(regions)
+            .map(|r| (r.len() as usize).min(len))
+            .sum();
+        l.disconnect(Duration::from_secs(5))?;
+        (probe.deactivate(), n)
+    };
+    let (engine, total) = link_len;
+    let mut buf = engine.register(vec![0u8; 2 * total.max(1)])?;
+    for k in 0..2 {
+        let mut data = vec![0u8; total];
+        Rng::new(seed + k).fill(&mut data);
+        buf.write_at(k as usize * total, &data)?;
+    }
+    let engine = engine.activate()?;
+    let link = engine.connect(&name)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "LINKED")?;
+    out.flush()?;
+    for i in 1u64.. {
+        let mut descs = Vec::new();
+        let mut at = if alternate {
+            (i % 2) as usize * total
+        } else {
+            0
+        };
+        for r in link.regions().take(regions) {
+            let n = (r.len() as usize).min(len);
+            for _ in 0..repeat {
+                descs.push(TransferDesc::new(
+                    buf.range(at..at + n)?,
+                    r.range(0..n as u64)?,
+                ));
+            }
+            at += n;
+        }
+        match link.transfer_sync(TransferOp::Write, &descs, Duration::from_secs(30)) {
+            Ok(()) => writeln!(out, "OK {i}")?,
+            Err(e) => {
+                writeln!(out, "ENDED {}", e.status().code())?;
+                out.flush()?;
+                return Ok(());
+            }
+        }
+        out.flush()?;
+    }
     Ok(())
 }
 

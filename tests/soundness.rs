@@ -1,0 +1,323 @@
+//! Soundness of one-sided same-host access, across two processes: once `deactivate`,
+//! `deregister` or `finalize` returns (or the engine is dropped), no same-host client writes the
+//! memory again; a client that cannot confirm it stopped gets that memory quarantined; and no
+//! transfer that returned `Ok` has bytes missing from the memory the server got back.
+//!
+//! The client is `hixl-peer hammer`, an ordinary hixl client in its own process that WRITEs the
+//! server's regions in a loop (see `src/bin/hixl-peer.rs`).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::Rng;
+use hixl::{Hixl, HostBuffer, Options, TransportKind};
+
+/// Upper bound for anything that should happen "soon" on a loaded 2-core machine.
+const T: Duration = Duration::from_secs(20);
+
+fn cma_available() -> bool {
+    let ok = hixl::probe()
+        .iter()
+        .any(|t| t.kind == TransportKind::Cma && t.available);
+    if !ok {
+        eprintln!(
+            "skipped: the same-host transport is unavailable here ({:?})",
+            hixl::probe()
+        );
+    }
+    ok
+}
+
+/// A `hixl-peer hammer` child: its standard output, line by line, through a channel (so every
+/// wait is bounded).
+struct Hammer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Hammer {
+    fn spawn(server: &str, args: &[&str], stop_in_fence: bool) -> Hammer {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hixl-peer"));
+        cmd.arg("hammer").arg(server).args(args);
+        if stop_in_fence {
+            cmd.env("HIXL_TEST_STOP_IN_FENCE", "1");
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn hixl-peer hammer");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in out.lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut h = Hammer { child, lines };
+        assert_eq!(h.line(), "LINKED");
+        h
+    }
+
+    fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(T)
+            .unwrap_or_else(|e| panic!("the hammer said nothing for {T:?}: {e}"))
+    }
+
+    /// Waits until batch `n` returned `Ok`, then for about a third of a batch's time, so the
+    /// caller acts in the middle of the next batch (where a missing fence shows; with the
+    /// fence, any moment is safe).
+    fn wait_ok(&mut self, n: u64) {
+        let t0 = Instant::now();
+        loop {
+            let l = self.line();
+            if let Some(i) = l.strip_prefix("OK ") {
+                if i.parse::<u64>().unwrap() >= n {
+                    std::thread::sleep(t0.elapsed() / (3 * n as u32));
+                    return;
+                }
+            } else {
+                panic!("the hammer ended before batch {n}: {l}");
+            }
+        }
+    }
+
+    /// Reads to the end: the last batch that returned `Ok` (0: none) and the final status code.
+    fn ended(&mut self) -> (u64, u32) {
+        let mut last = 0;
+        loop {
+            let l = self.line();
+            if let Some(i) = l.strip_prefix("OK ") {
+                last = i.parse().unwrap();
+            } else if let Some(code) = l.strip_prefix("ENDED ") {
+                return (last, code.parse().unwrap());
+            } else {
+                panic!("unexpected line {l:?}");
+            }
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits until the process is stopped (it stops itself inside its fence).
+    fn wait_stopped(&self) {
+        let t0 = Instant::now();
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+            if state == Some('T') {
+                return;
+            }
+            assert!(t0.elapsed() < T, "the hammer did not stop ({state:?})");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+    }
+}
+
+impl Drop for Hammer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks for `window` that `bytes` keeps the value `want` everywhere (a same-host client still
+/// writing would change it).
+fn unchanged_for(bytes: &[u8], want: u8, window: Duration, what: &str) {
+    let t0 = Instant::now();
+    while t0.elapsed() < window {
+        // read through a volatile view: another process writing here is what is being looked for
+        let bad = bytes
+            .iter()
+            // SAFETY: a read of a live byte of `bytes`.
+            .position(|b| unsafe { std::ptr::read_volatile(b) } != want);
+        assert!(
+            bad.is_none(),
+            "{what}: byte {} changed after the memory came back, {:?} in",
+            bad.unwrap_or(0),
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A `Vec` region written by a same-host client in a loop: after `deactivate` and `deregister`
+/// the memory is the caller's, and for a second nothing else writes it. The client's next batch
+/// fails with `NOT_CONNECTED`.
+#[test]
+fn a_deregistered_vec_is_never_written_again() {
+    if !cma_available() {
+        return;
+    }
+    let len = 64 << 20;
+    let (srv, region) = Hixl::initialize_ephemeral("127.0.0.1", Options::default())
+        .unwrap()
+        .register(Rng::new(1).bytes(len))
+        .unwrap();
+    let srv = srv.activate().unwrap();
+    // batches of 16 x 64 MiB: the server stops in the middle of one
+    let mut h = Hammer::spawn(srv.name(), &["--repeat", "16"], false);
+    h.wait_ok(1);
+    let srv = srv.deactivate();
+    let mut mem = srv.deregister(region).unwrap();
+    mem.fill(0xA5);
+    unchanged_for(&mem, 0xA5, Duration::from_secs(1), "64 MiB Vec");
+    let (_, code) = h.ended();
+    assert_eq!(code, 103_902, "the client's next batch is refused");
+    assert_eq!(
+        srv.metrics().quarantines,
+        0,
+        "a healthy client confirms in time"
+    );
+}
+
+/// Many small `Vec` regions deregistered and dropped while a same-host client writes them all:
+/// fresh allocations (which reuse the freed heap) are never written, and the process lives.
+#[test]
+fn small_vecs_dropped_under_load_are_never_written() {
+    if !cma_available() {
+        return;
+    }
+    let (n, rlen) = (2048usize, 64usize << 10);
+    let srv = Hixl::initialize_ephemeral("127.0.0.1", Options::default().max_regions(4096))
+        .unwrap()
+        .into_registered();
+    // small allocations between the regions keep the heap from shrinking when they are freed,
+    // so the fresh allocations below reuse their addresses
+    let mut pins = Vec::with_capacity(n);
+    let regions: Vec<_> = (0..n)
+        .map(|i| {
+            let r = srv.register(Rng::new(i as u64).bytes(rlen)).unwrap();
+            pins.push(vec![1u8; 64]);
+            r
+        })
+        .collect();
+    let srv = srv.activate().unwrap();
+    // batches of 8 x 2048 x 64 KiB: the server stops in the middle of one
+    let mut h = Hammer::spawn(srv.name(), &["--repeat", "8"], false);
+    h.wait_ok(1);
+    let srv = srv.deactivate();
+    for r in regions {
+        drop(srv.deregister(r).unwrap());
+    }
+    let fresh: Vec<Box<[u8]>> = (0..n).map(|_| vec![0u8; rlen].into_boxed_slice()).collect();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(1) {
+        for b in &fresh {
+            unchanged_for(b, 0, Duration::ZERO, "a fresh 64 KiB allocation");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, code) = h.ended();
+    assert_eq!(code, 103_902);
+    assert!(pins.iter().all(|p| p.iter().all(|&b| b == 1)));
+}
+
+/// A same-host client stopped (SIGSTOP) in the middle of a batch cannot confirm that it stopped
+/// writing: `deactivate` still returns within its grace period; the region is quarantined (its
+/// owner gets a copy; the original is kept); when the client resumes, the batch it was in
+/// reports failure (the server did not wait for its bytes), never `Ok`; and the quarantined
+/// memory is freed once the client has left its fence. A client killed instead frees it too.
+#[test]
+fn a_stopped_client_gets_its_memory_quarantined() {
+    if !cma_available() {
+        return;
+    }
+    for resume in [true, false] {
+        let len = 8 << 20;
+        let data = Rng::new(7).bytes(len);
+        let grace = Duration::from_millis(300);
+        let (srv, region) =
+            Hixl::initialize_ephemeral("127.0.0.1", Options::default().finalize_timeout(grace))
+                .unwrap()
+                .register(data.clone())
+                .unwrap();
+        let original = region.addr();
+        let srv = srv.activate().unwrap();
+        let mut h = Hammer::spawn(srv.name(), &["--seed", "8"], true);
+        h.wait_stopped();
+        let t0 = Instant::now();
+        let srv = srv.deactivate();
+        let took = t0.elapsed();
+        assert!(
+            took >= grace,
+            "it gave the client its grace period: {took:?}"
+        );
+        assert!(took < grace + Duration::from_secs(3), "bounded: {took:?}");
+        let mem = srv.deregister(region).unwrap();
+        assert_ne!(mem.as_ptr() as usize, original, "a copy, not the original");
+        assert!(mem == data, "the copy holds the region's bytes");
+        let m = srv.metrics();
+        assert_eq!(
+            (m.quarantined_regions, m.quarantined_bytes, m.quarantines),
+            (1, len, 1)
+        );
+        if resume {
+            h.signal(libc::SIGCONT);
+            // its batch copies into the quarantined original, then learns it was given up on
+            assert_eq!(
+                h.ended(),
+                (0, 103_902),
+                "a batch the server gave up on is not Ok"
+            );
+        } else {
+            h.signal(libc::SIGKILL);
+        }
+        let t0 = Instant::now();
+        while srv.metrics().quarantined_regions > 0 {
+            assert!(t0.elapsed() < T, "the quarantine was never released");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(srv.metrics().quarantined_bytes, 0);
+        assert!(mem == data, "the copy never changes");
+    }
+}
+
+/// Deregistering a `HostBuffer` that a same-host client keeps writing (through its mapping):
+/// every batch that returned `Ok` to the client is in the buffer the server got back — it holds
+/// exactly the bytes of the last `Ok` batch.
+#[test]
+fn every_ok_write_is_in_the_handed_back_host_buffer() {
+    if !cma_available() {
+        return;
+    }
+    let len = 16 << 20;
+    let seed = 300;
+    let (srv, region) = Hixl::initialize_ephemeral("127.0.0.1", Options::default())
+        .unwrap()
+        .register(HostBuffer::new(len).unwrap())
+        .unwrap();
+    let srv = srv.activate().unwrap();
+    let mut h = Hammer::spawn(
+        srv.name(),
+        &["--alternate", "--seed", &seed.to_string()],
+        false,
+    );
+    h.wait_ok(3);
+    let srv = srv.deactivate();
+    let mem = srv.deregister(region).unwrap();
+    let (last, code) = h.ended();
+    assert_eq!(code, 103_902);
+    let last = last.max(3);
+    let want = Rng::new(seed + last % 2).bytes(len);
+    let diff = mem.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(
+        diff.is_none(),
+        "the bytes of batch {last} (Ok to the client) differ at {diff:?}"
+    );
+}
