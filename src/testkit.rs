@@ -58,3 +58,42 @@ pub fn fnv1a(data: &[u8]) -> u64 {
 pub fn build_ascend_double(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     crate::transport::ascend::double::build(dir)
 }
+
+/// The same-host transport's write path to one process, for the pid-reuse test (`hixl-peer
+/// pidreuse`): not part of the API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SameHostPeer(crate::transport::host::PeerProc);
+
+#[doc(hidden)]
+impl SameHostPeer {
+    /// Pins process `pid` and opens its address space, as a same-host link does at connect.
+    ///
+    /// # Errors
+    /// What the kernel says (no such process, no right to trace it).
+    pub fn open(pid: u32) -> std::io::Result<Self> {
+        let me = crate::transport::host::HostId::current()
+            .ok_or_else(|| std::io::Error::other("/proc does not say who this process is"))?;
+        let start = crate::transport::host::start_time(pid)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        let id = crate::transport::host::HostId { pid, start, ..me };
+        crate::transport::host::PeerProc::open(&id).map(Self)
+    }
+
+    /// Writes `data` at `addr` in the process, the way a same-host WRITE does.
+    ///
+    /// # Errors
+    /// The OS error (`ESRCH` once the process is gone, whatever now has its pid).
+    pub fn write(&self, addr: usize, data: &[u8]) -> std::io::Result<()> {
+        let mut local = [crate::transport::io::IoVec {
+            base: data.as_ptr() as usize,
+            len: data.len(),
+        }];
+        let mut remote = [crate::transport::io::IoVec {
+            base: addr,
+            len: data.len(),
+        }];
+        // SAFETY: the local iovec is `data`, valid for reads for the call.
+        unsafe { self.0.pvm(true, &mut local, &mut remote) }.map_err(|(e, _)| e)
+    }
+}

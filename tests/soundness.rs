@@ -321,3 +321,97 @@ fn every_ok_write_is_in_the_handed_back_host_buffer() {
         "the bytes of batch {last} (Ok to the client) differ at {diff:?}"
     );
 }
+
+/// Never a write into another process. In a fresh pid namespace (`hixl-peer pidreuse`, see
+/// its docs) a same-host peer is opened as a link opens it, killed, and its pid handed to a
+/// decoy whose page sits at the same address: a write through the dead peer's handle fails
+/// with `ESRCH` and leaves the decoy unchanged, while a `process_vm_writev` by pid number (a
+/// pid-addressed data path) does reach the decoy, which shows the pid really was reused.
+#[test]
+fn a_write_never_lands_in_a_process_that_took_the_peers_pid() {
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_hixl-peer"))
+        .arg("pidreuse")
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: cannot run unshare(1): {e}");
+            return;
+        }
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if !out.status.success() && stderr.starts_with("unshare:") {
+        eprintln!(
+            "skipped: no new pid namespace here (needs root): {}",
+            stderr.trim()
+        );
+        return;
+    }
+    assert!(out.status.success(), "pidreuse failed: {stderr}");
+    if let Some(why) = stdout.trim().strip_prefix("SKIP ") {
+        eprintln!("skipped: the kernel did not reuse the pid as asked: {why}");
+        return;
+    }
+    assert_eq!(
+        stdout.trim(),
+        "PIDREUSE errno=3 true true",
+        "expected: the write fails with ESRCH, the decoy is unchanged, and a write by pid \
+         number would have reached it"
+    );
+}
+
+/// A same-host peer killed in the middle of a long WRITE batch: the batch fails with
+/// `NOT_CONNECTED`, never `Ok`.
+#[test]
+fn a_peer_killed_mid_batch_fails_the_batch() {
+    if !cma_available() {
+        return;
+    }
+    let len = 32 << 20;
+    let mut peer = common::Peer::spawn("127.0.0.1", len, 5, "user");
+    let (cli, buf) = Hixl::initialize(
+        "127.0.0.1",
+        Options::default().same_host(hixl::SameHost::Require),
+    )
+    .unwrap()
+    .register(vec![7u8; len])
+    .unwrap();
+    let cli = cli.activate().unwrap();
+    let link = cli.connect(&peer.name).unwrap();
+    let remote = link.remote(peer.addr, len as u64).unwrap();
+    // one batch writes the peer's region 32 times over (1 GiB): long enough to be killed in
+    let descs = vec![hixl::TransferDesc::new(buf.full(), remote); 32];
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            loop {
+                let r = link.transfer_sync(hixl::TransferOp::Write, &descs, T);
+                let done = r.is_err();
+                tx.send(r).unwrap();
+                if done {
+                    return;
+                }
+            }
+        });
+        let first = rx.recv_timeout(T).unwrap();
+        assert!(first.is_ok(), "{first:?}");
+        let t0 = Instant::now();
+        peer.child.kill().unwrap();
+        peer.child.wait().unwrap();
+        let mut last = None;
+        while let Ok(r) = rx.recv_timeout(T) {
+            last = Some(r);
+            if last.as_ref().is_some_and(|r| r.is_err()) {
+                break;
+            }
+        }
+        let e = last.expect("the writer ended").unwrap_err();
+        assert_eq!(e.status().code(), 103_902, "{e:?}");
+        assert!(t0.elapsed() < T);
+    });
+}

@@ -6,6 +6,7 @@
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
 //! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
+//! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
 //! ```
 //!
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
@@ -30,6 +31,16 @@
 //! with `--alternate` those of `seed + i % 2` (both prepared up front, so the loop is all
 //! transfer). After each batch that returns `Ok` it prints `OK i`; at the first error it prints
 //! `ENDED <HIXL status code>` and exits.
+//!
+//! `pidreuse` proves that a same-host write never lands in a process that took a dead peer's
+//! pid. It must run as the first process of a new pid namespace with its own `/proc` (`unshare
+//! --pid --fork --mount-proc`), where it alone makes processes, so it can pick the next pid
+//! (`/proc/sys/kernel/ns_last_pid`). It starts a *victim* (`hixl-peer sink`: a static page of
+//! known bytes, address space not randomised), opens it as a same-host link does, kills it, then
+//! starts a *decoy* sink that gets the victim's pid and the same address. It writes through the
+//! victim's handle, then with `process_vm_writev` by pid number (what a pid-addressed path would
+//! do), and prints `PIDREUSE <write result> <decoy unchanged after it> <pid write reached the
+//! decoy>`, or `SKIP <why>` when the kernel would not reuse the pid.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -65,6 +76,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("probe") => return probe(args),
         Some("serve-ascend") => return serve_ascend(args),
         Some("hammer") => return hammer(args),
+        Some("sink") => return sink(),
+        Some("pidreuse") => return pidreuse(),
         _ => return Err(USAGE.into()),
     }
     let (mut name, mut size, mut seed, mut user) =
@@ -157,6 +170,123 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
         "tcp"
     };
     println!("TRANSPORT {t} {:016x}", fnv1a(&got));
+    Ok(())
+}
+
+/// The page `sink` serves: a static, so its address depends only on where the binary is mapped.
+static SINK: SinkPage = SinkPage(std::cell::UnsafeCell::new([0x5A; 4096]));
+
+struct SinkPage(std::cell::UnsafeCell<[u8; 4096]>);
+// SAFETY: only read (volatile, through a raw pointer) by one thread; other processes may write
+// it, which is what `pidreuse` looks for.
+unsafe impl Sync for SinkPage {}
+
+/// Prints `SINK ADDR PID`; then, for each line on standard input, the FNV-1a of the page.
+fn sink() -> Result<(), Box<dyn std::error::Error>> {
+    let p = SINK.0.get().cast::<u8>();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "SINK {} {}", p as usize, std::process::id())?;
+    out.flush()?;
+    for _ in std::io::stdin().lock().lines() {
+        // SAFETY: reads of the live static page, through a raw pointer.
+        let bytes: Vec<u8> = (0..4096)
+            .map(|i| unsafe { p.add(i).read_volatile() })
+            .collect();
+        writeln!(out, "{:016x}", fnv1a(&bytes))?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+struct Sink {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    addr: usize,
+    pid: u32,
+}
+
+impl Sink {
+    /// A `sink` child with its address space not randomised (so two sinks share addresses).
+    fn spawn() -> Result<Sink, Box<dyn std::error::Error>> {
+        use std::os::unix::process::CommandExt;
+        use std::process::{Command, Stdio};
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("sink").stdin(Stdio::piped()).stdout(Stdio::piped());
+        // SAFETY: personality() is async-signal-safe and touches no memory of ours.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+                Ok(())
+            })
+        };
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() != 3 || w[0] != "SINK" {
+            return Err(format!("the sink said {line:?}").into());
+        }
+        Ok(Sink {
+            addr: w[1].parse()?,
+            pid: w[2].parse()?,
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn sum(&mut self) -> Result<String, Box<dyn std::error::Error>> {
+        writeln!(self.stdin)?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        Ok(line.trim().to_owned())
+    }
+}
+
+fn pidreuse() -> Result<(), Box<dyn std::error::Error>> {
+    if std::process::id() != 1 {
+        return Err("pidreuse runs as the init of a fresh pid namespace (unshare --pid --fork --mount-proc)".into());
+    }
+    let mut victim = Sink::spawn()?;
+    let handle = hixl::testkit::SameHostPeer::open(victim.pid)?;
+    victim.child.kill()?;
+    victim.child.wait()?;
+    // the next process of this namespace gets the victim's pid
+    std::fs::write("/proc/sys/kernel/ns_last_pid", (victim.pid - 1).to_string())?;
+    let mut decoy = Sink::spawn()?;
+    if decoy.pid != victim.pid || decoy.addr != victim.addr {
+        println!(
+            "SKIP the decoy got pid {} at {:#x}, the victim had pid {} at {:#x}",
+            decoy.pid, decoy.addr, victim.pid, victim.addr
+        );
+        return Ok(());
+    }
+    let before = decoy.sum()?;
+    let data = [0xEEu8; 4096];
+    let write = match handle.write(victim.addr, &data) {
+        Ok(()) => "ok".to_owned(),
+        Err(e) => format!("errno={}", e.raw_os_error().unwrap_or(0)),
+    };
+    let unchanged = decoy.sum()? == before;
+    // what a write by pid number does now: it reaches the decoy
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: victim.addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: one local iovec over `data` (valid for reads) and one remote iovec; the kernel
+    // checks the remote side against the decoy's address space.
+    let n = unsafe { libc::process_vm_writev(victim.pid as i32, &local, 1, &remote, 1, 0) };
+    let reached = n == 4096 && decoy.sum()? != before;
+    println!("PIDREUSE {write} {unchanged} {reached}");
+    decoy.child.kill()?;
+    decoy.child.wait()?;
     Ok(())
 }
 

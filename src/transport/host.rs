@@ -59,7 +59,7 @@ fn boot_id() -> Option<[u8; 16]> {
 }
 
 /// The start time of `pid`, from `/proc/PID/stat` (field 22, after the parenthesised name).
-fn start_time(pid: u32) -> Option<u64> {
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &s[s.rfind(')')? + 1..];
     after.split_whitespace().nth(19)?.parse().ok()
