@@ -186,6 +186,37 @@ fn a_deregistered_vec_is_never_written_again() {
     );
 }
 
+/// Caller-managed memory (`register_raw`) cannot be quarantined, so same-host peers never get
+/// one-sided access to it: their batches go over TCP, served by threads `deactivate` joins.
+/// After `deregister` returns, nothing writes it.
+#[test]
+fn raw_memory_is_served_over_tcp_and_never_written_after_deregister() {
+    if !cma_available() {
+        return;
+    }
+    let len = 16 << 20;
+    let mut backing = Rng::new(2).bytes(len);
+    let desc = hixl::MemDesc {
+        addr: backing.as_mut_ptr() as usize,
+        len,
+    };
+    let srv = Hixl::initialize_ephemeral("127.0.0.1", Options::default())
+        .unwrap()
+        .into_registered();
+    // SAFETY: `backing` stays allocated, and is not touched by this test, until the region is
+    // deregistered below.
+    let region = unsafe { srv.register_raw(desc, hixl::MemType::Host) }.unwrap();
+    let srv = srv.activate().unwrap();
+    let mut h = Hammer::spawn(srv.name(), &["--repeat", "8"], false);
+    h.wait_ok(1);
+    let srv = srv.deactivate();
+    assert_eq!(srv.deregister(region).unwrap(), desc);
+    backing.fill(0x3C);
+    unchanged_for(&backing, 0x3C, Duration::from_secs(1), "raw memory");
+    let (_, code) = h.ended();
+    assert_eq!(code, 103_902);
+}
+
 /// Many small `Vec` regions deregistered and dropped while a same-host client writes them all:
 /// fresh allocations (which reuse the freed heap) are never written, and the process lives.
 #[test]

@@ -5,8 +5,12 @@
 //!   (it can neither shrink nor grow). A same-host client takes a duplicate of that descriptor
 //!   with `pidfd_getfd`, checks the seals and size, and maps it: READ and WRITE are then a plain
 //!   memory copy into or out of the peer's pages, at memory speed, no system call per descriptor.
-//! - Any other registered host memory is reached with `process_vm_readv`/`process_vm_writev` on
-//!   the peer's addresses, batched by `IOV_MAX`, partial transfers continued.
+//! - `Vec<u8>`/`Box<[u8]>` regions are written through the peer's `/proc/PID/mem` and read with
+//!   `process_vm_readv`, batched by `IOV_MAX`, partial transfers continued. Other memory (which
+//!   the server could not quarantine) is not offered one-sidedly: it goes over TCP.
+//!
+//! Every batch runs inside the server's fence for the link (`transport::fence`), so the server
+//! can revoke one-sided access and wait for copies in flight before it hands memory back.
 //!
 //! Both need the right to trace the peer (same user, or `CAP_SYS_PTRACE`): exactly the right to
 //! read and write its memory anyway. Where the kernel refuses, the link stays on TCP.
@@ -195,7 +199,7 @@ impl PeerProc {
     }
 
     /// Moves the bytes of `local` to or from `remote` (same total length) with
-    /// `process_vm_writev` (`write`) or `process_vm_readv`, continuing partial transfers.
+    /// `/proc/PID/mem` (`write`) or `process_vm_readv`, continuing partial transfers.
     /// On failure returns the error and how many bytes had moved.
     ///
     /// # Safety

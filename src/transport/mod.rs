@@ -20,7 +20,7 @@ pub(crate) mod ucx;
 pub enum TransportKind {
     /// TCP, between any two hosts.
     Tcp,
-    /// Same host, one-sided (`process_vm_readv`/`process_vm_writev`, shared mappings).
+    /// Same host, one-sided (shared mappings, `/proc/PID/mem`, `process_vm_readv`).
     Cma,
     /// UCX (RDMA verbs, tcp, shared memory), loaded at run time.
     Ucx,
