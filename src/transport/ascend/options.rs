@@ -29,7 +29,8 @@ pub(crate) const ASCEND_KEYS: &[&str] = &[
     "hixl.ascend.device_ip",
 ];
 
-/// Where NPU RoCE addresses are configured (`address_<phy_id>=<ip>` lines).
+/// Where NPU RoCE addresses are configured (`address_<phy_id>=<ip>` and
+/// `IPv6address_<phy_id>=<ip>` lines).
 pub(crate) const HCCN_CONF: &str = "/etc/hccn.conf";
 
 /// Largest `LocalCommRes` HIXL accepts (`kMaxCommResSizeInBytes`, 64 KiB).
@@ -163,7 +164,7 @@ pub(crate) struct AscendOptions {
     pub(crate) acl_lib: Option<PathBuf>,
     /// `hixl.ascend.hccl_lib`: the HCCL library to load.
     pub(crate) hccl_lib: Option<PathBuf>,
-    /// `hixl.ascend.device_id`: the (physical) device.
+    /// `hixl.ascend.device_id`: the logical device (`aclrtSetDevice`).
     pub(crate) device_id: Option<u32>,
     /// `hixl.ascend.device_ip`: the device's RoCE address (else read from `/etc/hccn.conf`).
     pub(crate) device_ip: Option<IpAddr>,
@@ -251,32 +252,35 @@ impl AscendOptions {
         Ok(())
     }
 
-    /// The device's RoCE address: `hixl.ascend.device_ip`, else `address_<device_id>` from
-    /// `/etc/hccn.conf` (device 0 when no id is set).
-    pub(crate) fn resolve_device_ip(&self) -> Option<IpAddr> {
+    /// The device's RoCE address: `hixl.ascend.device_ip`, else `address_<phy_id>`, else
+    /// `IPv6address_<phy_id>` from `/etc/hccn.conf` (HIXL's `GetDeviceIp`; `phy_id` is the
+    /// physical device id); `None` when none is configured.
+    pub(crate) fn resolve_device_ip(&self, phy_id: u32) -> Option<IpAddr> {
         self.device_ip.or_else(|| {
             let text = std::fs::read_to_string(HCCN_CONF).ok()?;
-            device_ip_from_hccn(&text, self.device_id.unwrap_or(0))
+            device_ip_from_hccn(&text, phy_id)
         })
     }
 }
 
-/// The address of device `device_id` in the text of `/etc/hccn.conf`: the first line
-/// `address_<device_id>=<ip>` (spaces around key and value allowed; `#` comments skipped) whose
-/// value is an IPv4 or IPv6 address.
-pub(crate) fn device_ip_from_hccn(conf_text: &str, device_id: u32) -> Option<IpAddr> {
-    let want = format!("address_{device_id}");
-    conf_text.lines().find_map(|line| {
-        let line = line.trim();
-        if line.starts_with('#') {
-            return None;
-        }
-        let (k, v) = line.split_once('=')?;
-        if k.trim() != want {
-            return None;
-        }
-        v.trim().parse().ok()
-    })
+/// The address of device `phy_id` in the text of `/etc/hccn.conf`: the first line
+/// `address_<phy_id>=<ip>` whose value is an IPv4 or IPv6 address, else the first such
+/// `IPv6address_<phy_id>=<ip>` line (spaces around key and value allowed; `#` comments skipped).
+pub(crate) fn device_ip_from_hccn(conf_text: &str, phy_id: u32) -> Option<IpAddr> {
+    let find = |want: String| {
+        conf_text.lines().find_map(|line| {
+            let line = line.trim();
+            if line.starts_with('#') {
+                return None;
+            }
+            let (k, v) = line.split_once('=')?;
+            if k.trim() != want {
+                return None;
+            }
+            v.trim().parse().ok()
+        })
+    };
+    find(format!("address_{phy_id}")).or_else(|| find(format!("IPv6address_{phy_id}")))
 }
 
 fn parse_buffer_pool(value: &str) -> Result<BufferPool, &'static str> {
@@ -1132,7 +1136,7 @@ mod tests {
             Some(std::path::Path::new("/x/libhcomm.so"))
         );
         assert_eq!(o.device_id, Some(3));
-        assert_eq!(o.resolve_device_ip(), Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(o.resolve_device_ip(3), Some("10.1.2.3".parse().unwrap()));
     }
 
     #[test]
