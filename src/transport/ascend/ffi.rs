@@ -697,9 +697,18 @@ mod tests {
         let c = HcclCommConfig::hixl_default();
         assert_eq!(c.info.magic_word, 0xf0f0_f0f0);
         assert_eq!(c.info.version, 5);
-        assert_eq!(c.info.config_size, 304, "sizeof(HcclCommConfig) at version 5");
-        assert_eq!(acl_error_name(507_910), "ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED");
-        assert_eq!(acl_error_name(507_911), "ACL_ERROR_HOST_MEMORY_NOT_REGISTERED");
+        assert_eq!(
+            c.info.config_size, 304,
+            "sizeof(HcclCommConfig) at version 5"
+        );
+        assert_eq!(
+            acl_error_name(507_910),
+            "ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED"
+        );
+        assert_eq!(
+            acl_error_name(507_911),
+            "ACL_ERROR_HOST_MEMORY_NOT_REGISTERED"
+        );
         assert_eq!(c.buffer_size, 200);
         assert_eq!(c.rdma_traffic_class, u32::MAX);
         assert_eq!(c.rdma_service_level, u32::MAX);

@@ -47,9 +47,11 @@ struct SharedReg {
 }
 
 /// `(library, addr, len)` → the registration HCCL holds for exactly that range.
-static GLOBAL_MEMS: Mutex<Option<HashMap<(String, usize, u64), SharedReg>>> = Mutex::new(None);
+type Registry = HashMap<(String, usize, u64), SharedReg>;
 
-fn global_mems() -> MutexGuard<'static, Option<HashMap<(String, usize, u64), SharedReg>>> {
+static GLOBAL_MEMS: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn global_mems() -> MutexGuard<'static, Option<Registry>> {
     GLOBAL_MEMS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -118,7 +120,10 @@ impl GlobalMem {
 
 impl Drop for GlobalMem {
     fn drop(&mut self) {
-        if let Err(e) = self.hccl.release_global_mem(self.handle, self.addr, self.len) {
+        if let Err(e) = self
+            .hccl
+            .release_global_mem(self.handle, self.addr, self.len)
+        {
             tracing::warn!("HcclDeregisterGlobalMem failed: {e}");
         }
     }
@@ -385,7 +390,12 @@ impl Hccl {
     }
 
     /// Drops one reference to a registration; the last one deregisters it.
-    fn release_global_mem(&self, handle: NonNull<c_void>, addr: usize, len: u64) -> Result<(), Error> {
+    fn release_global_mem(
+        &self,
+        handle: NonNull<c_void>,
+        addr: usize,
+        len: u64,
+    ) -> Result<(), Error> {
         let mut regs = global_mems();
         let key = (self.library().to_owned(), addr, len);
         if let Some(r) = regs.as_mut().and_then(|m| m.get_mut(&key))
@@ -1018,7 +1028,9 @@ mod tests {
         assert!(!log.iter().any(|l| l.contains(" overlap=1 ")), "{log:#?}");
         assert_eq!(
             log.iter()
-                .filter(|l| l.starts_with("HcclCommInitClusterInfoMemConfig ") && l.ends_with("rc=0"))
+                .filter(
+                    |l| l.starts_with("HcclCommInitClusterInfoMemConfig ") && l.ends_with("rc=0")
+                )
                 .count(),
             4
         );
@@ -1060,9 +1072,14 @@ mod tests {
     #[test]
     fn one_range_registered_twice_shares_one_hccl_registration() {
         let (f, hccl) = init_fixture("hccl-shared");
-        let buf = f.acl.malloc_device(1 << 20, MallocPolicy::HugeOnly).unwrap();
+        let buf = f
+            .acl
+            .malloc_device(1 << 20, MallocPolicy::HugeOnly)
+            .unwrap();
         let cfg = named("shared");
-        let comm = hccl.init_comm(&rank_table(&["10.4.0.1", "10.4.0.2"]), 0, &cfg).unwrap();
+        let comm = hccl
+            .init_comm(&rank_table(&["10.4.0.1", "10.4.0.2"]), 0, &cfg)
+            .unwrap();
         // SAFETY: the buffer outlives both registrations, and no Rust reference to its bytes
         // exists.
         let a = unsafe { hccl.register_global_mem(MemKind::Device, buf.addr(), 1 << 20) }.unwrap();
@@ -1073,20 +1090,31 @@ mod tests {
         let e = unsafe { hccl.register_global_mem(MemKind::Device, buf.addr() + 4096, 4096) }
             .unwrap_err();
         assert!(
-            matches!(&e, Error::Native { call: "HcclRegisterGlobalMem", code: 1, .. }),
+            matches!(
+                &e,
+                Error::Native {
+                    call: "HcclRegisterGlobalMem",
+                    code: 1,
+                    ..
+                }
+            ),
             "{e:?}"
         );
         a.deregister().unwrap();
         // still registered for `b`
-        hccl.bind(&comm, &b).expect("the handle outlives the first deregistration");
+        hccl.bind(&comm, &b)
+            .expect("the handle outlives the first deregistration");
         hccl.unbind(&comm, &b).unwrap();
         let log = f.log_lines();
         assert!(
-            !log.iter().any(|l| l.starts_with("HcclDeregisterGlobalMem ")),
+            !log.iter()
+                .any(|l| l.starts_with("HcclDeregisterGlobalMem ")),
             "{log:#?}"
         );
         assert_eq!(
-            log.iter().filter(|l| l.starts_with("HcclRegisterGlobalMem ")).count(),
+            log.iter()
+                .filter(|l| l.starts_with("HcclRegisterGlobalMem "))
+                .count(),
             1,
             "{log:#?}"
         );

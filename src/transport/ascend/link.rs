@@ -68,8 +68,11 @@ impl Path {
                 self.close(peer);
             }
             Err(e) => {
-                tracing::error!(peer, "aclrtStreamAbort failed after a failed transfer ({e}); \
-                    the link keeps its memory until the stream can be aborted");
+                tracing::error!(
+                    peer,
+                    "aclrtStreamAbort failed after a failed transfer ({e}); \
+                    the link keeps its memory until the stream can be aborted"
+                );
                 self.dirty = true;
             }
         }
@@ -87,9 +90,12 @@ impl Path {
                 None => Ok(()),
             };
             if let Err(e) = aborted {
-                tracing::error!(peer,
+                tracing::error!(
+                    peer,
                     "the device stream cannot be aborted ({e}); leaking the link's communicator, \
-                     stream and {} regions", self.bound.len());
+                     stream and {} regions",
+                    self.bound.len()
+                );
                 std::mem::forget(self.comm.take());
                 std::mem::forget(self.stream.take());
                 std::mem::forget(std::mem::take(&mut self.bound));
@@ -539,16 +545,18 @@ pub(crate) fn serve(
         .filter(|r| r.access != Access::None)
         .cloned()
         .collect();
-    let r = rank_table(&server, &client).and_then(|table| build(
-        rt,
-        &table,
-        SERVER_RANK,
-        comm_name(client_name, me),
-        &served,
-        client_name,
-        timeout,
-        HashMap::new(),
-    ));
+    let r = rank_table(&server, &client).and_then(|table| {
+        build(
+            rt,
+            &table,
+            SERVER_RANK,
+            comm_name(client_name, me),
+            &served,
+            client_name,
+            timeout,
+            HashMap::new(),
+        )
+    });
     out.clear();
     match r {
         Ok(link) => {
@@ -671,7 +679,10 @@ mod tests {
                     {"device_id":"4","device_ip":"192.168.1.8","rank_id":"0"},
                     {"device_id":"7","device_ip":"192.168.1.9","rank_id":"1"}]}]})
         );
-        assert_eq!(keys(&t), ["server_count", "server_list", "status", "version"]);
+        assert_eq!(
+            keys(&t),
+            ["server_count", "server_list", "status", "version"]
+        );
         c.host_ip = "10.0.0.2".parse().unwrap();
         let t: Value = serde_json::from_str(&rank_table(&s, &c).unwrap()).unwrap();
         assert_eq!(t["server_count"], "2");
@@ -684,7 +695,11 @@ mod tests {
         let t: Value = serde_json::from_str(&rank_table(&a3, &c).unwrap()).unwrap();
         assert_eq!(t["version"], "1.0");
         assert!(t.get("super_pod_list").is_none());
-        assert!(t["server_list"][0]["device"][0].get("super_device_id").is_none());
+        assert!(
+            t["server_list"][0]["device"][0]
+                .get("super_device_id")
+                .is_none()
+        );
         // a device IP needs no JSON escaping, but a host name would be refused before this
         assert_eq!(comm_name("a", "b"), "hixl_a_b");
         assert_eq!(comm_name(&"x".repeat(300), "b").len(), 127);
@@ -712,7 +727,13 @@ mod tests {
         );
         assert_eq!(
             keys(&t),
-            ["server_count", "server_list", "status", "super_pod_list", "version"]
+            [
+                "server_count",
+                "server_list",
+                "status",
+                "super_pod_list",
+                "version"
+            ]
         );
         // two pods, and one server
         let c2 = dev(3, Some("192.168.1.9"), "10.0.0.2", Some((7, 12)));

@@ -498,7 +498,10 @@ pub(crate) fn describe(acl: &Acl, hccl: &Hccl) -> String {
             let soc = Soc::from_name(&n);
             (n, soc)
         }
-        None => ("unknown (aclrtGetSocName returned nothing)".to_owned(), Soc::Other),
+        None => (
+            "unknown (aclrtGetSocName returned nothing)".to_owned(),
+            Soc::Other,
+        ),
     };
     format!(
         "ACL runtime {} and HCCL {}; SoC {name} ({soc:?}): rank table {}, at most {} descriptors \
