@@ -448,10 +448,9 @@ pub(crate) struct AclApi {
     pub(crate) synchronize_stream_with_timeout: unsafe extern "C" fn(AclrtStream, i32) -> AclError,
     /// `const char *aclGetRecentErrMsg(void)`.
     pub(crate) get_recent_err_msg: unsafe extern "C" fn() -> *const c_char,
-    /// `aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId)`
-    /// (`acl_rt.h`).
+    /// `aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId)`.
     pub(crate) get_phy_dev_id_by_logic_dev_id: unsafe extern "C" fn(i32, *mut i32) -> AclError,
-    /// `const char *aclrtGetSocName()` (`acl_base_rt.h`).
+    /// `const char *aclrtGetSocName()`.
     pub(crate) get_soc_name: unsafe extern "C" fn() -> *const c_char,
     /// `aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t *value)`.
     pub(crate) get_device_info: unsafe extern "C" fn(u32, c_int, *mut i64) -> AclError,

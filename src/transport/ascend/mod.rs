@@ -528,3 +528,48 @@ pub(crate) fn probe() -> Result<&'static str, &'static str> {
         Err(s) => Err(s.as_str()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::ascend::acl::tests::Fixture;
+
+    #[test]
+    fn socs_choose_the_rank_table_and_the_batch_limit() {
+        assert_eq!(Soc::from_name("Ascend910B4-1"), Soc::A2);
+        for a3 in SOC_A3 {
+            assert_eq!(Soc::from_name(a3), Soc::A3);
+        }
+        assert_eq!(Soc::from_name("Ascend910_9391"), Soc::A3);
+        assert_eq!(Soc::from_name("Ascend950PR_9599"), Soc::A5);
+        assert_eq!(Soc::from_name("Ascend310P3"), Soc::Other);
+        assert_eq!(Soc::from_name(""), Soc::Other);
+        assert_eq!(Soc::A3.rank_table_version(), "1.2");
+        assert_eq!(Soc::A2.rank_table_version(), "1.0");
+        assert_eq!(Soc::A5.rank_table_version(), "1.0");
+        assert_eq!(Soc::A5.max_descs_per_call(), 64);
+        assert_eq!(Soc::A2.max_descs_per_call(), 256);
+    }
+
+    /// What `hixl::probe()` says when the libraries load: the SoC and the rank-table version.
+    #[test]
+    fn probe_reports_the_soc_and_the_rank_table_version() {
+        let f = Fixture::new("probe");
+        let hccl = Hccl::load(Some(&f.so)).unwrap();
+        let d = describe(&f.acl, &hccl);
+        assert!(
+            d.contains("SoC Ascend910B1 (A2): rank table 1.0, at most 256 descriptors"),
+            "{d}"
+        );
+        assert!(d.contains("not yet run on Ascend hardware"), "{d}");
+        double::control(&f.so, "soc", Some("Ascend910_9392"));
+        let d = describe(&f.acl, &hccl);
+        assert!(d.contains("SoC Ascend910_9392 (A3): rank table 1.2"), "{d}");
+        double::control(&f.so, "soc", Some("Ascend950PR_9599"));
+        let d = describe(&f.acl, &hccl);
+        assert!(
+            d.contains("(A5): rank table 1.0, at most 64 descriptors"),
+            "{d}"
+        );
+    }
+}
