@@ -1089,6 +1089,18 @@ address_3=fe80::3
             Some("fe80::3".parse().unwrap())
         );
         assert_eq!(device_ip_from_hccn(conf, 4), None);
+        // HIXL's fallback: IPv6address_<physical id> when there is no address_<physical id>
+        let v6 = "address_0=192.168.100.101\nIPv6address_0=fd00::100\nIPv6address_1=fd00::101\n";
+        assert_eq!(
+            device_ip_from_hccn(v6, 0),
+            Some("192.168.100.101".parse().unwrap()),
+            "address_ first"
+        );
+        assert_eq!(
+            device_ip_from_hccn(v6, 1),
+            Some("fd00::101".parse().unwrap())
+        );
+        assert_eq!(device_ip_from_hccn(v6, 2), None);
         assert_eq!(device_ip_from_hccn("#address_0=1.2.3.4\n", 0), None);
         assert_eq!(device_ip_from_hccn("", 0), None);
     }
