@@ -73,11 +73,16 @@ impl Double {
     }
 
     fn options(&self, device_ip: &str) -> Options {
+        self.options_on(0, Some(device_ip))
+    }
+
+    /// Options for logical device `device_id`, with or without a device IP.
+    fn options_on(&self, device_id: u32, device_ip: Option<&str>) -> Options {
         Options::default().ascend(AscendConfig {
             acl_lib: Some(self.so.clone()),
             hccl_lib: Some(self.so.clone()),
-            device_id: 0,
-            device_ip: Some(device_ip.parse().unwrap()),
+            device_id,
+            device_ip: device_ip.map(|ip| ip.parse().unwrap()),
         })
     }
 
@@ -285,6 +290,17 @@ fn two_processes_write_and_read_device_memory() {
         "HIXL's comm name: {}",
         log[init]
     );
+    // the double maps logical device 0 to physical 10: the rank table carries the physical id
+    assert!(
+        log[init].contains(" table=1.0 device_id=10 "),
+        "physical id: {}",
+        log[init]
+    );
+    assert!(
+        log.iter()
+            .any(|l| l == "aclrtGetPhyDevIdByLogicDevId logic=0 phy=10 rc=0"),
+        "{log:#?}"
+    );
     let puts: Vec<&str> = log
         .iter()
         .filter(|l| l.starts_with("HcclBatchPut "))
@@ -341,17 +357,22 @@ fn two_processes_write_and_read_device_memory() {
     );
 }
 
-/// Two Ascend engines in this process (the double copies between them with memmove).
-fn pair(
-    d: &Double,
-    size: usize,
-) -> (
+type Pair = (
     Hixl<hixl::Connected>,
     hixl::Region<DeviceBuffer>,
     Hixl<hixl::Connected>,
     u64,
-) {
-    let server = Hixl::initialize_ephemeral("127.0.0.1", d.options("10.30.0.2"))
+);
+
+/// Two Ascend engines in this process (the double copies between them with memmove).
+fn pair(d: &Double, size: usize) -> Pair {
+    pair_with(d, size, d.options("10.30.0.1"), d.options("10.30.0.2"))
+}
+
+/// [`pair`] with the client's and the server's options.
+fn pair_with(d: &Double, size: usize, client_opts: Options, server_opts: Options) -> Pair {
+    let _ = d;
+    let server = Hixl::initialize_ephemeral("127.0.0.1", server_opts)
         .unwrap()
         .into_registered();
     let sreg = server
@@ -362,7 +383,7 @@ fn pair(
         .unwrap();
     let saddr = sreg.addr() as u64;
     std::mem::forget(sreg); // stays registered until the engine is finalized
-    let client = Hixl::initialize("127.0.0.1", d.options("10.30.0.1"))
+    let client = Hixl::initialize("127.0.0.1", client_opts)
         .unwrap()
         .into_registered();
     let creg = client
@@ -430,15 +451,34 @@ fn sync_timeout_is_timeout_and_poisons_the_link() {
             l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=507046")
         })
         .unwrap_or_else(|| panic!("no sync timeout in {log:#?}"));
-    // the poisoned link drained its stream before it unbound anything
+    // item 8: the failed transfer aborted the stream (the timed-out copy stays queued until
+    // then), and the communicator was unbound and destroyed right after, not at drop time
     let comm = client_comm(&log);
+    let abort = first(&log, "aclrtStreamAbort ");
     let unbind = first(&log, &format!("HcclCommUnbindMem comm={comm} "));
+    let destroy = first(&log, &format!("HcclCommDestroy comm={comm} "));
     assert!(
-        log[timed_out + 1..unbind]
-            .iter()
-            .any(|l| l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=0")),
-        "no drain between the timeout ({timed_out}) and the unbind ({unbind}): {log:#?}"
+        timed_out < abort && abort < unbind && unbind < destroy,
+        "timeout {timed_out}, abort {abort}, unbind {unbind}, destroy {destroy}: {log:#?}"
     );
+    assert!(log[abort].ends_with(" dropped=1 rc=0"), "{}", log[abort]);
+    assert!(log[unbind].ends_with("rc=0") && log[destroy].ends_with("rc=0"));
+    assert!(
+        !log[timed_out + 1..unbind]
+            .iter()
+            .any(|l| l.starts_with("aclrtSynchronizeStreamWithTimeout ")),
+        "no second wait for a drain: {log:#?}"
+    );
+    let reconnect = log
+        .iter()
+        .rposition(|l| l.starts_with("HcclCommInitClusterInfoMemConfig rank=1 "))
+        .unwrap();
+    assert!(destroy < reconnect, "torn down before the reconnect");
+    // nothing leaked: the region is free again
+    let client = client.deactivate();
+    let buf = client.deregister(creg).expect("no link holds the region");
+    drop(buf);
+    drop(server);
 }
 
 /// The `comm=` of the first client-side (rank 1) communicator in a double's log.
@@ -451,17 +491,17 @@ fn client_comm(log: &[String]) -> String {
         .to_owned()
 }
 
-/// A link whose stream does not drain after a failed transfer is not torn down under the
+/// A link whose stream cannot be aborted after a failed transfer is not torn down under the
 /// copies it may still run: its communicator, stream and regions are leaked, so the memory is
 /// never unbound, deregistered or freed (deregistering the region reports it busy).
 #[test]
-fn an_undrained_link_keeps_its_memory() {
+fn an_unabortable_link_keeps_its_memory() {
     let Some(d) = Double::new("drain") else {
         return;
     };
     let (client, creg, server, saddr) = pair(&d, 1 << 20);
     let link = client.connect_timeout(server.name(), T).unwrap();
-    d.control("fail", Some("sync_timeout"));
+    d.control("fail", Some("sync_timeout,aclrtStreamAbort"));
     let desc = TransferDesc::new(
         creg.range(0..4096).unwrap(),
         link.remote(saddr, 4096).unwrap(),
@@ -470,7 +510,7 @@ fn an_undrained_link_keeps_its_memory() {
         .transfer_sync(TransferOp::Read, &[desc], Duration::from_millis(50))
         .unwrap_err();
     assert_eq!(e.status(), Status::TIMEOUT, "{e:?}");
-    // the drain right after the failure and the drain at disconnect time out as well
+    // the abort right after the failure and the abort at disconnect fail as well
     let _ = link.disconnect(T);
     d.control("fail", None);
     let client = client.deactivate();
@@ -485,16 +525,14 @@ fn an_undrained_link_keeps_its_memory() {
     assert!(
         !log.iter().any(|l| l.contains(&format!("comm={comm} "))
             && (l.starts_with("HcclCommUnbindMem ") || l.starts_with("HcclCommDestroy "))),
-        "the undrained communicator was torn down: {log:#?}"
+        "the unaborted communicator was torn down: {log:#?}"
     );
     assert_eq!(
         log.iter()
-            .filter(
-                |l| l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with("rc=507046")
-            )
+            .filter(|l| l.starts_with("aclrtStreamAbort ") && l.ends_with("rc=500000"))
             .count(),
-        3,
-        "the transfer's sync, its drain, and the drain at disconnect: {log:#?}"
+        2,
+        "the abort after the failure, and the one at disconnect: {log:#?}"
     );
     drop(server);
 }
@@ -597,6 +635,202 @@ fn malloc_failure_and_refusals_are_typed() {
         r.error
     );
     assert_eq!(r.error.status(), Status::UNSUPPORTED);
+}
+
+/// Item 1: the rank table carries the physical id of the engine's logical device
+/// (`aclrtGetPhyDevIdByLogicDevId`); HCCL (the double) refuses the logical one with
+/// HCCL_E_UNAVAIL. Logical 1 is physical 5 and logical 2 physical 6 here.
+#[test]
+fn the_rank_table_names_physical_devices() {
+    let Some(d) = Double::new("phy") else {
+        return;
+    };
+    d.control("phy_map", Some("1:5,2:6"));
+    let (client, creg, server, saddr) = pair_with(
+        &d,
+        1 << 20,
+        d.options_on(1, Some("10.31.0.1")),
+        d.options_on(2, Some("10.31.0.2")),
+    );
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ascend);
+    let desc = TransferDesc::new(creg.range(0..64).unwrap(), link.remote(saddr, 64).unwrap());
+    link.transfer_sync(TransferOp::Write, &[desc], T).unwrap();
+    let log = d.log_lines();
+    let init = |rank: u32| {
+        log.iter()
+            .find(|l| {
+                l.starts_with(&format!("HcclCommInitClusterInfoMemConfig rank={rank} "))
+                    && l.ends_with("rc=0")
+            })
+            .unwrap_or_else(|| panic!("no rank {rank} init in {log:#?}"))
+    };
+    assert!(init(0).contains(" device_id=6 "), "{}", init(0));
+    assert!(init(1).contains(" device_id=5 "), "{}", init(1));
+}
+
+/// Item 3: a fast reconnect while the old link's communicators are still alive (the broken
+/// link is still held, so the server has not dropped its side either) destroys the old
+/// communicator of the same name before creating the new one; HCCL refuses a name in use.
+#[test]
+fn a_reconnect_destroys_the_communicator_of_the_same_name_first() {
+    let Some(d) = Double::new("rename") else {
+        return;
+    };
+    let (client, creg, server, saddr) = pair(&d, 1 << 20);
+    let old = client.connect_timeout(server.name(), T).unwrap();
+    d.control("fail", Some("HcclBatchGet=4"));
+    let desc = TransferDesc::new(creg.range(0..64).unwrap(), old.remote(saddr, 64).unwrap());
+    old.transfer_sync(TransferOp::Read, &[desc], T).unwrap_err();
+    d.control("fail", None);
+    assert!(old.is_broken());
+    // `old` stays alive: its server side is still up
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    let desc = TransferDesc::new(creg.range(0..64).unwrap(), link.remote(saddr, 64).unwrap());
+    link.transfer_sync(TransferOp::Write, &[desc], T).unwrap();
+    let log = d.log_lines();
+    let inits: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("HcclCommInitClusterInfoMemConfig rank=0 "))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(inits.len(), 2, "{log:#?}");
+    assert!(log[inits[1]].ends_with("rc=0"), "{}", log[inits[1]]);
+    let first_comm = log[inits[0]]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("comm="))
+        .unwrap()
+        .to_owned();
+    let destroyed = first(&log, &format!("HcclCommDestroy comm={first_comm} "));
+    assert!(
+        destroyed < inits[1] && log[destroyed].ends_with("rc=0"),
+        "the old server communicator is destroyed before the new one is made: {log:#?}"
+    );
+    let name = |l: &str| {
+        l.split_whitespace()
+            .find(|w| w.starts_with("name="))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        name(&log[inits[0]]),
+        name(&log[inits[1]]),
+        "HIXL's name, reused"
+    );
+    drop(old);
+    drop(link);
+}
+
+/// Item 5: on A3 (Ascend910_93xx) both sides send their super-pod ids and build rank table
+/// 1.2 with `super_device_id`s and a `super_pod_list` (the double refuses a 1.2 table without
+/// them); data still moves.
+#[test]
+fn a3_links_use_rank_table_1_2() {
+    let Some(d) = Double::new("a3") else {
+        return;
+    };
+    d.control("soc", Some("Ascend910_9391"));
+    d.control("super_pod_id", Some("7"));
+    let (client, mut creg, server, saddr) = pair(&d, 1 << 20);
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    let mut data = vec![0u8; 4096];
+    Rng::new(5).fill(&mut data);
+    client
+        .with_context(|ctx| creg.write_device(ctx, 0, &data))
+        .unwrap()
+        .unwrap();
+    let w = TransferDesc::new(
+        creg.range(0..4096).unwrap(),
+        link.remote(saddr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Write, &[w], T).unwrap();
+    let r = TransferDesc::new(
+        creg.range(8192..8192 + 4096).unwrap(),
+        link.remote(saddr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[r], T).unwrap();
+    let mut back = vec![0u8; 4096];
+    client
+        .with_context(|ctx| creg.read_device(ctx, 8192, &mut back))
+        .unwrap()
+        .unwrap();
+    assert!(back == data, "WRITE then READ on the 1.2 communicator");
+    let log = d.log_lines();
+    for rank in [0, 1] {
+        let l = &log[first(
+            &log,
+            &format!("HcclCommInitClusterInfoMemConfig rank={rank} "),
+        )];
+        assert!(l.contains(" table=1.2 ") && l.ends_with("rc=0"), "{l}");
+    }
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("aclrtGetDeviceInfo device=0 attr=403 value=1010 rc=0")),
+        "{log:#?}"
+    );
+}
+
+/// Item 6: within one server no device IP is needed (HIXL only warns): engines without one
+/// (and without /etc/hccn.conf entries) still link and move data.
+#[test]
+fn no_device_ip_is_needed_within_one_server() {
+    let Some(d) = Double::new("noip") else {
+        return;
+    };
+    let (client, creg, server, saddr) =
+        pair_with(&d, 1 << 20, d.options_on(0, None), d.options_on(1, None));
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ascend);
+    let desc = TransferDesc::new(
+        creg.range(0..4096).unwrap(),
+        link.remote(saddr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Write, &[desc], T).unwrap();
+    let log = d.log_lines();
+    let l = &log[first(&log, "HcclCommInitClusterInfoMemConfig rank=1 ")];
+    if std::path::Path::new("/etc/hccn.conf").exists() {
+        return; // this machine configures device IPs: nothing more to check
+    }
+    assert!(
+        l.contains(" device_ip=phy_10 "),
+        "no device_ip in the table: {l}"
+    );
+}
+
+/// Item 7: on Ascend950 (A5) HCCL's batch calls take at most 64 descriptors (the double
+/// refuses more with HCCL_E_PARA); hixl issues them in chunks of 64.
+#[test]
+fn ascend950_batches_are_chunked_by_64() {
+    let Some(d) = Double::new("a5") else {
+        return;
+    };
+    d.control("soc", Some("Ascend950PR_9599"));
+    let (client, creg, server, saddr) = pair(&d, 1 << 20);
+    let link = client.connect_timeout(server.name(), T).unwrap();
+    let descs: Vec<TransferDesc<'_>> = (0..150u64)
+        .map(|i| {
+            let off = (i * 1000) as usize;
+            TransferDesc::new(
+                creg.range(off..off + 1000).unwrap(),
+                link.remote(saddr + i * 1000, 1000).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
+    let log = d.log_lines();
+    let puts: Vec<&str> = log
+        .iter()
+        .filter(|l| l.starts_with("HcclBatchPut "))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        puts,
+        [
+            "HcclBatchPut rank=0 num=64 rc=0",
+            "HcclBatchPut rank=0 num=64 rc=0",
+            "HcclBatchPut rank=0 num=22 rc=0"
+        ]
+    );
 }
 
 /// A missing library is LibraryUnavailable at initialize (UNSUPPORTED), never a panic; probe()

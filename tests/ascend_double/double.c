@@ -14,7 +14,8 @@
  *                                              207001, other acl*: 500000, Hccl*: 4)
  *                            "<symbol>=<code>" that symbol returns <code>
  *                            "sync_timeout"    aclrtSynchronizeStreamWithTimeout returns 507046
- *                                              (queued copies are dropped)
+ *                                              (the queued copies stay queued, as on hardware;
+ *                                              only aclrtStreamAbort drops them)
  *                            "misalign"        aclrtMalloc returns a pointer 64 bytes past a
  *                                              2 MiB boundary (the memory is valid)
  *   HIXL_ASCEND_DOUBLE_DIR   directory where processes announce themselves: a file named after
@@ -24,6 +25,13 @@
  *                            unloaded; entries naming dead pids are ignored). Announcing also
  *                            sets PR_SET_PTRACER_ANY so peers may write under Yama scope 1.
  *   HIXL_ASCEND_DOUBLE_DEVICE_IP  if set, aclrtSetDevice announces this device_ip at once
+ *   HIXL_ASCEND_DOUBLE_SOC   what aclrtGetSocName returns ("Ascend910B1" by default; an
+ *                            "Ascend910_93xx" name is A3, an "Ascend950..." name is A5)
+ *   HIXL_ASCEND_DOUBLE_PHY_MAP  logical->physical device ids, "L:P,L:P" (unlisted: L + 10, never
+ *                            the identity: a container with remapped visible devices)
+ *   HIXL_ASCEND_DOUBLE_SUPER_POD_ID  aclrtGetDeviceInfo(ACL_DEV_ATTR_SUPER_POD_ID) on A3 (0);
+ *                            ACL_DEV_ATTR_SUPER_POD_DEVICE_ID is 1000 + the physical id
+ *   HIXL_ASCEND_DOUBLE_INIT_HOLD_MS  how long each HcclCommInitClusterInfoMemConfig takes (0)
  *
  * Rules the double enforces (so that the caller's discipline is testable):
  *   - aclInit before aclrtSetDevice (else 100001 ACL_ERROR_UNINITIALIZE);
@@ -37,6 +45,20 @@
  *   - batch calls need a prepared comm, a remote rank other than the own, and every local range
  *     inside a global memory registration bound to the comm (else HCCL_E_PARA);
  *   - deregistering memory still bound to a comm is HCCL_E_PARA.
+ * and what real HCCL checks (each a rule hixl once broke):
+ *   - HcclCommInitClusterInfoMemConfig: the rank table's device_id of the caller's rank must be
+ *     the physical id of the current device (else 7 HCCL_E_UNAVAIL); the comm name must be
+ *     non-empty and not that of a live comm of the same rank (else HCCL_E_PARA; two ranks of one
+ *     comm in one process stand for two processes); calls must not overlap (HCCL does not
+ *     support parallel init: overlapping calls all fail with HCCL_E_INTERNAL); the table is
+ *     checked as parse_rank_table() says;
+ *   - HcclRegisterGlobalMem keeps one registry per process: the same range (address, size,
+ *     type) gets the same handle back (logged "shared=1"; one deregister releases it), an
+ *     overlapping range is HCCL_E_PARA;
+ *   - batch calls on an "Ascend950" SoC take at most 64 descriptors (else HCCL_E_PARA);
+ *   - HcclCommUnbindMem, HcclCommDestroy and HcclDeregisterGlobalMem refuse while copies of that
+ *     comm (or touching that memory) are still queued on a stream (HCCL_E_PARA/_INTERNAL):
+ *     abort (aclrtStreamAbort) or drain the stream first.
  *
  * Batch copies are queued on the stream and performed by aclrtSynchronizeStreamWithTimeout; a
  * copy that fails there (remote process gone, remote range unmapped) makes the sync return
@@ -45,8 +67,12 @@
  * Rank table: HCCL's version "1.0" format, as HIXL's RankTableGeneratorV1 produces it:
  *   {"version":"1.0","server_count":"1","server_list":[{"server_id":"...","device":[
  *     {"device_id":"0","device_ip":"192.168.1.8","rank_id":"0"}, ...]}],"status":"completed"}
- * The double reads, for every object holding a "rank_id", its "rank_id" and "device_ip"
- * (device objects are flat; other fields are ignored). At most 64 ranks.
+ * or version "1.2" (RankTableGeneratorV2, A3) with "super_device_id" in every device and a
+ * "super_pod_list":[{"super_pod_id":"0","server_list":[{"server_id":"..."}]}].
+ * The double reads, for every object holding a "rank_id", its "rank_id", "device_id",
+ * "device_ip" and "super_device_id" (device objects are flat), and the top-level "version",
+ * "server_count" and the "super_pod_id"s. A rank without device_ip is found by
+ * "sdid_<super_device_id>" or "phy_<device_id>" in HIXL_ASCEND_DOUBLE_DIR. At most 64 ranks.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -77,6 +103,7 @@ enum {
     ACL_REPEAT_INITIALIZE = 100002,
     ACL_REPEAT_FINALIZE = 100037,
     ACL_INTERNAL_ERROR = 500000,
+    ACL_FEATURE_UNSUPPORTED = 200006,
     RT_PARAM_INVALID = 107000,
     RT_INVALID_DEVICEID = 107001,
     RT_CONTEXT_NULL = 107002,
@@ -92,6 +119,7 @@ enum {
     HCCL_E_PTR = 2,
     HCCL_E_MEMORY = 3,
     HCCL_E_INTERNAL = 4,
+    HCCL_E_UNAVAIL = 7,
     HCCL_E_TIMEOUT = 9,
     HCCL_E_RUNTIME = 15,
 };
@@ -151,6 +179,7 @@ typedef struct Alloc {
 
 typedef struct {
     int put;
+    void *comm; /* the communicator that queued it */
     pid_t pid; /* 0: this process */
     void *local;
     void *remote;
@@ -173,7 +202,8 @@ typedef struct GMem {
 typedef struct Comm {
     struct Comm *next;
     uint32_t rank, nranks;
-    char ips[MAX_RANKS][64];
+    char name[128];
+    char ips[MAX_RANKS][64]; /* the key a rank announces itself under (see rank_key) */
     pid_t pids[MAX_RANKS];
     GMem *bound[1024];
     size_t nbound;
@@ -190,8 +220,6 @@ static Comm *comms;
 static char own_ips[MAX_RANKS][64];
 static int n_own_ips;
 static char announced_dir[4096];
-static char ctl_log[4096], ctl_fail[4096], ctl_dir[4096], ctl_ip[64];
-static int has_log, has_fail, has_dir, has_ip;
 
 static __thread Ctx *cur_ctx;
 static __thread char errmsg[512];
@@ -201,44 +229,63 @@ static __thread char errmsg_out[512];
 /* configuration, log, failure injection                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The settings: key, environment variable, value set by hixl_double_control(). */
+typedef struct {
+    const char *key;
+    const char *env;
+    char value[4096];
+    int set;
+} Setting;
+
+static Setting settings[] = {
+    {"log", "HIXL_ASCEND_DOUBLE_LOG", "", 0},
+    {"fail", "HIXL_ASCEND_DOUBLE_FAIL", "", 0},
+    {"dir", "HIXL_ASCEND_DOUBLE_DIR", "", 0},
+    {"device_ip", "HIXL_ASCEND_DOUBLE_DEVICE_IP", "", 0},
+    {"soc", "HIXL_ASCEND_DOUBLE_SOC", "", 0},
+    {"phy_map", "HIXL_ASCEND_DOUBLE_PHY_MAP", "", 0},
+    {"super_pod_id", "HIXL_ASCEND_DOUBLE_SUPER_POD_ID", "", 0},
+    {"init_hold_ms", "HIXL_ASCEND_DOUBLE_INIT_HOLD_MS", "", 0},
+};
+#define N_SETTINGS (sizeof settings / sizeof settings[0])
+
 EXPORT int hixl_double_control(const char *key, const char *value) {
-    char *dst = NULL;
-    int *flag = NULL;
-    size_t cap = 0;
+    size_t i;
     if (key == NULL) return -1;
-    if (strcmp(key, "log") == 0) { dst = ctl_log; flag = &has_log; cap = sizeof ctl_log; }
-    else if (strcmp(key, "fail") == 0) { dst = ctl_fail; flag = &has_fail; cap = sizeof ctl_fail; }
-    else if (strcmp(key, "dir") == 0) { dst = ctl_dir; flag = &has_dir; cap = sizeof ctl_dir; }
-    else if (strcmp(key, "device_ip") == 0) { dst = ctl_ip; flag = &has_ip; cap = sizeof ctl_ip; }
-    else return -1;
-    pthread_mutex_lock(&mu);
-    if (value == NULL) {
-        *flag = 0;
-        dst[0] = 0;
-    } else {
-        snprintf(dst, cap, "%s", value);
-        *flag = 1;
+    for (i = 0; i < N_SETTINGS; i++) {
+        if (strcmp(key, settings[i].key) != 0) continue;
+        pthread_mutex_lock(&mu);
+        if (value == NULL) {
+            settings[i].set = 0;
+            settings[i].value[0] = 0;
+        } else {
+            snprintf(settings[i].value, sizeof settings[i].value, "%s", value);
+            settings[i].set = 1;
+        }
+        pthread_mutex_unlock(&mu);
+        return 0;
     }
-    pthread_mutex_unlock(&mu);
-    return 0;
+    return -1;
 }
 
 /* Copies the setting into out (empty when unset). */
 static void setting(const char *key, char *out, size_t cap) {
+    size_t i;
     const char *v = NULL;
-    pthread_mutex_lock(&mu);
-    if (strcmp(key, "log") == 0 && has_log) v = ctl_log;
-    else if (strcmp(key, "fail") == 0 && has_fail) v = ctl_fail;
-    else if (strcmp(key, "dir") == 0 && has_dir) v = ctl_dir;
-    else if (strcmp(key, "device_ip") == 0 && has_ip) v = ctl_ip;
-    if (v != NULL) snprintf(out, cap, "%s", v);
-    pthread_mutex_unlock(&mu);
-    if (v != NULL) return;
-    if (strcmp(key, "log") == 0) v = getenv("HIXL_ASCEND_DOUBLE_LOG");
-    else if (strcmp(key, "fail") == 0) v = getenv("HIXL_ASCEND_DOUBLE_FAIL");
-    else if (strcmp(key, "dir") == 0) v = getenv("HIXL_ASCEND_DOUBLE_DIR");
-    else if (strcmp(key, "device_ip") == 0) v = getenv("HIXL_ASCEND_DOUBLE_DEVICE_IP");
-    snprintf(out, cap, "%s", v ? v : "");
+    out[0] = 0;
+    for (i = 0; i < N_SETTINGS; i++) {
+        if (strcmp(key, settings[i].key) != 0) continue;
+        pthread_mutex_lock(&mu);
+        if (settings[i].set) {
+            snprintf(out, cap, "%s", settings[i].value);
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+        pthread_mutex_unlock(&mu);
+        v = getenv(settings[i].env);
+        snprintf(out, cap, "%s", v ? v : "");
+        return;
+    }
 }
 
 static void logf_(const char *fmt, ...) {
@@ -438,6 +485,76 @@ EXPORT aclError aclrtSetCurrentContext(void *ctx) {
     if (!ok) set_err("double: aclrtSetCurrentContext(%p): not a live context", ctx);
     logf_("aclrtSetCurrentContext ctx=%p rc=%d", ctx, ok ? 0 : RT_PARAM_INVALID);
     return ok ? ACL_OK : RT_PARAM_INVALID;
+}
+
+/* The physical id of logical device `logical`: the "phy_map" setting ("L:P,L:P,..."), else
+ * logical + 10 (never the identity, as in a container with remapped visible devices). */
+static int phy_of(int logical) {
+    char map[4096];
+    char *save = NULL, *t;
+    setting("phy_map", map, sizeof map);
+    for (t = strtok_r(map, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(t, ':');
+        if (colon == NULL) continue;
+        *colon = 0;
+        if (strtol(t, NULL, 10) == logical) return (int)strtol(colon + 1, NULL, 10);
+    }
+    return logical + 10;
+}
+
+EXPORT aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId) {
+    ACL_FAIL_POINT("aclrtGetPhyDevIdByLogicDevId", "logic=%d", logicDevId);
+    if (phyDevId == NULL || logicDevId < 0 || logicDevId >= MAX_DEVICES) {
+        set_err("double: aclrtGetPhyDevIdByLogicDevId(%d): bad arguments", logicDevId);
+        logf_("aclrtGetPhyDevIdByLogicDevId logic=%d rc=%d", logicDevId, RT_INVALID_DEVICEID);
+        return RT_INVALID_DEVICEID;
+    }
+    *phyDevId = phy_of(logicDevId);
+    logf_("aclrtGetPhyDevIdByLogicDevId logic=%d phy=%d rc=0", logicDevId, *phyDevId);
+    return ACL_OK;
+}
+
+static char soc_name_buf[256];
+
+/* The "soc" setting, "Ascend910B1" by default. */
+static void soc_of(char *out, size_t cap) {
+    setting("soc", out, cap);
+    if (out[0] == 0) snprintf(out, cap, "%s", "Ascend910B1");
+}
+
+static int soc_is_a3(void) {
+    char soc[256];
+    soc_of(soc, sizeof soc);
+    return strncmp(soc, "Ascend910_93", 12) == 0;
+}
+
+EXPORT const char *aclrtGetSocName(void) {
+    char soc[256];
+    soc_of(soc, sizeof soc);
+    pthread_mutex_lock(&mu);
+    snprintf(soc_name_buf, sizeof soc_name_buf, "%s", soc);
+    pthread_mutex_unlock(&mu);
+    logf_("aclrtGetSocName soc=%s", soc_name_buf);
+    return soc_name_buf;
+}
+
+/* 403 ACL_DEV_ATTR_SUPER_POD_DEVICE_ID: 1000 + the physical id; 405 ACL_DEV_ATTR_SUPER_POD_ID:
+ * the "super_pod_id" setting (0 by default). Only on A3 SoCs (else 200006). */
+EXPORT aclError aclrtGetDeviceInfo(uint32_t deviceId, int attr, int64_t *value) {
+    char pod[64];
+    int rc = ACL_OK;
+    ACL_FAIL_POINT("aclrtGetDeviceInfo", "device=%u attr=%d", deviceId, attr);
+    if (value == NULL || deviceId >= MAX_DEVICES) rc = ACL_INVALID_PARAM;
+    else if ((attr == 403 || attr == 405) && !soc_is_a3()) rc = ACL_FEATURE_UNSUPPORTED;
+    else if (attr == 403) *value = 1000 + phy_of((int)deviceId);
+    else if (attr == 405) {
+        setting("super_pod_id", pod, sizeof pod);
+        *value = strtoll(pod, NULL, 10);
+    } else rc = ACL_INVALID_PARAM;
+    if (rc) set_err("double: aclrtGetDeviceInfo(%u, %d) is not supported here", deviceId, attr);
+    logf_("aclrtGetDeviceInfo device=%u attr=%d value=%lld rc=%d", deviceId, attr,
+          rc ? -1LL : (long long)*value, rc);
+    return rc;
 }
 
 static aclError do_malloc(const char *sym, void **out, size_t size, uint32_t policy, int host) {
@@ -660,27 +777,64 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout)
         logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d rc=%d", stream, timeout, rc);
         return rc;
     }
+    if (fail_has("sync_timeout", NULL)) {
+        /* a stream-sync timeout cancels nothing: the copies stay queued */
+        pthread_mutex_lock(&mu);
+        nops = s->nops;
+        pthread_mutex_unlock(&mu);
+        set_err("double: injected stream sync timeout after %d ms (%zu copies still queued)", timeout, nops);
+        logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d ops=%zu rc=%d", stream, timeout, nops,
+              RT_STREAM_SYNC_TIMEOUT);
+        return RT_STREAM_SYNC_TIMEOUT;
+    }
     pthread_mutex_lock(&mu);
     ops = s->ops;
     nops = s->nops;
     s->ops = NULL;
     s->nops = s->cap = 0;
     pthread_mutex_unlock(&mu);
-    if (fail_has("sync_timeout", NULL)) {
-        rc = RT_STREAM_SYNC_TIMEOUT;
-        set_err("double: injected stream sync timeout after %d ms (%zu copies dropped)", timeout, nops);
-    } else {
-        for (i = 0; i < nops; i++) {
-            if (run_op(&ops[i], why, sizeof why) != 0) {
-                rc = RT_DRV_INTERNAL_ERROR;
-                set_err("double: copy %zu failed: %s", i, why);
-                break;
-            }
+    for (i = 0; i < nops; i++) {
+        if (run_op(&ops[i], why, sizeof why) != 0) {
+            rc = RT_DRV_INTERNAL_ERROR;
+            set_err("double: copy %zu failed: %s", i, why);
+            break;
         }
     }
     free(ops);
     logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d ops=%zu rc=%d", stream, timeout, nops, rc);
     return rc;
+}
+
+/* Drops the stream's queued copies (they never run). */
+EXPORT aclError aclrtStreamAbort(void *stream) {
+    Stream *s;
+    size_t dropped = 0;
+    int rc;
+    ACL_FAIL_POINT("aclrtStreamAbort", "stream=%p", stream);
+    rc = stream_check("aclrtStreamAbort", stream, &s);
+    if (rc == 0) {
+        pthread_mutex_lock(&mu);
+        dropped = s->nops;
+        free(s->ops);
+        s->ops = NULL;
+        s->nops = s->cap = 0;
+        pthread_mutex_unlock(&mu);
+    }
+    logf_("aclrtStreamAbort stream=%p dropped=%zu rc=%d", stream, dropped, rc);
+    return rc;
+}
+
+/* Whether a stream has queued copies of `comm` (or, with comm NULL, touching [lo, lo+len)). Under mu. */
+static int queued_for(void *comm, uintptr_t lo, uint64_t len) {
+    Stream *st;
+    for (st = streams; st != NULL; st = st->next)
+        for (size_t i = 0; i < st->nops; i++) {
+            const Op *op = &st->ops[i];
+            uintptr_t a = (uintptr_t)op->local;
+            if (comm != NULL && op->comm == comm) return 1;
+            if (comm == NULL && a < lo + len && lo < a + op->len) return 1;
+        }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -793,6 +947,27 @@ EXPORT HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle) {
               (unsigned long long)mem->size, HCCL_E_RUNTIME);
         return HCCL_E_RUNTIME;
     }
+    /* one registry per process: the same range gets the same handle, an overlap is refused */
+    pthread_mutex_lock(&mu);
+    for (g = gmems; g != NULL; g = g->next) {
+        uintptr_t lo = (uintptr_t)g->mem.addr, a = (uintptr_t)mem->addr;
+        if (lo == a && g->mem.size == mem->size && g->mem.type == mem->type) break;
+        if (a < lo + g->mem.size && lo < a + mem->size) {
+            pthread_mutex_unlock(&mu);
+            set_err("double: HcclRegisterGlobalMem: %p+%llu overlaps the registration %p+%llu", mem->addr,
+                    (unsigned long long)mem->size, g->mem.addr, (unsigned long long)g->mem.size);
+            logf_("HcclRegisterGlobalMem type=%d addr=%p size=%llu overlap=%p rc=%d", mem->type, mem->addr,
+                  (unsigned long long)mem->size, (void *)g, HCCL_E_PARA);
+            return HCCL_E_PARA;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (g != NULL) {
+        *memHandle = g;
+        logf_("HcclRegisterGlobalMem type=%d addr=%p size=%llu handle=%p shared=1 rc=0", mem->type, mem->addr,
+              (unsigned long long)mem->size, (void *)g);
+        return HCCL_OK;
+    }
     g = calloc(1, sizeof *g);
     if (g == NULL) return HCCL_E_MEMORY;
     g->mem = *mem;
@@ -814,7 +989,7 @@ EXPORT HcclResult HcclDeregisterGlobalMem(void *memHandle) {
     for (pp = &gmems; *pp != NULL; pp = &(*pp)->next)
         if ((void *)*pp == memHandle) {
             g = *pp;
-            if (g->binds > 0) {
+            if (g->binds > 0 || queued_for(NULL, (uintptr_t)g->mem.addr, g->mem.size)) {
                 rc = HCCL_E_PARA;
             } else {
                 *pp = g->next;
@@ -824,7 +999,7 @@ EXPORT HcclResult HcclDeregisterGlobalMem(void *memHandle) {
     if (g == NULL) rc = HCCL_E_PARA;
     pthread_mutex_unlock(&mu);
     if (rc == HCCL_OK) free(g);
-    else set_err("double: HcclDeregisterGlobalMem(%p): %s", memHandle, g ? "still bound to a comm" : "unknown handle");
+    else set_err("double: HcclDeregisterGlobalMem(%p): %s", memHandle, g ? "still bound to a comm or under a queued copy" : "unknown handle");
     logf_("HcclDeregisterGlobalMem handle=%p rc=%d", memHandle, rc);
     return rc;
 }
@@ -854,37 +1029,91 @@ static int json_field(const char *p, const char *end, const char *key, char *out
     return 0;
 }
 
-/* Parses the rank table into c->ips; returns the number of ranks or -1. */
-static int parse_rank_table(const char *json, Comm *c) {
+static int count_key(const char *json, const char *key) {
+    char pat[64];
+    int n = 0;
     const char *p = json;
-    int count = 0, seen[MAX_RANKS] = {0};
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    while ((p = strstr(p, pat)) != NULL) {
+        n++;
+        p += strlen(pat);
+    }
+    return n;
+}
+
+/* Parses the rank table into c->ips (the key each rank announces itself under: its device_ip,
+ * else "sdid_<super_device_id>", else "phy_<device_id>") and devids; returns the number of
+ * ranks, or -1 with *why set. Checks what HCCL's parser checks:
+ *   - "version" is "1.0" or "1.2"; with "1.2" every device has "super_device_id" and there is a
+ *     "super_pod_list";
+ *   - a device without "device_ip" only where HCCL needs none: one server ("server_count" 1),
+ *     or version 1.2 with all servers in one super pod (one "super_pod_id"). */
+static int parse_rank_table(const char *json, Comm *c, long devids[MAX_RANKS], const char **why) {
+    const char *p = json, *whole_end = json + strlen(json);
+    int count = 0, seen[MAX_RANKS] = {0}, v12, missing_ip = 0, servers;
+    char version[16], sc[16];
+    if (json_field(json, whole_end, "version", version, sizeof version) != 0 ||
+        (strcmp(version, "1.0") != 0 && strcmp(version, "1.2") != 0)) {
+        *why = "version must be 1.0 or 1.2";
+        return -1;
+    }
+    v12 = strcmp(version, "1.2") == 0;
+    if (json_field(json, whole_end, "server_count", sc, sizeof sc) != 0) {
+        *why = "no server_count";
+        return -1;
+    }
+    servers = atoi(sc);
+    if (v12 && (strstr(json, "\"super_pod_list\"") == NULL || count_key(json, "super_pod_id") < 1)) {
+        *why = "version 1.2 without super_pod_list";
+        return -1;
+    }
     while ((p = strstr(p, "\"rank_id\"")) != NULL) {
         const char *start = p, *end = p;
-        char rid[16], ip[64];
+        char rid[16], ip[64], did[16], sdid[32];
         long r;
         while (start > json && *start != '{') start--;
         while (*end != 0 && *end != '}') end++;
-        if (*start != '{' || *end != '}') return -1;
-        if (json_field(start, end, "rank_id", rid, sizeof rid) != 0) return -1;
-        if (json_field(start, end, "device_ip", ip, sizeof ip) != 0) return -1;
+        if (*start != '{' || *end != '}') { *why = "malformed device"; return -1; }
+        if (json_field(start, end, "rank_id", rid, sizeof rid) != 0 ||
+            json_field(start, end, "device_id", did, sizeof did) != 0) {
+            *why = "a device without rank_id or device_id";
+            return -1;
+        }
         r = strtol(rid, NULL, 10);
-        if (r < 0 || r >= MAX_RANKS || seen[r]) return -1;
+        if (r < 0 || r >= MAX_RANKS || seen[r]) { *why = "bad or repeated rank_id"; return -1; }
         seen[r] = 1;
-        snprintf(c->ips[r], sizeof c->ips[r], "%s", ip);
+        devids[r] = strtol(did, NULL, 10);
+        if (json_field(start, end, "super_device_id", sdid, sizeof sdid) != 0) {
+            if (v12) { *why = "version 1.2 device without super_device_id"; return -1; }
+            sdid[0] = 0;
+        }
+        if (json_field(start, end, "device_ip", ip, sizeof ip) == 0) {
+            snprintf(c->ips[r], sizeof c->ips[r], "%s", ip);
+        } else {
+            missing_ip = 1;
+            if (sdid[0] != 0) snprintf(c->ips[r], sizeof c->ips[r], "sdid_%s", sdid);
+            else snprintf(c->ips[r], sizeof c->ips[r], "phy_%s", did);
+        }
         count++;
         p = end;
     }
     for (int i = 0; i < count; i++)
-        if (!seen[i]) return -1;
+        if (!seen[i]) { *why = "rank ids are not 0..n-1"; return -1; }
+    if (missing_ip && servers > 1 && !(v12 && count_key(json, "super_pod_id") == 1)) {
+        *why = "a device without device_ip between servers (not one A3 super pod)";
+        return -1;
+    }
     return count;
 }
 
-EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, uint32_t rank, HcclCommConfigV5 *cfg,
-                                                   void **comm) {
-    Comm *c;
-    int n;
-    const char *name;
-    HCCL_FAIL_POINT("HcclCommInitClusterInfoMemConfig", "rank=%u", rank);
+static int init_active, init_overlap;
+
+static HcclResult init_comm(const char *rankTableJson, uint32_t rank, HcclCommConfigV5 *cfg, void **comm) {
+    Comm *c, *it;
+    int n, dup = 0, device;
+    long devids[MAX_RANKS];
+    const char *why = "";
+    char name[128];
     if (rankTableJson == NULL || cfg == NULL || comm == NULL) {
         set_err("double: HcclCommInitClusterInfoMemConfig: null argument");
         logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_PTR);
@@ -900,17 +1129,38 @@ EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, ui
         logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_RUNTIME);
         return HCCL_E_RUNTIME;
     }
+    snprintf(name, sizeof name, "%.127s", cfg->configSize >= 32 + 128 ? cfg->hcclCommName : "");
+    pthread_mutex_lock(&mu);
+    for (it = comms; it != NULL; it = it->next)
+        if (strcmp(it->name, name) == 0 && it->rank == rank) dup = 1;
+    device = cur_ctx->device;
+    pthread_mutex_unlock(&mu);
+    if (name[0] == 0 || dup) {
+        set_err("double: HcclCommInitClusterInfoMemConfig: comm name \"%s\" %s", name,
+                name[0] == 0 ? "is empty" : "is in use by a live communicator of this rank");
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u name=%s dup=%d rc=%d", rank, name, dup, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
     c = calloc(1, sizeof *c);
     if (c == NULL) return HCCL_E_MEMORY;
-    n = parse_rank_table(rankTableJson, c);
+    n = parse_rank_table(rankTableJson, c, devids, &why);
     if (n <= 0 || rank >= (uint32_t)n) {
         free(c);
-        set_err("double: HcclCommInitClusterInfoMemConfig: bad rank table or rank %u", rank);
-        logf_("HcclCommInitClusterInfoMemConfig rank=%u rc=%d", rank, HCCL_E_PARA);
+        set_err("double: HcclCommInitClusterInfoMemConfig: bad rank table (%s) or rank %u", why, rank);
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u why=%s rc=%d", rank, why, HCCL_E_PARA);
         return HCCL_E_PARA;
+    }
+    if (devids[rank] != phy_of(device)) {
+        free(c);
+        set_err("double: HcclCommInitClusterInfoMemConfig: the rank table's device_id %ld is not the physical "
+                "id %d of the current device %d", devids[rank], phy_of(device), device);
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u device_id=%ld phy=%d rc=%d", rank, devids[rank],
+              phy_of(device), HCCL_E_UNAVAIL);
+        return HCCL_E_UNAVAIL;
     }
     c->rank = rank;
     c->nranks = (uint32_t)n;
+    snprintf(c->name, sizeof c->name, "%s", name);
     for (int i = 0; i < n; i++) c->pids[i] = -1;
     c->pids[rank] = 0;
     announce(c->ips[rank]);
@@ -919,13 +1169,59 @@ EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, ui
     comms = c;
     pthread_mutex_unlock(&mu);
     *comm = c;
-    name = cfg->configSize >= 32 + 128 && cfg->version >= 1 ? cfg->hcclCommName : "";
-    logf_("HcclCommInitClusterInfoMemConfig rank=%u nranks=%d device_ip=%s name=%.127s version=%u size=%zu "
-          "bufsize=%u tc=%u sl=%u comm=%p rc=0",
-          rank, n, c->ips[rank], name, cfg->version, cfg->configSize, cfg->hcclBufferSize,
-          cfg->configSize >= 300 ? cfg->hcclRdmaTrafficClass : 0xffffffffu,
-          cfg->configSize >= 300 ? cfg->hcclRdmaServiceLevel : 0xffffffffu, (void *)c);
+    {
+        char version[16] = "";
+        json_field(rankTableJson, rankTableJson + strlen(rankTableJson), "version", version, sizeof version);
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u nranks=%d device_ip=%s name=%s version=%u size=%zu "
+              "bufsize=%u tc=%u sl=%u table=%s device_id=%ld comm=%p rc=0",
+              rank, n, c->ips[rank], name, cfg->version, cfg->configSize, cfg->hcclBufferSize,
+              cfg->configSize >= 300 ? cfg->hcclRdmaTrafficClass : 0xffffffffu,
+              cfg->configSize >= 300 ? cfg->hcclRdmaServiceLevel : 0xffffffffu, version, devids[rank], (void *)c);
+    }
     return HCCL_OK;
+}
+
+/* HCCL does not support parallel communicator initialisation: a call that overlaps another one
+ * fails (both fail), with HCCL_E_INTERNAL. The "init_hold_ms" setting makes each call take that
+ * long, so that an overlap cannot slip through unnoticed. */
+EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, uint32_t rank, HcclCommConfigV5 *cfg,
+                                                   void **comm) {
+    HcclResult rc;
+    char hold[32];
+    int overlapped;
+    HCCL_FAIL_POINT("HcclCommInitClusterInfoMemConfig", "rank=%u", rank);
+    pthread_mutex_lock(&mu);
+    if (++init_active > 1) init_overlap = 1;
+    pthread_mutex_unlock(&mu);
+    setting("init_hold_ms", hold, sizeof hold);
+    if (atol(hold) > 0) {
+        struct timespec ts = {atol(hold) / 1000, (atol(hold) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    rc = init_comm(rankTableJson, rank, cfg, comm);
+    pthread_mutex_lock(&mu);
+    overlapped = init_overlap;
+    if (--init_active == 0) init_overlap = 0;
+    pthread_mutex_unlock(&mu);
+    if (overlapped) {
+        if (rc == HCCL_OK) {
+            Comm **pp;
+            pthread_mutex_lock(&mu);
+            for (pp = &comms; *pp != NULL; pp = &(*pp)->next)
+                if ((void *)*pp == *comm) {
+                    Comm *c = *pp;
+                    *pp = c->next;
+                    free(c);
+                    break;
+                }
+            pthread_mutex_unlock(&mu);
+            *comm = NULL;
+        }
+        set_err("double: HcclCommInitClusterInfoMemConfig called while another call was running");
+        logf_("HcclCommInitClusterInfoMemConfig rank=%u overlap=1 rc=%d", rank, HCCL_E_INTERNAL);
+        return HCCL_E_INTERNAL;
+    }
+    return rc;
 }
 
 EXPORT HcclResult HcclCommBindMem(void *comm, void *memHandle) {
@@ -958,7 +1254,7 @@ EXPORT HcclResult HcclCommUnbindMem(void *comm, void *memHandle) {
     HCCL_FAIL_POINT("HcclCommUnbindMem", "comm=%p handle=%p", comm, memHandle);
     pthread_mutex_lock(&mu);
     c = find_comm(comm);
-    if (c != NULL) {
+    if (c != NULL && !queued_for(comm, 0, 0)) {
         for (size_t i = 0; i < c->nbound; i++)
             if ((void *)c->bound[i] == memHandle) {
                 c->bound[i]->binds--;
@@ -968,7 +1264,7 @@ EXPORT HcclResult HcclCommUnbindMem(void *comm, void *memHandle) {
             }
     }
     pthread_mutex_unlock(&mu);
-    if (rc) set_err("double: HcclCommUnbindMem: not bound");
+    if (rc) set_err("double: HcclCommUnbindMem: not bound, or copies of the comm are still queued");
     logf_("HcclCommUnbindMem comm=%p handle=%p rc=%d", comm, memHandle, rc);
     return rc;
 }
@@ -1032,7 +1328,9 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
     Stream *s;
     int rc = HCCL_OK;
     const char *why = "";
+    char soc[256];
     int inj = injected(sym, HCCL_E_INTERNAL);
+    soc_of(soc, sizeof soc);
     if (inj != 0) {
         logf_("%s rank=%u num=%u rc=%d", sym, remoteRank, descNum, inj);
         return inj;
@@ -1058,6 +1356,9 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
     } else if (descNum > 0 && desc == NULL) {
         rc = HCCL_E_PTR;
         why = "null descriptors";
+    } else if (descNum > 64 && strstr(soc, "Ascend950") != NULL) {
+        rc = HCCL_E_PARA;
+        why = "more than 64 descriptors in one call on Ascend950 (HCCL's V2 batch limit)";
     }
     for (uint32_t i = 0; rc == HCCL_OK && i < descNum; i++) {
         size_t es = dtype_size(desc[i].dataType);
@@ -1094,6 +1395,7 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
         for (uint32_t i = 0; rc == HCCL_OK && i < descNum; i++) {
             Op *op = &s->ops[s->nops++];
             op->put = put;
+            op->comm = comm;
             op->pid = c->pids[remoteRank];
             op->local = desc[i].localAddr;
             op->remote = desc[i].remoteAddr;
@@ -1120,6 +1422,12 @@ EXPORT HcclResult HcclCommDestroy(void *comm) {
     Comm **pp, *c = NULL;
     HCCL_FAIL_POINT("HcclCommDestroy", "comm=%p", comm);
     pthread_mutex_lock(&mu);
+    if (queued_for(comm, 0, 0)) {
+        pthread_mutex_unlock(&mu);
+        set_err("double: HcclCommDestroy(%p): copies of the comm are still queued (abort the stream)", comm);
+        logf_("HcclCommDestroy comm=%p queued=1 rc=%d", comm, HCCL_E_INTERNAL);
+        return HCCL_E_INTERNAL;
+    }
     for (pp = &comms; *pp != NULL; pp = &(*pp)->next)
         if ((void *)*pp == comm) {
             c = *pp;

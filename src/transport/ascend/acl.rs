@@ -307,6 +307,65 @@ impl Acl {
         self.check("aclrtGetDevice", rc).map(|()| d)
     }
 
+    /// `aclrtGetPhyDevIdByLogicDevId`: the physical id of logical device `logical` (the id
+    /// `aclrtSetDevice` takes). They differ in containers and with visible-device remapping;
+    /// HCCL's rank table and `/etc/hccn.conf` use the physical id.
+    ///
+    /// # Errors
+    /// [`Error::Native`]; also for a negative id reported as success.
+    pub(crate) fn physical_device_id(&self, logical: i32) -> Result<u32, Error> {
+        let mut phy: i32 = -1;
+        // SAFETY: `phy` is a valid out-pointer for the call.
+        let rc = unsafe { (self.api.get_phy_dev_id_by_logic_dev_id)(logical, &mut phy) };
+        self.check("aclrtGetPhyDevIdByLogicDevId", rc)?;
+        u32::try_from(phy).map_err(|_| Error::Native {
+            library: "acl",
+            call: "aclrtGetPhyDevIdByLogicDevId",
+            code: 0,
+            detail: format!("ACL_SUCCESS with the physical id {phy}"),
+        })
+    }
+
+    /// `aclrtGetSocName()`: the SoC's name (e.g. `Ascend910B1`, `Ascend910_9391`), or `None`
+    /// when ACL returns NULL or an empty string.
+    pub(crate) fn soc_name(&self) -> Option<String> {
+        // SAFETY: no arguments; the result is NULL or a NUL-terminated string owned by ACL for
+        // the life of the process, copied at once.
+        let p = unsafe { (self.api.get_soc_name)() };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-null and NUL-terminated, as above.
+        let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+        (!s.is_empty()).then_some(s)
+    }
+
+    /// `aclrtGetDeviceInfo(device, attr)` (`device` is the logical id, as HIXL passes it).
+    ///
+    /// # Errors
+    /// [`Error::Native`].
+    pub(crate) fn device_info(&self, device: u32, attr: std::ffi::c_int) -> Result<i64, Error> {
+        let mut v: i64 = 0;
+        // SAFETY: `v` is a valid out-pointer; the other arguments are plain values.
+        let rc = unsafe { (self.api.get_device_info)(device, attr, &mut v) };
+        self.check("aclrtGetDeviceInfo", rc).map(|()| v)
+    }
+
+    /// `aclrtStreamAbort`, under the stream's context: drops the tasks not yet executed, so
+    /// no copy queued on it touches memory afterwards (HIXL's failure teardown).
+    ///
+    /// # Errors
+    /// [`Error::Native`].
+    pub(crate) fn abort(&self, stream: &Stream) -> Result<(), Error> {
+        let _guard = match stream.ctx {
+            Some(c) => Some(self.enter(c)?),
+            None => None,
+        };
+        // SAFETY: the stream is alive (borrowed).
+        let rc = unsafe { (self.api.stream_abort)(stream.raw.as_ptr()) };
+        self.check("aclrtStreamAbort", rc)
+    }
+
     /// `aclrtGetCurrentContext`.
     ///
     /// # Errors

@@ -69,6 +69,12 @@ pub(crate) const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `ACL_MEMCPY_DEVICE_TO_DEVICE`.
 pub(crate) const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
+/// `aclrtDevAttr::ACL_DEV_ATTR_SUPER_POD_DEVICE_ID` (`..._DEVIDE_ID`, the spelling HIXL uses):
+/// the device's id inside its super pod (A3), the rank table 1.2 `super_device_id`.
+pub(crate) const ACL_DEV_ATTR_SUPER_POD_DEVICE_ID: c_int = 403;
+/// `ACL_DEV_ATTR_SUPER_POD_ID`: the super pod (supernode) the device belongs to (A3).
+pub(crate) const ACL_DEV_ATTR_SUPER_POD_ID: c_int = 405;
+
 /// The size of a huge page that `ACL_MEM_MALLOC_HUGE_ONLY` allocations are aligned to.
 pub(crate) const HUGE_PAGE: usize = 2 << 20;
 
@@ -102,8 +108,8 @@ pub(crate) const ACL_ERRORS: &[(AclError, &str)] = &[
     (507_022, "ACL_ERROR_RT_IPC_ERROR"),
     (507_046, "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT"),
     (507_899, "ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
-    (507_910, "ACL_ERROR_RT_HOST_MEMORY_ALREADY_REGISTERED"),
-    (507_911, "ACL_ERROR_RT_HOST_MEMORY_NOT_REGISTERED"),
+    (507_910, "ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+    (507_911, "ACL_ERROR_HOST_MEMORY_NOT_REGISTERED"),
 ];
 
 /// `ACL_ERROR_REPEAT_INITIALIZE`: a second `aclInit`, harmless.
@@ -167,6 +173,8 @@ pub(crate) const HCCL_SUCCESS: HcclResult = 0;
 pub(crate) const HCCL_E_PARA: HcclResult = 1;
 /// `HCCL_E_NOT_SUPPORT`.
 pub(crate) const HCCL_E_NOT_SUPPORT: HcclResult = 5;
+/// `HCCL_E_UNAVAIL`: e.g. the rank table's `device_id` is not the current device's physical id.
+pub(crate) const HCCL_E_UNAVAIL: HcclResult = 7;
 /// `HCCL_E_TIMEOUT`.
 pub(crate) const HCCL_E_TIMEOUT: HcclResult = 9;
 /// `HCCL_E_IN_STATUS`.
@@ -272,13 +280,14 @@ pub(crate) struct HcclCommConfigInfo {
 /// `HcclCommConfig` at version 5 (`hccl_types.h`, `HCCL_COMM_CONFIG_VERSION = 5`):
 /// `{char reserved[24]; uint32_t hcclBufferSize; uint32_t hcclDeterministic;
 /// char hcclCommName[128]; char hcclUdi[128]; uint32_t hcclOpExpansionMode;
-/// uint32_t hcclRdmaTrafficClass; uint32_t hcclRdmaServiceLevel;}` (300 bytes in C).
+/// uint32_t hcclRdmaTrafficClass; uint32_t hcclRdmaServiceLevel;}` (300 bytes of fields, 304
+/// with the trailing padding: `sizeof` is 304 in C).
 ///
 /// Documented for these fields. Newer headers append fields (`hcclWorldRankID`, `hcclJobID`, ...);
 /// HCCL copies `min(configSize, its sizeof)` bytes and reads fields by `version`, so a version-5
 /// config with `configSize` = [`HCCL_COMM_CONFIG_V5_SIZE`] is what a HIXL built against the v5
-/// header passes. The trailing `tail` is Rust-side padding to the 8-byte alignment of `info`;
-/// it lies beyond `configSize` and HCCL does not read it.
+/// header passes: HIXL's `DlHcclCommConfigInit` writes `configSize = sizeof(HcclCommConfig)`,
+/// the full struct including its trailing padding (`tail` here), 304 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HcclCommConfig {
@@ -298,12 +307,13 @@ pub(crate) struct HcclCommConfig {
     pub(crate) rdma_traffic_class: u32,
     /// `hcclRdmaServiceLevel`, or `HCCL_COMM_CONFIG_NOT_SET`.
     pub(crate) rdma_service_level: u32,
-    /// Rust-side padding (not part of the C v5 struct; zero).
+    /// The C struct's trailing padding (zero).
     pub(crate) tail: u32,
 }
 
-/// `sizeof(HcclCommConfig)` in C at version 5: up to and including `hcclRdmaServiceLevel`.
-pub(crate) const HCCL_COMM_CONFIG_V5_SIZE: usize = offset_of!(HcclCommConfig, tail);
+/// `sizeof(HcclCommConfig)` in C at version 5: the fields up to `hcclRdmaServiceLevel` (300
+/// bytes) and the padding to 8-byte alignment.
+pub(crate) const HCCL_COMM_CONFIG_V5_SIZE: usize = size_of::<HcclCommConfig>();
 
 impl HcclCommConfig {
     /// The config exactly as HIXL's `DlHcclCommConfigInit` leaves it: magic, version 5,
@@ -347,7 +357,8 @@ const _: () = {
     assert!(offset_of!(HcclCommConfig, op_expansion_mode) == 288);
     assert!(offset_of!(HcclCommConfig, rdma_traffic_class) == 292);
     assert!(offset_of!(HcclCommConfig, rdma_service_level) == 296);
-    assert!(HCCL_COMM_CONFIG_V5_SIZE == 300);
+    assert!(offset_of!(HcclCommConfig, tail) == 300);
+    assert!(HCCL_COMM_CONFIG_V5_SIZE == 304);
     assert!(size_of::<usize>() == 8);
 };
 
@@ -437,6 +448,14 @@ pub(crate) struct AclApi {
     pub(crate) synchronize_stream_with_timeout: unsafe extern "C" fn(AclrtStream, i32) -> AclError,
     /// `const char *aclGetRecentErrMsg(void)`.
     pub(crate) get_recent_err_msg: unsafe extern "C" fn() -> *const c_char,
+    /// `aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId)`.
+    pub(crate) get_phy_dev_id_by_logic_dev_id: unsafe extern "C" fn(i32, *mut i32) -> AclError,
+    /// `const char *aclrtGetSocName()`.
+    pub(crate) get_soc_name: unsafe extern "C" fn() -> *const c_char,
+    /// `aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t *value)`.
+    pub(crate) get_device_info: unsafe extern "C" fn(u32, c_int, *mut i64) -> AclError,
+    /// `aclError aclrtStreamAbort(aclrtStream stream)`: drops the stream's unexecuted tasks.
+    pub(crate) stream_abort: unsafe extern "C" fn(AclrtStream) -> AclError,
     lib: Library,
 }
 
@@ -474,6 +493,10 @@ impl AclApi {
             destroy_stream = "aclrtDestroyStream",
             synchronize_stream_with_timeout = "aclrtSynchronizeStreamWithTimeout",
             get_recent_err_msg = "aclGetRecentErrMsg",
+            get_phy_dev_id_by_logic_dev_id = "aclrtGetPhyDevIdByLogicDevId",
+            get_soc_name = "aclrtGetSocName",
+            get_device_info = "aclrtGetDeviceInfo",
+            stream_abort = "aclrtStreamAbort",
         );
         Ok(Self {
             init,
@@ -492,6 +515,10 @@ impl AclApi {
             destroy_stream,
             synchronize_stream_with_timeout,
             get_recent_err_msg,
+            get_phy_dev_id_by_logic_dev_id,
+            get_soc_name,
+            get_device_info,
+            stream_abort,
             lib,
         })
     }
@@ -669,7 +696,18 @@ mod tests {
         let c = HcclCommConfig::hixl_default();
         assert_eq!(c.info.magic_word, 0xf0f0_f0f0);
         assert_eq!(c.info.version, 5);
-        assert_eq!(c.info.config_size, 300);
+        assert_eq!(
+            c.info.config_size, 304,
+            "sizeof(HcclCommConfig) at version 5"
+        );
+        assert_eq!(
+            acl_error_name(507_910),
+            "ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED"
+        );
+        assert_eq!(
+            acl_error_name(507_911),
+            "ACL_ERROR_HOST_MEMORY_NOT_REGISTERED"
+        );
         assert_eq!(c.buffer_size, 200);
         assert_eq!(c.rdma_traffic_class, u32::MAX);
         assert_eq!(c.rdma_service_level, u32::MAX);

@@ -3,17 +3,25 @@
 //!
 //! Failures become [`Error::Timeout`] for `HCCL_E_TIMEOUT` (`TIMEOUT`) and [`Error::Native`]
 //! with `library: "hccl"` otherwise (`FAILED`). A transfer follows HIXL's `CommChannel`: the
-//! descriptors are issued in calls of at most [`MAX_DESCS_PER_CALL`], then the stream is
-//! synchronised with the caller's timeout.
+//! descriptors are issued in calls of at most [`MAX_DESCS_PER_CALL`] (64 on Ascend950, see
+//! [`Soc`](super::Soc)), then the stream is synchronised with the caller's timeout.
+//!
+//! Two rules of HCCL are process-wide and kept here: communicators are created one at a time
+//! ([`Hccl::init_comm`] holds a process-wide lock, as HIXL's `CommChannel` does, because HCCL
+//! does not support parallel `HcclCommInitClusterInfoMemConfig`), and `HcclRegisterGlobalMem`
+//! has one registry per process (the same range gets the same handle, an overlapping range is
+//! refused), so [`Hccl::register_global_mem`] counts references per exact range and deregisters
+//! with the last one.
 
 // Unused yet: the address/length accessors of `GlobalMem` and `Comm::rank` (diagnostics),
 // `GlobalMem::deregister` (explicit error reporting; dropping deregisters too).
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::acl::{Acl, Stream};
@@ -22,6 +30,30 @@ use crate::error::Error;
 
 /// Most descriptors HIXL passes to one `HcclBatchPut`/`HcclBatchGet` (`kMaxOpDescNum`).
 pub(crate) const MAX_DESCS_PER_CALL: usize = 256;
+/// HCCL's limit per batch call on its V2 one-sided path (Ascend950 / A5).
+pub(crate) const MAX_DESCS_PER_CALL_V2: usize = 64;
+
+/// Serialises `HcclCommInitClusterInfoMemConfig` in this process: HCCL does not support
+/// parallel communicator initialisation (HIXL guards it with a global mutex too).
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+
+/// One process-wide HCCL registration: the library it was made with, its range and kind, the
+/// handle, and how many [`GlobalMem`]s share it.
+#[derive(Debug)]
+struct SharedReg {
+    handle: usize,
+    kind: MemKind,
+    refs: usize,
+}
+
+/// `(library, addr, len)` → the registration HCCL holds for exactly that range.
+type Registry = HashMap<(String, usize, u64), SharedReg>;
+
+static GLOBAL_MEMS: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn global_mems() -> MutexGuard<'static, Option<Registry>> {
+    GLOBAL_MEMS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A loaded HCCL. Cheap to clone (shared).
 #[derive(Clone, Debug)]
@@ -38,7 +70,8 @@ pub(crate) enum MemKind {
     Host,
 }
 
-/// A process-wide HCCL registration (`HcclRegisterGlobalMem`), deregistered on drop.
+/// A reference to a process-wide HCCL registration (`HcclRegisterGlobalMem`); the last
+/// reference to a range deregisters it on drop.
 #[derive(Debug)]
 pub(crate) struct GlobalMem {
     hccl: Hccl,
@@ -81,13 +114,16 @@ impl GlobalMem {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the field is read once from a value that is never used or dropped again.
         let hccl = unsafe { std::ptr::read(&me.hccl) };
-        hccl.deregister_raw(me.handle)
+        hccl.release_global_mem(me.handle, me.addr, me.len)
     }
 }
 
 impl Drop for GlobalMem {
     fn drop(&mut self) {
-        if let Err(e) = self.hccl.deregister_raw(self.handle) {
+        if let Err(e) = self
+            .hccl
+            .release_global_mem(self.handle, self.addr, self.len)
+        {
             tracing::warn!("HcclDeregisterGlobalMem failed: {e}");
         }
     }
@@ -103,8 +139,8 @@ pub(crate) struct CommConfig {
     pub(crate) traffic_class: Option<u32>,
     /// `hcclRdmaServiceLevel` (`RdmaServiceLevel`), unset by default.
     pub(crate) service_level: Option<u32>,
-    /// `hcclCommName` (HIXL: `hixl_<client>_<server>`; at most 127 bytes, no NUL); empty:
-    /// HCCL names it.
+    /// `hcclCommName` (HIXL: `hixl_<client>_<server>`; 1 to 127 bytes, no NUL). HCCL refuses
+    /// an empty name and a name a live communicator of this process already has (`HCCL_E_PARA`).
     pub(crate) comm_name: String,
 }
 
@@ -123,18 +159,18 @@ impl CommConfig {
     /// The C struct.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] for a name over 127 bytes or containing NUL.
+    /// [`Error::InvalidOption`] for an empty name, a name over 127 bytes or containing NUL.
     pub(crate) fn to_ffi(&self) -> Result<ffi::HcclCommConfig, Error> {
         let mut c = ffi::HcclCommConfig::hixl_default();
         c.buffer_size = self.buffer_size_mb;
         c.rdma_traffic_class = self.traffic_class.unwrap_or(ffi::HCCL_COMM_CONFIG_NOT_SET);
         c.rdma_service_level = self.service_level.unwrap_or(ffi::HCCL_COMM_CONFIG_NOT_SET);
         let name = self.comm_name.as_bytes();
-        if name.len() >= ffi::COMM_NAME_MAX_LENGTH || name.contains(&0) {
+        if name.is_empty() || name.len() >= ffi::COMM_NAME_MAX_LENGTH || name.contains(&0) {
             return Err(Error::InvalidOption {
                 key: "hcclCommName".into(),
                 value: self.comm_name.clone(),
-                problem: "at most 127 bytes and no NUL",
+                problem: "1 to 127 bytes and no NUL",
             });
         }
         for (d, s) in c.comm_name.iter_mut().zip(name) {
@@ -287,6 +323,37 @@ impl Hccl {
         addr: usize,
         len: u64,
     ) -> Result<GlobalMem, Error> {
+        let mut regs = global_mems();
+        let map = regs.get_or_insert_with(HashMap::new);
+        let lib = self.library().to_owned();
+        let end = (addr as u64).saturating_add(len);
+        for ((l, a, n), r) in map.iter_mut() {
+            if *l != lib {
+                continue;
+            }
+            if (*a, *n) == (addr, len) && r.kind == kind {
+                r.refs += 1;
+                return Ok(GlobalMem {
+                    hccl: self.clone(),
+                    handle: NonNull::new(r.handle as *mut c_void).expect("stored non-null"),
+                    addr,
+                    len,
+                    kind,
+                });
+            }
+            if (addr as u64) < (*a as u64).saturating_add(*n) && (*a as u64) < end {
+                return Err(Error::Native {
+                    library: "hccl",
+                    call: "HcclRegisterGlobalMem",
+                    code: i64::from(ffi::HCCL_E_PARA),
+                    detail: format!(
+                        "HCCL_E_PARA: {addr:#x}+{len} overlaps the range {a:#x}+{n} this process \
+                         registered already (HCCL keeps one registry per process; only the same \
+                         range can be shared)"
+                    ),
+                });
+            }
+        }
         let mem = ffi::CommMem {
             mem_type: match kind {
                 MemKind::Device => ffi::COMM_MEM_TYPE_DEVICE,
@@ -305,6 +372,14 @@ impl Hccl {
             code: 0,
             detail: "HCCL_SUCCESS with a null handle".into(),
         })?;
+        map.insert(
+            (lib, addr, len),
+            SharedReg {
+                handle: handle.as_ptr() as usize,
+                kind,
+                refs: 1,
+            },
+        );
         Ok(GlobalMem {
             hccl: self.clone(),
             handle,
@@ -314,8 +389,30 @@ impl Hccl {
         })
     }
 
+    /// Drops one reference to a registration; the last one deregisters it.
+    fn release_global_mem(
+        &self,
+        handle: NonNull<c_void>,
+        addr: usize,
+        len: u64,
+    ) -> Result<(), Error> {
+        let mut regs = global_mems();
+        let key = (self.library().to_owned(), addr, len);
+        if let Some(r) = regs.as_mut().and_then(|m| m.get_mut(&key))
+            && r.handle == handle.as_ptr() as usize
+        {
+            r.refs -= 1;
+            if r.refs > 0 {
+                return Ok(());
+            }
+            regs.as_mut().map(|m| m.remove(&key));
+        }
+        drop(regs);
+        self.deregister_raw(handle)
+    }
+
     fn deregister_raw(&self, handle: NonNull<c_void>) -> Result<(), Error> {
-        // SAFETY: the handle came from HcclRegisterGlobalMem and is deregistered once.
+        // SAFETY: the handle came from HcclRegisterGlobalMem and its last reference is gone.
         let rc = unsafe { (self.api.deregister_global_mem)(handle.as_ptr()) };
         check(
             "HcclDeregisterGlobalMem",
@@ -334,7 +431,8 @@ impl Hccl {
     }
 
     /// `HcclCommInitClusterInfoMemConfig(rank_table, rank, cfg)`: a communicator over the ranks
-    /// of `rank_table` (HCCL rank-table JSON, version "1.0"), this process being `rank`.
+    /// of `rank_table` (HCCL rank-table JSON, version "1.0" or "1.2"), this process being
+    /// `rank`. Holds the process-wide init lock for the call.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a rank table containing NUL or a bad comm name;
@@ -353,10 +451,12 @@ impl Hccl {
         let mut c = cfg.to_ffi()?;
         let mut comm: *mut c_void = std::ptr::null_mut();
         let start = Instant::now();
+        let serial = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: all pointers are valid for the call; `c` is a fully initialised v5 config.
         let rc = unsafe {
             (self.api.comm_init_cluster_info_mem_config)(table.as_ptr(), rank, &mut c, &mut comm)
         };
+        drop(serial);
         check("HcclCommInitClusterInfoMemConfig", rc, "connect", "", start)?;
         let raw = NonNull::new(comm).ok_or_else(|| Error::Native {
             library: "hccl",
@@ -411,14 +511,18 @@ impl Hccl {
     }
 
     /// Moves bytes for every descriptor: `HcclBatchPut`/`HcclBatchGet` in calls of at most
-    /// [`MAX_DESCS_PER_CALL`] on `stream`, then `aclrtSynchronizeStreamWithTimeout` with what
-    /// is left of `timeout`. Runs under the stream's context.
+    /// `per_call` descriptors on `stream`, then `aclrtSynchronizeStreamWithTimeout` with what is
+    /// left of `timeout`. Runs under the stream's context.
+    ///
+    /// On an error, copies issued by earlier calls may still be queued on the stream (a
+    /// stream-sync timeout does not cancel them either): the caller aborts the stream
+    /// ([`Acl::abort`]) before it releases any memory they touch.
     ///
     /// # Safety
     /// Every local range must lie in memory registered with HCCL and bound to `comm`, allocated
-    /// until this returns; for [`Direction::Get`] no Rust reference to a local range may be live
-    /// (HCCL writes it). Remote ranges are the remote rank's business, but must be registered
-    /// and bound there.
+    /// until this returns and until the stream is drained or aborted; for [`Direction::Get`] no
+    /// Rust reference to a local range may be live (HCCL writes it). Remote ranges are the
+    /// remote rank's business, but must be registered and bound there.
     ///
     /// # Errors
     /// [`Error::EmptyBatch`]; [`Error::Timeout`] (HCCL or stream-sync timeouts, as
@@ -431,6 +535,7 @@ impl Hccl {
         remote_rank: u32,
         direction: Direction,
         descs: &[OneSideDesc],
+        per_call: usize,
         stream: &Stream,
         timeout: Duration,
         peer: &str,
@@ -438,6 +543,7 @@ impl Hccl {
         if descs.is_empty() {
             return Err(Error::EmptyBatch);
         }
+        let per_call = per_call.clamp(1, MAX_DESCS_PER_CALL);
         let start = Instant::now();
         let op = direction.op_name();
         let _guard = match stream.context() {
@@ -448,10 +554,8 @@ impl Hccl {
             Direction::Put => ("HcclBatchPut", self.api.batch_put),
             Direction::Get => ("HcclBatchGet", self.api.batch_get),
         };
-        let mut chunk: Vec<ffi::HcclOneSideOpDesc> =
-            Vec::with_capacity(MAX_DESCS_PER_CALL.min(descs.len()));
-        let mut issued = false;
-        for part in descs.chunks(MAX_DESCS_PER_CALL) {
+        let mut chunk: Vec<ffi::HcclOneSideOpDesc> = Vec::with_capacity(per_call.min(descs.len()));
+        for part in descs.chunks(per_call) {
             chunk.clear();
             chunk.extend(part.iter().map(|d| ffi::HcclOneSideOpDesc {
                 local_addr: d.local as usize as *mut c_void,
@@ -471,14 +575,7 @@ impl Hccl {
                     stream.as_raw(),
                 )
             };
-            if let Err(e) = check(call, rc, op, peer, start) {
-                if issued {
-                    // drain what earlier chunks queued, so the stream is clean for the next use
-                    let _ = acl.synchronize(stream, timeout, op, peer);
-                }
-                return Err(e);
-            }
-            issued = true;
+            check(call, rc, op, peer, start)?;
         }
         let left = timeout.saturating_sub(start.elapsed());
         if left.is_zero() {
@@ -496,16 +593,23 @@ mod tests {
     use crate::transport::ascend::acl::MallocPolicy;
     use crate::transport::ascend::acl::tests::Fixture;
 
-    fn rank_table(ips: &[&str]) -> String {
-        let devices: Vec<String> = ips
+    /// A one-server rank table; every rank on physical device `phy` (the double maps logical
+    /// device 0 to physical 10).
+    fn rank_table_on(ips: &[&str], phy: u32) -> String {
+        let devices: Vec<serde_json::Value> = ips
             .iter()
             .enumerate()
-            .map(|(i, ip)| format!(r#"{{"device_id":"{i}","device_ip":"{ip}","rank_id":"{i}"}}"#))
+            .map(|(i, ip)| {
+                serde_json::json!({"device_id": phy.to_string(), "device_ip": ip, "rank_id": i.to_string()})
+            })
             .collect();
-        format!(
-            r#"{{"version":"1.0","server_count":"1","server_list":[{{"server_id":"10.0.0.1","device":[{}]}}],"status":"completed"}}"#,
-            devices.join(",")
-        )
+        serde_json::json!({"version": "1.0", "server_count": "1", "status": "completed",
+            "server_list": [{"server_id": "10.0.0.1", "device": devices}]})
+        .to_string()
+    }
+
+    fn rank_table(ips: &[&str]) -> String {
+        rank_table_on(ips, 10)
     }
 
     // fields drop in order: the fixture (which deletes the log) goes last
@@ -599,6 +703,7 @@ mod tests {
                 1,
                 Direction::Put,
                 &descs,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "b",
@@ -624,6 +729,7 @@ mod tests {
                 1,
                 Direction::Get,
                 &back,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "b",
@@ -648,6 +754,7 @@ mod tests {
                 1,
                 Direction::Put,
                 &bad,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "b",
@@ -667,6 +774,7 @@ mod tests {
                 1,
                 Direction::Put,
                 &[],
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "b",
@@ -678,7 +786,7 @@ mod tests {
         let log = r.f.log_lines();
         assert!(
             log.iter().any(|l| l.starts_with(
-                "HcclCommInitClusterInfoMemConfig rank=0 nranks=2 device_ip=192.168.100.1 name=hixl_a_b version=5 size=300 bufsize=200 tc=132 sl=4294967295 "
+                "HcclCommInitClusterInfoMemConfig rank=0 nranks=2 device_ip=192.168.100.1 name=hixl_a_b version=5 size=304 bufsize=200 tc=132 sl=4294967295 table=1.0 device_id=10 "
             )),
             "{log:#?}"
         );
@@ -707,6 +815,7 @@ mod tests {
                 1,
                 Direction::Put,
                 &descs,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(2),
                 "b",
@@ -753,6 +862,7 @@ mod tests {
                 1,
                 Direction::Get,
                 &descs,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "10.0.0.9",
@@ -793,6 +903,7 @@ mod tests {
                 1,
                 Direction::Put,
                 &descs,
+                MAX_DESCS_PER_CALL,
                 &r.stream,
                 Duration::from_secs(1),
                 "p",
@@ -801,6 +912,17 @@ mod tests {
         .unwrap_err();
         assert!(matches!(&e, Error::Timeout { op: "WRITE", .. }), "{e:?}");
         r.f.fail("");
+        // the timed-out copy is still queued: nothing it touches may be unbound before an abort
+        let e = r.hccl.unbind(&r.comms[0], &r.mems[0]).unwrap_err();
+        assert!(matches!(&e, Error::Native { code: 1, .. }), "{e:?}");
+        r.f.acl.abort(&r.stream).unwrap();
+        assert!(
+            r.f.log_lines()
+                .iter()
+                .any(|l| l.starts_with("aclrtStreamAbort ") && l.ends_with(" dropped=1 rc=0")),
+            "{:#?}",
+            r.f.log_lines()
+        );
         r.teardown();
     }
 
@@ -813,12 +935,12 @@ mod tests {
         let hccl = Hccl::load(Some(&f.so)).unwrap();
         f.acl.init().unwrap();
         f.acl.set_device(0).unwrap();
+        let cfg = CommConfig {
+            comm_name: "lonely".into(),
+            ..CommConfig::default()
+        };
         let comm = hccl
-            .init_comm(
-                &rank_table(&["10.1.1.1", "10.1.1.2"]),
-                0,
-                &CommConfig::default(),
-            )
+            .init_comm(&rank_table(&["10.1.1.1", "10.1.1.2"]), 0, &cfg)
             .unwrap();
         assert!(dir.join("10.1.1.1").exists(), "rank 0 announced itself");
         let t = Instant::now();
@@ -850,7 +972,7 @@ mod tests {
         assert_eq!(ok.comm_name[127], 0);
         assert_eq!(ok.rdma_service_level, 4);
         assert_eq!(ok.rdma_traffic_class, u32::MAX);
-        for bad in ["x".repeat(128), "a\0b".to_owned()] {
+        for bad in ["x".repeat(128), "a\0b".to_owned(), String::new()] {
             let e = CommConfig {
                 comm_name: bad,
                 ..CommConfig::default()
@@ -859,5 +981,153 @@ mod tests {
             .unwrap_err();
             assert_eq!(e.status(), Status::PARAM_INVALID);
         }
+    }
+
+    fn init_fixture(tag: &str) -> (Fixture, Hccl) {
+        let f = Fixture::new(tag);
+        let hccl = Hccl::load(Some(&f.so)).expect("load the double as HCCL");
+        f.acl.init().unwrap();
+        f.acl.set_device(0).unwrap();
+        (f, hccl)
+    }
+
+    fn named(name: &str) -> CommConfig {
+        CommConfig {
+            comm_name: name.into(),
+            ..CommConfig::default()
+        }
+    }
+
+    /// Item 2: HCCL does not support parallel `HcclCommInitClusterInfoMemConfig` (the double
+    /// fails every call that overlaps another); `init_comm` serialises them process-wide.
+    #[test]
+    fn concurrent_comm_inits_are_serialised() {
+        let (f, hccl) = init_fixture("hccl-serial");
+        crate::transport::ascend::double::control(&f.so, "init_hold_ms", Some("100"));
+        let ctx = f.acl.current_context().unwrap();
+        let table = rank_table(&["10.2.0.1", "10.2.0.2"]);
+        let start = std::sync::Barrier::new(4);
+        let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| {
+                    let (hccl, acl, table, start) = (&hccl, &f.acl, &table, &start);
+                    s.spawn(move || {
+                        let _g = acl.enter(ctx).unwrap();
+                        start.wait();
+                        hccl.init_comm(table, 0, &named(&format!("serial_{i}")))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        drop(results);
+        let log = f.log_lines();
+        assert!(!log.iter().any(|l| l.contains(" overlap=1 ")), "{log:#?}");
+        assert_eq!(
+            log.iter()
+                .filter(
+                    |l| l.starts_with("HcclCommInitClusterInfoMemConfig ") && l.ends_with("rc=0")
+                )
+                .count(),
+            4
+        );
+    }
+
+    /// Item 1 (the double's side): a rank table naming the logical id where HCCL expects the
+    /// physical one is `HCCL_E_UNAVAIL`; item 3: an empty or live name is `HCCL_E_PARA`.
+    #[test]
+    fn the_double_checks_device_ids_and_names_like_hccl() {
+        let (f, hccl) = init_fixture("hccl-strict");
+        assert_eq!(f.acl.physical_device_id(0).unwrap(), 10);
+        crate::transport::ascend::double::control(&f.so, "phy_map", Some("0:3,1:0"));
+        assert_eq!(f.acl.physical_device_id(0).unwrap(), 3);
+        assert_eq!(f.acl.physical_device_id(1).unwrap(), 0);
+        let e = hccl
+            .init_comm(&rank_table_on(&["10.3.0.1"], 0), 0, &named("logical"))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Native { call: "HcclCommInitClusterInfoMemConfig", code: 7, detail, .. } if detail == "HCCL_E_UNAVAIL"),
+            "{e:?}"
+        );
+        let comm = hccl
+            .init_comm(&rank_table_on(&["10.3.0.1"], 3), 0, &named("physical"))
+            .unwrap();
+        let e = hccl
+            .init_comm(&rank_table_on(&["10.3.0.1"], 3), 0, &named("physical"))
+            .unwrap_err();
+        assert!(matches!(&e, Error::Native { code: 1, .. }), "{e:?}");
+        comm.destroy().unwrap();
+        let again = hccl
+            .init_comm(&rank_table_on(&["10.3.0.1"], 3), 0, &named("physical"))
+            .expect("the name is free once the comm is destroyed");
+        drop(again);
+    }
+
+    /// Item 4: HCCL keeps one registry per process (the same range gets the same handle back);
+    /// two registrations of one range share it, and only the last one deregisters. An
+    /// overlapping range is refused before HCCL is called.
+    #[test]
+    fn one_range_registered_twice_shares_one_hccl_registration() {
+        let (f, hccl) = init_fixture("hccl-shared");
+        let buf = f
+            .acl
+            .malloc_device(1 << 20, MallocPolicy::HugeOnly)
+            .unwrap();
+        let cfg = named("shared");
+        let comm = hccl
+            .init_comm(&rank_table(&["10.4.0.1", "10.4.0.2"]), 0, &cfg)
+            .unwrap();
+        // SAFETY: the buffer outlives both registrations, and no Rust reference to its bytes
+        // exists.
+        let a = unsafe { hccl.register_global_mem(MemKind::Device, buf.addr(), 1 << 20) }.unwrap();
+        // SAFETY: as above.
+        let b = unsafe { hccl.register_global_mem(MemKind::Device, buf.addr(), 1 << 20) }.unwrap();
+        assert_eq!(a.as_raw(), b.as_raw());
+        // SAFETY: as above (refused before any HCCL call).
+        let e = unsafe { hccl.register_global_mem(MemKind::Device, buf.addr() + 4096, 4096) }
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Native {
+                    call: "HcclRegisterGlobalMem",
+                    code: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        a.deregister().unwrap();
+        // still registered for `b`
+        hccl.bind(&comm, &b)
+            .expect("the handle outlives the first deregistration");
+        hccl.unbind(&comm, &b).unwrap();
+        let log = f.log_lines();
+        assert!(
+            !log.iter()
+                .any(|l| l.starts_with("HcclDeregisterGlobalMem ")),
+            "{log:#?}"
+        );
+        assert_eq!(
+            log.iter()
+                .filter(|l| l.starts_with("HcclRegisterGlobalMem "))
+                .count(),
+            1,
+            "{log:#?}"
+        );
+        drop(b);
+        let log = f.log_lines();
+        assert_eq!(
+            log.iter()
+                .filter(|l| l.starts_with("HcclDeregisterGlobalMem ") && l.ends_with("rc=0"))
+                .count(),
+            1,
+            "{log:#?}"
+        );
+        drop(comm);
+        drop(buf);
     }
 }

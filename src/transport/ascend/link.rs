@@ -1,19 +1,30 @@
 //! The device data path of a link between two Ascend engines, as HIXL's default engine builds
 //! it: the handshake exchanges each side's device (DEVICE_HELLO / DEVICE_WELCOME), both build
-//! the same two-rank HCCL 1.0 rank table (rank 0: the serving engine, rank 1: the client),
+//! the same two-rank HCCL rank table (rank 0: the serving engine, rank 1: the client; version
+//! "1.0", or "1.2" with super-device ids when both sides are A3), then
 //! `HcclCommInitClusterInfoMemConfig`, `HcclCommBindMem` for every region, `HcclCommPrepare`;
-//! then transfers are `HcclBatchPut`/`HcclBatchGet` on the link's stream (at most 256
-//! descriptors per call) and `aclrtSynchronizeStreamWithTimeout`.
+//! transfers are `HcclBatchPut`/`HcclBatchGet` on the link's stream (at most 256 descriptors
+//! per call, 64 on Ascend950) and `aclrtSynchronizeStreamWithTimeout`.
+//!
+//! As in HIXL's `CommChannel`: a failed transfer aborts the stream (`aclrtStreamAbort`), waits
+//! [`ABORT_GUARD`] and tears the communicator down (unbind, destroy); a communicator whose
+//! name and rank a new link needs is torn down before the new one is created (a fast
+//! reconnect must not meet `HCCL_E_PARA` for a name still in use).
+//!
+//! In DEVICE_HELLO / DEVICE_WELCOME with status 0 the text field carries, on A3, this side's
+//! super-pod ids as a JSON object (`{"super_device_id":"..","super_pod_id":".."}`, what HIXL's
+//! local comm res carries for rank table 1.2); it is empty otherwise.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::Runtime;
+use serde_json::{Value, json};
+
 use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
+use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
 use crate::memory::{Access, RegionCore};
 use crate::transfer::TransferOp;
@@ -24,67 +35,79 @@ use crate::wire::{DeviceInfo, Kind, TableEntry};
 pub(crate) const SERVER_RANK: u32 = 0;
 /// The client's rank.
 pub(crate) const CLIENT_RANK: u32 = 1;
-/// How long dropping a link whose last transfer failed waits for its stream to drain before it
-/// gives up and leaks the link's memory instead of freeing it under a running copy.
-pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a failed link waits after `aclrtStreamAbort` before it destroys the communicator:
+/// the abort cannot stop tasks the AI CPU is already unfolding (HIXL's `kAicpuUnfoldGuardMs`).
+pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);
 
-/// One side of a link's device data path: the communicator (with this engine's regions bound),
-/// the stream, and the peer's rank. Unbinds and destroys everything when dropped.
-pub(crate) struct DeviceLink {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The HCCL resources of one side of a link, shared with the process-wide table of live
+/// communicators (so a new link with the same name and rank can tear them down first).
+struct Path {
     rt: Arc<Runtime>,
     bound: Vec<Arc<RegionCore>>,
     comm: Option<Comm>,
     stream: Option<Stream>,
-    remote_rank: u32,
-    peer: String,
-    /// Peer region id → its start address (client side).
-    remote: HashMap<u32, u64>,
-    /// Set when a transfer failed: copies may still be queued on the stream (a stream-sync
-    /// timeout does not cancel them), so dropping must drain it before anything is released.
-    dirty: AtomicBool,
+    /// A failed transfer could not abort the stream: copies may still be queued, so nothing
+    /// they touch may be unbound, deregistered or freed.
+    dirty: bool,
 }
 
-impl std::fmt::Debug for DeviceLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceLink")
-            .field("peer", &self.peer)
-            .field("remote_rank", &self.remote_rank)
-            .field("bound", &self.bound.len())
-            .finish()
+impl Path {
+    /// Aborts the stream after a failure; on success waits [`ABORT_GUARD`] and tears down.
+    fn fail(&mut self, peer: &str) {
+        let aborted = match &self.stream {
+            Some(s) => self.rt.acl.abort(s),
+            None => Ok(()),
+        };
+        match aborted {
+            Ok(()) => {
+                std::thread::sleep(ABORT_GUARD);
+                self.close(peer);
+            }
+            Err(e) => {
+                tracing::error!(
+                    peer,
+                    "aclrtStreamAbort failed after a failed transfer ({e}); \
+                    the link keeps its memory until the stream can be aborted"
+                );
+                self.dirty = true;
+            }
+        }
     }
-}
 
-impl Drop for DeviceLink {
-    fn drop(&mut self) {
-        let guard = self.rt.enter();
-        // A failed transfer may have left copies queued on the stream (a stream-sync timeout
-        // does not cancel them): they read or write the bound regions, which must not be
-        // unbound, deregistered or freed under them. Drain first; if the stream will not
-        // drain, leak the communicator, the stream and the regions' memory rather than free
-        // memory the device may still write.
-        if self.dirty.load(Ordering::SeqCst)
-            && let Some(s) = &self.stream
-            && let Err(e) = self
-                .rt
-                .acl
-                .synchronize(s, DRAIN_TIMEOUT, "disconnect", &self.peer)
-        {
-            tracing::error!(
-                peer = %self.peer,
-                "the device stream did not drain after a failed transfer ({e}); leaking the \
-                 link's communicator, stream and {} regions",
-                self.bound.len()
-            );
-            std::mem::forget(self.comm.take());
-            std::mem::forget(self.stream.take());
-            std::mem::forget(std::mem::take(&mut self.bound));
-            drop(guard);
-            return;
+    /// Unbinds every region, destroys the communicator and the stream. A dirty path aborts its
+    /// stream first; if that fails, the communicator, the stream and the regions are leaked
+    /// rather than released under a copy the device may still run.
+    fn close(&mut self, peer: &str) {
+        let rt = self.rt.clone();
+        let guard = rt.enter();
+        if self.dirty {
+            let aborted = match &self.stream {
+                Some(s) => rt.acl.abort(s),
+                None => Ok(()),
+            };
+            if let Err(e) = aborted {
+                tracing::error!(
+                    peer,
+                    "the device stream cannot be aborted ({e}); leaking the link's communicator, \
+                     stream and {} regions",
+                    self.bound.len()
+                );
+                std::mem::forget(self.comm.take());
+                std::mem::forget(self.stream.take());
+                std::mem::forget(std::mem::take(&mut self.bound));
+                return;
+            }
+            self.dirty = false;
+            std::thread::sleep(ABORT_GUARD);
         }
         if let Some(comm) = self.comm.take() {
             for r in &self.bound {
                 if let Some(d) = &r.device
-                    && let Err(e) = self.rt.hccl.unbind(&comm, &d.mem)
+                    && let Err(e) = rt.hccl.unbind(&comm, &d.mem)
                 {
                     tracing::warn!("HcclCommUnbindMem failed: {e}");
                 }
@@ -93,12 +116,51 @@ impl Drop for DeviceLink {
                 tracing::warn!("HcclCommDestroy failed: {e}");
             }
         }
+        self.bound.clear();
         if let Some(s) = self.stream.take()
-            && let Err(e) = self.rt.acl.destroy_stream(s)
+            && let Err(e) = rt.acl.destroy_stream(s)
         {
             tracing::warn!("aclrtDestroyStream failed: {e}");
         }
         drop(guard);
+    }
+}
+
+/// A live communicator of this process: HCCL library, name, rank.
+struct Live {
+    lib: String,
+    name: String,
+    rank: u32,
+    path: Weak<Mutex<Path>>,
+}
+
+/// Every communicator this process's links hold (dead entries are pruned on the next build).
+static LIVE: Mutex<Vec<Live>> = Mutex::new(Vec::new());
+
+/// One side of a link's device data path: the communicator (with this engine's regions bound),
+/// the stream, and the peer's rank. Unbinds and destroys everything when dropped.
+pub(crate) struct DeviceLink {
+    path: Arc<Mutex<Path>>,
+    remote_rank: u32,
+    per_call: usize,
+    peer: String,
+    /// Peer region id → its start address (client side).
+    remote: HashMap<u32, u64>,
+}
+
+impl std::fmt::Debug for DeviceLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceLink")
+            .field("peer", &self.peer)
+            .field("remote_rank", &self.remote_rank)
+            .field("per_call", &self.per_call)
+            .finish()
+    }
+}
+
+impl Drop for DeviceLink {
+    fn drop(&mut self) {
+        lock(&self.path).close(&self.peer);
     }
 }
 
@@ -111,46 +173,94 @@ fn ip_of_name(name: &str) -> String {
 /// A rank's device, as the rank table lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RankDev {
+    /// The physical device id (`aclrtGetPhyDevIdByLogicDevId`), which HCCL compares with the
+    /// current device's.
     pub(crate) device_id: u32,
-    pub(crate) device_ip: IpAddr,
+    /// The device's RoCE address; `None` where HCCL needs none (one server; one A3 super pod).
+    pub(crate) device_ip: Option<IpAddr>,
+    /// The host's address, the rank table's `server_id`.
     pub(crate) host_ip: IpAddr,
+    /// On A3: the super-device and super-pod ids (rank table 1.2).
+    pub(crate) super_ids: Option<SuperIds>,
 }
 
-/// The HCCL rank table (version "1.0", as HIXL's `RankTableGeneratorV1` writes it) of a link:
+/// The HCCL rank table of a link, built with `serde_json` in the shape of HIXL's generators:
 /// rank 0 is the server's device, rank 1 the client's; one `server_list` entry per host.
-pub(crate) fn rank_table(server: &RankDev, client: &RankDev) -> String {
-    let dev = |d: &RankDev, rank: u32| {
-        format!(
-            r#"{{"device_id":"{}","device_ip":"{}","rank_id":"{rank}"}}"#,
-            d.device_id, d.device_ip
-        )
+///
+/// Version "1.2" (`RankTableGeneratorV2`) when both sides are A3: every device also has
+/// `super_device_id`, and `super_pod_list` lists each super pod's servers. Else version "1.0"
+/// (`RankTableGeneratorV1`; HIXL also takes the lower version of the two sides). `device_ip`
+/// is left out where a side has none, as HIXL does.
+///
+/// # Errors
+/// [`Error::InvalidOption`] (`hixl.ascend.device_ip`) when a side has no device IP although
+/// HCCL needs one: the devices are on different servers and not in one A3 super pod.
+pub(crate) fn rank_table(server: &RankDev, client: &RankDev) -> Result<String, Error> {
+    let v12 = match (server.super_ids, client.super_ids) {
+        (Some(s), Some(c)) => Some((s, c)),
+        _ => None,
     };
-    let servers = if server.host_ip == client.host_ip {
-        vec![format!(
-            r#"{{"server_id":"{}","device":[{},{}]}}"#,
-            server.host_ip,
-            dev(server, SERVER_RANK),
-            dev(client, CLIENT_RANK)
-        )]
+    let one_server = server.host_ip == client.host_ip;
+    let one_pod = v12.is_some_and(|(s, c)| s.pod == c.pod);
+    if !one_server && !one_pod && (server.device_ip.is_none() || client.device_ip.is_none()) {
+        return Err(Error::InvalidOption {
+            key: "hixl.ascend.device_ip".into(),
+            value: String::new(),
+            problem: "a device IP on both sides: the devices are on different servers, not in one \
+                      A3 super pod (set it, or address_<physical id> in /etc/hccn.conf)",
+        });
+    }
+    let dev = |d: &RankDev, rank: u32| {
+        let mut o = serde_json::Map::new();
+        o.insert("device_id".into(), json!(d.device_id.to_string()));
+        if let Some(ip) = d.device_ip {
+            o.insert("device_ip".into(), json!(ip.to_string()));
+        }
+        if let (Some(ids), true) = (d.super_ids, v12.is_some()) {
+            o.insert("super_device_id".into(), json!(ids.device.to_string()));
+        }
+        o.insert("rank_id".into(), json!(rank.to_string()));
+        Value::Object(o)
+    };
+    let server_list: Vec<Value> = if one_server {
+        vec![json!({
+            "server_id": server.host_ip.to_string(),
+            "device": [dev(server, SERVER_RANK), dev(client, CLIENT_RANK)],
+        })]
     } else {
         vec![
-            format!(
-                r#"{{"server_id":"{}","device":[{}]}}"#,
-                server.host_ip,
-                dev(server, SERVER_RANK)
-            ),
-            format!(
-                r#"{{"server_id":"{}","device":[{}]}}"#,
-                client.host_ip,
-                dev(client, CLIENT_RANK)
-            ),
+            json!({"server_id": server.host_ip.to_string(), "device": [dev(server, SERVER_RANK)]}),
+            json!({"server_id": client.host_ip.to_string(), "device": [dev(client, CLIENT_RANK)]}),
         ]
     };
-    format!(
-        r#"{{"version":"1.0","server_count":"{}","server_list":[{}],"status":"completed"}}"#,
-        servers.len(),
-        servers.join(",")
-    )
+    let mut table = json!({
+        "version": if v12.is_some() { "1.2" } else { "1.0" },
+        "server_count": server_list.len().to_string(),
+        "server_list": server_list,
+        "status": "completed",
+    });
+    if let Some((s, c)) = v12 {
+        // HIXL's MergeSuperPods: pod id → the set of its servers
+        let mut pods: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (ids, host) in [(s, server.host_ip), (c, client.host_ip)] {
+            let servers = pods.entry(ids.pod.to_string()).or_default();
+            if !servers.contains(&host.to_string()) {
+                servers.push(host.to_string());
+            }
+        }
+        let list: Vec<Value> = pods
+            .into_iter()
+            .map(|(pod, servers)| {
+                let servers: Vec<Value> = servers
+                    .into_iter()
+                    .map(|s| json!({ "server_id": s }))
+                    .collect();
+                json!({"super_pod_id": pod, "server_list": servers})
+            })
+            .collect();
+        table["super_pod_list"] = Value::Array(list);
+    }
+    Ok(table.to_string())
 }
 
 /// HIXL's communicator name, `hixl_<client>_<server>`, cut to 127 bytes, without NUL.
@@ -165,26 +275,77 @@ fn comm_name(client: &str, server: &str) -> String {
     s
 }
 
+/// The A3 ids a peer sends in the text field of a DEVICE_HELLO / DEVICE_WELCOME with status 0.
+fn parse_extras(text: &str) -> Result<Option<SuperIds>, &'static str> {
+    const WHAT: &str = "a JSON object {\"super_device_id\": digits, \"super_pod_id\": digits}";
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(text).map_err(|_| WHAT)?;
+    let id = |k: &str| -> Result<i64, &'static str> {
+        match v.get(k) {
+            Some(Value::String(s))
+                if !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                s.parse().map_err(|_| WHAT)
+            }
+            _ => Err(WHAT),
+        }
+    };
+    if !v.is_object() {
+        return Err(WHAT);
+    }
+    Ok(Some(SuperIds {
+        device: id("super_device_id")?,
+        pod: id("super_pod_id")?,
+    }))
+}
+
 fn parse_dev(info: &DeviceInfo) -> Result<RankDev, &'static str> {
     Ok(RankDev {
         device_id: info.device_id,
-        device_ip: info.device_ip.parse().map_err(|_| "a device IP address")?,
+        device_ip: match info.device_ip.as_str() {
+            "" => None,
+            ip => Some(ip.parse().map_err(|_| "a device IP address (or none)")?),
+        },
         host_ip: info.host_ip.parse().map_err(|_| "a host IP address")?,
+        super_ids: parse_extras(&info.reason)?,
     })
+}
+
+fn my_dev(rt: &Runtime, name: &str) -> RankDev {
+    RankDev {
+        device_id: rt.phy_id,
+        device_ip: rt.device_ip,
+        host_ip: ip_of_name(name)
+            .parse()
+            .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+        super_ids: rt.super_ids,
+    }
 }
 
 fn my_info(rt: &Runtime, name: &str, timeout: Duration) -> DeviceInfo {
     DeviceInfo {
         status: 0,
-        device_id: rt.device_id,
-        device_ip: rt.device_ip.to_string(),
+        device_id: rt.phy_id,
+        device_ip: rt.device_ip.map(|ip| ip.to_string()).unwrap_or_default(),
         host_ip: ip_of_name(name),
         timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
-        reason: String::new(),
+        reason: rt
+            .super_ids
+            .map(|ids| {
+                json!({
+                    "super_device_id": ids.device.to_string(),
+                    "super_pod_id": ids.pod.to_string(),
+                })
+                .to_string()
+            })
+            .unwrap_or_default(),
     }
 }
 
-/// Builds this side's communicator: init from the rank table, bind every region, prepare.
+/// Builds this side's communicator: tears down a live communicator of this process with the
+/// same name and rank (a fast reconnect), init from the rank table, bind every region, prepare.
 #[allow(clippy::too_many_arguments)]
 fn build(
     rt: &Arc<Runtime>,
@@ -198,35 +359,65 @@ fn build(
 ) -> Result<DeviceLink, Error> {
     let _guard = rt.enter()?;
     let cfg = super::hccl::CommConfig {
-        comm_name: name,
+        comm_name: name.clone(),
         ..rt.comm.clone()
     };
-    let comm = rt.hccl.init_comm(table, rank, &cfg)?;
-    let mut link = DeviceLink {
+    let path = Arc::new(Mutex::new(Path {
         rt: rt.clone(),
         bound: Vec::with_capacity(regions.len()),
         comm: None,
         stream: None,
+        dirty: false,
+    }));
+    // from here on, dropping `link` unbinds and destroys
+    let link = DeviceLink {
+        path: path.clone(),
         remote_rank: if rank == SERVER_RANK {
             CLIENT_RANK
         } else {
             SERVER_RANK
         },
+        per_call: rt.soc.max_descs_per_call(),
         peer: peer.to_owned(),
         remote,
-        dirty: AtomicBool::new(false),
     };
-    // from here on, dropping `link` unbinds and destroys
-    link.comm = Some(comm);
-    let comm = link.comm.as_ref().expect("just set");
-    for r in regions {
-        if let Some(d) = &r.device {
-            rt.hccl.bind(comm, &d.mem)?;
-            link.bound.push(r.clone());
+    {
+        let lib = rt.hccl.library().to_owned();
+        let mut live = lock(&LIVE);
+        live.retain(|l| l.path.strong_count() > 0);
+        let same = |l: &Live| l.lib == lib && l.name == name && l.rank == rank;
+        let old: Vec<Arc<Mutex<Path>>> = live
+            .iter()
+            .filter(|l| same(l))
+            .filter_map(|l| l.path.upgrade())
+            .collect();
+        live.retain(|l| !same(l));
+        for o in old {
+            tracing::debug!(peer, comm = %name, rank, "destroying the previous communicator of this name first");
+            lock(&o).close(peer);
         }
+        let comm = rt.hccl.init_comm(table, rank, &cfg)?;
+        lock(&path).comm = Some(comm);
+        live.push(Live {
+            lib,
+            name,
+            rank,
+            path: Arc::downgrade(&path),
+        });
     }
-    rt.hccl.prepare(comm, timeout, peer)?;
-    link.stream = Some(rt.acl.create_stream()?);
+    {
+        let mut p = lock(&path);
+        let Path { comm, bound, .. } = &mut *p;
+        let comm = comm.as_ref().expect("just set");
+        for r in regions {
+            if let Some(d) = &r.device {
+                rt.hccl.bind(comm, &d.mem)?;
+                bound.push(r.clone());
+            }
+        }
+        rt.hccl.prepare(comm, timeout, peer)?;
+        p.stream = Some(rt.acl.create_stream()?);
+    }
     Ok(link)
 }
 
@@ -262,16 +453,12 @@ pub(crate) fn connect(
     }
     let server = parse_dev(&theirs)
         .map_err(|what| lane_err(LaneFail::Protocol(format!("DEVICE_WELCOME without {what}"))))?;
-    let client = RankDev {
-        device_id: rt.device_id,
-        device_ip: rt.device_ip,
-        host_ip: ip_of_name(me).parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
-    };
+    let client = my_dev(rt, me);
     let remote = table.iter().map(|e| (e.id, e.addr)).collect();
     let left = deadline.saturating_duration_since(Instant::now());
     let link = build(
         rt,
-        &rank_table(&server, &client),
+        &rank_table(&server, &client)?,
         CLIENT_RANK,
         comm_name(me, peer),
         regions,
@@ -351,27 +538,25 @@ pub(crate) fn serve(
     let timeout = Duration::from_millis(u64::from(hello.timeout_ms).clamp(1, 60_000));
     my_info(rt, me, timeout).encode(Kind::DeviceWelcome, &mut out);
     send(&out)?;
-    let server = RankDev {
-        device_id: rt.device_id,
-        device_ip: rt.device_ip,
-        host_ip: ip_of_name(me).parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
-    };
+    let server = my_dev(rt, me);
     // regions peers may neither read nor write are not exposed through the communicator
     let served: Vec<Arc<RegionCore>> = regions
         .iter()
         .filter(|r| r.access != Access::None)
         .cloned()
         .collect();
-    let r = build(
-        rt,
-        &rank_table(&server, &client),
-        SERVER_RANK,
-        comm_name(client_name, me),
-        &served,
-        client_name,
-        timeout,
-        HashMap::new(),
-    );
+    let r = rank_table(&server, &client).and_then(|table| {
+        build(
+            rt,
+            &table,
+            SERVER_RANK,
+            comm_name(client_name, me),
+            &served,
+            client_name,
+            timeout,
+            HashMap::new(),
+        )
+    });
     out.clear();
     match r {
         Ok(link) => {
@@ -404,65 +589,57 @@ impl DeviceLink {
         xds: &[Xd],
         timeout: Duration,
     ) -> Result<(), Error> {
-        let (Some(comm), Some(stream)) = (&self.comm, &self.stream) else {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: "the device data path is closed".into(),
-            });
-        };
-        let mut descs = Vec::with_capacity(xds.len());
-        for d in xds {
-            let Some(base) = self.remote.get(&d.remote.region) else {
-                return Err(Error::RemoteNotRegistered {
+        let mut p = lock(&self.path);
+        let rt = p.rt.clone();
+        let r = {
+            let (Some(comm), Some(stream)) = (&p.comm, &p.stream) else {
+                return Err(Error::NotConnected {
                     peer: self.peer.clone(),
-                    addr: d.remote.offset,
-                    len: d.remote.len,
+                    why: "the device data path is closed".into(),
                 });
             };
-            descs.push(OneSideDesc {
-                local: d.local as u64,
-                remote: base + d.remote.offset,
-                len: d.remote.len,
-            });
-        }
-        let dir = match op {
-            TransferOp::Write => Direction::Put,
-            TransferOp::Read => Direction::Get,
-        };
-        // SAFETY: forwarded from the caller; the regions are bound to `comm` (every region of
-        // the engine was bound when the link was built).
-        let r = unsafe {
-            self.rt.hccl.transfer(
-                &self.rt.acl,
-                comm,
-                self.remote_rank,
-                dir,
-                &descs,
-                stream,
-                timeout,
-                &self.peer,
-            )
-        };
-        if r.is_err() {
-            // copies may still be queued (a stream-sync timeout does not cancel them): give the
-            // stream a bounded chance to drain now, so that when this call returns the device no
-            // longer touches the caller's buffers; if it will not drain, the link stays dirty
-            // and its drop keeps the regions (and leaks them rather than free them under a copy)
-            let drained = self
-                .rt
-                .acl
-                .synchronize(
+            let mut descs = Vec::with_capacity(xds.len());
+            for d in xds {
+                let Some(base) = self.remote.get(&d.remote.region) else {
+                    return Err(Error::RemoteNotRegistered {
+                        peer: self.peer.clone(),
+                        addr: d.remote.offset,
+                        len: d.remote.len,
+                    });
+                };
+                descs.push(OneSideDesc {
+                    local: d.local as u64,
+                    remote: base + d.remote.offset,
+                    len: d.remote.len,
+                });
+            }
+            let dir = match op {
+                TransferOp::Write => Direction::Put,
+                TransferOp::Read => Direction::Get,
+            };
+            // SAFETY: forwarded from the caller; the regions are bound to `comm` (every region
+            // of the engine was bound when the link was built), and a failure aborts the
+            // stream below before anything is released.
+            unsafe {
+                rt.hccl.transfer(
+                    &rt.acl,
+                    comm,
+                    self.remote_rank,
+                    dir,
+                    &descs,
+                    self.per_call,
                     stream,
-                    DRAIN_TIMEOUT,
-                    "drain after a failed transfer",
+                    timeout,
                     &self.peer,
                 )
-                .is_ok();
-            if !drained {
-                tracing::error!(peer = %self.peer,
-                    "the device stream did not drain after a failed transfer; its buffers may still be written");
-                self.dirty.store(true, Ordering::SeqCst);
             }
+        };
+        if r.is_err() {
+            // copies may still be queued (a stream-sync timeout does not cancel them): abort the
+            // stream, so that when this call returns the device no longer touches the caller's
+            // buffers, and tear the communicator down (the link is unusable now, as in HIXL);
+            // if the abort fails, the path stays dirty and keeps its regions
+            p.fail(&self.peer);
         }
         r
     }
@@ -472,30 +649,130 @@ impl DeviceLink {
 mod tests {
     use super::*;
 
+    fn dev(id: u32, ip: Option<&str>, host: &str, ids: Option<(i64, i64)>) -> RankDev {
+        RankDev {
+            device_id: id,
+            device_ip: ip.map(|ip| ip.parse().unwrap()),
+            host_ip: host.parse().unwrap(),
+            super_ids: ids.map(|(device, pod)| SuperIds { device, pod }),
+        }
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        k.sort_unstable();
+        k
+    }
+
+    /// Version 1.0, the fields of HIXL's `RankTableGeneratorV1` (`to_json` of RankTableInfo,
+    /// ServerInfo, DeviceInfo): `version`, `server_count`, `server_list[{server_id, device[
+    /// {device_id, device_ip?, rank_id}]}]`, `status`.
     #[test]
-    fn rank_tables_follow_hccl_v1() {
-        let s = RankDev {
-            device_id: 0,
-            device_ip: "192.168.1.8".parse().unwrap(),
-            host_ip: "10.0.0.1".parse().unwrap(),
-        };
-        let mut c = RankDev {
-            device_id: 3,
-            device_ip: "192.168.1.9".parse().unwrap(),
-            host_ip: "10.0.0.1".parse().unwrap(),
-        };
+    fn rank_table_1_0_has_hixls_v1_fields() {
+        let s = dev(4, Some("192.168.1.8"), "10.0.0.1", None);
+        let mut c = dev(7, Some("192.168.1.9"), "10.0.0.1", None);
+        let t: Value = serde_json::from_str(&rank_table(&s, &c).unwrap()).unwrap();
         assert_eq!(
-            rank_table(&s, &c),
-            r#"{"version":"1.0","server_count":"1","server_list":[{"server_id":"10.0.0.1","device":[{"device_id":"0","device_ip":"192.168.1.8","rank_id":"0"},{"device_id":"3","device_ip":"192.168.1.9","rank_id":"1"}]}],"status":"completed"}"#
+            t,
+            json!({"version":"1.0","server_count":"1","status":"completed","server_list":[
+                {"server_id":"10.0.0.1","device":[
+                    {"device_id":"4","device_ip":"192.168.1.8","rank_id":"0"},
+                    {"device_id":"7","device_ip":"192.168.1.9","rank_id":"1"}]}]})
+        );
+        assert_eq!(
+            keys(&t),
+            ["server_count", "server_list", "status", "version"]
         );
         c.host_ip = "10.0.0.2".parse().unwrap();
-        let t = rank_table(&s, &c);
-        assert!(t.contains(r#""server_count":"2""#), "{t}");
-        assert!(t.contains(r#"{"server_id":"10.0.0.2","device":[{"device_id":"3","device_ip":"192.168.1.9","rank_id":"1"}]}"#), "{t}");
-        super::super::options::parse_json(&t).expect("well-formed JSON");
+        let t: Value = serde_json::from_str(&rank_table(&s, &c).unwrap()).unwrap();
+        assert_eq!(t["server_count"], "2");
+        assert_eq!(
+            t["server_list"][1],
+            json!({"server_id":"10.0.0.2","device":[{"device_id":"7","device_ip":"192.168.1.9","rank_id":"1"}]})
+        );
+        // one A3 side is not enough: HIXL takes the lower version of the two
+        let a3 = dev(4, Some("192.168.1.8"), "10.0.0.1", Some((65536, 3)));
+        let t: Value = serde_json::from_str(&rank_table(&a3, &c).unwrap()).unwrap();
+        assert_eq!(t["version"], "1.0");
+        assert!(t.get("super_pod_list").is_none());
+        assert!(
+            t["server_list"][0]["device"][0]
+                .get("super_device_id")
+                .is_none()
+        );
+        // a device IP needs no JSON escaping, but a host name would be refused before this
         assert_eq!(comm_name("a", "b"), "hixl_a_b");
         assert_eq!(comm_name(&"x".repeat(300), "b").len(), 127);
         assert_eq!(comm_name("a\0", "b"), "hixl_a_b");
+    }
+
+    /// Version 1.2, the fields of HIXL's `RankTableGeneratorV2`: every device also has
+    /// `super_device_id`; `super_pod_list[{super_pod_id, server_list[{server_id}]}]` groups the
+    /// servers by super pod (`MergeSuperPods`).
+    #[test]
+    fn rank_table_1_2_has_hixls_v2_fields() {
+        let s = dev(0, Some("192.168.1.8"), "10.0.0.1", Some((98369551, 11)));
+        let c = dev(3, Some("192.168.1.9"), "10.0.0.2", Some((190644239, 11)));
+        let t: Value = serde_json::from_str(&rank_table(&s, &c).unwrap()).unwrap();
+        assert_eq!(
+            t,
+            json!({"version":"1.2","server_count":"2","status":"completed",
+                "server_list":[
+                    {"server_id":"10.0.0.1","device":[{"device_id":"0","device_ip":"192.168.1.8",
+                        "super_device_id":"98369551","rank_id":"0"}]},
+                    {"server_id":"10.0.0.2","device":[{"device_id":"3","device_ip":"192.168.1.9",
+                        "super_device_id":"190644239","rank_id":"1"}]}],
+                "super_pod_list":[{"super_pod_id":"11","server_list":[
+                    {"server_id":"10.0.0.1"},{"server_id":"10.0.0.2"}]}]})
+        );
+        assert_eq!(
+            keys(&t),
+            [
+                "server_count",
+                "server_list",
+                "status",
+                "super_pod_list",
+                "version"
+            ]
+        );
+        // two pods, and one server
+        let c2 = dev(3, Some("192.168.1.9"), "10.0.0.2", Some((7, 12)));
+        let s2 = dev(0, Some("192.168.1.8"), "10.0.0.1", Some((6, 11)));
+        let t: Value = serde_json::from_str(&rank_table(&s2, &c2).unwrap()).unwrap();
+        assert_eq!(
+            t["super_pod_list"],
+            json!([{"super_pod_id":"11","server_list":[{"server_id":"10.0.0.1"}]},
+                   {"super_pod_id":"12","server_list":[{"server_id":"10.0.0.2"}]}])
+        );
+        let one = dev(1, None, "10.0.0.1", Some((9, 11)));
+        let t: Value = serde_json::from_str(&rank_table(&s, &one).unwrap()).unwrap();
+        assert_eq!(
+            t["super_pod_list"],
+            json!([{"super_pod_id":"11","server_list":[{"server_id":"10.0.0.1"}]}])
+        );
+        assert_eq!(
+            t["server_list"][0]["device"][1],
+            json!({"device_id":"1","super_device_id":"9","rank_id":"1"}),
+            "no device_ip key without a device IP"
+        );
+    }
+
+    /// HCCL needs no device IP within one server or one A3 super pod; elsewhere both sides
+    /// need one.
+    #[test]
+    fn device_ips_are_optional_only_where_hccl_allows() {
+        let with = dev(0, Some("192.168.1.8"), "10.0.0.1", None);
+        let without = dev(1, None, "10.0.0.1", None);
+        assert!(rank_table(&with, &without).is_ok(), "one server");
+        let mut remote = without.clone();
+        remote.host_ip = "10.0.0.2".parse().unwrap();
+        let e = rank_table(&with, &remote).unwrap_err();
+        assert_eq!(e.status(), Status::PARAM_INVALID, "{e:?}");
+        let a = dev(0, None, "10.0.0.1", Some((1, 5)));
+        let b = dev(0, None, "10.0.0.2", Some((2, 5)));
+        assert!(rank_table(&a, &b).is_ok(), "one super pod");
+        let c = dev(0, None, "10.0.0.2", Some((2, 6)));
+        assert!(rank_table(&a, &c).is_err(), "two super pods");
     }
 
     #[test]
@@ -508,12 +785,14 @@ mod tests {
             timeout_ms: 1,
             reason: String::new(),
         };
-        assert!(parse_dev(&ok).is_ok());
+        assert_eq!(parse_dev(&ok).unwrap().super_ids, None);
+        let mut none = ok.clone();
+        none.device_ip = String::new();
+        assert_eq!(parse_dev(&none).unwrap().device_ip, None, "no device IP");
         for inject in [
             r#"1.2.3.4","rank_id":"0"#,
             "1.2.3.4 ",
             "fe80::1%eth0",
-            "",
             "../../etc/passwd",
         ] {
             let mut d = ok.clone();
@@ -522,6 +801,31 @@ mod tests {
             let mut d = ok.clone();
             d.host_ip = inject.into();
             assert!(parse_dev(&d).is_err(), "host ip {inject:?}");
+        }
+        let mut d = ok.clone();
+        d.host_ip = String::new();
+        assert!(parse_dev(&d).is_err());
+        let mut a3 = ok.clone();
+        a3.reason = r#"{"super_device_id":"98369551","super_pod_id":"11","later":1}"#.into();
+        assert_eq!(
+            parse_dev(&a3).unwrap().super_ids,
+            Some(SuperIds {
+                device: 98369551,
+                pod: 11
+            })
+        );
+        for bad in [
+            "x",
+            "[]",
+            r#"{"super_device_id":"1"}"#,
+            r#"{"super_device_id":1,"super_pod_id":"1"}"#,
+            r#"{"super_device_id":"-1","super_pod_id":"1"}"#,
+            r#"{"super_device_id":"1\",\"x","super_pod_id":"1"}"#,
+            r#"{"super_device_id":"9999999999999999999","super_pod_id":"1"}"#,
+        ] {
+            let mut d = ok.clone();
+            d.reason = bad.into();
+            assert!(parse_dev(&d).is_err(), "{bad:?}");
         }
     }
 }

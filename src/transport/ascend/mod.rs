@@ -38,10 +38,89 @@ pub struct AscendConfig {
     pub acl_lib: Option<PathBuf>,
     /// The HCCL library; `None`: `$HIXL_HCCL_LIB`, then `libhcomm.so`, `libhccl.so`.
     pub hccl_lib: Option<PathBuf>,
-    /// The device (`aclrtSetDevice`), 0 by default.
+    /// The logical device id, as `aclrtSetDevice` takes it (0 by default). The rank table and
+    /// `/etc/hccn.conf` use the physical id, which hixl asks ACL for
+    /// (`aclrtGetPhyDevIdByLogicDevId`); the two differ in containers and with visible-device
+    /// remapping.
     pub device_id: u32,
-    /// The device's RoCE address; `None`: `address_<device_id>` from `/etc/hccn.conf`.
+    /// The device's RoCE address; `None`: `address_<physical id>` (else
+    /// `IPv6address_<physical id>`) from `/etc/hccn.conf`, and if neither is there, none: HCCL
+    /// needs no device IP between two devices of one server, nor between A3 servers of one
+    /// super pod (HCCS); other links are then refused with [`Error::InvalidOption`].
     pub device_ip: Option<IpAddr>,
+}
+
+/// The SoC families the backend tells apart, by `aclrtGetSocName` (HIXL's `SocType` lists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Soc {
+    /// Atlas A2 (`Ascend910B1`..`B4`, `B2C`, `B4-1`): rank table 1.0.
+    A2,
+    /// Atlas A3 (`Ascend910_9391`, `_9381`, `_9392`, `_9382`, `_9372`, `_9362`): rank table 1.2
+    /// with super-device ids (HCCS between the servers of a super pod).
+    A3,
+    /// Ascend950 (A5): HCCL's V2 one-sided path takes at most 64 descriptors per batch call.
+    A5,
+    /// Anything else (or no name): treated like A2.
+    Other,
+}
+
+/// The SoC names HIXL treats as A2 (`kSocV2`).
+const SOC_A2: &[&str] = &[
+    "Ascend910B1",
+    "Ascend910B2",
+    "Ascend910B3",
+    "Ascend910B4",
+    "Ascend910B2C",
+    "Ascend910B4-1",
+];
+/// The SoC names HIXL treats as A3 (`kSocV3`, and `LocalCommResGenerator`'s rank table 1.2 set).
+const SOC_A3: &[&str] = &[
+    "Ascend910_9391",
+    "Ascend910_9381",
+    "Ascend910_9392",
+    "Ascend910_9382",
+    "Ascend910_9372",
+    "Ascend910_9362",
+];
+
+impl Soc {
+    /// The family of an `aclrtGetSocName` result.
+    pub(crate) fn from_name(name: &str) -> Self {
+        if SOC_A3.contains(&name) {
+            Self::A3
+        } else if SOC_A2.contains(&name) {
+            Self::A2
+        } else if name.contains("Ascend950") {
+            Self::A5
+        } else {
+            Self::Other
+        }
+    }
+
+    /// The rank-table version the backend generates on this SoC.
+    pub(crate) fn rank_table_version(self) -> &'static str {
+        match self {
+            Self::A3 => "1.2",
+            _ => "1.0",
+        }
+    }
+
+    /// Most descriptors per `HcclBatchPut`/`HcclBatchGet` call.
+    pub(crate) fn max_descs_per_call(self) -> usize {
+        match self {
+            Self::A5 => hccl::MAX_DESCS_PER_CALL_V2,
+            _ => hccl::MAX_DESCS_PER_CALL,
+        }
+    }
+}
+
+/// An A3 device's place in its super pod (`aclrtGetDeviceInfo`), for rank table 1.2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SuperIds {
+    /// `ACL_DEV_ATTR_SUPER_POD_DEVICE_ID`: the rank table's `super_device_id`.
+    pub(crate) device: i64,
+    /// `ACL_DEV_ATTR_SUPER_POD_ID`: the `super_pod_list` entry's `super_pod_id`.
+    pub(crate) pod: i64,
 }
 
 /// An engine's Ascend runtime: the loaded libraries, its device and the device context of the
@@ -49,8 +128,14 @@ pub struct AscendConfig {
 pub(crate) struct Runtime {
     pub(crate) acl: Acl,
     pub(crate) hccl: Hccl,
+    /// The logical id (`aclrtSetDevice`).
     pub(crate) device_id: u32,
-    pub(crate) device_ip: IpAddr,
+    /// The physical id (rank table, `/etc/hccn.conf`).
+    pub(crate) phy_id: u32,
+    pub(crate) device_ip: Option<IpAddr>,
+    pub(crate) soc_name: String,
+    pub(crate) soc: Soc,
+    pub(crate) super_ids: Option<SuperIds>,
     pub(crate) ctx: Context,
     pub(crate) comm: CommConfig,
 }
@@ -61,18 +146,22 @@ impl fmt::Debug for Runtime {
             .field("acl", &self.acl.library())
             .field("hccl", &self.hccl.library())
             .field("device_id", &self.device_id)
+            .field("phy_id", &self.phy_id)
             .field("device_ip", &self.device_ip)
+            .field("soc", &self.soc_name)
+            .field("super_ids", &self.super_ids)
             .finish()
     }
 }
 
 impl Runtime {
     /// Loads ACL and HCCL, initialises ACL and sets the device on the calling thread, whose
-    /// context becomes the engine's (HIXL `Initialize`).
+    /// context becomes the engine's (HIXL `Initialize`); then asks ACL for the device's
+    /// physical id and the SoC (and on A3 the super-pod ids), and finds the device IP.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`] (`UNSUPPORTED`) for a missing library or symbol;
-    /// [`Error::InvalidOption`] without a device address; [`Error::Native`] from ACL.
+    /// [`Error::InvalidOption`] for a device id of 2^31 or more; [`Error::Native`] from ACL.
     pub(crate) fn start(o: &AscendOptions) -> Result<Arc<Self>, Error> {
         let acl = Acl::load(o.acl_lib.as_deref())?;
         let hccl = Hccl::load(o.hccl_lib.as_deref())?;
@@ -82,20 +171,37 @@ impl Runtime {
             value: device_id.to_string(),
             problem: "a device id below 2^31",
         })?;
-        let device_ip = o.resolve_device_ip().ok_or_else(|| Error::InvalidOption {
-            key: "hixl.ascend.device_ip".into(),
-            value: String::new(),
-            problem: "the device's RoCE address: set it, or configure address_<device_id> in \
-                      /etc/hccn.conf",
-        })?;
         acl.init()?;
         acl.set_device(device)?;
         let ctx = acl.current_context()?;
+        let phy_id = acl.physical_device_id(device)?;
+        let soc_name = acl.soc_name().unwrap_or_default();
+        let soc = Soc::from_name(&soc_name);
+        let super_ids = match soc {
+            Soc::A3 => Some(SuperIds {
+                device: acl.device_info(device_id, ffi::ACL_DEV_ATTR_SUPER_POD_DEVICE_ID)?,
+                pod: acl.device_info(device_id, ffi::ACL_DEV_ATTR_SUPER_POD_ID)?,
+            }),
+            _ => None,
+        };
+        let device_ip = o.resolve_device_ip(phy_id);
+        if device_ip.is_none() {
+            tracing::warn!(
+                device_id,
+                phy_id,
+                "no device IP (hixl.ascend.device_ip, or address_{phy_id} / IPv6address_{phy_id} \
+                 in /etc/hccn.conf): only links within this server or this A3 super pod will work"
+            );
+        }
         Ok(Arc::new(Self {
             acl,
             hccl,
             device_id,
+            phy_id,
             device_ip,
+            soc_name,
+            soc,
+            super_ids,
             ctx,
             comm: CommConfig {
                 traffic_class: o.rdma_traffic_class,
@@ -384,21 +490,86 @@ unsafe impl RegistrableMemory for PinnedHostBuffer {
 
 static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
 
+/// What [`probe`] reports for loaded libraries: their names, the SoC (`aclrtGetSocName`, which
+/// needs no initialisation) and what the backend chooses for it.
+pub(crate) fn describe(acl: &Acl, hccl: &Hccl) -> String {
+    let (name, soc) = match acl.soc_name() {
+        Some(n) => {
+            let soc = Soc::from_name(&n);
+            (n, soc)
+        }
+        None => (
+            "unknown (aclrtGetSocName returned nothing)".to_owned(),
+            Soc::Other,
+        ),
+    };
+    format!(
+        "ACL runtime {} and HCCL {}; SoC {name} ({soc:?}): rank table {}, at most {} descriptors \
+         per HCCL batch call (verified against an ABI test double; not yet run on Ascend \
+         hardware)",
+        acl.library(),
+        hccl.library(),
+        soc.rank_table_version(),
+        soc.max_descs_per_call(),
+    )
+}
+
 /// Whether the default ACL and HCCL libraries (or `$HIXL_ACL_LIB` / `$HIXL_HCCL_LIB`) load,
-/// with every symbol; checked once per process (nothing is initialised).
+/// with every symbol, and which SoC they report; checked once per process (nothing is
+/// initialised).
 pub(crate) fn probe() -> Result<&'static str, &'static str> {
     let r = PROBE.get_or_init(|| {
-        let acl = ffi::AclApi::load(None).map_err(|e| e.to_string())?;
-        let hccl = ffi::HcclApi::load(None).map_err(|e| e.to_string())?;
-        Ok(format!(
-            "ACL runtime {} and HCCL {} (verified against an ABI test double; not yet run on \
-             Ascend hardware)",
-            acl.library(),
-            hccl.library()
-        ))
+        let acl = Acl::load(None).map_err(|e| e.to_string())?;
+        let hccl = Hccl::load(None).map_err(|e| e.to_string())?;
+        Ok(describe(&acl, &hccl))
     });
     match r {
         Ok(s) => Ok(s.as_str()),
         Err(s) => Err(s.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::ascend::acl::tests::Fixture;
+
+    #[test]
+    fn socs_choose_the_rank_table_and_the_batch_limit() {
+        assert_eq!(Soc::from_name("Ascend910B4-1"), Soc::A2);
+        for a3 in SOC_A3 {
+            assert_eq!(Soc::from_name(a3), Soc::A3);
+        }
+        assert_eq!(Soc::from_name("Ascend910_9391"), Soc::A3);
+        assert_eq!(Soc::from_name("Ascend950PR_9599"), Soc::A5);
+        assert_eq!(Soc::from_name("Ascend310P3"), Soc::Other);
+        assert_eq!(Soc::from_name(""), Soc::Other);
+        assert_eq!(Soc::A3.rank_table_version(), "1.2");
+        assert_eq!(Soc::A2.rank_table_version(), "1.0");
+        assert_eq!(Soc::A5.rank_table_version(), "1.0");
+        assert_eq!(Soc::A5.max_descs_per_call(), 64);
+        assert_eq!(Soc::A2.max_descs_per_call(), 256);
+    }
+
+    /// What `hixl::probe()` says when the libraries load: the SoC and the rank-table version.
+    #[test]
+    fn probe_reports_the_soc_and_the_rank_table_version() {
+        let f = Fixture::new("probe");
+        let hccl = Hccl::load(Some(&f.so)).unwrap();
+        let d = describe(&f.acl, &hccl);
+        assert!(
+            d.contains("SoC Ascend910B1 (A2): rank table 1.0, at most 256 descriptors"),
+            "{d}"
+        );
+        assert!(d.contains("not yet run on Ascend hardware"), "{d}");
+        double::control(&f.so, "soc", Some("Ascend910_9392"));
+        let d = describe(&f.acl, &hccl);
+        assert!(d.contains("SoC Ascend910_9392 (A3): rank table 1.2"), "{d}");
+        double::control(&f.so, "soc", Some("Ascend950PR_9599"));
+        let d = describe(&f.acl, &hccl);
+        assert!(
+            d.contains("(A5): rank table 1.0, at most 64 descriptors"),
+            "{d}"
+        );
     }
 }

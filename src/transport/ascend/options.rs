@@ -3,7 +3,7 @@
 //!
 //! Ranges follow HIXL's docs (`docs/zh/api/cpp/HIXL-interface.md`) and parsers
 //! (`hixl_options.cc`, `adxl_inner_engine.cc`); see `/work/shared/reference/hixl-api.md` §3.2.
-//! JSON values are parsed with a small strict RFC 8259 parser (no dependency).
+//! JSON values are parsed with `serde_json` (strict RFC 8259), duplicate keys refused.
 
 // Unused yet: `validate` and `from_pairs` (the engine parses through `AscendOptions::set`) and
 // the `BufferPool` helpers (no staging pool yet).
@@ -29,7 +29,8 @@ pub(crate) const ASCEND_KEYS: &[&str] = &[
     "hixl.ascend.device_ip",
 ];
 
-/// Where NPU RoCE addresses are configured (`address_<phy_id>=<ip>` lines).
+/// Where NPU RoCE addresses are configured (`address_<phy_id>=<ip>` and
+/// `IPv6address_<phy_id>=<ip>` lines).
 pub(crate) const HCCN_CONF: &str = "/etc/hccn.conf";
 
 /// Largest `LocalCommRes` HIXL accepts (`kMaxCommResSizeInBytes`, 64 KiB).
@@ -163,7 +164,7 @@ pub(crate) struct AscendOptions {
     pub(crate) acl_lib: Option<PathBuf>,
     /// `hixl.ascend.hccl_lib`: the HCCL library to load.
     pub(crate) hccl_lib: Option<PathBuf>,
-    /// `hixl.ascend.device_id`: the (physical) device.
+    /// `hixl.ascend.device_id`: the logical device (`aclrtSetDevice`).
     pub(crate) device_id: Option<u32>,
     /// `hixl.ascend.device_ip`: the device's RoCE address (else read from `/etc/hccn.conf`).
     pub(crate) device_ip: Option<IpAddr>,
@@ -251,32 +252,35 @@ impl AscendOptions {
         Ok(())
     }
 
-    /// The device's RoCE address: `hixl.ascend.device_ip`, else `address_<device_id>` from
-    /// `/etc/hccn.conf` (device 0 when no id is set).
-    pub(crate) fn resolve_device_ip(&self) -> Option<IpAddr> {
+    /// The device's RoCE address: `hixl.ascend.device_ip`, else `address_<phy_id>`, else
+    /// `IPv6address_<phy_id>` from `/etc/hccn.conf` (HIXL's `GetDeviceIp`; `phy_id` is the
+    /// physical device id); `None` when none is configured.
+    pub(crate) fn resolve_device_ip(&self, phy_id: u32) -> Option<IpAddr> {
         self.device_ip.or_else(|| {
             let text = std::fs::read_to_string(HCCN_CONF).ok()?;
-            device_ip_from_hccn(&text, self.device_id.unwrap_or(0))
+            device_ip_from_hccn(&text, phy_id)
         })
     }
 }
 
-/// The address of device `device_id` in the text of `/etc/hccn.conf`: the first line
-/// `address_<device_id>=<ip>` (spaces around key and value allowed; `#` comments skipped) whose
-/// value is an IPv4 or IPv6 address.
-pub(crate) fn device_ip_from_hccn(conf_text: &str, device_id: u32) -> Option<IpAddr> {
-    let want = format!("address_{device_id}");
-    conf_text.lines().find_map(|line| {
-        let line = line.trim();
-        if line.starts_with('#') {
-            return None;
-        }
-        let (k, v) = line.split_once('=')?;
-        if k.trim() != want {
-            return None;
-        }
-        v.trim().parse().ok()
-    })
+/// The address of device `phy_id` in the text of `/etc/hccn.conf`: the first line
+/// `address_<phy_id>=<ip>` whose value is an IPv4 or IPv6 address, else the first such
+/// `IPv6address_<phy_id>=<ip>` line (spaces around key and value allowed; `#` comments skipped).
+pub(crate) fn device_ip_from_hccn(conf_text: &str, phy_id: u32) -> Option<IpAddr> {
+    let find = |want: String| {
+        conf_text.lines().find_map(|line| {
+            let line = line.trim();
+            if line.starts_with('#') {
+                return None;
+            }
+            let (k, v) = line.split_once('=')?;
+            if k.trim() != want {
+                return None;
+            }
+            v.trim().parse().ok()
+        })
+    };
+    find(format!("address_{phy_id}")).or_else(|| find(format!("IPv6address_{phy_id}")))
 }
 
 fn parse_buffer_pool(value: &str) -> Result<BufferPool, &'static str> {
@@ -624,17 +628,19 @@ fn parse_global_resource_config(value: &str) -> Result<GlobalResourceConfig, &'s
 }
 
 // ---------------------------------------------------------------------------------------------
-// A small strict JSON parser (RFC 8259; duplicate keys refused; depth ≤ 64)
+// JSON (serde_json, with duplicate keys refused and depth ≤ 64)
 // ---------------------------------------------------------------------------------------------
 
-/// A parsed JSON value. Numbers keep their text.
+/// A parsed JSON value, object members in order. Integers keep their decimal text; other
+/// numbers are written with a fraction or exponent (`1.5`, `1000.0`, `1e21`), so they are never
+/// taken for integers.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Json {
     /// `null`.
     Null,
     /// `true` / `false`.
     Bool(bool),
-    /// A number, as written.
+    /// A number, as text.
     Num(String),
     /// A string.
     Str(String),
@@ -664,202 +670,98 @@ fn get<'a>(obj: &'a [(String, Json)], key: &str) -> Option<&'a Json> {
 }
 
 const MALFORMED: &str = "well-formed JSON";
+const TOO_DEEP: &str = "JSON nested at most 64 levels deep";
+const DUPLICATE: &str = "JSON without duplicate keys";
 const MAX_DEPTH: usize = 64;
 
-/// Parses a complete JSON text.
+/// Parses a complete JSON text with `serde_json` (RFC 8259: no comments, no trailing commas,
+/// no lone surrogates, nothing after the value).
 ///
 /// # Errors
 /// A short description for malformed input, duplicate keys or nesting beyond 64 levels.
 pub(crate) fn parse_json(text: &str) -> Result<Json, &'static str> {
-    let mut p = JsonParser {
-        b: text.as_bytes(),
-        i: 0,
-    };
-    let v = p.value(0)?;
-    p.ws();
-    if p.i != p.b.len() {
-        return Err(MALFORMED);
-    }
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Seed { depth: 0 }.deserialize(&mut de).map_err(|e| {
+        let e = e.to_string();
+        if e.starts_with(TOO_DEEP) {
+            TOO_DEEP
+        } else if e.starts_with(DUPLICATE) {
+            DUPLICATE
+        } else {
+            MALFORMED
+        }
+    })?;
+    de.end().map_err(|_| MALFORMED)?;
     Ok(v)
 }
 
-struct JsonParser<'a> {
-    b: &'a [u8],
-    i: usize,
+/// Builds a [`Json`] at nesting depth `depth`.
+struct Seed {
+    depth: usize,
 }
 
-impl JsonParser<'_> {
-    fn ws(&mut self) {
-        while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
+impl<'de> serde::de::DeserializeSeed<'de> for Seed {
+    type Value = Json;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Json, D::Error> {
+        d.deserialize_any(self)
     }
+}
 
-    fn eat(&mut self, lit: &[u8]) -> bool {
-        if self.b[self.i..].starts_with(lit) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
+impl<'de> serde::de::Visitor<'de> for Seed {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
     }
-
-    fn value(&mut self, depth: usize) -> Result<Json, &'static str> {
-        if depth >= MAX_DEPTH {
-            return Err("JSON nested at most 64 levels deep");
-        }
-        self.ws();
-        match self.b.get(self.i) {
-            Some(b'{') => {
-                self.i += 1;
-                let mut fields: Vec<(String, Json)> = Vec::new();
-                self.ws();
-                if self.eat(b"}") {
-                    return Ok(Json::Obj(fields));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    if fields.iter().any(|(e, _)| *e == k) {
-                        return Err("JSON without duplicate keys");
-                    }
-                    self.ws();
-                    if !self.eat(b":") {
-                        return Err(MALFORMED);
-                    }
-                    let v = self.value(depth + 1)?;
-                    fields.push((k, v));
-                    self.ws();
-                    if self.eat(b",") {
-                        continue;
-                    }
-                    if self.eat(b"}") {
-                        return Ok(Json::Obj(fields));
-                    }
-                    return Err(MALFORMED);
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.eat(b"]") {
-                    return Ok(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    self.ws();
-                    if self.eat(b",") {
-                        continue;
-                    }
-                    if self.eat(b"]") {
-                        return Ok(Json::Arr(items));
-                    }
-                    return Err(MALFORMED);
-                }
-            }
-            Some(b'"') => self.string().map(Json::Str),
-            Some(b't') if self.eat(b"true") => Ok(Json::Bool(true)),
-            Some(b'f') if self.eat(b"false") => Ok(Json::Bool(false)),
-            Some(b'n') if self.eat(b"null") => Ok(Json::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            _ => Err(MALFORMED),
-        }
+    fn visit_bool<E>(self, b: bool) -> Result<Json, E> {
+        Ok(Json::Bool(b))
     }
-
-    fn number(&mut self) -> Result<Json, &'static str> {
-        let start = self.i;
-        let digits = |p: &mut Self| {
-            let s = p.i;
-            while matches!(p.b.get(p.i), Some(b'0'..=b'9')) {
-                p.i += 1;
-            }
-            p.i > s
-        };
-        self.eat(b"-");
-        if self.eat(b"0") {
-            if matches!(self.b.get(self.i), Some(b'0'..=b'9')) {
-                return Err(MALFORMED);
-            }
-        } else if !digits(self) {
-            return Err(MALFORMED);
-        }
-        if self.eat(b".") && !digits(self) {
-            return Err(MALFORMED);
-        }
-        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
-            self.i += 1;
-            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            if !digits(self) {
-                return Err(MALFORMED);
-            }
-        }
-        // the slice is ASCII by construction
-        let text = std::str::from_utf8(&self.b[start..self.i]).map_err(|_| MALFORMED)?;
-        Ok(Json::Num(text.to_owned()))
+    fn visit_u64<E>(self, n: u64) -> Result<Json, E> {
+        Ok(Json::Num(n.to_string()))
     }
-
-    fn hex4(&mut self) -> Result<u32, &'static str> {
-        let h = self.b.get(self.i..self.i + 4).ok_or(MALFORMED)?;
-        let s = std::str::from_utf8(h).map_err(|_| MALFORMED)?;
-        if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(MALFORMED);
-        }
-        self.i += 4;
-        u32::from_str_radix(s, 16).map_err(|_| MALFORMED)
+    fn visit_i64<E>(self, n: i64) -> Result<Json, E> {
+        Ok(Json::Num(n.to_string()))
     }
-
-    fn string(&mut self) -> Result<String, &'static str> {
-        if !self.eat(b"\"") {
-            return Err(MALFORMED);
+    fn visit_f64<E>(self, n: f64) -> Result<Json, E> {
+        Ok(Json::Num(format!("{n:?}")))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Json, E> {
+        Ok(Json::Str(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Json, E> {
+        Ok(Json::Str(s))
+    }
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Json, A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(serde::de::Error::custom(TOO_DEEP));
         }
-        let mut out: Vec<u8> = Vec::new();
-        loop {
-            let c = *self.b.get(self.i).ok_or(MALFORMED)?;
-            self.i += 1;
-            match c {
-                b'"' => break,
-                b'\\' => {
-                    let e = *self.b.get(self.i).ok_or(MALFORMED)?;
-                    self.i += 1;
-                    let ch = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let cp = if (0xd800..0xdc00).contains(&hi) {
-                                if !self.eat(b"\\u") {
-                                    return Err(MALFORMED);
-                                }
-                                let lo = self.hex4()?;
-                                if !(0xdc00..0xe000).contains(&lo) {
-                                    return Err(MALFORMED);
-                                }
-                                0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00)
-                            } else {
-                                hi
-                            };
-                            char::from_u32(cp).ok_or(MALFORMED)?
-                        }
-                        _ => return Err(MALFORMED),
-                    };
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
-                0..=0x1f => return Err(MALFORMED),
-                _ => out.push(c),
+        let mut v = Vec::new();
+        while let Some(x) = a.next_element_seed(Seed {
+            depth: self.depth + 1,
+        })? {
+            v.push(x);
+        }
+        Ok(Json::Arr(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Json, A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(serde::de::Error::custom(TOO_DEEP));
+        }
+        let mut o: Vec<(String, Json)> = Vec::new();
+        while let Some(k) = a.next_key::<String>()? {
+            if o.iter().any(|(seen, _)| *seen == k) {
+                return Err(serde::de::Error::custom(DUPLICATE));
             }
+            let v = a.next_value_seed(Seed {
+                depth: self.depth + 1,
+            })?;
+            o.push((k, v));
         }
-        // input was a &str and escapes were encoded as UTF-8, so this cannot fail
-        String::from_utf8(out).map_err(|_| MALFORMED)
+        Ok(Json::Obj(o))
     }
 }
 
@@ -1132,7 +1034,7 @@ mod tests {
             Some(std::path::Path::new("/x/libhcomm.so"))
         );
         assert_eq!(o.device_id, Some(3));
-        assert_eq!(o.resolve_device_ip(), Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(o.resolve_device_ip(3), Some("10.1.2.3".parse().unwrap()));
     }
 
     #[test]
@@ -1187,6 +1089,18 @@ address_3=fe80::3
             Some("fe80::3".parse().unwrap())
         );
         assert_eq!(device_ip_from_hccn(conf, 4), None);
+        // HIXL's fallback: IPv6address_<physical id> when there is no address_<physical id>
+        let v6 = "address_0=192.168.100.101\nIPv6address_0=fd00::100\nIPv6address_1=fd00::101\n";
+        assert_eq!(
+            device_ip_from_hccn(v6, 0),
+            Some("192.168.100.101".parse().unwrap()),
+            "address_ first"
+        );
+        assert_eq!(
+            device_ip_from_hccn(v6, 1),
+            Some("fd00::101".parse().unwrap())
+        );
+        assert_eq!(device_ip_from_hccn(v6, 2), None);
         assert_eq!(device_ip_from_hccn("#address_0=1.2.3.4\n", 0), None);
         assert_eq!(device_ip_from_hccn("", 0), None);
     }
@@ -1199,7 +1113,7 @@ address_3=fe80::3
                 "a".into(),
                 Json::Arr(vec![
                     Json::Num("1".into()),
-                    Json::Num("-2.5e3".into()),
+                    Json::Num("-2500.0".into()),
                     Json::Bool(true),
                     Json::Bool(false),
                     Json::Null,
@@ -1209,6 +1123,8 @@ address_3=fe80::3
         );
         for bad in [
             "",
+            "{\"a\":1,\"a\":2}",
+            "{\"a\":{\"b\":1,\"b\":1}}",
             "{",
             "}",
             "[1,]",
