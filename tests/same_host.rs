@@ -8,24 +8,11 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, client_with, exercise_peer, fnv1a, server};
+use common::{Peer, Rng, client_with, cma_available, exercise_peer, fnv1a, server};
 use hixl::wire::HostId;
 use hixl::{Access, Error, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
 const T: Duration = Duration::from_secs(20);
-
-fn cma_available() -> bool {
-    let ok = hixl::probe()
-        .iter()
-        .any(|t| t.kind == TransportKind::Cma && t.available);
-    if !ok {
-        eprintln!(
-            "same-host transport unavailable here ({:?}); its tests check the TCP fallback only",
-            hixl::probe()
-        );
-    }
-    ok
-}
 
 /// Random data both ways with another process: one 64 MiB block, 4096 small sub-ranges at odd
 /// offsets, and a WRITE batch the peer checks in its own memory; for a HostBuffer (mapped) and

@@ -13,24 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::Rng;
-use hixl::{Hixl, HostBuffer, Options, TransportKind};
+use common::{Rng, cma_available};
+use hixl::{Hixl, HostBuffer, Options};
 
 /// Upper bound for anything that should happen "soon" on a loaded 2-core machine.
 const T: Duration = Duration::from_secs(20);
-
-fn cma_available() -> bool {
-    let ok = hixl::probe()
-        .iter()
-        .any(|t| t.kind == TransportKind::Cma && t.available);
-    if !ok {
-        eprintln!(
-            "skipped: the same-host transport is unavailable here ({:?})",
-            hixl::probe()
-        );
-    }
-    ok
-}
 
 /// A `hixl-peer hammer` child: its standard output, line by line, through a channel (so every
 /// wait is bounded).

@@ -265,13 +265,7 @@ unsafe fn mem_write(
     let (mut li, mut ri, mut moved) = (0usize, 0usize, 0u64);
     let mut iov: Vec<libc::iovec> = Vec::new();
     loop {
-        while li < local.len() && local[li].len == 0 {
-            li += 1;
-        }
-        while ri < remote.len() && remote[ri].len == 0 {
-            ri += 1;
-        }
-        if li == local.len() || ri == remote.len() {
+        if !skip_empty(local, &mut li, remote, &mut ri) {
             return Ok(());
         }
         // the run of remote bytes starting at remote[ri] that is contiguous in the peer
@@ -335,13 +329,7 @@ unsafe fn pvm_read(
 ) -> Result<(), (io::Error, u64)> {
     let (mut li, mut ri, mut moved) = (0usize, 0usize, 0u64);
     loop {
-        while li < local.len() && local[li].len == 0 {
-            li += 1;
-        }
-        while ri < remote.len() && remote[ri].len == 0 {
-            ri += 1;
-        }
-        if li == local.len() || ri == remote.len() {
+        if !skip_empty(local, &mut li, remote, &mut ri) {
             return Ok(());
         }
         let (ln, rn) = (
@@ -370,6 +358,17 @@ unsafe fn pvm_read(
         advance(local, &mut li, n as usize);
         advance(remote, &mut ri, n as usize);
     }
+}
+
+/// Moves `*li` and `*ri` past empty iovecs; whether both sides still have bytes to move.
+fn skip_empty(local: &[IoVec], li: &mut usize, remote: &[IoVec], ri: &mut usize) -> bool {
+    while *li < local.len() && local[*li].len == 0 {
+        *li += 1;
+    }
+    while *ri < remote.len() && remote[*ri].len == 0 {
+        *ri += 1;
+    }
+    *li < local.len() && *ri < remote.len()
 }
 
 /// Consumes `n` bytes from the front of `iov[*i..]`.

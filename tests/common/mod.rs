@@ -310,3 +310,17 @@ pub fn fake_serve(
     let mut sink = [0u8; 4096];
     while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
 }
+
+/// Whether the same-host transport works here; if not, says so (its tests then check less).
+pub fn cma_available() -> bool {
+    let ok = hixl::probe()
+        .iter()
+        .any(|t| t.kind == hixl::TransportKind::Cma && t.available);
+    if !ok {
+        eprintln!(
+            "same-host transport unavailable here ({:?}); its tests check the TCP fallback only",
+            hixl::probe()
+        );
+    }
+    ok
+}
