@@ -10,6 +10,7 @@ pub(crate) mod ascend;
 pub(crate) mod dl;
 pub(crate) mod host;
 pub(crate) mod io;
+pub(crate) mod limits;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
 
