@@ -87,11 +87,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 // SAFETY: `r` is a live rlimit; the result is checked.
                 if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
-                    return Err(format!(
-                        "--nofile {n}: {}",
-                        std::io::Error::last_os_error()
-                    )
-                    .into());
+                    return Err(format!("--nofile {n}: {}", std::io::Error::last_os_error()).into());
                 }
             }
             "--ucx" => {

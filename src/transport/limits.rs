@@ -58,9 +58,10 @@ impl Limits {
 
     /// Descriptors a server with these limits may hold at once (one per connection), with room
     /// for the rest of the process.
-    pub(crate) fn descriptors(&self) -> u64 {
-        (self.max_conns as u64)
-            .saturating_add(self.max_handshakes as u64)
+    pub(crate) fn descriptors(&self) -> libc::rlim_t {
+        let n = self.max_conns.saturating_add(self.max_handshakes);
+        libc::rlim_t::try_from(n)
+            .unwrap_or(libc::rlim_t::MAX)
             .saturating_add(256)
     }
 }
@@ -272,7 +273,7 @@ impl Backoff {
 /// Raises this process's soft limit on open descriptors towards `want` (never above the hard
 /// limit, never lowering it): a server holds one descriptor per connection, and the common soft
 /// limit of 1024 is below what the default limits allow. Returns the soft limit now in force.
-pub(crate) fn raise_nofile(want: u64) -> u64 {
+pub(crate) fn raise_nofile(want: libc::rlim_t) -> libc::rlim_t {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -281,10 +282,10 @@ pub(crate) fn raise_nofile(want: u64) -> u64 {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return 0;
     }
-    let target = want.min(r.rlim_max as u64);
-    if (r.rlim_cur as u64) < target {
+    let target = want.min(r.rlim_max);
+    if r.rlim_cur < target {
         let raised = libc::rlimit {
-            rlim_cur: target as libc::rlim_t,
+            rlim_cur: target,
             rlim_max: r.rlim_max,
         };
         // SAFETY: `raised` is a live rlimit within the hard limit.
@@ -292,7 +293,7 @@ pub(crate) fn raise_nofile(want: u64) -> u64 {
             return target;
         }
     }
-    r.rlim_cur as u64
+    r.rlim_cur
 }
 
 /// Whether an `accept` error is one to wait out (out of descriptors, buffers or memory), rather
@@ -335,7 +336,10 @@ mod tests {
         // the budget is full: the oldest handshake (1) is cut for the newcomer
         t.admit(5, -1, c, &l).unwrap();
         assert_eq!(t.counts(), (3, 0));
-        assert!(t.establish(1, &l).is_err(), "an evicted handshake is not established");
+        assert!(
+            t.establish(1, &l).is_err(),
+            "an evicted handshake is not established"
+        );
         t.establish(2, &l).unwrap();
         t.establish(4, &l).unwrap();
         t.establish(5, &l).unwrap();

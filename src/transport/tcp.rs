@@ -858,12 +858,9 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     .unwrap_or_default();
                 match shared.notifies.push(token, Notify { from, name, msg }) {
                     Ok(()) => wire::encode_done(&mut out, req, 0, ""),
-                    Err(reason) => wire::encode_done(
-                        &mut out,
-                        req,
-                        Status::RESOURCE_EXHAUSTED.code(),
-                        &reason,
-                    ),
+                    Err(reason) => {
+                        wire::encode_done(&mut out, req, Status::RESOURCE_EXHAUSTED.code(), &reason)
+                    }
                 }
                 if let Err(e) = sock.send_bytes(&out, deadline) {
                     return ConnEnd::Io(e);
