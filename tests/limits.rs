@@ -55,6 +55,11 @@ fn usage(pid: u32) -> Usage {
 /// Polls until `pid`'s usage is back near `base` (a couple of threads and descriptors, 8 MiB of
 /// memory), for up to 10 s.
 fn back_to_baseline(pid: u32, base: Usage, what: &str) {
+    back_near(pid, base, 8 << 10, what)
+}
+
+/// As [`back_to_baseline`], with `rss_slack_kib` of resident memory.
+fn back_near(pid: u32, base: Usage, rss_slack_kib: usize, what: &str) {
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         if pid == std::process::id() {
@@ -66,7 +71,7 @@ fn back_to_baseline(pid: u32, base: Usage, what: &str) {
         let u = usage(pid);
         let near = u.threads <= base.threads + 2
             && u.fds <= base.fds + 2
-            && u.rss_kib <= base.rss_kib + (8 << 10);
+            && u.rss_kib <= base.rss_kib + rss_slack_kib;
         if near {
             return;
         }
@@ -296,10 +301,18 @@ fn handshakes_have_their_own_budget() {
         .map(|i| connect_from(2 + (i % 40) as u8, &peer.name).unwrap())
         .collect();
     let stop = AtomicBool::new(false);
+    /// Stops the churning client however the test body ends.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let churned = std::thread::scope(|sc| {
         let churner = sc.spawn(|| {
             let mut n = 0u32;
-            while !stop.load(Ordering::Relaxed) {
+            let until = Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
                 let Ok(mut s) = connect_from(50, &peer.name) else {
                     continue;
                 };
@@ -311,10 +324,11 @@ fn handshakes_have_their_own_budget() {
             }
             n
         });
+        let stopper = Stop(&stop);
         let mut took: Vec<Duration> = (0..10)
             .map(|_| honest_round(&cli, &mut buf, &peer))
             .collect();
-        stop.store(true, Ordering::Relaxed);
+        drop(stopper);
         let n = churner.join().unwrap();
         took.sort();
         eprintln!("honest rounds: {took:?}; {n} keyless connections meanwhile");
@@ -573,10 +587,7 @@ fn notify_flood(s: &mut TcpStream, count: usize) -> (usize, usize) {
 fn notifications_are_bounded_over_all_links() {
     let _one = serial();
     let (srv, _r) = common::server(4096, Options::default());
-    let me = std::process::id();
-    let base = usage(me);
-    let (mut ok, mut full) = (0, 0);
-    {
+    let flood = |check: bool| {
         let mut links: Vec<TcpStream> = (0..10)
             .map(|i| {
                 let mut s = connect_from(1, srv.name()).unwrap();
@@ -584,22 +595,30 @@ fn notifications_are_bounded_over_all_links() {
                 s
             })
             .collect();
+        let (mut ok, mut full) = (0, 0);
         for s in &mut links {
             let (o, f) = notify_flood(s, 2000);
             ok += o;
             full += f;
         }
-        eprintln!("20,000 notifications of 2 KiB: {ok} accepted, {full} refused");
-        assert!(full > 0, "all {ok} notifications were accepted");
-        assert!(ok * 2048 <= 16 << 20, "{ok} notifications of 2 KiB pending");
-        let got = srv.get_notifies();
-        assert_eq!(got.len(), ok);
-        drop(got);
+        let got = srv.get_notifies().len();
         let (o, f) = notify_flood(&mut links[0], 100);
-        assert_eq!((o, f), (100, 0), "refused after get_notifies");
-        assert_eq!(srv.get_notifies().len(), 100);
-    }
-    back_to_baseline(me, base, "after the notification flood");
+        let again = (o, f, srv.get_notifies().len());
+        if check {
+            eprintln!("20,000 notifications of 2 KiB: {ok} accepted, {full} refused");
+            assert!(full > 0, "all {ok} notifications were accepted");
+            assert!(ok * 2048 <= 16 << 20, "{ok} notifications of 2 KiB pending");
+            assert_eq!(got, ok);
+            assert_eq!(again, (100, 0, 100), "refused after get_notifies");
+        }
+    };
+    let me = std::process::id();
+    let base = usage(me);
+    flood(true);
+    // this process's allocator keeps some of the memory its serving threads freed (glibc
+    // arenas, 4 MiB heaps even after `malloc_trim`; measured +13 MiB at worst here), so the
+    // memory bound is the count above (at most 16 MiB pending) and the slack here is 32 MiB
+    back_near(me, base, 32 << 10, "after the notification flood");
     drop(srv);
 }
 
