@@ -6,7 +6,9 @@
 //! memory): one round trip per batch, however many descriptors. Concurrent transfers on one
 //! link use different lanes, so no lock is held across network I/O.
 //!
-//! The serving side runs one thread per lane. It validates every descriptor against its frozen
+//! The serving side runs one thread per lane, within the bounds of [`limits`](super::limits):
+//! handshakes and established lanes are counted apart, per peer address too, and once a
+//! request's first byte arrives the whole request has `server_io_timeout`. It validates every descriptor against its frozen
 //! region table (region id, bounds with overflow checks, access rights) before it touches a byte,
 //! and never trusts a length it has not checked.
 
@@ -765,7 +767,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         host: if same_host { shared.host } else { None },
     }
     .encode(&mut out);
-    if let Err(e) = sock.send_bytes(&out, handshake) {
+    if let Err(e) = sock.send_bytes(&out, io_deadline()) {
         return ConnEnd::Io(e);
     }
 
