@@ -646,3 +646,165 @@ fn a_closed_links_notifications_are_dropped_after_the_grace() {
     );
     assert_eq!(srv.get_notifies().len(), 1);
 }
+
+/// Established lanes are bounded per link, per peer address and in all: beyond each, the lane is
+/// refused with `RESOURCE_EXHAUSTED` at the end of its handshake, and the lanes already open are
+/// served.
+#[test]
+fn established_lanes_are_bounded_per_link_per_address_and_in_all() {
+    let _one = serial();
+    let (srv, _r) = common::server(
+        4096,
+        Options::default()
+            .max_server_conns(6)
+            .max_server_conns_per_peer(4)
+            .max_server_lanes_per_link(2),
+    );
+    let me = std::process::id();
+    let base = usage(me);
+    let refused = |s: &mut TcpStream, what: &str| match read_frame(s) {
+        Some((Kind::Refuse, p)) => {
+            let r = wire::Refuse::decode(&p).unwrap();
+            assert_eq!(r.status, 203_900, "{what}: {r:?}");
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    let join = |s: &mut TcpStream, token: u64| {
+        let mut out = Vec::new();
+        Hello {
+            role: LaneRole::Join,
+            instance: 1,
+            token,
+            name: "10.7.7.7".into(),
+            target: String::new(),
+            host: None,
+            nonce: [7; 32],
+        }
+        .encode(&mut out);
+        s.write_all(&out).unwrap();
+    };
+    let mut open = Vec::new();
+    // a link of two lanes; a third is refused
+    let mut first = connect_from(1, srv.name()).unwrap();
+    let token = hello(&mut first, 1).token;
+    open.push(first);
+    let mut second = connect_from(1, srv.name()).unwrap();
+    join(&mut second, token);
+    assert_eq!(read_frame(&mut second).map(|f| f.0), Some(Kind::Welcome));
+    open.push(second);
+    let mut third = connect_from(1, srv.name()).unwrap();
+    join(&mut third, token);
+    refused(&mut third, "a third lane on a link of at most two");
+    // two more links from the same address make four lanes; a fifth is refused
+    for i in 0..2 {
+        let mut s = connect_from(1, srv.name()).unwrap();
+        hello(&mut s, 10 + i);
+        open.push(s);
+    }
+    let mut fifth = connect_from(1, srv.name()).unwrap();
+    fifth.write_all(&hello_frame(20)).unwrap();
+    refused(&mut fifth, "a fifth lane from one address");
+    // two lanes from another address make six; a seventh from a third address is refused
+    for i in 0..2 {
+        let mut s = connect_from(2, srv.name()).unwrap();
+        hello(&mut s, 30 + i);
+        open.push(s);
+    }
+    let mut seventh = connect_from(3, srv.name()).unwrap();
+    seventh.write_all(&hello_frame(40)).unwrap();
+    refused(&mut seventh, "a seventh lane in all");
+    // the lanes already open are served
+    for s in &mut open {
+        s.write_all(&wire::header(Kind::Ping, 0)).unwrap();
+        assert_eq!(read_frame(s).map(|f| f.0), Some(Kind::Pong));
+    }
+    drop((open, third, fifth, seventh));
+    // and once they are closed, there is room again
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let mut s = connect_from(3, srv.name()).unwrap();
+            s.write_all(&hello_frame(50)).unwrap();
+            matches!(read_frame(&mut s), Some((Kind::Welcome, _)))
+        }),
+        "no room after the lanes closed"
+    );
+    back_to_baseline(me, base, "after the bounded lanes");
+    drop(srv);
+}
+
+/// CPU time (user + system, in clock ticks) a process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Item 5: out of descriptors, `accept` backs off (no busy loop), the lanes already open keep
+/// being served, and once descriptors are free again the waiting connection is accepted (no
+/// stall).
+#[test]
+fn out_of_descriptors_the_server_backs_off_and_recovers() {
+    let _one = serial();
+    let peer = spawn_peer(&["--nofile", "40", "--io-timeout-ms", "3000"]);
+    let pid = peer.child.id();
+    let (cli, mut buf) = honest_client(false);
+    honest_round(&cli, &mut buf, &peer);
+    let base = usage(pid);
+    // established lanes from several addresses until one gets no WELCOME: the server is out of
+    // descriptors and that connection waits in the kernel's backlog
+    let mut lanes = Vec::new();
+    let waiting = loop {
+        assert!(lanes.len() < 40, "never ran out of descriptors");
+        let mut s = connect_from(2 + (lanes.len() / 4) as u8, &peer.name).unwrap();
+        s.write_all(&hello_frame(lanes.len() as u64)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        match read_frame(&mut s) {
+            Some((Kind::Welcome, _)) => lanes.push(s),
+            None => break s,
+            Some((k, _)) => panic!("{k:?}"),
+        }
+    };
+    // one descriptor per lane: all but a couple of the free ones became lanes
+    assert!(
+        lanes.len() + base.fds + 2 >= 40,
+        "{} lanes with 40 descriptors, {} in use before",
+        lanes.len(),
+        base.fds
+    );
+    // a second with nothing to do but the connection it cannot accept
+    let ticks = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(pid) - ticks;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    eprintln!(
+        "{} lanes, out of descriptors: {} ms of CPU in 1 s",
+        lanes.len(),
+        spent * 1000 / hz
+    );
+    // a busy accept loop would take a whole core
+    assert!(spent * 1000 / hz < 200, "{spent} ticks of CPU in 1 s");
+    // the lanes already open are served
+    for s in &mut lanes {
+        s.write_all(&wire::header(Kind::Ping, 0)).unwrap();
+        assert_eq!(read_frame(s).map(|f| f.0), Some(Kind::Pong));
+    }
+    // free some descriptors: the waiting connection is accepted and welcomed
+    lanes.truncate(lanes.len() - 4);
+    let mut waiting = waiting;
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut waiting).map(|f| f.0),
+        Some(Kind::Welcome),
+        "the waiting connection was not served"
+    );
+    drop((lanes, waiting));
+    honest_round(&cli, &mut buf, &peer);
+    back_to_baseline(pid, base, "after running out of descriptors");
+    drop(cli);
+    peer.quit();
+}
