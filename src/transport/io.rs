@@ -431,3 +431,43 @@ impl Inbound {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, Sock) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, Sock::new(s).unwrap())
+    }
+
+    #[test]
+    fn a_declared_length_costs_memory_only_as_bytes_arrive() {
+        let (mut c, mut sock) = pair();
+        let mut inb = Inbound::with_capacity(4096);
+        c.write_all(&[7u8; 10_000]).unwrap();
+        let soon = Some(Instant::now() + Duration::from_millis(200));
+        let e = inb.fill(&mut sock, 8 << 20, soon).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(
+            inb.buf.len() <= 16 << 10,
+            "{} bytes for 10,000",
+            inb.buf.len()
+        );
+        assert_eq!(inb.buffered(), 10_000);
+        // the rest arrives: the frame is complete, and the buffer shrinks once it is consumed
+        let rest = vec![7u8; (8 << 20) - 10_000];
+        let writer = std::thread::spawn(move || c.write_all(&rest).map(|_| c));
+        let later = Some(Instant::now() + Duration::from_secs(20));
+        inb.fill(&mut sock, 8 << 20, later).unwrap();
+        assert!(inb.take(8 << 20).iter().all(|&b| b == 7));
+        let _c = writer.join().unwrap().unwrap();
+        assert!(inb.buf.len() >= 8 << 20);
+        inb.trim();
+        assert_eq!(inb.buf.len(), INBOUND);
+    }
+}

@@ -8,9 +8,9 @@
 //!
 //! The serving side runs one thread per lane, within the bounds of [`limits`](super::limits):
 //! handshakes and established lanes are counted apart, per peer address too, and once a
-//! request's first byte arrives the whole request has `server_io_timeout`. It validates every descriptor against its frozen
-//! region table (region id, bounds with overflow checks, access rights) before it touches a byte,
-//! and never trusts a length it has not checked.
+//! request's first byte arrives the whole request has `server_io_timeout`. It validates every
+//! descriptor against its frozen region table (region id, bounds with overflow checks, access
+//! rights) before it touches a byte, and never trusts a length it has not checked.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
