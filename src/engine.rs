@@ -853,6 +853,7 @@ impl Hixl<Initialized> {
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
+        let notify_limits = crate::notify::NotifyLimits::from_options(&options);
         Ok(Hixl {
             inner: Arc::new_cyclic(|me| EngineInner {
                 id,
@@ -867,7 +868,7 @@ impl Hixl<Initialized> {
                 ucx_local: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
                 links: Mutex::new(Vec::new()),
-                notifies: Arc::new(NotifyQueue::default()),
+                notifies: Arc::new(NotifyQueue::new(notify_limits)),
                 connects: Arc::new(ConnectPool::default()),
                 me: me.clone(),
                 heartbeats: std::sync::atomic::AtomicBool::new(false),
@@ -1091,7 +1092,9 @@ impl Hixl<Registered> {
                                 name: self.inner.name.clone(),
                                 instance: self.inner.instance,
                                 io_timeout: self.inner.options.server_io_timeout,
-                                max_conns: self.inner.options.max_server_conns,
+                                limits: crate::transport::limits::Limits::from_options(
+                                    &self.inner.options,
+                                ),
                                 notifies: self.inner.notifies.clone(),
                                 host: match self.inner.options.same_host {
                                     crate::options::SameHost::Forbid => None,

@@ -18,6 +18,13 @@ pub struct Options {
     pub(crate) server_io_timeout: Duration,
     pub(crate) finalize_timeout: Duration,
     pub(crate) max_server_conns: usize,
+    pub(crate) max_server_conns_per_peer: usize,
+    pub(crate) max_server_lanes_per_link: usize,
+    pub(crate) max_server_handshakes: usize,
+    pub(crate) max_server_handshakes_per_peer: usize,
+    pub(crate) max_pending_notifies: usize,
+    pub(crate) max_pending_notify_bytes: usize,
+    pub(crate) closed_link_notify_grace: Duration,
     pub(crate) same_host: SameHost,
     pub(crate) ucx: Ucx,
     pub(crate) allow_peers: Option<Vec<String>>,
@@ -68,6 +75,13 @@ impl Default for Options {
             server_io_timeout: Duration::from_secs(30),
             finalize_timeout: Duration::from_secs(5),
             max_server_conns: 1024,
+            max_server_conns_per_peer: 256,
+            max_server_lanes_per_link: 64,
+            max_server_handshakes: 64,
+            max_server_handshakes_per_peer: 8,
+            max_pending_notifies: 16_384,
+            max_pending_notify_bytes: 16 << 20,
+            closed_link_notify_grace: Duration::from_secs(60),
             same_host: SameHost::Auto,
             ucx: Ucx::Off,
             allow_peers: None,
@@ -119,7 +133,9 @@ impl Options {
         self.parallel_lanes = n.max(1);
         self
     }
-    /// How long a serving thread waits for the rest of a request it has started to receive.
+    /// How long a serving engine waits for the rest of a request once its first byte has arrived
+    /// (the frame, a WRITE's payload and the reply; default 30 s), and for a new connection's
+    /// whole handshake. An established connection may stay idle between requests.
     pub fn server_io_timeout(mut self, t: Duration) -> Self {
         self.server_io_timeout = t;
         self
@@ -163,9 +179,61 @@ impl Options {
         self.heartbeat = every.filter(|d| !d.is_zero());
         self
     }
-    /// Most connections a serving engine keeps open at once; more are refused.
+    /// Most established connections (lanes of links) a serving engine keeps open at once
+    /// (default 1024); a client that completes its handshake beyond that is refused with
+    /// `RESOURCE_EXHAUSTED`. Connections still in their handshake are counted apart
+    /// ([`Options::max_server_handshakes`]).
     pub fn max_server_conns(mut self, n: usize) -> Self {
         self.max_server_conns = n.max(1);
+        self
+    }
+    /// Most established connections from one peer IP address (default 256); more are refused
+    /// with `RESOURCE_EXHAUSTED` at the end of their handshake.
+    pub fn max_server_conns_per_peer(mut self, n: usize) -> Self {
+        self.max_server_conns_per_peer = n.max(1);
+        self
+    }
+    /// Most connections (lanes) one link may have on a serving engine (default 64, well above
+    /// the default [`Options::max_lanes`] of clients); a lane beyond it is refused with
+    /// `RESOURCE_EXHAUSTED`, which a client takes as a broken link: keep it at or above the
+    /// `max_lanes` of your clients.
+    pub fn max_server_lanes_per_link(mut self, n: usize) -> Self {
+        self.max_server_lanes_per_link = n.max(1);
+        self
+    }
+    /// Most connections a serving engine keeps in their handshake (HELLO, and the key challenge)
+    /// at once (default 64). When they are all taken, the oldest is closed to make room for a
+    /// newcomer; the whole handshake must finish within [`Options::server_io_timeout`].
+    pub fn max_server_handshakes(mut self, n: usize) -> Self {
+        self.max_server_handshakes = n.max(1);
+        self
+    }
+    /// Most connections in their handshake from one peer IP address (default 8); more are
+    /// closed as soon as they are accepted, without a serving thread.
+    pub fn max_server_handshakes_per_peer(mut self, n: usize) -> Self {
+        self.max_server_handshakes_per_peer = n.max(1);
+        self
+    }
+    /// Most notifications pending on this engine, over all links (default 16,384; each link
+    /// has at most [`MAX_PENDING_NOTIFIES`](crate::MAX_PENDING_NOTIFIES) of them). Beyond it a
+    /// sender gets `RESOURCE_EXHAUSTED` until [`Hixl::get_notifies`](crate::Hixl::get_notifies)
+    /// drains the queue.
+    pub fn max_pending_notifies(mut self, n: usize) -> Self {
+        self.max_pending_notifies = n.max(1);
+        self
+    }
+    /// Most bytes of notifications pending on this engine, over all links (default 16 MiB;
+    /// names, messages and sender names, plus 64 bytes each). Beyond it a sender gets
+    /// `RESOURCE_EXHAUSTED`.
+    pub fn max_pending_notify_bytes(mut self, n: usize) -> Self {
+        self.max_pending_notify_bytes = n.max(1);
+        self
+    }
+    /// How long the pending notifications of a closed link are kept for
+    /// [`Hixl::get_notifies`](crate::Hixl::get_notifies) (default 60 s); after that they are
+    /// dropped.
+    pub fn closed_link_notify_grace(mut self, t: Duration) -> Self {
+        self.closed_link_notify_grace = t;
         self
     }
 

@@ -3,6 +3,7 @@
 //! ```text
 //! hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
 //!                 [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
+//!                 [--max-conns N] [--nofile N]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
 //! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
@@ -12,6 +13,9 @@
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
 //! ABI test double in tests): its region is a `DeviceBuffer`, filled through `aclrtMemcpy`, and
 //! `sum` reads it back the same way.
+//!
+//! `--max-conns` is `Options::max_server_conns`; `--nofile N` sets this process's soft and hard
+//! limits on open descriptors to `N` before the engine starts (as `ulimit -n N`).
 //!
 //! `serve` registers one region of `--size` bytes (default 64 MiB) filled with the
 //! `testkit::Rng` bytes of `--seed` (a `HostBuffer`, or a `Vec<u8>` with `--memory user`), starts
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
 const USAGE: &str =
     "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
                        [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
+                       [--max-conns N] [--nofile N]
        hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
        hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]";
 
@@ -97,6 +102,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 opts = opts.server_io_timeout(Duration::from_millis(value.parse()?))
             }
             "--psk" => opts = opts.psk(value.as_bytes()),
+            "--max-conns" => opts = opts.max_server_conns(value.parse()?),
+            "--nofile" => {
+                let n: libc::rlim_t = value.parse()?;
+                let r = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                // SAFETY: `r` is a live rlimit; the result is checked.
+                if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+                    return Err(format!("--nofile {n}: {}", std::io::Error::last_os_error()).into());
+                }
+            }
             "--ucx" => {
                 opts = opts.ucx(match value.as_str() {
                     "off" => Ucx::Off,

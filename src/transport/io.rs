@@ -56,12 +56,17 @@ fn timed_out() -> io::Error {
 impl Sock {
     pub fn new(stream: TcpStream) -> io::Result<Self> {
         stream.set_nodelay(true)?;
-        Ok(Self {
+        Ok(Self::adopt(stream))
+    }
+
+    /// Wraps `stream` as it is (no socket option set, no timeout armed).
+    pub fn adopt(stream: TcpStream) -> Self {
+        Self {
             stream,
             rd: None,
             wr: None,
             spin: Duration::ZERO,
-        })
+        }
     }
 
     /// Turns on TCP keepalive probes after `every` of silence, and makes the kernel drop the
@@ -290,9 +295,12 @@ impl Sock {
         }
     }
 
-    /// Shuts the socket down in both directions (wakes any thread blocked on it).
-    pub fn shutdown(stream: &TcpStream) {
-        let _ = stream.shutdown(std::net::Shutdown::Both);
+    /// Shuts a socket down in both directions (wakes any thread blocked on it). The caller
+    /// makes sure `s` still names the socket it means (it is open for the whole call).
+    pub fn shutdown(s: &impl AsRawFd) {
+        // SAFETY: a system call on a descriptor number with no memory arguments; the caller
+        // keeps the socket open for the call.
+        unsafe { libc::shutdown(s.as_raw_fd(), libc::SHUT_RDWR) };
     }
 }
 
@@ -307,11 +315,29 @@ pub(crate) struct Inbound {
 
 impl Inbound {
     pub fn new() -> Self {
+        Self::with_capacity(INBOUND)
+    }
+
+    /// A buffer of `n` bytes to begin with (it grows as bytes arrive).
+    pub fn with_capacity(n: usize) -> Self {
         Self {
-            buf: vec![0; INBOUND],
+            buf: vec![0; n.max(crate::wire::HEADER_LEN)],
             start: 0,
             end: 0,
         }
+    }
+
+    /// Shrinks the buffer back to its usual size after a large frame, keeping any bytes already
+    /// received (a connection keeps no more memory than it needs between requests).
+    pub fn trim(&mut self) {
+        if self.buf.len() <= INBOUND || self.buffered() > INBOUND {
+            return;
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        self.buf.truncate(INBOUND);
+        self.buf.shrink_to_fit();
     }
 
     fn buffered(&self) -> usize {
@@ -324,15 +350,18 @@ impl Inbound {
             return Ok(());
         }
         if self.buf.len() - self.start < n {
-            // compact, and grow if the frame is larger than the buffer
+            // compact; the buffer grows below as bytes arrive, never ahead of them
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
-            if self.buf.len() < n {
-                self.buf.resize(n, 0);
-            }
         }
         while self.buffered() < n {
+            if self.end == self.buf.len() {
+                // full and more is due: at most double, never past the frame's end, so a length
+                // a peer declares costs memory only as its bytes come in
+                let grown = self.buf.len().saturating_mul(2).min(self.start + n);
+                self.buf.resize(grown, 0);
+            }
             let end = self.end;
             let got = sock.recv_some(&mut self.buf[end..], deadline)?;
             self.end += got;
@@ -390,11 +419,55 @@ impl Inbound {
                 } else {
                     self.start = 0;
                     self.end = 0;
+                    if self.buf.len() < INBOUND {
+                        // a small (handshake-sized) buffer: small payload pieces come in bulk
+                        self.buf.resize(INBOUND, 0);
+                    }
                     let got = sock.recv_some(&mut self.buf[..], deadline)?;
                     self.end = got;
                 }
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, Sock) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, Sock::new(s).unwrap())
+    }
+
+    #[test]
+    fn a_declared_length_costs_memory_only_as_bytes_arrive() {
+        let (mut c, mut sock) = pair();
+        let mut inb = Inbound::with_capacity(4096);
+        c.write_all(&[7u8; 10_000]).unwrap();
+        let soon = Some(Instant::now() + Duration::from_millis(200));
+        let e = inb.fill(&mut sock, 8 << 20, soon).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(
+            inb.buf.len() <= 16 << 10,
+            "{} bytes for 10,000",
+            inb.buf.len()
+        );
+        assert_eq!(inb.buffered(), 10_000);
+        // the rest arrives: the frame is complete, and the buffer shrinks once it is consumed
+        let rest = vec![7u8; (8 << 20) - 10_000];
+        let writer = std::thread::spawn(move || c.write_all(&rest).map(|_| c));
+        let later = Some(Instant::now() + Duration::from_secs(20));
+        inb.fill(&mut sock, 8 << 20, later).unwrap();
+        assert!(inb.take(8 << 20).iter().all(|&b| b == 7));
+        let _c = writer.join().unwrap().unwrap();
+        assert!(inb.buf.len() >= 8 << 20);
+        inb.trim();
+        assert_eq!(inb.buf.len(), INBOUND);
     }
 }

@@ -11,6 +11,7 @@ pub(crate) mod dl;
 pub(crate) mod fence;
 pub(crate) mod host;
 pub(crate) mod io;
+pub(crate) mod limits;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
 

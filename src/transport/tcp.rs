@@ -6,9 +6,11 @@
 //! memory): one round trip per batch, however many descriptors. Concurrent transfers on one
 //! link use different lanes, so no lock is held across network I/O.
 //!
-//! The serving side runs one thread per lane. It validates every descriptor against its frozen
-//! region table (region id, bounds with overflow checks, access rights) before it touches a byte,
-//! and never trusts a length it has not checked.
+//! The serving side runs one thread per lane, within the bounds of [`limits`](super::limits):
+//! handshakes and established lanes are counted apart, per peer address too, and once a
+//! request's first byte arrives the whole request has `server_io_timeout`. It validates every
+//! descriptor against its frozen region table (region id, bounds with overflow checks, access
+//! rights) before it touches a byte, and never trusts a length it has not checked.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -27,6 +29,7 @@ use crate::transfer::TransferOp;
 use crate::transport::fence::ServerFence;
 use crate::transport::host::HostId;
 use crate::transport::io::{Inbound, IoVec, Sock};
+use crate::transport::limits::{self, ConnTable, Limits};
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
 
 /// The frozen region table a serving engine exposes, indexed by region id.
@@ -165,6 +168,91 @@ fn read_frame<'a>(
     Ok(Ok((h.kind, inb.take(h.len as usize))))
 }
 
+/// Reads one handshake frame (HELLO, AUTH) by `deadline`: a header declaring more than
+/// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
+fn read_handshake_frame<'a>(
+    sock: &mut Sock,
+    inb: &'a mut Inbound,
+    deadline: Option<Instant>,
+) -> Result<Result<(Kind, &'a [u8]), WireError>, io::Error> {
+    inb.fill(sock, wire::HEADER_LEN, deadline)?;
+    let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
+    let h = match wire::decode_header(&h) {
+        Ok(h) if h.len > limits::MAX_HANDSHAKE_FRAME => {
+            return Ok(Err(WireError::OverLimit {
+                what: "handshake frame length",
+                got: h.len.into(),
+                limit: limits::MAX_HANDSHAKE_FRAME.into(),
+            }));
+        }
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    inb.fill(sock, h.len as usize, deadline)?;
+    Ok(Ok((h.kind, inb.take(h.len as usize))))
+}
+
+/// Reads the next request of an established connection: waits as long as it takes for its
+/// first byte, then the whole frame must arrive within `timeout`. Returns the frame and that
+/// deadline, which also bounds the rest of the request (a WRITE's payload, the reply).
+#[allow(clippy::type_complexity)]
+fn read_request<'a>(
+    sock: &mut Sock,
+    inb: &'a mut Inbound,
+    timeout: Duration,
+) -> Result<(Result<(Kind, &'a [u8]), WireError>, Instant), io::Error> {
+    inb.fill(sock, 1, None)?;
+    let deadline = Instant::now() + timeout;
+    let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
+    Ok((frame, deadline))
+}
+
+/// Most entries a serving connection keeps in its descriptor vectors between requests.
+const KEEP_DESCS: usize = 4096;
+
+/// Gives back what a large request made a connection's buffers grow to.
+fn trim(
+    inb: &mut Inbound,
+    descs: &mut Vec<WireDesc>,
+    targets: &mut Vec<IoVec>,
+    iov: &mut Vec<IoVec>,
+    out: &mut Vec<u8>,
+) {
+    inb.trim();
+    if descs.capacity() > KEEP_DESCS {
+        *descs = Vec::new();
+    }
+    if targets.capacity() > KEEP_DESCS {
+        *targets = Vec::new();
+    }
+    if iov.capacity() > KEEP_DESCS {
+        *iov = Vec::new();
+    }
+    if out.capacity() > 64 << 10 {
+        *out = Vec::with_capacity(256);
+    }
+}
+
+/// Ends a handshake that failed on I/O: past its deadline the client is told so (`REFUSE`
+/// `TIMEOUT`) before the connection closes.
+fn handshake_failed(sock: &mut Sock, out: &mut Vec<u8>, e: io::Error) -> ConnEnd {
+    if e.kind() == io::ErrorKind::TimedOut {
+        // the send buffer is empty this early: the short deadline only guards a stuck peer
+        let quick = Some(Instant::now() + Duration::from_millis(100));
+        refuse(sock, out, Status::TIMEOUT, "handshake timed out", quick);
+    }
+    ConnEnd::Io(e)
+}
+
+/// Counts connection `id` as an established lane (it finished its handshake).
+fn establish(shared: &ServerShared, id: u64) -> Result<(), limits::Refusal> {
+    shared
+        .conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .establish(id, &shared.limits)
+}
+
 struct LinkRec {
     client: String,
     instance: u64,
@@ -217,11 +305,12 @@ pub(crate) struct ServerShared {
     instance: u64,
     table: ServeTable,
     io_timeout: Duration,
-    max_conns: usize,
+    limits: Limits,
     stop: AtomicBool,
     /// Requests being served right now.
     active: AtomicUsize,
-    conns: Mutex<HashMap<u64, TcpStream>>,
+    /// Every connection, from accept until its thread ends, with the counts [`Limits`] bound.
+    conns: Mutex<ConnTable>,
     links: Mutex<HashMap<u64, LinkRec>>,
     next_id: AtomicU64,
     notifies: Arc<NotifyQueue>,
@@ -267,7 +356,7 @@ pub(crate) struct ServerConfig {
     pub name: String,
     pub instance: u64,
     pub io_timeout: Duration,
-    pub max_conns: usize,
+    pub limits: Limits,
     pub notifies: Arc<NotifyQueue>,
     pub host: Option<HostId>,
     pub allow: Option<Vec<String>>,
@@ -292,15 +381,17 @@ impl Server {
         // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         listener.set_nonblocking(true)?;
+        let nofile = limits::raise_nofile(cfg.limits.descriptors());
+        tracing::debug!(parent: &cfg.span, nofile, "descriptor limit");
         let shared = Arc::new(ServerShared {
             name: cfg.name,
             instance: cfg.instance,
             table,
             io_timeout: cfg.io_timeout,
-            max_conns: cfg.max_conns,
+            limits: cfg.limits,
             stop: AtomicBool::new(false),
             active: AtomicUsize::new(0),
-            conns: Mutex::new(HashMap::new()),
+            conns: Mutex::new(ConnTable::default()),
             links: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             notifies: cfg.notifies,
@@ -399,6 +490,7 @@ fn accept_loop(
             revents: 0,
         },
     ];
+    let mut backoff = limits::Backoff::default();
     loop {
         // SAFETY: `fds` is a live array of two pollfds.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
@@ -410,50 +502,63 @@ fn accept_loop(
         }
         match listener.accept() {
             Ok((stream, from)) => {
-                let mut hs = handles.lock().unwrap_or_else(|e| e.into_inner());
-                // reap finished threads so handles do not pile up
-                let mut i = 0;
-                while i < hs.len() {
-                    if hs[i].is_finished() {
-                        let _ = hs.swap_remove(i).join();
-                    } else {
-                        i += 1;
-                    }
-                }
-                let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                {
-                    let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-                    if conns.len() >= shared.max_conns {
-                        tracing::debug!(parent: &shared.span, %from, "refused: too many connections");
-                        drop(stream);
-                        continue;
-                    }
-                    match stream.try_clone() {
-                        Ok(c) => conns.insert(id, c),
-                        Err(_) => continue,
-                    };
-                }
-                let s = shared.clone();
-                match std::thread::Builder::new()
-                    .name("hixl-serve".into())
-                    .spawn(move || serve_conn(s, id, stream, from))
-                {
-                    Ok(h) => hs.push(h),
-                    Err(e) => {
-                        shared
-                            .conns
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&id);
-                        tracing::warn!(parent: &shared.span, error = %e, "cannot spawn a serving thread");
-                    }
-                }
+                backoff.reset();
+                admit(&shared, &handles, stream, from);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                tracing::debug!(parent: &shared.span, error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(5));
+            Err(e) if limits::wait_out(&e) => {
+                // out of descriptors (or memory): established links keep being served by their
+                // threads; wait for the stop signal or a while, longer each time, and retry
+                let wait = backoff.step();
+                tracing::debug!(parent: &shared.span, error = %e, ?wait, "accept failed; backing off");
+                let mut w = [fds[1]];
+                // SAFETY: `w` is a live array of one pollfd.
+                unsafe { libc::poll(w.as_mut_ptr(), 1, wait.as_millis() as libc::c_int) };
             }
+            Err(e) => {
+                // about one connection (reset before it was accepted, ...): the next may work
+                tracing::debug!(parent: &shared.span, error = %e, "accept failed");
+            }
+        }
+    }
+}
+
+/// Takes an accepted connection into the handshake budget and starts its serving thread, or
+/// closes it at once (no thread) when its peer address is over its limit.
+fn admit(
+    shared: &Arc<ServerShared>,
+    handles: &Mutex<Vec<JoinHandle<()>>>,
+    stream: TcpStream,
+    from: SocketAddr,
+) {
+    let mut hs = handles.lock().unwrap_or_else(|e| e.into_inner());
+    // reap finished threads so handles do not pile up
+    let mut i = 0;
+    while i < hs.len() {
+        if hs[i].is_finished() {
+            let _ = hs.swap_remove(i).join();
+        } else {
+            i += 1;
+        }
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    // the table stays locked until the thread has the socket, or the socket is closed and out of
+    // the table: nobody can shut down its descriptor number after it is closed
+    let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(why) = conns.admit(id, stream.as_raw_fd(), from.ip(), &shared.limits) {
+        let (handshakes, established) = conns.counts();
+        tracing::debug!(parent: &shared.span, %from, why, handshakes, established, "refused at accept");
+        return;
+    }
+    let s = shared.clone();
+    match std::thread::Builder::new()
+        .name("hixl-serve".into())
+        .spawn(move || serve_conn(s, id, stream, from))
+    {
+        Ok(h) => hs.push(h),
+        Err(e) => {
+            conns.remove(&id);
+            tracing::warn!(parent: &shared.span, error = %e, "cannot spawn a serving thread");
         }
     }
 }
@@ -468,20 +573,23 @@ impl Drop for ActiveGuard<'_> {
 fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: SocketAddr) {
     let mut link = None;
     let end = serve(&shared, id, stream, &mut link);
-    shared
-        .conns
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id);
     if let Some(token) = link {
         let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = links.get_mut(&token) {
-            l.conns.remove(&id);
-            if l.conns.is_empty() {
-                links.remove(&token);
+        let gone = match links.get_mut(&token) {
+            Some(l) => {
+                l.conns.remove(&id);
+                l.conns.is_empty()
             }
+            None => true, // closed by BYE or replaced
+        };
+        if gone {
+            // its fence (if any) is revoked as the record goes
+            links.remove(&token);
+            drop(links);
+            shared.notifies.link_closed(token);
+        } else {
+            drop(links);
         }
-        drop(links);
         shared.prune_fences();
     }
     match end {
@@ -519,10 +627,17 @@ fn refuse(
 }
 
 fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u64>) -> ConnEnd {
-    let mut sock = match Sock::new(stream) {
-        Ok(s) => s,
-        Err(e) => return ConnEnd::Io(e),
+    let mut sock = Sock::adopt(stream);
+    // declared after `sock`, so the connection leaves the table before its socket closes
+    let _entry = limits::Entry {
+        table: &shared.conns,
+        id,
     };
+    // the whole handshake, up to the WELCOME, has one deadline
+    let handshake = Some(Instant::now() + shared.io_timeout);
+    if let Err(e) = sock.stream.set_nodelay(true) {
+        return ConnEnd::Io(e);
+    }
     if let Err(e) = sock.set_fixed_timeout(shared.io_timeout) {
         return ConnEnd::Io(e);
     }
@@ -532,13 +647,14 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     {
         return ConnEnd::Io(e);
     }
-    let mut inb = Inbound::new();
+    // handshake frames are small: so is the buffer until the client is welcomed
+    let mut inb = Inbound::with_capacity(limits::MAX_HANDSHAKE_FRAME as usize);
     let mut out = Vec::with_capacity(256);
     let io_deadline = || Some(Instant::now() + shared.io_timeout);
 
     // handshake: the first frame must be HELLO, within the I/O timeout
-    let hello = match read_frame(&mut sock, &mut inb, io_deadline(), io_deadline) {
-        Err(e) => return ConnEnd::Io(e),
+    let hello = match read_handshake_frame(&mut sock, &mut inb, handshake) {
+        Err(e) => return handshake_failed(&mut sock, &mut out, e),
         Ok(Err(e)) => {
             return violation(&mut sock, &mut out, e, io_deadline());
         }
@@ -564,11 +680,11 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         let sn = crate::auth::nonce();
         let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
         wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
-        if let Err(e) = sock.send_bytes(&out, io_deadline()) {
-            return ConnEnd::Io(e);
+        if let Err(e) = sock.send_bytes(&out, handshake) {
+            return handshake_failed(&mut sock, &mut out, e);
         }
-        let answer = match read_frame(&mut sock, &mut inb, io_deadline(), io_deadline) {
-            Err(e) => return ConnEnd::Io(e),
+        let answer = match read_handshake_frame(&mut sock, &mut inb, handshake) {
+            Err(e) => return handshake_failed(&mut sock, &mut out, e),
             Ok(Ok((Kind::Auth, p))) => wire::decode_auth(p, 1).ok().map(|f| f[0]),
             Ok(_) => None,
         };
@@ -596,6 +712,16 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             io_deadline(),
         );
         return ConnEnd::Refused(why);
+    }
+    if let Err(why) = establish(shared, id) {
+        refuse(
+            &mut sock,
+            &mut out,
+            Status::RESOURCE_EXHAUSTED,
+            why,
+            io_deadline(),
+        );
+        return ConnEnd::Refused(why.into());
     }
     let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
     let (token, live, busy, fence) = match hello.role {
@@ -675,9 +801,25 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
         LaneRole::Join => {
             let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
             match links.get_mut(&hello.token) {
-                Some(l) if l.instance == hello.instance && l.client == hello.name => {
+                Some(l)
+                    if l.instance == hello.instance
+                        && l.client == hello.name
+                        && l.conns.len() < shared.limits.max_lanes_per_link =>
+                {
                     l.conns.insert(id);
                     (hello.token, l.live.clone(), l.busy.clone(), None)
+                }
+                Some(l) if l.instance == hello.instance && l.client == hello.name => {
+                    drop(links);
+                    let why = "too many lanes on this link";
+                    refuse(
+                        &mut sock,
+                        &mut out,
+                        Status::RESOURCE_EXHAUSTED,
+                        why,
+                        io_deadline(),
+                    );
+                    return ConnEnd::Refused(why.into());
                 }
                 _ => {
                     drop(links);
@@ -716,14 +858,17 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     let mut targets = Vec::new();
     let mut iov: Vec<IoVec> = Vec::new();
     loop {
-        // idle: wait for the next request as long as it takes (shutdown wakes us)
-        let frame = match read_frame(&mut sock, &mut inb, None, io_deadline) {
+        // between requests a connection keeps no more memory than a small one needs
+        trim(&mut inb, &mut descs, &mut targets, &mut iov, &mut out);
+        // idle: wait for the next request as long as it takes (shutdown wakes us); once its
+        // first byte is in, the whole request has `io_timeout`
+        let (frame, deadline) = match read_request(&mut sock, &mut inb, shared.io_timeout) {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ConnEnd::Closed,
             Err(e) => return ConnEnd::Io(e),
-            Ok(Err(e)) => {
+            Ok((Err(e), _)) => {
                 return violation(&mut sock, &mut out, e, io_deadline());
             }
-            Ok(Ok(f)) => f,
+            Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
         shared.active.fetch_add(1, Ordering::SeqCst);
         let _guard = ActiveGuard(&shared.active);
@@ -733,7 +878,6 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             // superseded (or closed) while this request was on its way: apply nothing
             return ConnEnd::Refused("request on a superseded link".into());
         }
-        let deadline = io_deadline();
         match frame {
             (Kind::Xfer, p) => {
                 let (op, req) = match wire::decode_xfer(p, &mut descs) {
@@ -795,15 +939,11 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     .get(&token)
                     .map(|l| l.client.clone())
                     .unwrap_or_default();
-                let queued = shared.notifies.push(token, Notify { from, name, msg });
-                if queued {
-                    wire::encode_done(&mut out, req, 0, "");
-                } else {
-                    let reason = format!(
-                        "more than {} notifications pending",
-                        crate::notify::MAX_PENDING_NOTIFIES
-                    );
-                    wire::encode_done(&mut out, req, Status::RESOURCE_EXHAUSTED.code(), &reason);
+                match shared.notifies.push(token, Notify { from, name, msg }) {
+                    Ok(()) => wire::encode_done(&mut out, req, 0, ""),
+                    Err(reason) => {
+                        wire::encode_done(&mut out, req, Status::RESOURCE_EXHAUSTED.code(), &reason)
+                    }
                 }
                 if let Err(e) = sock.send_bytes(&out, deadline) {
                     return ConnEnd::Io(e);
