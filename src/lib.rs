@@ -115,6 +115,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod auth;
+pub mod compat;
 mod connect;
 mod context;
 mod engine;

@@ -23,6 +23,8 @@ pub struct Options {
     pub(crate) allow_peers: Option<Vec<String>>,
     pub(crate) psk: Option<crate::auth::Psk>,
     pub(crate) heartbeat: Option<Duration>,
+    /// HIXL's `AutoConnect=1`: honoured by [`crate::compat::Hixl`]; the typed engine refuses it.
+    pub(crate) auto_connect: bool,
     pub(crate) hixl: BTreeMap<String, String>,
     /// HIXL's Ascend keys and hixl's `hixl.ascend.*`, parsed.
     pub(crate) ascend: crate::transport::ascend::options::AscendOptions,
@@ -73,6 +75,7 @@ impl Default for Options {
             allow_peers: None,
             psk: None,
             heartbeat: Some(Duration::from_secs(10)),
+            auto_connect: false,
             hixl: BTreeMap::new(),
             ascend: Default::default(),
             ascend_enabled: false,
@@ -181,6 +184,11 @@ impl Options {
         self
     }
 
+    /// Whether `AutoConnect=1` was given (see [`crate::compat::Hixl`]).
+    pub fn auto_connect(&self) -> bool {
+        self.auto_connect
+    }
+
     /// Whether `initialize` starts an Ascend runtime ([`Options::ascend`] or a `hixl.ascend.*`
     /// key was given).
     pub fn uses_ascend(&self) -> bool {
@@ -200,7 +208,9 @@ impl Options {
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
     /// - [`Error::InvalidOption`] (`PARAM_INVALID`) for a value outside its documented range;
     /// - [`Error::UnsupportedOption`] (`UNSUPPORTED`) for a valid value this build cannot honour
-    ///   (`AutoConnect=1`, `EnableUseFabricMem=1`).
+    ///   (`EnableUseFabricMem=1`). `AutoConnect=1` is accepted here and honoured by
+    ///   [`crate::compat::Hixl`]; [`Hixl::initialize`](crate::Hixl::initialize) refuses it
+    ///   (`UNSUPPORTED`): typed links are explicit.
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
         pairs: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Error> {
@@ -251,14 +261,8 @@ impl Options {
                 }
             }
             "AutoConnect" => match value {
-                "0" => {}
-                "1" => {
-                    return Err(Error::UnsupportedOption {
-                        key: k.to_owned(),
-                        value: value.to_owned(),
-                        why: "links are explicit capabilities in hixl; connect first",
-                    });
-                }
+                "0" => self.auto_connect = false,
+                "1" => self.auto_connect = true,
                 _ => return Err(bad("\"0\" or \"1\"")),
             },
             "hixl.MaxRegions" => self.max_regions = count(value)?,
@@ -324,7 +328,9 @@ mod tests {
         let e = Options::from_pairs([("NoSuchKey", "1")]).unwrap_err();
         assert!(matches!(e, Error::UnknownOption { ref key } if key == "NoSuchKey"));
         assert_eq!(e.status(), Status::PARAM_INVALID);
-        let e = Options::from_pairs([("AutoConnect", "1")]).unwrap_err();
+        let o = Options::from_pairs([("AutoConnect", "1")]).unwrap();
+        assert!(o.auto_connect());
+        let e = crate::Hixl::initialize("127.0.0.1", o).unwrap_err();
         assert_eq!(e.status(), Status::UNSUPPORTED);
         let o = Options::from_pairs([("hixl.MaxRegions", "7"), ("hixl.ConnectTimeoutMs", "250")])
             .unwrap();

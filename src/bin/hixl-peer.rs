@@ -7,7 +7,13 @@
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
 //! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
 //! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
+//! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! ```
+//!
+//! `compat-serve` is `serve` through the runtime-checked [`hixl::compat::Hixl`] (HIXL's call
+//! shape): it registers a `Vec<u8>` with `register_mem` (default name `127.0.0.1:0`, an
+//! ephemeral port) and answers the same commands, plus `notifies`: prints `NOTIFY <name>
+//! <msg>` for each notification received (oldest first), then `END`.
 //!
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
 //! ABI test double in tests): its region is a `DeviceBuffer`, filled through `aclrtMemcpy`, and
@@ -78,6 +84,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("hammer") => return hammer(args),
         Some("sink") => return sink(),
         Some("pidreuse") => return pidreuse(),
+        Some("compat-serve") => return compat_serve(args),
         _ => return Err(USAGE.into()),
     }
     let (mut name, mut size, mut seed, mut user) =
@@ -446,5 +453,73 @@ fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
     })?;
     let engine = engine.finalize();
     engine.deregister(region)?;
+    Ok(())
+}
+
+fn compat_serve(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    use hixl::compat;
+    let (mut name, mut size, mut seed) = ("127.0.0.1:0".to_owned(), 64usize << 20, 1u64);
+    let mut options: Vec<(String, String)> = Vec::new();
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--name" => name = value,
+            "--size" => size = value.parse()?,
+            "--seed" => seed = value.parse()?,
+            "--option" => {
+                let (k, v) = value.split_once('=').ok_or("--option KEY=VALUE")?;
+                options.push((k.to_owned(), v.to_owned()));
+            }
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    let mut mem = Rng::new(seed).bytes(size);
+    let engine = compat::Hixl::new();
+    engine.initialize(&name, options)?;
+    let desc = compat::MemDesc {
+        addr: mem.as_mut_ptr() as usize,
+        len: mem.len(),
+        local_only: false,
+    };
+    // SAFETY: `mem` stays allocated and is not resized until after `finalize` below; this
+    // process only reads it (the `sum` command) after the test's transfers have returned.
+    unsafe { engine.register_mem(desc, hixl::MemType::Host) }?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "READY {} {} {} {}",
+        engine.local_engine()?,
+        desc.addr,
+        desc.len,
+        std::process::id()
+    )?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["sum", off, len] => {
+                let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
+                let end = off.checked_add(len).filter(|&e| e <= size).ok_or("out of range")?;
+                // SAFETY: in bounds of `mem`, which is alive; peers write it only while the
+                // test's transfers run, and the test asks for sums after they returned.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(desc.addr as *const u8, end).get(off..end)
+                };
+                writeln!(out, "SUM {:016x}", fnv1a(bytes.unwrap_or_default()))?;
+            }
+            ["notifies"] => {
+                for n in engine.get_notifies()? {
+                    writeln!(out, "NOTIFY {} {}", n.name, n.notify_msg)?;
+                }
+                writeln!(out, "END")?;
+            }
+            ["quit"] => break,
+            _ => writeln!(out, "ERR unknown command {line:?}")?,
+        }
+        out.flush()?;
+    }
+    engine.finalize();
+    drop(mem);
     Ok(())
 }
