@@ -296,7 +296,10 @@ fn millis(t: i32) -> Result<Duration> {
 }
 
 fn not_initialized() -> Error {
-    Error::new(Status::FAILED, "the engine is not initialized (or finalized)")
+    Error::new(
+        Status::FAILED,
+        "the engine is not initialized (or finalized)",
+    )
 }
 
 impl Hixl {
@@ -450,7 +453,10 @@ impl Hixl {
                 format!("no memory is registered with handle {handle:#x}"),
             ));
         };
-        let reg = core.regions.remove(&addr).expect("handles and regions agree");
+        let reg = core
+            .regions
+            .remove(&addr)
+            .expect("handles and regions agree");
         // the region goes into the closure and comes back here unless it was handed back
         let mut slot = Some(reg);
         let r = self.with_registered(&mut core, "deregister memory", |e| {

@@ -500,7 +500,10 @@ fn compat_serve(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
         match words.as_slice() {
             ["sum", off, len] => {
                 let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
-                let end = off.checked_add(len).filter(|&e| e <= size).ok_or("out of range")?;
+                let end = off
+                    .checked_add(len)
+                    .filter(|&e| e <= size)
+                    .ok_or("out of range")?;
                 // SAFETY: in bounds of `mem`, which is alive; peers write it only while the
                 // test's transfers run, and the test asks for sums after they returned.
                 let bytes = unsafe {
