@@ -376,21 +376,31 @@ impl Hixl {
         }
     }
 
-    /// HIXL `Finalize`: every link closes, requests are forgotten (those in flight end on their
-    /// own; their memory stays the caller's duty until then, as in HIXL), serving stops, the
-    /// regions are released. Calling it again, or before `initialize`, does nothing.
+    /// HIXL `Finalize`: requests in flight are cancelled and waited for (a running one ends at
+    /// the latest at its deadline, [`ASYNC_DEADLINE`]), every link closes, serving stops (the
+    /// typed engine's `finalize`: requests being served get its grace period), the regions are
+    /// released. When it returns, nothing of this engine touches registered memory any more.
+    /// Calling it again, or before `initialize`, does nothing.
     pub fn finalize(&self) {
         let mut core = self.write();
         let engine = core.engine.take();
         if engine.is_some() {
             core.finalized = true;
         }
+        // requests in flight may still write the caller's memory: stop them, and return only
+        // once each has ended (a running one ends at the latest at its deadline)
+        let reqs = std::mem::take(&mut *lock(&self.reqs));
+        for p in reqs.values() {
+            p.req.cancel();
+        }
         let links: Vec<_> = lock(&self.links).drain().map(|(_, l)| l).collect();
         for l in links {
             l.shared.close_quietly();
         }
-        // a request being dropped cancels it if it has not started
-        std::mem::take(&mut *lock(&self.reqs));
+        for p in reqs.values() {
+            while !p.req.wait(Duration::from_secs(1)).is_terminal() {}
+        }
+        drop(reqs);
         match engine {
             Some(Typed::Connected(e)) => drop(e.finalize()),
             Some(Typed::Registered(e)) => drop(e.finalize()),

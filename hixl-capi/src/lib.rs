@@ -450,6 +450,28 @@ pub unsafe extern "C" fn hixl_get_async_connect_status(
     })
 }
 
+/// Builds a list from the engine and hands it to the caller through `out`.
+fn list_out(
+    engine: *mut HixlEngine,
+    out: *mut *mut HixlList,
+    make: impl FnOnce(&Hixl) -> compat::Result<HixlList>,
+) -> R<()> {
+    let e = self::engine(engine)?;
+    if out.is_null() {
+        return Err(invalid("out is null"));
+    }
+    let list = Box::into_raw(Box::new(make(&e).map_err(fail)?));
+    // SAFETY: checked not null; writable by the caller's contract (`*out` is the caller's).
+    unsafe { out.write_unaligned(list) };
+    Ok(())
+}
+
+/// A Rust string for C (an interior NUL, which names and messages cannot carry through C
+/// anyway, gives an empty string).
+fn cstring(s: String) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
 /// HIXL `GetAsyncConnectStatus` for every remote: a list (read it with
 /// [`hixl_list_connect_status`], free it with [`hixl_list_free`]).
 ///
@@ -461,18 +483,14 @@ pub unsafe extern "C" fn hixl_get_all_async_connect_status(
     out: *mut *mut HixlList,
 ) -> HixlStatus {
     entry(|| {
-        let e = self::engine(engine)?;
-        if out.is_null() {
-            return Err(invalid("out is null"));
-        }
-        let all = e.get_all_async_connect_status().map_err(fail)?;
-        let items = all
-            .into_iter()
-            .map(|(k, s)| (CString::new(k).unwrap_or_default(), connect_status(s)))
-            .collect();
-        let list = Box::into_raw(Box::new(HixlList::Connects(items)));
-        // SAFETY: checked not null; writable by the caller's contract.
-        unsafe { put(out, list, "out") }
+        list_out(engine, out, |e| {
+            let all = e.get_all_async_connect_status()?;
+            Ok(HixlList::Connects(
+                all.into_iter()
+                    .map(|(k, s)| (cstring(k), connect_status(s)))
+                    .collect(),
+            ))
+        })
     })
 }
 
@@ -680,23 +698,14 @@ pub unsafe extern "C" fn hixl_get_notifies(
     out: *mut *mut HixlList,
 ) -> HixlStatus {
     entry(|| {
-        let e = self::engine(engine)?;
-        if out.is_null() {
-            return Err(invalid("out is null"));
-        }
-        let got = e.get_notifies().map_err(fail)?;
-        let items = got
-            .into_iter()
-            .map(|n| {
-                (
-                    CString::new(n.name).unwrap_or_default(),
-                    CString::new(n.notify_msg).unwrap_or_default(),
-                )
-            })
-            .collect();
-        let list = Box::into_raw(Box::new(HixlList::Notifies(items)));
-        // SAFETY: checked not null; writable by the caller's contract.
-        unsafe { put(out, list, "out") }
+        list_out(engine, out, |e| {
+            let got = e.get_notifies()?;
+            Ok(HixlList::Notifies(
+                got.into_iter()
+                    .map(|n| (cstring(n.name), cstring(n.notify_msg)))
+                    .collect(),
+            ))
+        })
     })
 }
 

@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 
 /// Every `hixl_*` function the header declares.
@@ -59,27 +58,6 @@ fn two_c_processes_over_libhixl() {
     let Some(cc) = common::compiler("cc") else {
         return;
     };
-    let dir = common::scratch("c");
-    let exe = dir.join("capi_test");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/capi_test.c");
-    common::build(
-        &cc,
-        &["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"],
-        &[src],
-        &exe,
-    );
-    let mut server = common::Server::spawn(Command::new(&exe).args(["server", "1048576"]));
-    let wrote = common::run_client(Command::new(&exe).args([
-        "client",
-        &server.name,
-        &server.addr.to_string(),
-        &server.len.to_string(),
-    ]));
-    assert_eq!(wrote.len(), 4, "{wrote:?}");
-    for (off, len, sum) in wrote {
-        assert_eq!(server.sum(off, len), sum, "{off}+{len}");
-    }
-    assert_eq!(server.notifies(), vec!["kv ready".to_owned()]);
-    server.quit();
-    let _ = std::fs::remove_dir_all(dir);
+    let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
+    common::two_processes(&cc, &flags, "c/capi_test.c", 4);
 }

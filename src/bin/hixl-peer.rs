@@ -12,8 +12,7 @@
 //!
 //! `compat-serve` is `serve` through the runtime-checked [`hixl::compat::Hixl`] (HIXL's call
 //! shape): it registers a `Vec<u8>` with `register_mem` (default name `127.0.0.1:0`, an
-//! ephemeral port) and answers the same commands, plus `notifies`: prints `NOTIFY <name>
-//! <msg>` for each notification received (oldest first), then `END`.
+//! ephemeral port, and HIXL options from `--option`) and answers the same commands.
 //!
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
 //! ABI test double in tests): its region is a `DeviceBuffer`, filled through `aclrtMemcpy`, and
@@ -25,6 +24,8 @@
 //! input, one per line:
 //!
 //! - `sum OFF LEN`: prints `SUM <fnv1a of those bytes, hex>`;
+//! - `notifies`: prints `NOTIFY <name> <msg>` for each notification received since the last
+//!   `notifies` (oldest first), then `END`;
 //! - `quit` (or the end of input): finalizes and exits.
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
@@ -377,27 +378,40 @@ fn serve<M: Reclaim + 'static>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let engine = engine.activate()?;
     let (addr, len) = (region.addr(), region.len());
-    answer(&engine, addr, len, |off, buf| Ok(region.read_at(off, buf)?))?;
+    answer(
+        engine.name(),
+        addr,
+        len,
+        |off, buf| Ok(region.read_at(off, buf)?),
+        || Ok(typed_notifies(&engine)),
+    )?;
     let engine = engine.finalize();
     engine.deregister(region)?;
     Ok(())
 }
 
+fn typed_notifies(engine: &Hixl<hixl::Connected>) -> Vec<(String, String)> {
+    engine
+        .get_notifies()
+        .into_iter()
+        .map(|n| (n.name, n.msg))
+        .collect()
+}
+
+type Failure = Box<dyn std::error::Error>;
+
 /// Prints `READY NAME ADDR LEN PID`, then answers the commands on standard input until `quit`
-/// (or the end of input), reading the region's bytes with `read`.
+/// (or the end of input), reading the region's bytes with `read` and the notifications
+/// received with `notifies`.
 fn answer(
-    engine: &Hixl<hixl::Connected>,
+    name: &str,
     addr: usize,
     len: usize,
-    mut read: impl FnMut(usize, &mut [u8]) -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<(), Box<dyn std::error::Error>> {
+    mut read: impl FnMut(usize, &mut [u8]) -> Result<(), Failure>,
+    mut notifies: impl FnMut() -> Result<Vec<(String, String)>, Failure>,
+) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "READY {} {addr} {len} {}",
-        engine.name(),
-        std::process::id()
-    )?;
+    writeln!(out, "READY {name} {addr} {len} {}", std::process::id())?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -408,6 +422,12 @@ fn answer(
                 let mut buf = vec![0u8; len];
                 read(off, &mut buf)?;
                 writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
+            }
+            ["notifies"] => {
+                for (name, msg) in notifies()? {
+                    writeln!(out, "NOTIFY {name} {msg}")?;
+                }
+                writeln!(out, "END")?;
             }
             ["quit"] => break,
             _ => writeln!(out, "ERR unknown command {line:?}")?,
@@ -448,9 +468,13 @@ fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
     })??;
     let engine = engine.activate()?;
     let (addr, len) = (region.addr(), region.len());
-    answer(&engine, addr, len, |off, buf| {
-        Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??)
-    })?;
+    answer(
+        engine.name(),
+        addr,
+        len,
+        |off, buf| Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??),
+        || Ok(typed_notifies(&engine)),
+    )?;
     let engine = engine.finalize();
     engine.deregister(region)?;
     Ok(())
@@ -484,44 +508,30 @@ fn compat_serve(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
     // SAFETY: `mem` stays allocated and is not resized until after `finalize` below; this
     // process only reads it (the `sum` command) after the test's transfers have returned.
     unsafe { engine.register_mem(desc, hixl::MemType::Host) }?;
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "READY {} {} {} {}",
-        engine.local_engine()?,
+    answer(
+        &engine.local_engine()?,
         desc.addr,
         desc.len,
-        std::process::id()
+        |off, buf| {
+            let end = off
+                .checked_add(buf.len())
+                .filter(|&e| e <= size)
+                .ok_or("out of range")?;
+            // SAFETY: `off..end` is in bounds of `mem`, which is alive; peers write it only
+            // while the test's transfers run, and the test asks for sums after they returned.
+            let bytes =
+                unsafe { std::slice::from_raw_parts((desc.addr + off) as *const u8, end - off) };
+            buf.copy_from_slice(bytes);
+            Ok(())
+        },
+        || {
+            Ok(engine
+                .get_notifies()?
+                .into_iter()
+                .map(|n| (n.name, n.notify_msg))
+                .collect())
+        },
     )?;
-    out.flush()?;
-    for line in std::io::stdin().lock().lines() {
-        let line = line?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["sum", off, len] => {
-                let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
-                let end = off
-                    .checked_add(len)
-                    .filter(|&e| e <= size)
-                    .ok_or("out of range")?;
-                // SAFETY: in bounds of `mem`, which is alive; peers write it only while the
-                // test's transfers run, and the test asks for sums after they returned.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(desc.addr as *const u8, end).get(off..end)
-                };
-                writeln!(out, "SUM {:016x}", fnv1a(bytes.unwrap_or_default()))?;
-            }
-            ["notifies"] => {
-                for n in engine.get_notifies()? {
-                    writeln!(out, "NOTIFY {} {}", n.name, n.notify_msg)?;
-                }
-                writeln!(out, "END")?;
-            }
-            ["quit"] => break,
-            _ => writeln!(out, "ERR unknown command {line:?}")?,
-        }
-        out.flush()?;
-    }
     engine.finalize();
     drop(mem);
     Ok(())

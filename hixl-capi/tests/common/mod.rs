@@ -191,3 +191,33 @@ pub fn run_client(cmd: &mut Command) -> Vec<(u64, u64, u64)> {
         })
         .collect()
 }
+
+/// Builds `source` (under `tests/`) with `compiler` and `flags`, runs it as `server 1048576` and
+/// `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes` lines) and
+/// the one notification `kv ready`.
+pub fn two_processes(compiler: &str, flags: &[&str], source: &str, writes: usize) {
+    let dir = scratch(source.rsplit('/').next().unwrap_or(source));
+    let exe = dir.join("program");
+    build(
+        compiler,
+        flags,
+        &[Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(source)],
+        &exe,
+    );
+    let mut server = Server::spawn(Command::new(&exe).args(["server", "1048576"]));
+    let wrote = run_client(Command::new(&exe).args([
+        "client",
+        &server.name,
+        &server.addr.to_string(),
+        &server.len.to_string(),
+    ]));
+    assert_eq!(wrote.len(), writes, "{wrote:?}");
+    for (off, len, sum) in wrote {
+        assert_eq!(server.sum(off, len), sum, "{off}+{len}");
+    }
+    assert_eq!(server.notifies(), vec!["kv ready".to_owned()]);
+    server.quit();
+    let _ = std::fs::remove_dir_all(dir);
+}
