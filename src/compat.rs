@@ -25,6 +25,34 @@
 //! peer sent at connect (and the peer checks it again). What the caller promises is what
 //! HIXL's `RegisterMem` asks for, hence [`Hixl::register_mem`] is an `unsafe fn`.
 //!
+//! ```
+//! use hixl::compat::{Hixl, MemDesc, TransferOpDesc};
+//! use hixl::{MemType, TransferOp};
+//!
+//! # fn main() -> Result<(), hixl::compat::Error> {
+//! let (mut cache, mut kv) = (vec![0u8; 4096], vec![7u8; 4096]);
+//! let server = Hixl::new();
+//! server.initialize("127.0.0.1:0", [("AutoConnect", "0")])?; // an ephemeral port
+//! let desc = |m: &mut Vec<u8>| MemDesc { addr: m.as_mut_ptr() as usize, len: m.len(), local_only: false };
+//! // SAFETY: both buffers outlive the engines (finalized below) and are read only after the
+//! // transfer returned.
+//! unsafe { server.register_mem(desc(&mut cache), MemType::Host) }?;
+//! let client = Hixl::new();
+//! client.initialize("127.0.0.1", [("AutoConnect", "1")])?; // no explicit connect needed
+//! // SAFETY: as above.
+//! unsafe { client.register_mem(desc(&mut kv), MemType::Host) }?;
+//! let d = TransferOpDesc {
+//!     local_addr: kv.as_ptr() as usize,
+//!     remote_addr: cache.as_ptr() as usize + 100,
+//!     len: 1000,
+//! };
+//! client.transfer_sync(&server.local_engine()?, TransferOp::Write, &[d], 1000)?;
+//! client.finalize();
+//! server.finalize();
+//! assert!(cache[100..1100].iter().all(|&b| b == 7));
+//! # Ok(()) }
+//! ```
+//!
 //! ## How HIXL's lifecycle maps onto the typed one
 //!
 //! HIXL has no `activate`: an engine serves as soon as it is initialized, and memory may be
