@@ -109,6 +109,8 @@ typedef struct {
 } hixl_transfer_result;
 
 /* Engines. */
+/* A handle is never dereferenced by the library and never reused: after hixl_destroy it stays
+ * unknown (HIXL_PARAM_INVALID). */
 hixl_status hixl_create(hixl_engine **out);
 void hixl_destroy(hixl_engine *engine); /* finalizes; null or unknown handles are ignored */
 /* local_engine: "ip" (client only), "ip:port", "ip:0" (an ephemeral port), "[ipv6]:port";

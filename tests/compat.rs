@@ -503,3 +503,39 @@ fn async_connect_then_transfer() {
     e.finalize();
     peer.quit();
 }
+
+#[test]
+fn threads_share_one_engine_with_auto_connect() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 20, 51, &[]);
+    let mut mem = vec![0u8; 1 << 20];
+    let (e, _) = client(&[("AutoConnect", "1")], &mut mem);
+    let chunk = 1 << 17;
+    let data = Rng::new(52).bytes(4 * chunk);
+    mem[..4 * chunk].copy_from_slice(&data);
+    let (base, raddr, name) = (mem.as_ptr() as usize, peer.addr as usize, peer.name.clone());
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (e, name) = (&e, &name);
+            s.spawn(move || {
+                // the first caller connects, the others use its link
+                let w = TransferOpDesc {
+                    local_addr: base + t * chunk,
+                    remote_addr: raddr + t * chunk + 1,
+                    len: chunk,
+                };
+                e.transfer_sync(name, TransferOp::Write, &[w], 5000)
+                    .unwrap();
+                let r = TransferOpDesc {
+                    local_addr: base + 4 * chunk + t * chunk,
+                    ..w
+                };
+                e.transfer_sync(name, TransferOp::Read, &[r], 5000).unwrap();
+            });
+        }
+    });
+    assert_eq!(&mem[4 * chunk..8 * chunk], &data[..]);
+    assert_eq!(peer.sum(1, 4 * chunk as u64), fnv1a(&data));
+    assert_eq!(e.get_all_async_connect_status().unwrap().len(), 1);
+    e.finalize();
+    peer.quit();
+}

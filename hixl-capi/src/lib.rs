@@ -36,10 +36,14 @@ const SUCCESS: HixlStatus = 0;
 const PARAM_INVALID: HixlStatus = 103_900;
 const FAILED: HixlStatus = 503_900;
 
-/// An engine handle (`hixl_engine *`): opaque to C; its address is its key in the registry.
+/// An engine handle (`hixl_engine *`): opaque to C. Its value is a key in the registry, never
+/// dereferenced, and never reused in a process (a destroyed handle stays unknown).
 pub struct HixlEngine {
-    _private: u8,
+    _private: [u8; 0],
 }
+
+/// The next handle value (distinct from null, and spaced like pointers for debuggers' sake).
+static NEXT_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
 
 /// A list of results (`hixl_list *`): notifications or async connect statuses.
 pub enum HixlList {
@@ -230,11 +234,12 @@ pub unsafe extern "C" fn hixl_create(out: *mut *mut HixlEngine) -> HixlStatus {
         if out.is_null() {
             return Err(invalid("out is null"));
         }
-        let key = Box::into_raw(Box::new(HixlEngine { _private: 0 }));
+        let key = NEXT_HANDLE.fetch_add(16, std::sync::atomic::Ordering::Relaxed);
         registry()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key as usize, Arc::new(Hixl::new()));
+            .insert(key, Arc::new(Hixl::new()));
+        let key = key as *mut HixlEngine;
         // SAFETY: checked not null; writable by the caller's contract.
         unsafe { put(out, key, "out") }
     })
@@ -253,10 +258,9 @@ pub unsafe extern "C" fn hixl_destroy(engine: *mut HixlEngine) {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(engine as usize));
         if let Some(e) = e {
+            // other threads still inside a call hold their own reference; the engine is
+            // finalized now and freed with the last one
             e.finalize();
-            // SAFETY: the key was made by `Box::into_raw` in `hixl_create` and was in the
-            // registry until just now, so this is its only release.
-            drop(unsafe { Box::from_raw(engine) });
         }
         Ok(())
     });
