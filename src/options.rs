@@ -202,7 +202,8 @@ impl Options {
 
     /// Options from HIXL's string keys (`"BufferPool"`, `"RdmaTrafficClass"`, ...; the `adxl.`
     /// prefixed synonyms too) and hixl's own (`"hixl.MaxRegions"`, `"hixl.MaxLanes"`,
-    /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`).
+    /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`,
+    /// `"hixl.HeartbeatMs"`: the heartbeat interval, `"0"` for none).
     ///
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
@@ -271,6 +272,12 @@ impl Options {
             "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
             "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
             "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,
+            "hixl.HeartbeatMs" => {
+                self.heartbeat = match value {
+                    "0" => None,
+                    v => Some(millis(v)?),
+                }
+            }
             "hixl.SameHost" => {
                 self.same_host = match value {
                     "auto" => SameHost::Auto,
@@ -336,5 +343,13 @@ mod tests {
             .unwrap();
         assert_eq!(o.max_regions, 7);
         assert_eq!(o.connect_timeout, Duration::from_millis(250));
+        let o = Options::from_pairs([("hixl.HeartbeatMs", "150")]).unwrap();
+        assert_eq!(o.heartbeat, Some(Duration::from_millis(150)));
+        assert_eq!(
+            Options::from_pairs([("hixl.HeartbeatMs", "0")])
+                .unwrap()
+                .heartbeat,
+            None
+        );
     }
 }

@@ -539,3 +539,43 @@ fn threads_share_one_engine_with_auto_connect() {
     e.finalize();
     peer.quit();
 }
+
+#[test]
+fn auto_connect_replaces_a_link_the_heartbeat_found_dead() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 61, &[]);
+    let mut mem = vec![0u8; 1 << 16];
+    // TCP links (same-host links watch the peer's process instead of pinging it)
+    let opts = [
+        ("AutoConnect", "1"),
+        ("hixl.SameHost", "off"),
+        ("hixl.HeartbeatMs", "250"),
+    ];
+    let (e, _) = client(&opts, &mut mem);
+    let d = [desc(&mem, 0, peer.addr, 0, 512)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 1000)
+        .unwrap();
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::Connected
+    );
+    // a stopped peer does not answer the heartbeat: the link breaks without any transfer
+    peer.signal(libc::SIGSTOP);
+    let until = Instant::now() + Duration::from_secs(30);
+    while e.get_async_connect_status(&peer.name).unwrap() == AsyncConnectStatus::Connected
+        && Instant::now() < until
+    {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    // back again: the next call drops the dead link and connects anew
+    peer.signal(libc::SIGCONT);
+    mem[..512].fill(0);
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 5000)
+        .unwrap();
+    assert_eq!(&mem[..512], &Rng::new(61).bytes(512)[..]);
+    e.finalize();
+    peer.quit();
+}
