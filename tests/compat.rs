@@ -542,7 +542,7 @@ fn threads_share_one_engine_with_auto_connect() {
 
 #[test]
 fn auto_connect_replaces_a_link_the_heartbeat_found_dead() {
-    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 61, &[]);
+    let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 61, &[]);
     let mut mem = vec![0u8; 1 << 16];
     // TCP links (same-host links watch the peer's process instead of pinging it)
     let opts = [
