@@ -182,6 +182,16 @@ fn every_runtime_check_has_hixl_status() {
     assert_eq!(status(e.connect(&peer.name, -5)), Status::PARAM_INVALID);
     assert_eq!(status(e.connect("127.0.0.1", 1000)), Status::PARAM_INVALID);
     assert_eq!(status(e.connect("not a name", 1000)), Status::PARAM_INVALID);
+    // a name nobody listens on (a port just released): the connect fails, nothing is held
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    assert_eq!(status(e.connect(&gone, 1000)), Status::FAILED);
+    assert_eq!(
+        e.get_async_connect_status(&gone).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
     e.connect(&peer.name, 1000).unwrap();
     assert_eq!(
         status(e.connect(&peer.name, 1000)),
