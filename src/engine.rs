@@ -798,6 +798,13 @@ impl Hixl<Initialized> {
     fn initialize_with(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
         let parsed = EngineName::parse(name)?;
         check_timeout(options.connect_timeout)?;
+        if options.auto_connect {
+            return Err(Error::UnsupportedOption {
+                key: "AutoConnect".into(),
+                value: "1".into(),
+                why: "links are explicit capabilities in the typed API; hixl::compat::Hixl honours AutoConnect",
+            });
+        }
         if options.psk.as_ref().is_some_and(|k| k.len() < 16) {
             return Err(Error::InvalidOption {
                 key: "psk".into(),
@@ -1225,7 +1232,37 @@ impl Hixl<Connected> {
         Ok(Link::from_shared(&self.inner, shared))
     }
 
-    fn remote_key(&self, remote: &str) -> Result<(String, SocketAddr), Error> {
+    /// [`Hixl::connect_timeout`] for the [`crate::compat`] engine: the link holds the engine
+    /// by `Arc` instead of borrowing it, so it can be kept in a table by remote name. The
+    /// compat engine closes such links itself before it leaves `Connected`.
+    pub(crate) fn connect_owned(
+        &self,
+        remote: &str,
+        timeout: Duration,
+    ) -> Result<Link<'static>, Error> {
+        let timeout = check_timeout(timeout)?;
+        let (key, addr) = self.remote_key(remote)?;
+        let shared = self.inner.open_link(&key, addr, timeout)?;
+        Ok(Link::owning(self.inner.clone(), shared))
+    }
+
+    /// [`Hixl::take_link`] for the [`crate::compat`] engine (an owning link).
+    pub(crate) fn take_link_owned(&self, remote: &str) -> Result<Link<'static>, Error> {
+        let (key, _) = self.remote_key(remote)?;
+        let shared = self.inner.connects.take(&key)?;
+        Ok(Link::owning(self.inner.clone(), shared))
+    }
+
+    /// How many peers hold a link to this engine right now (links it serves).
+    pub(crate) fn served_links(&self) -> usize {
+        lock(&self.inner.server)
+            .as_ref()
+            .map_or(0, |s| s.served_links())
+    }
+
+    /// The key a remote name is known by (its socket address), as links and the async connect
+    /// queue use it.
+    pub(crate) fn remote_key(&self, remote: &str) -> Result<(String, SocketAddr), Error> {
         let parsed = EngineName::parse(remote)?;
         let Some(addr) = parsed.socket_addr() else {
             return Err(Error::NotConnectable {

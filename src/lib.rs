@@ -98,6 +98,14 @@
 //! started before it on the link (the KV-ready signal). [`Hixl::connect_async`] queues connects.
 //! [`Hixl::metrics`] counts bytes, operations, errors and latency per link and operation.
 //!
+//! ## HIXL's call shape, checked at run time
+//!
+//! [`compat::Hixl`] is one owned engine with HIXL's methods (by remote engine name, integer
+//! addresses, HIXL's status codes, `AutoConnect`), built on the typed engine: what the type
+//! states prove here is checked there at run time. The C ABI (`hixl-capi`, `libhixl.so`,
+//! `include/hixl_c.h`) and the header-only C++ API (`include/hixl/hixl.h`) are thin layers
+//! over it.
+//!
 //! ## Transports
 //!
 //! TCP between any two hosts (zero-copy from and into registered memory, one round trip per
@@ -115,6 +123,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod auth;
+pub mod compat;
 mod connect;
 mod context;
 mod engine;

@@ -999,8 +999,26 @@ fn clone_fail(f: &LaneFail) -> LaneFail {
 
 /// A connection to one remote engine, borrowed from the connected engine.
 pub struct Link<'e> {
-    engine: &'e EngineInner,
+    engine: EngineRef<'e>,
     pub(crate) shared: Arc<LinkShared>,
+}
+
+/// How a link holds its engine: borrowed (the typed API: the borrow checker keeps the engine in
+/// `Connected` while the link lives), or owned (the runtime-checked [`crate::compat`] engine,
+/// which checks the same rules itself before it leaves `Connected`).
+enum EngineRef<'e> {
+    Borrowed(&'e EngineInner),
+    Owned(Arc<EngineInner>),
+}
+
+impl std::ops::Deref for EngineRef<'_> {
+    type Target = EngineInner;
+    fn deref(&self) -> &EngineInner {
+        match self {
+            EngineRef::Borrowed(e) => e,
+            EngineRef::Owned(e) => e,
+        }
+    }
 }
 
 impl fmt::Debug for Link<'_> {
@@ -1016,7 +1034,10 @@ impl fmt::Debug for Link<'_> {
 
 impl<'e> Link<'e> {
     pub(crate) fn from_shared(engine: &'e EngineInner, shared: Arc<LinkShared>) -> Self {
-        Link { engine, shared }
+        Link {
+            engine: EngineRef::Borrowed(engine),
+            shared,
+        }
     }
 
     /// The remote engine's name.
@@ -1311,6 +1332,20 @@ impl<'e> Link<'e> {
         descs: &[TransferDesc<'s>],
         args: TransferArgs,
     ) -> Result<TransferReq<'s>, Error> {
+        self.start_async(op, descs, args)
+    }
+
+    /// [`Link::transfer_async`] with the request's lifetime left to the caller. The request owns
+    /// what the transfer touches (its regions and the link's state, by `Arc`), so it is sound
+    /// for any lifetime; the borrow in `transfer_async` is what keeps `write_at`/`read_at`
+    /// (`&mut Region`) from running beside it in the typed API. The [`crate::compat`] engine,
+    /// which hands out no `&mut` access to its (caller-managed) memory, holds requests by id.
+    pub(crate) fn start_async<'r>(
+        &self,
+        op: TransferOp,
+        descs: &[TransferDesc<'_>],
+        args: TransferArgs,
+    ) -> Result<TransferReq<'r>, Error> {
         let timeout = check_timeout(args.timeout)?;
         if let Some(why) = &lock(&self.shared.pool).broken {
             return Err(Error::NotConnected {
@@ -1406,6 +1441,18 @@ impl<'e> Link<'e> {
         let r = check_timeout(timeout).and_then(|t| self.shared.close(t));
         self.shared.close_quietly();
         r
+    }
+}
+
+impl Link<'static> {
+    /// A link that owns a reference to its engine instead of borrowing it (for the
+    /// runtime-checked [`crate::compat`] engine, which closes its links before the engine
+    /// leaves `Connected`; a link it forgets is ended by `deactivate`/`finalize` like any other).
+    pub(crate) fn owning(engine: Arc<EngineInner>, shared: Arc<LinkShared>) -> Self {
+        Link {
+            engine: EngineRef::Owned(engine),
+            shared,
+        }
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Options {
     pub(crate) allow_peers: Option<Vec<String>>,
     pub(crate) psk: Option<crate::auth::Psk>,
     pub(crate) heartbeat: Option<Duration>,
+    /// HIXL's `AutoConnect=1`: honoured by [`crate::compat::Hixl`]; the typed engine refuses it.
+    pub(crate) auto_connect: bool,
     pub(crate) hixl: BTreeMap<String, String>,
     /// HIXL's Ascend keys and hixl's `hixl.ascend.*`, parsed.
     pub(crate) ascend: crate::transport::ascend::options::AscendOptions,
@@ -87,6 +89,7 @@ impl Default for Options {
             allow_peers: None,
             psk: None,
             heartbeat: Some(Duration::from_secs(10)),
+            auto_connect: false,
             hixl: BTreeMap::new(),
             ascend: Default::default(),
             ascend_enabled: false,
@@ -249,6 +252,11 @@ impl Options {
         self
     }
 
+    /// Whether `AutoConnect=1` was given (see [`crate::compat::Hixl`]).
+    pub fn auto_connect(&self) -> bool {
+        self.auto_connect
+    }
+
     /// Whether `initialize` starts an Ascend runtime ([`Options::ascend`] or a `hixl.ascend.*`
     /// key was given).
     pub fn uses_ascend(&self) -> bool {
@@ -262,13 +270,16 @@ impl Options {
 
     /// Options from HIXL's string keys (`"BufferPool"`, `"RdmaTrafficClass"`, ...; the `adxl.`
     /// prefixed synonyms too) and hixl's own (`"hixl.MaxRegions"`, `"hixl.MaxLanes"`,
-    /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`).
+    /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`,
+    /// `"hixl.HeartbeatMs"`: the heartbeat interval, `"0"` for none).
     ///
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
     /// - [`Error::InvalidOption`] (`PARAM_INVALID`) for a value outside its documented range;
     /// - [`Error::UnsupportedOption`] (`UNSUPPORTED`) for a valid value this build cannot honour
-    ///   (`AutoConnect=1`, `EnableUseFabricMem=1`).
+    ///   (`EnableUseFabricMem=1`). `AutoConnect=1` is accepted here and honoured by
+    ///   [`crate::compat::Hixl`]; [`Hixl::initialize`](crate::Hixl::initialize) refuses it
+    ///   (`UNSUPPORTED`): typed links are explicit.
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
         pairs: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Error> {
@@ -319,14 +330,8 @@ impl Options {
                 }
             }
             "AutoConnect" => match value {
-                "0" => {}
-                "1" => {
-                    return Err(Error::UnsupportedOption {
-                        key: k.to_owned(),
-                        value: value.to_owned(),
-                        why: "links are explicit capabilities in hixl; connect first",
-                    });
-                }
+                "0" => self.auto_connect = false,
+                "1" => self.auto_connect = true,
                 _ => return Err(bad("\"0\" or \"1\"")),
             },
             "hixl.MaxRegions" => self.max_regions = count(value)?,
@@ -335,6 +340,12 @@ impl Options {
             "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
             "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
             "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,
+            "hixl.HeartbeatMs" => {
+                self.heartbeat = match value {
+                    "0" => None,
+                    v => Some(millis(v)?),
+                }
+            }
             "hixl.SameHost" => {
                 self.same_host = match value {
                     "auto" => SameHost::Auto,
@@ -392,11 +403,21 @@ mod tests {
         let e = Options::from_pairs([("NoSuchKey", "1")]).unwrap_err();
         assert!(matches!(e, Error::UnknownOption { ref key } if key == "NoSuchKey"));
         assert_eq!(e.status(), Status::PARAM_INVALID);
-        let e = Options::from_pairs([("AutoConnect", "1")]).unwrap_err();
+        let o = Options::from_pairs([("AutoConnect", "1")]).unwrap();
+        assert!(o.auto_connect());
+        let e = crate::Hixl::initialize("127.0.0.1", o).unwrap_err();
         assert_eq!(e.status(), Status::UNSUPPORTED);
         let o = Options::from_pairs([("hixl.MaxRegions", "7"), ("hixl.ConnectTimeoutMs", "250")])
             .unwrap();
         assert_eq!(o.max_regions, 7);
         assert_eq!(o.connect_timeout, Duration::from_millis(250));
+        let o = Options::from_pairs([("hixl.HeartbeatMs", "150")]).unwrap();
+        assert_eq!(o.heartbeat, Some(Duration::from_millis(150)));
+        assert_eq!(
+            Options::from_pairs([("hixl.HeartbeatMs", "0")])
+                .unwrap()
+                .heartbeat,
+            None
+        );
     }
 }

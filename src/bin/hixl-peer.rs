@@ -8,7 +8,12 @@
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
 //! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
 //! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
+//! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! ```
+//!
+//! `compat-serve` is `serve` through the runtime-checked [`hixl::compat::Hixl`] (HIXL's call
+//! shape): it registers a `Vec<u8>` with `register_mem` (default name `127.0.0.1:0`, an
+//! ephemeral port, and HIXL options from `--option`) and answers the same commands.
 //!
 //! `serve-ascend` is `serve` on the Ascend backend with ACL and HCCL loaded from `--lib` (the
 //! ABI test double in tests): its region is a `DeviceBuffer`, filled through `aclrtMemcpy`, and
@@ -23,6 +28,8 @@
 //! input, one per line:
 //!
 //! - `sum OFF LEN`: prints `SUM <fnv1a of those bytes, hex>`;
+//! - `notifies`: prints `NOTIFY <name> <msg>` for each notification received since the last
+//!   `notifies` (oldest first), then `END`;
 //! - `quit` (or the end of input): finalizes and exits.
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
@@ -83,6 +90,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("hammer") => return hammer(args),
         Some("sink") => return sink(),
         Some("pidreuse") => return pidreuse(),
+        Some("compat-serve") => return compat_serve(args),
         _ => return Err(USAGE.into()),
     }
     let (mut name, mut size, mut seed, mut user) =
@@ -387,27 +395,40 @@ fn serve<M: Reclaim + 'static>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let engine = engine.activate()?;
     let (addr, len) = (region.addr(), region.len());
-    answer(&engine, addr, len, |off, buf| Ok(region.read_at(off, buf)?))?;
+    answer(
+        engine.name(),
+        addr,
+        len,
+        |off, buf| Ok(region.read_at(off, buf)?),
+        || Ok(typed_notifies(&engine)),
+    )?;
     let engine = engine.finalize();
     engine.deregister(region)?;
     Ok(())
 }
 
+fn typed_notifies(engine: &Hixl<hixl::Connected>) -> Vec<(String, String)> {
+    engine
+        .get_notifies()
+        .into_iter()
+        .map(|n| (n.name, n.msg))
+        .collect()
+}
+
+type Failure = Box<dyn std::error::Error>;
+
 /// Prints `READY NAME ADDR LEN PID`, then answers the commands on standard input until `quit`
-/// (or the end of input), reading the region's bytes with `read`.
+/// (or the end of input), reading the region's bytes with `read` and the notifications
+/// received with `notifies`.
 fn answer(
-    engine: &Hixl<hixl::Connected>,
+    name: &str,
     addr: usize,
     len: usize,
-    mut read: impl FnMut(usize, &mut [u8]) -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<(), Box<dyn std::error::Error>> {
+    mut read: impl FnMut(usize, &mut [u8]) -> Result<(), Failure>,
+    mut notifies: impl FnMut() -> Result<Vec<(String, String)>, Failure>,
+) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "READY {} {addr} {len} {}",
-        engine.name(),
-        std::process::id()
-    )?;
+    writeln!(out, "READY {name} {addr} {len} {}", std::process::id())?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -418,6 +439,12 @@ fn answer(
                 let mut buf = vec![0u8; len];
                 read(off, &mut buf)?;
                 writeln!(out, "SUM {:016x}", fnv1a(&buf))?;
+            }
+            ["notifies"] => {
+                for (name, msg) in notifies()? {
+                    writeln!(out, "NOTIFY {name} {msg}")?;
+                }
+                writeln!(out, "END")?;
             }
             ["quit"] => break,
             _ => writeln!(out, "ERR unknown command {line:?}")?,
@@ -458,10 +485,71 @@ fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
     })??;
     let engine = engine.activate()?;
     let (addr, len) = (region.addr(), region.len());
-    answer(&engine, addr, len, |off, buf| {
-        Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??)
-    })?;
+    answer(
+        engine.name(),
+        addr,
+        len,
+        |off, buf| Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??),
+        || Ok(typed_notifies(&engine)),
+    )?;
     let engine = engine.finalize();
     engine.deregister(region)?;
+    Ok(())
+}
+
+fn compat_serve(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    use hixl::compat;
+    let (mut name, mut size, mut seed) = ("127.0.0.1:0".to_owned(), 64usize << 20, 1u64);
+    let mut options: Vec<(String, String)> = Vec::new();
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--name" => name = value,
+            "--size" => size = value.parse()?,
+            "--seed" => seed = value.parse()?,
+            "--option" => {
+                let (k, v) = value.split_once('=').ok_or("--option KEY=VALUE")?;
+                options.push((k.to_owned(), v.to_owned()));
+            }
+            _ => return Err(format!("unknown flag {flag}").into()),
+        }
+    }
+    let mut mem = Rng::new(seed).bytes(size);
+    let engine = compat::Hixl::new();
+    engine.initialize(&name, options)?;
+    let desc = compat::MemDesc {
+        addr: mem.as_mut_ptr() as usize,
+        len: mem.len(),
+        local_only: false,
+    };
+    // SAFETY: `mem` stays allocated and is not resized until after `finalize` below; this
+    // process only reads it (the `sum` command) after the test's transfers have returned.
+    unsafe { engine.register_mem(desc, hixl::MemType::Host) }?;
+    answer(
+        &engine.local_engine()?,
+        desc.addr,
+        desc.len,
+        |off, buf| {
+            let end = off
+                .checked_add(buf.len())
+                .filter(|&e| e <= size)
+                .ok_or("out of range")?;
+            // SAFETY: `off..end` is in bounds of `mem`, which is alive; peers write it only
+            // while the test's transfers run, and the test asks for sums after they returned.
+            let bytes =
+                unsafe { std::slice::from_raw_parts((desc.addr + off) as *const u8, end - off) };
+            buf.copy_from_slice(bytes);
+            Ok(())
+        },
+        || {
+            Ok(engine
+                .get_notifies()?
+                .into_iter()
+                .map(|n| (n.name, n.notify_msg))
+                .collect())
+        },
+    )?;
+    engine.finalize();
+    drop(mem);
     Ok(())
 }

@@ -417,6 +417,15 @@ impl Server {
         })
     }
 
+    /// How many client links are being served right now.
+    pub fn served_links(&self) -> usize {
+        self.shared
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     /// The regions served.
     pub fn regions(&self) -> &[Arc<RegionCore>] {
         self.shared.table.cores()

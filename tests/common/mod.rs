@@ -69,8 +69,7 @@ impl Peer {
         memory: &str,
         extra: &[&str],
     ) -> Peer {
-        use std::io::BufRead;
-        use std::process::{Command, Stdio};
+        use std::process::Command;
         let exe = env!("CARGO_BIN_EXE_hixl-peer");
         let mut cmd = match prefix.split_first() {
             Some((first, rest)) => {
@@ -80,19 +79,44 @@ impl Peer {
             }
             None => Command::new(exe),
         };
+        cmd.args([
+            "serve",
+            "--name",
+            name,
+            "--size",
+            &size.to_string(),
+            "--seed",
+            &seed.to_string(),
+            "--memory",
+            memory,
+        ])
+        .args(extra);
+        Self::launch(cmd)
+    }
+
+    /// A `hixl-peer compat-serve` child: the same, through `hixl::compat::Hixl` (name
+    /// `127.0.0.1:0` for an ephemeral port), with HIXL options `KEY=VALUE`.
+    pub fn spawn_compat(name: &str, size: usize, seed: u64, options: &[&str]) -> Peer {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hixl-peer"));
+        cmd.args([
+            "compat-serve",
+            "--name",
+            name,
+            "--size",
+            &size.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ]);
+        for o in options {
+            cmd.args(["--option", o]);
+        }
+        Self::launch(cmd)
+    }
+
+    fn launch(mut cmd: std::process::Command) -> Peer {
+        use std::io::BufRead;
+        use std::process::Stdio;
         let mut child = cmd
-            .args([
-                "serve",
-                "--name",
-                name,
-                "--size",
-                &size.to_string(),
-                "--seed",
-                &seed.to_string(),
-                "--memory",
-                memory,
-            ])
-            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -323,4 +347,26 @@ pub fn cma_available() -> bool {
         );
     }
     ok
+}
+
+impl Peer {
+    /// The notifications the peer received so far, as `(name, msg)`.
+    pub fn notifies(&mut self) -> Vec<(String, String)> {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "notifies").unwrap();
+        let mut out = Vec::new();
+        loop {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).unwrap();
+            let line = line.trim_end();
+            if line == "END" {
+                return out;
+            }
+            let rest = line
+                .strip_prefix("NOTIFY ")
+                .unwrap_or_else(|| panic!("peer said {line:?}"));
+            let (n, m) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push((n.to_owned(), m.to_owned()));
+        }
+    }
 }

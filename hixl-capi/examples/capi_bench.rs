@@ -1,0 +1,406 @@
+//! What the C boundary costs: `transfer_sync` WRITE through `libhixl.so` (the exported C
+//! functions, loaded with `dlopen`) against the same call from Rust (the runtime-checked
+//! `hixl::compat` engine, and the typed `Link` API), same block sizes and batch, one serving
+//! engine in a child process, measured in one invocation with the three interleaved.
+//!
+//! ```text
+//! cargo build --release -p hixl-capi
+//! cargo run --release -p hixl-capi --example capi_bench                  # 4 KiB, 64 KiB x 64
+//! cargo run --release -p hixl-capi --example capi_bench -- --block 65536 --batch 64 --rounds 9 --tcp
+//! ```
+//!
+//! Options: `--block B,B,..` (bytes), `--batch N` (descriptors per call, default 64),
+//! `--rounds N` (interleaved rounds per row; the median is printed, default 7), `--round-ms MS`
+//! (default 300), `--tcp` (no same-host transport), `--lib PATH` (default: `libhixl.so` next to
+//! this example's directory, i.e. `target/<profile>/`).
+
+use std::ffi::{CString, c_char, c_void};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hixl_rs::compat::{self, TransferOpDesc};
+use hixl_rs::{Hixl, HostBuffer, MemType, Options, SameHost, TransferDesc, TransferOp};
+
+type Engine = *mut c_void;
+type CreateFn = unsafe extern "C" fn(*mut Engine) -> u32;
+type InitializeFn = unsafe extern "C" fn(
+    Engine,
+    *const c_char,
+    *const *const c_char,
+    *const *const c_char,
+    usize,
+) -> u32;
+type RegisterFn = unsafe extern "C" fn(Engine, *const CMemDesc, i32, *mut *mut c_void) -> u32;
+type ConnectFn = unsafe extern "C" fn(Engine, *const c_char, i32) -> u32;
+type TransferSyncFn =
+    unsafe extern "C" fn(Engine, *const c_char, i32, *const TransferOpDesc, usize, i32) -> u32;
+type DestroyFn = unsafe extern "C" fn(Engine);
+
+/// The C functions the benchmark calls, from `dlsym`.
+struct Api {
+    create: CreateFn,
+    initialize: InitializeFn,
+    register: RegisterFn,
+    connect: ConnectFn,
+    transfer_sync: TransferSyncFn,
+    destroy: DestroyFn,
+}
+
+#[repr(C)]
+struct CMemDesc {
+    addr: usize,
+    len: usize,
+    local_only: u8,
+    reserved: [u8; 127],
+}
+
+fn load(path: &str) -> Result<Api, String> {
+    let c = CString::new(path).map_err(|e| e.to_string())?;
+    // SAFETY: dlopen with a NUL-terminated path; the handle is never closed (the functions are
+    // used until the process exits).
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        return Err(format!(
+            "cannot load {path} (build it first: cargo build --release -p hixl-capi)"
+        ));
+    }
+    let sym = |name: &str| -> Result<*mut c_void, String> {
+        let n = CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: a live handle and a NUL-terminated symbol name.
+        let p = unsafe { libc::dlsym(h, n.as_ptr()) };
+        if p.is_null() {
+            Err(format!("{path} has no {name}"))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: each symbol is the function of that name in include/hixl_c.h, and the types
+    // below are its signature there.
+    unsafe {
+        Ok(Api {
+            create: std::mem::transmute::<*mut c_void, CreateFn>(sym("hixl_create")?),
+            initialize: std::mem::transmute::<*mut c_void, InitializeFn>(sym("hixl_initialize")?),
+            register: std::mem::transmute::<*mut c_void, RegisterFn>(sym("hixl_register_mem")?),
+            connect: std::mem::transmute::<*mut c_void, ConnectFn>(sym("hixl_connect")?),
+            transfer_sync: std::mem::transmute::<*mut c_void, TransferSyncFn>(sym(
+                "hixl_transfer_sync",
+            )?),
+            destroy: std::mem::transmute::<*mut c_void, DestroyFn>(sym("hixl_destroy")?),
+        })
+    }
+}
+
+fn check(what: &str, status: u32) -> Result<(), String> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what}: status {status}"))
+    }
+}
+
+/// The serving side: a compat engine with `size` bytes, `READY <name> <addr>`, until stdin ends.
+fn serve(size: usize, tcp: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let mut mem = vec![0u8; size];
+    let e = compat::Hixl::new();
+    let opts: &[(&str, &str)] = if tcp {
+        &[("hixl.SameHost", "off")]
+    } else {
+        &[]
+    };
+    e.initialize("127.0.0.1:0", opts.iter().copied())?;
+    let desc = compat::MemDesc {
+        addr: mem.as_mut_ptr() as usize,
+        len: size,
+        local_only: false,
+    };
+    // SAFETY: `mem` outlives the engine (finalized below) and is never read here.
+    unsafe { e.register_mem(desc, MemType::Host) }?;
+    println!("READY {} {}", e.local_engine()?, desc.addr);
+    std::io::stdout().flush()?;
+    for _ in std::io::stdin().lock().lines() {}
+    e.finalize();
+    drop(mem);
+    Ok(())
+}
+
+struct Row {
+    block: usize,
+    typed: f64,
+    compat: f64,
+    capi: f64,
+    /// Nanoseconds per call refused at its last descriptor (everything but the data moved):
+    /// from Rust, and through the C ABI.
+    check_ns: (f64, f64),
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let (mut blocks, mut batch, mut rounds, mut round) = (
+        vec![4096usize, 65536],
+        64usize,
+        7usize,
+        Duration::from_millis(300),
+    );
+    let (mut tcp, mut lib) = (false, None);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "serve" => return serve(val()?.parse()?, val()? == "tcp"),
+            "--block" => {
+                blocks = val()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--batch" => batch = val()?.parse()?,
+            "--rounds" => rounds = val()?.parse::<usize>()?.max(1),
+            "--round-ms" => round = Duration::from_millis(val()?.parse()?),
+            "--lib" => lib = Some(val()?),
+            "--tcp" => tcp = true,
+            _ => return Err(format!("unknown option {a}").into()),
+        }
+    }
+    let lib = match lib {
+        Some(l) => l,
+        None => {
+            let exe = std::env::current_exe()?;
+            let dir = exe.parent().and_then(|p| p.parent()).ok_or("exe path")?;
+            dir.join("libhixl.so").to_string_lossy().into_owned()
+        }
+    };
+    let api = load(&lib)?;
+    let span = blocks.iter().max().copied().unwrap_or(0) * batch;
+
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["serve", &span.to_string(), if tcp { "tcp" } else { "auto" }])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("stdout")?).read_line(&mut line)?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    if w.first() != Some(&"READY") {
+        return Err(format!("server said {line:?}").into());
+    }
+    let (name, raddr): (String, usize) = (w[1].to_owned(), w[2].parse()?);
+
+    // the typed API
+    let opts = if tcp {
+        Options::default().same_host(SameHost::Forbid)
+    } else {
+        Options::default()
+    };
+    let (typed, mut tbuf) =
+        Hixl::initialize("127.0.0.1", opts)?.register(HostBuffer::new(span)?)?;
+    let typed = typed.activate()?;
+    tbuf.write_at(0, &vec![1u8; span])?;
+    let link = typed.connect(&name)?;
+
+    // the compat engine from Rust
+    let option: &[(&str, &str)] = if tcp {
+        &[("hixl.SameHost", "off")]
+    } else {
+        &[]
+    };
+    let mut cmem = vec![2u8; span];
+    let ce = compat::Hixl::new();
+    ce.initialize("127.0.0.1", option.iter().copied())?;
+    let cdesc = compat::MemDesc {
+        addr: cmem.as_mut_ptr() as usize,
+        len: span,
+        local_only: false,
+    };
+    // SAFETY: `cmem` outlives the engine (finalized at the end) and is not touched meanwhile.
+    unsafe { ce.register_mem(cdesc, MemType::Host) }?;
+    ce.connect(&name, 1000)?;
+
+    // the compat engine through the C ABI
+    let mut amem = vec![3u8; span];
+    let cname = CString::new(name.clone())?;
+    let local = CString::new("127.0.0.1")?;
+    let (k, v) = (CString::new("hixl.SameHost")?, CString::new("off")?);
+    let (keys, vals) = ([k.as_ptr()], [v.as_ptr()]);
+    let mut engine: Engine = std::ptr::null_mut();
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    let amd = CMemDesc {
+        addr: amem.as_mut_ptr() as usize,
+        len: span,
+        local_only: 0,
+        reserved: [0; 127],
+    };
+    // SAFETY: the C functions with valid pointers (live locals, NUL-terminated strings); the
+    // registered `amem` outlives the engine (destroyed at the end).
+    unsafe {
+        check("hixl_create", (api.create)(&mut engine))?;
+        let n = usize::from(tcp);
+        check(
+            "hixl_initialize",
+            (api.initialize)(engine, local.as_ptr(), keys.as_ptr(), vals.as_ptr(), n),
+        )?;
+        check(
+            "hixl_register_mem",
+            (api.register)(engine, &amd, 1, &mut handle),
+        )?;
+        check("hixl_connect", (api.connect)(engine, cname.as_ptr(), 1000))?;
+    }
+
+    println!(
+        "transfer_sync WRITE, {} transport, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
+        if tcp {
+            "tcp"
+        } else {
+            "same-host (or tcp where refused)"
+        },
+        round.as_millis()
+    );
+    let mut rows = Vec::new();
+    for &block in &blocks {
+        let descs = |base: usize| -> Vec<TransferOpDesc> {
+            (0..batch)
+                .map(|i| TransferOpDesc {
+                    local_addr: base + i * block,
+                    remote_addr: raddr + i * block,
+                    len: block,
+                })
+                .collect()
+        };
+        let cd = descs(cdesc.addr);
+        let ad = descs(amd.addr);
+        let bytes = (block * batch) as f64;
+        let timed = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < round {
+                f()?;
+                n += 1;
+            }
+            Ok(n as f64 * bytes / start.elapsed().as_secs_f64() / 1e9)
+        };
+        let (mut t, mut c, mut a) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..=rounds {
+            let mut typed_call = || {
+                let d: Vec<TransferDesc<'_>> = (0..batch)
+                    .map(|i| -> Result<_, hixl_rs::Error> {
+                        Ok(TransferDesc::new(
+                            tbuf.range(i * block..(i + 1) * block)?,
+                            link.remote((raddr + i * block) as u64, block as u64)?,
+                        ))
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| e.to_string())?;
+                link.transfer_sync(TransferOp::Write, &d, Duration::from_secs(5))
+                    .map_err(|e| e.to_string())
+            };
+            let mut compat_call = || {
+                ce.transfer_sync(&name, TransferOp::Write, &cd, 5000)
+                    .map_err(|e| e.to_string())
+            };
+            let mut capi_call = || {
+                // SAFETY: a live engine, a NUL-terminated name, `batch` descriptors in `ad`.
+                let s = unsafe {
+                    (api.transfer_sync)(engine, cname.as_ptr(), 1, ad.as_ptr(), ad.len(), 5000)
+                };
+                check("hixl_transfer_sync", s)
+            };
+            // a different order each round, so none of the three always runs first
+            let (mut tr, mut cr, mut ar) = (0.0, 0.0, 0.0);
+            for k in 0..3 {
+                match (r + k) % 3 {
+                    0 => tr = timed(&mut typed_call)?,
+                    1 => cr = timed(&mut compat_call)?,
+                    _ => ar = timed(&mut capi_call)?,
+                }
+            }
+            if r > 0 {
+                // round 0 warms up
+                t.push(tr);
+                c.push(cr);
+                a.push(ar);
+            }
+        }
+        // the boundary alone: the same batch, refused at its last descriptor (a remote range
+        // past the server's region), after every other descriptor was validated
+        let mut bad_c = cd.clone();
+        let mut bad_a = ad.clone();
+        for b in [&mut bad_c, &mut bad_a] {
+            b.last_mut().expect("batch > 0").remote_addr = raddr + span;
+        }
+        let calls = 20_000;
+        let (mut rn, mut an) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let start = Instant::now();
+            for _ in 0..calls {
+                let r = ce.transfer_sync(&name, TransferOp::Write, &bad_c, 5000);
+                assert!(r.is_err());
+            }
+            rn.push(start.elapsed().as_nanos() as f64 / calls as f64);
+            let start = Instant::now();
+            for _ in 0..calls {
+                // SAFETY: as above.
+                let s = unsafe {
+                    (api.transfer_sync)(engine, cname.as_ptr(), 1, bad_a.as_ptr(), batch, 5000)
+                };
+                assert_eq!(s, 103_900);
+            }
+            an.push(start.elapsed().as_nanos() as f64 / calls as f64);
+        }
+        rows.push(Row {
+            block,
+            typed: median(t),
+            compat: median(c),
+            capi: median(a),
+            check_ns: (median(rn), median(an)),
+        });
+    }
+    println!(
+        "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>13} {:>13}",
+        "block",
+        "batch",
+        "typed GB/s",
+        "compat GB/s",
+        "C ABI GB/s",
+        "C vs Rust",
+        "Rust ns/call",
+        "C ns/call",
+        "boundary"
+    );
+    for r in &rows {
+        // the boundary's cost as a share of one transfer at the compat engine's median rate
+        let per_call_ns = (r.block * batch) as f64 / r.compat;
+        let boundary = (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0;
+        println!(
+            "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.0} {:>13.0} {:>+12.2}%",
+            r.block,
+            batch,
+            r.typed,
+            r.compat,
+            r.capi,
+            (r.capi / r.compat - 1.0) * 100.0,
+            r.check_ns.0,
+            r.check_ns.1,
+            boundary
+        );
+    }
+    println!(
+        "C vs Rust: the C ABI's GB/s against the compat engine's (noise of a shared machine \
+         included); ns/call: a {batch}-descriptor call refused at its last descriptor (all \
+         validation, no data), from Rust and through the C ABI; boundary: their difference as \
+         a share of one transfer at the compat rate"
+    );
+    // SAFETY: the engine from hixl_create, destroyed once.
+    unsafe { (api.destroy)(engine) };
+    drop(amem);
+    ce.finalize();
+    drop(cmem);
+    drop(link);
+    drop(typed.finalize());
+    drop(child.stdin.take());
+    child.wait()?;
+    Ok(())
+}

@@ -1,0 +1,319 @@
+/* Two-process test of libhixl.so through include/hixl_c.h (driven by tests/c_abi.rs).
+ *
+ *   capi_test server SIZE           serves SIZE bytes of pattern(); prints READY <name> <addr>
+ *                                   <len>, then answers `sum OFF LEN`, `notifies`, `quit`
+ *   capi_test client NAME ADDR LEN  every call against that server, with its exact status;
+ *                                   prints WROTE <remote off> <len> <fnv1a> for the data it
+ *                                   wrote, then PASS
+ */
+#include "hixl_c.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures = 0;
+
+#define EXPECT(call, want)                                                                  \
+  do {                                                                                      \
+    hixl_status got_ = (call);                                                              \
+    if (got_ != (want)) {                                                                   \
+      fprintf(stderr, "line %d: %s = %u, expected %u (%s)\n", __LINE__, #call, got_,        \
+              (unsigned)(want), hixl_last_error_message());                                 \
+      failures++;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK(cond)                                                                         \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      fprintf(stderr, "line %d: %s is false\n", __LINE__, #cond);                           \
+      failures++;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+static unsigned char pattern(size_t i) { return (unsigned char)((i * 131u + 7u) & 0xffu); }
+
+static uint64_t fnv1a(const unsigned char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static uint64_t rng_state;
+static unsigned char rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (unsigned char)(rng_state >> 24);
+}
+
+static int server(size_t size) {
+  hixl_engine *e = NULL;
+  EXPECT(hixl_create(&e), HIXL_SUCCESS);
+  EXPECT(hixl_initialize(e, "127.0.0.1:0", NULL, NULL, 0), HIXL_SUCCESS);
+  unsigned char *mem = malloc(size);
+  for (size_t i = 0; i < size; i++) mem[i] = pattern(i);
+  hixl_mem_desc d;
+  memset(&d, 0, sizeof d);
+  d.addr = (uintptr_t)mem;
+  d.len = size;
+  hixl_mem_handle h = NULL;
+  EXPECT(hixl_register_mem(e, &d, HIXL_MEM_HOST, &h), HIXL_SUCCESS);
+  char name[128];
+  size_t len = 0;
+  EXPECT(hixl_local_engine(e, name, sizeof name, &len), HIXL_SUCCESS);
+  if (failures) return 1;
+  printf("READY %s %lu %lu\n", name, (unsigned long)(uintptr_t)mem, (unsigned long)size);
+  fflush(stdout);
+  char line[256];
+  while (fgets(line, sizeof line, stdin)) {
+    unsigned long off, n;
+    if (sscanf(line, "sum %lu %lu", &off, &n) == 2 && off + n <= size) {
+      printf("SUM %016llx\n", (unsigned long long)fnv1a(mem + off, n));
+    } else if (strncmp(line, "notifies", 8) == 0) {
+      hixl_list *l = NULL;
+      EXPECT(hixl_get_notifies(e, &l), HIXL_SUCCESS);
+      for (size_t i = 0; i < hixl_list_len(l); i++) {
+        const char *nm = NULL, *msg = NULL;
+        EXPECT(hixl_list_notify(l, i, &nm, &msg), HIXL_SUCCESS);
+        printf("NOTIFY %s %s\n", nm, msg);
+      }
+      hixl_list_free(l);
+      printf("END\n");
+    } else if (strncmp(line, "quit", 4) == 0) {
+      break;
+    } else {
+      printf("ERR %s", line);
+    }
+    fflush(stdout);
+  }
+  EXPECT(hixl_finalize(e), HIXL_SUCCESS);
+  hixl_destroy(e);
+  free(mem);
+  return failures ? 1 : 0;
+}
+
+static hixl_transfer_op_desc desc(const unsigned char *local, size_t loff, uintptr_t remote,
+                                  size_t roff, size_t len) {
+  hixl_transfer_op_desc d = {(uintptr_t)(local + loff), remote + roff, len};
+  return d;
+}
+
+static int client(const char *name, uintptr_t raddr, size_t rlen) {
+  const size_t size = 1 << 20;
+  rng_state = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ 0x9e3779b97f4a7c15ull;
+  unsigned char *mem = calloc(size, 1);
+  unsigned char *other = calloc(4096, 1);
+
+  /* handles and pointers */
+  EXPECT(hixl_create(NULL), HIXL_PARAM_INVALID);
+  hixl_engine *bogus = (hixl_engine *)(uintptr_t)0x1234;
+  EXPECT(hixl_initialize(bogus, "127.0.0.1", NULL, NULL, 0), HIXL_PARAM_INVALID);
+  EXPECT(hixl_initialize(NULL, "127.0.0.1", NULL, NULL, 0), HIXL_PARAM_INVALID);
+  CHECK(strlen(hixl_last_error_message()) > 0);
+  hixl_engine *e = NULL;
+  EXPECT(hixl_create(&e), HIXL_SUCCESS);
+  CHECK(e != NULL);
+  EXPECT(hixl_connect(e, name, 1000), HIXL_FAILED); /* not initialized */
+  EXPECT(hixl_initialize(e, NULL, NULL, NULL, 0), HIXL_PARAM_INVALID);
+  EXPECT(hixl_initialize(e, "\xff\xfe", NULL, NULL, 0), HIXL_PARAM_INVALID);
+  EXPECT(hixl_initialize(e, "127.0.0.1", NULL, NULL, 1), HIXL_PARAM_INVALID);
+  const char *badk[] = {"NoSuchKey"}, *badv[] = {"1"};
+  EXPECT(hixl_initialize(e, "127.0.0.1", badk, badv, 1), HIXL_PARAM_INVALID);
+  const char *k[] = {HIXL_OPTION_AUTO_CONNECT}, *v[] = {"0"};
+  EXPECT(hixl_initialize(e, "127.0.0.1", k, v, 1), HIXL_SUCCESS);
+  EXPECT(hixl_initialize(e, "127.0.0.1", NULL, NULL, 0), HIXL_FAILED);
+
+  /* memory */
+  hixl_mem_desc md;
+  memset(&md, 0, sizeof md);
+  md.addr = (uintptr_t)mem;
+  md.len = size;
+  hixl_mem_handle h = NULL;
+  EXPECT(hixl_register_mem(e, NULL, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  EXPECT(hixl_register_mem(e, &md, 7, &h), HIXL_PARAM_INVALID);
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, NULL), HIXL_PARAM_INVALID);
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_DEVICE, &h), HIXL_UNSUPPORTED);
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, &h), HIXL_SUCCESS);
+  CHECK(h != NULL);
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID); /* overlap */
+
+  /* links */
+  hixl_transfer_op_desc d1 = desc(mem, 0, raddr, 0, 64);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &d1, 1, 1000), HIXL_NOT_CONNECTED);
+  EXPECT(hixl_connect(e, name, 0), HIXL_PARAM_INVALID);
+  EXPECT(hixl_connect(e, "\xc3\x28", 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_connect(e, NULL, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_connect(e, name, 1000), HIXL_SUCCESS);
+  EXPECT(hixl_connect(e, name, 1000), HIXL_ALREADY_CONNECTED);
+  int32_t cs = -1;
+  EXPECT(hixl_get_async_connect_status(e, name, &cs), HIXL_SUCCESS);
+  CHECK(cs == HIXL_CONNECTED);
+  EXPECT(hixl_get_async_connect_status(e, name, NULL), HIXL_PARAM_INVALID);
+  hixl_list *all = NULL;
+  EXPECT(hixl_get_all_async_connect_status(e, &all), HIXL_SUCCESS);
+  CHECK(hixl_list_len(all) == 1);
+  const char *rn = NULL;
+  EXPECT(hixl_list_connect_status(all, 0, &rn, &cs), HIXL_SUCCESS);
+  CHECK(rn != NULL && strcmp(rn, name) == 0 && cs == HIXL_CONNECTED);
+  EXPECT(hixl_list_connect_status(all, 1, &rn, &cs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_list_notify(all, 0, &rn, &rn), HIXL_PARAM_INVALID);
+  hixl_list_free(all);
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, &h), HIXL_UNSUPPORTED);
+  EXPECT(hixl_deregister_mem(e, h), HIXL_UNSUPPORTED);
+  EXPECT(hixl_deregister_mem(e, (hixl_mem_handle)(uintptr_t)0xbad), HIXL_PARAM_INVALID);
+
+  /* bad transfers */
+  EXPECT(hixl_transfer_sync(e, name, 5, &d1, 1, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, NULL, 2, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &d1, SIZE_MAX, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &d1, 0, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &d1, 1, 0), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(e, "\xff", HIXL_WRITE, &d1, 1, 1000), HIXL_PARAM_INVALID);
+  hixl_transfer_op_desc bad = desc(other, 0, raddr, 0, 64); /* unregistered local */
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  bad = desc(mem, size - 8, raddr, 0, 64); /* leaves the local region */
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  bad = desc(mem, 0, raddr, rlen - 8, 64); /* leaves the remote region */
+  EXPECT(hixl_transfer_sync(e, name, HIXL_READ, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  bad = desc(mem, 0, raddr + rlen + 4096, 0, 64); /* not in the peer's table */
+  EXPECT(hixl_transfer_sync(e, name, HIXL_READ, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  hixl_transfer_req req = NULL;
+  EXPECT(hixl_transfer_async(e, name, HIXL_WRITE, &bad, 1, NULL, &req), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_async(e, name, HIXL_WRITE, &d1, 1, NULL, NULL), HIXL_PARAM_INVALID);
+
+  /* WRITE random data at odd offsets, then READ it back elsewhere */
+  for (size_t i = 0; i < 200000; i++) mem[i] = rnd();
+  hixl_transfer_op_desc w[3] = {desc(mem, 1, raddr, 3, 4097), desc(mem, 5000, raddr, 9001, 65537),
+                                desc(mem, 80001, raddr, 200003, 999)};
+  EXPECT(hixl_transfer_sync(e, name, HIXL_WRITE, w, 3, 1000), HIXL_SUCCESS);
+  for (int i = 0; i < 3; i++) {
+    printf("WROTE %lu %lu %016llx\n", (unsigned long)(w[i].remote_addr - raddr),
+           (unsigned long)w[i].len,
+           (unsigned long long)fnv1a((const unsigned char *)w[i].local_addr, w[i].len));
+  }
+  hixl_transfer_op_desc r[3];
+  for (int i = 0; i < 3; i++) {
+    r[i] = w[i];
+    r[i].local_addr += 300000;
+  }
+  EXPECT(hixl_transfer_sync(e, name, HIXL_READ, r, 3, 1000), HIXL_SUCCESS);
+  for (int i = 0; i < 3; i++)
+    CHECK(memcmp((void *)r[i].local_addr, (void *)w[i].local_addr, w[i].len) == 0);
+  /* READ the server's untouched pattern */
+  hixl_transfer_op_desc p = desc(mem, 600001, raddr, 300007, 7777);
+  EXPECT(hixl_transfer_sync(e, name, HIXL_READ, &p, 1, 1000), HIXL_SUCCESS);
+  int same = 1;
+  for (size_t i = 0; i < 7777; i++) same &= mem[600001 + i] == pattern(300007 + i);
+  CHECK(same);
+
+  /* async, polled one by one */
+  for (size_t i = 0; i < 3000; i++) mem[700001 + i] = rnd();
+  hixl_transfer_op_desc a = desc(mem, 700001, raddr, 400001, 3000);
+  hixl_transfer_args args;
+  memset(&args, 0, sizeof args);
+  args.user_data = (const void *)(uintptr_t)0x77;
+  EXPECT(hixl_transfer_async(e, name, HIXL_WRITE, &a, 1, &args, &req), HIXL_SUCCESS);
+  CHECK(req != NULL);
+  int32_t st = HIXL_TRANSFER_WAITING;
+  time_t until = time(NULL) + 30;
+  while (st == HIXL_TRANSFER_WAITING && time(NULL) < until)
+    EXPECT(hixl_get_transfer_status(e, req, &st), HIXL_SUCCESS);
+  CHECK(st == HIXL_TRANSFER_COMPLETED);
+  printf("WROTE %lu %lu %016llx\n", 400001ul, 3000ul, (unsigned long long)fnv1a(mem + 700001, 3000));
+  EXPECT(hixl_get_transfer_status(e, req, &st), HIXL_FAILED); /* reported: released */
+  CHECK(st == HIXL_TRANSFER_FAILED);
+  EXPECT(hixl_get_transfer_status(e, (hixl_transfer_req)(uintptr_t)0xdead, &st), HIXL_FAILED);
+  EXPECT(hixl_get_transfer_status(e, req, NULL), HIXL_PARAM_INVALID);
+
+  /* async, polled many at once */
+  hixl_transfer_req reqs[3];
+  for (int i = 0; i < 3; i++) {
+    hixl_transfer_op_desc rd = desc(mem, 800000 + 1000 * i, raddr, 500000 + 1000 * i, 1000);
+    args.user_data = (const void *)(uintptr_t)(100 + i);
+    EXPECT(hixl_transfer_async(e, name, HIXL_READ, &rd, 1, &args, &reqs[i]), HIXL_SUCCESS);
+  }
+  size_t pending = 0;
+  EXPECT(hixl_pending_transfers(e, &pending), HIXL_SUCCESS);
+  CHECK(pending == 3);
+  hixl_get_transfer_status_args qa;
+  memset(&qa, 0, sizeof qa);
+  qa.max_query_count = 1;
+  qa.skip_waiting = true;
+  hixl_transfer_result res[4];
+  int seen = 0, tagged = 0;
+  until = time(NULL) + 30;
+  while (seen < 3 && time(NULL) < until) {
+    size_t n = 99;
+    EXPECT(hixl_get_transfer_statuses(e, &qa, res, 4, &n), HIXL_SUCCESS);
+    CHECK(n <= 1);
+    for (size_t i = 0; i < n && i < 1; i++) {
+      CHECK(res[i].status == HIXL_TRANSFER_COMPLETED);
+      for (int j = 0; j < 3; j++)
+        if (res[i].req == reqs[j] && (uintptr_t)res[i].user_data == (uintptr_t)(100 + j)) tagged++;
+      seen++;
+    }
+  }
+  CHECK(seen == 3 && tagged == 3);
+  same = 1;
+  for (size_t i = 0; i < 3000; i++) same &= mem[800000 + i] == pattern(500000 + i);
+  CHECK(same);
+  size_t n = 5;
+  EXPECT(hixl_get_transfer_statuses(e, NULL, res, 4, &n), HIXL_SUCCESS);
+  CHECK(n == 0);
+  EXPECT(hixl_get_transfer_statuses(e, NULL, NULL, 4, &n), HIXL_PARAM_INVALID);
+  EXPECT(hixl_get_transfer_statuses(e, NULL, res, 4, NULL), HIXL_PARAM_INVALID);
+
+  /* notifications */
+  EXPECT(hixl_send_notify(e, name, "kv", "ready", 1000), HIXL_SUCCESS);
+  EXPECT(hixl_send_notify(e, name, "kv", NULL, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_send_notify(e, name, "kv", "\xff", 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_get_notifies(e, NULL), HIXL_PARAM_INVALID);
+
+  /* capabilities, names */
+  int32_t cap = -1;
+  EXPECT(hixl_get_capability(HIXL_AUTO_CONNECT, &cap), HIXL_SUCCESS);
+  CHECK(cap == HIXL_FEATURE_SUPPORTED);
+  EXPECT(hixl_get_capability(HIXL_CLIENT_SERVER_COMM, &cap), HIXL_SUCCESS);
+  CHECK(cap == HIXL_FEATURE_NOT_SUPPORTED);
+  EXPECT(hixl_get_capability(99, &cap), HIXL_SUCCESS);
+  CHECK(cap == HIXL_FEATURE_NOT_SUPPORTED);
+  EXPECT(hixl_get_capability(HIXL_AUTO_CONNECT, NULL), HIXL_PARAM_INVALID);
+  char small[4];
+  size_t need = 0;
+  EXPECT(hixl_local_engine(e, small, sizeof small, &need), HIXL_RESOURCE_EXHAUSTED);
+  CHECK(need == strlen("127.0.0.1"));
+  CHECK(hixl_list_len(NULL) == 0);
+  hixl_list_free(NULL);
+
+  /* teardown */
+  EXPECT(hixl_disconnect(e, name, 1000), HIXL_SUCCESS);
+  EXPECT(hixl_disconnect(e, name, 1000), HIXL_NOT_CONNECTED);
+  EXPECT(hixl_deregister_mem(e, h), HIXL_SUCCESS);
+  EXPECT(hixl_deregister_mem(e, h), HIXL_PARAM_INVALID);
+  EXPECT(hixl_finalize(e), HIXL_SUCCESS);
+  EXPECT(hixl_finalize(e), HIXL_SUCCESS);
+  EXPECT(hixl_connect(e, name, 1000), HIXL_FAILED);
+  hixl_destroy(e);
+  hixl_destroy(e); /* unknown now: ignored */
+  EXPECT(hixl_finalize(e), HIXL_PARAM_INVALID);
+  free(mem);
+  free(other);
+  if (failures) return 1;
+  printf("PASS\n");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "server") == 0) return server(strtoul(argv[2], NULL, 10));
+  if (argc == 5 && strcmp(argv[1], "client") == 0)
+    return client(argv[2], (uintptr_t)strtoull(argv[3], NULL, 10), strtoul(argv[4], NULL, 10));
+  fprintf(stderr, "usage: capi_test server SIZE | client NAME ADDR LEN\n");
+  return 2;
+}

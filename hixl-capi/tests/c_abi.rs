@@ -1,0 +1,63 @@
+//! The C ABI from C: `include/hixl_c.h` matches the library's exports, and a two-process C
+//! program (server + client over `libhixl.so`) moves random data both ways, notifies, polls
+//! async requests, and gets the exact status for each bad input.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// Every `hixl_*` function the header declares.
+fn declared() -> BTreeSet<String> {
+    let h = std::fs::read_to_string(common::include_dir().join("hixl_c.h")).unwrap();
+    let mut out = BTreeSet::new();
+    for line in h.lines().filter(|l| !l.starts_with('#')) {
+        let mut rest = line;
+        while let Some(i) = rest.find("hixl_") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            if tail[end..].starts_with('(') {
+                out.insert(tail[..end].to_owned());
+            }
+            rest = &tail[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn header_declares_exactly_the_exported_functions() {
+    let lib = common::lib_dir().join("libhixl.so");
+    let nm = match Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            eprintln!("skipped: no working `nm` to list the exports");
+            return;
+        }
+    };
+    let exported: BTreeSet<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 3 && w[1] == "T").then(|| w[2].to_owned())
+        })
+        .collect();
+    let declared = declared();
+    assert!(declared.len() >= 25, "{declared:?}");
+    assert_eq!(exported, declared, "exports (left) vs header (right)");
+}
+
+#[test]
+fn two_c_processes_over_libhixl() {
+    let Some(cc) = common::compiler("cc") else {
+        return;
+    };
+    let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
+    common::two_processes(&cc, &flags, "c/capi_test.c", 4);
+}

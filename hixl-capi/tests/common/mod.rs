@@ -1,0 +1,223 @@
+//! Helpers for the C and C++ tests: find `libhixl.so`, compile a program against it, and talk
+//! to a serving child process.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// `include/` of the repository.
+pub fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
+}
+
+/// The directory holding `libhixl.so` (`target/<profile>/`). Cargo does not build a
+/// cdylib-only package's library for its tests, so the first call builds it with the cargo
+/// running these tests (`cargo build -p hixl-capi`, same profile and target directory: a no-op
+/// when it is fresh, and never a stale library).
+pub fn lib_dir() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let profile = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/<profile>/deps/<test>");
+            let target = profile.parent().expect("target/");
+            let release = profile.file_name().is_some_and(|n| n == "release");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "-p", "hixl-capi", "--manifest-path"])
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+                .env("CARGO_TARGET_DIR", target);
+            if release {
+                cmd.arg("--release");
+            }
+            let o = cmd.output().expect("run cargo build -p hixl-capi");
+            assert!(
+                o.status.success(),
+                "cargo build -p hixl-capi failed:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(
+                profile.join("libhixl.so").exists(),
+                "{} has no libhixl.so",
+                profile.display()
+            );
+            profile.to_path_buf()
+        })
+        .clone()
+}
+
+/// The compiler `name` (`cc`, `c++`), or `None` (the test is skipped with a printed reason).
+pub fn compiler(name: &str) -> Option<String> {
+    let found = Command::new(name)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("skipped: no `{name}` on PATH to build the test program");
+    }
+    found.then(|| name.to_owned())
+}
+
+/// A scratch directory for this test process.
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hixl-capi-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-lhixl` (rpath set).
+pub fn build(compiler: &str, flags: &[&str], sources: &[PathBuf], out: &Path) {
+    let lib = lib_dir();
+    let o = Command::new(compiler)
+        .args(flags)
+        .arg("-I")
+        .arg(include_dir())
+        .args(sources)
+        .arg("-o")
+        .arg(out)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lhixl")
+        .output()
+        .expect("run the compiler");
+    assert!(
+        o.status.success(),
+        "{compiler} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A serving child that printed `READY <name> <addr> <len>` and answers `sum`, `notifies`,
+/// `quit` (the C and C++ test programs' server mode).
+pub struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub name: String,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl Server {
+    pub fn spawn(cmd: &mut Command) -> Server {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the server");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(w.first(), Some(&"READY"), "server said {line:?}");
+        Server {
+            name: w[1].to_owned(),
+            addr: w[2].parse().unwrap(),
+            len: w[3].parse().unwrap(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
+    }
+
+    /// The FNV-1a of `len` bytes at `off` of the server's region.
+    pub fn sum(&mut self, off: u64, len: u64) -> u64 {
+        let line = self.ask(&format!("sum {off} {len}"));
+        let hex = line
+            .strip_prefix("SUM ")
+            .unwrap_or_else(|| panic!("server said {line:?}"));
+        u64::from_str_radix(hex, 16).unwrap()
+    }
+
+    /// The notifications received, as `"name msg"` lines.
+    pub fn notifies(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut line = self.ask("notifies");
+        while line != "END" {
+            out.push(
+                line.strip_prefix("NOTIFY ")
+                    .unwrap_or_else(|| panic!("server said {line:?}"))
+                    .to_owned(),
+            );
+            line.clear();
+            self.stdout.read_line(&mut line).unwrap();
+            line = line.trim_end().to_owned();
+        }
+        out
+    }
+
+    /// Asks it to finalize and exit; checks it exited 0.
+    pub fn quit(mut self) {
+        writeln!(self.stdin, "quit").unwrap();
+        assert!(self.child.wait().unwrap().success(), "the server failed");
+    }
+}
+
+/// Runs a client to completion: checks it exited 0 and printed `PASS`; returns its `WROTE
+/// <remote off> <len> <fnv1a hex>` lines as numbers.
+pub fn run_client(cmd: &mut Command) -> Vec<(u64, u64, u64)> {
+    let o = cmd.output().expect("run the client");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.lines().any(|l| l == "PASS"),
+        "client failed ({}):\n{out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out.lines()
+        .filter_map(|l| l.strip_prefix("WROTE "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (
+                w[0].parse().unwrap(),
+                w[1].parse().unwrap(),
+                u64::from_str_radix(w[2], 16).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Builds `source` (under `tests/`) with `compiler` and `flags`, runs it as `server 1048576` and
+/// `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes` lines) and
+/// the one notification `kv ready`.
+pub fn two_processes(compiler: &str, flags: &[&str], source: &str, writes: usize) {
+    let dir = scratch(source.rsplit('/').next().unwrap_or(source));
+    let exe = dir.join("program");
+    build(
+        compiler,
+        flags,
+        &[Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(source)],
+        &exe,
+    );
+    let mut server = Server::spawn(Command::new(&exe).args(["server", "1048576"]));
+    let wrote = run_client(Command::new(&exe).args([
+        "client",
+        &server.name,
+        &server.addr.to_string(),
+        &server.len.to_string(),
+    ]));
+    assert_eq!(wrote.len(), writes, "{wrote:?}");
+    for (off, len, sum) in wrote {
+        assert_eq!(server.sum(off, len), sum, "{off}+{len}");
+    }
+    assert_eq!(server.notifies(), vec!["kv ready".to_owned()]);
+    server.quit();
+    let _ = std::fs::remove_dir_all(dir);
+}

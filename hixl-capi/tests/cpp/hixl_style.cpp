@@ -1,0 +1,191 @@
+// A program in HIXL's style (its documented C++ API, host memory), built against
+// include/hixl/hixl.h with `c++ -std=c++17` and run as two processes by tests/cpp.rs.
+//
+//   hixl_style server SIZE            READY <name> <addr> <len>; then sum / notifies / quit
+//   hixl_style client NAME ADDR LEN   connect, WRITE and READ random data, async + polling,
+//                                     notify; prints WROTE <off> <len> <fnv1a>, then PASS
+#include "hixl/hixl.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+
+using namespace hixl;
+
+namespace {
+int failures = 0;
+
+void Expect(Status got, Status want, int line) {
+  if (got != want) {
+    std::cerr << "line " << line << ": status " << got << ", expected " << want << " ("
+              << hixl_last_error_message() << ")\n";
+    failures++;
+  }
+}
+#define EXPECT(call, want) Expect((call), (want), __LINE__)
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::cerr << "line " << __LINE__ << ": " #cond " is false\n";      \
+      failures++;                                                        \
+    }                                                                    \
+  } while (0)
+
+unsigned char Pattern(size_t i) { return static_cast<unsigned char>((i * 131u + 7u) & 0xffu); }
+
+uint64_t Fnv1a(const unsigned char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+int Server(size_t size) {
+  Hixl engine;
+  std::map<AscendString, AscendString> options;
+  EXPECT(engine.Initialize("127.0.0.1:0", options), SUCCESS);
+  std::vector<unsigned char> mem(size);
+  for (size_t i = 0; i < size; i++) mem[i] = Pattern(i);
+  MemDesc desc{};
+  desc.addr = reinterpret_cast<uintptr_t>(mem.data());
+  desc.len = mem.size();
+  MemHandle handle = nullptr;
+  EXPECT(engine.RegisterMem(desc, MEM_HOST, handle), SUCCESS);
+  AscendString name;
+  EXPECT(engine.GetLocalEngine(name), SUCCESS);
+  if (failures) return 1;
+  std::cout << "READY " << name.GetString() << " " << desc.addr << " " << desc.len << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    unsigned long off = 0, n = 0;
+    if (std::sscanf(line.c_str(), "sum %lu %lu", &off, &n) == 2 && off + n <= size) {
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "%016llx",
+                    static_cast<unsigned long long>(Fnv1a(mem.data() + off, n)));
+      std::cout << "SUM " << hex << std::endl;
+    } else if (line == "notifies") {
+      std::vector<NotifyDesc> notifies;
+      EXPECT(engine.GetNotifies(notifies), SUCCESS);
+      for (const auto &nd : notifies)
+        std::cout << "NOTIFY " << nd.name.GetString() << " " << nd.notify_msg.GetString() << "\n";
+      std::cout << "END" << std::endl;
+    } else if (line == "quit") {
+      break;
+    }
+  }
+  EXPECT(engine.DeregisterMem(handle), SUCCESS);
+  engine.Finalize();
+  return failures ? 1 : 0;
+}
+
+int Client(const char *remote, uintptr_t raddr, size_t rlen) {
+  Hixl engine;
+  std::map<AscendString, AscendString> options;
+  options[OPTION_RDMA_TRAFFIC_CLASS] = "132";
+  EXPECT(engine.Initialize("127.0.0.1", options), SUCCESS);
+  std::vector<unsigned char> mem(1 << 20);
+  MemDesc desc{};
+  desc.addr = reinterpret_cast<uintptr_t>(mem.data());
+  desc.len = mem.size();
+  MemHandle handle = nullptr;
+  EXPECT(engine.RegisterMem(desc, MEM_HOST, handle), SUCCESS);
+  EXPECT(engine.Connect(remote), SUCCESS);
+  EXPECT(engine.Connect(remote, 1000), ALREADY_CONNECTED);
+  AsyncConnectStatus cs = AsyncConnectStatus::NOT_CONNECT;
+  EXPECT(engine.GetAsyncConnectStatus(remote, cs), SUCCESS);
+  CHECK(cs == AsyncConnectStatus::CONNECTED);
+  std::map<AscendString, AsyncConnectStatus> all;
+  EXPECT(engine.GetAsyncConnectStatus(all), SUCCESS);
+  CHECK(all.size() == 1 && all.count(remote) == 1);
+
+  std::mt19937_64 rng(std::random_device{}());
+  for (size_t i = 0; i < 300000; i++) mem[i] = static_cast<unsigned char>(rng());
+  const uintptr_t base = desc.addr;
+  std::vector<TransferOpDesc> writes = {{base + 1, raddr + 3, 4097},
+                                        {base + 5000, raddr + 9001, 65537},
+                                        {base + 80001, raddr + 200003, 999}};
+  EXPECT(engine.TransferSync(remote, WRITE, writes), SUCCESS);
+  for (const auto &w : writes)
+    std::printf("WROTE %lu %lu %016llx\n", static_cast<unsigned long>(w.remote_addr - raddr),
+                static_cast<unsigned long>(w.len),
+                static_cast<unsigned long long>(
+                    Fnv1a(reinterpret_cast<const unsigned char *>(w.local_addr), w.len)));
+  std::vector<TransferOpDesc> reads = writes;
+  for (auto &r : reads) r.local_addr += 400000;
+  EXPECT(engine.TransferSync(remote, READ, reads, 1000), SUCCESS);
+  for (size_t i = 0; i < reads.size(); i++)
+    CHECK(std::memcmp(reinterpret_cast<void *>(reads[i].local_addr),
+                      reinterpret_cast<void *>(writes[i].local_addr), writes[i].len) == 0);
+  // a remote range outside the peer's registered memory
+  std::vector<TransferOpDesc> outside = {{base, raddr + rlen - 4, 64}};
+  EXPECT(engine.TransferSync(remote, READ, outside), PARAM_INVALID);
+
+  // async READ of the server's untouched pattern, polled one by one and many at once
+  TransferArgs args;
+  TransferReq req = nullptr;
+  std::vector<TransferOpDesc> pat = {{base + 600001, raddr + 300007, 7777}};
+  EXPECT(engine.TransferAsync(remote, READ, pat, args, req), SUCCESS);
+  TransferStatus st = TransferStatus::WAITING;
+  for (int spins = 0; st == TransferStatus::WAITING && spins < 10000000; spins++)
+    EXPECT(engine.GetTransferStatus(req, st), SUCCESS);
+  CHECK(st == TransferStatus::COMPLETED);
+  for (size_t i = 0; i < 7777; i++) CHECK(mem[600001 + i] == Pattern(300007 + i));
+  EXPECT(engine.GetTransferStatus(req, st), FAILED);
+  std::vector<TransferReq> reqs;
+  for (int i = 0; i < 4; i++) {
+    TransferArgs tagged;
+    tagged.user_data = reinterpret_cast<const void *>(static_cast<uintptr_t>(10 + i));
+    std::vector<TransferOpDesc> d = {{base + 700000 + 1000 * i, raddr + 500000 + 1000 * i, 1000}};
+    TransferReq r = nullptr;
+    EXPECT(engine.TransferAsync(remote, READ, d, tagged, r), SUCCESS);
+    reqs.push_back(r);
+  }
+  GetTransferStatusArgs query;
+  query.skip_waiting = true;
+  size_t done = 0;
+  for (int spins = 0; done < reqs.size() && spins < 10000000; spins++) {
+    std::vector<TransferResult> results;
+    EXPECT(engine.GetTransferStatus(query, results), SUCCESS);
+    for (const auto &r : results) {
+      CHECK(r.status == TransferStatus::COMPLETED);
+      uintptr_t tag = reinterpret_cast<uintptr_t>(r.user_data);
+      CHECK(tag >= 10 && tag < 14 && r.req == reqs[tag - 10]);
+      done++;
+    }
+  }
+  CHECK(done == reqs.size());
+  for (size_t i = 0; i < 4000; i++) CHECK(mem[700000 + i] == Pattern(500000 + i));
+
+  NotifyDesc notify;
+  notify.name = "kv";
+  notify.notify_msg = "ready";
+  EXPECT(engine.SendNotify(remote, notify), SUCCESS);
+  int32_t value = -1;
+  EXPECT(Hixl::GetCapability(AUTO_CONNECT, value), SUCCESS);
+  CHECK(value == FEATURE_SUPPORTED);
+  EXPECT(Hixl::GetCapability(CLIENT_SERVER_COMM, value), SUCCESS);
+  CHECK(value == FEATURE_NOT_SUPPORTED);
+  EXPECT(engine.Disconnect(remote), SUCCESS);
+  EXPECT(engine.DeregisterMem(handle), SUCCESS);
+  engine.Finalize();
+  engine.Finalize();
+  if (failures) return 1;
+  std::printf("PASS\n");
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc == 3 && std::strcmp(argv[1], "server") == 0)
+    return Server(std::strtoul(argv[2], nullptr, 10));
+  if (argc == 5 && std::strcmp(argv[1], "client") == 0)
+    return Client(argv[2], static_cast<uintptr_t>(std::strtoull(argv[3], nullptr, 10)),
+                  std::strtoul(argv[4], nullptr, 10));
+  std::cerr << "usage: hixl_style server SIZE | client NAME ADDR LEN\n";
+  return 2;
+}

@@ -1,0 +1,203 @@
+/*
+ * hixl/hixl.h: HIXL's C++ API (class hixl::Hixl of Huawei CANN's HIXL), header-only, over
+ * hixl's C ABI (hixl_c.h). A program written against HIXL's documented API for host memory
+ * compiles unchanged against this header and runs over hixl's transports (TCP, same-host,
+ * UCX):
+ *
+ *   c++ -std=c++17 app.cpp -I include -L target/release -lhixl
+ *
+ * Method names, signatures and default timeouts (1000 ms) are HIXL's. What differs: device
+ * memory needs an engine with the Ascend backend (UNSUPPORTED otherwise), registration is
+ * refused (UNSUPPORTED) while a link exists, BufferPool staging and fabric memory are not
+ * implemented, CLIENT_SERVER_COMM is not supported (see README, "From C and C++").
+ * Extension: GetLocalEngine gives the name with the port an "ip:0" engine got.
+ */
+#ifndef HIXL_RS_HIXL_H_
+#define HIXL_RS_HIXL_H_
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "hixl/hixl_types.h"
+#include "hixl_c.h"
+
+namespace hixl {
+
+static_assert(sizeof(TransferOpDesc) == sizeof(hixl_transfer_op_desc), "TransferOpDesc layout");
+static_assert(sizeof(MemDesc) == sizeof(hixl_mem_desc), "MemDesc layout");
+
+class Hixl {
+ public:
+  Hixl() { (void)hixl_create(&engine_); }
+  ~Hixl() { hixl_destroy(engine_); }
+  Hixl(const Hixl &) = delete;
+  Hixl &operator=(const Hixl &) = delete;
+
+  Status Initialize(const AscendString &local_engine,
+                    const std::map<AscendString, AscendString> &options) {
+    std::vector<const char *> keys, values;
+    for (const auto &kv : options) {
+      keys.push_back(kv.first.GetString());
+      values.push_back(kv.second.GetString());
+    }
+    return hixl_initialize(engine_, local_engine.GetString(), keys.data(), values.data(),
+                           keys.size());
+  }
+
+  void Finalize() { (void)hixl_finalize(engine_); }
+
+  Status RegisterMem(const MemDesc &mem, MemType type, MemHandle &mem_handle) {
+    hixl_mem_desc d;
+    std::memset(&d, 0, sizeof d);
+    d.addr = mem.addr;
+    d.len = mem.len;
+    d.local_only = mem.local_only;
+    return hixl_register_mem(engine_, &d, static_cast<int32_t>(type), &mem_handle);
+  }
+
+  Status DeregisterMem(MemHandle mem_handle) { return hixl_deregister_mem(engine_, mem_handle); }
+
+  Status Connect(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return hixl_connect(engine_, remote_engine.GetString(), timeout_in_millis);
+  }
+
+  Status Disconnect(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return hixl_disconnect(engine_, remote_engine.GetString(), timeout_in_millis);
+  }
+
+  Status ConnectAsync(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return hixl_connect_async(engine_, remote_engine.GetString(), timeout_in_millis);
+  }
+
+  Status DisconnectAsync(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return hixl_disconnect_async(engine_, remote_engine.GetString(), timeout_in_millis);
+  }
+
+  Status GetAsyncConnectStatus(const AscendString &remote_engine, AsyncConnectStatus &status) {
+    int32_t s = 0;
+    Status ret = hixl_get_async_connect_status(engine_, remote_engine.GetString(), &s);
+    if (ret == SUCCESS) status = static_cast<AsyncConnectStatus>(s);
+    return ret;
+  }
+
+  Status GetAsyncConnectStatus(std::map<AscendString, AsyncConnectStatus> &statuses) {
+    hixl_list *list = nullptr;
+    Status ret = hixl_get_all_async_connect_status(engine_, &list);
+    if (ret != SUCCESS) return ret;
+    statuses.clear();
+    for (size_t i = 0; i < hixl_list_len(list); i++) {
+      const char *remote = nullptr;
+      int32_t s = 0;
+      if (hixl_list_connect_status(list, i, &remote, &s) == SUCCESS)
+        statuses[AscendString(remote)] = static_cast<AsyncConnectStatus>(s);
+    }
+    hixl_list_free(list);
+    return SUCCESS;
+  }
+
+  Status TransferSync(const AscendString &remote_engine, TransferOp operation,
+                      const std::vector<TransferOpDesc> &op_descs,
+                      int32_t timeout_in_millis = 1000) {
+    std::vector<hixl_transfer_op_desc> d = Descs(op_descs);
+    return hixl_transfer_sync(engine_, remote_engine.GetString(), static_cast<int32_t>(operation),
+                              d.data(), d.size(), timeout_in_millis);
+  }
+
+  Status TransferAsync(const AscendString &remote_engine, TransferOp operation,
+                       const std::vector<TransferOpDesc> &op_descs,
+                       const TransferArgs &optional_args, TransferReq &req) {
+    std::vector<hixl_transfer_op_desc> d = Descs(op_descs);
+    hixl_transfer_args a;
+    std::memset(&a, 0, sizeof a);
+    a.user_data = optional_args.user_data;
+    return hixl_transfer_async(engine_, remote_engine.GetString(),
+                               static_cast<int32_t>(operation), d.data(), d.size(), &a, &req);
+  }
+
+  Status GetTransferStatus(const TransferReq &req, TransferStatus &status) {
+    int32_t s = 0;
+    Status ret = hixl_get_transfer_status(engine_, req, &s);
+    status = static_cast<TransferStatus>(s);
+    return ret;
+  }
+
+  Status GetTransferStatus(const GetTransferStatusArgs &args, std::vector<TransferResult> &results) {
+    size_t pending = 0;
+    Status ret = hixl_pending_transfers(engine_, &pending);
+    if (ret != SUCCESS) return ret;
+    hixl_get_transfer_status_args a;
+    std::memset(&a, 0, sizeof a);
+    a.max_query_count = args.max_query_count;
+    a.skip_waiting = args.skip_waiting;
+    std::vector<hixl_transfer_result> got(pending);
+    size_t n = 0;
+    ret = hixl_get_transfer_statuses(engine_, &a, got.data(), got.size(), &n);
+    if (ret != SUCCESS) return ret;
+    results.clear();
+    for (size_t i = 0; i < n; i++) {
+      TransferResult r;
+      r.req = got[i].req;
+      r.user_data = got[i].user_data;
+      r.status = static_cast<TransferStatus>(got[i].status);
+      results.push_back(r);
+    }
+    return SUCCESS;
+  }
+
+  Status SendNotify(const AscendString &remote_engine, const NotifyDesc &notify,
+                    int32_t timeout_in_millis = 1000) {
+    return hixl_send_notify(engine_, remote_engine.GetString(), notify.name.GetString(),
+                            notify.notify_msg.GetString(), timeout_in_millis);
+  }
+
+  Status GetNotifies(std::vector<NotifyDesc> &notifies) {
+    hixl_list *list = nullptr;
+    Status ret = hixl_get_notifies(engine_, &list);
+    if (ret != SUCCESS) return ret;
+    notifies.clear();
+    for (size_t i = 0; i < hixl_list_len(list); i++) {
+      const char *name = nullptr, *msg = nullptr;
+      if (hixl_list_notify(list, i, &name, &msg) == SUCCESS) {
+        NotifyDesc n;
+        n.name = AscendString(name);
+        n.notify_msg = AscendString(msg);
+        notifies.push_back(n);
+      }
+    }
+    hixl_list_free(list);
+    return SUCCESS;
+  }
+
+  static Status GetCapability(FeatureType feature_type, int32_t &value) {
+    return hixl_get_capability(static_cast<int32_t>(feature_type), &value);
+  }
+
+  /* hixl extension: the name peers connect to, with the port an "ip:0" engine got. */
+  Status GetLocalEngine(AscendString &local_engine) const {
+    size_t len = 0;
+    Status ret = hixl_local_engine(engine_, nullptr, 0, &len);
+    if (ret != SUCCESS && ret != RESOURCE_EXHAUSTED) return ret;
+    std::vector<char> buf(len + 1);
+    ret = hixl_local_engine(engine_, buf.data(), buf.size(), &len);
+    if (ret == SUCCESS) local_engine = AscendString(buf.data(), len);
+    return ret;
+  }
+
+ private:
+  static std::vector<hixl_transfer_op_desc> Descs(const std::vector<TransferOpDesc> &op_descs) {
+    std::vector<hixl_transfer_op_desc> d(op_descs.size());
+    for (size_t i = 0; i < op_descs.size(); i++) {
+      d[i].local_addr = op_descs[i].local_addr;
+      d[i].remote_addr = op_descs[i].remote_addr;
+      d[i].len = op_descs[i].len;
+    }
+    return d;
+  }
+
+  hixl_engine *engine_ = nullptr;
+};
+
+}  // namespace hixl
+
+#endif  // HIXL_RS_HIXL_H_

@@ -1,0 +1,186 @@
+/*
+ * hixl_c.h: the C ABI of hixl (libhixl.so), HIXL's engine (hixl::Hixl) as C functions.
+ *
+ * Build: cargo build --release -p hixl-capi  ->  target/release/libhixl.so
+ * Link:  cc app.c -I include -L target/release -lhixl
+ *
+ * Every function returns a status with HIXL's values (HIXL_SUCCESS, HIXL_PARAM_INVALID, ...)
+ * and writes results through out-parameters. On failure hixl_last_error_message() gives the
+ * cause (thread-local). Null pointers, unknown handles, strings that are not UTF-8, unknown
+ * enum values and counts whose byte size overflows give HIXL_PARAM_INVALID; a panic inside the
+ * library gives HIXL_FAILED. Non-null pointers must point to what is documented (arrays of
+ * `count` elements, NUL-terminated strings); registered memory must stay valid until it is
+ * deregistered or the engine finalized, as in HIXL.
+ *
+ * Engines are thread-safe: any thread may call any function on one engine.
+ */
+#ifndef HIXL_C_H_
+#define HIXL_C_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint32_t hixl_status;
+
+#define HIXL_SUCCESS 0u
+#define HIXL_PARAM_INVALID 103900u
+#define HIXL_TIMEOUT 103901u
+#define HIXL_NOT_CONNECTED 103902u
+#define HIXL_ALREADY_CONNECTED 103903u
+#define HIXL_NOTIFY_FAILED 103904u
+#define HIXL_UNSUPPORTED 103905u
+#define HIXL_RESOURCE_EXHAUSTED 203900u
+#define HIXL_FAILED 503900u
+
+/* MemType */
+#define HIXL_MEM_DEVICE 0
+#define HIXL_MEM_HOST 1
+/* TransferOp */
+#define HIXL_READ 0
+#define HIXL_WRITE 1
+/* TransferStatus */
+#define HIXL_TRANSFER_WAITING 0
+#define HIXL_TRANSFER_COMPLETED 1
+#define HIXL_TRANSFER_TIMEOUT 2
+#define HIXL_TRANSFER_FAILED 3
+/* AsyncConnectStatus */
+#define HIXL_NOT_CONNECT 0
+#define HIXL_CONNECT_PENDING 1
+#define HIXL_CONNECTING 2
+#define HIXL_CONNECTED 3
+#define HIXL_CONNECT_FAILED 4
+#define HIXL_DISCONNECT_PENDING 5
+#define HIXL_DISCONNECTING 6
+/* FeatureType */
+#define HIXL_AUTO_CONNECT 0
+#define HIXL_CLIENT_SERVER_COMM 1
+#define HIXL_FEATURE_SUPPORTED 1
+#define HIXL_FEATURE_NOT_SUPPORTED 0
+
+/* Option keys */
+#define HIXL_OPTION_ENABLE_USE_FABRIC_MEM "EnableUseFabricMem"
+#define HIXL_OPTION_RDMA_TRAFFIC_CLASS "RdmaTrafficClass"
+#define HIXL_OPTION_RDMA_SERVICE_LEVEL "RdmaServiceLevel"
+#define HIXL_OPTION_BUFFER_POOL "BufferPool"
+#define HIXL_OPTION_GLOBAL_RESOURCE_CONFIG "GlobalResourceConfig"
+#define HIXL_OPTION_AUTO_CONNECT "AutoConnect"
+#define HIXL_OPTION_LOCAL_COMM_RES "LocalCommRes"
+
+typedef struct hixl_engine hixl_engine;
+typedef struct hixl_list hixl_list;
+typedef void *hixl_mem_handle;
+typedef void *hixl_transfer_req;
+
+/* The structs have HIXL's layouts (hixl_types.h), reserved bytes included. */
+typedef struct {
+  uintptr_t addr;
+  size_t len;
+  bool local_only; /* peers may not READ or WRITE it */
+  uint8_t reserved[127];
+} hixl_mem_desc;
+
+typedef struct {
+  uintptr_t local_addr;
+  uintptr_t remote_addr;
+  size_t len;
+} hixl_transfer_op_desc;
+
+typedef struct {
+  const void *user_data;
+  uint8_t reserved[120];
+} hixl_transfer_args;
+
+typedef struct {
+  uint32_t max_query_count; /* UINT32_MAX: all */
+  bool skip_waiting;
+  uint8_t reserved[123];
+} hixl_get_transfer_status_args;
+
+typedef struct {
+  hixl_transfer_req req;
+  const void *user_data;
+  int32_t status; /* HIXL_TRANSFER_* */
+  uint8_t reserved[108];
+} hixl_transfer_result;
+
+/* Engines. */
+/* A handle is never dereferenced by the library and never reused: after hixl_destroy it stays
+ * unknown (HIXL_PARAM_INVALID). */
+hixl_status hixl_create(hixl_engine **out);
+void hixl_destroy(hixl_engine *engine); /* finalizes; null or unknown handles are ignored */
+/* local_engine: "ip" (client only), "ip:port", "ip:0" (an ephemeral port), "[ipv6]:port";
+ * `count` option pairs (keys[i], values[i]); keys/values may be NULL when count is 0. */
+hixl_status hixl_initialize(hixl_engine *engine, const char *local_engine,
+                            const char *const *keys, const char *const *values, size_t count);
+/* The name peers connect to (with the real port for "ip:0"), NUL-terminated in buf.
+ * *len (if not NULL) gets its length; HIXL_RESOURCE_EXHAUSTED if cap is too small. */
+hixl_status hixl_local_engine(hixl_engine *engine, char *buf, size_t cap, size_t *len);
+hixl_status hixl_finalize(hixl_engine *engine); /* idempotent */
+
+/* Memory (caller-managed, as HIXL's RegisterMem). */
+hixl_status hixl_register_mem(hixl_engine *engine, const hixl_mem_desc *mem, int32_t mem_type,
+                              hixl_mem_handle *handle);
+hixl_status hixl_deregister_mem(hixl_engine *engine, hixl_mem_handle handle);
+
+/* Links, by remote engine name. Timeouts in milliseconds (> 0; HIXL's default is 1000). */
+hixl_status hixl_connect(hixl_engine *engine, const char *remote_engine, int32_t timeout_in_millis);
+hixl_status hixl_disconnect(hixl_engine *engine, const char *remote_engine,
+                            int32_t timeout_in_millis);
+hixl_status hixl_connect_async(hixl_engine *engine, const char *remote_engine,
+                               int32_t timeout_in_millis);
+hixl_status hixl_disconnect_async(hixl_engine *engine, const char *remote_engine,
+                                  int32_t timeout_in_millis);
+hixl_status hixl_get_async_connect_status(hixl_engine *engine, const char *remote_engine,
+                                          int32_t *status);
+/* A list of (remote, status): hixl_list_len, hixl_list_connect_status, hixl_list_free. */
+hixl_status hixl_get_all_async_connect_status(hixl_engine *engine, hixl_list **out);
+
+/* Transfers. op: HIXL_READ (remote -> local) or HIXL_WRITE (local -> remote). */
+hixl_status hixl_transfer_sync(hixl_engine *engine, const char *remote_engine, int32_t op,
+                               const hixl_transfer_op_desc *descs, size_t count,
+                               int32_t timeout_in_millis);
+/* args may be NULL. *req gets a non-null request. */
+hixl_status hixl_transfer_async(hixl_engine *engine, const char *remote_engine, int32_t op,
+                                const hixl_transfer_op_desc *descs, size_t count,
+                                const hixl_transfer_args *args, hixl_transfer_req *req);
+/* *status: HIXL_TRANSFER_*. A terminal status is reported once (the request is released);
+ * an unknown request gives HIXL_FAILED with *status = HIXL_TRANSFER_FAILED. */
+hixl_status hixl_get_transfer_status(hixl_engine *engine, hixl_transfer_req req, int32_t *status);
+/* Up to min(args->max_query_count, capacity) results, oldest first; args may be NULL. */
+hixl_status hixl_get_transfer_statuses(hixl_engine *engine,
+                                       const hixl_get_transfer_status_args *args,
+                                       hixl_transfer_result *results, size_t capacity,
+                                       size_t *count);
+/* Requests not yet reported terminal (a capacity for hixl_get_transfer_statuses). */
+hixl_status hixl_pending_transfers(hixl_engine *engine, size_t *count);
+
+/* Notifications. */
+hixl_status hixl_send_notify(hixl_engine *engine, const char *remote_engine, const char *name,
+                             const char *notify_msg, int32_t timeout_in_millis);
+/* A list of (name, msg): hixl_list_len, hixl_list_notify, hixl_list_free. */
+hixl_status hixl_get_notifies(hixl_engine *engine, hixl_list **out);
+
+/* Lists. The strings point into the list and live until hixl_list_free. */
+size_t hixl_list_len(const hixl_list *list);
+hixl_status hixl_list_notify(const hixl_list *list, size_t index, const char **name,
+                             const char **notify_msg);
+hixl_status hixl_list_connect_status(const hixl_list *list, size_t index,
+                                     const char **remote_engine, int32_t *status);
+void hixl_list_free(hixl_list *list);
+
+/* HIXL GetCapability: *value HIXL_FEATURE_SUPPORTED or HIXL_FEATURE_NOT_SUPPORTED. */
+hixl_status hixl_get_capability(int32_t feature, int32_t *value);
+
+/* The cause of the last failed call on this thread ("" if none). */
+const char *hixl_last_error_message(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HIXL_C_H_ */
