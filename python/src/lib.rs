@@ -566,7 +566,7 @@ fn op_descs_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<compat::TransferOpDesc>> 
 
 /// Descriptors packed as native-endian u64 triples `(local_addr, remote_addr, len)`.
 fn packed_descs(packed: &[u8]) -> PyResult<Vec<compat::TransferOpDesc>> {
-    if packed.len() % 24 != 0 {
+    if !packed.len().is_multiple_of(24) {
         return Err(PyValueError::new_err(
             "packed descriptors must be a multiple of 24 bytes (three u64 each)",
         ));
@@ -965,7 +965,7 @@ impl Hixl {
         &self,
         py: Python<'_>,
         remote_engine: &Bound<'_, PyAny>,
-    ) -> PyResult<(u32, Vec<(u64, u64, MemType, bool, bool)>)> {
+    ) -> PyResult<(u32, Vec<RemoteRegionTuple>)> {
         let r = str_of(remote_engine, "remote_engine")?;
         let (c, v) = call(py, self, move |e| e.remote_regions(&r));
         let v = v
@@ -1042,6 +1042,9 @@ impl Hixl {
         Ok((c, req.unwrap_or(0)))
     }
 }
+
+/// `(addr, len, mem_type, readable, writable)` of one region of a peer's table.
+type RemoteRegionTuple = (u64, u64, MemType, bool, bool);
 
 fn remote_and_timeout(
     remote: &Bound<'_, PyAny>,
