@@ -119,6 +119,7 @@ def decode(a):
         "pulls": len(times),
         "gbps_median": round(gbs[len(gbs) // 2], 3),
         "gbps_best": round(max(gbs), 3),
+        "gbps_total": round(size * len(times) / sum(times) / 1e9, 3),
         "verified": True,
     }
     if a.json:

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""One invocation, one shape (READ, 32 KiB blocks, 256 per call, 32 layers = 256 MiB per pull):
+hixl's Python package (kv_pull.py) next to the Rust benchmark (examples/bench.rs) and NIXL's
+Python API (nixl_kv_pull.py), on the same transports, rounds interleaved so the machine's noise
+hits all alike.
+
+    python examples/python/bench_compare.py [--rounds 3] [--transports tcp,cma] [--no-nixl]
+
+Rows:
+- rust        `bench --op read --block 32768 --batch 256 --memory user`: one blocking call of 256
+              blocks at a time over a 256 MiB working set (the serving region a Vec<u8>,
+              caller-managed as the compat engine's regions are)
+- python sync kv_pull.py --mode sync: the same calls from Python (`link.read`, one per layer)
+- python async kv_pull.py (the example): one `transfer_async` per layer, all 32 in flight
+- nixl        nixl_kv_pull.py: NIXL's Python API, UCX backend, one xfer per layer, all posted;
+              UCX_TLS=tcp for the tcp column, UCX_TLS=sm for the same-host column
+
+GB/s are 1e9 bytes/s, aggregate over each run; the figure is the median over rounds.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+NIXL_PY = os.path.expanduser(os.environ.get("HIXL_PEERS_VENV", "~/.cache/hixl-peers/venv")) + "/bin/python"
+SHAPE = ["--layers", "32", "--blocks", "256", "--block", "32768"]
+
+
+def run_json(cmd, env=None, timeout=600):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {out.stderr[-2000:]}")
+    rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    return rows
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--transports", default="tcp,cma")
+    p.add_argument("--iters", type=int, default=8, help="pulls of 256 MiB per Python/NIXL run")
+    p.add_argument("--duration", default="2", help="seconds per Rust bench row")
+    p.add_argument("--no-nixl", action="store_true")
+    a = p.parse_args()
+    subprocess.run(["cargo", "build", "-q", "--release", "--example", "bench"], cwd=ROOT, check=True)
+    bench = os.path.join(ROOT, "target", "release", "examples", "bench")
+    nixl = not a.no_nixl and os.path.exists(NIXL_PY)
+    transports = a.transports.split(",")
+    res = {}  # (impl, transport) -> [GB/s per round]
+    actual = {}  # (impl, transport) -> the transport the run reported
+
+    def add(key, gbps, used):
+        res.setdefault(key, []).append(gbps)
+        actual[key] = used
+
+    for rnd in range(a.rounds):
+        for t in transports:
+            print(f"round {rnd + 1}/{a.rounds}, {t} ...", file=sys.stderr)
+            (row,) = [
+                r
+                for r in run_json(
+                    [bench, "--op", "read", "--block", "32768", "--batch", "256", "--memory", "user",
+                     "--transport", t, "--duration", a.duration, "--no-extras", "--json"]
+                )
+                if "gbps" in r
+            ]
+            add(("rust (bench)", t), row["gbps"], row["transport"])
+            for mode in ("sync", "async"):
+                (row,) = run_json(
+                    [sys.executable, os.path.join(HERE, "kv_pull.py"), "--mode", mode, "--transport", t,
+                     "--iters", str(a.iters), "--json"] + SHAPE
+                )
+                add((f"python {mode} (kv_pull)", t), row["gbps_total"], row["transport"])
+            if nixl:
+                env = dict(os.environ, UCX_TLS="tcp" if t == "tcp" else "sm")
+                if t == "tcp":
+                    env["UCX_NET_DEVICES"] = "lo"
+                rows = run_json(
+                    [NIXL_PY, os.path.join(HERE, "nixl_kv_pull.py"), "both", str(free_port()),
+                     "--iters", str(a.iters)] + SHAPE,
+                    env=env,
+                )
+                add(("nixl python (UCX)", t), rows[0]["gbps_total"], rows[0]["transport"])
+
+    print(f"\nREAD, 32 KiB x 256 per call/request, 32 layers (256 MiB per pull); median of {a.rounds} rounds, GB/s")
+    print(f"{'':26}" + "".join(f"{t:>22}" for t in transports))
+    impls = sorted({k[0] for k in res}, key=lambda s: ["r", "p", "n"].index(s[0]) * 10 + len(s))
+    med = {k: statistics.median(v) for k, v in res.items()}
+    for i in impls:
+        cells = []
+        for t in transports:
+            k = (i, t)
+            cells.append(f"{med[k]:.3f} ({actual[k]})" if k in med else "-")
+        print(f"{i:26}" + "".join(f"{c:>22}" for c in cells))
+    for t in transports:
+        r = med.get(("rust (bench)", t))
+        s = med.get(("python sync (kv_pull)", t))
+        if r and s:
+            print(f"{t}: Python (sync, same calls) vs Rust: {100 * (s - r) / r:+.1f}%")
+        n = med.get(("nixl python (UCX)", t))
+        py = med.get(("python async (kv_pull)", t))
+        if n and py:
+            print(f"{t}: hixl Python (async) vs NIXL Python: {py / n:.2f}x")
+    print(json.dumps({f"{k[0]}|{k[1]}": v for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()
