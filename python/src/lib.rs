@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hixl::compat;
@@ -593,6 +593,8 @@ fn packed_descs(packed: &[u8]) -> PyResult<Vec<compat::TransferOpDesc>> {
 #[pyclass(module = "hixl", frozen)]
 pub struct Hixl {
     engine: RwLock<Option<Arc<compat::Hixl>>>,
+    /// Serialises `initialize`.
+    init: Mutex<()>,
 }
 
 impl Hixl {
@@ -640,6 +642,7 @@ impl Hixl {
     fn new() -> Self {
         Self {
             engine: RwLock::new(None),
+            init: Mutex::new(()),
         }
     }
 
@@ -662,18 +665,19 @@ impl Hixl {
                 opts.push((str_of(&k, "an option key")?, str_of(&v, "an option value")?));
             }
         }
-        let mut slot = self.engine.write().unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() {
-            return Ok(Status::SUCCESS.code()); // CANN's: initializing twice succeeds
-        }
-        let engine = Arc::new(compat::Hixl::new());
-        let e2 = engine.clone();
-        let r = py.allow_threads(move || e2.initialize(&name, opts));
-        let c = code(&r);
-        if r.is_ok() {
-            *slot = Some(engine);
-        }
-        Ok(c)
+        // without the GIL, and the slot's lock taken only without it: a thread holding the GIL
+        // and waiting for the slot must never wait for a thread that waits for the GIL
+        let r = py.allow_threads(|| -> compat::Result<()> {
+            let _serial = self.init.lock().unwrap_or_else(|e| e.into_inner());
+            if self.engine().is_some() {
+                return Ok(()); // CANN's: initializing twice succeeds
+            }
+            let engine = Arc::new(compat::Hixl::new());
+            engine.initialize(&name, opts)?;
+            *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
+            Ok(())
+        });
+        Ok(code(&r))
     }
 
     /// `finalize() -> None`: closes every link, ends requests, stops serving. Safe twice.

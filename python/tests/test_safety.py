@@ -217,3 +217,31 @@ def test_gil_released_during_transfer_sync():
     assert cli.all()
     c.finalize()
     s.finalize()
+
+
+def test_threads_share_one_engine():
+    """Calls from several threads while another initializes and finalizes: no deadlock (each
+    waits without holding the GIL), every answer a status."""
+    h = hixl.Hixl()
+    stop = threading.Event()
+    seen = set()
+
+    def hammer():
+        while not stop.is_set():
+            ret, _ = h.get_all_transfer_status()
+            seen.add(ret)
+            h.get_notifies()
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(20):
+            assert h.initialize("127.0.0.1:0") == hixl.SUCCESS
+            h.finalize()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck"
+    assert seen <= {hixl.SUCCESS, hixl.FAILED}
