@@ -13,7 +13,7 @@ Rows:
 - python sync kv_pull.py --mode sync: the same calls from Python (`link.read`, one per layer)
 - python async kv_pull.py (the example): one `transfer_async` per layer, all 32 in flight
 - nixl        nixl_kv_pull.py: NIXL's Python API, UCX backend, one xfer per layer, all posted;
-              UCX_TLS=tcp for the tcp column, UCX_TLS=sm for the same-host column
+              UCX_TLS=tcp for the tcp column, UCX_TLS=sm,self,tcp for the same-host column
 
 GB/s are 1e9 bytes/s, aggregate over each run; the figure is the median over rounds.
 """
@@ -83,9 +83,13 @@ def main():
                 )
                 add((f"python {mode} (kv_pull)", t), row["gbps_total"], row["transport"])
             if nixl:
-                env = dict(os.environ, UCX_TLS="tcp" if t == "tcp" else "sm")
+                # as ../shared/bench/peers.sh runs NIXL: tcp over lo, or shared memory (with
+                # self and tcp for UCX's active messages)
+                env = dict(os.environ, UCX_WARN_UNUSED_ENV_VARS="n")
                 if t == "tcp":
-                    env["UCX_NET_DEVICES"] = "lo"
+                    env.update(UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+                else:
+                    env.update(UCX_TLS="sm,self,tcp")
                 rows = run_json(
                     [NIXL_PY, os.path.join(HERE, "nixl_kv_pull.py"), "both", str(free_port()),
                      "--iters", str(a.iters)] + SHAPE,

@@ -41,8 +41,13 @@ L, B, bs = a.layers, a.blocks, a.block
 size = L * B * bs
 
 if a.role == "both":
-    t = subprocess.Popen([sys.executable, os.path.abspath(__file__), "target"] + sys.argv[2:])
+    t = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "target"] + sys.argv[2:], stdout=subprocess.PIPE, text=True
+    )
     try:
+        for line in t.stdout:  # (NIXL logs on stdout too)
+            if line.strip() == "ready":  # the target listens: start the initiator
+                break
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "initiator"] + sys.argv[2:], check=True)
         t.wait(timeout=120)
     finally:
@@ -54,6 +59,7 @@ buf = pattern(size).copy() if a.role == "target" else np.zeros(size, np.uint8)
 ag = nixl_agent(a.role, nixl_agent_config(True, True, a.port if a.role == "target" else 0, backends=["UCX"]))
 ag.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
 if a.role == "target":
+    print("ready", flush=True)
     while not ag.check_remote_metadata("initiator"):
         time.sleep(0.001)
     ag.send_notif("initiator", str(buf.ctypes.data).encode())
@@ -61,7 +67,13 @@ if a.role == "target":
         time.sleep(0.001)
     sys.exit(0)
 
-ag.fetch_remote_metadata("target", "127.0.0.1", a.port)
+deadline = time.monotonic() + 60
+while not ag.check_remote_metadata("target"):
+    ag.fetch_remote_metadata("target", "127.0.0.1", a.port)
+    t = time.monotonic() + 1
+    while time.monotonic() < t and not ag.check_remote_metadata("target"):
+        time.sleep(0.001)
+    assert time.monotonic() < deadline, "no metadata from the target"
 ag.send_local_metadata("127.0.0.1", a.port)
 n = {}
 while "target" not in n:
@@ -120,3 +132,6 @@ ag.send_notif("target", b"done")
 for h in handles:
     ag.release_xfer_handle(h)
 ag.remove_remote_agent("target")
+# (NIXL's agent can crash in its teardown at interpreter exit; the measurement is done)
+sys.stdout.flush()
+os._exit(0)
