@@ -10,7 +10,9 @@ Rows:
 - rust        `bench --op read --block 32768 --batch 256 --memory user`: one blocking call of 256
               blocks at a time over a 256 MiB working set (the serving region a Vec<u8>,
               caller-managed as the compat engine's regions are)
-- python sync kv_pull.py --mode sync: the same calls from Python (`link.read`, one per layer)
+- rust compat sync / async   examples/compat_kv_pull.rs: kv_pull.py's shape and calls on the
+              engine the Python package drives (`hixl::compat`, caller-managed memory), from Rust
+- python sync kv_pull.py --mode sync: one `link.read` per layer (the same calls as rust compat sync)
 - python async kv_pull.py (the example): one `transfer_async` per layer, all 32 in flight
 - nixl        nixl_kv_pull.py: NIXL's Python API, UCX backend, one xfer per layer, all posted;
               UCX_TLS=tcp for the tcp column, UCX_TLS=sm,self,tcp for the same-host column
@@ -53,8 +55,13 @@ def main():
     p.add_argument("--duration", default="2", help="seconds per Rust bench row")
     p.add_argument("--no-nixl", action="store_true")
     a = p.parse_args()
-    subprocess.run(["cargo", "build", "-q", "--release", "--example", "bench"], cwd=ROOT, check=True)
+    subprocess.run(
+        ["cargo", "build", "-q", "--release", "--example", "bench", "--example", "compat_kv_pull"],
+        cwd=ROOT,
+        check=True,
+    )
     bench = os.path.join(ROOT, "target", "release", "examples", "bench")
+    compat = os.path.join(ROOT, "target", "release", "examples", "compat_kv_pull")
     nixl = not a.no_nixl and os.path.exists(NIXL_PY)
     transports = a.transports.split(",")
     res = {}  # (impl, transport) -> [GB/s per round]
@@ -78,6 +85,10 @@ def main():
             add(("rust (bench)", t), row["gbps"], row["transport"])
             for mode in ("sync", "async"):
                 (row,) = run_json(
+                    [compat, "--mode", mode, "--transport", t, "--iters", str(a.iters), "--json"] + SHAPE
+                )
+                add((f"rust compat {mode}", t), row["gbps_total"], row["transport"])
+                (row,) = run_json(
                     [sys.executable, os.path.join(HERE, "kv_pull.py"), "--mode", mode, "--transport", t,
                      "--iters", str(a.iters), "--json"] + SHAPE
                 )
@@ -98,20 +109,23 @@ def main():
                 add(("nixl python (UCX)", t), rows[0]["gbps_total"], rows[0]["transport"])
 
     print(f"\nREAD, 32 KiB x 256 per call/request, 32 layers (256 MiB per pull); median of {a.rounds} rounds, GB/s")
-    print(f"{'':26}" + "".join(f"{t:>22}" for t in transports))
-    impls = sorted({k[0] for k in res}, key=lambda s: ["r", "p", "n"].index(s[0]) * 10 + len(s))
+    print(f"{'':26}" + "".join(f"{t:>24}" for t in transports))
+    order = ["rust (bench)", "rust compat sync", "rust compat async", "python sync (kv_pull)",
+             "python async (kv_pull)", "nixl python (UCX)"]
+    impls = [i for i in order if any(k[0] == i for k in res)]
     med = {k: statistics.median(v) for k, v in res.items()}
     for i in impls:
         cells = []
         for t in transports:
             k = (i, t)
             cells.append(f"{med[k]:.3f} ({actual[k]})" if k in med else "-")
-        print(f"{i:26}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{i:26}" + "".join(f"{c:>24}" for c in cells))
     for t in transports:
-        r = med.get(("rust (bench)", t))
-        s = med.get(("python sync (kv_pull)", t))
-        if r and s:
-            print(f"{t}: Python (sync, same calls) vs Rust: {100 * (s - r) / r:+.1f}%")
+        for mode in ("sync", "async"):
+            r = med.get((f"rust compat {mode}", t))
+            s = med.get((f"python {mode} (kv_pull)", t))
+            if r and s:
+                print(f"{t}: Python vs Rust, the same {mode} calls on hixl::compat: {100 * (s - r) / r:+.1f}%")
         n = med.get(("nixl python (UCX)", t))
         py = med.get(("python async (kv_pull)", t))
         if n and py:
