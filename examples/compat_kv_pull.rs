@@ -61,7 +61,7 @@ fn args() -> Result<Args, String> {
             _ => return Err(format!("unknown argument {f}")),
         }
     }
-    if a.block % 8 != 0 {
+    if !a.block.is_multiple_of(8) {
         return Err("--block must be a multiple of 8".into());
     }
     Ok(a)
