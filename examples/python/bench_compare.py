@@ -54,6 +54,7 @@ def main():
     p.add_argument("--iters", type=int, default=8, help="pulls of 256 MiB per Python/NIXL run")
     p.add_argument("--duration", default="2", help="seconds per Rust bench row")
     p.add_argument("--no-nixl", action="store_true")
+    p.add_argument("--boundary", type=int, default=2000, help="refused calls timed per run")
     a = p.parse_args()
     subprocess.run(
         ["cargo", "build", "-q", "--release", "--example", "bench", "--example", "compat_kv_pull"],
@@ -65,6 +66,7 @@ def main():
     nixl = not a.no_nixl and os.path.exists(NIXL_PY)
     transports = a.transports.split(",")
     res = {}  # (impl, transport) -> [GB/s per round]
+    calls = {}  # (layer, transport) -> [ns per refused 256-descriptor call, per round]
     actual = {}  # (impl, transport) -> the transport the run reported
 
     def add(key, gbps, used):
@@ -84,15 +86,21 @@ def main():
             ]
             add(("rust (bench)", t), row["gbps"], row["transport"])
             for mode in ("sync", "async"):
+                extra = ["--boundary", str(a.boundary)] if mode == "sync" else []
                 (row,) = run_json(
-                    [compat, "--mode", mode, "--transport", t, "--iters", str(a.iters), "--json"] + SHAPE
+                    [compat, "--mode", mode, "--transport", t, "--iters", str(a.iters), "--json"] + SHAPE + extra
                 )
                 add((f"rust compat {mode}", t), row["gbps_total"], row["transport"])
+                if extra:
+                    calls.setdefault(("rust", t), []).append(row["refused_call_ns"])
                 (row,) = run_json(
                     [sys.executable, os.path.join(HERE, "kv_pull.py"), "--mode", mode, "--transport", t,
-                     "--iters", str(a.iters), "--json"] + SHAPE
+                     "--iters", str(a.iters), "--json"] + SHAPE + extra
                 )
                 add((f"python {mode} (kv_pull)", t), row["gbps_total"], row["transport"])
+                if extra:
+                    calls.setdefault(("pythonic", t), []).append(row["refused_call_ns_pythonic"])
+                    calls.setdefault(("flat", t), []).append(row["refused_call_ns_flat"])
             if nixl:
                 # as ../shared/bench/peers.sh runs NIXL: tcp over lo, or shared memory (with
                 # self and tcp for UCX's active messages)
@@ -130,7 +138,23 @@ def main():
         py = med.get(("python async (kv_pull)", t))
         if n and py:
             print(f"{t}: hixl Python (async) vs NIXL Python: {py / n:.2f}x")
+    print(
+        "\nPer call (a 256-descriptor READ refused at its last descriptor: everything validated, no"
+        " data moved), median ns; the Python layer's cost per call against one 8 MiB call at the"
+        " Rust compat sync rate:"
+    )
+    for t in transports:
+        r = statistics.median(calls[("rust", t)])
+        rate = med[("rust compat sync", t)] * 1e9
+        call_ns = 256 * 32768 / rate * 1e9
+        for layer in ("flat", "pythonic"):
+            p_ns = statistics.median(calls[(layer, t)])
+            print(
+                f"{t}: rust {r:.0f} ns, python {layer} {p_ns:.0f} ns: +{p_ns - r:.0f} ns per call ="
+                f" {100 * (p_ns - r) / call_ns:.2f}% of one {call_ns / 1e3:.0f} us call"
+            )
     print(json.dumps({f"{k[0]}|{k[1]}": v for k, v in res.items()}))
+    print(json.dumps({f"{k[0]}|{k[1]}": v for k, v in calls.items()}))
 
 
 if __name__ == "__main__":

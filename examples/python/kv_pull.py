@@ -100,6 +100,25 @@ def decode(a):
             times.append(pull())
             verify()
             transport = link.transport()
+            boundary = {}
+            if a.boundary:
+                # the cost of one call through Python: a 256-descriptor READ refused at its last
+                # descriptor (every other one validated, no data moved), timed per call
+                bad = descs[0].copy()
+                bad[-1, 1] = 0x10  # not in prefill's table
+                t = time.perf_counter()
+                for _ in range(a.boundary):
+                    try:
+                        link.read(bad)
+                    except hixl.ParamInvalidError:
+                        pass
+                boundary["refused_call_ns_pythonic"] = round((time.perf_counter() - t) / a.boundary * 1e9)
+                flat = [hixl.TransferOpDesc(int(l), int(r), int(n)) for l, r, n in bad]
+                h = engine.hixl
+                t = time.perf_counter()
+                for _ in range(a.boundary):
+                    assert h.transfer_sync(prefill_name, hixl.READ, flat) == hixl.PARAM_INVALID
+                boundary["refused_call_ns_flat"] = round((time.perf_counter() - t) / a.boundary * 1e9)
             link.notify("free", f"decode pulled {a.layers} layers; the blocks may be freed")
         child.wait(timeout=a.timeout)
     finally:
@@ -121,6 +140,7 @@ def decode(a):
         "gbps_best": round(max(gbs), 3),
         "gbps_total": round(size * len(times) / sum(times) / 1e9, 3),
         "verified": True,
+        **boundary,
     }
     if a.json:
         print(json.dumps(result))
@@ -130,6 +150,8 @@ def decode(a):
             f"{a.block} B = {size / 2**20:.0f} MiB per pull, {len(times)} pulls: "
             f"median {result['gbps_median']} GB/s, best {result['gbps_best']} GB/s; data verified"
         )
+        if boundary:
+            print(f"per refused 256-descriptor call: {boundary}")
 
 
 def main():
@@ -145,6 +167,7 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--boundary", type=int, default=0, help="also time N refused calls (the per-call cost)")
     a = p.parse_args()
     if a.block % 8:
         p.error("--block must be a multiple of 8")
