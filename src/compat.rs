@@ -265,6 +265,19 @@ pub struct NotifyDesc {
     pub notify_msg: String,
 }
 
+/// One region of a peer's table ([`Hixl::remote_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegionDesc {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Memory type.
+    pub mem_type: MemType,
+    /// What the peer lets this engine do with it.
+    pub access: Access,
+}
+
 enum Typed {
     Registered(crate::Hixl<Registered>),
     Connected(crate::Hixl<Connected>),
@@ -284,7 +297,8 @@ struct Core {
 }
 
 struct Pending {
-    req: crate::TransferReq<'static>,
+    /// Shared so [`Hixl::wait_transfer`] can wait on it without holding the table's lock.
+    req: Arc<crate::TransferReq<'static>>,
     user_data: u64,
 }
 
@@ -849,7 +863,7 @@ impl Hixl {
         lock(&self.reqs).insert(
             id,
             Pending {
-                req,
+                req: Arc::new(req),
                 user_data: args.user_data,
             },
         );
@@ -914,6 +928,72 @@ impl Hixl {
             reqs.remove(&id);
         }
         Ok(out)
+    }
+
+    /// Cancels an async request (an extension of HIXL, which has no cancel): descriptors not
+    /// yet started are skipped, and its status becomes `Failed` once what was running ended.
+    /// The request stays known until its terminal status is reported.
+    ///
+    /// # Errors
+    /// `FAILED` for an unknown request (never issued, or already reported).
+    pub fn cancel_transfer(&self, req: TransferReq) -> Result<()> {
+        match lock(&self.reqs).get(&req) {
+            Some(p) => {
+                p.req.cancel();
+                Ok(())
+            }
+            None => Err(Error::new(
+                Status::FAILED,
+                format!("no transfer request {req:#x} (unknown, or its end was already reported)"),
+            )),
+        }
+    }
+
+    /// Waits up to `timeout` for a request to end (an extension of HIXL, whose callers poll
+    /// [`Hixl::get_transfer_status`]); reports its status as that call does (a terminal status
+    /// once, then the request is forgotten).
+    ///
+    /// # Errors
+    /// `FAILED` for an unknown request (never issued, or already reported).
+    pub fn wait_transfer(&self, req: TransferReq, timeout: Duration) -> Result<TransferStatus> {
+        let Some(r) = lock(&self.reqs).get(&req).map(|p| p.req.clone()) else {
+            return Err(Error::new(
+                Status::FAILED,
+                format!("no transfer request {req:#x} (unknown, or its end was already reported)"),
+            ));
+        };
+        r.wait(timeout);
+        drop(r);
+        self.get_transfer_status(req)
+    }
+
+    /// The region table `remote_engine` sent at connect (an extension of HIXL, whose users
+    /// ship base addresses out of band), sorted by address.
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized; `PARAM_INVALID` for a bad name; `NOT_CONNECTED` without a
+    /// usable link (with AutoConnect, one is made).
+    pub fn remote_regions(&self, remote_engine: &str) -> Result<Vec<RemoteRegionDesc>> {
+        self.on_link(remote_engine, |_, link| {
+            Ok(link
+                .regions()
+                .map(|r| RemoteRegionDesc {
+                    addr: r.addr(),
+                    len: r.len(),
+                    mem_type: r.mem_type(),
+                    access: r.access(),
+                })
+                .collect())
+        })
+    }
+
+    /// The transport of the link to `remote_engine` (TCP, same-host CMA, UCX, Ascend), if one
+    /// is held.
+    ///
+    /// # Errors
+    /// As [`Hixl::remote_regions`].
+    pub fn transport(&self, remote_engine: &str) -> Result<crate::TransportKind> {
+        self.on_link(remote_engine, |_, link| Ok(link.transport()))
     }
 
     /// How many async requests have not been reported terminal yet.

@@ -1,0 +1,94 @@
+//! The compat engine's extensions the Python package uses: `wait_transfer`, `cancel_transfer`,
+//! `remote_regions`, `transport`.
+
+use std::time::Duration;
+
+use hixl::compat::{Hixl, MemDesc, TransferArgs, TransferOpDesc, TransferStatus};
+use hixl::{Access, MemType, Status, TransferOp};
+
+fn desc(m: &mut [u8]) -> MemDesc {
+    MemDesc {
+        addr: m.as_mut_ptr() as usize,
+        len: m.len(),
+        local_only: false,
+    }
+}
+
+#[test]
+fn wait_cancel_regions_transport() {
+    let (mut a, mut b) = (vec![0u8; 1 << 20], vec![5u8; 1 << 20]);
+    let server = Hixl::new();
+    server
+        .initialize("127.0.0.1:0", [("AutoConnect", "0")])
+        .unwrap();
+    // SAFETY: both buffers outlive the engines (finalized below) and are read only after the
+    // transfers ended.
+    unsafe { server.register_mem(desc(&mut a), MemType::Host) }.unwrap();
+    let client = Hixl::new();
+    client
+        .initialize("127.0.0.1", [("AutoConnect", "0")])
+        .unwrap();
+    // SAFETY: as above.
+    unsafe { client.register_mem(desc(&mut b), MemType::Host) }.unwrap();
+    let name = server.local_engine().unwrap();
+    assert_eq!(
+        client.remote_regions(&name).unwrap_err().status(),
+        Status::NOT_CONNECTED
+    );
+    client.connect(&name, 5000).unwrap();
+
+    let regions = client.remote_regions(&name).unwrap();
+    assert_eq!(regions.len(), 1);
+    assert_eq!(regions[0].addr, a.as_ptr() as u64);
+    assert_eq!(regions[0].len, 1 << 20);
+    assert_eq!(regions[0].mem_type, MemType::Host);
+    assert_eq!(regions[0].access, Access::ReadWrite);
+    let _ = client.transport(&name).unwrap();
+
+    let d = [TransferOpDesc {
+        local_addr: b.as_ptr() as usize,
+        remote_addr: a.as_ptr() as usize,
+        len: 1 << 20,
+    }];
+    let req = client
+        .transfer_async(&name, TransferOp::Write, &d, TransferArgs::default())
+        .unwrap();
+    assert_eq!(
+        client.wait_transfer(req, Duration::from_secs(30)).unwrap(),
+        TransferStatus::Completed
+    );
+    // reported once: unknown afterwards, for wait and cancel alike
+    assert_eq!(
+        client
+            .wait_transfer(req, Duration::from_millis(1))
+            .unwrap_err()
+            .status(),
+        Status::FAILED
+    );
+    assert_eq!(
+        client.cancel_transfer(req).unwrap_err().status(),
+        Status::FAILED
+    );
+
+    // a cancelled request ends (FAILED, or COMPLETED if it was quicker) and is reported once
+    let req = client
+        .transfer_async(&name, TransferOp::Write, &d, TransferArgs::default())
+        .unwrap();
+    client.cancel_transfer(req).unwrap();
+    let st = client.wait_transfer(req, Duration::from_secs(30)).unwrap();
+    assert!(
+        matches!(st, TransferStatus::Failed | TransferStatus::Completed),
+        "{st:?}"
+    );
+    assert_eq!(
+        client.get_transfer_status(req).unwrap_err().status(),
+        Status::FAILED
+    );
+    // the link still works
+    client
+        .transfer_sync(&name, TransferOp::Write, &d, 5000)
+        .unwrap();
+    client.finalize();
+    server.finalize();
+    assert!(a.iter().all(|&x| x == 5));
+}
