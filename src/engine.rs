@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,11 +24,13 @@ use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
 use crate::link::{Link, LinkShared};
-use crate::memory::{Access, MemDesc, MemType, RawMemory, Region, RegionCore, RegistrableMemory};
+use crate::memory::{RawMemory, Region, RegionCore, RegistrableMemory};
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
 use crate::transport::tcp::{ServeTable, Server, ServerConfig};
+use crate::types::engine_name::EngineName;
+use crate::types::{Access, MemDesc, MemType, random_u64};
 
 mod sealed {
     pub trait Sealed {}
@@ -93,76 +95,6 @@ impl<S: State> fmt::Debug for Hixl<S> {
     }
 }
 
-/// A parsed HIXL engine name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineName {
-    /// The IP address.
-    pub ip: IpAddr,
-    /// The port; `None` (or 0 in the name) means the engine does not listen.
-    pub port: Option<u16>,
-}
-
-impl EngineName {
-    /// Parses `"ip"`, `"ip:port"`, `"[ipv6]"` or `"[ipv6]:port"` (a bare IPv6 address without
-    /// a port is accepted too). A port of 0 means "no port", as in HIXL.
-    ///
-    /// # Errors
-    /// [`Error::InvalidEngineName`] (`PARAM_INVALID`).
-    pub fn parse(name: &str) -> Result<Self, Error> {
-        let bad = |problem| Error::InvalidEngineName {
-            name: name.to_owned(),
-            problem,
-        };
-        let (ip, port) = if let Some(rest) = name.strip_prefix('[') {
-            let (ip, after) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
-            let ip: Ipv6Addr = ip.parse().map_err(|_| bad("not an IPv6 address"))?;
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| bad("expected ':' after ']'"))?,
-                ),
-            };
-            (IpAddr::V6(ip), port)
-        } else if let Ok(ip) = name.parse::<Ipv6Addr>() {
-            (IpAddr::V6(ip), None)
-        } else {
-            let (ip, port) = match name.split_once(':') {
-                Some((ip, port)) => (ip, Some(port)),
-                None => (name, None),
-            };
-            (
-                IpAddr::V4(ip.parse().map_err(|_| bad("not an IPv4 address"))?),
-                port,
-            )
-        };
-        let port = match port {
-            None => None,
-            Some(p) => match p.parse::<u16>() {
-                Ok(0) => None,
-                Ok(p) => Some(p),
-                Err(_) => return Err(bad("the port is not a number in 0..=65535")),
-            },
-        };
-        Ok(Self { ip, port })
-    }
-
-    /// The socket address, if the name has a port.
-    pub fn socket_addr(&self) -> Option<SocketAddr> {
-        self.port.map(|p| SocketAddr::new(self.ip, p))
-    }
-}
-
-impl fmt::Display for EngineName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.ip, self.port) {
-            (IpAddr::V4(ip), None) => write!(f, "{ip}"),
-            (IpAddr::V6(ip), None) => write!(f, "[{ip}]"),
-            (ip, Some(p)) => write!(f, "{}", SocketAddr::new(ip, p)),
-        }
-    }
-}
-
 #[derive(Default)]
 struct Regions {
     by_addr: BTreeMap<usize, Arc<RegionCore>>,
@@ -211,22 +143,6 @@ pub(crate) struct EngineInner {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A random 64-bit value from the kernel (instance ids, link tokens).
-pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into the live `v`.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        // fall back on time and pid: unique enough for an instance id
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        v = t ^ (u64::from(std::process::id()) << 32) ^ NEXT_ENGINE.load(Ordering::Relaxed);
-    }
-    v
 }
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
@@ -440,7 +356,7 @@ impl EngineInner {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Arc<LinkShared>, Error> {
-        let ticket = crate::engine::random_u64();
+        let ticket = crate::types::random_u64();
         {
             let mut peers = lock(&self.peers);
             match peers.get(key) {
@@ -1105,7 +1021,7 @@ impl Hixl<Registered> {
                                 notifies: self.inner.notifies.clone(),
                                 host: match self.inner.options.same_host {
                                     crate::options::SameHost::Forbid => None,
-                                    _ => crate::transport::host::HostId::current(),
+                                    _ => crate::types::HostId::current(),
                                 },
                                 allow: self.inner.options.allow_peers.clone(),
                                 psk: self.inner.options.psk.clone(),

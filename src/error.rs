@@ -8,8 +8,8 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-use crate::memory::MemType;
-use crate::transfer::TransferOp;
+use crate::types::MemType;
+use crate::types::TransferOp;
 
 /// A HIXL status code (`hixl::Status`, a `uint32_t`), with HIXL's numeric values.
 #[repr(transparent)]

@@ -126,8 +126,10 @@ mod auth;
 pub mod compat;
 mod connect;
 mod context;
+mod dl;
 mod engine;
 mod error;
+mod io;
 mod link;
 mod memory;
 mod metrics;
@@ -139,24 +141,25 @@ pub mod spec;
 pub mod testkit;
 mod transfer;
 pub mod transport;
+mod types;
 pub mod wire;
 
 pub use auth::Psk;
 pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
 pub use engine::{
-    Connected, EngineName, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered,
-    State, TransitionError,
+    Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
+    TransitionError,
 };
 pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
-pub use memory::{
-    Access, HostBuffer, LocalRange, MemDesc, MemType, RawMemory, Region, RegistrableMemory,
-};
+pub use memory::{HostBuffer, LocalRange, RawMemory, Region, RegistrableMemory};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
-pub use transfer::{TransferDesc, TransferOp};
+pub use transfer::TransferDesc;
 pub use transport::ascend::{AscendConfig, DeviceBuffer, PinnedHostBuffer};
 pub use transport::{TransportInfo, TransportKind, probe};
+pub use types::engine_name::EngineName;
+pub use types::{Access, MemDesc, MemType, TransferOp};

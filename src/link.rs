@@ -20,18 +20,23 @@ use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::memory::{Access, MemType, RegionUse};
+use crate::io::IoVec;
+use crate::memory::RegionUse;
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
-use crate::transfer::{TransferDesc, TransferOp};
+use crate::transfer::TransferDesc;
 use crate::transport::ascend::link::DeviceLink;
 use crate::transport::fence::ClientFence;
-use crate::transport::host::{self, HostId, Mapping, PeerProc};
-use crate::transport::io::IoVec;
-use crate::transport::tcp::{Lane, LaneFail, Xd};
-use crate::wire::{self, Hello, LaneRole, TableEntry, WireDesc};
+use crate::transport::host::{self, Mapping, PeerProc};
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::types::HostId;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::types::WireDesc;
+use crate::types::{Access, MemType};
+use crate::wire::{self, Hello, LaneRole, TableEntry};
 
 /// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
@@ -138,7 +143,7 @@ struct Cma {
 
 impl Cma {
     /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
-    fn covers(&self, xds: &[Xd]) -> bool {
+    fn covers(&self, xds: &[LaneDesc]) -> bool {
         xds.iter()
             .all(|d| self.regions.contains_key(&d.remote.region))
     }
@@ -476,7 +481,7 @@ impl LinkShared {
     /// The caller keeps every local range registered and alive for the call.
     /// The path that moves `xds` without a TCP lane, if any: device (HCCL), then UCX (when
     /// every region has a remote key), then same-host.
-    fn direct_path(&self, xds: &[Xd]) -> Option<Direct<'_>> {
+    fn direct_path(&self, xds: &[LaneDesc]) -> Option<Direct<'_>> {
         match (&self.device, self.ucx_for(xds), &self.cma) {
             (Some(dev), _, _) => Some(Direct::Device(dev)),
             (None, Some(u), _) => Some(Direct::Ucx(u)),
@@ -491,7 +496,7 @@ impl LinkShared {
         &self,
         path: Direct<'_>,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
@@ -533,7 +538,7 @@ impl LinkShared {
     }
 
     /// The UCX link, when it carries this batch (every region has a remote key).
-    fn ucx_for(&self, xds: &[Xd]) -> Option<&crate::transport::ucx::UcxLink> {
+    fn ucx_for(&self, xds: &[LaneDesc]) -> Option<&crate::transport::ucx::UcxLink> {
         self.ucx.as_ref().filter(|u| u.covers(xds))
     }
 
@@ -543,7 +548,7 @@ impl LinkShared {
         &self,
         u: &crate::transport::ucx::UcxLink,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
@@ -564,7 +569,7 @@ impl LinkShared {
         r
     }
 
-    fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[Xd]) -> Result<(), Error> {
+    fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[LaneDesc]) -> Result<(), Error> {
         if !cma.proc.alive(&cma.watch) {
             let why = "the peer exited or closed the link".to_owned();
             self.mark_broken(why.clone());
@@ -640,7 +645,7 @@ impl LinkShared {
         &self,
         dev: &Mutex<Option<DeviceLink>>,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
     ) -> Result<(), Error> {
         if let Some(why) = &lock(&self.pool).broken {
@@ -672,7 +677,7 @@ impl LinkShared {
     fn run_part(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         started: Instant,
     ) -> Result<(), Error> {
@@ -691,7 +696,7 @@ impl LinkShared {
         &self,
         lane: &mut Lane,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
@@ -945,13 +950,13 @@ const SPLIT_MIN: u64 = 8 << 20;
 
 /// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
 /// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
+fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<LaneDesc>> {
     let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
     if parts < 2 {
         return Vec::new();
     }
     let share = bytes.div_ceil(parts as u64);
-    let mut out: Vec<Vec<Xd>> = vec![Vec::new()];
+    let mut out: Vec<Vec<LaneDesc>> = vec![Vec::new()];
     let mut room = share;
     for d in xds {
         let mut d = *d;
@@ -962,7 +967,7 @@ fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
             }
             let take = d.remote.len.min(room);
             let last = out.last_mut().expect("at least one part");
-            last.push(Xd {
+            last.push(LaneDesc {
                 local: d.local,
                 remote: WireDesc {
                     region: d.remote.region,
@@ -1148,7 +1153,7 @@ impl<'e> Link<'e> {
         &self,
         op: TransferOp,
         descs: &[TransferDesc<'_>],
-        xds: &mut Vec<Xd>,
+        xds: &mut Vec<LaneDesc>,
     ) -> Result<u64, Error> {
         if descs.is_empty() {
             return Err(Error::EmptyBatch);
@@ -1205,7 +1210,7 @@ impl<'e> Link<'e> {
                 });
             }
             bytes += d.remote.len;
-            xds.push(Xd {
+            xds.push(LaneDesc {
                 local: d.local.ptr() as usize,
                 remote: WireDesc {
                     region: d.remote.region,
@@ -1251,7 +1256,7 @@ impl<'e> Link<'e> {
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match direct {
+        let run = |p: &[LaneDesc]| match direct {
             Some(path) => sh.run_direct(path, op, p, deadline, &|| false),
             None => sh.run_part(op, p, deadline, started),
         };
@@ -1529,8 +1534,8 @@ pub(crate) fn lane_error(
 mod tests {
     use super::*;
 
-    fn xd(local: usize, region: u32, offset: u64, len: u64) -> Xd {
-        Xd {
+    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
+        LaneDesc {
             local,
             remote: WireDesc {
                 region,
@@ -1546,7 +1551,7 @@ mod tests {
         // too small to split
         assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
         assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
-        let cases: Vec<Vec<Xd>> = vec![
+        let cases: Vec<Vec<LaneDesc>> = vec![
             vec![xd(0x1000, 1, 7, 64 * m)],
             vec![
                 xd(0x1000, 1, 0, 16 * m),
@@ -1564,7 +1569,7 @@ mod tests {
                 let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
                 assert_eq!(parts.len(), want);
                 // parts differ by at most one share's rounding, and cover the batch in order
-                let flat: Vec<Xd> = parts.iter().flatten().copied().collect();
+                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
                 let mut i = 0;
                 for d in &xds {
                     let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);

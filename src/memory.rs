@@ -14,84 +14,7 @@ use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::ptr::NonNull;
 
 use crate::error::Error;
-use crate::transfer::TransferOp;
-
-/// Where memory lives (HIXL `MemType`, same numeric values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum MemType {
-    /// Accelerator (device) memory: `MEM_DEVICE` (0).
-    Device = 0,
-    /// Host memory: `MEM_HOST` (1).
-    Host = 1,
-}
-
-impl MemType {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Self::Device),
-            1 => Some(Self::Host),
-            _ => None,
-        }
-    }
-}
-
-/// HIXL's `MemDesc`: an address range managed by the caller, for [`register_raw`].
-///
-/// [`register_raw`]: crate::Hixl::register_raw
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MemDesc {
-    /// Start address.
-    pub addr: usize,
-    /// Length in bytes.
-    pub len: usize,
-}
-
-/// What remote peers may do with a region. The serving engine enforces it on every request, and
-/// a client refuses locally what the peer's table forbids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum Access {
-    /// Peers may neither read nor write it (local use only).
-    None = 0,
-    /// Peers may READ from it.
-    Read = 1,
-    /// Peers may WRITE into it.
-    Write = 2,
-    /// Peers may READ and WRITE (the default, as in HIXL).
-    #[default]
-    ReadWrite = 3,
-}
-
-impl Access {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Self::None),
-            1 => Some(Self::Read),
-            2 => Some(Self::Write),
-            3 => Some(Self::ReadWrite),
-            _ => None,
-        }
-    }
-
-    /// Whether a peer's `op` is allowed on a region with these rights.
-    pub fn permits(self, op: TransferOp) -> bool {
-        let bit = match op {
-            TransferOp::Read => 1,
-            TransferOp::Write => 2,
-        };
-        (self as u8) & bit != 0
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::ReadWrite => "read-write",
-        }
-    }
-}
+use crate::types::{Access, MemDesc, MemType};
 
 /// The raw parts of a piece of memory whose ownership was handed to an engine.
 #[derive(Debug, Clone, Copy)]
@@ -945,15 +868,5 @@ mod tests {
             ));
         }
         assert!(resolve(..=usize::MAX, 10, 0).is_err());
-    }
-
-    #[test]
-    fn access_rights() {
-        assert!(Access::ReadWrite.permits(TransferOp::Read));
-        assert!(Access::ReadWrite.permits(TransferOp::Write));
-        assert!(Access::Read.permits(TransferOp::Read));
-        assert!(!Access::Read.permits(TransferOp::Write));
-        assert!(!Access::Write.permits(TransferOp::Read));
-        assert!(!Access::None.permits(TransferOp::Write));
     }
 }

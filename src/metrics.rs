@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::Status;
-use crate::transfer::TransferOp;
+use crate::types::TransferOp;
 
 /// Histogram buckets: four per power of two of nanoseconds, up to 2^44 ns (about 4.9 hours).
 const SUB: u32 = 4;

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::link::LinkShared;
-use crate::transfer::TransferOp;
-use crate::transport::tcp::Xd;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -135,7 +135,7 @@ pub(crate) struct ReqState {
 /// lane descriptors.
 pub(crate) struct Job {
     pub state: Arc<ReqState>,
-    pub xds: Vec<Xd>,
+    pub xds: Vec<LaneDesc>,
 }
 
 impl ReqState {

@@ -72,11 +72,11 @@ impl SameHostPeer {
     /// # Errors
     /// What the kernel says (no such process, no right to trace it).
     pub fn open(pid: u32) -> std::io::Result<Self> {
-        let me = crate::transport::host::HostId::current()
+        let me = crate::types::HostId::current()
             .ok_or_else(|| std::io::Error::other("/proc does not say who this process is"))?;
-        let start = crate::transport::host::start_time(pid)
+        let start = crate::types::start_time(pid)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
-        let id = crate::transport::host::HostId { pid, start, ..me };
+        let id = crate::types::HostId { pid, start, ..me };
         crate::transport::host::PeerProc::open(&id).map(Self)
     }
 
@@ -85,11 +85,11 @@ impl SameHostPeer {
     /// # Errors
     /// The OS error (`ESRCH` once the process is gone, whatever now has its pid).
     pub fn write(&self, addr: usize, data: &[u8]) -> std::io::Result<()> {
-        let mut local = [crate::transport::io::IoVec {
+        let mut local = [crate::io::IoVec {
             base: data.as_ptr() as usize,
             len: data.len(),
         }];
-        let mut remote = [crate::transport::io::IoVec {
+        let mut remote = [crate::io::IoVec {
             base: addr,
             len: data.len(),
         }];

@@ -30,7 +30,7 @@ allow=tools/layers.allow
 file_layer() {
   case "$1" in
     src/types.rs | src/types/* | src/error.rs | src/error/* | src/wire.rs | src/wire/* | src/io.rs \
-      | src/dl.rs | src/auth.rs | src/transport/io.rs | src/transport/dl.rs | */sys.rs | */sys/*)
+      | src/dl.rs | src/auth.rs | */sys.rs | */sys/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
     src/transport/limits.rs) echo "2 runtime" ;;
@@ -55,7 +55,6 @@ path_layer() {
     types | error | wire | io | dl | auth) echo "0 leaf" ;;
     transport)
       case "$b" in
-        io | dl) echo "0 leaf" ;;
         limits) echo "2 runtime" ;;
         host | fence | same_host) echo "1 same_host" ;;
         tcp) echo "1 tcp" ;;

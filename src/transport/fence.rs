@@ -34,7 +34,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
-use crate::transport::host::{HostId, Mapping, PeerProc, Pinned};
+use crate::transport::host::{Mapping, PeerProc, Pinned};
+use crate::types::HostId;
 
 /// The words of a fence page.
 #[repr(C)]

@@ -27,68 +27,13 @@
 //! a pidfd check: a peer still alive after the read was alive for all of it, so the bytes came
 //! from it; a read the peer did not outlive fails (`ESRCH`).
 
-use std::fs;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 
-use crate::transport::io::{IOV_MAX, IoVec};
-
-/// Who a process is, as far as the same-host transport cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct HostId {
-    /// `/proc/sys/kernel/random/boot_id`, as 16 bytes.
-    pub boot: [u8; 16],
-    /// The inode of `/proc/self/ns/pid`.
-    pub pidns: u64,
-    /// The process id (in that namespace).
-    pub pid: u32,
-    /// The process start time, in clock ticks after boot (`/proc/PID/stat` field 22).
-    pub start: u64,
-}
-
-fn boot_id() -> Option<[u8; 16]> {
-    let s = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut b = [0u8; 16];
-    for (i, byte) in b.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(b)
-}
-
-/// The start time of `pid`, from `/proc/PID/stat` (field 22, after the parenthesised name).
-pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-impl HostId {
-    /// This process's identity, or `None` where `/proc` does not tell (then cma is off).
-    pub fn current() -> Option<HostId> {
-        static ME: OnceLock<Option<HostId>> = OnceLock::new();
-        *ME.get_or_init(|| {
-            let pid = std::process::id();
-            Some(HostId {
-                boot: boot_id()?,
-                pidns: fs::metadata("/proc/self/ns/pid").ok()?.ino(),
-                pid,
-                start: start_time(pid)?,
-            })
-        })
-    }
-
-    /// Same machine, same pid namespace (so the pid means the same process for both).
-    pub fn same_host(&self, other: &HostId) -> bool {
-        self.boot == other.boot && self.pidns == other.pidns && self.boot != [0; 16]
-    }
-}
+use crate::io::{IOV_MAX, IoVec};
+use crate::types::{HostId, start_time};
 
 /// A process pinned by a pidfd (checked against the start time it announced).
 #[derive(Debug)]

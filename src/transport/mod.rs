@@ -4,13 +4,11 @@
 //! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP; between engines on one
 //! host over the same-host transport (`cma`); over UCX (`ucx/`) when both engines ask for it;
 //! over HCCL (`ascend/`) between Ascend engines. Vendor libraries are loaded at run time
-//! (`dl.rs`); [`probe`] reports what is available.
+//! (`crate::dl`); [`probe`] reports what is available.
 
 pub(crate) mod ascend;
-pub(crate) mod dl;
 pub(crate) mod fence;
 pub(crate) mod host;
-pub(crate) mod io;
 pub(crate) mod limits;
 pub(crate) mod tcp;
 pub(crate) mod ucx;

@@ -23,14 +23,15 @@ use std::time::{Duration, Instant};
 
 use crate::auth::Psk;
 use crate::error::Status;
+use crate::io::{Inbound, IoVec, Sock};
 use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
-use crate::transfer::TransferOp;
 use crate::transport::fence::ServerFence;
-use crate::transport::host::HostId;
-use crate::transport::io::{Inbound, IoVec, Sock};
 use crate::transport::limits::{self, ConnTable, Limits};
-use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireDesc, WireError};
+use crate::types::HostId;
+use crate::types::TransferOp;
+use crate::types::{LaneDesc, WireDesc};
+use crate::wire::{self, Hello, Kind, LaneRole, Refuse, TableEntry, Welcome, WireError};
 
 /// The frozen region table a serving engine exposes, indexed by region id.
 pub(crate) struct ServeTable {
@@ -63,7 +64,7 @@ impl ServeTable {
             .map(|r| TableEntry {
                 fd: if !same_host {
                     -1
-                } else if !r.one_sided() || r.access == crate::memory::Access::None {
+                } else if !r.one_sided() || r.access == crate::types::Access::None {
                     wire::FD_TCP_ONLY
                 } else if r.fd >= 0 {
                     r.exposed.store(true, Ordering::SeqCst);
@@ -122,7 +123,7 @@ pub(crate) fn validate(
                 ),
             ));
         }
-        if r.mem_type != crate::memory::MemType::Host {
+        if r.mem_type != crate::types::MemType::Host {
             return Err((
                 Status::UNSUPPORTED,
                 format!("descriptor {i}: device memory over tcp"),
@@ -747,7 +748,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 _ => None,
             };
             let token = loop {
-                let t = crate::engine::random_u64();
+                let t = crate::types::random_u64();
                 if t != 0 {
                     break t;
                 }
@@ -1051,15 +1052,6 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
     }
 }
 
-/// One descriptor as a lane moves it: a local address and the peer's range.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Xd {
-    /// Local address (inside a registered region the caller keeps alive).
-    pub local: usize,
-    /// The peer's region range; its `len` is the length of both sides.
-    pub remote: WireDesc,
-}
-
 /// How a lane operation failed.
 #[derive(Debug)]
 pub(crate) enum LaneFail {
@@ -1168,7 +1160,7 @@ impl Lane {
         &mut self,
         op: TransferOp,
         req: u64,
-        descs: &[Xd],
+        descs: &[LaneDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         let dl = Some(deadline);

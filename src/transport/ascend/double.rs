@@ -89,7 +89,7 @@ pub(crate) fn test_instance(tag: &str) -> PathBuf {
 #[cfg(test)]
 pub(crate) fn control(so: &Path, key: &str, value: Option<&str>) {
     use std::ffi::{CString, c_char, c_int};
-    let lib = crate::transport::dl::Library::open(&[&so.to_string_lossy()]).expect("open double");
+    let lib = crate::dl::Library::open(&[&so.to_string_lossy()]).expect("open double");
     // SAFETY: the double declares `int hixl_double_control(const char *key, const char *value)`.
     let f: unsafe extern "C" fn(*const c_char, *const c_char) -> c_int =
         unsafe { lib.sym("hixl_double_control") }.expect("control symbol");

@@ -26,9 +26,11 @@ use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
 use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
-use crate::memory::{Access, RegionCore};
-use crate::transfer::TransferOp;
-use crate::transport::tcp::{Lane, LaneFail, Xd};
+use crate::memory::RegionCore;
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::types::Access;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
 
 /// The server's rank in a link's communicator.
@@ -165,7 +167,7 @@ impl Drop for DeviceLink {
 }
 
 fn ip_of_name(name: &str) -> String {
-    crate::engine::EngineName::parse(name)
+    crate::types::engine_name::EngineName::parse(name)
         .map(|n| n.ip.to_string())
         .unwrap_or_else(|_| "0.0.0.0".into())
 }
@@ -586,7 +588,7 @@ impl DeviceLink {
     pub(crate) unsafe fn transfer(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         timeout: Duration,
     ) -> Result<(), Error> {
         let mut p = lock(&self.path);

@@ -25,7 +25,8 @@ use self::hccl::{CommConfig, GlobalMem, Hccl, MemKind};
 use self::options::AscendOptions;
 use crate::context::ContextToken;
 use crate::error::Error;
-use crate::memory::{MemType, RawMemory, RegistrableMemory};
+use crate::memory::{RawMemory, RegistrableMemory};
+use crate::types::MemType;
 
 /// Where to find CANN and which device to use, for [`Options::ascend`](crate::Options::ascend).
 ///

@@ -21,9 +21,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::memory::{Access, MemType, RegionCore};
-use crate::transfer::TransferOp;
-use crate::transport::tcp::Xd;
+use crate::memory::RegionCore;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::types::{Access, MemType};
 use crate::wire::{TableEntry, UcxInfo};
 
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
@@ -239,7 +240,7 @@ impl UcxLink {
     }
 
     /// Whether every descriptor's region has a key (otherwise the batch goes over TCP).
-    pub(crate) fn covers(&self, xds: &[Xd]) -> bool {
+    pub(crate) fn covers(&self, xds: &[LaneDesc]) -> bool {
         xds.iter().all(|d| self.keys.contains_key(&d.remote.region))
     }
 
@@ -266,7 +267,7 @@ impl UcxLink {
     pub(crate) unsafe fn run(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
