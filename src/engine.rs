@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::connect::{AsyncConnectStatus, ConnectPool};
@@ -28,6 +28,7 @@ use crate::memory::{RawMemory, Region, RegionCore, RegistrableMemory};
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
+use crate::sync::lock;
 use crate::transport::tcp::{ServeTable, Server, ServerConfig};
 use crate::types::engine_name::EngineName;
 use crate::types::{Access, MemDesc, MemType, random_u64};
@@ -139,10 +140,6 @@ pub(crate) struct EngineInner {
     /// Quarantine counters, shared with every region of the engine.
     quarantine: Arc<crate::quarantine::Stats>,
     pub(crate) span: tracing::Span,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);

@@ -51,6 +51,14 @@ impl Status {
         }
     }
 
+    /// The status a peer reported as `code`; a code HIXL does not define is `FAILED`.
+    pub(crate) const fn from_peer(code: u32) -> Self {
+        match Self::from_code(code) {
+            Some(s) => s,
+            None => Self::FAILED,
+        }
+    }
+
     /// HIXL's name for the code (`"PARAM_INVALID"`, ...).
     pub const fn name(self) -> &'static str {
         match self.0 {

@@ -138,6 +138,7 @@ mod options;
 mod quarantine;
 mod request;
 pub mod spec;
+mod sync;
 pub mod testkit;
 mod transfer;
 pub mod transport;

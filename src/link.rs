@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
@@ -26,6 +26,7 @@ use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
+use crate::sync::lock;
 use crate::transfer::TransferDesc;
 use crate::transport::ascend::link::DeviceLink;
 use crate::transport::fence::ClientFence;
@@ -43,10 +44,6 @@ pub const MAX_BATCH: usize = 1 << 20;
 
 /// How long an idle async worker thread waits for work before it exits.
 const WORKER_IDLE: Duration = Duration::from_secs(2);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 struct Pool {
     idle: Vec<Lane>,
@@ -460,15 +457,15 @@ impl LinkShared {
         self.freed.notify_all();
     }
 
-    /// Puts a lane back after `f`, or drops it when the failure left it out of step.
-    fn release(&self, lane: Lane, f: Option<&LaneFail>) {
-        match f {
-            None | Some(LaneFail::Refused { usable: true, .. }) => self.checkin(lane),
-            Some(LaneFail::Io(e)) if is_gone(e) => {
+    /// Puts a lane back, or drops it when a failure left it out of step (see [`LaneAfter`]).
+    fn release(&self, lane: Lane, after: LaneAfter) {
+        match after {
+            LaneAfter::Reuse => self.checkin(lane),
+            LaneAfter::Gone(why) => {
                 drop(lane);
-                self.discard(Some(format!("peer went away: {e}")));
+                self.discard(Some(why));
             }
-            Some(_) => {
+            LaneAfter::Discard => {
                 drop(lane);
                 self.discard(None);
             }
@@ -683,11 +680,11 @@ impl LinkShared {
     ) -> Result<(), Error> {
         let mut lane = self.checkout(deadline, started, op.name())?;
         let r = self.run_on(&mut lane, op, xds, deadline);
+        let after = LaneAfter::of(r.as_ref().err());
         let e = r
-            .as_ref()
             .err()
-            .map(|f| lane_error(clone_fail(f), op.name(), &self.peer, started, false));
-        self.release(lane, r.as_ref().err());
+            .map(|f| lane_error(f, op.name(), &self.peer, started, false));
+        self.release(lane, after);
         e.map_or(Ok(()), Err)
     }
 
@@ -746,7 +743,9 @@ impl LinkShared {
         }
         let r = self.run_on(&mut lane, st.op, &job.xds, st.deadline);
         // the lane (and its descriptor) stays alive until `finish` has left the running phase
-        let outcome = match &r {
+        let after = LaneAfter::of(r.as_ref().err());
+        let failed = r.is_err();
+        let outcome = match r {
             Ok(()) => Outcome::Completed,
             Err(LaneFail::Io(e))
                 if matches!(
@@ -757,7 +756,7 @@ impl LinkShared {
                 Outcome::TimedOut
             }
             Err(f) => Outcome::Failed(Arc::new(lane_error(
-                clone_fail(f),
+                f,
                 st.op.name(),
                 &self.peer,
                 st.started,
@@ -765,12 +764,12 @@ impl LinkShared {
             ))),
         };
         st.finish(self, outcome);
-        if r.is_err() && st.cancel_requested() {
+        if failed && st.cancel_requested() {
             // the lane was shut down by `cancel`: that says nothing about the peer
             drop(lane);
             self.discard(None);
         } else {
-            self.release(lane, r.as_ref().err());
+            self.release(lane, after);
         }
     }
 
@@ -984,21 +983,24 @@ fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<L
     out
 }
 
-/// `LaneFail` holds an `io::Error`, which is not `Clone`; keep the kind and the message.
-fn clone_fail(f: &LaneFail) -> LaneFail {
-    match f {
-        LaneFail::Refused {
-            status,
-            reason,
-            usable,
-        } => LaneFail::Refused {
-            status: *status,
-            reason: reason.clone(),
-            usable: *usable,
-        },
-        LaneFail::Io(e) => LaneFail::Io(std::io::Error::new(e.kind(), e.to_string())),
-        LaneFail::Protocol(p) => LaneFail::Protocol(p.clone()),
-        LaneFail::Auth(w) => LaneFail::Auth(w),
+/// What becomes of a lane after an operation, decided from how it failed (if it did) before
+/// the failure is turned into the caller's error (which keeps the `io::Error` itself).
+enum LaneAfter {
+    /// Back into the pool: it is still in step with the peer.
+    Reuse,
+    /// The peer went away: the link is broken, for this reason.
+    Gone(String),
+    /// Out of step: closed, the link stays usable.
+    Discard,
+}
+
+impl LaneAfter {
+    fn of(f: Option<&LaneFail>) -> Self {
+        match f {
+            None | Some(LaneFail::Refused { usable: true, .. }) => Self::Reuse,
+            Some(LaneFail::Io(e)) if is_gone(e) => Self::Gone(format!("peer went away: {e}")),
+            Some(_) => Self::Discard,
+        }
     }
 }
 
@@ -1425,11 +1427,11 @@ impl<'e> Link<'e> {
         }
         let mut lane = sh.checkout(deadline, started, "notify")?;
         let r = lane.notify(me, name, msg, deadline);
+        let after = LaneAfter::of(r.as_ref().err());
         let e = r
-            .as_ref()
             .err()
-            .map(|f| lane_error(clone_fail(f), "notify", &sh.peer, started, false));
-        sh.release(lane, r.as_ref().err());
+            .map(|f| lane_error(f, "notify", &sh.peer, started, false));
+        sh.release(lane, after);
         if e.is_none() {
             sh.counters.notified();
         }

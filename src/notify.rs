@@ -1,6 +1,7 @@
 //! Notifications (HIXL `SendNotify` / `GetNotifies`): short messages a client sends over a link,
 //! acknowledged by the serving engine and drained with [`Hixl::get_notifies`](crate::Hixl::get_notifies).
 
+use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -116,7 +117,7 @@ impl NotifyQueue {
     /// Queues a notification of link `token`; `Err` with the reason when that link, or the
     /// engine, has too many pending.
     pub fn push(&self, token: u64, n: Notify) -> Result<(), String> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         g.expire(self.limits.grace);
         let size = cost(&n);
         if g.pending.get(&token).copied().unwrap_or(0) >= MAX_PENDING_NOTIFIES {
@@ -141,7 +142,7 @@ impl NotifyQueue {
 
     /// Link `token` closed: its pending notifications stay for the grace period, then go.
     pub fn link_closed(&self, token: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         if g.pending.contains_key(&token) {
             g.closed.entry(token).or_insert_with(Instant::now);
         }
@@ -149,7 +150,7 @@ impl NotifyQueue {
 
     /// Takes every queued notification, oldest first.
     pub fn drain(&self) -> Vec<Notify> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         g.expire(self.limits.grace);
         g.pending.clear();
         g.closed.clear();

@@ -17,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::memory::RawMemory;
+use crate::sync::lock;
 use crate::transport::fence::ServerFence;
 
 /// An engine's quarantine counters.
@@ -78,7 +79,7 @@ fn quarantine() -> &'static Quarantine {
 const REAP_EVERY: Duration = Duration::from_millis(20);
 
 fn reap(q: &'static Quarantine) {
-    let mut held = q.held.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = lock(&q.held);
     loop {
         if held.is_empty() {
             held = q.cv.wait(held).unwrap_or_else(|e| e.into_inner());
@@ -122,7 +123,7 @@ pub(crate) fn hold(
         "memory quarantined: a same-host client did not confirm it stopped writing; its owner got a copy"
     );
     let q = quarantine();
-    q.held.lock().unwrap_or_else(|e| e.into_inner()).push(Held {
+    lock(&q.held).push(Held {
         raw,
         free,
         blockers,

@@ -3,8 +3,8 @@
 # if a lower layer imports a higher one, or if one transport imports another.
 #
 # Layers, lowest first (a module may import its own layer and the ones below it):
-#   0 leaf       types, error, wire, io (deadline socket I/O), dl (runtime loading), auth, the
-#                FFI `sys` tables — import nothing above them
+#   0 leaf       types, sync (the lock helper), error, wire, io (deadline socket I/O), dl (runtime
+#                loading), auth, the FFI `sys` tables — import nothing above them
 #   1 transport  src/transport/: mod.rs (the DataPath/Backend traits, probe) and one folder per
 #                transport — tcp, same_host (today host.rs + fence.rs), ucx, ascend — none of
 #                which imports another transport (transport/mod.rs may name them all: it is the
@@ -52,7 +52,7 @@ path_layer() {
   local b=${rest%%::*}
   case "$a" in
     [A-Z]*) echo "3 api" ;;
-    types | error | wire | io | dl | auth) echo "0 leaf" ;;
+    types | sync | error | wire | io | dl | auth) echo "0 leaf" ;;
     transport)
       case "$b" in
         limits) echo "2 runtime" ;;

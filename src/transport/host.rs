@@ -33,6 +33,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 use crate::io::{IOV_MAX, IoVec};
+use crate::sync::lock;
 use crate::types::{HostId, start_time};
 
 /// A process pinned by a pidfd (checked against the start time it announced).
@@ -446,7 +447,7 @@ fn helper() -> Option<&'static CopyHelper> {
             .spawn(move || {
                 loop {
                     let job = {
-                        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut q = lock(&h.queue);
                         loop {
                             if let Some(j) = q.pop_front() {
                                 break j;
@@ -471,7 +472,7 @@ fn helper() -> Option<&'static CopyHelper> {
                         }
                     };
                     let (m, cv) = &*job.done;
-                    *m.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    *lock(m) = Some(r);
                     cv.notify_all();
                 }
             })
@@ -503,7 +504,7 @@ impl WaitDone {
     }
     fn wait(done: &Done) -> PvmResult {
         let (m, cv) = &**done;
-        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(m);
         loop {
             if let Some(r) = g.take() {
                 return r;
@@ -524,7 +525,7 @@ fn submit(work: Work) -> Result<WaitDone, Work> {
     let Some(h) = helper() else { return Err(work) };
     let done: Done = std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
     {
-        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = lock(&h.queue);
         if !q.is_empty() {
             return Err(work);
         }

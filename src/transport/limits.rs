@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::options::Options;
+use crate::sync::lock;
 
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
@@ -239,10 +240,7 @@ pub(crate) struct Entry<'a> {
 
 impl Drop for Entry<'_> {
     fn drop(&mut self) {
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        lock(self.table).remove(&self.id);
     }
 }
 

@@ -26,6 +26,7 @@ use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock};
 use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
+use crate::sync::lock;
 use crate::transport::fence::ServerFence;
 use crate::transport::limits::{self, ConnTable, Limits};
 use crate::types::HostId;
@@ -247,11 +248,7 @@ fn handshake_failed(sock: &mut Sock, out: &mut Vec<u8>, e: io::Error) -> ConnEnd
 
 /// Counts connection `id` as an established lane (it finished its handshake).
 fn establish(shared: &ServerShared, id: u64) -> Result<(), limits::Refusal> {
-    shared
-        .conns
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .establish(id, &shared.limits)
+    lock(&shared.conns).establish(id, &shared.limits)
 }
 
 struct LinkRec {
@@ -282,7 +279,7 @@ impl LinkRec {
     /// being applied, which [`LinkRec::drain`] waits for.
     fn retire(&self, shared: &ServerShared) {
         self.live.store(false, Ordering::SeqCst);
-        let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = lock(&shared.conns);
         for c in self.conns.iter().filter_map(|c| conns.get(c)) {
             Sock::shutdown(c);
         }
@@ -337,10 +334,7 @@ impl ServerShared {
     /// Forgets fences that are revoked and settled: their clients start no batch and have
     /// none in flight.
     fn prune_fences(&self) {
-        self.fences
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|f| !(f.is_revoked() && f.settled()));
+        lock(&self.fences).retain(|f| !(f.is_revoked() && f.settled()));
     }
 }
 
@@ -420,11 +414,7 @@ impl Server {
 
     /// How many client links are being served right now.
     pub fn served_links(&self) -> usize {
-        self.shared
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        lock(&self.shared.links).len()
     }
 
     /// The regions served.
@@ -446,8 +436,7 @@ impl Server {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
-        let fences =
-            std::mem::take(&mut *self.shared.fences.lock().unwrap_or_else(|e| e.into_inner()));
+        let fences = std::mem::take(&mut *lock(&self.shared.fences));
         for f in &fences {
             f.revoke();
         }
@@ -464,16 +453,10 @@ impl Server {
                 "same-host clients did not leave their fences in time; their memory will be quarantined");
         }
         let busy = self.shared.active.load(Ordering::SeqCst);
-        for s in self
-            .shared
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for s in lock(&self.shared.conns).values() {
             Sock::shutdown(s);
         }
-        let handles = std::mem::take(&mut *self.handles.lock().unwrap_or_else(|e| e.into_inner()));
+        let handles = std::mem::take(&mut *lock(&self.handles));
         for h in handles {
             let _ = h.join();
         }
@@ -541,7 +524,7 @@ fn admit(
     stream: TcpStream,
     from: SocketAddr,
 ) {
-    let mut hs = handles.lock().unwrap_or_else(|e| e.into_inner());
+    let mut hs = lock(handles);
     // reap finished threads so handles do not pile up
     let mut i = 0;
     while i < hs.len() {
@@ -554,7 +537,7 @@ fn admit(
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     // the table stays locked until the thread has the socket, or the socket is closed and out of
     // the table: nobody can shut down its descriptor number after it is closed
-    let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+    let mut conns = lock(&shared.conns);
     if let Err(why) = conns.admit(id, stream.as_raw_fd(), from.ip(), &shared.limits) {
         let (handshakes, established) = conns.counts();
         tracing::debug!(parent: &shared.span, %from, why, handshakes, established, "refused at accept");
@@ -584,7 +567,7 @@ fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: Socke
     let mut link = None;
     let end = serve(&shared, id, stream, &mut link);
     if let Some(token) = link {
-        let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+        let mut links = lock(&shared.links);
         let gone = match links.get_mut(&token) {
             Some(l) => {
                 l.conns.remove(&id);
@@ -753,7 +736,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                     break t;
                 }
             };
-            let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+            let mut links = lock(&shared.links);
             // a new link from the same client engine (name and instance) replaces its old one,
             // whose lanes may linger; clients are told apart by name *and* instance, since many
             // client-only engines on one host share the name of its address
@@ -785,11 +768,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             drop(links);
             if let Some(f) = &fence {
                 shared.prune_fences();
-                shared
-                    .fences
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(f.clone());
+                lock(&shared.fences).push(f.clone());
             }
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
@@ -809,7 +788,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
             (token, live, busy, fence)
         }
         LaneRole::Join => {
-            let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+            let mut links = lock(&shared.links);
             match links.get_mut(&hello.token) {
                 Some(l)
                     if l.instance == hello.instance
@@ -942,10 +921,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                         return violation(&mut sock, &mut out, e, deadline);
                     }
                 };
-                let from = shared
-                    .links
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                let from = lock(&shared.links)
                     .get(&token)
                     .map(|l| l.client.clone())
                     .unwrap_or_default();
@@ -998,7 +974,7 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 );
                 match sent {
                     Ok(Some(dev)) => {
-                        let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut links = lock(&shared.links);
                         if let Some(l) = links.get_mut(&token) {
                             l.device = Some(dev);
                         }
@@ -1019,14 +995,10 @@ fn serve(shared: &ServerShared, id: u64, stream: TcpStream, link: &mut Option<u6
                 if !p.is_empty() {
                     return ConnEnd::Protocol(WireError::Trailing(p.len()));
                 }
-                let rec = shared
-                    .links
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&token);
+                let rec = lock(&shared.links).remove(&token);
                 if let Some(rec) = rec {
                     rec.live.store(false, Ordering::SeqCst);
-                    let conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+                    let conns = lock(&shared.conns);
                     for c in rec
                         .conns
                         .iter()
@@ -1191,7 +1163,7 @@ impl Lane {
                     && status != 0
                 {
                     return Err(LaneFail::Refused {
-                        status: Status::from_code(status).unwrap_or(Status::FAILED),
+                        status: Status::from_peer(status),
                         reason,
                         usable: false,
                     });
@@ -1202,7 +1174,7 @@ impl Lane {
         let (status, reason) = self.read_done(req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {
-                status: Status::from_code(status).unwrap_or(Status::FAILED),
+                status: Status::from_peer(status),
                 reason,
                 // a refused READ leaves the lane in step; a refused WRITE is closed by the peer
                 usable: op == TransferOp::Read,
@@ -1292,7 +1264,7 @@ impl Lane {
         let (status, reason) = self.read_done(req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {
-                status: Status::from_code(status).unwrap_or(Status::FAILED),
+                status: Status::from_peer(status),
                 reason,
                 usable: true,
             });
@@ -1350,7 +1322,7 @@ impl Lane {
 fn refusal(p: &[u8], usable: bool) -> LaneFail {
     match Refuse::decode(p) {
         Ok(r) => LaneFail::Refused {
-            status: Status::from_code(r.status).unwrap_or(Status::FAILED),
+            status: Status::from_peer(r.status),
             reason: r.reason,
             usable,
         },

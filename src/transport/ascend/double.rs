@@ -6,6 +6,7 @@
 //! processes with `process_vm_writev`/`readv`). Its environment variables, control symbol and
 //! log format are described at the top of the C file.
 
+use crate::sync::lock;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -32,7 +33,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 /// # Errors
 /// A description of what failed (creating `out_dir`, running `cc`, its diagnostics).
 pub(crate) fn build(out_dir: &Path) -> Result<PathBuf, String> {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = lock(&BUILD_LOCK);
     let src = Path::new(SOURCE);
     let out = out_dir.join(LIB_NAME);
     let src_time = mtime(src).ok_or_else(|| format!("cannot stat {}", src.display()))?;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use super::acl::{Acl, Stream};
 use super::ffi::{self, HcclApi, HcclResult};
 use crate::error::Error;
+use crate::sync::lock;
 
 /// Most descriptors HIXL passes to one `HcclBatchPut`/`HcclBatchGet` (`kMaxOpDescNum`).
 pub(crate) const MAX_DESCS_PER_CALL: usize = 256;
@@ -52,7 +53,7 @@ type Registry = HashMap<(String, usize, u64), SharedReg>;
 static GLOBAL_MEMS: Mutex<Option<Registry>> = Mutex::new(None);
 
 fn global_mems() -> MutexGuard<'static, Option<Registry>> {
-    GLOBAL_MEMS.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&GLOBAL_MEMS)
 }
 
 /// A loaded HCCL. Cheap to clone (shared).
@@ -451,7 +452,7 @@ impl Hccl {
         let mut c = cfg.to_ffi()?;
         let mut comm: *mut c_void = std::ptr::null_mut();
         let start = Instant::now();
-        let serial = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let serial = lock(&INIT_LOCK);
         // SAFETY: all pointers are valid for the call; `c` is a fully initialised v5 config.
         let rc = unsafe {
             (self.api.comm_init_cluster_info_mem_config)(table.as_ptr(), rank, &mut c, &mut comm)

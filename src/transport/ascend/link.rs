@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -27,6 +27,7 @@ use super::hccl::{Comm, Direction, OneSideDesc};
 use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
 use crate::memory::RegionCore;
+use crate::sync::lock;
 use crate::transport::tcp::{Lane, LaneFail};
 use crate::types::Access;
 use crate::types::LaneDesc;
@@ -40,10 +41,6 @@ pub(crate) const CLIENT_RANK: u32 = 1;
 /// How long a failed link waits after `aclrtStreamAbort` before it destroys the communicator:
 /// the abort cannot stop tasks the AI CPU is already unfolding (HIXL's `kAicpuUnfoldGuardMs`).
 pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The HCCL resources of one side of a link, shared with the process-wide table of live
 /// communicators (so a new link with the same name and rank can tear them down first).
@@ -473,7 +470,7 @@ pub(crate) fn connect(
     let (status, reason) = lane.read_done_for(0, wait).map_err(&lane_err)?;
     if status != 0 {
         return Err(lane_err(LaneFail::Refused {
-            status: Status::from_code(status).unwrap_or(Status::FAILED),
+            status: Status::from_peer(status),
             reason,
             usable: false,
         }));

@@ -27,6 +27,7 @@ use crate::types::TransferOp;
 use crate::types::{Access, MemType};
 use crate::wire::{TableEntry, UcxInfo};
 
+use crate::sync::lock;
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
@@ -246,10 +247,7 @@ impl UcxLink {
 
     /// Whether the endpoint failed (the peer died, a flush timed out).
     pub(crate) fn is_failed(&self) -> bool {
-        self.ep
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_failed()
+        lock(&self.ep).is_failed()
     }
 
     /// Moves a batch and waits for it to complete at the peer, for the deadline, or for `stop`
@@ -271,7 +269,7 @@ impl UcxLink {
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        let mut ep = self.ep.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ep = lock(&self.ep);
         for d in xds {
             let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
                 let _ = ep.flush(Some(Instant::now()));

@@ -37,11 +37,12 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::ffi::{self, Ucp, ucs_status_t};
 use crate::error::Error;
+use crate::sync::lock;
 
 /// How long `Drop` of an [`Endpoint`] waits for its flush and for its close, each.
 const DROP_BOUND: Duration = Duration::from_secs(1);
@@ -98,12 +99,6 @@ fn check(ucp: &Ucp, call: &'static str, status: ucs_status_t) -> Result<(), Erro
     } else {
         Err(ucs_error(ucp, call, status, None))
     }
-}
-
-/// Locks, ignoring poisoning.
-fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
-    // nothing run under these locks can panic (FFI calls and plain stores only)
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------------------------
