@@ -24,13 +24,14 @@ use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
 use crate::link::{Link, LinkShared};
-use crate::memory::{RawMemory, Region, RegionCore, RegistrableMemory};
+use crate::memory::{Region, RegionCore};
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
 use crate::sync::lock;
 use crate::transport::tcp::{ServeTable, Server, ServerConfig};
 use crate::types::engine_name::EngineName;
+use crate::types::raw::{RawMemory, RegistrableMemory};
 use crate::types::{Access, MemDesc, MemType, random_u64};
 
 mod sealed {
@@ -773,7 +774,7 @@ impl Hixl<Initialized> {
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
-        let notify_limits = crate::notify::NotifyLimits::from_options(&options);
+        let notify_limits = options.notify_limits();
         Ok(Hixl {
             inner: Arc::new_cyclic(|me| EngineInner {
                 id,
@@ -1012,9 +1013,7 @@ impl Hixl<Registered> {
                                 name: self.inner.name.clone(),
                                 instance: self.inner.instance,
                                 io_timeout: self.inner.options.server_io_timeout,
-                                limits: crate::transport::limits::Limits::from_options(
-                                    &self.inner.options,
-                                ),
+                                limits: self.inner.options.server_limits(),
                                 notifies: self.inner.notifies.clone(),
                                 host: match self.inner.options.same_host {
                                     crate::options::SameHost::Forbid => None,

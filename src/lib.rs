@@ -154,7 +154,7 @@ pub use engine::{
 };
 pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
-pub use memory::{HostBuffer, LocalRange, RawMemory, Region, RegistrableMemory};
+pub use memory::{HostBuffer, LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
@@ -163,4 +163,5 @@ pub use transfer::TransferDesc;
 pub use transport::ascend::{AscendConfig, DeviceBuffer, PinnedHostBuffer};
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
+pub use types::raw::{RawMemory, RegistrableMemory};
 pub use types::{Access, MemDesc, MemType, TransferOp};

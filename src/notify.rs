@@ -42,22 +42,6 @@ pub(crate) struct NotifyLimits {
     pub grace: Duration,
 }
 
-impl Default for NotifyLimits {
-    fn default() -> Self {
-        Self::from_options(&crate::Options::default())
-    }
-}
-
-impl NotifyLimits {
-    pub(crate) fn from_options(o: &crate::Options) -> Self {
-        Self {
-            max_count: o.max_pending_notifies,
-            max_bytes: o.max_pending_notify_bytes,
-            grace: o.closed_link_notify_grace,
-        }
-    }
-}
-
 #[derive(Default)]
 struct Inner {
     queue: VecDeque<(u64, Notify)>,
@@ -100,7 +84,6 @@ impl Inner {
 
 /// The serving side's queue of received notifications, shared by its serving threads: at most
 /// [`MAX_PENDING_NOTIFIES`] per link, and at most [`NotifyLimits`] over all links.
-#[derive(Default)]
 pub(crate) struct NotifyQueue {
     inner: Mutex<Inner>,
     limits: NotifyLimits,

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::memory::RawMemory;
 use crate::sync::lock;
 use crate::transport::fence::ServerFence;
+use crate::types::raw::RawMemory;
 
 /// An engine's quarantine counters.
 #[derive(Debug, Default)]

@@ -86,7 +86,7 @@ impl ServerFence {
     /// A new fence for a link from the client process `client`.
     pub fn new(client: &HostId) -> io::Result<Self> {
         let client = Pinned::open(client)?;
-        let fd = crate::memory::sealed_memfd(FENCE_LEN as usize)
+        let fd = super::host::sealed_memfd(FENCE_LEN as usize)
             .ok_or_else(|| io::Error::other("cannot create a sealed memfd for the fence"))?;
         // SAFETY: a new descriptor that nothing else owns.
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };

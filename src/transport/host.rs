@@ -36,6 +36,32 @@ use crate::io::{IOV_MAX, IoVec};
 use crate::sync::lock;
 use crate::types::{HostId, start_time};
 
+/// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
+pub(crate) fn sealed_memfd(len: usize) -> Option<i32> {
+    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"hixl".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: sizing and sealing the descriptor we just created.
+    let ok = unsafe {
+        libc::ftruncate(fd, len as libc::off_t) == 0
+            && libc::fcntl(fd, libc::F_ADD_SEALS, seals) == 0
+    };
+    if !ok {
+        // SAFETY: closing our own descriptor, once.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
 /// A process pinned by a pidfd (checked against the start time it announced).
 #[derive(Debug)]
 pub(crate) struct Pinned {

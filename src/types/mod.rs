@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) mod engine_name;
+pub(crate) mod raw;
 
 /// The direction of a transfer (HIXL `TransferOp`, same numeric values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

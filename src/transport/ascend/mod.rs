@@ -25,8 +25,8 @@ use self::hccl::{CommConfig, GlobalMem, Hccl, MemKind};
 use self::options::AscendOptions;
 use crate::context::ContextToken;
 use crate::error::Error;
-use crate::memory::{RawMemory, RegistrableMemory};
 use crate::types::MemType;
+use crate::types::raw::{RawMemory, RegistrableMemory};
 
 /// Where to find CANN and which device to use, for [`Options::ascend`](crate::Options::ascend).
 ///
