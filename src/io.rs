@@ -10,6 +10,8 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::wire::{self, WireError};
+
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
 /// Remainders at least this large are received straight into their target.
@@ -430,6 +432,23 @@ impl Inbound {
         }
         Ok(())
     }
+}
+
+/// Reads one frame; the payload stays in the inbound buffer.
+pub(crate) fn read_frame<'a>(
+    sock: &mut Sock,
+    inb: &'a mut Inbound,
+    first: Option<Instant>,
+    rest: impl FnOnce() -> Option<Instant>,
+) -> Result<Result<(wire::Kind, &'a [u8]), WireError>, io::Error> {
+    inb.fill(sock, wire::HEADER_LEN, first)?;
+    let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
+    let h = match wire::decode_header(&h) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    inb.fill(sock, h.len as usize, rest())?;
+    Ok(Ok((h.kind, inb.take(h.len as usize))))
 }
 
 #[cfg(test)]

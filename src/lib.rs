@@ -137,6 +137,7 @@ mod notify;
 mod options;
 mod quarantine;
 mod request;
+mod runtime;
 pub mod spec;
 mod sync;
 pub mod testkit;

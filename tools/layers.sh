@@ -10,7 +10,7 @@
 #                which imports another transport (transport/mod.rs may name them all: it is the
 #                registry)
 #   2 runtime    src/runtime/ (engine core, link core, executor, control/), and until they move
-#                there: connect.rs, quarantine.rs, metrics.rs, notify.rs, transport/limits.rs
+#                there: connect.rs, quarantine.rs, metrics.rs, notify.rs
 #   3 api        engine.rs, link.rs, memory.rs, transfer.rs, request.rs, context.rs, options.rs,
 #                spec.rs, testkit.rs, compat.rs, lib.rs (`crate::Name`, a root re-export, counts
 #                as api)
@@ -33,7 +33,6 @@ file_layer() {
       | src/dl.rs | src/auth.rs | */sys.rs | */sys/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
-    src/transport/limits.rs) echo "2 runtime" ;;
     src/transport/host.rs | src/transport/fence.rs | src/transport/same_host/*) echo "1 same_host" ;;
     src/transport/tcp.rs | src/transport/tcp/*) echo "1 tcp" ;;
     src/transport/ucx/*) echo "1 ucx" ;;
@@ -55,7 +54,6 @@ path_layer() {
     types | sync | error | wire | io | dl | auth) echo "0 leaf" ;;
     transport)
       case "$b" in
-        limits) echo "2 runtime" ;;
         host | fence | same_host) echo "1 same_host" ;;
         tcp) echo "1 tcp" ;;
         ucx) echo "1 ucx" ;;

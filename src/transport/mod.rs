@@ -9,7 +9,6 @@
 pub(crate) mod ascend;
 pub(crate) mod fence;
 pub(crate) mod host;
-pub(crate) mod limits;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
 
