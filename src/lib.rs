@@ -140,10 +140,17 @@ mod request;
 mod runtime;
 pub mod spec;
 mod sync;
+// Test support (reproducible random data, checksums, the Ascend ABI double's builder) for the
+// integration tests, the examples and hixl-peer: public so they can use it, hidden from the docs
+// and not part of the semver surface.
+#[doc(hidden)]
 pub mod testkit;
 mod transfer;
 pub mod transport;
 mod types;
+// The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
+// from the docs and not part of the semver surface (the protocol is versioned on the wire).
+#[doc(hidden)]
 pub mod wire;
 
 pub use auth::Psk;
