@@ -32,6 +32,7 @@ use crate::transport::ascend::link::DeviceLink;
 use crate::transport::fence::ClientFence;
 use crate::transport::host::{self, Mapping, PeerProc};
 use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{DataPath, PathFail, TransportKind};
 use crate::types::HostId;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -197,15 +198,91 @@ impl Cma {
     }
 }
 
-static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
+impl DataPath for Cma {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Cma
+    }
 
-/// A data path that moves a batch without a TCP lane.
-#[derive(Clone, Copy)]
-enum Direct<'a> {
-    Device(&'a Mutex<Option<DeviceLink>>),
-    Ucx(&'a crate::transport::ucx::UcxLink),
-    Cma(&'a Cma),
+    fn covers(&self, descs: &[LaneDesc]) -> bool {
+        Cma::covers(self, descs)
+    }
+
+    fn fenced(&self) -> bool {
+        true
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        false
+    }
+
+    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.
+    unsafe fn run(
+        &self,
+        peer: &str,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        _deadline: Instant,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        if !self.proc.alive(&self.watch) {
+            return Err(PathFail::Gone("the peer exited or closed the link".into()));
+        }
+        let (mut lo, mut ro, mut index, mut copies) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, d) in xds.iter().enumerate() {
+            let Some(r) = self.regions.get(&d.remote.region) else {
+                return Err(PathFail::Failed(Error::RemoteNotRegistered {
+                    peer: peer.to_owned(),
+                    addr: d.remote.offset,
+                    len: d.remote.len,
+                }));
+            };
+            let len = d.remote.len as usize;
+            match r.mapping(&self.proc) {
+                Some(m) => {
+                    let (src, dst) = match op {
+                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
+                        TransferOp::Read => (m.at(d.remote.offset), d.local),
+                    };
+                    copies.push(host::Copy { src, dst, len });
+                }
+                None => {
+                    lo.push(IoVec { base: d.local, len });
+                    ro.push(IoVec {
+                        base: (r.addr + d.remote.offset) as usize,
+                        len,
+                    });
+                    index.push(i);
+                }
+            }
+        }
+        // SAFETY: each local range lies in a registered region the caller keeps alive; each
+        // remote range was validated against the peer's table, and its mapping covers the whole
+        // region (the memfd is sealed against shrinking and was checked to be at least that
+        // long). Local and mapped memory are distinct mappings.
+        unsafe { host::copy_all(&copies) };
+        if lo.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
+        match unsafe { host::pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro) } {
+            Ok(()) => Ok(()),
+            Err((e, at)) => {
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    return Err(PathFail::Gone("the peer exited".into()));
+                }
+                Err(PathFail::Failed(Error::SameHost {
+                    op: op.name(),
+                    peer: peer.to_owned(),
+                    index: index[at],
+                    source: e,
+                }))
+            }
+        }
+    }
 }
+
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 impl LinkShared {
     pub(crate) fn open(
@@ -472,55 +549,90 @@ impl LinkShared {
         }
     }
 
-    /// Moves a batch over the same-host path: memory copies for mapped regions,
-    /// `process_vm_readv`/`writev` for the others.
-    ///
-    /// The caller keeps every local range registered and alive for the call.
-    /// The path that moves `xds` without a TCP lane, if any: device (HCCL), then UCX (when
-    /// every region has a remote key), then same-host.
-    fn direct_path(&self, xds: &[LaneDesc]) -> Option<Direct<'_>> {
-        match (&self.device, self.ucx_for(xds), &self.cma) {
-            (Some(dev), _, _) => Some(Direct::Device(dev)),
-            (None, Some(u), _) => Some(Direct::Ucx(u)),
-            (None, None, Some(cma)) if cma.covers(xds) => Some(Direct::Cma(cma)),
-            (None, None, _) => None,
-        }
+    /// The link's data paths other than its TCP lanes, in preference order: device (HCCL),
+    /// UCX, same-host.
+    fn data_paths(&self) -> impl Iterator<Item = &dyn DataPath> {
+        let device = self.device.as_ref().map(|d| d as &dyn DataPath);
+        let ucx = self.ucx.as_ref().map(|u| u as &dyn DataPath);
+        let cma = self.cma.as_ref().map(|c| c as &dyn DataPath);
+        device.into_iter().chain(ucx).chain(cma)
+    }
+
+    /// The first data path that moves `xds` without a TCP lane, if any.
+    fn direct_path(&self, xds: &[LaneDesc]) -> Option<&dyn DataPath> {
+        self.data_paths().find(|p| p.covers(xds))
     }
 
     /// Moves a batch over a lane-free path; `stop` cancels it where the path can be cancelled
     /// (UCX).
+    ///
+    /// The caller keeps every local range registered and alive for the call.
     fn run_direct(
         &self,
-        path: Direct<'_>,
+        path: &dyn DataPath,
         op: TransferOp,
         xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        if let Direct::Device(dev) = path {
-            return self.run_device(dev, op, xds, deadline);
-        }
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
-        let pass = match &self.fence {
-            Some(f) => match f.enter() {
+        let pass = match (&self.fence, path.fenced()) {
+            (Some(f), true) => match f.enter() {
                 Some(p) => Some(p),
                 None => return Err(self.revoked("before this transfer started")),
             },
-            None => None,
+            _ => None,
         };
-        crate::transport::fence::test_pause();
-        let r = match path {
-            Direct::Ucx(u) => self.run_ucx(u, op, xds, deadline, stop),
-            Direct::Cma(cma) => self.run_cma(cma, op, xds),
-            Direct::Device(_) => unreachable!("handled above"),
-        };
+        if path.fenced() {
+            crate::transport::fence::test_pause();
+        }
+        tracing::trace!(transport = ?path.kind(), descs = xds.len(), %op, "batch on a data path");
+        let r = self.run_path(path, op, xds, deadline, stop);
         let kept = pass.is_none_or(|p| p.leave());
         match r {
             Ok(()) if !kept => {
                 Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
             }
             r => r,
+        }
+    }
+
+    /// Runs a batch on `path` and turns its failure into the caller's error, breaking the link
+    /// where the failure says so.
+    fn run_path(
+        &self,
+        path: &dyn DataPath,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), Error> {
+        if path.refused_when_broken()
+            && let Some(why) = &lock(&self.pool).broken
+        {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            });
+        }
+        // SAFETY: `prepare` checked every local range against the caller's registered regions,
+        // which the caller's borrows (sync) or the request's state (async) hold alive for the
+        // call, and every remote range against the peer's table.
+        match unsafe { path.run(&self.peer, op, xds, deadline, stop) } {
+            Ok(()) => Ok(()),
+            Err(PathFail::Gone(why)) => {
+                self.mark_broken(why.clone());
+                Err(Error::NotConnected {
+                    peer: self.peer.clone(),
+                    why,
+                })
+            }
+            Err(PathFail::Poisoned { why, error }) => {
+                self.mark_broken(why);
+                Err(error)
+            }
+            Err(PathFail::Failed(e)) => Err(e),
         }
     }
 
@@ -532,142 +644,6 @@ impl LinkShared {
             peer: self.peer.clone(),
             why,
         }
-    }
-
-    /// The UCX link, when it carries this batch (every region has a remote key).
-    fn ucx_for(&self, xds: &[LaneDesc]) -> Option<&crate::transport::ucx::UcxLink> {
-        self.ucx.as_ref().filter(|u| u.covers(xds))
-    }
-
-    /// Moves a batch over UCX. A failure or a timeout poisons the link (the endpoint is closed:
-    /// HIXL's rule, reconnect to go on).
-    fn run_ucx(
-        &self,
-        u: &crate::transport::ucx::UcxLink,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), Error> {
-        if let Some(why) = &lock(&self.pool).broken {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            });
-        }
-        // SAFETY: `prepare` checked every local range against the caller's registered regions,
-        // which the caller's borrows (sync) or the request's state (async) hold alive for the
-        // call, and every remote range against the peer's table; `run` ends UCX's use of the
-        // buffers before it returns.
-        let r = unsafe { u.run(op, xds, deadline, stop) };
-        if let Err(e) = &r {
-            self.mark_broken(format!("UCX transfer failed: {e}"));
-        }
-        r
-    }
-
-    fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[LaneDesc]) -> Result<(), Error> {
-        if !cma.proc.alive(&cma.watch) {
-            let why = "the peer exited or closed the link".to_owned();
-            self.mark_broken(why.clone());
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why,
-            });
-        }
-        let (mut lo, mut ro, mut index, mut copies) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (i, d) in xds.iter().enumerate() {
-            let Some(r) = cma.regions.get(&d.remote.region) else {
-                return Err(Error::RemoteNotRegistered {
-                    peer: self.peer.clone(),
-                    addr: d.remote.offset,
-                    len: d.remote.len,
-                });
-            };
-            let len = d.remote.len as usize;
-            match r.mapping(&cma.proc) {
-                Some(m) => {
-                    let (src, dst) = match op {
-                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
-                        TransferOp::Read => (m.at(d.remote.offset), d.local),
-                    };
-                    copies.push(host::Copy { src, dst, len });
-                }
-                None => {
-                    lo.push(IoVec { base: d.local, len });
-                    ro.push(IoVec {
-                        base: (r.addr + d.remote.offset) as usize,
-                        len,
-                    });
-                    index.push(i);
-                }
-            }
-        }
-        // SAFETY: each local range lies in a registered region the caller keeps alive; each
-        // remote range was validated against the peer's table, and its mapping covers the whole
-        // region (the memfd is sealed against shrinking and was checked to be at least that
-        // long). Local and mapped memory are distinct mappings.
-        unsafe { host::copy_all(&copies) };
-        if lo.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-        match unsafe { host::pvm_all(&cma.proc, op == TransferOp::Write, &lo, &ro) } {
-            Ok(()) => Ok(()),
-            Err((e, at)) => {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    let why = "the peer exited".to_owned();
-                    self.mark_broken(why.clone());
-                    return Err(Error::NotConnected {
-                        peer: self.peer.clone(),
-                        why,
-                    });
-                }
-                Err(Error::SameHost {
-                    op: op.name(),
-                    peer: self.peer.clone(),
-                    index: index[at],
-                    source: e,
-                })
-            }
-        }
-    }
-
-    /// Moves a batch over the device data path (HCCL). A failure poisons the link (HIXL: a
-    /// failed channel is unusable until reconnected): later transfers are `NOT_CONNECTED`.
-    ///
-    /// The caller keeps every local range registered and alive for the call.
-    fn run_device(
-        &self,
-        dev: &Mutex<Option<DeviceLink>>,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        if let Some(why) = &lock(&self.pool).broken {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            });
-        }
-        let guard = lock(dev);
-        let Some(d) = guard.as_ref() else {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: "disconnected".into(),
-            });
-        };
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
-        // ranges; async: the job holds the regions), and no Rust reference to registered memory
-        // is ever made.
-        let r = unsafe { d.transfer(op, xds, timeout.max(Duration::from_millis(1))) };
-        drop(guard);
-        if let Err(e) = &r {
-            self.mark_broken(format!("a device transfer failed: {e}"));
-        }
-        r
     }
 
     /// Takes a lane, runs `xds` on it, and puts it back.

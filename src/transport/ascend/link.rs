@@ -29,6 +29,7 @@ use crate::error::{Error, Status};
 use crate::memory::RegionCore;
 use crate::sync::lock;
 use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{DataPath, PathFail, TransportKind};
 use crate::types::Access;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -641,6 +642,54 @@ impl DeviceLink {
             p.fail(&self.peer);
         }
         r
+    }
+}
+
+/// The device data path of a link; `None` once it is closed.
+impl DataPath for Mutex<Option<DeviceLink>> {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ascend
+    }
+
+    /// A link with a device path moves every batch over it.
+    fn covers(&self, _descs: &[LaneDesc]) -> bool {
+        true
+    }
+
+    fn fenced(&self) -> bool {
+        false
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        true
+    }
+
+    /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).
+    unsafe fn run(
+        &self,
+        peer: &str,
+        op: TransferOp,
+        descs: &[LaneDesc],
+        deadline: Instant,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        let guard = lock(self);
+        let Some(d) = guard.as_ref() else {
+            return Err(PathFail::Failed(Error::NotConnected {
+                peer: peer.to_owned(),
+                why: "disconnected".into(),
+            }));
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
+        // ranges; async: the job holds the regions), and no Rust reference to registered memory
+        // is ever made.
+        let r = unsafe { d.transfer(op, descs, timeout.max(Duration::from_millis(1))) };
+        drop(guard);
+        r.map_err(|e| PathFail::Poisoned {
+            why: format!("a device transfer failed: {e}"),
+            error: e,
+        })
     }
 }
 

@@ -28,6 +28,7 @@ use crate::types::{Access, MemType};
 use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
+use crate::transport::{DataPath, PathFail, TransportKind};
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
@@ -298,5 +299,40 @@ impl UcxLink {
             }
         }
         ep.flush_until(Some(deadline), stop)
+    }
+}
+impl DataPath for UcxLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ucx
+    }
+
+    fn covers(&self, descs: &[LaneDesc]) -> bool {
+        UcxLink::covers(self, descs)
+    }
+
+    fn fenced(&self) -> bool {
+        true
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        true
+    }
+
+    /// A failure or a timeout poisons the link (the endpoint is closed: HIXL's rule, reconnect
+    /// to go on).
+    unsafe fn run(
+        &self,
+        _peer: &str,
+        op: TransferOp,
+        descs: &[LaneDesc],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the
+        // buffers before it returns.
+        unsafe { UcxLink::run(self, op, descs, deadline, stop) }.map_err(|e| PathFail::Poisoned {
+            why: format!("UCX transfer failed: {e}"),
+            error: e,
+        })
     }
 }
