@@ -9,7 +9,7 @@
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::io::IoVec;
 use crate::memory::RegionUse;
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
@@ -29,10 +28,11 @@ use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
 use crate::sync::lock;
 use crate::transfer::TransferDesc;
 use crate::transport::ascend::link::DeviceLink;
-use crate::transport::fence::ClientFence;
-use crate::transport::host::{self, Mapping, PeerProc};
+use crate::transport::same_host::PeerProc;
+use crate::transport::same_host::fence::ClientFence;
+use crate::transport::same_host::path::SameHostPath;
 use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::transport::{DataPath, PathFail};
 use crate::types::HostId;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -87,7 +87,7 @@ pub(crate) struct LinkShared {
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
     /// The same-host data path, when the peer is on this host and the kernel allows it.
-    cma: Option<Cma>,
+    cma: Option<SameHostPath>,
     /// The UCX data path, when both engines use UCX.
     ucx: Option<crate::transport::ucx::UcxLink>,
     /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
@@ -99,187 +99,6 @@ pub(crate) struct LinkShared {
     /// The pre-shared key new lanes prove.
     psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
-}
-
-/// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
-/// through `process_vm_readv`/`writev` at its address.
-struct CmaRegion {
-    addr: u64,
-    len: u64,
-    fd: i32,
-    writable: bool,
-    map: std::sync::OnceLock<Option<Mapping>>,
-}
-
-impl CmaRegion {
-    /// The region's mapping, made on first use; `None` if it has no memfd or the memfd failed
-    /// the checks (then the region is reached with `process_vm_*`, which the kernel checks).
-    fn mapping(&self, proc: &PeerProc) -> Option<&Mapping> {
-        self.map
-            .get_or_init(|| {
-                if self.fd < 0 {
-                    return None;
-                }
-                let m = proc.getfd(self.fd).and_then(|fd| Mapping::new(&fd, self.len, self.writable));
-                if let Err(e) = &m {
-                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; using process_vm");
-                }
-                m.ok()
-            })
-            .as_ref()
-    }
-}
-
-/// The same-host data path of a link: the pinned peer process, its regions (mapped lazily, so
-/// connecting to an engine with thousands of regions stays fast), and a handle to the link's
-/// control connection (to notice the peer closing the link).
-struct Cma {
-    proc: PeerProc,
-    watch: std::net::TcpStream,
-    regions: HashMap<u32, CmaRegion>,
-}
-
-impl Cma {
-    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
-    fn covers(&self, xds: &[LaneDesc]) -> bool {
-        xds.iter()
-            .all(|d| self.regions.contains_key(&d.remote.region))
-    }
-
-    fn setup(proc: PeerProc, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
-        let mut regions = HashMap::with_capacity(table.len());
-        let (mut mapped, mut probe) = (false, None);
-        for e in table {
-            if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
-                // the peer serves it over TCP only (memory it could not quarantine)
-                continue;
-            }
-            let fd = e.fd;
-            let r = CmaRegion {
-                addr: e.addr,
-                len: e.len,
-                fd,
-                writable: e.access.permits(TransferOp::Write),
-                map: std::sync::OnceLock::new(),
-            };
-            if fd >= 0 && !mapped {
-                // the first memfd is taken and checked now: a peer whose memory cannot be mapped
-                // safely, or a kernel that refuses pidfd_getfd, keeps the link on TCP
-                let m = proc
-                    .getfd(fd)
-                    .and_then(|f| Mapping::new(&f, e.len, r.writable))?;
-                let _ = r.map.set(Some(m));
-                mapped = true;
-            }
-            if fd < 0 && e.access.permits(TransferOp::Read) && probe.is_none() {
-                probe = Some(e.addr);
-            }
-            regions.insert(e.id, r);
-        }
-        // a probe read where the kernel must allow process_vm_readv
-        if let Some(addr) = probe {
-            let mut byte = 0u8;
-            let mut l = [IoVec {
-                base: &mut byte as *mut u8 as usize,
-                len: 1,
-            }];
-            let mut r = [IoVec {
-                base: addr as usize,
-                len: 1,
-            }];
-            // SAFETY: the local iovec is the live byte above.
-            unsafe { proc.pvm(false, &mut l, &mut r) }.map_err(|(e, _)| e)?;
-        }
-        Ok(Cma {
-            proc,
-            watch: lane.try_clone_stream()?,
-            regions,
-        })
-    }
-}
-
-impl DataPath for Cma {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Cma
-    }
-
-    fn covers(&self, descs: &[LaneDesc]) -> bool {
-        Cma::covers(self, descs)
-    }
-
-    fn fenced(&self) -> bool {
-        true
-    }
-
-    fn refused_when_broken(&self) -> bool {
-        false
-    }
-
-    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.
-    unsafe fn run(
-        &self,
-        peer: &str,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        _deadline: Instant,
-        _stop: &dyn Fn() -> bool,
-    ) -> Result<(), PathFail> {
-        if !self.proc.alive(&self.watch) {
-            return Err(PathFail::Gone("the peer exited or closed the link".into()));
-        }
-        let (mut lo, mut ro, mut index, mut copies) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (i, d) in xds.iter().enumerate() {
-            let Some(r) = self.regions.get(&d.remote.region) else {
-                return Err(PathFail::Failed(Error::RemoteNotRegistered {
-                    peer: peer.to_owned(),
-                    addr: d.remote.offset,
-                    len: d.remote.len,
-                }));
-            };
-            let len = d.remote.len as usize;
-            match r.mapping(&self.proc) {
-                Some(m) => {
-                    let (src, dst) = match op {
-                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
-                        TransferOp::Read => (m.at(d.remote.offset), d.local),
-                    };
-                    copies.push(host::Copy { src, dst, len });
-                }
-                None => {
-                    lo.push(IoVec { base: d.local, len });
-                    ro.push(IoVec {
-                        base: (r.addr + d.remote.offset) as usize,
-                        len,
-                    });
-                    index.push(i);
-                }
-            }
-        }
-        // SAFETY: each local range lies in a registered region the caller keeps alive; each
-        // remote range was validated against the peer's table, and its mapping covers the whole
-        // region (the memfd is sealed against shrinking and was checked to be at least that
-        // long). Local and mapped memory are distinct mappings.
-        unsafe { host::copy_all(&copies) };
-        if lo.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-        match unsafe { host::pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro) } {
-            Ok(()) => Ok(()),
-            Err((e, at)) => {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    return Err(PathFail::Gone("the peer exited".into()));
-                }
-                Err(PathFail::Failed(Error::SameHost {
-                    op: op.name(),
-                    peer: peer.to_owned(),
-                    index: index[at],
-                    source: e,
-                }))
-            }
-        }
-    }
 }
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
@@ -374,7 +193,10 @@ impl LinkShared {
         let (cma, fence) = match local {
             None => (None, None),
             Some((_, fence)) if ucx.is_some() || device.is_some() => (None, Some(fence)),
-            Some((proc, fence)) => match Cma::setup(proc, &welcome.table, &lane) {
+            Some((proc, fence)) => match lane
+                .try_clone_stream()
+                .and_then(|watch| SameHostPath::setup(proc, &welcome.table, watch))
+            {
                 Ok(c) => (Some(c), Some(fence)),
                 Err(e) => {
                     tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
@@ -585,7 +407,7 @@ impl LinkShared {
             _ => None,
         };
         if path.fenced() {
-            crate::transport::fence::test_pause();
+            crate::transport::same_host::fence::test_pause();
         }
         tracing::trace!(transport = ?path.kind(), descs = xds.len(), %op, "batch on a data path");
         let r = self.run_path(path, op, xds, deadline, stop);

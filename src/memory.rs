@@ -14,7 +14,7 @@ use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::ptr::NonNull;
 
 use crate::error::Error;
-use crate::transport::host::sealed_memfd;
+use crate::transport::same_host::sealed_memfd;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 use crate::types::{Access, MemDesc, MemType};
 

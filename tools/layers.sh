@@ -5,10 +5,9 @@
 # Layers, lowest first (a module may import its own layer and the ones below it):
 #   0 leaf       types, sync (the lock helper), error, wire, io (deadline socket I/O), dl (runtime
 #                loading), auth, the FFI `sys` tables — import nothing above them
-#   1 transport  src/transport/: mod.rs (the DataPath/Backend traits, probe) and one folder per
-#                transport — tcp, same_host (today host.rs + fence.rs), ucx, ascend — none of
-#                which imports another transport (transport/mod.rs may name them all: it is the
-#                registry)
+#   1 transport  src/transport/: mod.rs (the DataPath trait, probe) and one folder per transport
+#                — tcp, same_host, ucx, ascend — none of which imports another transport
+#                (transport/mod.rs may name them all: it is the registry)
 #   2 runtime    src/runtime/ (engine core, link core, executor, control/), and until they move
 #                there: connect.rs, quarantine.rs, metrics.rs, notify.rs
 #   3 api        engine.rs, link.rs, memory.rs, transfer.rs, request.rs, context.rs, options.rs,
@@ -33,7 +32,7 @@ file_layer() {
       | src/dl.rs | src/auth.rs | */sys.rs | */sys/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
-    src/transport/host.rs | src/transport/fence.rs | src/transport/same_host/*) echo "1 same_host" ;;
+    src/transport/same_host/*) echo "1 same_host" ;;
     src/transport/tcp.rs | src/transport/tcp/*) echo "1 tcp" ;;
     src/transport/ucx/*) echo "1 ucx" ;;
     src/transport/ascend/*) echo "1 ascend" ;;
@@ -54,7 +53,7 @@ path_layer() {
     types | sync | error | wire | io | dl | auth) echo "0 leaf" ;;
     transport)
       case "$b" in
-        host | fence | same_host) echo "1 same_host" ;;
+        same_host) echo "1 same_host" ;;
         tcp) echo "1 tcp" ;;
         ucx) echo "1 ucx" ;;
         ascend) echo "1 ascend" ;;

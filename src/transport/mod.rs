@@ -7,8 +7,7 @@
 //! (`crate::dl`); [`probe`] reports what is available.
 
 pub(crate) mod ascend;
-pub(crate) mod fence;
-pub(crate) mod host;
+pub(crate) mod same_host;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
 
@@ -45,7 +44,7 @@ pub(crate) trait DataPath: Sync {
     fn covers(&self, descs: &[LaneDesc]) -> bool;
 
     /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
-    /// inside the server's fence for the link (see `transport::fence`), when the link has one.
+    /// inside the server's fence for the link (see `transport::same_host::fence`), when the link has one.
     fn fenced(&self) -> bool;
 
     /// Whether a broken link refuses a batch before this path is tried (paths that a failure
@@ -103,7 +102,7 @@ pub fn probe() -> Vec<TransportInfo> {
             available: true,
             detail: "built in",
         },
-        match host::available() {
+        match same_host::available() {
             Ok(()) => TransportInfo {
                 kind: TransportKind::Cma,
                 available: true,

@@ -25,7 +25,7 @@ use crate::memory::RegionCore;
 use crate::notify::{Notify, NotifyQueue};
 use crate::runtime::control::limits::{self, ConnTable, Limits};
 use crate::sync::lock;
-use crate::transport::fence::ServerFence;
+use crate::transport::same_host::fence::ServerFence;
 use crate::types::HostId;
 use crate::types::TransferOp;
 use crate::types::WireDesc;

@@ -9,7 +9,7 @@
 //!   `process_vm_readv`, batched by `IOV_MAX`, partial transfers continued. Other memory (which
 //!   the server could not quarantine) is not offered one-sidedly: it goes over TCP.
 //!
-//! Every batch runs inside the server's fence for the link (`transport::fence`), so the server
+//! Every batch runs inside the server's fence for the link (`transport::same_host::fence`), so the server
 //! can revoke one-sided access and wait for copies in flight before it hands memory back.
 //!
 //! Both need the right to trace the peer (same user, or `CAP_SYS_PTRACE`): exactly the right to
@@ -26,6 +26,9 @@
 //! process gets the pid next. Reads use `process_vm_readv` (one copy, faster) and are followed by
 //! a pidfd check: a peer still alive after the read was alive for all of it, so the bytes came
 //! from it; a read the peer did not outlive fails (`ESRCH`).
+
+pub(crate) mod fence;
+pub(crate) mod path;
 
 use std::io;
 use std::net::TcpStream;
