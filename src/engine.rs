@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
-use crate::link::{Link, LinkShared};
+use crate::link::{Link, LinkConfig, LinkShared};
 use crate::memory::{Region, RegionCore};
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
@@ -326,6 +326,22 @@ impl EngineInner {
     }
 
     /// Every registered region (a link's device data path binds them all).
+    /// What a new link of this engine takes from it.
+    fn link_config(&self) -> LinkConfig<'_> {
+        LinkConfig {
+            engine_id: self.id,
+            instance: self.instance,
+            name: &self.name,
+            options: &self.options,
+            span: &self.span,
+            ucx: self
+                .ucx
+                .as_ref()
+                .map(|u| (u, lock(&self.ucx_local).clone())),
+            ascend: self.ascend.as_ref().map(|rt| (rt, self.region_cores())),
+        }
+    }
+
     pub(crate) fn region_cores(&self) -> Vec<Arc<RegionCore>> {
         lock(&self.regions).by_addr.values().cloned().collect()
     }
@@ -378,7 +394,7 @@ impl EngineInner {
             }
             peers.insert(key.to_owned(), PeerSlot::Connecting(ticket));
         }
-        let r = LinkShared::open(self, key.to_owned(), addr, timeout);
+        let r = LinkShared::open(&self.link_config(), key.to_owned(), addr, timeout);
         let mut peers = lock(&self.peers);
         let ours = matches!(peers.get(key), Some(PeerSlot::Connecting(t)) if *t == ticket);
         match r {

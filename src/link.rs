@@ -101,11 +101,33 @@ pub(crate) struct LinkShared {
     pub(crate) span: tracing::Span,
 }
 
+/// What a new link takes from its engine, so the link core does not see the engine.
+pub(crate) struct LinkConfig<'a> {
+    /// The engine's id (for metrics), instance id and name.
+    pub(crate) engine_id: u64,
+    pub(crate) instance: u64,
+    pub(crate) name: &'a str,
+    pub(crate) options: &'a crate::options::Options,
+    /// The engine's span; the link's is a child of it.
+    pub(crate) span: &'a tracing::Span,
+    /// UCX, when the engine uses it, with this engine's regions mapped for its own links.
+    pub(crate) ucx: Option<(
+        &'a crate::transport::ucx::UcxEngine,
+        Option<Arc<crate::transport::ucx::UcxLocal>>,
+    )>,
+    /// The Ascend runtime, when the engine has one, with the engine's regions (the device path
+    /// binds them).
+    pub(crate) ascend: Option<(
+        &'a Arc<crate::transport::ascend::Runtime>,
+        Vec<Arc<crate::memory::RegionCore>>,
+    )>,
+}
+
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 impl LinkShared {
     pub(crate) fn open(
-        engine: &EngineInner,
+        engine: &LinkConfig<'_>,
         peer: String,
         addr: SocketAddr,
         timeout: Duration,
@@ -121,7 +143,7 @@ impl LinkShared {
             role: LaneRole::NewLink,
             instance: engine.instance,
             token: 0,
-            name: engine.name.clone(),
+            name: engine.name.to_owned(),
             target: peer.clone(),
             host: me,
             nonce: crate::auth::nonce(),
@@ -130,10 +152,10 @@ impl LinkShared {
         let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
-        let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
+        let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
         let ucx = match &engine.ucx {
             None => None,
-            Some(u) => {
+            Some((u, local)) => {
                 let require = engine.options.ucx == crate::options::Ucx::Require;
                 let got = lane
                     .ucx_info(deadline)
@@ -144,7 +166,7 @@ impl LinkShared {
                             &peer,
                             &info,
                             &welcome.table,
-                            lock(&engine.ucx_local).clone(),
+                            local.clone(),
                         )
                         .map(Some),
                         None => Ok(None),
@@ -168,12 +190,12 @@ impl LinkShared {
             }
         };
         let device = match &engine.ascend {
-            Some(rt) => crate::transport::ascend::link::connect(
+            Some((rt, regions)) => crate::transport::ascend::link::connect(
                 rt,
                 &mut lane,
-                &engine.region_cores(),
+                regions,
                 &welcome.table,
-                &engine.name,
+                engine.name,
                 &peer,
                 deadline,
                 |f| lane_error(f, "connect", &peer, started, false),
@@ -221,9 +243,9 @@ impl LinkShared {
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
             table: welcome.table,
-            engine_id: engine.id,
+            engine_id: engine.engine_id,
             instance: engine.instance,
-            name: engine.name.clone(),
+            name: engine.name.to_owned(),
             max_lanes: engine.options.max_lanes,
             parallel: engine.options.parallel_lanes.min(engine.options.max_lanes),
             pool: Mutex::new(Pool {
