@@ -13,9 +13,9 @@
 //! refused), so [`Hccl::register_global_mem`] counts references per exact range and deregisters
 //! with the last one.
 
-// Unused yet: the address/length accessors of `GlobalMem` and `Comm::rank` (diagnostics),
-// `GlobalMem::deregister` (explicit error reporting; dropping deregisters too).
-#![allow(dead_code)]
+// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`:
+// `Comm::rank` (diagnostics) and `GlobalMem::deregister` (explicit error reporting; dropping
+// deregisters too).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
@@ -90,14 +90,6 @@ unsafe impl Send for GlobalMem {}
 unsafe impl Sync for GlobalMem {}
 
 impl GlobalMem {
-    /// The registered start address.
-    pub(crate) fn addr(&self) -> usize {
-        self.addr
-    }
-    /// The registered length.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
-    }
     /// Device or host.
     pub(crate) fn kind(&self) -> MemKind {
         self.kind
@@ -111,6 +103,7 @@ impl GlobalMem {
     ///
     /// # Errors
     /// [`Error::Native`] (e.g. while still bound to a communicator).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn deregister(self) -> Result<(), Error> {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the field is read once from a value that is never used or dropped again.
@@ -186,6 +179,7 @@ impl CommConfig {
 pub(crate) struct Comm {
     hccl: Hccl,
     raw: NonNull<c_void>,
+    #[cfg_attr(not(test), allow(dead_code))]
     rank: u32,
 }
 
@@ -195,6 +189,7 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     /// This process's rank in the communicator.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn rank(&self) -> u32 {
         self.rank
     }
