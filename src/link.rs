@@ -1352,74 +1352,6 @@ pub(crate) fn lane_error(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
-        LaneDesc {
-            local,
-            remote: WireDesc {
-                region,
-                offset,
-                len,
-            },
-        }
-    }
-
-    #[test]
-    fn split_keeps_every_byte_once_and_in_place() {
-        let m = 1u64 << 20;
-        // too small to split
-        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
-        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
-        let cases: Vec<Vec<LaneDesc>> = vec![
-            vec![xd(0x1000, 1, 7, 64 * m)],
-            vec![
-                xd(0x1000, 1, 0, 16 * m),
-                xd(0x9000_0000, 2, 5, 16 * m),
-                xd(0x5000_0000, 3, 9, 3),
-            ],
-            (0..4)
-                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
-                .collect(),
-        ];
-        for xds in cases {
-            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
-            for lanes in [2usize, 3, 8] {
-                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
-                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
-                assert_eq!(parts.len(), want);
-                // parts differ by at most one share's rounding, and cover the batch in order
-                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
-                let mut i = 0;
-                for d in &xds {
-                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
-                    while left > 0 {
-                        let p = flat[i];
-                        assert_eq!(
-                            (p.local, p.remote.region, p.remote.offset),
-                            (local, d.remote.region, off)
-                        );
-                        assert!(p.remote.len > 0 && p.remote.len <= left);
-                        local += p.remote.len as usize;
-                        off += p.remote.len;
-                        left -= p.remote.len;
-                        i += 1;
-                    }
-                }
-                assert_eq!(i, flat.len());
-                let sizes: Vec<u64> = parts
-                    .iter()
-                    .map(|p| p.iter().map(|d| d.remote.len).sum())
-                    .collect();
-                let share = bytes.div_ceil(want as u64);
-                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
-            }
-        }
-    }
-}
-
 /// One region of the peer's table, seen through a link.
 #[derive(Clone, Copy)]
 pub struct RemoteRegion<'l> {
@@ -1540,5 +1472,73 @@ impl fmt::Debug for RemoteRange<'_> {
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
+        LaneDesc {
+            local,
+            remote: WireDesc {
+                region,
+                offset,
+                len,
+            },
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_byte_once_and_in_place() {
+        let m = 1u64 << 20;
+        // too small to split
+        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
+        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
+        let cases: Vec<Vec<LaneDesc>> = vec![
+            vec![xd(0x1000, 1, 7, 64 * m)],
+            vec![
+                xd(0x1000, 1, 0, 16 * m),
+                xd(0x9000_0000, 2, 5, 16 * m),
+                xd(0x5000_0000, 3, 9, 3),
+            ],
+            (0..4)
+                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
+                .collect(),
+        ];
+        for xds in cases {
+            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
+            for lanes in [2usize, 3, 8] {
+                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
+                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
+                assert_eq!(parts.len(), want);
+                // parts differ by at most one share's rounding, and cover the batch in order
+                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
+                let mut i = 0;
+                for d in &xds {
+                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
+                    while left > 0 {
+                        let p = flat[i];
+                        assert_eq!(
+                            (p.local, p.remote.region, p.remote.offset),
+                            (local, d.remote.region, off)
+                        );
+                        assert!(p.remote.len > 0 && p.remote.len <= left);
+                        local += p.remote.len as usize;
+                        off += p.remote.len;
+                        left -= p.remote.len;
+                        i += 1;
+                    }
+                }
+                assert_eq!(i, flat.len());
+                let sizes: Vec<u64> = parts
+                    .iter()
+                    .map(|p| p.iter().map(|d| d.remote.len).sum())
+                    .collect();
+                let share = bytes.div_ceil(want as u64);
+                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
+            }
+        }
     }
 }
