@@ -990,7 +990,7 @@ impl Hixl<Registered> {
             // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a
             // failure only costs speed: UCX then copies through its own buffers)
             let regions = self.inner.region_cores();
-            match crate::transport::ucx::UcxLocal::map(u, &regions) {
+            match crate::transport::ucx::UcxLocal::map(u, &views(&regions)) {
                 Ok(l) => *lock(&self.inner.ucx_local) = Some(Arc::new(l)),
                 Err(e) => tracing::warn!(parent: &self.inner.span, error = %e,
                     "cannot map the regions with UCX; UCX transfers will copy"),
@@ -1007,18 +1007,20 @@ impl Hixl<Registered> {
                         .cloned()
                         .collect();
                     let ucx = match &self.inner.ucx {
-                        Some(u) => match crate::transport::ucx::UcxServer::start(u, &regions) {
-                            Ok(srv) => {
-                                let frame = srv.frame().to_vec();
-                                *lock(&self.inner.ucx_server) = Some(srv);
-                                Some(frame)
-                            }
-                            Err(e) => {
-                                tracing::warn!(parent: &self.inner.span, error = %e,
+                        Some(u) => {
+                            match crate::transport::ucx::UcxServer::start(u, &views(&regions)) {
+                                Ok(srv) => {
+                                    let frame = srv.frame().to_vec();
+                                    *lock(&self.inner.ucx_server) = Some(srv);
+                                    Some(frame)
+                                }
+                                Err(e) => {
+                                    tracing::warn!(parent: &self.inner.span, error = %e,
                                     "cannot serve over UCX; serving over tcp only");
-                                None
+                                    None
+                                }
                             }
-                        },
+                        }
                         None => None,
                     };
                     l.try_clone().and_then(|l| {
@@ -1246,6 +1248,11 @@ static_assertions::assert_impl_all!(Hixl<Registered>: Send, Sync);
 static_assertions::assert_impl_all!(Link<'static>: Send, Sync);
 static_assertions::assert_impl_all!(Region<crate::HostBuffer>: Send, Sync);
 static_assertions::assert_impl_all!(TransitionError<Registered>: std::error::Error, Send, Sync);
+
+/// What the transports see of the regions.
+fn views(regions: &[Arc<RegionCore>]) -> Vec<crate::types::RegionView> {
+    regions.iter().map(|r| r.view()).collect()
+}
 
 #[cfg(test)]
 mod tests {

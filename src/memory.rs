@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 use crate::error::Error;
 use crate::transport::same_host::sealed_memfd;
 use crate::types::raw::{RawMemory, RegistrableMemory};
-use crate::types::{Access, MemDesc, MemType};
+use crate::types::{Access, MemDesc, MemType, RegionView};
 
 // SAFETY: `Box::into_raw` gives up ownership of a heap allocation of exactly `len` bytes that
 // nothing else references; `Box::from_raw` on the same pointer and length restores it.
@@ -299,6 +299,17 @@ unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
 }
 
 impl RegionCore {
+    /// What a transport needs to know of the region.
+    pub(crate) fn view(&self) -> RegionView {
+        RegionView {
+            id: self.id,
+            addr: self.addr,
+            len: self.len,
+            mem_type: self.mem_type,
+            access: self.access,
+        }
+    }
+
     pub(crate) fn new_owned<M: RegistrableMemory>(
         id: u32,
         engine: u64,

@@ -216,6 +216,17 @@ pub(crate) struct LaneDesc {
     pub remote: WireDesc,
 }
 
+/// What a transport needs to know of a registered region: its id in the engine's table, where
+/// it is, what memory it is, and what peers may do with it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegionView {
+    pub(crate) id: u32,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) mem_type: MemType,
+    pub(crate) access: Access,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

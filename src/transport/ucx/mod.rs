@@ -21,10 +21,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::memory::RegionCore;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
-use crate::types::{Access, MemType};
+use crate::types::{Access, MemType, RegionView};
 use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
@@ -77,7 +76,7 @@ impl UcxServer {
     ///
     /// # Errors
     /// UCX failures ([`Error::Native`]), or a thread that cannot be spawned ([`Error::Io`]).
-    pub(crate) fn start(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+    pub(crate) fn start(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
         let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
         let mut mems = Vec::new();
         let mut rkeys = Vec::new();
@@ -172,7 +171,7 @@ impl UcxLocal {
     ///
     /// # Errors
     /// UCX failures ([`Error::Native`]).
-    pub(crate) fn map(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+    pub(crate) fn map(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
         let mut mems = Vec::new();
         for r in regions.iter().filter(|r| r.mem_type == MemType::Host) {
             // SAFETY: registered host memory stays valid while the engine is connected; the
