@@ -126,6 +126,7 @@ mod auth;
 pub mod compat;
 mod connect;
 mod context;
+mod device;
 mod dl;
 mod engine;
 mod error;
@@ -156,6 +157,7 @@ pub mod wire;
 pub use auth::Psk;
 pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
+pub use device::{DeviceBuffer, PinnedHostBuffer};
 pub use engine::{
     Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
     TransitionError,
@@ -168,7 +170,7 @@ pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use transfer::TransferDesc;
-pub use transport::ascend::{AscendConfig, DeviceBuffer, PinnedHostBuffer};
+pub use transport::ascend::AscendConfig;
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};
