@@ -184,17 +184,8 @@ impl Sock {
                 Dir::Recv => unsafe { libc::readv(fd, p, cnt as libc::c_int) },
             };
             if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            return Err(timed_out());
-                        }
-                        continue;
-                    }
-                    _ => return Err(e),
-                }
+                retry_or_fail(deadline)?;
+                continue;
             }
             if n == 0 && dir == Dir::Recv {
                 return Err(io::Error::new(
@@ -275,17 +266,8 @@ impl Sock {
             // SAFETY: `buf` is a live, writable slice of `buf.len()` bytes.
             let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            return Err(timed_out());
-                        }
-                        continue;
-                    }
-                    _ => return Err(e),
-                }
+                retry_or_fail(deadline)?;
+                continue;
             }
             if n == 0 {
                 return Err(io::Error::new(
@@ -431,6 +413,23 @@ impl Inbound {
             }
         }
         Ok(())
+    }
+}
+
+/// After a socket call failed: `Ok` to try again (interrupted, or it would block and the
+/// deadline has not passed), or the error to return (`TimedOut` once the deadline passed).
+fn retry_or_fail(deadline: Option<Instant>) -> io::Result<()> {
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                Err(timed_out())
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err(e),
     }
 }
 
