@@ -123,6 +123,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod auth;
+mod buffers;
 pub mod compat;
 mod connect;
 mod context;
@@ -155,6 +156,7 @@ mod types;
 pub mod wire;
 
 pub use auth::Psk;
+pub use buffers::HostBuffer;
 pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
 pub use device::{DeviceBuffer, PinnedHostBuffer};
@@ -164,7 +166,7 @@ pub use engine::{
 };
 pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
-pub use memory::{HostBuffer, LocalRange, Region};
+pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
