@@ -52,84 +52,81 @@ struct Args {
     extras: bool,
 }
 
+/// The command line (the module docs say more about each option).
+#[derive(clap::Parser)]
+#[command(about = "hixl's benchmark: op x transport x block size x batch")]
+struct Cli {
+    /// tcp, cma (the same-host transport, required) or ucx (required)
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "cma", "ucx"])]
+    transport: String,
+    /// Operations, a comma list of write and read
+    #[arg(long = "op", value_delimiter = ',', default_value = "write,read", value_parser = parse_op)]
+    ops: Vec<TransferOp>,
+    /// Block sizes in bytes, a comma list
+    #[arg(
+        long = "block",
+        value_delimiter = ',',
+        default_value = "4096,65536,1048576,16777216"
+    )]
+    blocks: Vec<usize>,
+    /// Descriptors per call (default 256 below 64 KiB, 64 below 1 MiB, 4 from 1 MiB)
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Calls per row (instead of --duration)
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Seconds per row
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// 1, or 2: the serving engine runs in a child process
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+    processes: u32,
+    /// Callers sharing the one link
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// The serving region: hostbuffer (memfd) or user (a Vec<u8>)
+    #[arg(long, default_value = "hostbuffer", value_parser = ["hostbuffer", "user"])]
+    memory: String,
+    /// One JSON object per row on stdout
+    #[arg(long)]
+    json: bool,
+    /// Run ../shared/bench/peers.sh for the matching anchors
+    #[arg(long)]
+    anchors: bool,
+    /// Bytes of the 256 MiB region each row cycles through (0: one block)
+    #[arg(long, default_value_t = WS)]
+    ws: usize,
+    /// Skip the 8-byte latency, connect-with-4000-regions and registration rows
+    #[arg(long)]
+    no_extras: bool,
+}
+
+fn parse_op(o: &str) -> Result<TransferOp, String> {
+    match o.trim().to_ascii_lowercase().as_str() {
+        "write" => Ok(TransferOp::Write),
+        "read" => Ok(TransferOp::Read),
+        o => Err(format!("unknown op {o}")),
+    }
+}
+
 fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        transport: "tcp".into(),
-        ops: vec![TransferOp::Write, TransferOp::Read],
-        blocks: vec![4096, 65536, 1 << 20, 16 << 20],
-        batch: None,
-        iters: None,
-        duration: Duration::from_secs(2),
-        processes: 2,
-        threads: 1,
-        user_memory: false,
-        json: false,
-        anchors: false,
-        ws: WS,
-        extras: true,
+    let c = <Cli as clap::Parser>::parse();
+    let a = Args {
+        transport: c.transport,
+        ops: c.ops,
+        blocks: c.blocks,
+        batch: c.batch,
+        iters: c.iters,
+        duration: Duration::try_from_secs_f64(c.duration)
+            .map_err(|e| format!("--duration: {e}"))?,
+        processes: c.processes,
+        threads: c.threads.max(1),
+        user_memory: c.memory == "user",
+        json: c.json,
+        anchors: c.anchors,
+        ws: c.ws,
+        extras: !c.no_extras,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let mut val = || it.next().ok_or(format!("{f} needs a value"));
-        match f.as_str() {
-            "--transport" => a.transport = val()?,
-            "--op" => {
-                a.ops = val()?
-                    .split(',')
-                    .map(|o| match o.trim().to_ascii_lowercase().as_str() {
-                        "write" => Ok(TransferOp::Write),
-                        "read" => Ok(TransferOp::Read),
-                        o => Err(format!("unknown op {o}")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--block" => {
-                a.blocks = val()?
-                    .split(',')
-                    .map(|b| b.trim().parse().map_err(|e| format!("--block: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--batch" => a.batch = Some(val()?.parse().map_err(|e| format!("--batch: {e}"))?),
-            "--iters" => a.iters = Some(val()?.parse().map_err(|e| format!("--iters: {e}"))?),
-            "--duration" => {
-                a.duration =
-                    Duration::from_secs_f64(val()?.parse().map_err(|e| format!("--duration: {e}"))?)
-            }
-            "--processes" => {
-                a.processes = val()?.parse().map_err(|e| format!("--processes: {e}"))?
-            }
-            "--threads" => {
-                a.threads = val()?
-                    .parse::<usize>()
-                    .map_err(|e| format!("--threads: {e}"))?
-                    .max(1)
-            }
-            "--memory" => {
-                a.user_memory = match val()?.as_str() {
-                    "user" => true,
-                    "hostbuffer" => false,
-                    m => return Err(format!("unknown memory kind {m} (hostbuffer or user)")),
-                }
-            }
-            "--json" => a.json = true,
-            "--anchors" => a.anchors = true,
-            "--ws" => a.ws = val()?.parse().map_err(|e| format!("--ws: {e}"))?,
-            "--no-extras" => a.extras = false,
-            "--help" | "-h" => {
-                return Err("see the doc comment of examples/bench.rs for the options".into());
-            }
-            _ => return Err(format!("unknown option {f}")),
-        }
-    }
-    if !["tcp", "cma", "ucx"].contains(&a.transport.as_str()) {
-        return Err(format!(
-            "transport {} is not available in this build (tcp, cma and ucx are)",
-            a.transport
-        ));
-    }
-    if !(1..=2).contains(&a.processes) {
-        return Err("--processes is 1 or 2".into());
-    }
     if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > WS) {
         return Err(format!("block {b} must be in 1..={WS}"));
     }

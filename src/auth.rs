@@ -87,7 +87,7 @@ impl fmt::Debug for Psk {
 pub(crate) fn nonce() -> [u8; 32] {
     let mut n = [0u8; 32];
     for c in n.chunks_mut(8) {
-        c.copy_from_slice(&crate::engine::random_u64().to_le_bytes());
+        c.copy_from_slice(&crate::types::random_u64().to_le_bytes());
     }
     n
 }

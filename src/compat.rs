@@ -82,10 +82,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use crate::engine::{Connected, Registered};
+use crate::sync::lock;
 use crate::{Access, AsyncConnectStatus, Link, MemType, Options, Region, Status, TransferOp};
 
 /// Whether a feature is supported ([`get_capability`]).
@@ -327,10 +328,6 @@ impl fmt::Debug for Hixl {
             .field("name", &self.local_engine().ok())
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn millis(t: i32) -> Result<Duration> {

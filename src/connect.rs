@@ -6,13 +6,14 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::engine::EngineInner;
 use crate::error::Error;
 use crate::link::LinkShared;
+use crate::sync::lock;
 
 /// Most queued async connect and disconnect tasks per engine (HIXL's `connect_pool.task_queue_capacity` default).
 pub const ASYNC_QUEUE_CAPACITY: usize = 128;
@@ -67,10 +68,6 @@ pub(crate) struct ConnectPool {
     st: Mutex<State>,
     cv: Condvar,
     handles: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ConnectPool {

@@ -14,21 +14,25 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
-use crate::link::{Link, LinkShared};
-use crate::memory::{Access, MemDesc, MemType, RawMemory, Region, RegionCore, RegistrableMemory};
+use crate::link::{Link, LinkConfig, LinkShared};
+use crate::memory::{Region, RegionCore};
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
-use crate::transport::tcp::{ServeTable, Server, ServerConfig};
+use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
+use crate::sync::lock;
+use crate::types::engine_name::EngineName;
+use crate::types::raw::{RawMemory, RegistrableMemory};
+use crate::types::{Access, MemDesc, MemType, random_u64};
 
 mod sealed {
     pub trait Sealed {}
@@ -93,76 +97,6 @@ impl<S: State> fmt::Debug for Hixl<S> {
     }
 }
 
-/// A parsed HIXL engine name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineName {
-    /// The IP address.
-    pub ip: IpAddr,
-    /// The port; `None` (or 0 in the name) means the engine does not listen.
-    pub port: Option<u16>,
-}
-
-impl EngineName {
-    /// Parses `"ip"`, `"ip:port"`, `"[ipv6]"` or `"[ipv6]:port"` (a bare IPv6 address without
-    /// a port is accepted too). A port of 0 means "no port", as in HIXL.
-    ///
-    /// # Errors
-    /// [`Error::InvalidEngineName`] (`PARAM_INVALID`).
-    pub fn parse(name: &str) -> Result<Self, Error> {
-        let bad = |problem| Error::InvalidEngineName {
-            name: name.to_owned(),
-            problem,
-        };
-        let (ip, port) = if let Some(rest) = name.strip_prefix('[') {
-            let (ip, after) = rest.split_once(']').ok_or_else(|| bad("missing ']'"))?;
-            let ip: Ipv6Addr = ip.parse().map_err(|_| bad("not an IPv6 address"))?;
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| bad("expected ':' after ']'"))?,
-                ),
-            };
-            (IpAddr::V6(ip), port)
-        } else if let Ok(ip) = name.parse::<Ipv6Addr>() {
-            (IpAddr::V6(ip), None)
-        } else {
-            let (ip, port) = match name.split_once(':') {
-                Some((ip, port)) => (ip, Some(port)),
-                None => (name, None),
-            };
-            (
-                IpAddr::V4(ip.parse().map_err(|_| bad("not an IPv4 address"))?),
-                port,
-            )
-        };
-        let port = match port {
-            None => None,
-            Some(p) => match p.parse::<u16>() {
-                Ok(0) => None,
-                Ok(p) => Some(p),
-                Err(_) => return Err(bad("the port is not a number in 0..=65535")),
-            },
-        };
-        Ok(Self { ip, port })
-    }
-
-    /// The socket address, if the name has a port.
-    pub fn socket_addr(&self) -> Option<SocketAddr> {
-        self.port.map(|p| SocketAddr::new(self.ip, p))
-    }
-}
-
-impl fmt::Display for EngineName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.ip, self.port) {
-            (IpAddr::V4(ip), None) => write!(f, "{ip}"),
-            (IpAddr::V6(ip), None) => write!(f, "[{ip}]"),
-            (ip, Some(p)) => write!(f, "{}", SocketAddr::new(ip, p)),
-        }
-    }
-}
-
 #[derive(Default)]
 struct Regions {
     by_addr: BTreeMap<usize, Arc<RegionCore>>,
@@ -207,26 +141,6 @@ pub(crate) struct EngineInner {
     /// Quarantine counters, shared with every region of the engine.
     quarantine: Arc<crate::quarantine::Stats>,
     pub(crate) span: tracing::Span,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A random 64-bit value from the kernel (instance ids, link tokens).
-pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into the live `v`.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        // fall back on time and pid: unique enough for an instance id
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        v = t ^ (u64::from(std::process::id()) << 32) ^ NEXT_ENGINE.load(Ordering::Relaxed);
-    }
-    v
 }
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
@@ -412,6 +326,22 @@ impl EngineInner {
     }
 
     /// Every registered region (a link's device data path binds them all).
+    /// What a new link of this engine takes from it.
+    fn link_config(&self) -> LinkConfig<'_> {
+        LinkConfig {
+            engine_id: self.id,
+            instance: self.instance,
+            name: &self.name,
+            options: &self.options,
+            span: &self.span,
+            ucx: self
+                .ucx
+                .as_ref()
+                .map(|u| (u, lock(&self.ucx_local).clone())),
+            ascend: self.ascend.as_ref().map(|rt| (rt, self.region_cores())),
+        }
+    }
+
     pub(crate) fn region_cores(&self) -> Vec<Arc<RegionCore>> {
         lock(&self.regions).by_addr.values().cloned().collect()
     }
@@ -440,7 +370,7 @@ impl EngineInner {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Arc<LinkShared>, Error> {
-        let ticket = crate::engine::random_u64();
+        let ticket = crate::types::random_u64();
         {
             let mut peers = lock(&self.peers);
             match peers.get(key) {
@@ -464,7 +394,7 @@ impl EngineInner {
             }
             peers.insert(key.to_owned(), PeerSlot::Connecting(ticket));
         }
-        let r = LinkShared::open(self, key.to_owned(), addr, timeout);
+        let r = LinkShared::open(&self.link_config(), key.to_owned(), addr, timeout);
         let mut peers = lock(&self.peers);
         let ours = matches!(peers.get(key), Some(PeerSlot::Connecting(t)) if *t == ticket);
         match r {
@@ -860,7 +790,7 @@ impl Hixl<Initialized> {
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
-        let notify_limits = crate::notify::NotifyLimits::from_options(&options);
+        let notify_limits = options.notify_limits();
         Ok(Hixl {
             inner: Arc::new_cyclic(|me| EngineInner {
                 id,
@@ -1060,7 +990,7 @@ impl Hixl<Registered> {
             // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a
             // failure only costs speed: UCX then copies through its own buffers)
             let regions = self.inner.region_cores();
-            match crate::transport::ucx::UcxLocal::map(u, &regions) {
+            match crate::transport::ucx::UcxLocal::map(u, &views(&regions)) {
                 Ok(l) => *lock(&self.inner.ucx_local) = Some(Arc::new(l)),
                 Err(e) => tracing::warn!(parent: &self.inner.span, error = %e,
                     "cannot map the regions with UCX; UCX transfers will copy"),
@@ -1077,18 +1007,20 @@ impl Hixl<Registered> {
                         .cloned()
                         .collect();
                     let ucx = match &self.inner.ucx {
-                        Some(u) => match crate::transport::ucx::UcxServer::start(u, &regions) {
-                            Ok(srv) => {
-                                let frame = srv.frame().to_vec();
-                                *lock(&self.inner.ucx_server) = Some(srv);
-                                Some(frame)
-                            }
-                            Err(e) => {
-                                tracing::warn!(parent: &self.inner.span, error = %e,
+                        Some(u) => {
+                            match crate::transport::ucx::UcxServer::start(u, &views(&regions)) {
+                                Ok(srv) => {
+                                    let frame = srv.frame().to_vec();
+                                    *lock(&self.inner.ucx_server) = Some(srv);
+                                    Some(frame)
+                                }
+                                Err(e) => {
+                                    tracing::warn!(parent: &self.inner.span, error = %e,
                                     "cannot serve over UCX; serving over tcp only");
-                                None
+                                    None
+                                }
                             }
-                        },
+                        }
                         None => None,
                     };
                     l.try_clone().and_then(|l| {
@@ -1099,13 +1031,11 @@ impl Hixl<Registered> {
                                 name: self.inner.name.clone(),
                                 instance: self.inner.instance,
                                 io_timeout: self.inner.options.server_io_timeout,
-                                limits: crate::transport::limits::Limits::from_options(
-                                    &self.inner.options,
-                                ),
+                                limits: self.inner.options.server_limits(),
                                 notifies: self.inner.notifies.clone(),
                                 host: match self.inner.options.same_host {
                                     crate::options::SameHost::Forbid => None,
-                                    _ => crate::transport::host::HostId::current(),
+                                    _ => crate::types::HostId::current(),
                                 },
                                 allow: self.inner.options.allow_peers.clone(),
                                 psk: self.inner.options.psk.clone(),
@@ -1318,6 +1248,11 @@ static_assertions::assert_impl_all!(Hixl<Registered>: Send, Sync);
 static_assertions::assert_impl_all!(Link<'static>: Send, Sync);
 static_assertions::assert_impl_all!(Region<crate::HostBuffer>: Send, Sync);
 static_assertions::assert_impl_all!(TransitionError<Registered>: std::error::Error, Send, Sync);
+
+/// What the transports see of the regions.
+fn views(regions: &[Arc<RegionCore>]) -> Vec<crate::types::RegionView> {
+    regions.iter().map(|r| r.view()).collect()
+}
 
 #[cfg(test)]
 mod tests {

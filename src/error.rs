@@ -8,8 +8,8 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-use crate::memory::MemType;
-use crate::transfer::TransferOp;
+use crate::types::MemType;
+use crate::types::TransferOp;
 
 /// A HIXL status code (`hixl::Status`, a `uint32_t`), with HIXL's numeric values.
 #[repr(transparent)]
@@ -48,6 +48,14 @@ impl Status {
                 Some(Self(code))
             }
             _ => None,
+        }
+    }
+
+    /// The status a peer reported as `code`; a code HIXL does not define is `FAILED`.
+    pub(crate) const fn from_peer(code: u32) -> Self {
+        match Self::from_code(code) {
+            Some(s) => s,
+            None => Self::FAILED,
         }
     }
 

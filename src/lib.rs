@@ -123,11 +123,15 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod auth;
+mod buffers;
 pub mod compat;
 mod connect;
 mod context;
+mod device;
+mod dl;
 mod engine;
 mod error;
+mod io;
 mod link;
 mod memory;
 mod metrics;
@@ -135,28 +139,41 @@ mod notify;
 mod options;
 mod quarantine;
 mod request;
+mod runtime;
 pub mod spec;
+mod sync;
+// Test support (reproducible random data, checksums, the Ascend ABI double's builder) for the
+// integration tests, the examples and hixl-peer: public so they can use it, hidden from the docs
+// and not part of the semver surface.
+#[doc(hidden)]
 pub mod testkit;
 mod transfer;
 pub mod transport;
+mod types;
+// The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
+// from the docs and not part of the semver surface (the protocol is versioned on the wire).
+#[doc(hidden)]
 pub mod wire;
 
 pub use auth::Psk;
+pub use buffers::HostBuffer;
 pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
+pub use device::{DeviceBuffer, PinnedHostBuffer};
 pub use engine::{
-    Connected, EngineName, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered,
-    State, TransitionError,
+    Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
+    TransitionError,
 };
 pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
-pub use memory::{
-    Access, HostBuffer, LocalRange, MemDesc, MemType, RawMemory, Region, RegistrableMemory,
-};
+pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
-pub use transfer::{TransferDesc, TransferOp};
-pub use transport::ascend::{AscendConfig, DeviceBuffer, PinnedHostBuffer};
+pub use transfer::TransferDesc;
+pub use transport::ascend::AscendConfig;
 pub use transport::{TransportInfo, TransportKind, probe};
+pub use types::engine_name::EngineName;
+pub use types::raw::{RawMemory, RegistrableMemory};
+pub use types::{Access, MemDesc, MemType, TransferOp};

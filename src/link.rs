@@ -9,39 +9,42 @@
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::memory::{Access, MemType, RegionUse};
+use crate::memory::RegionUse;
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
-use crate::transfer::{TransferDesc, TransferOp};
+use crate::sync::lock;
+use crate::transfer::TransferDesc;
 use crate::transport::ascend::link::DeviceLink;
-use crate::transport::fence::ClientFence;
-use crate::transport::host::{self, HostId, Mapping, PeerProc};
-use crate::transport::io::IoVec;
-use crate::transport::tcp::{Lane, LaneFail, Xd};
-use crate::wire::{self, Hello, LaneRole, TableEntry, WireDesc};
+use crate::transport::same_host::PeerProc;
+use crate::transport::same_host::fence::ClientFence;
+use crate::transport::same_host::path::SameHostPath;
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{DataPath, PathFail};
+use crate::types::HostId;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::types::WireDesc;
+use crate::types::{Access, MemType};
+use crate::wire::{self, Hello, LaneRole, TableEntry};
 
 /// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
 
 /// How long an idle async worker thread waits for work before it exits.
 const WORKER_IDLE: Duration = Duration::from_secs(2);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 struct Pool {
     idle: Vec<Lane>,
@@ -84,7 +87,7 @@ pub(crate) struct LinkShared {
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
     /// The same-host data path, when the peer is on this host and the kernel allows it.
-    cma: Option<Cma>,
+    cma: Option<SameHostPath>,
     /// The UCX data path, when both engines use UCX.
     ucx: Option<crate::transport::ucx::UcxLink>,
     /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
@@ -98,116 +101,33 @@ pub(crate) struct LinkShared {
     pub(crate) span: tracing::Span,
 }
 
-/// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
-/// through `process_vm_readv`/`writev` at its address.
-struct CmaRegion {
-    addr: u64,
-    len: u64,
-    fd: i32,
-    writable: bool,
-    map: std::sync::OnceLock<Option<Mapping>>,
-}
-
-impl CmaRegion {
-    /// The region's mapping, made on first use; `None` if it has no memfd or the memfd failed
-    /// the checks (then the region is reached with `process_vm_*`, which the kernel checks).
-    fn mapping(&self, proc: &PeerProc) -> Option<&Mapping> {
-        self.map
-            .get_or_init(|| {
-                if self.fd < 0 {
-                    return None;
-                }
-                let m = proc.getfd(self.fd).and_then(|fd| Mapping::new(&fd, self.len, self.writable));
-                if let Err(e) = &m {
-                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; using process_vm");
-                }
-                m.ok()
-            })
-            .as_ref()
-    }
-}
-
-/// The same-host data path of a link: the pinned peer process, its regions (mapped lazily, so
-/// connecting to an engine with thousands of regions stays fast), and a handle to the link's
-/// control connection (to notice the peer closing the link).
-struct Cma {
-    proc: PeerProc,
-    watch: std::net::TcpStream,
-    regions: HashMap<u32, CmaRegion>,
-}
-
-impl Cma {
-    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
-    fn covers(&self, xds: &[Xd]) -> bool {
-        xds.iter()
-            .all(|d| self.regions.contains_key(&d.remote.region))
-    }
-
-    fn setup(proc: PeerProc, table: &[TableEntry], lane: &Lane) -> std::io::Result<Cma> {
-        let mut regions = HashMap::with_capacity(table.len());
-        let (mut mapped, mut probe) = (false, None);
-        for e in table {
-            if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
-                // the peer serves it over TCP only (memory it could not quarantine)
-                continue;
-            }
-            let fd = e.fd;
-            let r = CmaRegion {
-                addr: e.addr,
-                len: e.len,
-                fd,
-                writable: e.access.permits(TransferOp::Write),
-                map: std::sync::OnceLock::new(),
-            };
-            if fd >= 0 && !mapped {
-                // the first memfd is taken and checked now: a peer whose memory cannot be mapped
-                // safely, or a kernel that refuses pidfd_getfd, keeps the link on TCP
-                let m = proc
-                    .getfd(fd)
-                    .and_then(|f| Mapping::new(&f, e.len, r.writable))?;
-                let _ = r.map.set(Some(m));
-                mapped = true;
-            }
-            if fd < 0 && e.access.permits(TransferOp::Read) && probe.is_none() {
-                probe = Some(e.addr);
-            }
-            regions.insert(e.id, r);
-        }
-        // a probe read where the kernel must allow process_vm_readv
-        if let Some(addr) = probe {
-            let mut byte = 0u8;
-            let mut l = [IoVec {
-                base: &mut byte as *mut u8 as usize,
-                len: 1,
-            }];
-            let mut r = [IoVec {
-                base: addr as usize,
-                len: 1,
-            }];
-            // SAFETY: the local iovec is the live byte above.
-            unsafe { proc.pvm(false, &mut l, &mut r) }.map_err(|(e, _)| e)?;
-        }
-        Ok(Cma {
-            proc,
-            watch: lane.try_clone_stream()?,
-            regions,
-        })
-    }
+/// What a new link takes from its engine, so the link core does not see the engine.
+pub(crate) struct LinkConfig<'a> {
+    /// The engine's id (for metrics), instance id and name.
+    pub(crate) engine_id: u64,
+    pub(crate) instance: u64,
+    pub(crate) name: &'a str,
+    pub(crate) options: &'a crate::options::Options,
+    /// The engine's span; the link's is a child of it.
+    pub(crate) span: &'a tracing::Span,
+    /// UCX, when the engine uses it, with this engine's regions mapped for its own links.
+    pub(crate) ucx: Option<(
+        &'a crate::transport::ucx::UcxEngine,
+        Option<Arc<crate::transport::ucx::UcxLocal>>,
+    )>,
+    /// The Ascend runtime, when the engine has one, with the engine's regions (the device path
+    /// binds them).
+    pub(crate) ascend: Option<(
+        &'a Arc<crate::transport::ascend::Runtime>,
+        Vec<Arc<crate::memory::RegionCore>>,
+    )>,
 }
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
-/// A data path that moves a batch without a TCP lane.
-#[derive(Clone, Copy)]
-enum Direct<'a> {
-    Device(&'a Mutex<Option<DeviceLink>>),
-    Ucx(&'a crate::transport::ucx::UcxLink),
-    Cma(&'a Cma),
-}
-
 impl LinkShared {
     pub(crate) fn open(
-        engine: &EngineInner,
+        engine: &LinkConfig<'_>,
         peer: String,
         addr: SocketAddr,
         timeout: Duration,
@@ -223,7 +143,7 @@ impl LinkShared {
             role: LaneRole::NewLink,
             instance: engine.instance,
             token: 0,
-            name: engine.name.clone(),
+            name: engine.name.to_owned(),
             target: peer.clone(),
             host: me,
             nonce: crate::auth::nonce(),
@@ -232,10 +152,10 @@ impl LinkShared {
         let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
-        let span = tracing::debug_span!(parent: &engine.span, "link", id, peer = %peer);
+        let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
         let ucx = match &engine.ucx {
             None => None,
-            Some(u) => {
+            Some((u, local)) => {
                 let require = engine.options.ucx == crate::options::Ucx::Require;
                 let got = lane
                     .ucx_info(deadline)
@@ -246,7 +166,7 @@ impl LinkShared {
                             &peer,
                             &info,
                             &welcome.table,
-                            lock(&engine.ucx_local).clone(),
+                            local.clone(),
                         )
                         .map(Some),
                         None => Ok(None),
@@ -270,12 +190,12 @@ impl LinkShared {
             }
         };
         let device = match &engine.ascend {
-            Some(rt) => crate::transport::ascend::link::connect(
+            Some((rt, regions)) => crate::transport::ascend::link::connect(
                 rt,
                 &mut lane,
-                &engine.region_cores(),
+                regions,
                 &welcome.table,
-                &engine.name,
+                engine.name,
                 &peer,
                 deadline,
                 |f| lane_error(f, "connect", &peer, started, false),
@@ -295,7 +215,10 @@ impl LinkShared {
         let (cma, fence) = match local {
             None => (None, None),
             Some((_, fence)) if ucx.is_some() || device.is_some() => (None, Some(fence)),
-            Some((proc, fence)) => match Cma::setup(proc, &welcome.table, &lane) {
+            Some((proc, fence)) => match lane
+                .try_clone_stream()
+                .and_then(|watch| SameHostPath::setup(proc, &welcome.table, watch))
+            {
                 Ok(c) => (Some(c), Some(fence)),
                 Err(e) => {
                     tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
@@ -320,9 +243,9 @@ impl LinkShared {
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
             table: welcome.table,
-            engine_id: engine.id,
+            engine_id: engine.engine_id,
             instance: engine.instance,
-            name: engine.name.clone(),
+            name: engine.name.to_owned(),
             max_lanes: engine.options.max_lanes,
             parallel: engine.options.parallel_lanes.min(engine.options.max_lanes),
             pool: Mutex::new(Pool {
@@ -455,70 +378,105 @@ impl LinkShared {
         self.freed.notify_all();
     }
 
-    /// Puts a lane back after `f`, or drops it when the failure left it out of step.
-    fn release(&self, lane: Lane, f: Option<&LaneFail>) {
-        match f {
-            None | Some(LaneFail::Refused { usable: true, .. }) => self.checkin(lane),
-            Some(LaneFail::Io(e)) if is_gone(e) => {
+    /// Puts a lane back, or drops it when a failure left it out of step (see [`LaneAfter`]).
+    fn release(&self, lane: Lane, after: LaneAfter) {
+        match after {
+            LaneAfter::Reuse => self.checkin(lane),
+            LaneAfter::Gone(why) => {
                 drop(lane);
-                self.discard(Some(format!("peer went away: {e}")));
+                self.discard(Some(why));
             }
-            Some(_) => {
+            LaneAfter::Discard => {
                 drop(lane);
                 self.discard(None);
             }
         }
     }
 
-    /// Moves a batch over the same-host path: memory copies for mapped regions,
-    /// `process_vm_readv`/`writev` for the others.
-    ///
-    /// The caller keeps every local range registered and alive for the call.
-    /// The path that moves `xds` without a TCP lane, if any: device (HCCL), then UCX (when
-    /// every region has a remote key), then same-host.
-    fn direct_path(&self, xds: &[Xd]) -> Option<Direct<'_>> {
-        match (&self.device, self.ucx_for(xds), &self.cma) {
-            (Some(dev), _, _) => Some(Direct::Device(dev)),
-            (None, Some(u), _) => Some(Direct::Ucx(u)),
-            (None, None, Some(cma)) if cma.covers(xds) => Some(Direct::Cma(cma)),
-            (None, None, _) => None,
-        }
+    /// The link's data paths other than its TCP lanes, in preference order: device (HCCL),
+    /// UCX, same-host.
+    fn data_paths(&self) -> impl Iterator<Item = &dyn DataPath> {
+        let device = self.device.as_ref().map(|d| d as &dyn DataPath);
+        let ucx = self.ucx.as_ref().map(|u| u as &dyn DataPath);
+        let cma = self.cma.as_ref().map(|c| c as &dyn DataPath);
+        device.into_iter().chain(ucx).chain(cma)
+    }
+
+    /// The first data path that moves `xds` without a TCP lane, if any.
+    fn direct_path(&self, xds: &[LaneDesc]) -> Option<&dyn DataPath> {
+        self.data_paths().find(|p| p.covers(xds))
     }
 
     /// Moves a batch over a lane-free path; `stop` cancels it where the path can be cancelled
     /// (UCX).
+    ///
+    /// The caller keeps every local range registered and alive for the call.
     fn run_direct(
         &self,
-        path: Direct<'_>,
+        path: &dyn DataPath,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        if let Direct::Device(dev) = path {
-            return self.run_device(dev, op, xds, deadline);
-        }
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
-        let pass = match &self.fence {
-            Some(f) => match f.enter() {
+        let pass = match (&self.fence, path.fenced()) {
+            (Some(f), true) => match f.enter() {
                 Some(p) => Some(p),
                 None => return Err(self.revoked("before this transfer started")),
             },
-            None => None,
+            _ => None,
         };
-        crate::transport::fence::test_pause();
-        let r = match path {
-            Direct::Ucx(u) => self.run_ucx(u, op, xds, deadline, stop),
-            Direct::Cma(cma) => self.run_cma(cma, op, xds),
-            Direct::Device(_) => unreachable!("handled above"),
-        };
+        if path.fenced() {
+            crate::transport::same_host::fence::test_pause();
+        }
+        tracing::trace!(transport = ?path.kind(), descs = xds.len(), %op, "batch on a data path");
+        let r = self.run_path(path, op, xds, deadline, stop);
         let kept = pass.is_none_or(|p| p.leave());
         match r {
             Ok(()) if !kept => {
                 Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
             }
             r => r,
+        }
+    }
+
+    /// Runs a batch on `path` and turns its failure into the caller's error, breaking the link
+    /// where the failure says so.
+    fn run_path(
+        &self,
+        path: &dyn DataPath,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), Error> {
+        if path.refused_when_broken()
+            && let Some(why) = &lock(&self.pool).broken
+        {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            });
+        }
+        // SAFETY: `prepare` checked every local range against the caller's registered regions,
+        // which the caller's borrows (sync) or the request's state (async) hold alive for the
+        // call, and every remote range against the peer's table.
+        match unsafe { path.run(&self.peer, op, xds, deadline, stop) } {
+            Ok(()) => Ok(()),
+            Err(PathFail::Gone(why)) => {
+                self.mark_broken(why.clone());
+                Err(Error::NotConnected {
+                    peer: self.peer.clone(),
+                    why,
+                })
+            }
+            Err(PathFail::Poisoned { why, error }) => {
+                self.mark_broken(why);
+                Err(error)
+            }
+            Err(PathFail::Failed(e)) => Err(e),
         }
     }
 
@@ -532,157 +490,21 @@ impl LinkShared {
         }
     }
 
-    /// The UCX link, when it carries this batch (every region has a remote key).
-    fn ucx_for(&self, xds: &[Xd]) -> Option<&crate::transport::ucx::UcxLink> {
-        self.ucx.as_ref().filter(|u| u.covers(xds))
-    }
-
-    /// Moves a batch over UCX. A failure or a timeout poisons the link (the endpoint is closed:
-    /// HIXL's rule, reconnect to go on).
-    fn run_ucx(
-        &self,
-        u: &crate::transport::ucx::UcxLink,
-        op: TransferOp,
-        xds: &[Xd],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), Error> {
-        if let Some(why) = &lock(&self.pool).broken {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            });
-        }
-        // SAFETY: `prepare` checked every local range against the caller's registered regions,
-        // which the caller's borrows (sync) or the request's state (async) hold alive for the
-        // call, and every remote range against the peer's table; `run` ends UCX's use of the
-        // buffers before it returns.
-        let r = unsafe { u.run(op, xds, deadline, stop) };
-        if let Err(e) = &r {
-            self.mark_broken(format!("UCX transfer failed: {e}"));
-        }
-        r
-    }
-
-    fn run_cma(&self, cma: &Cma, op: TransferOp, xds: &[Xd]) -> Result<(), Error> {
-        if !cma.proc.alive(&cma.watch) {
-            let why = "the peer exited or closed the link".to_owned();
-            self.mark_broken(why.clone());
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why,
-            });
-        }
-        let (mut lo, mut ro, mut index, mut copies) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (i, d) in xds.iter().enumerate() {
-            let Some(r) = cma.regions.get(&d.remote.region) else {
-                return Err(Error::RemoteNotRegistered {
-                    peer: self.peer.clone(),
-                    addr: d.remote.offset,
-                    len: d.remote.len,
-                });
-            };
-            let len = d.remote.len as usize;
-            match r.mapping(&cma.proc) {
-                Some(m) => {
-                    let (src, dst) = match op {
-                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
-                        TransferOp::Read => (m.at(d.remote.offset), d.local),
-                    };
-                    copies.push(host::Copy { src, dst, len });
-                }
-                None => {
-                    lo.push(IoVec { base: d.local, len });
-                    ro.push(IoVec {
-                        base: (r.addr + d.remote.offset) as usize,
-                        len,
-                    });
-                    index.push(i);
-                }
-            }
-        }
-        // SAFETY: each local range lies in a registered region the caller keeps alive; each
-        // remote range was validated against the peer's table, and its mapping covers the whole
-        // region (the memfd is sealed against shrinking and was checked to be at least that
-        // long). Local and mapped memory are distinct mappings.
-        unsafe { host::copy_all(&copies) };
-        if lo.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-        match unsafe { host::pvm_all(&cma.proc, op == TransferOp::Write, &lo, &ro) } {
-            Ok(()) => Ok(()),
-            Err((e, at)) => {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    let why = "the peer exited".to_owned();
-                    self.mark_broken(why.clone());
-                    return Err(Error::NotConnected {
-                        peer: self.peer.clone(),
-                        why,
-                    });
-                }
-                Err(Error::SameHost {
-                    op: op.name(),
-                    peer: self.peer.clone(),
-                    index: index[at],
-                    source: e,
-                })
-            }
-        }
-    }
-
-    /// Moves a batch over the device data path (HCCL). A failure poisons the link (HIXL: a
-    /// failed channel is unusable until reconnected): later transfers are `NOT_CONNECTED`.
-    ///
-    /// The caller keeps every local range registered and alive for the call.
-    fn run_device(
-        &self,
-        dev: &Mutex<Option<DeviceLink>>,
-        op: TransferOp,
-        xds: &[Xd],
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        if let Some(why) = &lock(&self.pool).broken {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            });
-        }
-        let guard = lock(dev);
-        let Some(d) = guard.as_ref() else {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: "disconnected".into(),
-            });
-        };
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
-        // ranges; async: the job holds the regions), and no Rust reference to registered memory
-        // is ever made.
-        let r = unsafe { d.transfer(op, xds, timeout.max(Duration::from_millis(1))) };
-        drop(guard);
-        if let Err(e) = &r {
-            self.mark_broken(format!("a device transfer failed: {e}"));
-        }
-        r
-    }
-
     /// Takes a lane, runs `xds` on it, and puts it back.
     fn run_part(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         started: Instant,
     ) -> Result<(), Error> {
         let mut lane = self.checkout(deadline, started, op.name())?;
         let r = self.run_on(&mut lane, op, xds, deadline);
+        let after = LaneAfter::of(r.as_ref().err());
         let e = r
-            .as_ref()
             .err()
-            .map(|f| lane_error(clone_fail(f), op.name(), &self.peer, started, false));
-        self.release(lane, r.as_ref().err());
+            .map(|f| lane_error(f, op.name(), &self.peer, started, false));
+        self.release(lane, after);
         e.map_or(Ok(()), Err)
     }
 
@@ -691,7 +513,7 @@ impl LinkShared {
         &self,
         lane: &mut Lane,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
@@ -741,7 +563,9 @@ impl LinkShared {
         }
         let r = self.run_on(&mut lane, st.op, &job.xds, st.deadline);
         // the lane (and its descriptor) stays alive until `finish` has left the running phase
-        let outcome = match &r {
+        let after = LaneAfter::of(r.as_ref().err());
+        let failed = r.is_err();
+        let outcome = match r {
             Ok(()) => Outcome::Completed,
             Err(LaneFail::Io(e))
                 if matches!(
@@ -752,7 +576,7 @@ impl LinkShared {
                 Outcome::TimedOut
             }
             Err(f) => Outcome::Failed(Arc::new(lane_error(
-                clone_fail(f),
+                f,
                 st.op.name(),
                 &self.peer,
                 st.started,
@@ -760,12 +584,12 @@ impl LinkShared {
             ))),
         };
         st.finish(self, outcome);
-        if r.is_err() && st.cancel_requested() {
+        if failed && st.cancel_requested() {
             // the lane was shut down by `cancel`: that says nothing about the peer
             drop(lane);
             self.discard(None);
         } else {
-            self.release(lane, r.as_ref().err());
+            self.release(lane, after);
         }
     }
 
@@ -945,13 +769,13 @@ const SPLIT_MIN: u64 = 8 << 20;
 
 /// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
 /// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
+fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<LaneDesc>> {
     let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
     if parts < 2 {
         return Vec::new();
     }
     let share = bytes.div_ceil(parts as u64);
-    let mut out: Vec<Vec<Xd>> = vec![Vec::new()];
+    let mut out: Vec<Vec<LaneDesc>> = vec![Vec::new()];
     let mut room = share;
     for d in xds {
         let mut d = *d;
@@ -962,7 +786,7 @@ fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
             }
             let take = d.remote.len.min(room);
             let last = out.last_mut().expect("at least one part");
-            last.push(Xd {
+            last.push(LaneDesc {
                 local: d.local,
                 remote: WireDesc {
                     region: d.remote.region,
@@ -979,21 +803,24 @@ fn split(xds: &[Xd], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<Xd>> {
     out
 }
 
-/// `LaneFail` holds an `io::Error`, which is not `Clone`; keep the kind and the message.
-fn clone_fail(f: &LaneFail) -> LaneFail {
-    match f {
-        LaneFail::Refused {
-            status,
-            reason,
-            usable,
-        } => LaneFail::Refused {
-            status: *status,
-            reason: reason.clone(),
-            usable: *usable,
-        },
-        LaneFail::Io(e) => LaneFail::Io(std::io::Error::new(e.kind(), e.to_string())),
-        LaneFail::Protocol(p) => LaneFail::Protocol(p.clone()),
-        LaneFail::Auth(w) => LaneFail::Auth(w),
+/// What becomes of a lane after an operation, decided from how it failed (if it did) before
+/// the failure is turned into the caller's error (which keeps the `io::Error` itself).
+enum LaneAfter {
+    /// Back into the pool: it is still in step with the peer.
+    Reuse,
+    /// The peer went away: the link is broken, for this reason.
+    Gone(String),
+    /// Out of step: closed, the link stays usable.
+    Discard,
+}
+
+impl LaneAfter {
+    fn of(f: Option<&LaneFail>) -> Self {
+        match f {
+            None | Some(LaneFail::Refused { usable: true, .. }) => Self::Reuse,
+            Some(LaneFail::Io(e)) if is_gone(e) => Self::Gone(format!("peer went away: {e}")),
+            Some(_) => Self::Discard,
+        }
     }
 }
 
@@ -1148,7 +975,7 @@ impl<'e> Link<'e> {
         &self,
         op: TransferOp,
         descs: &[TransferDesc<'_>],
-        xds: &mut Vec<Xd>,
+        xds: &mut Vec<LaneDesc>,
     ) -> Result<u64, Error> {
         if descs.is_empty() {
             return Err(Error::EmptyBatch);
@@ -1205,7 +1032,7 @@ impl<'e> Link<'e> {
                 });
             }
             bytes += d.remote.len;
-            xds.push(Xd {
+            xds.push(LaneDesc {
                 local: d.local.ptr() as usize,
                 remote: WireDesc {
                     region: d.remote.region,
@@ -1251,7 +1078,7 @@ impl<'e> Link<'e> {
         } else {
             split(&xds, bytes, sh.parallel, SPLIT_MIN)
         };
-        let run = |p: &[Xd]| match direct {
+        let run = |p: &[LaneDesc]| match direct {
             Some(path) => sh.run_direct(path, op, p, deadline, &|| false),
             None => sh.run_part(op, p, deadline, started),
         };
@@ -1420,11 +1247,11 @@ impl<'e> Link<'e> {
         }
         let mut lane = sh.checkout(deadline, started, "notify")?;
         let r = lane.notify(me, name, msg, deadline);
+        let after = LaneAfter::of(r.as_ref().err());
         let e = r
-            .as_ref()
             .err()
-            .map(|f| lane_error(clone_fail(f), "notify", &sh.peer, started, false));
-        sh.release(lane, r.as_ref().err());
+            .map(|f| lane_error(f, "notify", &sh.peer, started, false));
+        sh.release(lane, after);
         if e.is_none() {
             sh.counters.notified();
         }
@@ -1522,74 +1349,6 @@ pub(crate) fn lane_error(
             peer: peer.to_owned(),
             why,
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn xd(local: usize, region: u32, offset: u64, len: u64) -> Xd {
-        Xd {
-            local,
-            remote: WireDesc {
-                region,
-                offset,
-                len,
-            },
-        }
-    }
-
-    #[test]
-    fn split_keeps_every_byte_once_and_in_place() {
-        let m = 1u64 << 20;
-        // too small to split
-        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
-        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
-        let cases: Vec<Vec<Xd>> = vec![
-            vec![xd(0x1000, 1, 7, 64 * m)],
-            vec![
-                xd(0x1000, 1, 0, 16 * m),
-                xd(0x9000_0000, 2, 5, 16 * m),
-                xd(0x5000_0000, 3, 9, 3),
-            ],
-            (0..4)
-                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
-                .collect(),
-        ];
-        for xds in cases {
-            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
-            for lanes in [2usize, 3, 8] {
-                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
-                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
-                assert_eq!(parts.len(), want);
-                // parts differ by at most one share's rounding, and cover the batch in order
-                let flat: Vec<Xd> = parts.iter().flatten().copied().collect();
-                let mut i = 0;
-                for d in &xds {
-                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
-                    while left > 0 {
-                        let p = flat[i];
-                        assert_eq!(
-                            (p.local, p.remote.region, p.remote.offset),
-                            (local, d.remote.region, off)
-                        );
-                        assert!(p.remote.len > 0 && p.remote.len <= left);
-                        local += p.remote.len as usize;
-                        off += p.remote.len;
-                        left -= p.remote.len;
-                        i += 1;
-                    }
-                }
-                assert_eq!(i, flat.len());
-                let sizes: Vec<u64> = parts
-                    .iter()
-                    .map(|p| p.iter().map(|d| d.remote.len).sum())
-                    .collect();
-                let share = bytes.div_ceil(want as u64);
-                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
-            }
-        }
     }
 }
 
@@ -1713,5 +1472,73 @@ impl fmt::Debug for RemoteRange<'_> {
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
+        LaneDesc {
+            local,
+            remote: WireDesc {
+                region,
+                offset,
+                len,
+            },
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_byte_once_and_in_place() {
+        let m = 1u64 << 20;
+        // too small to split
+        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
+        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
+        let cases: Vec<Vec<LaneDesc>> = vec![
+            vec![xd(0x1000, 1, 7, 64 * m)],
+            vec![
+                xd(0x1000, 1, 0, 16 * m),
+                xd(0x9000_0000, 2, 5, 16 * m),
+                xd(0x5000_0000, 3, 9, 3),
+            ],
+            (0..4)
+                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
+                .collect(),
+        ];
+        for xds in cases {
+            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
+            for lanes in [2usize, 3, 8] {
+                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
+                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
+                assert_eq!(parts.len(), want);
+                // parts differ by at most one share's rounding, and cover the batch in order
+                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
+                let mut i = 0;
+                for d in &xds {
+                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
+                    while left > 0 {
+                        let p = flat[i];
+                        assert_eq!(
+                            (p.local, p.remote.region, p.remote.offset),
+                            (local, d.remote.region, off)
+                        );
+                        assert!(p.remote.len > 0 && p.remote.len <= left);
+                        local += p.remote.len as usize;
+                        off += p.remote.len;
+                        left -= p.remote.len;
+                        i += 1;
+                    }
+                }
+                assert_eq!(i, flat.len());
+                let sizes: Vec<u64> = parts
+                    .iter()
+                    .map(|p| p.iter().map(|d| d.remote.len).sum())
+                    .collect();
+                let share = bytes.div_ceil(want as u64);
+                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
+            }
+        }
     }
 }

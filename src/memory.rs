@@ -1,4 +1,5 @@
-//! Memory that can be registered, registered regions, and local sub-ranges of them.
+//! Registered regions and local sub-ranges of them (the memory types that can be registered are
+//! in `buffers.rs`).
 //!
 //! A [`Region`] is a capability: proof that a piece of memory is registered with one engine. It is
 //! an owned handle (not a borrow of the engine), so the engine can still change state while regions
@@ -10,350 +11,12 @@
 //! `deregister` once no link can exist.
 
 use std::fmt;
-use std::ops::{Bound, Deref, DerefMut, RangeBounds};
-use std::ptr::NonNull;
+use std::ops::{Bound, RangeBounds};
 
+use crate::buffers::HostBuffer;
 use crate::error::Error;
-use crate::transfer::TransferOp;
-
-/// Where memory lives (HIXL `MemType`, same numeric values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum MemType {
-    /// Accelerator (device) memory: `MEM_DEVICE` (0).
-    Device = 0,
-    /// Host memory: `MEM_HOST` (1).
-    Host = 1,
-}
-
-impl MemType {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Self::Device),
-            1 => Some(Self::Host),
-            _ => None,
-        }
-    }
-}
-
-/// HIXL's `MemDesc`: an address range managed by the caller, for [`register_raw`].
-///
-/// [`register_raw`]: crate::Hixl::register_raw
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MemDesc {
-    /// Start address.
-    pub addr: usize,
-    /// Length in bytes.
-    pub len: usize,
-}
-
-/// What remote peers may do with a region. The serving engine enforces it on every request, and
-/// a client refuses locally what the peer's table forbids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum Access {
-    /// Peers may neither read nor write it (local use only).
-    None = 0,
-    /// Peers may READ from it.
-    Read = 1,
-    /// Peers may WRITE into it.
-    Write = 2,
-    /// Peers may READ and WRITE (the default, as in HIXL).
-    #[default]
-    ReadWrite = 3,
-}
-
-impl Access {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Self::None),
-            1 => Some(Self::Read),
-            2 => Some(Self::Write),
-            3 => Some(Self::ReadWrite),
-            _ => None,
-        }
-    }
-
-    /// Whether a peer's `op` is allowed on a region with these rights.
-    pub fn permits(self, op: TransferOp) -> bool {
-        let bit = match op {
-            TransferOp::Read => 1,
-            TransferOp::Write => 2,
-        };
-        (self as u8) & bit != 0
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::ReadWrite => "read-write",
-        }
-    }
-}
-
-/// The raw parts of a piece of memory whose ownership was handed to an engine.
-#[derive(Debug, Clone, Copy)]
-pub struct RawMemory {
-    ptr: NonNull<u8>,
-    len: usize,
-    extra: usize,
-    mem_type: MemType,
-    /// The sealed memfd behind the memory (HostBuffer only), or -1.
-    pub(crate) fd: i32,
-}
-
-impl RawMemory {
-    /// Describes `len` bytes at `ptr`. `extra` is free for the implementor (a `Vec`'s capacity,
-    /// for example) and comes back unchanged in [`RegistrableMemory::from_raw_parts`].
-    pub fn new(ptr: NonNull<u8>, len: usize, extra: usize, mem_type: MemType) -> Self {
-        Self {
-            ptr,
-            len,
-            extra,
-            mem_type,
-            fd: -1,
-        }
-    }
-    /// Start of the memory.
-    pub fn ptr(&self) -> NonNull<u8> {
-        self.ptr
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the length is zero.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The implementor's extra word.
-    pub fn extra(&self) -> usize {
-        self.extra
-    }
-    /// The memory's type.
-    pub fn mem_type(&self) -> MemType {
-        self.mem_type
-    }
-}
-
-/// Memory whose ownership can be handed to an engine for registration, and handed back.
-///
-/// # Safety
-/// An implementation promises that:
-/// - `into_raw_parts` gives up all access to the memory: from then until `from_raw_parts` is called
-///   with the same parts, nothing but the engine reads, writes, moves, frees or unmaps the
-///   `len` bytes at `ptr`, and they stay valid for reads and writes of any byte values;
-/// - `from_raw_parts(raw)` accepts exactly what `into_raw_parts` returned and restores the value;
-///   dropping that value frees the memory;
-/// - the reported [`MemType`] is true.
-pub unsafe trait RegistrableMemory: Send + 'static {
-    /// Gives up ownership and returns the raw parts.
-    fn into_raw_parts(self) -> RawMemory;
-    /// Restores the value from its raw parts.
-    ///
-    /// # Safety
-    /// `raw` must come from `into_raw_parts` of the same type, and be used once.
-    unsafe fn from_raw_parts(raw: RawMemory) -> Self;
-}
-
-// SAFETY: `Box::into_raw` gives up ownership of a heap allocation of exactly `len` bytes that
-// nothing else references; `Box::from_raw` on the same pointer and length restores it.
-unsafe impl RegistrableMemory for Box<[u8]> {
-    fn into_raw_parts(self) -> RawMemory {
-        let len = self.len();
-        let ptr =
-            NonNull::new(Box::into_raw(self).cast::<u8>()).expect("Box pointers are non-null");
-        RawMemory::new(ptr, len, 0, MemType::Host)
-    }
-    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
-        let slice = std::ptr::slice_from_raw_parts_mut(raw.ptr.as_ptr(), raw.len);
-        // SAFETY: the caller passes the parts `into_raw_parts` produced from a `Box<[u8]>`.
-        unsafe { Box::from_raw(slice) }
-    }
-}
-
-// SAFETY: the `Vec` is taken apart with its capacity, so its buffer is neither resized nor freed
-// until `Vec::from_raw_parts` rebuilds it with the same pointer, length and capacity.
-unsafe impl RegistrableMemory for Vec<u8> {
-    fn into_raw_parts(self) -> RawMemory {
-        let mut v = std::mem::ManuallyDrop::new(self);
-        let ptr = NonNull::new(v.as_mut_ptr()).expect("Vec pointers are non-null");
-        RawMemory::new(ptr, v.len(), v.capacity(), MemType::Host)
-    }
-    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
-        // SAFETY: the caller passes the parts `into_raw_parts` produced from a `Vec<u8>`.
-        unsafe { Vec::from_raw_parts(raw.ptr.as_ptr(), raw.len, raw.extra) }
-    }
-}
-
-/// A page-aligned, zero-initialised host buffer owned by the caller until it is registered.
-///
-/// While you own it, it is an ordinary byte slice (`Deref<Target = [u8]>`). Registering it moves
-/// it into the engine; deregistering gives it back.
-///
-/// Its pages live in a sealed `memfd` (it can neither shrink nor grow), which lets same-host peers
-/// map the region and move data with a plain memory copy. If a same-host peer may have mapped it,
-/// deregistration hands back a private copy, never pages a peer can still write.
-pub struct HostBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// Bytes mapped (`len` rounded up to a page).
-    map_len: usize,
-    /// The memfd, or -1 when the buffer is anonymous memory (memfd unavailable).
-    fd: i32,
-}
-
-// SAFETY: HostBuffer owns its mapping exclusively, like `Box<[u8]>`.
-unsafe impl Send for HostBuffer {}
-// SAFETY: shared access only hands out `&[u8]`, like `Box<[u8]>`.
-unsafe impl Sync for HostBuffer {}
-
-const PAGE: usize = 4096;
-
-impl HostBuffer {
-    /// Allocates `len` zeroed bytes aligned to a 4 KiB page.
-    ///
-    /// # Errors
-    /// [`Error::ZeroLengthRegion`] for `len == 0`; [`Error::OutOfMemory`] when the allocation fails.
-    pub fn new(len: usize) -> Result<Self, Error> {
-        if len == 0 {
-            return Err(Error::ZeroLengthRegion);
-        }
-        let map_len = len
-            .checked_next_multiple_of(PAGE)
-            .ok_or(Error::OutOfMemory { len })?;
-        let fd = sealed_memfd(map_len);
-        let (flags, mfd) = match fd {
-            Some(fd) => (libc::MAP_SHARED, fd),
-            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
-        };
-        // SAFETY: a new mapping of `map_len` bytes, of our own memfd or anonymous memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                mfd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            if mfd >= 0 {
-                // SAFETY: closing the memfd we just created, once.
-                unsafe { libc::close(mfd) };
-            }
-            return Err(Error::OutOfMemory { len });
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(Error::OutOfMemory { len })?;
-        Ok(Self {
-            ptr,
-            len,
-            map_len,
-            fd: mfd,
-        })
-    }
-
-    /// A buffer holding a copy of `data`.
-    ///
-    /// # Errors
-    /// As [`HostBuffer::new`].
-    pub fn from_slice(data: &[u8]) -> Result<Self, Error> {
-        let mut b = Self::new(data.len())?;
-        b.copy_from_slice(data);
-        Ok(b)
-    }
-
-    /// Whether the buffer is backed by a sealed memfd (same-host peers can map it).
-    pub fn is_shareable(&self) -> bool {
-        self.fd >= 0
-    }
-}
-
-/// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
-pub(crate) fn sealed_memfd(len: usize) -> Option<i32> {
-    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"hixl".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: sizing and sealing the descriptor we just created.
-    let ok = unsafe {
-        libc::ftruncate(fd, len as libc::off_t) == 0
-            && libc::fcntl(fd, libc::F_ADD_SEALS, seals) == 0
-    };
-    if !ok {
-        // SAFETY: closing our own descriptor, once.
-        unsafe { libc::close(fd) };
-        return None;
-    }
-    Some(fd)
-}
-
-impl Deref for HostBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len` initialised bytes owned by `self`; no peer can have
-        // mapped them (a buffer handed back after sharing is a private copy).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl DerefMut for HostBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `new` and closing its memfd, once.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
-            if self.fd >= 0 {
-                libc::close(self.fd);
-            }
-        }
-    }
-}
-
-impl fmt::Debug for HostBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HostBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("shareable", &(self.fd >= 0))
-            .finish()
-    }
-}
-
-// SAFETY: a HostBuffer is taken apart without unmapping; only `from_raw_parts` rebuilds it. Its
-// `fd`, when set, is a sealed memfd whose first `len` bytes are the memory at `ptr`.
-unsafe impl RegistrableMemory for HostBuffer {
-    fn into_raw_parts(self) -> RawMemory {
-        let this = std::mem::ManuallyDrop::new(self);
-        let mut raw = RawMemory::new(this.ptr, this.len, this.map_len, MemType::Host);
-        raw.fd = this.fd;
-        raw
-    }
-    unsafe fn from_raw_parts(raw: RawMemory) -> Self {
-        Self {
-            ptr: raw.ptr,
-            len: raw.len,
-            map_len: raw.extra,
-            fd: raw.fd,
-        }
-    }
-}
+use crate::types::raw::{RawMemory, RegistrableMemory};
+use crate::types::{Access, MemDesc, MemType, RegionView};
 
 /// Replaces memory a peer may have mapped by a private copy (a HostBuffer, since only
 /// HostBuffers have a memfd), releasing the shared one.
@@ -465,6 +128,17 @@ unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
 }
 
 impl RegionCore {
+    /// What a transport needs to know of the region.
+    pub(crate) fn view(&self) -> RegionView {
+        RegionView {
+            id: self.id,
+            addr: self.addr,
+            len: self.len,
+            mem_type: self.mem_type,
+            access: self.access,
+        }
+    }
+
     pub(crate) fn new_owned<M: RegistrableMemory>(
         id: u32,
         engine: u64,
@@ -905,35 +579,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn host_buffer_is_page_aligned_and_zeroed() {
-        let b = HostBuffer::new(10_000).unwrap();
-        assert_eq!(b.as_ptr() as usize % PAGE, 0);
-        assert!(b.iter().all(|&x| x == 0));
-        assert!(b.is_shareable());
-        // SAFETY: reading the seals of the buffer's own memfd.
-        let seals = unsafe { libc::fcntl(b.fd, libc::F_GET_SEALS) };
-        assert_eq!(
-            seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW),
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
-        );
-        assert!(matches!(HostBuffer::new(0), Err(Error::ZeroLengthRegion)));
-    }
-
-    #[test]
-    fn raw_parts_round_trip() {
-        let v: Vec<u8> = (0..=255).collect();
-        let raw = RegistrableMemory::into_raw_parts(v.clone());
-        // SAFETY: parts from `into_raw_parts` of the same type, used once.
-        let back = unsafe { <Vec<u8> as RegistrableMemory>::from_raw_parts(raw) };
-        assert_eq!(back, v);
-        let b: Box<[u8]> = v.clone().into_boxed_slice();
-        let raw = RegistrableMemory::into_raw_parts(b);
-        // SAFETY: as above.
-        let back = unsafe { <Box<[u8]> as RegistrableMemory>::from_raw_parts(raw) };
-        assert_eq!(&back[..], &v[..]);
-    }
-
-    #[test]
     fn range_resolution() {
         assert_eq!(resolve(.., 10, 0).unwrap(), (0, 10));
         assert_eq!(resolve(3..7, 10, 0).unwrap(), (3, 4));
@@ -945,15 +590,5 @@ mod tests {
             ));
         }
         assert!(resolve(..=usize::MAX, 10, 0).is_err());
-    }
-
-    #[test]
-    fn access_rights() {
-        assert!(Access::ReadWrite.permits(TransferOp::Read));
-        assert!(Access::ReadWrite.permits(TransferOp::Write));
-        assert!(Access::Read.permits(TransferOp::Read));
-        assert!(!Access::Read.permits(TransferOp::Write));
-        assert!(!Access::Write.permits(TransferOp::Read));
-        assert!(!Access::None.permits(TransferOp::Write));
     }
 }

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::Status;
-use crate::transfer::TransferOp;
+use crate::sync::lock;
+use crate::types::TransferOp;
 
 /// Histogram buckets: four per power of two of nanoseconds, up to 2^44 ns (about 4.9 hours).
 const SUB: u32 = 4;
@@ -82,11 +83,7 @@ impl LinkCounters {
                 c.hist[bucket(took.as_nanos() as u64)].fetch_add(1, Ordering::Relaxed);
             }
             Some(s) => {
-                *c.errors
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .entry(s.code())
-                    .or_insert(0) += 1;
+                *lock(&c.errors).entry(s.code()).or_insert(0) += 1;
             }
         }
     }
@@ -132,11 +129,7 @@ impl OpCounters {
             ops: self.ops.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
-            errors: self
-                .errors
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            errors: lock(&self.errors).clone(),
             p50: pct(0.50),
             p99: pct(0.99),
         }

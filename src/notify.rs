@@ -1,6 +1,7 @@
 //! Notifications (HIXL `SendNotify` / `GetNotifies`): short messages a client sends over a link,
 //! acknowledged by the serving engine and drained with [`Hixl::get_notifies`](crate::Hixl::get_notifies).
 
+use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -39,22 +40,6 @@ pub(crate) struct NotifyLimits {
     pub max_bytes: usize,
     /// How long a closed link's pending notifications are kept.
     pub grace: Duration,
-}
-
-impl Default for NotifyLimits {
-    fn default() -> Self {
-        Self::from_options(&crate::Options::default())
-    }
-}
-
-impl NotifyLimits {
-    pub(crate) fn from_options(o: &crate::Options) -> Self {
-        Self {
-            max_count: o.max_pending_notifies,
-            max_bytes: o.max_pending_notify_bytes,
-            grace: o.closed_link_notify_grace,
-        }
-    }
 }
 
 #[derive(Default)]
@@ -99,7 +84,6 @@ impl Inner {
 
 /// The serving side's queue of received notifications, shared by its serving threads: at most
 /// [`MAX_PENDING_NOTIFIES`] per link, and at most [`NotifyLimits`] over all links.
-#[derive(Default)]
 pub(crate) struct NotifyQueue {
     inner: Mutex<Inner>,
     limits: NotifyLimits,
@@ -116,7 +100,7 @@ impl NotifyQueue {
     /// Queues a notification of link `token`; `Err` with the reason when that link, or the
     /// engine, has too many pending.
     pub fn push(&self, token: u64, n: Notify) -> Result<(), String> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         g.expire(self.limits.grace);
         let size = cost(&n);
         if g.pending.get(&token).copied().unwrap_or(0) >= MAX_PENDING_NOTIFIES {
@@ -141,7 +125,7 @@ impl NotifyQueue {
 
     /// Link `token` closed: its pending notifications stay for the grace period, then go.
     pub fn link_closed(&self, token: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         if g.pending.contains_key(&token) {
             g.closed.entry(token).or_insert_with(Instant::now);
         }
@@ -149,7 +133,7 @@ impl NotifyQueue {
 
     /// Takes every queued notification, oldest first.
     pub fn drain(&self) -> Vec<Notify> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.inner);
         g.expire(self.limits.grace);
         g.pending.clear();
         g.closed.clear();

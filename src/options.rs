@@ -373,6 +373,28 @@ impl Options {
     }
 }
 
+impl Options {
+    /// The engine-wide bounds on pending notifications these options set.
+    pub(crate) fn notify_limits(&self) -> crate::notify::NotifyLimits {
+        crate::notify::NotifyLimits {
+            max_count: self.max_pending_notifies,
+            max_bytes: self.max_pending_notify_bytes,
+            grace: self.closed_link_notify_grace,
+        }
+    }
+
+    /// The bounds a serving engine keeps, as these options set them.
+    pub(crate) fn server_limits(&self) -> crate::runtime::control::limits::Limits {
+        crate::runtime::control::limits::Limits {
+            max_conns: self.max_server_conns,
+            max_conns_per_peer: self.max_server_conns_per_peer,
+            max_lanes_per_link: self.max_server_lanes_per_link,
+            max_handshakes: self.max_server_handshakes,
+            max_handshakes_per_peer: self.max_server_handshakes_per_peer,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

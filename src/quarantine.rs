@@ -2,7 +2,7 @@
 //!
 //! When a serving engine stops, it revokes every same-host client's one-sided access and waits,
 //! up to its grace period, for each to confirm it has no copy in flight (see
-//! `crate::transport::fence`). A client that does not (stopped, hung) leaves the engine with
+//! `crate::transport::same_host::fence`). A client that does not (stopped, hung) leaves the engine with
 //! memory it cannot hand back: the original pages may still be written. Such a region is
 //! quarantined when it is deregistered or freed: its owner gets a copy (deregister), and the
 //! original allocation is kept — neither freed nor reused — until every fence that blocks it has
@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::memory::RawMemory;
-use crate::transport::fence::ServerFence;
+use crate::sync::lock;
+use crate::transport::same_host::fence::ServerFence;
+use crate::types::raw::RawMemory;
 
 /// An engine's quarantine counters.
 #[derive(Debug, Default)]
@@ -78,7 +79,7 @@ fn quarantine() -> &'static Quarantine {
 const REAP_EVERY: Duration = Duration::from_millis(20);
 
 fn reap(q: &'static Quarantine) {
-    let mut held = q.held.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = lock(&q.held);
     loop {
         if held.is_empty() {
             held = q.cv.wait(held).unwrap_or_else(|e| e.into_inner());
@@ -122,7 +123,7 @@ pub(crate) fn hold(
         "memory quarantined: a same-host client did not confirm it stopped writing; its owner got a copy"
     );
     let q = quarantine();
-    q.held.lock().unwrap_or_else(|e| e.into_inner()).push(Held {
+    lock(&q.held).push(Held {
         raw,
         free,
         blockers,

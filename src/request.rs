@@ -12,18 +12,15 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::link::LinkShared;
-use crate::transfer::TransferOp;
-use crate::transport::tcp::Xd;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
 
 /// Optional arguments of [`Link::transfer_async`](crate::Link::transfer_async) (HIXL `TransferArgs`).
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +132,7 @@ pub(crate) struct ReqState {
 /// lane descriptors.
 pub(crate) struct Job {
     pub state: Arc<ReqState>,
-    pub xds: Vec<Xd>,
+    pub xds: Vec<LaneDesc>,
 }
 
 impl ReqState {

@@ -63,7 +63,7 @@ pub fn build_ascend_double(dir: &std::path::Path) -> Result<std::path::PathBuf, 
 /// pidreuse`): not part of the API.
 #[doc(hidden)]
 #[derive(Debug)]
-pub struct SameHostPeer(crate::transport::host::PeerProc);
+pub struct SameHostPeer(crate::transport::same_host::PeerProc);
 
 #[doc(hidden)]
 impl SameHostPeer {
@@ -72,12 +72,12 @@ impl SameHostPeer {
     /// # Errors
     /// What the kernel says (no such process, no right to trace it).
     pub fn open(pid: u32) -> std::io::Result<Self> {
-        let me = crate::transport::host::HostId::current()
+        let me = crate::types::HostId::current()
             .ok_or_else(|| std::io::Error::other("/proc does not say who this process is"))?;
-        let start = crate::transport::host::start_time(pid)
+        let start = crate::types::start_time(pid)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
-        let id = crate::transport::host::HostId { pid, start, ..me };
-        crate::transport::host::PeerProc::open(&id).map(Self)
+        let id = crate::types::HostId { pid, start, ..me };
+        crate::transport::same_host::PeerProc::open(&id).map(Self)
     }
 
     /// Writes `data` at `addr` in the process, the way a same-host WRITE does.
@@ -85,11 +85,11 @@ impl SameHostPeer {
     /// # Errors
     /// The OS error (`ESRCH` once the process is gone, whatever now has its pid).
     pub fn write(&self, addr: usize, data: &[u8]) -> std::io::Result<()> {
-        let mut local = [crate::transport::io::IoVec {
+        let mut local = [crate::io::IoVec {
             base: data.as_ptr() as usize,
             len: data.len(),
         }];
-        let mut remote = [crate::transport::io::IoVec {
+        let mut remote = [crate::io::IoVec {
             base: addr,
             len: data.len(),
         }];

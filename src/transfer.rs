@@ -10,40 +10,6 @@ use std::fmt;
 use crate::link::RemoteRange;
 use crate::memory::LocalRange;
 
-/// The direction of a transfer (HIXL `TransferOp`, same numeric values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum TransferOp {
-    /// Remote → local: `READ` (0).
-    Read = 0,
-    /// Local → remote: `WRITE` (1).
-    Write = 1,
-}
-
-impl TransferOp {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        match v {
-            0 => Some(Self::Read),
-            1 => Some(Self::Write),
-            _ => None,
-        }
-    }
-
-    /// `"READ"` or `"WRITE"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Read => "READ",
-            Self::Write => "WRITE",
-        }
-    }
-}
-
-impl fmt::Display for TransferOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// One `{local, remote, len}` descriptor (HIXL `TransferOpDesc`), built from capabilities.
 ///
 /// The lengths of both sides must match; the transfer checks it and reports the index of a

@@ -9,8 +9,7 @@
 //! The decoder never trusts a length: every field is bounds-checked, counts are capped, and a
 //! frame that is not consumed exactly is an error.
 
-use crate::memory::{Access, MemType};
-use crate::transfer::TransferOp;
+use crate::types::{Access, MemType, TransferOp};
 
 /// `"HIXL"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
@@ -31,7 +30,7 @@ pub const DESC_LEN: usize = 20;
 /// Bytes per encoded region-table entry.
 pub const ENTRY_LEN: usize = 26;
 
-pub use crate::transport::host::HostId;
+pub use crate::types::{HostId, WireDesc};
 
 fn put_host(out: &mut Vec<u8>, h: &Option<HostId>) {
     match h {
@@ -573,17 +572,6 @@ impl Refuse {
         r.finish()?;
         Ok(f)
     }
-}
-
-/// One descriptor on the wire: a range of a region of the serving engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WireDesc {
-    /// Region id in the server's table.
-    pub region: u32,
-    /// Offset in the region.
-    pub offset: u64,
-    /// Length.
-    pub len: u64,
 }
 
 /// Encodes an XFER frame header and its descriptors into `out`.

@@ -4,16 +4,68 @@
 //! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP; between engines on one
 //! host over the same-host transport (`cma`); over UCX (`ucx/`) when both engines ask for it;
 //! over HCCL (`ascend/`) between Ascend engines. Vendor libraries are loaded at run time
-//! (`dl.rs`); [`probe`] reports what is available.
+//! (`crate::dl`); [`probe`] reports what is available.
 
 pub(crate) mod ascend;
-pub(crate) mod dl;
-pub(crate) mod fence;
-pub(crate) mod host;
-pub(crate) mod io;
-pub(crate) mod limits;
+pub(crate) mod same_host;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
+
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::types::{LaneDesc, TransferOp};
+
+/// How a batch failed on a [`DataPath`]; the link turns it into the caller's error.
+#[derive(Debug)]
+pub(crate) enum PathFail {
+    /// The peer is gone: the link breaks for `why`, and the caller gets `NOT_CONNECTED`.
+    Gone(String),
+    /// The path failed and poisons the link (HIXL: reconnect to go on): the link breaks for
+    /// `why`, and the caller gets `error`.
+    Poisoned {
+        /// Why the link is broken from now on.
+        why: String,
+        /// The caller's error.
+        error: Error,
+    },
+    /// The batch failed; the link is as it was.
+    Failed(Error),
+}
+
+/// A way to move a batch of descriptors without a TCP lane (TCP lanes are the fallback every
+/// link has). A link tries its data paths in preference order and takes the first that
+/// [`covers`](DataPath::covers) the batch.
+pub(crate) trait DataPath: Sync {
+    /// The transport it belongs to.
+    fn kind(&self) -> TransportKind;
+
+    /// Whether it moves this batch (every region of the batch is reachable by it).
+    fn covers(&self, descs: &[LaneDesc]) -> bool;
+
+    /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
+    /// inside the server's fence for the link (see `transport::same_host::fence`), when the link has one.
+    fn fenced(&self) -> bool;
+
+    /// Whether a broken link refuses a batch before this path is tried (paths that a failure
+    /// poisons); the others check the peer themselves.
+    fn refused_when_broken(&self) -> bool;
+
+    /// Moves the batch by `deadline`; `stop` cancels it where the path can be cancelled.
+    ///
+    /// # Safety
+    /// Every descriptor's local range is valid registered memory (readable for WRITE, writable
+    /// and unaliased for READ) for the whole call, and its remote range was checked against
+    /// the peer's table.
+    unsafe fn run(
+        &self,
+        peer: &str,
+        op: TransferOp,
+        descs: &[LaneDesc],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail>;
+}
 
 /// The transports hixl knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,7 +102,7 @@ pub fn probe() -> Vec<TransportInfo> {
             available: true,
             detail: "built in",
         },
-        match host::available() {
+        match same_host::available() {
             Ok(()) => TransportInfo {
                 kind: TransportKind::Cma,
                 available: true,

@@ -5,9 +5,9 @@
 //! `aclGetRecentErrMsg` (`FAILED`). ACL keeps the current context per thread; allocations and
 //! streams remember the context they were made in, and release themselves under it.
 
-// Unused yet: the other malloc policies (BufferPool staging), `is_host`, `finalize`,
-// `reset_device` and `device` (engine teardown leaves ACL initialised, as HIXL does).
-#![allow(dead_code)]
+// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`: the other
+// malloc policies (BufferPool staging), `is_host`, `finalize`, `reset_device` and `device`
+// (engine teardown leaves ACL initialised, as HIXL does).
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
@@ -23,14 +23,15 @@ use crate::error::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MallocPolicy {
     /// `ACL_MEM_MALLOC_HUGE_FIRST`.
+    #[cfg_attr(not(test), allow(dead_code))]
     HugeFirst,
     /// `ACL_MEM_MALLOC_HUGE_ONLY`: 2 MiB pages; required for memory registered for HCCS.
     HugeOnly,
-    /// `ACL_MEM_MALLOC_NORMAL_ONLY`.
-    NormalOnly,
     /// `ACL_MEM_MALLOC_HUGE_ONLY_P2P`.
+    #[cfg_attr(not(test), allow(dead_code))]
     HugeOnlyP2p,
     /// Any raw policy value (e.g. `HIGH_BAND_WIDTH | HUGE_FIRST`, as HIXL's buffer pool uses).
+    #[cfg_attr(not(test), allow(dead_code))]
     Raw(u32),
 }
 
@@ -40,7 +41,6 @@ impl MallocPolicy {
         match self {
             Self::HugeFirst => ffi::ACL_MEM_MALLOC_HUGE_FIRST,
             Self::HugeOnly => ffi::ACL_MEM_MALLOC_HUGE_ONLY,
-            Self::NormalOnly => ffi::ACL_MEM_MALLOC_NORMAL_ONLY,
             Self::HugeOnlyP2p => ffi::ACL_MEM_MALLOC_HUGE_ONLY_P2P,
             Self::Raw(v) => v,
         }
@@ -132,6 +132,7 @@ impl AclBuffer {
         self.len
     }
     /// Whether it is pinned host memory (`aclrtMallocHost`).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn is_host(&self) -> bool {
         self.host
     }
@@ -270,6 +271,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`].
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn finalize(&self) -> Result<(), Error> {
         // SAFETY: no arguments.
         let rc = unsafe { (self.api.finalize)() };
@@ -290,6 +292,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`].
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn reset_device(&self, device: i32) -> Result<(), Error> {
         // SAFETY: plain integer argument.
         let rc = unsafe { (self.api.reset_device)(device) };
@@ -300,6 +303,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`] (`ACL_ERROR_RT_CONTEXT_NULL` without a context).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn device(&self) -> Result<i32, Error> {
         let mut d = -1;
         // SAFETY: `d` is a valid out-pointer for the call.

@@ -6,6 +6,7 @@
 //! processes with `process_vm_writev`/`readv`). Its environment variables, control symbol and
 //! log format are described at the top of the C file.
 
+use crate::sync::lock;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -32,7 +33,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 /// # Errors
 /// A description of what failed (creating `out_dir`, running `cc`, its diagnostics).
 pub(crate) fn build(out_dir: &Path) -> Result<PathBuf, String> {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = lock(&BUILD_LOCK);
     let src = Path::new(SOURCE);
     let out = out_dir.join(LIB_NAME);
     let src_time = mtime(src).ok_or_else(|| format!("cannot stat {}", src.display()))?;
@@ -89,7 +90,7 @@ pub(crate) fn test_instance(tag: &str) -> PathBuf {
 #[cfg(test)]
 pub(crate) fn control(so: &Path, key: &str, value: Option<&str>) {
     use std::ffi::{CString, c_char, c_int};
-    let lib = crate::transport::dl::Library::open(&[&so.to_string_lossy()]).expect("open double");
+    let lib = crate::dl::Library::open(&[&so.to_string_lossy()]).expect("open double");
     // SAFETY: the double declares `int hixl_double_control(const char *key, const char *value)`.
     let f: unsafe extern "C" fn(*const c_char, *const c_char) -> c_int =
         unsafe { lib.sym("hixl_double_control") }.expect("control symbol");

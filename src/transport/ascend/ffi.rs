@@ -18,8 +18,8 @@ use std::ffi::{OsStr, c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::path::Path;
 
+use crate::dl::Library;
 use crate::error::Error;
-use crate::transport::dl::Library;
 
 /// `aclError` (`int`).
 pub(crate) type AclError = c_int;

@@ -13,9 +13,9 @@
 //! refused), so [`Hccl::register_global_mem`] counts references per exact range and deregisters
 //! with the last one.
 
-// Unused yet: the address/length accessors of `GlobalMem` and `Comm::rank` (diagnostics),
-// `GlobalMem::deregister` (explicit error reporting; dropping deregisters too).
-#![allow(dead_code)]
+// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`:
+// `Comm::rank` (diagnostics) and `GlobalMem::deregister` (explicit error reporting; dropping
+// deregisters too).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use super::acl::{Acl, Stream};
 use super::ffi::{self, HcclApi, HcclResult};
 use crate::error::Error;
+use crate::sync::lock;
 
 /// Most descriptors HIXL passes to one `HcclBatchPut`/`HcclBatchGet` (`kMaxOpDescNum`).
 pub(crate) const MAX_DESCS_PER_CALL: usize = 256;
@@ -52,7 +53,7 @@ type Registry = HashMap<(String, usize, u64), SharedReg>;
 static GLOBAL_MEMS: Mutex<Option<Registry>> = Mutex::new(None);
 
 fn global_mems() -> MutexGuard<'static, Option<Registry>> {
-    GLOBAL_MEMS.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&GLOBAL_MEMS)
 }
 
 /// A loaded HCCL. Cheap to clone (shared).
@@ -89,14 +90,6 @@ unsafe impl Send for GlobalMem {}
 unsafe impl Sync for GlobalMem {}
 
 impl GlobalMem {
-    /// The registered start address.
-    pub(crate) fn addr(&self) -> usize {
-        self.addr
-    }
-    /// The registered length.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
-    }
     /// Device or host.
     pub(crate) fn kind(&self) -> MemKind {
         self.kind
@@ -110,6 +103,7 @@ impl GlobalMem {
     ///
     /// # Errors
     /// [`Error::Native`] (e.g. while still bound to a communicator).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn deregister(self) -> Result<(), Error> {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the field is read once from a value that is never used or dropped again.
@@ -185,6 +179,7 @@ impl CommConfig {
 pub(crate) struct Comm {
     hccl: Hccl,
     raw: NonNull<c_void>,
+    #[cfg_attr(not(test), allow(dead_code))]
     rank: u32,
 }
 
@@ -194,6 +189,7 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     /// This process's rank in the communicator.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn rank(&self) -> u32 {
         self.rank
     }
@@ -451,7 +447,7 @@ impl Hccl {
         let mut c = cfg.to_ffi()?;
         let mut comm: *mut c_void = std::ptr::null_mut();
         let start = Instant::now();
-        let serial = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let serial = lock(&INIT_LOCK);
         // SAFETY: all pointers are valid for the call; `c` is a fully initialised v5 config.
         let rc = unsafe {
             (self.api.comm_init_cluster_info_mem_config)(table.as_ptr(), rank, &mut c, &mut comm)

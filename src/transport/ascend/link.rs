@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -26,9 +26,13 @@ use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
 use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
-use crate::memory::{Access, RegionCore};
-use crate::transfer::TransferOp;
-use crate::transport::tcp::{Lane, LaneFail, Xd};
+use crate::memory::RegionCore;
+use crate::sync::lock;
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::types::Access;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
 
 /// The server's rank in a link's communicator.
@@ -38,10 +42,6 @@ pub(crate) const CLIENT_RANK: u32 = 1;
 /// How long a failed link waits after `aclrtStreamAbort` before it destroys the communicator:
 /// the abort cannot stop tasks the AI CPU is already unfolding (HIXL's `kAicpuUnfoldGuardMs`).
 pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The HCCL resources of one side of a link, shared with the process-wide table of live
 /// communicators (so a new link with the same name and rank can tear them down first).
@@ -165,7 +165,7 @@ impl Drop for DeviceLink {
 }
 
 fn ip_of_name(name: &str) -> String {
-    crate::engine::EngineName::parse(name)
+    crate::types::engine_name::EngineName::parse(name)
         .map(|n| n.ip.to_string())
         .unwrap_or_else(|_| "0.0.0.0".into())
 }
@@ -471,7 +471,7 @@ pub(crate) fn connect(
     let (status, reason) = lane.read_done_for(0, wait).map_err(&lane_err)?;
     if status != 0 {
         return Err(lane_err(LaneFail::Refused {
-            status: Status::from_code(status).unwrap_or(Status::FAILED),
+            status: Status::from_peer(status),
             reason,
             usable: false,
         }));
@@ -586,7 +586,7 @@ impl DeviceLink {
     pub(crate) unsafe fn transfer(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         timeout: Duration,
     ) -> Result<(), Error> {
         let mut p = lock(&self.path);
@@ -642,6 +642,54 @@ impl DeviceLink {
             p.fail(&self.peer);
         }
         r
+    }
+}
+
+/// The device data path of a link; `None` once it is closed.
+impl DataPath for Mutex<Option<DeviceLink>> {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ascend
+    }
+
+    /// A link with a device path moves every batch over it.
+    fn covers(&self, _descs: &[LaneDesc]) -> bool {
+        true
+    }
+
+    fn fenced(&self) -> bool {
+        false
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        true
+    }
+
+    /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).
+    unsafe fn run(
+        &self,
+        peer: &str,
+        op: TransferOp,
+        descs: &[LaneDesc],
+        deadline: Instant,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        let guard = lock(self);
+        let Some(d) = guard.as_ref() else {
+            return Err(PathFail::Failed(Error::NotConnected {
+                peer: peer.to_owned(),
+                why: "disconnected".into(),
+            }));
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
+        // ranges; async: the job holds the regions), and no Rust reference to registered memory
+        // is ever made.
+        let r = unsafe { d.transfer(op, descs, timeout.max(Duration::from_millis(1))) };
+        drop(guard);
+        r.map_err(|e| PathFail::Poisoned {
+            why: format!("a device transfer failed: {e}"),
+            error: e,
+        })
     }
 }
 

@@ -5,9 +5,9 @@
 //! (`hixl_options.cc`, `adxl_inner_engine.cc`); see `/work/shared/reference/hixl-api.md` §3.2.
 //! JSON values are parsed with `serde_json` (strict RFC 8259), duplicate keys refused.
 
-// Unused yet: `validate` and `from_pairs` (the engine parses through `AscendOptions::set`) and
-// the `BufferPool` helpers (no staging pool yet).
-#![allow(dead_code)]
+// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`: `validate`
+// and `from_pairs` (the engine parses through `AscendOptions::set`) and the `BufferPool` helpers
+// (no staging pool yet).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -54,6 +54,7 @@ pub(crate) fn is_ascend_key(key: &str) -> bool {
 /// # Errors
 /// [`Error::UnknownOption`] for a key that is not an Ascend key; [`Error::InvalidOption`]
 /// (`PARAM_INVALID`) for a value outside its documented range or format.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn validate(key: &str, value: &str) -> Result<(), Error> {
     AscendOptions::default().set(key, value)
 }
@@ -85,11 +86,13 @@ impl BufferPool {
     };
 
     /// Whether staging is on.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn enabled(self) -> bool {
         self.count > 0
     }
 
     /// Bytes of one pool (HIXL allocates two).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn pool_bytes(self) -> u64 {
         self.count * self.size_mb * (1 << 20)
     }
@@ -182,6 +185,7 @@ impl AscendOptions {
     ///
     /// # Errors
     /// As [`validate`].
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
         pairs: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Error> {

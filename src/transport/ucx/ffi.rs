@@ -22,8 +22,8 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulong, c_void};
 use std::marker::{PhantomData, PhantomPinned};
 use std::sync::OnceLock;
 
+use crate::dl::Library;
 use crate::error::Error;
-use crate::transport::dl::Library;
 
 /// Declares opaque C types (only ever used behind pointers).
 macro_rules! opaque {

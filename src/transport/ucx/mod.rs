@@ -21,11 +21,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::memory::{Access, MemType, RegionCore};
-use crate::transfer::TransferOp;
-use crate::transport::tcp::Xd;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::types::{Access, MemType, RegionView};
 use crate::wire::{TableEntry, UcxInfo};
 
+use crate::sync::lock;
+use crate::transport::{DataPath, PathFail, TransportKind};
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
@@ -74,7 +76,7 @@ impl UcxServer {
     ///
     /// # Errors
     /// UCX failures ([`Error::Native`]), or a thread that cannot be spawned ([`Error::Io`]).
-    pub(crate) fn start(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+    pub(crate) fn start(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
         let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
         let mut mems = Vec::new();
         let mut rkeys = Vec::new();
@@ -169,7 +171,7 @@ impl UcxLocal {
     ///
     /// # Errors
     /// UCX failures ([`Error::Native`]).
-    pub(crate) fn map(eng: &UcxEngine, regions: &[Arc<RegionCore>]) -> Result<Self, Error> {
+    pub(crate) fn map(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
         let mut mems = Vec::new();
         for r in regions.iter().filter(|r| r.mem_type == MemType::Host) {
             // SAFETY: registered host memory stays valid while the engine is connected; the
@@ -239,16 +241,13 @@ impl UcxLink {
     }
 
     /// Whether every descriptor's region has a key (otherwise the batch goes over TCP).
-    pub(crate) fn covers(&self, xds: &[Xd]) -> bool {
+    pub(crate) fn covers(&self, xds: &[LaneDesc]) -> bool {
         xds.iter().all(|d| self.keys.contains_key(&d.remote.region))
     }
 
     /// Whether the endpoint failed (the peer died, a flush timed out).
     pub(crate) fn is_failed(&self) -> bool {
-        self.ep
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_failed()
+        lock(&self.ep).is_failed()
     }
 
     /// Moves a batch and waits for it to complete at the peer, for the deadline, or for `stop`
@@ -266,11 +265,11 @@ impl UcxLink {
     pub(crate) unsafe fn run(
         &self,
         op: TransferOp,
-        xds: &[Xd],
+        xds: &[LaneDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        let mut ep = self.ep.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ep = lock(&self.ep);
         for d in xds {
             let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
                 let _ = ep.flush(Some(Instant::now()));
@@ -299,5 +298,40 @@ impl UcxLink {
             }
         }
         ep.flush_until(Some(deadline), stop)
+    }
+}
+impl DataPath for UcxLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ucx
+    }
+
+    fn covers(&self, descs: &[LaneDesc]) -> bool {
+        UcxLink::covers(self, descs)
+    }
+
+    fn fenced(&self) -> bool {
+        true
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        true
+    }
+
+    /// A failure or a timeout poisons the link (the endpoint is closed: HIXL's rule, reconnect
+    /// to go on).
+    unsafe fn run(
+        &self,
+        _peer: &str,
+        op: TransferOp,
+        descs: &[LaneDesc],
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the
+        // buffers before it returns.
+        unsafe { UcxLink::run(self, op, descs, deadline, stop) }.map_err(|e| PathFail::Poisoned {
+            why: format!("UCX transfer failed: {e}"),
+            error: e,
+        })
     }
 }

@@ -32,16 +32,18 @@
 //! length fields, copies into a buffer UCX cannot read past) but addresses and rkeys must only
 //! be accepted from authenticated peers.
 
-// used by the UCX link integration
-#![allow(dead_code)]
+// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`: the
+// multi-threaded worker mode, `thread_mode`, `detects_failure`, and `put`/`get` (the link uses
+// `put_in`/`get_in`, with its local memory handle).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::ffi::{self, Ucp, ucs_status_t};
 use crate::error::Error;
+use crate::sync::lock;
 
 /// How long `Drop` of an [`Endpoint`] waits for its flush and for its close, each.
 const DROP_BOUND: Duration = Duration::from_secs(1);
@@ -98,12 +100,6 @@ fn check(ucp: &Ucp, call: &'static str, status: ucs_status_t) -> Result<(), Erro
     } else {
         Err(ucs_error(ucp, call, status, None))
     }
-}
-
-/// Locks, ignoring poisoning.
-fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
-    // nothing run under these locks can panic (FFI calls and plain stores only)
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,6 +317,7 @@ pub(crate) enum ThreadMode {
     Serialized,
     /// `UCS_THREAD_MODE_MULTI`: UCX locks internally (falls back to our mutex if the UCX build
     /// reports a lesser mode).
+    #[cfg_attr(not(test), allow(dead_code))]
     Multi,
 }
 
@@ -447,6 +444,7 @@ impl Worker {
 
     /// The thread mode the worker really runs in (`Serialized` if MULTI was asked but the UCX
     /// build does not provide it).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn thread_mode(&self) -> ThreadMode {
         self.inner.mode
     }
@@ -584,6 +582,7 @@ pub(crate) struct Endpoint {
     peer: String,
     /// Whether UCX detects a dead peer (error mode PEER); `false` with shared-memory-only
     /// transports, which lack it in UCX 1.13.
+    #[cfg_attr(not(test), allow(dead_code))]
     detects_failure: bool,
 }
 
@@ -702,6 +701,7 @@ impl Endpoint {
     }
 
     /// Whether UCX itself detects a dead peer on this endpoint (error mode PEER).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn detects_failure(&self) -> bool {
         self.detects_failure
     }
@@ -829,6 +829,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::NotConnected`] on a failed endpoint or link failure, [`Error::Native`]
     /// otherwise (an unknown rkey index is `UCS_ERR_INVALID_PARAM`).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) unsafe fn put(
         &mut self,
         local: *const u8,
@@ -872,6 +873,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// As [`put`](Self::put).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) unsafe fn get(
         &mut self,
         local: *mut u8,

@@ -34,7 +34,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
-use crate::transport::host::{HostId, Mapping, PeerProc, Pinned};
+use super::{Mapping, PeerProc, Pinned};
+use crate::types::HostId;
 
 /// The words of a fence page.
 #[repr(C)]
@@ -85,7 +86,7 @@ impl ServerFence {
     /// A new fence for a link from the client process `client`.
     pub fn new(client: &HostId) -> io::Result<Self> {
         let client = Pinned::open(client)?;
-        let fd = crate::memory::sealed_memfd(FENCE_LEN as usize)
+        let fd = super::sealed_memfd(FENCE_LEN as usize)
             .ok_or_else(|| io::Error::other("cannot create a sealed memfd for the fence"))?;
         // SAFETY: a new descriptor that nothing else owns.
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };

@@ -9,7 +9,7 @@
 //!   `process_vm_readv`, batched by `IOV_MAX`, partial transfers continued. Other memory (which
 //!   the server could not quarantine) is not offered one-sidedly: it goes over TCP.
 //!
-//! Every batch runs inside the server's fence for the link (`transport::fence`), so the server
+//! Every batch runs inside the server's fence for the link (`transport::same_host::fence`), so the server
 //! can revoke one-sided access and wait for copies in flight before it hands memory back.
 //!
 //! Both need the right to trace the peer (same user, or `CAP_SYS_PTRACE`): exactly the right to
@@ -27,67 +27,42 @@
 //! a pidfd check: a peer still alive after the read was alive for all of it, so the bytes came
 //! from it; a read the peer did not outlive fails (`ESRCH`).
 
-use std::fs;
+pub(crate) mod fence;
+pub(crate) mod path;
+
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 
-use crate::transport::io::{IOV_MAX, IoVec};
+use crate::io::{IOV_MAX, IoVec};
+use crate::sync::lock;
+use crate::types::{HostId, start_time};
 
-/// Who a process is, as far as the same-host transport cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct HostId {
-    /// `/proc/sys/kernel/random/boot_id`, as 16 bytes.
-    pub boot: [u8; 16],
-    /// The inode of `/proc/self/ns/pid`.
-    pub pidns: u64,
-    /// The process id (in that namespace).
-    pub pid: u32,
-    /// The process start time, in clock ticks after boot (`/proc/PID/stat` field 22).
-    pub start: u64,
-}
-
-fn boot_id() -> Option<[u8; 16]> {
-    let s = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
+/// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
+pub(crate) fn sealed_memfd(len: usize) -> Option<i32> {
+    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"hixl".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
         return None;
     }
-    let mut b = [0u8; 16];
-    for (i, byte) in b.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: sizing and sealing the descriptor we just created.
+    let ok = unsafe {
+        libc::ftruncate(fd, len as libc::off_t) == 0
+            && libc::fcntl(fd, libc::F_ADD_SEALS, seals) == 0
+    };
+    if !ok {
+        // SAFETY: closing our own descriptor, once.
+        unsafe { libc::close(fd) };
+        return None;
     }
-    Some(b)
-}
-
-/// The start time of `pid`, from `/proc/PID/stat` (field 22, after the parenthesised name).
-pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-impl HostId {
-    /// This process's identity, or `None` where `/proc` does not tell (then cma is off).
-    pub fn current() -> Option<HostId> {
-        static ME: OnceLock<Option<HostId>> = OnceLock::new();
-        *ME.get_or_init(|| {
-            let pid = std::process::id();
-            Some(HostId {
-                boot: boot_id()?,
-                pidns: fs::metadata("/proc/self/ns/pid").ok()?.ino(),
-                pid,
-                start: start_time(pid)?,
-            })
-        })
-    }
-
-    /// Same machine, same pid namespace (so the pid means the same process for both).
-    pub fn same_host(&self, other: &HostId) -> bool {
-        self.boot == other.boot && self.pidns == other.pidns && self.boot != [0; 16]
-    }
+    Some(fd)
 }
 
 /// A process pinned by a pidfd (checked against the start time it announced).
@@ -501,7 +476,7 @@ fn helper() -> Option<&'static CopyHelper> {
             .spawn(move || {
                 loop {
                     let job = {
-                        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut q = lock(&h.queue);
                         loop {
                             if let Some(j) = q.pop_front() {
                                 break j;
@@ -526,7 +501,7 @@ fn helper() -> Option<&'static CopyHelper> {
                         }
                     };
                     let (m, cv) = &*job.done;
-                    *m.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    *lock(m) = Some(r);
                     cv.notify_all();
                 }
             })
@@ -558,7 +533,7 @@ impl WaitDone {
     }
     fn wait(done: &Done) -> PvmResult {
         let (m, cv) = &**done;
-        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(m);
         loop {
             if let Some(r) = g.take() {
                 return r;
@@ -579,7 +554,7 @@ fn submit(work: Work) -> Result<WaitDone, Work> {
     let Some(h) = helper() else { return Err(work) };
     let done: Done = std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
     {
-        let mut q = h.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = lock(&h.queue);
         if !q.is_empty() {
             return Err(work);
         }

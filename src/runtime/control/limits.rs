@@ -24,38 +24,28 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::options::Options;
+use crate::sync::lock;
 
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
 pub(crate) const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
 
-/// The bounds a serving engine keeps (see [`Options`] for each default).
+/// The bounds a serving engine keeps (see [`Options`](crate::Options) for each default).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
-    /// Most established lanes ([`Options::max_server_conns`]).
+    /// Most established lanes ([`Options::max_server_conns`](crate::Options::max_server_conns)).
     pub max_conns: usize,
-    /// Most established lanes from one peer address ([`Options::max_server_conns_per_peer`]).
+    /// Most established lanes from one peer address ([`Options::max_server_conns_per_peer`](crate::Options::max_server_conns_per_peer)).
     pub max_conns_per_peer: usize,
-    /// Most lanes of one link ([`Options::max_server_lanes_per_link`]).
+    /// Most lanes of one link ([`Options::max_server_lanes_per_link`](crate::Options::max_server_lanes_per_link)).
     pub max_lanes_per_link: usize,
-    /// Most connections still in their handshake ([`Options::max_server_handshakes`]).
+    /// Most connections still in their handshake ([`Options::max_server_handshakes`](crate::Options::max_server_handshakes)).
     pub max_handshakes: usize,
-    /// Most handshakes from one peer address ([`Options::max_server_handshakes_per_peer`]).
+    /// Most handshakes from one peer address ([`Options::max_server_handshakes_per_peer`](crate::Options::max_server_handshakes_per_peer)).
     pub max_handshakes_per_peer: usize,
 }
 
 impl Limits {
-    pub(crate) fn from_options(o: &Options) -> Self {
-        Self {
-            max_conns: o.max_server_conns,
-            max_conns_per_peer: o.max_server_conns_per_peer,
-            max_lanes_per_link: o.max_server_lanes_per_link,
-            max_handshakes: o.max_server_handshakes,
-            max_handshakes_per_peer: o.max_server_handshakes_per_peer,
-        }
-    }
-
     /// Descriptors a server with these limits may hold at once (one per connection), with room
     /// for the rest of the process.
     pub(crate) fn descriptors(&self) -> libc::rlim_t {
@@ -239,10 +229,7 @@ pub(crate) struct Entry<'a> {
 
 impl Drop for Entry<'_> {
     fn drop(&mut self) {
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        lock(self.table).remove(&self.id);
     }
 }
 

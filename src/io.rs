@@ -10,6 +10,8 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::wire::{self, WireError};
+
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
 /// Remainders at least this large are received straight into their target.
@@ -182,17 +184,8 @@ impl Sock {
                 Dir::Recv => unsafe { libc::readv(fd, p, cnt as libc::c_int) },
             };
             if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            return Err(timed_out());
-                        }
-                        continue;
-                    }
-                    _ => return Err(e),
-                }
+                retry_or_fail(deadline)?;
+                continue;
             }
             if n == 0 && dir == Dir::Recv {
                 return Err(io::Error::new(
@@ -273,17 +266,8 @@ impl Sock {
             // SAFETY: `buf` is a live, writable slice of `buf.len()` bytes.
             let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            return Err(timed_out());
-                        }
-                        continue;
-                    }
-                    _ => return Err(e),
-                }
+                retry_or_fail(deadline)?;
+                continue;
             }
             if n == 0 {
                 return Err(io::Error::new(
@@ -430,6 +414,40 @@ impl Inbound {
         }
         Ok(())
     }
+}
+
+/// After a socket call failed: `Ok` to try again (interrupted, or it would block and the
+/// deadline has not passed), or the error to return (`TimedOut` once the deadline passed).
+fn retry_or_fail(deadline: Option<Instant>) -> io::Result<()> {
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                Err(timed_out())
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err(e),
+    }
+}
+
+/// Reads one frame; the payload stays in the inbound buffer.
+pub(crate) fn read_frame<'a>(
+    sock: &mut Sock,
+    inb: &'a mut Inbound,
+    first: Option<Instant>,
+    rest: impl FnOnce() -> Option<Instant>,
+) -> Result<Result<(wire::Kind, &'a [u8]), WireError>, io::Error> {
+    inb.fill(sock, wire::HEADER_LEN, first)?;
+    let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
+    let h = match wire::decode_header(&h) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e)),
+    };
+    inb.fill(sock, h.len as usize, rest())?;
+    Ok(Ok((h.kind, inb.take(h.len as usize))))
 }
 
 #[cfg(test)]

@@ -1,0 +1,443 @@
+//! The control plane's server: the listener and its accept loop, admission within the bounds of
+//! [`limits`](super::limits) (handshakes and established lanes counted apart, per peer address
+//! too), the frozen region table every request is validated against, and the link registry. Each
+//! admitted connection runs on its own thread in [`dispatch`](super::dispatch).
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::dispatch::serve_conn;
+use crate::auth::Psk;
+use crate::error::Status;
+use crate::io::{IoVec, Sock};
+use crate::memory::RegionCore;
+use crate::notify::NotifyQueue;
+use crate::runtime::control::limits::{self, ConnTable, Limits};
+use crate::sync::lock;
+use crate::transport::same_host::fence::ServerFence;
+use crate::types::HostId;
+use crate::types::TransferOp;
+use crate::types::WireDesc;
+use crate::wire::{self, TableEntry};
+
+/// The frozen region table a serving engine exposes, indexed by region id.
+pub(crate) struct ServeTable {
+    pub(super) by_id: Vec<Arc<RegionCore>>,
+}
+
+impl ServeTable {
+    pub fn new(mut regions: Vec<Arc<RegionCore>>) -> Self {
+        regions.sort_by_key(|r| r.id);
+        Self { by_id: regions }
+    }
+    /// The regions served.
+    pub(crate) fn cores(&self) -> &[Arc<RegionCore>] {
+        &self.by_id
+    }
+    fn get(&self, id: u32) -> Option<&RegionCore> {
+        self.by_id
+            .binary_search_by_key(&id, |r| r.id)
+            .ok()
+            .map(|i| &*self.by_id[i])
+    }
+    /// The table as peers see it. With `same_host` (a same-host peer with a fence), each region
+    /// says how that peer may reach it: the memfd of a shareable region (the region is then
+    /// marked as possibly mapped by a peer), `-1` for `/proc/PID/mem` at its address, or
+    /// [`wire::FD_TCP_ONLY`] for memory the engine could not quarantine (caller-managed raw
+    /// memory, types it cannot copy): served over TCP only.
+    pub fn entries(&self, same_host: bool) -> Vec<TableEntry> {
+        self.by_id
+            .iter()
+            .map(|r| TableEntry {
+                fd: if !same_host {
+                    -1
+                } else if !r.one_sided() || r.access == crate::types::Access::None {
+                    wire::FD_TCP_ONLY
+                } else if r.fd >= 0 {
+                    r.exposed.store(true, Ordering::SeqCst);
+                    r.fd
+                } else {
+                    -1
+                },
+                id: r.id,
+                addr: r.addr as u64,
+                len: r.len as u64,
+                mem_type: r.mem_type,
+                access: r.access,
+            })
+            .collect()
+    }
+}
+
+/// Checks a batch against the table and computes the memory it touches.
+///
+/// Never trusts the peer: unknown regions, empty, overflowing or out-of-bounds ranges and
+/// forbidden operations are refused before any memory is touched.
+pub(crate) fn validate(
+    table: &ServeTable,
+    op: TransferOp,
+    descs: &[WireDesc],
+    targets: &mut Vec<IoVec>,
+) -> Result<(), (Status, String)> {
+    targets.clear();
+    for (i, d) in descs.iter().enumerate() {
+        let Some(r) = table.get(d.region) else {
+            return Err((
+                Status::PARAM_INVALID,
+                format!("descriptor {i}: no region {}", d.region),
+            ));
+        };
+        let in_bounds = d.len > 0
+            && d.offset
+                .checked_add(d.len)
+                .is_some_and(|end| end <= r.len as u64);
+        if !in_bounds {
+            return Err((
+                Status::PARAM_INVALID,
+                format!(
+                    "descriptor {i}: range {}+{} outside region {} of {} bytes",
+                    d.offset, d.len, r.id, r.len
+                ),
+            ));
+        }
+        if !r.access.permits(op) {
+            return Err((
+                Status::PARAM_INVALID,
+                format!(
+                    "descriptor {i}: {op} not permitted on region {} ({})",
+                    r.id,
+                    r.access.name()
+                ),
+            ));
+        }
+        if r.mem_type != crate::types::MemType::Host {
+            return Err((
+                Status::UNSUPPORTED,
+                format!("descriptor {i}: device memory over tcp"),
+            ));
+        }
+        targets.push(IoVec {
+            base: r.addr + d.offset as usize,
+            len: d.len as usize,
+        });
+    }
+    Ok(())
+}
+
+pub(super) struct LinkRec {
+    pub(super) client: String,
+    pub(super) instance: u64,
+    pub(super) conns: HashSet<u64>,
+    /// Cleared when the link is superseded or closed: its lanes apply nothing more.
+    pub(super) live: Arc<AtomicBool>,
+    /// Requests of this link being applied right now.
+    pub(super) busy: Arc<AtomicUsize>,
+    /// The server's side of the link's device data path (Ascend), dropped with the link.
+    pub(super) device: Option<crate::transport::ascend::link::DeviceLink>,
+    /// The link's fence, when its client is on this host: revoked when the link ends.
+    pub(super) fence: Option<Arc<ServerFence>>,
+}
+
+impl Drop for LinkRec {
+    fn drop(&mut self) {
+        // a link that ended grants no more one-sided access
+        if let Some(f) = &self.fence {
+            f.revoke();
+        }
+    }
+}
+
+impl LinkRec {
+    /// Stops the link's lanes: they apply no request after this returns, except those already
+    /// being applied, which [`LinkRec::drain`] waits for.
+    pub(super) fn retire(&self, shared: &ServerShared) {
+        self.live.store(false, Ordering::SeqCst);
+        let conns = lock(&shared.conns);
+        for c in self.conns.iter().filter_map(|c| conns.get(c)) {
+            Sock::shutdown(c);
+        }
+    }
+    /// Waits (up to `limit`) until no request of this retired link is being applied.
+    pub(super) fn drain(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while self.busy.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+}
+
+/// State shared by the accept thread and every serving thread of one engine.
+pub(crate) struct ServerShared {
+    pub(super) name: String,
+    pub(super) instance: u64,
+    pub(super) table: ServeTable,
+    pub(super) io_timeout: Duration,
+    pub(super) limits: Limits,
+    pub(super) stop: AtomicBool,
+    /// Requests being served right now.
+    pub(super) active: AtomicUsize,
+    /// Every connection, from accept until its thread ends, with the counts [`Limits`] bound.
+    pub(super) conns: Mutex<ConnTable>,
+    pub(super) links: Mutex<HashMap<u64, LinkRec>>,
+    pub(super) next_id: AtomicU64,
+    pub(super) notifies: Arc<NotifyQueue>,
+    /// This process, offered to same-host clients (`None`: same-host transfers are off).
+    pub(super) host: Option<HostId>,
+    /// The client engine names served (`None`: all).
+    pub(super) allow: Option<Vec<String>>,
+    /// The pre-shared key clients must prove (`None`: no authentication).
+    pub(super) psk: Option<Psk>,
+    /// Keepalive interval for served connections (`None`: off).
+    pub(super) keepalive: Option<Duration>,
+    /// The encoded UCXINFO frame, when the engine serves over UCX.
+    pub(super) ucx: Option<Vec<u8>>,
+    /// The engine's Ascend runtime, for device data paths (`None`: none).
+    pub(super) device: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// Every fence handed to a same-host client that may still be in use: revoked (and waited
+    /// for) when serving stops; dropped once revoked and settled.
+    pub(super) fences: Mutex<Vec<Arc<ServerFence>>>,
+    pub(super) span: tracing::Span,
+}
+
+impl ServerShared {
+    /// Forgets fences that are revoked and settled: their clients start no batch and have
+    /// none in flight.
+    pub(super) fn prune_fences(&self) {
+        lock(&self.fences).retain(|f| !(f.is_revoked() && f.settled()));
+    }
+}
+
+/// A running server: the accept thread and the serving threads.
+pub(crate) struct Server {
+    pub(super) shared: Arc<ServerShared>,
+    pub(super) accept: Option<JoinHandle<()>>,
+    pub(super) wake: OwnedFd,
+    pub(super) handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+/// Options for [`Server::start`].
+pub(crate) struct ServerConfig {
+    pub name: String,
+    pub instance: u64,
+    pub io_timeout: Duration,
+    pub limits: Limits,
+    pub notifies: Arc<NotifyQueue>,
+    pub host: Option<HostId>,
+    pub allow: Option<Vec<String>>,
+    pub psk: Option<Psk>,
+    /// Keepalive interval for served connections (the engine's heartbeat interval).
+    pub keepalive: Option<Duration>,
+    /// The encoded UCXINFO frame, when the engine serves over UCX.
+    pub ucx: Option<Vec<u8>>,
+    /// The engine's Ascend runtime, for device data paths.
+    pub device: Option<Arc<crate::transport::ascend::Runtime>>,
+    pub span: tracing::Span,
+}
+
+impl Server {
+    /// Starts accepting on `listener` (a clone of the engine's listening socket).
+    pub fn start(listener: TcpListener, table: ServeTable, cfg: ServerConfig) -> io::Result<Self> {
+        // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        listener.set_nonblocking(true)?;
+        let nofile = limits::raise_nofile(cfg.limits.descriptors());
+        tracing::debug!(parent: &cfg.span, nofile, "descriptor limit");
+        let shared = Arc::new(ServerShared {
+            name: cfg.name,
+            instance: cfg.instance,
+            table,
+            io_timeout: cfg.io_timeout,
+            limits: cfg.limits,
+            stop: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            conns: Mutex::new(ConnTable::default()),
+            links: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            notifies: cfg.notifies,
+            host: cfg.host,
+            allow: cfg.allow,
+            psk: cfg.psk,
+            keepalive: cfg.keepalive,
+            ucx: cfg.ucx,
+            device: cfg.device,
+            fences: Mutex::new(Vec::new()),
+            span: cfg.span,
+        });
+        let handles = Arc::new(Mutex::new(Vec::new()));
+        let (s, h, wfd) = (shared.clone(), handles.clone(), wake.as_raw_fd());
+        let accept = std::thread::Builder::new()
+            .name("hixl-accept".into())
+            .spawn(move || accept_loop(listener, wfd, s, h))?;
+        Ok(Self {
+            shared,
+            accept: Some(accept),
+            wake,
+            handles,
+        })
+    }
+
+    /// How many client links are being served right now.
+    pub fn served_links(&self) -> usize {
+        lock(&self.shared.links).len()
+    }
+
+    /// The regions served.
+    pub fn regions(&self) -> &[Arc<RegionCore>] {
+        self.shared.table.cores()
+    }
+
+    /// Stops serving: no new connections; revokes every same-host client's one-sided access;
+    /// waits up to `grace` for requests being served to finish and for every same-host client
+    /// to leave its fence; then closes every connection and joins every thread. When this
+    /// returns, no serving thread touches registered memory any more, and neither does any
+    /// same-host client, except those returned: their fences did not settle in time (the
+    /// client is stopped or hung), so the memory they can reach must be quarantined.
+    pub fn stop(mut self, grace: Duration) -> crate::quarantine::Blockers {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        let fences = std::mem::take(&mut *lock(&self.shared.fences));
+        for f in &fences {
+            f.revoke();
+        }
+        let until = Instant::now() + grace;
+        while (self.shared.active.load(Ordering::SeqCst) > 0 || fences.iter().any(|f| !f.settled()))
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // a client still inside its fence is given up on: its batch will report failure
+        let stuck: Vec<Arc<ServerFence>> = fences.into_iter().filter(|f| !f.abandon()).collect();
+        if !stuck.is_empty() {
+            tracing::warn!(parent: &self.shared.span, clients = stuck.len(), ?grace,
+                "same-host clients did not leave their fences in time; their memory will be quarantined");
+        }
+        let busy = self.shared.active.load(Ordering::SeqCst);
+        for s in lock(&self.shared.conns).values() {
+            Sock::shutdown(s);
+        }
+        let handles = std::mem::take(&mut *lock(&self.handles));
+        for h in handles {
+            let _ = h.join();
+        }
+        tracing::debug!(parent: &self.shared.span, cut_requests = busy, "server stopped");
+        stuck
+    }
+}
+
+pub(super) fn accept_loop(
+    listener: TcpListener,
+    wake: i32,
+    shared: Arc<ServerShared>,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    let mut fds = [
+        libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let mut backoff = limits::Backoff::default();
+    loop {
+        // SAFETY: `fds` is a live array of two pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if r < 0 {
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, from)) => {
+                backoff.reset();
+                admit(&shared, &handles, stream, from);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if limits::wait_out(&e) => {
+                // out of descriptors (or memory): established links keep being served by their
+                // threads; wait for the stop signal or a while, longer each time, and retry
+                let wait = backoff.step();
+                tracing::debug!(parent: &shared.span, error = %e, ?wait, "accept failed; backing off");
+                let mut w = [fds[1]];
+                // SAFETY: `w` is a live array of one pollfd.
+                unsafe { libc::poll(w.as_mut_ptr(), 1, wait.as_millis() as libc::c_int) };
+            }
+            Err(e) => {
+                // about one connection (reset before it was accepted, ...): the next may work
+                tracing::debug!(parent: &shared.span, error = %e, "accept failed");
+            }
+        }
+    }
+}
+
+/// Takes an accepted connection into the handshake budget and starts its serving thread, or
+/// closes it at once (no thread) when its peer address is over its limit.
+pub(super) fn admit(
+    shared: &Arc<ServerShared>,
+    handles: &Mutex<Vec<JoinHandle<()>>>,
+    stream: TcpStream,
+    from: SocketAddr,
+) {
+    let mut hs = lock(handles);
+    // reap finished threads so handles do not pile up
+    let mut i = 0;
+    while i < hs.len() {
+        if hs[i].is_finished() {
+            let _ = hs.swap_remove(i).join();
+        } else {
+            i += 1;
+        }
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    // the table stays locked until the thread has the socket, or the socket is closed and out of
+    // the table: nobody can shut down its descriptor number after it is closed
+    let mut conns = lock(&shared.conns);
+    if let Err(why) = conns.admit(id, stream.as_raw_fd(), from.ip(), &shared.limits) {
+        let (handshakes, established) = conns.counts();
+        tracing::debug!(parent: &shared.span, %from, why, handshakes, established, "refused at accept");
+        return;
+    }
+    let s = shared.clone();
+    match std::thread::Builder::new()
+        .name("hixl-serve".into())
+        .spawn(move || serve_conn(s, id, stream, from))
+    {
+        Ok(h) => hs.push(h),
+        Err(e) => {
+            conns.remove(&id);
+            tracing::warn!(parent: &shared.span, error = %e, "cannot spawn a serving thread");
+        }
+    }
+}
+
+pub(super) struct ActiveGuard<'a>(pub(super) &'a AtomicUsize);
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,197 @@
+//! The same-host data path of one link: the peer's regions as this process reaches them (mapped
+//! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::{Copy, Mapping, PeerProc, copy_all, pvm_all};
+use crate::error::Error;
+use crate::io::IoVec;
+use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::types::{Access, LaneDesc, TransferOp};
+use crate::wire::{self, TableEntry};
+
+/// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
+/// through `process_vm_readv`/`writev` at its address.
+struct PeerRegion {
+    addr: u64,
+    len: u64,
+    fd: i32,
+    writable: bool,
+    map: std::sync::OnceLock<Option<Mapping>>,
+}
+
+impl PeerRegion {
+    /// The region's mapping, made on first use; `None` if it has no memfd or the memfd failed
+    /// the checks (then the region is reached with `process_vm_*`, which the kernel checks).
+    fn mapping(&self, proc: &PeerProc) -> Option<&Mapping> {
+        self.map
+            .get_or_init(|| {
+                if self.fd < 0 {
+                    return None;
+                }
+                let m = proc.getfd(self.fd).and_then(|fd| Mapping::new(&fd, self.len, self.writable));
+                if let Err(e) = &m {
+                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; using process_vm");
+                }
+                m.ok()
+            })
+            .as_ref()
+    }
+}
+
+/// The same-host data path of a link: the pinned peer process, its regions (mapped lazily, so
+/// connecting to an engine with thousands of regions stays fast), and a handle to the link's
+/// control connection (to notice the peer closing the link).
+pub(crate) struct SameHostPath {
+    proc: PeerProc,
+    watch: std::net::TcpStream,
+    regions: HashMap<u32, PeerRegion>,
+}
+
+impl SameHostPath {
+    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
+    fn covers(&self, xds: &[LaneDesc]) -> bool {
+        xds.iter()
+            .all(|d| self.regions.contains_key(&d.remote.region))
+    }
+
+    pub(crate) fn setup(
+        proc: PeerProc,
+        table: &[TableEntry],
+        watch: std::net::TcpStream,
+    ) -> std::io::Result<SameHostPath> {
+        let mut regions = HashMap::with_capacity(table.len());
+        let (mut mapped, mut probe) = (false, None);
+        for e in table {
+            if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
+                // the peer serves it over TCP only (memory it could not quarantine)
+                continue;
+            }
+            let fd = e.fd;
+            let r = PeerRegion {
+                addr: e.addr,
+                len: e.len,
+                fd,
+                writable: e.access.permits(TransferOp::Write),
+                map: std::sync::OnceLock::new(),
+            };
+            if fd >= 0 && !mapped {
+                // the first memfd is taken and checked now: a peer whose memory cannot be mapped
+                // safely, or a kernel that refuses pidfd_getfd, keeps the link on TCP
+                let m = proc
+                    .getfd(fd)
+                    .and_then(|f| Mapping::new(&f, e.len, r.writable))?;
+                let _ = r.map.set(Some(m));
+                mapped = true;
+            }
+            if fd < 0 && e.access.permits(TransferOp::Read) && probe.is_none() {
+                probe = Some(e.addr);
+            }
+            regions.insert(e.id, r);
+        }
+        // a probe read where the kernel must allow process_vm_readv
+        if let Some(addr) = probe {
+            let mut byte = 0u8;
+            let mut l = [IoVec {
+                base: &mut byte as *mut u8 as usize,
+                len: 1,
+            }];
+            let mut r = [IoVec {
+                base: addr as usize,
+                len: 1,
+            }];
+            // SAFETY: the local iovec is the live byte above.
+            unsafe { proc.pvm(false, &mut l, &mut r) }.map_err(|(e, _)| e)?;
+        }
+        Ok(SameHostPath {
+            proc,
+            watch,
+            regions,
+        })
+    }
+}
+
+impl DataPath for SameHostPath {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Cma
+    }
+
+    fn covers(&self, descs: &[LaneDesc]) -> bool {
+        SameHostPath::covers(self, descs)
+    }
+
+    fn fenced(&self) -> bool {
+        true
+    }
+
+    fn refused_when_broken(&self) -> bool {
+        false
+    }
+
+    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.
+    unsafe fn run(
+        &self,
+        peer: &str,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        _deadline: Instant,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<(), PathFail> {
+        if !self.proc.alive(&self.watch) {
+            return Err(PathFail::Gone("the peer exited or closed the link".into()));
+        }
+        let (mut lo, mut ro, mut index, mut copies) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, d) in xds.iter().enumerate() {
+            let Some(r) = self.regions.get(&d.remote.region) else {
+                return Err(PathFail::Failed(Error::RemoteNotRegistered {
+                    peer: peer.to_owned(),
+                    addr: d.remote.offset,
+                    len: d.remote.len,
+                }));
+            };
+            let len = d.remote.len as usize;
+            match r.mapping(&self.proc) {
+                Some(m) => {
+                    let (src, dst) = match op {
+                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
+                        TransferOp::Read => (m.at(d.remote.offset), d.local),
+                    };
+                    copies.push(Copy { src, dst, len });
+                }
+                None => {
+                    lo.push(IoVec { base: d.local, len });
+                    ro.push(IoVec {
+                        base: (r.addr + d.remote.offset) as usize,
+                        len,
+                    });
+                    index.push(i);
+                }
+            }
+        }
+        // SAFETY: each local range lies in a registered region the caller keeps alive; each
+        // remote range was validated against the peer's table, and its mapping covers the whole
+        // region (the memfd is sealed against shrinking and was checked to be at least that
+        // long). Local and mapped memory are distinct mappings.
+        unsafe { copy_all(&copies) };
+        if lo.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
+        match unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro) } {
+            Ok(()) => Ok(()),
+            Err((e, at)) => {
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    return Err(PathFail::Gone("the peer exited".into()));
+                }
+                Err(PathFail::Failed(Error::SameHost {
+                    op: op.name(),
+                    peer: peer.to_owned(),
+                    index: index[at],
+                    source: e,
+                }))
+            }
+        }
+    }
+}
