@@ -331,10 +331,8 @@ pub(super) fn serve(
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
             links.insert(token, rec);
             drop(links);
-            if let Some(f) = &fence {
-                shared.prune_fences();
-                lock(&shared.fences).push(f.clone());
-            }
+            // only a fence the server will revoke and wait for is offered
+            let fence = fence.filter(|f| shared.offer_fence(f));
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {

@@ -204,8 +204,9 @@ pub(crate) struct ServerShared {
     /// The engine's Ascend runtime, for device data paths (`None`: none).
     pub(super) device: Option<Arc<crate::transport::ascend::Runtime>>,
     /// Every fence handed to a same-host client that may still be in use: revoked (and waited
-    /// for) when serving stops; dropped once revoked and settled.
-    pub(super) fences: Mutex<Vec<Arc<ServerFence>>>,
+    /// for) when serving stops; dropped once revoked and settled. `None` once serving stops: no
+    /// fence is handed out after that.
+    pub(super) fences: Mutex<Option<Vec<Arc<ServerFence>>>>,
     pub(super) span: tracing::Span,
 }
 
@@ -213,7 +214,23 @@ impl ServerShared {
     /// Forgets fences that are revoked and settled: their clients start no batch and have
     /// none in flight.
     pub(super) fn prune_fences(&self) {
-        lock(&self.fences).retain(|f| !(f.is_revoked() && f.settled()));
+        if let Some(fences) = lock(&self.fences).as_mut() {
+            fences.retain(|f| !(f.is_revoked() && f.settled()));
+        }
+    }
+
+    /// Records a fence before it is offered to its client; `false` once serving has stopped
+    /// (then the fence must not be offered: `stop` would not wait for it).
+    pub(super) fn offer_fence(&self, fence: &Arc<ServerFence>) -> bool {
+        let mut fences = lock(&self.fences);
+        match fences.as_mut() {
+            Some(list) => {
+                list.retain(|f| !(f.is_revoked() && f.settled()));
+                list.push(fence.clone());
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -275,7 +292,7 @@ impl Server {
             keepalive: cfg.keepalive,
             ucx: cfg.ucx,
             device: cfg.device,
-            fences: Mutex::new(Vec::new()),
+            fences: Mutex::new(Some(Vec::new())),
             span: cfg.span,
         });
         let handles = Arc::new(Mutex::new(Vec::new()));
@@ -315,7 +332,8 @@ impl Server {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
-        let fences = std::mem::take(&mut *lock(&self.shared.fences));
+        // from here no fence is handed out: a handshake still running serves its client over TCP
+        let fences = lock(&self.shared.fences).take().unwrap_or_default();
         for f in &fences {
             f.revoke();
         }
