@@ -102,9 +102,20 @@ impl Pinned {
             events: libc::POLLIN,
             revents: 0,
         }];
-        // SAFETY: `fds` is a live array of one pollfd.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
-        n != 0
+        poll_now(&mut fds);
+        fds[0].revents != 0
+    }
+}
+
+/// Polls `fds` without waiting, retrying when a signal interrupts the call; afterwards each
+/// `revents` says what is ready (a descriptor that cannot be polled reports `POLLNVAL`).
+fn poll_now(fds: &mut [libc::pollfd]) {
+    loop {
+        // SAFETY: `fds` is a live, writable array of `fds.len()` pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
     }
 }
 
@@ -157,9 +168,8 @@ impl PeerProc {
                 revents: 0,
             },
         ];
-        // SAFETY: `fds` is a live array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
-        n == 0
+        poll_now(&mut fds);
+        fds.iter().all(|f| f.revents == 0)
     }
 
     /// A duplicate of the peer's descriptor `fd` (`pidfd_getfd`).
