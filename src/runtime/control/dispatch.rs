@@ -295,6 +295,8 @@ pub(super) fn serve(
                 },
                 _ => None,
             };
+            // only a fence the server will revoke and wait for is offered
+            let fence = fence.filter(|f| shared.offer_fence(f));
             let token = loop {
                 let t = crate::types::random_u64();
                 if t != 0 {
@@ -331,8 +333,6 @@ pub(super) fn serve(
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
             links.insert(token, rec);
             drop(links);
-            // only a fence the server will revoke and wait for is offered
-            let fence = fence.filter(|f| shared.offer_fence(f));
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {

@@ -210,12 +210,18 @@ pub(crate) struct ServerShared {
     pub(super) span: tracing::Span,
 }
 
+/// A fence its client will never use again: revoked (it starts no batch) and settled (none in
+/// flight, or the client is gone).
+fn spent(f: &ServerFence) -> bool {
+    f.is_revoked() && f.settled()
+}
+
 impl ServerShared {
     /// Forgets fences that are revoked and settled: their clients start no batch and have
     /// none in flight.
     pub(super) fn prune_fences(&self) {
         if let Some(fences) = lock(&self.fences).as_mut() {
-            fences.retain(|f| !(f.is_revoked() && f.settled()));
+            fences.retain(|f| !spent(f));
         }
     }
 
@@ -225,7 +231,7 @@ impl ServerShared {
         let mut fences = lock(&self.fences);
         match fences.as_mut() {
             Some(list) => {
-                list.retain(|f| !(f.is_revoked() && f.settled()));
+                list.retain(|f| !spent(f));
                 list.push(fence.clone());
                 true
             }

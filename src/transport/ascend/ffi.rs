@@ -4,9 +4,9 @@
 //! is looked up when the library is loaded, so a missing one is [`Error::LibraryUnavailable`]
 //! naming it, never a crash on first use.
 //!
-//! Sources of the declarations (see `/work/shared/reference/hixl-api.md` §8, §9):
-//! - ACL: `acl/acl_rt.h`, `acl/acl_base_rt.h`, `acl/error_codes/rt_error_codes.h` of the CANN
-//!   runtime. `aclError` is `int`; streams and contexts are `void *`.
+//! Sources of the declarations (public CANN repositories):
+//! - ACL: `include/external/acl/acl_rt.h`, `acl_base_rt.h`, `error_codes/rt_error_codes.h` of
+//!   hicann/runtime. `aclError` is `int`; streams and contexts are `void *`.
 //! - HCCL one-sided: `pkg_inc/legacy/hccl/hccl_one_sided_services.h` of hcomm, and HIXL's private
 //!   copy `src/llm_datadist/comm_adapter/comm_types.h`; `HcclCommConfig` from `hccl/hccl_types.h`
 //!   at `HCCL_COMM_CONFIG_VERSION = 5`, the version HIXL's `DlHcclCommConfigInit` writes.

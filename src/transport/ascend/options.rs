@@ -1,8 +1,8 @@
 //! The Ascend backend's options: HIXL's keys with their documented ranges, and hixl's own
 //! `hixl.ascend.*` keys.
 //!
-//! Ranges follow HIXL's docs (`docs/zh/api/cpp/HIXL-interface.md`) and parsers
-//! (`hixl_options.cc`, `adxl_inner_engine.cc`); see `/work/shared/reference/hixl-api.md` §3.2.
+//! Ranges follow HIXL's docs (hicann/hixl `docs/zh/api/cpp/HIXL-interface.md`) and parsers
+//! (`hixl_options.cc`, `adxl_inner_engine.cc`).
 //! JSON values are parsed with `serde_json` (strict RFC 8259), duplicate keys refused.
 
 // Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`: `validate`
