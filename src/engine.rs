@@ -24,12 +24,14 @@ use crate::connect::{AsyncConnectStatus, ConnectPool};
 use crate::context::{ContextToken, DetachedContext};
 use crate::error::{Error, Refused, Status, check_timeout};
 use crate::link::{Link, LinkConfig, LinkShared};
-use crate::memory::{Region, RegionCore};
+use crate::memory::Region;
 use crate::metrics::Metrics;
 use crate::notify::{Notify, NotifyQueue};
 use crate::options::Options;
 use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
+use crate::runtime::region::RegionCore;
 use crate::sync::lock;
+use crate::transport::ascend::link::DeviceRegion;
 use crate::types::engine_name::EngineName;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 use crate::types::{Access, MemDesc, MemType, random_u64};
@@ -338,7 +340,10 @@ impl EngineInner {
                 .ucx
                 .as_ref()
                 .map(|u| (u, lock(&self.ucx_local).clone())),
-            ascend: self.ascend.as_ref().map(|rt| (rt, self.region_cores())),
+            ascend: self.ascend.as_ref().map(|rt| {
+                let regions = self.region_cores().into_iter();
+                (rt, regions.map(|r| r as Arc<dyn DeviceRegion>).collect())
+            }),
         }
     }
 

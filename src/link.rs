@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, RemoteRefusal, check_timeout};
-use crate::memory::RegionUse;
 use crate::metrics::LinkCounters;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::options::SameHost;
 use crate::request::{Job, Outcome, ReqState, TransferArgs, TransferReq};
+use crate::runtime::region::RegionUse;
 use crate::sync::lock;
 use crate::transfer::TransferDesc;
 use crate::transport::ascend::link::DeviceLink;
@@ -32,7 +32,7 @@ use crate::transport::same_host::PeerProc;
 use crate::transport::same_host::fence::ClientFence;
 use crate::transport::same_host::path::SameHostPath;
 use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{DataPath, PathFail};
+use crate::transport::{Control, DataPath, PathFail};
 use crate::types::HostId;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -119,7 +119,7 @@ pub(crate) struct LinkConfig<'a> {
     /// binds them).
     pub(crate) ascend: Option<(
         &'a Arc<crate::transport::ascend::Runtime>,
-        Vec<Arc<crate::memory::RegionCore>>,
+        crate::transport::ascend::link::DeviceRegions,
     )>,
 }
 
@@ -192,13 +192,16 @@ impl LinkShared {
         let device = match &engine.ascend {
             Some((rt, regions)) => crate::transport::ascend::link::connect(
                 rt,
-                &mut lane,
+                &mut LaneControl {
+                    lane: &mut lane,
+                    peer: &peer,
+                    started,
+                },
                 regions,
                 &welcome.table,
                 engine.name,
                 &peer,
                 deadline,
-                |f| lane_error(f, "connect", &peer, started, false),
             )?,
             None => None,
         };
@@ -1349,6 +1352,41 @@ pub(crate) fn lane_error(
             peer: peer.to_owned(),
             why,
         },
+    }
+}
+
+/// A new link's first lane as a transport's setup sees it ([`Control`]): lane failures become
+/// the caller's errors of `connect`.
+struct LaneControl<'a> {
+    lane: &'a mut Lane,
+    peer: &'a str,
+    started: Instant,
+}
+
+impl Control for LaneControl<'_> {
+    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), Error> {
+        let r = self.lane.send_frame(frame, deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn recv(&mut self, deadline: Instant) -> Result<(wire::Kind, Vec<u8>), Error> {
+        let r = self.lane.recv_any(deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn protocol(&self, problem: String) -> Error {
+        self.fail(LaneFail::Protocol(problem))
+    }
+    fn refused(&self, status: crate::error::Status, reason: String) -> Error {
+        self.fail(LaneFail::Refused {
+            status,
+            reason,
+            usable: false,
+        })
+    }
+}
+
+impl LaneControl<'_> {
+    fn fail(&self, f: LaneFail) -> Error {
+        lane_error(f, "connect", self.peer, self.started, false)
     }
 }
 

@@ -243,7 +243,7 @@ impl Options {
     /// Use the Ascend backend: `initialize` loads ACL and HCCL (a missing library is
     /// [`Error::LibraryUnavailable`]), sets the device on the calling thread and takes its
     /// context; device memory can then be allocated, registered and moved with HCCL.
-    pub fn ascend(mut self, cfg: crate::AscendConfig) -> Self {
+    pub fn ascend(mut self, cfg: crate::transport::ascend::AscendConfig) -> Self {
         self.ascend.acl_lib = cfg.acl_lib;
         self.ascend.hccl_lib = cfg.hccl_lib;
         self.ascend.device_id = Some(cfg.device_id);

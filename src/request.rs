@@ -112,7 +112,7 @@ struct Inner {
     /// The link's bookkeeping for this request was done (exactly once).
     settled: bool,
     /// The regions the request uses (alive, and counted as in use) until it ends.
-    keep: Vec<crate::memory::RegionUse>,
+    keep: Vec<crate::runtime::region::RegionUse>,
     waker: Option<Waker>,
 }
 
@@ -142,7 +142,7 @@ impl ReqState {
         user_data: u64,
         bytes: u64,
         timeout: Duration,
-        keep: Vec<crate::memory::RegionUse>,
+        keep: Vec<crate::runtime::region::RegionUse>,
     ) -> Self {
         let started = Instant::now();
         Self {

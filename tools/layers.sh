@@ -8,8 +8,9 @@
 #   1 transport  src/transport/: mod.rs (the DataPath trait, probe) and one folder per transport
 #                — tcp, same_host, ucx, ascend — none of which imports another transport
 #                (transport/mod.rs may name them all: it is the registry)
-#   2 runtime    src/runtime/ (engine core, link core, executor, control/), and until they move
-#                there: connect.rs, quarantine.rs, metrics.rs, notify.rs
+#   2 runtime    src/runtime/ (engine core, link core, executor, region records, control/), and
+#                what they are built of: quarantine.rs, metrics.rs, notify.rs, options.rs (the
+#                engine's configuration), buffers.rs (HostBuffer, memory the engine can share)
 #   3 api        engine.rs, link.rs, memory.rs, transfer.rs, request.rs, context.rs, options.rs,
 #                spec.rs, testkit.rs, compat.rs, lib.rs (`crate::Name`, a root re-export, counts
 #                as api)
@@ -36,7 +37,8 @@ file_layer() {
     src/transport/tcp.rs | src/transport/tcp/*) echo "1 tcp" ;;
     src/transport/ucx/*) echo "1 ucx" ;;
     src/transport/ascend/*) echo "1 ascend" ;;
-    src/runtime/* | src/connect.rs | src/quarantine.rs | src/metrics.rs | src/notify.rs)
+    src/runtime/* | src/quarantine.rs | src/metrics.rs | src/notify.rs | src/options.rs \
+      | src/buffers.rs)
       echo "2 runtime" ;;
     *) echo "3 api" ;;
   esac
@@ -59,7 +61,7 @@ path_layer() {
         ascend) echo "1 ascend" ;;
         *) echo "1 transport" ;;
       esac ;;
-    runtime | connect | quarantine | metrics | notify) echo "2 runtime" ;;
+    runtime | quarantine | metrics | notify | options | buffers) echo "2 runtime" ;;
     *) echo "3 api" ;;
   esac
 }

@@ -1,4 +1,5 @@
-//! The runtime under the API: the control plane (`control/`). The engine core, the link core and
-//! the executor are still in engine.rs, link.rs and connect.rs (issue #13 moves them here).
+//! The runtime under the API: the engine core, the link core, the executor, the region
+//! records and the control plane (`control/`).
 
 pub(crate) mod control;
+pub(crate) mod region;

@@ -13,8 +13,23 @@ pub(crate) mod ucx;
 
 use std::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Error, Status};
 use crate::types::{LaneDesc, TransferOp};
+use crate::wire::Kind;
+
+/// A link's first lane while the link is set up, as a transport sees it: frames out and in,
+/// every failure already the caller's error. The runtime implements it over the TCP lane, so a
+/// transport's handshake never sees TCP.
+pub(crate) trait Control {
+    /// Sends one encoded frame.
+    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), Error>;
+    /// Reads the next frame: its kind and payload (a REFUSE comes back as the peer's refusal).
+    fn recv(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), Error>;
+    /// The caller's error for a peer that broke the protocol.
+    fn protocol(&self, problem: String) -> Error;
+    /// The caller's error for the peer's refusal to set the transport up.
+    fn refused(&self, status: Status, reason: String) -> Error;
+}
 
 /// How a batch failed on a [`DataPath`]; the link turns it into the caller's error.
 #[derive(Debug)]

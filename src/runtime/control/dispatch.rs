@@ -530,7 +530,7 @@ pub(super) fn serve(
                 let sent = crate::transport::ascend::link::serve(
                     shared.device.as_ref(),
                     &info,
-                    shared.table.cores(),
+                    &shared.table.device_regions(),
                     &shared.name,
                     &hello.name,
                     |f| sock.send_bytes(f, deadline),

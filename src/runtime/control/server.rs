@@ -16,9 +16,9 @@ use super::dispatch::serve_conn;
 use crate::auth::Psk;
 use crate::error::Status;
 use crate::io::{IoVec, Sock};
-use crate::memory::RegionCore;
 use crate::notify::NotifyQueue;
 use crate::runtime::control::limits::{self, ConnTable, Limits};
+use crate::runtime::region::RegionCore;
 use crate::sync::lock;
 use crate::transport::same_host::fence::ServerFence;
 use crate::types::HostId;
@@ -39,6 +39,13 @@ impl ServeTable {
     /// The regions served.
     pub(crate) fn cores(&self) -> &[Arc<RegionCore>] {
         &self.by_id
+    }
+    /// The regions as the device data path sees them.
+    pub(crate) fn device_regions(&self) -> crate::transport::ascend::link::DeviceRegions {
+        let regions = self.by_id.iter().cloned();
+        regions
+            .map(|r| r as Arc<dyn crate::transport::ascend::link::DeviceRegion>)
+            .collect()
     }
     fn get(&self, id: u32) -> Option<&RegionCore> {
         self.by_id

@@ -26,14 +26,24 @@ use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
 use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
-use crate::memory::RegionCore;
 use crate::sync::lock;
-use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::transport::{Control, DataPath, PathFail, TransportKind};
 use crate::types::Access;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
+
+/// A registered region as the device path sees it: its HCCL registration and its access. A
+/// link holds the `Arc`, so the memory outlives the communicator that binds it.
+pub(crate) trait DeviceRegion: Send + Sync {
+    /// The region's HCCL registration (`None`: not registered with HCCL).
+    fn device(&self) -> Option<&super::DeviceReg>;
+    /// What peers may do with the region.
+    fn access(&self) -> Access;
+}
+
+/// An engine's regions as the device path sees them.
+pub(crate) type DeviceRegions = Vec<Arc<dyn DeviceRegion>>;
 
 /// The server's rank in a link's communicator.
 pub(crate) const SERVER_RANK: u32 = 0;
@@ -47,7 +57,7 @@ pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);
 /// communicators (so a new link with the same name and rank can tear them down first).
 struct Path {
     rt: Arc<Runtime>,
-    bound: Vec<Arc<RegionCore>>,
+    bound: Vec<Arc<dyn DeviceRegion>>,
     comm: Option<Comm>,
     stream: Option<Stream>,
     /// A failed transfer could not abort the stream: copies may still be queued, so nothing
@@ -106,7 +116,7 @@ impl Path {
         }
         if let Some(comm) = self.comm.take() {
             for r in &self.bound {
-                if let Some(d) = &r.device
+                if let Some(d) = r.device()
                     && let Err(e) = rt.hccl.unbind(&comm, &d.mem)
                 {
                     tracing::warn!("HcclCommUnbindMem failed: {e}");
@@ -352,7 +362,7 @@ fn build(
     table: &str,
     rank: u32,
     name: String,
-    regions: &[Arc<RegionCore>],
+    regions: &[Arc<dyn DeviceRegion>],
     peer: &str,
     timeout: Duration,
     remote: HashMap<u32, u64>,
@@ -410,7 +420,7 @@ fn build(
         let Path { comm, bound, .. } = &mut *p;
         let comm = comm.as_ref().expect("just set");
         for r in regions {
-            if let Some(d) = &r.device {
+            if let Some(d) = r.device() {
                 rt.hccl.bind(comm, &d.mem)?;
                 bound.push(r.clone());
             }
@@ -426,33 +436,32 @@ fn build(
 /// the same-host path).
 ///
 /// # Errors
-/// Lane failures through `lane_err`; HCCL/ACL errors; the server's failure as [`Error::Refused`]
-/// (via `lane_err`).
-#[allow(clippy::too_many_arguments)]
+/// Failures of the control channel; HCCL/ACL errors; the server's failure as its refusal.
 pub(crate) fn connect(
     rt: &Arc<Runtime>,
-    lane: &mut Lane,
-    regions: &[Arc<RegionCore>],
+    ctl: &mut dyn Control,
+    regions: &[Arc<dyn DeviceRegion>],
     table: &[TableEntry],
     me: &str,
     peer: &str,
     deadline: Instant,
-    lane_err: impl Fn(LaneFail) -> Error,
 ) -> Result<Option<DeviceLink>, Error> {
     let left = deadline.saturating_duration_since(Instant::now());
     let mut out = Vec::new();
     my_info(rt, me, left).encode(Kind::DeviceHello, &mut out);
-    lane.send_frame(&out, deadline).map_err(&lane_err)?;
-    let theirs = lane
-        .recv_frame(Kind::DeviceWelcome, deadline, DeviceInfo::decode)
-        .map_err(&lane_err)?
-        .map_err(|e| lane_err(LaneFail::Protocol(e.to_string())))?;
+    ctl.send(&out, deadline)?;
+    let theirs = match ctl.recv(deadline)? {
+        (Kind::DeviceWelcome, p) => {
+            DeviceInfo::decode(&p).map_err(|e| ctl.protocol(e.to_string()))?
+        }
+        (k, _) => return Err(ctl.protocol(format!("expected DeviceWelcome, got {k:?}"))),
+    };
     if theirs.status != 0 {
         tracing::debug!(peer, reason = %theirs.reason, "the peer has no device data path");
         return Ok(None);
     }
     let server = parse_dev(&theirs)
-        .map_err(|what| lane_err(LaneFail::Protocol(format!("DEVICE_WELCOME without {what}"))))?;
+        .map_err(|what| ctl.protocol(format!("DEVICE_WELCOME without {what}")))?;
     let client = my_dev(rt, me);
     let remote = table.iter().map(|e| (e.id, e.addr)).collect();
     let left = deadline.saturating_duration_since(Instant::now());
@@ -468,13 +477,18 @@ pub(crate) fn connect(
     )?;
     // the server reports its own side with DONE for request 0
     let wait = deadline.max(Instant::now() + Duration::from_millis(100));
-    let (status, reason) = lane.read_done_for(0, wait).map_err(&lane_err)?;
+    let (status, reason) = match ctl.recv(wait)? {
+        (Kind::Done, p) => match crate::wire::decode_done(&p) {
+            Ok((0, status, reason)) => (status, reason),
+            Ok((got, ..)) => {
+                return Err(ctl.protocol(format!("DONE for request {got}, expected 0")));
+            }
+            Err(e) => return Err(ctl.protocol(e.to_string())),
+        },
+        (k, _) => return Err(ctl.protocol(format!("expected DONE, got {k:?}"))),
+    };
     if status != 0 {
-        return Err(lane_err(LaneFail::Refused {
-            status: Status::from_peer(status),
-            reason,
-            usable: false,
-        }));
+        return Err(ctl.refused(Status::from_peer(status), reason));
     }
     Ok(Some(link))
 }
@@ -487,7 +501,7 @@ pub(crate) fn connect(
 pub(crate) fn serve(
     rt: Option<&Arc<Runtime>>,
     hello: &DeviceInfo,
-    regions: &[Arc<RegionCore>],
+    regions: &[Arc<dyn DeviceRegion>],
     me: &str,
     client_name: &str,
     mut send: impl FnMut(&[u8]) -> std::io::Result<()>,
@@ -540,9 +554,9 @@ pub(crate) fn serve(
     send(&out)?;
     let server = my_dev(rt, me);
     // regions peers may neither read nor write are not exposed through the communicator
-    let served: Vec<Arc<RegionCore>> = regions
+    let served: Vec<Arc<dyn DeviceRegion>> = regions
         .iter()
-        .filter(|r| r.access != Access::None)
+        .filter(|r| r.access() != Access::None)
         .cloned()
         .collect();
     let r = rank_table(&server, &client).and_then(|table| {

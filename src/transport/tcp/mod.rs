@@ -199,36 +199,21 @@ impl Lane {
         Ok((status, reason))
     }
 
-    /// Sends one encoded frame (device handshake).
+    /// Sends one encoded frame (a transport's link setup).
     pub fn send_frame(&mut self, frame: &[u8], deadline: Instant) -> Result<(), LaneFail> {
         self.sock
             .send_bytes(frame, Some(deadline))
             .map_err(LaneFail::Io)
     }
 
-    /// Reads one frame of kind `want` (a REFUSE is the peer's refusal) and decodes its payload.
-    pub fn recv_frame<T>(
-        &mut self,
-        want: Kind,
-        deadline: Instant,
-        decode: impl FnOnce(&[u8]) -> T,
-    ) -> Result<T, LaneFail> {
+    /// Reads the next frame, whatever its kind (a REFUSE is the peer's refusal).
+    pub fn recv_any(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), LaneFail> {
         let dl = Some(deadline);
         match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((k, p)) if k == want => Ok(decode(p)),
             Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected {want:?}, got {k:?}"))),
+            Ok((k, p)) => Ok((k, p.to_vec())),
             Err(e) => Err(LaneFail::Protocol(e.to_string())),
         }
-    }
-
-    /// Reads the DONE frame answering request `req` (device handshake: request 0).
-    pub fn read_done_for(
-        &mut self,
-        req: u64,
-        deadline: Instant,
-    ) -> Result<(u32, String), LaneFail> {
-        self.read_done(req, Some(deadline))
     }
 
     /// Another handle to the lane's socket (it keeps the socket open on its own).

@@ -1,0 +1,287 @@
+//! The engine's record of a registered region ([`RegionCore`]): the memory it owns, how to free
+//! or copy it, who may still touch it (async requests, same-host clients), and its device
+//! registration. The user's `Region` handle (src/memory.rs) and every serving thread share it.
+
+use crate::buffers::HostBuffer;
+use crate::error::Error;
+use crate::types::raw::{RawMemory, RegistrableMemory};
+use crate::types::{Access, MemDesc, MemType, RegionView};
+
+/// Replaces memory a peer may have mapped by a private copy (a HostBuffer, since only
+/// HostBuffers have a memfd), releasing the shared one.
+fn unshare(raw: RawMemory, free: unsafe fn(RawMemory)) -> Result<RawMemory, (Error, RawMemory)> {
+    let mut copy = match HostBuffer::new(raw.len) {
+        Ok(b) => b,
+        Err(e) => return Err((e, raw)),
+    };
+    // SAFETY: `raw` describes `len` readable bytes; `copy` is a fresh buffer of the same length.
+    unsafe { std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), copy.as_mut_ptr(), raw.len) };
+    // SAFETY: `free` is the release function of the type that produced `raw`, called once.
+    unsafe { free(raw) };
+    Ok(copy.into_raw_parts())
+}
+
+/// The engine-side record of a registered region: shared by the user's `Region` handle, the
+/// engine's table and every serving thread, so the memory lives while any of them may touch it.
+pub(crate) struct RegionCore {
+    pub(crate) id: u32,
+    pub(crate) engine: u64,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) mem_type: MemType,
+    pub(crate) access: Access,
+    /// The sealed memfd behind the memory, or -1.
+    pub(crate) fd: i32,
+    /// Set once the memfd was offered to a same-host peer, which may have mapped it.
+    pub(crate) exposed: std::sync::atomic::AtomicBool,
+    /// The owned memory and how to free it; `None` once handed back, or for raw registrations.
+    owned: Option<(RawMemory, unsafe fn(RawMemory))>,
+    /// How to copy the owned memory into a new value of its type, for quarantine; only memory
+    /// that can be copied is offered to same-host peers for one-sided access.
+    dup: Option<Duplicate>,
+    /// Fences of same-host clients that did not confirm in time that they stopped touching the
+    /// memory (set when the engine stops serving); while one of them may still touch it, the
+    /// memory is quarantined instead of handed back or freed.
+    pub(crate) blockers: std::sync::Mutex<crate::quarantine::Blockers>,
+    /// The engine's quarantine counters.
+    pub(crate) stats: std::sync::Arc<crate::quarantine::Stats>,
+    /// Async requests using the region that have not ended (a forgotten request does not end
+    /// the borrow the compiler sees, so `read_at`/`write_at` check this).
+    pub(crate) uses: std::sync::atomic::AtomicUsize,
+    /// The region's HCCL registration on an Ascend engine; released before the memory.
+    pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
+}
+
+/// Copies owned memory into a new value of the same type and returns its raw parts.
+type Duplicate = unsafe fn(&RawMemory) -> Option<RawMemory>;
+
+/// The copy function for `M`, for the memory types the crate knows how to copy: `Vec<u8>`,
+/// `Box<[u8]>` and [`HostBuffer`].
+fn duplicator<M: RegistrableMemory>() -> Option<Duplicate> {
+    use std::any::TypeId;
+    let t = TypeId::of::<M>();
+    if t == TypeId::of::<Vec<u8>>() {
+        Some(dup_vec)
+    } else if t == TypeId::of::<Box<[u8]>>() {
+        Some(dup_box)
+    } else if t == TypeId::of::<HostBuffer>() {
+        Some(dup_host_buffer)
+    } else {
+        None
+    }
+}
+
+/// A `Vec<u8>` holding a copy of `raw`'s bytes, or `None` if it cannot be allocated.
+///
+/// # Safety
+/// `raw` must describe `len` bytes valid for reads.
+unsafe fn copy_to_vec(raw: &RawMemory) -> Option<Vec<u8>> {
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(raw.len).ok()?;
+    // SAFETY: `raw` is readable (the caller's contract); `v` has room for `len` bytes, which
+    // are initialised by the copy before `set_len`. The source may be written by another
+    // process meanwhile: it is read through raw pointers only, and any byte value is valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), v.as_mut_ptr(), raw.len);
+        v.set_len(raw.len);
+    }
+    Some(v)
+}
+
+unsafe fn dup_vec(raw: &RawMemory) -> Option<RawMemory> {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_to_vec(raw) }.map(RegistrableMemory::into_raw_parts)
+}
+
+unsafe fn dup_box(raw: &RawMemory) -> Option<RawMemory> {
+    // SAFETY: forwarded caller contract.
+    unsafe { copy_to_vec(raw) }.map(|v| v.into_boxed_slice().into_raw_parts())
+}
+
+unsafe fn dup_host_buffer(raw: &RawMemory) -> Option<RawMemory> {
+    let mut b = HostBuffer::new(raw.len).ok()?;
+    // SAFETY: `raw` is readable (the caller's contract); `b` is a fresh buffer of that length.
+    unsafe { std::ptr::copy_nonoverlapping(raw.ptr.as_ptr(), b.as_mut_ptr(), raw.len) };
+    Some(b.into_raw_parts())
+}
+
+// SAFETY: the core only stores addresses and owned memory of a `Send` type; the memory itself is
+// only touched through raw pointers by the engine's transfer code and `read_at`/`write_at`.
+unsafe impl Send for RegionCore {}
+// SAFETY: nothing in the core is mutated through `&RegionCore`.
+unsafe impl Sync for RegionCore {}
+
+unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
+    // SAFETY: `raw` came from `M::into_raw_parts` and is released once (see `RegionCore::drop`).
+    drop(unsafe { M::from_raw_parts(raw) });
+}
+
+impl RegionCore {
+    /// What a transport needs to know of the region.
+    pub(crate) fn view(&self) -> RegionView {
+        RegionView {
+            id: self.id,
+            addr: self.addr,
+            len: self.len,
+            mem_type: self.mem_type,
+            access: self.access,
+        }
+    }
+
+    pub(crate) fn new_owned<M: RegistrableMemory>(
+        id: u32,
+        engine: u64,
+        raw: RawMemory,
+        access: Access,
+    ) -> Self {
+        Self {
+            id,
+            engine,
+            addr: raw.ptr.as_ptr() as usize,
+            len: raw.len,
+            mem_type: raw.mem_type,
+            access,
+            fd: raw.fd,
+            exposed: std::sync::atomic::AtomicBool::new(false),
+            owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
+            dup: duplicator::<M>(),
+            blockers: std::sync::Mutex::new(Vec::new()),
+            stats: Default::default(),
+            uses: std::sync::atomic::AtomicUsize::new(0),
+            device: None,
+        }
+    }
+
+    pub(crate) fn new_raw(
+        id: u32,
+        engine: u64,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Self {
+        Self {
+            id,
+            engine,
+            addr: desc.addr,
+            len: desc.len,
+            mem_type,
+            access,
+            fd: -1,
+            exposed: std::sync::atomic::AtomicBool::new(false),
+            owned: None,
+            dup: None,
+            blockers: std::sync::Mutex::new(Vec::new()),
+            stats: Default::default(),
+            uses: std::sync::atomic::AtomicUsize::new(0),
+            device: None,
+        }
+    }
+
+    /// Whether same-host peers may reach the memory one-sidedly (mapped or `/proc/PID/mem`):
+    /// only owned memory the engine can quarantine (copy out and keep) is offered; the rest is
+    /// served over TCP, by serving threads the engine joins before it hands memory back.
+    pub(crate) fn one_sided(&self) -> bool {
+        self.dup.is_some()
+    }
+
+    /// The fences still blocking the memory (none if every client confirmed, or is gone).
+    fn live_blockers(&self) -> crate::quarantine::Blockers {
+        let b = std::sync::Mutex::lock(&self.blockers)
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if crate::quarantine::blocking(&b) {
+            b
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Takes the owned memory out (deregistration); the core then frees nothing. Memory a
+    /// same-host peer may have mapped is replaced by a private copy first.
+    pub(crate) fn take_raw(&mut self) -> Result<Option<RawMemory>, Error> {
+        // the HCCL registration goes first: the memory is about to leave the engine
+        drop(self.device.take());
+        let Some((raw, free)) = self.owned.take() else {
+            return Ok(None);
+        };
+        let blockers = self.live_blockers();
+        if !blockers.is_empty() {
+            // a same-host client may still write the original: hand back a copy, keep it
+            let copy = self.dup.and_then(|dup| {
+                // SAFETY: `raw` is this region's owned memory, readable; `dup` is the copy
+                // function of the type that produced it.
+                unsafe { dup(&raw) }
+            });
+            let Some(copy) = copy else {
+                self.owned = Some((raw, free));
+                return Err(Error::OutOfMemory { len: self.len });
+            };
+            crate::quarantine::hold(raw, free, blockers, &self.stats);
+            return Ok(Some(copy));
+        }
+        if raw.fd < 0 || !self.exposed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Some(raw));
+        }
+        match unshare(raw, free) {
+            Ok(copy) => Ok(Some(copy)),
+            Err((e, raw)) => {
+                self.owned = Some((raw, free));
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        (self.addr + offset) as *mut u8
+    }
+}
+
+impl Drop for RegionCore {
+    fn drop(&mut self) {
+        drop(self.device.take());
+        if let Some((raw, free)) = self.owned.take() {
+            let blockers = self.live_blockers();
+            if !blockers.is_empty() {
+                // a same-host client may still write it: free it once it cannot
+                crate::quarantine::hold(raw, free, blockers, &self.stats);
+                return;
+            }
+            // SAFETY: this is the last reference to the region (it is in an `Arc` that is being
+            // dropped), so no transfer or serving thread of this process can touch the memory
+            // any more, and no same-host client can (none blocks it: every one confirmed, or is
+            // gone); `free` is the release function of the type that produced `raw`.
+            unsafe { free(raw) }
+        }
+    }
+}
+
+/// An async request's hold on a region: keeps the core alive and counted in its `uses` until
+/// the request is done with the memory.
+pub(crate) struct RegionUse(std::sync::Arc<RegionCore>);
+
+impl RegionUse {
+    pub(crate) fn new(core: &std::sync::Arc<RegionCore>) -> Self {
+        core.uses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(core.clone())
+    }
+    pub(crate) fn core(&self) -> &std::sync::Arc<RegionCore> {
+        &self.0
+    }
+}
+
+impl Drop for RegionUse {
+    fn drop(&mut self) {
+        self.0
+            .uses
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl crate::transport::ascend::link::DeviceRegion for RegionCore {
+    fn device(&self) -> Option<&crate::transport::ascend::DeviceReg> {
+        self.device.as_ref()
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+}
