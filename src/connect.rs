@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::engine::EngineInner;
 use crate::error::Error;
-use crate::link::LinkShared;
+use crate::runtime::link::LinkShared;
 use crate::sync::lock;
 
 /// Most queued async connect and disconnect tasks per engine (HIXL's `connect_pool.task_queue_capacity` default).

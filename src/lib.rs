@@ -165,12 +165,13 @@ pub use engine::{
     TransitionError,
 };
 pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
-pub use link::{Link, MAX_BATCH, RemoteRange, RemoteRegion};
+pub use link::{Link, RemoteRange, RemoteRegion};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
+pub use runtime::link::MAX_BATCH;
 pub use transfer::TransferDesc;
 pub use transport::ascend::AscendConfig;
 pub use transport::{TransportInfo, TransportKind, probe};

@@ -2,4 +2,6 @@
 //! records and the control plane (`control/`).
 
 pub(crate) mod control;
+pub(crate) mod link;
 pub(crate) mod region;
+pub(crate) mod request;

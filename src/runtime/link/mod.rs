@@ -1,0 +1,627 @@
+//! The link core: one link's state under the `Link` handle — its TCP lane pool, its other
+//! data paths (device, UCX, same-host) and the server's fence, opening (`LinkShared::open`),
+//! heartbeat and close, and how lane failures become the caller's errors. How a batch runs
+//! (data-path dispatch, splitting across lanes, async workers) is in `exec.rs`.
+
+mod exec;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, RemoteRefusal};
+use crate::metrics::LinkCounters;
+use crate::options::SameHost;
+use crate::runtime::region::RegionUse;
+use crate::runtime::request::{Job, Outcome, ReqState};
+use crate::sync::lock;
+use crate::transport::ascend::link::DeviceLink;
+use crate::transport::same_host::PeerProc;
+use crate::transport::same_host::fence::ClientFence;
+use crate::transport::same_host::path::SameHostPath;
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{Control, DataPath, PathFail};
+use crate::types::HostId;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::types::WireDesc;
+use crate::wire::{self, Hello, LaneRole, TableEntry};
+
+/// Most descriptors in one transfer call.
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// How long an idle async worker thread waits for work before it exits.
+const WORKER_IDLE: Duration = Duration::from_secs(2);
+
+struct Pool {
+    idle: Vec<Lane>,
+    open: usize,
+    broken: Option<String>,
+    /// Set once the link was closed (by `disconnect` or `Drop`).
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Job>,
+    workers: usize,
+    idle: usize,
+}
+
+/// A link's state, shared by the [`Link`] handle, async requests and async worker threads.
+pub(crate) struct LinkShared {
+    pub(crate) id: u64,
+    pub(crate) peer: String,
+    addr: SocketAddr,
+    token: u64,
+    pub(crate) remote_instance: u64,
+    pub(crate) remote_pid: u32,
+    /// Sorted by address, disjoint (checked when decoded).
+    pub(crate) table: Vec<TableEntry>,
+    pub(crate) engine_id: u64,
+    instance: u64,
+    name: String,
+    max_lanes: usize,
+    /// How many lanes one large transfer may use at once.
+    parallel: usize,
+    pool: Mutex<Pool>,
+    freed: Condvar,
+    next_req: AtomicU64,
+    jobs: Mutex<Jobs>,
+    jobs_cv: Condvar,
+    /// Async requests not finished yet, by sequence number (notifications wait for earlier ones).
+    unfinished: Mutex<BTreeSet<u64>>,
+    finished_cv: Condvar,
+    pub(crate) counters: LinkCounters,
+    /// The same-host data path, when the peer is on this host and the kernel allows it.
+    cma: Option<SameHostPath>,
+    /// The UCX data path, when both engines use UCX.
+    ucx: Option<crate::transport::ucx::UcxLink>,
+    /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
+    /// when the link closes (the communicator is destroyed then).
+    device: Option<Mutex<Option<DeviceLink>>>,
+    /// The server's fence for this link, when the peer is on this host: its revocable grant of
+    /// one-sided access, entered by every same-host (and same-host UCX) batch.
+    fence: Option<ClientFence>,
+    /// The pre-shared key new lanes prove.
+    psk: Option<crate::auth::Psk>,
+    pub(crate) span: tracing::Span,
+}
+
+/// What a new link takes from its engine, so the link core does not see the engine.
+pub(crate) struct LinkConfig<'a> {
+    /// The engine's id (for metrics), instance id and name.
+    pub(crate) engine_id: u64,
+    pub(crate) instance: u64,
+    pub(crate) name: &'a str,
+    pub(crate) options: &'a crate::options::Options,
+    /// The engine's span; the link's is a child of it.
+    pub(crate) span: &'a tracing::Span,
+    /// UCX, when the engine uses it, with this engine's regions mapped for its own links.
+    pub(crate) ucx: Option<(
+        &'a crate::transport::ucx::UcxEngine,
+        Option<Arc<crate::transport::ucx::UcxLocal>>,
+    )>,
+    /// The Ascend runtime, when the engine has one, with the engine's regions (the device path
+    /// binds them).
+    pub(crate) ascend: Option<(
+        &'a Arc<crate::transport::ascend::Runtime>,
+        crate::transport::ascend::link::DeviceRegions,
+    )>,
+}
+
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
+
+impl LinkShared {
+    pub(crate) fn open(
+        engine: &LinkConfig<'_>,
+        peer: String,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<Self>, Error> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let policy = engine.options.same_host;
+        let me = match policy {
+            SameHost::Forbid => None,
+            _ => HostId::current(),
+        };
+        let hello = Hello {
+            role: LaneRole::NewLink,
+            instance: engine.instance,
+            token: 0,
+            name: engine.name.to_owned(),
+            target: peer.clone(),
+            host: me,
+            nonce: crate::auth::nonce(),
+        };
+        let psk = engine.options.psk.clone();
+        let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
+            .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
+        let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
+        let ucx = match &engine.ucx {
+            None => None,
+            Some((u, local)) => {
+                let require = engine.options.ucx == crate::options::Ucx::Require;
+                let got = lane
+                    .ucx_info(deadline)
+                    .map_err(|f| lane_error(f, "connect", &peer, started, true))
+                    .and_then(|info| match info {
+                        Some(info) => crate::transport::ucx::UcxLink::connect(
+                            u,
+                            &peer,
+                            &info,
+                            &welcome.table,
+                            local.clone(),
+                        )
+                        .map(Some),
+                        None => Ok(None),
+                    });
+                match got {
+                    Ok(Some(l)) => Some(l),
+                    Ok(None) if require => {
+                        return Err(Error::TransportUnavailable {
+                            peer,
+                            transport: "ucx",
+                            why: "the peer does not serve over UCX",
+                        });
+                    }
+                    Ok(None) => None,
+                    Err(e) if require => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(parent: &span, error = %e, "UCX link failed; using tcp or same-host");
+                        None
+                    }
+                }
+            }
+        };
+        let device = match &engine.ascend {
+            Some((rt, regions)) => crate::transport::ascend::link::connect(
+                rt,
+                &mut LaneControl {
+                    lane: &mut lane,
+                    peer: &peer,
+                    started,
+                },
+                regions,
+                &welcome.table,
+                engine.name,
+                &peer,
+                deadline,
+            )?,
+            None => None,
+        };
+        // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
+        let local = match (&me, &welcome.host) {
+            (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
+                .and_then(|p| ClientFence::open(&p, welcome.fence).map(|f| (p, f)))
+                .map_err(|e| {
+                    tracing::debug!(parent: &span, error = %e, "no same-host access to the peer (kernel or peer refused); using tcp");
+                })
+                .ok(),
+            _ => None,
+        };
+        let (cma, fence) = match local {
+            None => (None, None),
+            Some((_, fence)) if ucx.is_some() || device.is_some() => (None, Some(fence)),
+            Some((proc, fence)) => match lane
+                .try_clone_stream()
+                .and_then(|watch| SameHostPath::setup(proc, &welcome.table, watch))
+            {
+                Ok(c) => (Some(c), Some(fence)),
+                Err(e) => {
+                    tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
+                    (None, None)
+                }
+            },
+        };
+        if policy == SameHost::Require && cma.is_none() && device.is_none() {
+            return Err(Error::TransportUnavailable {
+                peer,
+                transport: "cma",
+                why: "the peer is not on this host (boot id and pid namespace), or the kernel refused access",
+            });
+        }
+        tracing::debug!(parent: &span, regions = welcome.table.len(), remote_instance = welcome.instance,
+            elapsed_us = started.elapsed().as_micros() as u64, "connected");
+        Ok(Arc::new(LinkShared {
+            id,
+            peer,
+            addr,
+            token: welcome.token,
+            remote_instance: welcome.instance,
+            remote_pid: welcome.pid,
+            table: welcome.table,
+            engine_id: engine.engine_id,
+            instance: engine.instance,
+            name: engine.name.to_owned(),
+            max_lanes: engine.options.max_lanes,
+            parallel: engine.options.parallel_lanes.min(engine.options.max_lanes),
+            pool: Mutex::new(Pool {
+                idle: vec![lane],
+                open: 1,
+                broken: None,
+                closed: false,
+            }),
+            freed: Condvar::new(),
+            next_req: AtomicU64::new(1),
+            jobs: Mutex::new(Jobs::default()),
+            jobs_cv: Condvar::new(),
+            unfinished: Mutex::new(BTreeSet::new()),
+            finished_cv: Condvar::new(),
+            counters: LinkCounters::default(),
+            cma,
+            ucx,
+            device: device.map(|d| Mutex::new(Some(d))),
+            fence,
+            psk,
+            span,
+        }))
+    }
+
+    /// Whether the link broke (or was closed).
+    pub(crate) fn is_broken(&self) -> bool {
+        lock(&self.pool).broken.is_some()
+    }
+
+    /// `Err(NotConnected)` once the link is broken.
+    pub(crate) fn check_usable(&self) -> Result<(), Error> {
+        match &lock(&self.pool).broken {
+            Some(why) => Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the link moves device memory (it has a device data path).
+    pub(crate) fn has_device_path(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// The transport carrying the link's data: its preferred data path's, or TCP.
+    pub(crate) fn transport(&self) -> crate::transport::TransportKind {
+        let first = self.data_paths().next();
+        first.map_or(crate::transport::TransportKind::Tcp, |p| p.kind())
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.pool).closed
+    }
+
+    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one.
+    fn checkout(
+        &self,
+        deadline: Instant,
+        started: Instant,
+        op: &'static str,
+    ) -> Result<Lane, Error> {
+        let mut pool = lock(&self.pool);
+        loop {
+            if let Some(why) = &pool.broken {
+                return Err(Error::NotConnected {
+                    peer: self.peer.clone(),
+                    why: why.clone(),
+                });
+            }
+            if let Some(l) = pool.idle.pop() {
+                return Ok(l);
+            }
+            if pool.open < self.max_lanes {
+                pool.open += 1;
+                drop(pool);
+                let hello = Hello {
+                    role: LaneRole::Join,
+                    instance: self.instance,
+                    token: self.token,
+                    name: self.name.clone(),
+                    target: self.peer.clone(),
+                    host: None,
+                    nonce: crate::auth::nonce(),
+                };
+                return match Lane::open(self.addr, &hello, self.psk.as_ref(), deadline) {
+                    Ok((lane, _)) => {
+                        tracing::trace!(parent: &self.span, "lane opened");
+                        Ok(lane)
+                    }
+                    Err(f) => {
+                        let dead = match &f {
+                            LaneFail::Refused { .. } => true,
+                            LaneFail::Io(e) => is_gone(e),
+                            LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
+                        };
+                        let e = lane_error(f, op, &self.peer, started, false);
+                        self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
+                        Err(e)
+                    }
+                };
+            }
+            let rem = deadline.saturating_duration_since(Instant::now());
+            if rem.is_zero() {
+                return Err(Error::LanesExhausted {
+                    peer: self.peer.clone(),
+                    lanes: pool.open,
+                });
+            }
+            pool = self
+                .freed
+                .wait_timeout(pool, rem)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn checkin(&self, lane: Lane) {
+        let mut pool = lock(&self.pool);
+        if pool.closed || pool.broken.is_some() {
+            pool.open -= 1;
+            drop(pool);
+            drop(lane);
+        } else {
+            pool.idle.push(lane);
+        }
+        self.freed.notify_one();
+    }
+
+    /// Forgets a dead lane; `broken` marks the whole link unusable.
+    fn discard(&self, broken: Option<String>) {
+        let mut pool = lock(&self.pool);
+        pool.open -= 1;
+        match broken {
+            Some(why) => self.break_locked(&mut pool, why),
+            None => self.freed.notify_one(),
+        }
+    }
+
+    /// Marks the link unusable (the first reason stays), drops its idle lanes and wakes every
+    /// caller waiting for a lane, so they see `NOT_CONNECTED` at once.
+    fn mark_broken(&self, why: String) {
+        self.break_locked(&mut lock(&self.pool), why);
+    }
+
+    fn break_locked(&self, pool: &mut Pool, why: String) {
+        if pool.broken.is_none() {
+            tracing::debug!(parent: &self.span, why = %why, "link broken");
+            pool.broken = Some(why);
+        }
+        pool.idle.clear();
+        self.freed.notify_all();
+    }
+
+    /// Puts a lane back, or drops it when a failure left it out of step (see [`LaneAfter`]).
+    fn release(&self, lane: Lane, after: LaneAfter) {
+        match after {
+            LaneAfter::Reuse => self.checkin(lane),
+            LaneAfter::Gone(why) => {
+                drop(lane);
+                self.discard(Some(why));
+            }
+            LaneAfter::Discard => {
+                drop(lane);
+                self.discard(None);
+            }
+        }
+    }
+}
+
+impl LinkShared {
+    /// One heartbeat: PING on an idle lane; no PONG within `timeout` breaks the link (a silent
+    /// peer: stopped, hung, or cut off). Links that are busy (no idle lane) prove themselves by
+    /// their transfers; same-host links watch the peer's pidfd instead (a stopped peer still
+    /// serves them).
+    pub(crate) fn heartbeat(&self, timeout: Duration) {
+        if self.cma.is_some() {
+            return;
+        }
+        if self.ucx.as_ref().is_some_and(|u| u.is_failed()) {
+            self.mark_broken("the UCX endpoint failed (peer unreachable)".into());
+            return;
+        }
+        let lane = {
+            let mut pool = lock(&self.pool);
+            if pool.closed || pool.broken.is_some() {
+                return;
+            }
+            match pool.idle.pop() {
+                Some(l) => Some(l),
+                // lanes at work have their own deadlines
+                None if pool.open > 0 => return,
+                // no lane at all (the last one died with a timed-out transfer): the peer must
+                // still accept a new one
+                None => None,
+            }
+        };
+        let mut lane = match lane {
+            Some(l) => l,
+            None => {
+                let now = Instant::now();
+                match self.checkout(now + timeout, now, "heartbeat") {
+                    Ok(l) => l,
+                    Err(e) => {
+                        self.mark_broken(format!("no heartbeat answer: {e}"));
+                        return;
+                    }
+                }
+            }
+        };
+        match lane.ping(Instant::now() + timeout) {
+            Ok(()) => self.checkin(lane),
+            Err(f) => {
+                drop(lane);
+                let why = match f {
+                    LaneFail::Io(e) if !is_gone(&e) => {
+                        format!("no heartbeat answer within {timeout:?}")
+                    }
+                    LaneFail::Io(e) => format!("peer went away: {e}"),
+                    _ => "the heartbeat was answered wrongly".to_owned(),
+                };
+                self.discard(Some(why));
+            }
+        }
+    }
+
+    /// Closes the link, waiting up to `timeout` for the peer's acknowledgement.
+    pub(crate) fn close_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        self.close(timeout)
+    }
+
+    /// Closes the link, briefly, ignoring errors (teardown).
+    pub(crate) fn close_quietly(&self) {
+        if !self.is_closed() {
+            let _ = self.close(Duration::from_millis(200));
+        }
+    }
+
+    pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let (lane, broken) = {
+            let mut pool = lock(&self.pool);
+            (pool.idle.pop(), pool.broken.is_some())
+        };
+        let r = match (lane, broken) {
+            (Some(mut lane), false) => lane
+                .bye(deadline)
+                .map_err(|f| lane_error(f, "disconnect", &self.peer, started, false)),
+            _ => Ok(()),
+        };
+        {
+            let mut pool = lock(&self.pool);
+            pool.open -= pool.idle.len();
+            pool.idle.clear();
+            pool.broken.get_or_insert_with(|| "disconnected".into());
+            pool.closed = true;
+        }
+        if let Some(dev) = &self.device {
+            // unbind the regions and destroy the communicator now, not when the last worker
+            // lets go of the link
+            drop(lock(dev).take());
+        }
+        self.freed.notify_all();
+        self.jobs_cv.notify_all();
+        tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
+        r
+    }
+}
+
+fn is_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof
+            | ConnectionReset
+            | ConnectionAborted
+            | BrokenPipe
+            | NotConnected
+            | ConnectionRefused
+    )
+}
+
+pub(crate) fn lane_error(
+    f: LaneFail,
+    op: &'static str,
+    peer: &str,
+    started: Instant,
+    connecting: bool,
+) -> Error {
+    match f {
+        LaneFail::Refused { status, reason, .. } => Error::Refused {
+            op,
+            peer: peer.to_owned(),
+            refusal: RemoteRefusal { status, reason },
+        },
+        LaneFail::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) =>
+        {
+            Error::Timeout {
+                op,
+                peer: peer.to_owned(),
+                elapsed: started.elapsed(),
+            }
+        }
+        LaneFail::Io(e) if connecting => Error::ConnectFailed {
+            peer: peer.to_owned(),
+            source: e,
+        },
+        LaneFail::Io(e) if is_gone(&e) => Error::NotConnected {
+            peer: peer.to_owned(),
+            why: format!("peer went away during {op}: {e}"),
+        },
+        LaneFail::Io(e) => Error::Io {
+            op,
+            peer: peer.to_owned(),
+            source: e,
+        },
+        LaneFail::Protocol(problem) => Error::Protocol {
+            peer: peer.to_owned(),
+            problem,
+        },
+        LaneFail::Auth(why) => Error::AuthFailed {
+            peer: peer.to_owned(),
+            why,
+        },
+    }
+}
+
+/// A new link's first lane as a transport's setup sees it ([`Control`]): lane failures become
+/// the caller's errors of `connect`.
+struct LaneControl<'a> {
+    lane: &'a mut Lane,
+    peer: &'a str,
+    started: Instant,
+}
+
+impl Control for LaneControl<'_> {
+    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), Error> {
+        let r = self.lane.send_frame(frame, deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn recv(&mut self, deadline: Instant) -> Result<(wire::Kind, Vec<u8>), Error> {
+        let r = self.lane.recv_any(deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn protocol(&self, problem: String) -> Error {
+        self.fail(LaneFail::Protocol(problem))
+    }
+    fn refused(&self, status: crate::error::Status, reason: String) -> Error {
+        self.fail(LaneFail::Refused {
+            status,
+            reason,
+            usable: false,
+        })
+    }
+}
+
+impl LaneControl<'_> {
+    fn fail(&self, f: LaneFail) -> Error {
+        lane_error(f, "connect", self.peer, self.started, false)
+    }
+}
+
+/// What becomes of a lane after an operation, decided from how it failed (if it did) before
+/// the failure is turned into the caller's error (which keeps the `io::Error` itself).
+enum LaneAfter {
+    /// Back into the pool: it is still in step with the peer.
+    Reuse,
+    /// The peer went away: the link is broken, for this reason.
+    Gone(String),
+    /// Out of step: closed, the link stays usable.
+    Discard,
+}
+
+impl LaneAfter {
+    fn of(f: Option<&LaneFail>) -> Self {
+        match f {
+            None | Some(LaneFail::Refused { usable: true, .. }) => Self::Reuse,
+            Some(LaneFail::Io(e)) if is_gone(e) => Self::Gone(format!("peer went away: {e}")),
+            Some(_) => Self::Discard,
+        }
+    }
+}

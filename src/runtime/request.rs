@@ -1,0 +1,335 @@
+//! Async requests inside the runtime: a request's state machine (queued, running, ended, with
+//! its outcome), the jobs the link's workers run, and the deadline watcher that ends queued
+//! requests whose deadline passed. The public handle, `TransferReq`, is in src/request.rs; the
+//! public argument and status types are defined here and re-exported.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::runtime::link::LinkShared;
+use crate::sync::lock;
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+
+/// Optional arguments of [`Link::transfer_async`](crate::Link::transfer_async) (HIXL `TransferArgs`).
+#[derive(Debug, Clone, Copy)]
+pub struct TransferArgs {
+    /// A tag returned with the request's status (HIXL `TransferArgs.user_data`).
+    pub user_data: u64,
+    /// The request's deadline, from the call (1000 ms by default, as HIXL's timeouts).
+    pub timeout: Duration,
+}
+
+impl Default for TransferArgs {
+    fn default() -> Self {
+        Self {
+            user_data: 0,
+            timeout: Duration::from_millis(1000),
+        }
+    }
+}
+
+impl TransferArgs {
+    /// Arguments with this tag and the default timeout.
+    pub fn tagged(user_data: u64) -> Self {
+        Self {
+            user_data,
+            ..Self::default()
+        }
+    }
+    /// The same arguments with another timeout.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+}
+
+/// Where an async request is (HIXL `TransferStatus`, with deadlines and cancellation that HIXL
+/// leaves to the caller).
+#[derive(Debug, Clone)]
+pub enum TransferStatus {
+    /// Queued or running: the engine may still touch the local buffers.
+    Waiting,
+    /// All descriptors completed.
+    Completed,
+    /// It failed; the data of the batch is unspecified.
+    Failed(Arc<Error>),
+    /// The deadline passed before it completed; the data of the batch is unspecified.
+    TimedOut,
+    /// [`TransferReq::cancel`] stopped it; the data of the batch is unspecified.
+    Cancelled,
+}
+
+impl TransferStatus {
+    /// Whether the request has ended. Then the engine no longer touches its local buffers.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Self::Waiting)
+    }
+    /// HIXL's status code for the outcome: `SUCCESS` for completed, `TIMEOUT`, the error's code,
+    /// `FAILED` for cancelled; `None` while waiting.
+    pub fn code(&self) -> Option<crate::error::Status> {
+        match self {
+            Self::Waiting => None,
+            Self::Completed => Some(crate::error::Status::SUCCESS),
+            Self::Failed(e) => Some(e.status()),
+            Self::TimedOut => Some(crate::error::Status::TIMEOUT),
+            Self::Cancelled => Some(crate::error::Status::FAILED),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    Completed,
+    Failed(Arc<Error>),
+    TimedOut,
+    Cancelled,
+}
+
+/// Where a request is.
+pub(crate) enum Phase {
+    Queued,
+    /// Running on a lane whose socket is `fd` (alive while this phase lasts).
+    Running {
+        fd: i32,
+    },
+    Done(Outcome),
+}
+
+/// A request's mutable state.
+pub(crate) struct Inner {
+    pub(crate) phase: Phase,
+    pub(crate) cancel: bool,
+    /// The link's bookkeeping for this request was done (exactly once).
+    settled: bool,
+    /// The regions the request uses (alive, and counted as in use) until it ends.
+    keep: Vec<crate::runtime::region::RegionUse>,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// The shared state of one async request.
+pub(crate) struct ReqState {
+    pub(crate) m: Mutex<Inner>,
+    pub(crate) cv: Condvar,
+    pub(crate) seq: u64,
+    pub(crate) op: TransferOp,
+    pub(crate) user_data: u64,
+    pub(crate) bytes: u64,
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
+}
+
+/// A queued async request: its state (which keeps its regions alive until it ends) and its
+/// lane descriptors.
+pub(crate) struct Job {
+    pub state: Arc<ReqState>,
+    pub xds: Vec<LaneDesc>,
+}
+
+impl ReqState {
+    pub(crate) fn new(
+        seq: u64,
+        op: TransferOp,
+        user_data: u64,
+        bytes: u64,
+        timeout: Duration,
+        keep: Vec<crate::runtime::region::RegionUse>,
+    ) -> Self {
+        let started = Instant::now();
+        Self {
+            m: Mutex::new(Inner {
+                phase: Phase::Queued,
+                cancel: false,
+                settled: false,
+                keep,
+                waker: None,
+            }),
+            cv: Condvar::new(),
+            seq,
+            op,
+            user_data,
+            bytes,
+            started,
+            deadline: started + timeout,
+        }
+    }
+
+    /// Whether `cancel` was asked for while it ran.
+    pub(crate) fn cancel_requested(&self) -> bool {
+        lock(&self.m).cancel
+    }
+
+    /// A worker takes the request; `false` if it already ended (deadline, cancel).
+    pub(crate) fn claim_queued(&self) -> bool {
+        matches!(lock(&self.m).phase, Phase::Queued)
+    }
+
+    /// The worker is about to move bytes on socket `fd`. `Err` with the outcome to end with if
+    /// the request was cancelled or its deadline passed meanwhile.
+    pub(crate) fn set_running(&self, fd: i32) -> Result<(), Outcome> {
+        let mut g = lock(&self.m);
+        match g.phase {
+            Phase::Queued if g.cancel => Err(Outcome::Cancelled),
+            Phase::Queued if Instant::now() >= self.deadline => Err(Outcome::TimedOut),
+            Phase::Queued => {
+                g.phase = Phase::Running { fd };
+                Ok(())
+            }
+            Phase::Running { .. } => Err(Outcome::Failed(Arc::new(Error::Protocol {
+                peer: String::new(),
+                problem: "request run twice".into(),
+            }))),
+            Phase::Done(ref o) => Err(o.clone()),
+        }
+    }
+
+    /// Ends the request with `outcome` unless it has ended already; settles the link's
+    /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
+    /// not started is ended. Returns whether this call ended it.
+    fn end(&self, link: &LinkShared, outcome: Outcome, only_queued: bool) -> bool {
+        let mut g = lock(&self.m);
+        if g.settled || (only_queued && !matches!(g.phase, Phase::Queued)) {
+            return false;
+        }
+        let outcome = match (&g.phase, outcome) {
+            (Phase::Done(o), _) => o.clone(),
+            (_, Outcome::Failed(_)) if g.cancel => Outcome::Cancelled,
+            (_, o) => o,
+        };
+        // the memory is no longer touched (never started, or the worker is done with it): the
+        // regions are free again before anyone can see the request ended
+        drop(std::mem::take(&mut g.keep));
+        g.phase = Phase::Done(outcome.clone());
+        g.settled = true;
+        let waker = g.waker.take();
+        drop(g);
+        let err = match &outcome {
+            Outcome::Completed => None,
+            Outcome::Failed(e) => Some(e.status()),
+            Outcome::TimedOut => Some(crate::error::Status::TIMEOUT),
+            Outcome::Cancelled => Some(crate::error::Status::FAILED),
+        };
+        link.settle(self.seq, self.op, self.bytes, self.started.elapsed(), err);
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// The worker ends the request it ran (or could not run).
+    pub(crate) fn finish(&self, link: &LinkShared, outcome: Outcome) {
+        self.end(link, outcome, false);
+    }
+
+    /// Ends a request that has not started (deadline, cancel, drop) without touching memory.
+    pub(crate) fn resolve_queued(&self, link: &LinkShared, outcome: Outcome) -> bool {
+        self.end(link, outcome, true)
+    }
+
+    pub(crate) fn status(&self) -> TransferStatus {
+        match &lock(&self.m).phase {
+            Phase::Queued | Phase::Running { .. } => TransferStatus::Waiting,
+            Phase::Done(o) => to_status(o),
+        }
+    }
+}
+
+pub(crate) fn to_status(o: &Outcome) -> TransferStatus {
+    match o {
+        Outcome::Completed => TransferStatus::Completed,
+        Outcome::Failed(e) => TransferStatus::Failed(e.clone()),
+        Outcome::TimedOut => TransferStatus::TimedOut,
+        Outcome::Cancelled => TransferStatus::Cancelled,
+    }
+}
+
+// ---- the deadline watcher: resolves queued requests whose deadline passed and wakes their
+// futures, even when every worker of their link is busy
+
+struct Watched {
+    at: Instant,
+    seq: u64,
+    st: Weak<ReqState>,
+    link: Weak<LinkShared>,
+}
+impl PartialEq for Watched {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Watched {}
+impl PartialOrd for Watched {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Watched {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Watcher {
+    heap: Mutex<BinaryHeap<Reverse<Watched>>>,
+    cv: Condvar,
+}
+
+fn watcher() -> &'static Watcher {
+    static W: OnceLock<&'static Watcher> = OnceLock::new();
+    W.get_or_init(|| {
+        let w: &'static Watcher = Box::leak(Box::new(Watcher {
+            heap: Mutex::new(BinaryHeap::new()),
+            cv: Condvar::new(),
+        }));
+        let _ = std::thread::Builder::new()
+            .name("hixl-deadlines".into())
+            .spawn(move || watch_loop(w));
+        w
+    })
+}
+
+fn watch_loop(w: &'static Watcher) {
+    let mut heap = lock(&w.heap);
+    loop {
+        let now = Instant::now();
+        match heap.peek() {
+            None => heap = w.cv.wait(heap).unwrap_or_else(|e| e.into_inner()),
+            Some(Reverse(top)) if top.at <= now => {
+                let Reverse(item) = heap.pop().expect("peeked");
+                drop(heap);
+                if let (Some(st), Some(link)) = (item.st.upgrade(), item.link.upgrade()) {
+                    st.resolve_queued(&link, Outcome::TimedOut);
+                }
+                heap = lock(&w.heap);
+            }
+            Some(Reverse(top)) => {
+                let wait = top.at - now;
+                heap =
+                    w.cv.wait_timeout(heap, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+            }
+        }
+    }
+}
+
+/// Watches a new request's deadline.
+pub(crate) fn watch(st: &Arc<ReqState>, link: &Arc<LinkShared>) {
+    let w = watcher();
+    let mut heap = lock(&w.heap);
+    let earliest = heap.peek().is_none_or(|Reverse(t)| st.deadline < t.at);
+    heap.push(Reverse(Watched {
+        at: st.deadline,
+        seq: st.seq,
+        st: Arc::downgrade(st),
+        link: Arc::downgrade(link),
+    }));
+    if earliest {
+        w.cv.notify_one();
+    }
+}
