@@ -125,7 +125,7 @@
 mod auth;
 mod buffers;
 pub mod compat;
-mod connect;
+
 mod context;
 mod device;
 mod dl;
@@ -157,7 +157,6 @@ pub mod wire;
 
 pub use auth::Psk;
 pub use buffers::HostBuffer;
-pub use connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use context::{ContextToken, DetachedContext};
 pub use device::{DeviceBuffer, PinnedHostBuffer};
 pub use engine::{
@@ -171,6 +170,7 @@ pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
 pub use options::{HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
+pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
 pub use transfer::TransferDesc;
 pub use transport::ascend::AscendConfig;

@@ -15,10 +15,10 @@ use std::ops::RangeBounds;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::EngineInner;
 use crate::error::{Error, check_timeout};
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::request::{TransferArgs, TransferReq};
+use crate::runtime::engine::EngineInner;
 use crate::runtime::link::{LinkShared, MAX_BATCH};
 use crate::runtime::region::RegionUse;
 use crate::transfer::TransferDesc;

@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::engine::EngineInner;
 use crate::error::Error;
+use crate::runtime::engine::EngineInner;
 use crate::runtime::link::LinkShared;
 use crate::sync::lock;
 

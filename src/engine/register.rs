@@ -1,0 +1,353 @@
+//! Registration: the `Initialized` and `Registered` states' methods (initialize, register,
+//! activate), deregistration, and the typed registration operations on the engine core.
+
+use super::*;
+
+impl Hixl<Initialized> {
+    /// Creates an engine (HIXL `Initialize`) named `"ip"`, `"ip:port"`, `"[ipv6]"` or
+    /// `"[ipv6]:port"`. With a port > 0 the engine listens on that address (only that address)
+    /// and serves its regions once connected; without one it is a client only.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEngineName`] (`PARAM_INVALID`) for a bad name; [`Error::Listen`]
+    /// (`FAILED`) when the port cannot be bound.
+    pub fn initialize(name: &str, options: Options) -> Result<Self, Error> {
+        Self::initialize_with(name, options, false)
+    }
+
+    /// Like [`Hixl::initialize`], but a name without a port (or with port 0) listens on a port
+    /// the OS chooses; [`Hixl::name`] then reports it. Useful for tests and examples.
+    ///
+    /// # Errors
+    /// As [`Hixl::initialize`].
+    pub fn initialize_ephemeral(name: &str, options: Options) -> Result<Self, Error> {
+        Self::initialize_with(name, options, true)
+    }
+
+    fn initialize_with(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
+        let parsed = EngineName::parse(name)?;
+        check_timeout(options.connect_timeout)?;
+        if options.auto_connect {
+            return Err(Error::UnsupportedOption {
+                key: "AutoConnect".into(),
+                value: "1".into(),
+                why: "links are explicit capabilities in the typed API; hixl::compat::Hixl honours AutoConnect",
+            });
+        }
+        if options.psk.as_ref().is_some_and(|k| k.len() < 16) {
+            return Err(Error::InvalidOption {
+                key: "psk".into(),
+                value: "<redacted>".into(),
+                problem: "a pre-shared key needs at least 16 bytes",
+            });
+        }
+        Ok(Hixl {
+            inner: EngineInner::new(parsed, options, ephemeral)?,
+            _state: PhantomData,
+        })
+    }
+
+    /// Registers the first region (HIXL `RegisterMem`) with read-write access for peers; the
+    /// engine moves to `Registered`.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`]; the engine and the memory come back in the error.
+    #[allow(clippy::type_complexity)]
+    pub fn register<M: RegistrableMemory>(
+        self,
+        mem: M,
+    ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
+        self.register_with(mem, Access::ReadWrite)
+    }
+
+    /// Registers the first region with the given remote access rights.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`]; the engine and the memory come back in the error.
+    #[allow(clippy::type_complexity)]
+    pub fn register_with<M: RegistrableMemory>(
+        self,
+        mem: M,
+        access: Access,
+    ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
+        match self.inner.register_owned(mem, access, false) {
+            Ok(r) => Ok((self.into_state(), r)),
+            Err(Refused { error, value }) => Err(TransitionError {
+                error,
+                engine: self,
+                value,
+            }),
+        }
+    }
+
+    /// Registers caller-managed memory as the first region (HIXL's `MemDesc` form).
+    ///
+    /// # Safety
+    /// As [`Hixl::<Registered>::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register_raw`]; the engine comes back in the error.
+    pub unsafe fn register_raw(
+        self,
+        desc: MemDesc,
+        mem_type: MemType,
+    ) -> Result<(Hixl<Registered>, Region<MemDesc>), TransitionError<Initialized>> {
+        match self.inner.register_raw(desc, mem_type, Access::ReadWrite) {
+            Ok(r) => Ok((self.into_state(), r)),
+            Err(error) => Err(TransitionError {
+                error,
+                engine: self,
+                value: (),
+            }),
+        }
+    }
+
+    /// Moves to `Registered` without registering anything (a client that only needs to be
+    /// connected, or code that registers in a loop).
+    pub fn into_registered(self) -> Hixl<Registered> {
+        self.into_state()
+    }
+}
+
+impl Hixl<Registered> {
+    /// Registers memory the engine takes ownership of (HIXL `RegisterMem`), with read-write
+    /// access for peers. Deregistering hands it back.
+    ///
+    /// # Errors
+    /// The memory comes back in the [`Refused`] error. `PARAM_INVALID`:
+    /// [`Error::ZeroLengthRegion`], [`Error::AlreadyRegistered`], [`Error::OverlappingRegion`];
+    /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`: [`Error::UnsupportedMemory`]
+    /// for device memory.
+    pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, Refused<M>> {
+        self.inner.register_owned(mem, Access::ReadWrite, false)
+    }
+
+    /// Registers memory with the given remote access rights.
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`].
+    pub fn register_with<M: RegistrableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Region<M>, Refused<M>> {
+        self.inner.register_owned(mem, access, false)
+    }
+
+    /// Registers caller-managed memory (HIXL's `RegisterMem(MemDesc, MemType)` form).
+    ///
+    /// # Safety
+    /// Until the returned region is deregistered (or, if it is dropped instead, until the
+    /// engine is finalized or dropped):
+    /// - `desc.addr..desc.addr + desc.len` must stay allocated, mapped and valid for reads and
+    ///   writes of any byte values;
+    /// - nothing else may access it in a way that conflicts with transfers: peers READ it and
+    ///   WRITE it at any time while the engine is `Connected`, and local READ transfers write it.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID`: [`Error::ZeroLengthRegion`], [`Error::NullAddress`],
+    /// [`Error::AddressOverflow`], [`Error::AlreadyRegistered`], [`Error::OverlappingRegion`];
+    /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`:
+    /// [`Error::UnsupportedMemory`] for [`MemType::Device`].
+    pub unsafe fn register_raw(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+    ) -> Result<Region<MemDesc>, Error> {
+        self.inner.register_raw(desc, mem_type, Access::ReadWrite)
+    }
+
+    /// [`register_raw`](Hixl::<Registered>::register_raw) with explicit access rights.
+    ///
+    /// # Safety
+    /// As [`Hixl::<Registered>::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register_raw`].
+    pub unsafe fn register_raw_with(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<Region<MemDesc>, Error> {
+        self.inner.register_raw(desc, mem_type, access)
+    }
+
+    /// Registers memory (device memory included) with a token proving the engine's device
+    /// context is bound on this thread, as HIXL requires for device registrations
+    /// (`HcclRegisterGlobalMem` runs under it).
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::UnsupportedMemory`]
+    /// (`UNSUPPORTED`) on an engine without an Ascend runtime; the errors of
+    /// [`Hixl::<Registered>::register`]; [`Error::Native`] from HCCL. The memory comes back.
+    pub fn register_device<M: RegistrableMemory>(
+        &self,
+        ctx: &ContextToken<'_>,
+        mem: M,
+    ) -> Result<Region<M>, Refused<M>> {
+        if ctx.engine_id() != self.inner.id {
+            return Err(Refused {
+                error: Error::ForeignHandle {
+                    what: "context token",
+                    owner: ctx.engine_id(),
+                    engine: self.inner.id,
+                },
+                value: mem,
+            });
+        }
+        if self.inner.ascend.is_none() {
+            return Err(Refused {
+                error: Error::UnsupportedMemory {
+                    mem_type: MemType::Device,
+                    why: "device memory needs an engine initialized with Ascend options",
+                },
+                value: mem,
+            });
+        }
+        self.inner.register_owned(mem, Access::ReadWrite, true)
+    }
+
+    /// Closes registration and opens the engine to links: a listening engine starts serving its
+    /// regions (their table is frozen and sent to each client at connect), and
+    /// [`Hixl::connect`] becomes available.
+    ///
+    /// # Errors
+    /// [`Error::Listen`] (`FAILED`) if serving threads cannot be started; the engine comes back
+    /// in `Registered`.
+    pub fn activate(self) -> Result<Hixl<Connected>, TransitionError<Registered>> {
+        match self.inner.serve() {
+            Ok(()) => Ok(self.into_state()),
+            Err(source) => Err(TransitionError {
+                error: Error::Listen {
+                    addr: self.inner.name.clone(),
+                    source,
+                },
+                engine: self,
+                value: (),
+            }),
+        }
+    }
+}
+
+impl<S: Quiescent> Hixl<S> {
+    /// Deregisters a region (HIXL `DeregisterMem`) and hands back its memory. Only possible
+    /// where no link exists and nothing is served, so no transfer can touch it any more.
+    ///
+    /// # Errors
+    /// The region comes back in the [`Refused`] error: [`Error::ForeignHandle`] for a region of
+    /// another engine.
+    pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+        self.inner.deregister(region)
+    }
+}
+
+/// The typed registration operations on the engine core: they build and take apart
+/// `Region<M>`, the API's ownership of registered memory.
+impl EngineInner {
+    fn register_owned<M: RegistrableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+        with_token: bool,
+    ) -> Result<Region<M>, Refused<M>> {
+        let raw: RawMemory = mem.into_raw_parts();
+        let engine = self.id;
+        if raw.mem_type() == MemType::Device && !with_token {
+            return Err(Refused {
+                error: Error::UnsupportedMemory {
+                    mem_type: MemType::Device,
+                    why: "device memory is registered with register_device and a context token",
+                },
+                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
+                value: unsafe { M::from_raw_parts(raw) },
+            });
+        }
+        match self.insert(
+            raw.ptr().as_ptr() as usize,
+            raw.len(),
+            raw.mem_type(),
+            |id| RegionCore::new_owned::<M>(id, engine, raw, access),
+        ) {
+            Ok(core) => Ok(Region {
+                core,
+                _mem: PhantomData,
+            }),
+            Err(error) => Err(Refused {
+                error,
+                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
+                value: unsafe { M::from_raw_parts(raw) },
+            }),
+        }
+    }
+
+    fn register_raw(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<Region<MemDesc>, Error> {
+        let engine = self.id;
+        let core = self.insert(desc.addr, desc.len, mem_type, |id| {
+            RegionCore::new_raw(id, engine, desc, mem_type, access)
+        })?;
+        Ok(Region {
+            core,
+            _mem: PhantomData,
+        })
+    }
+
+    fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+        if region.core.engine != self.id {
+            return Err(Refused {
+                error: Error::ForeignHandle {
+                    what: "region",
+                    owner: region.core.engine,
+                    engine: self.id,
+                },
+                value: region,
+            });
+        }
+        let mut regs = lock(&self.regions);
+        let listed = regs
+            .by_addr
+            .get(&region.core.addr)
+            .is_some_and(|r| Arc::ptr_eq(r, &region.core));
+        if listed {
+            regs.by_addr.remove(&region.core.addr);
+            regs.bytes -= region.core.len;
+        }
+        let (error, core) = match Arc::try_unwrap(region.core) {
+            Ok(mut core) => {
+                let desc = MemDesc {
+                    addr: core.addr,
+                    len: core.len,
+                };
+                match core.take_raw() {
+                    Ok(raw) => {
+                        tracing::debug!(parent: &self.span, region = core.id, "deregistered");
+                        // SAFETY: `Region<M>` is only created by `register_owned::<M>` (with the
+                        // parts of `M::into_raw_parts`, or a HostBuffer copy of them for a
+                        // HostBuffer) or, for `M = MemDesc`, by `register_raw`; this is the last
+                        // reference to the core, and `take_raw` hands the parts out once.
+                        return Ok(unsafe { M::reclaim(raw, desc) });
+                    }
+                    Err(error) => (error, Arc::new(core)),
+                }
+            }
+            Err(core) => (Error::RegionBusy { region: core.id }, core),
+        };
+        // not handed back: the region stays registered, and comes back to the caller
+        if listed {
+            regs.bytes += core.len;
+            regs.by_addr.insert(core.addr, core.clone());
+        }
+        Err(Refused {
+            error,
+            value: Region {
+                core,
+                _mem: PhantomData,
+            },
+        })
+    }
+}

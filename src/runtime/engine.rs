@@ -1,0 +1,533 @@
+//! The engine core under `Hixl<S>`: the region table, the peer registry (one usable link per
+//! remote engine), the links it opened, the heartbeat, the engine's transports, and serving
+//! (start, stop). The type states and the typed registration operations are in src/engine.rs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Weak;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::notify::NotifyQueue;
+use crate::options::Options;
+use crate::runtime::connect::ConnectPool;
+use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
+use crate::runtime::link::{LinkConfig, LinkShared};
+use crate::runtime::region::RegionCore;
+use crate::sync::lock;
+use crate::transport::ascend::link::DeviceRegion;
+use crate::types::engine_name::EngineName;
+use crate::types::{MemType, random_u64};
+
+#[derive(Default)]
+pub(crate) struct Regions {
+    pub(crate) by_addr: BTreeMap<usize, Arc<RegionCore>>,
+    pub(crate) next_id: u32,
+    pub(crate) bytes: usize,
+}
+
+/// Who holds a remote engine's name.
+enum PeerSlot {
+    /// A connect is running (the ticket tells it apart from a later one).
+    Connecting(u64),
+    /// A link; a broken one does not block a new connect.
+    Linked(Weak<LinkShared>),
+}
+
+/// The engine's resources. `Drop` is the fallback teardown; `finalize` is the observable one.
+pub(crate) struct EngineInner {
+    pub(crate) id: u64,
+    pub(crate) instance: u64,
+    pub(crate) name: String,
+    pub(crate) options: Options,
+    listener: Mutex<Option<TcpListener>>,
+    pub(crate) regions: Mutex<Regions>,
+    server: Mutex<Option<Server>>,
+    /// UCX, when the options ask for it and it loaded.
+    pub(crate) ucx: Option<crate::transport::ucx::UcxEngine>,
+    /// The UCX serving side (worker, progress thread, memory handles) while serving.
+    ucx_server: Mutex<Option<crate::transport::ucx::UcxServer>>,
+    /// This engine's regions mapped with UCX for its own links, while connected.
+    pub(crate) ucx_local: Mutex<Option<Arc<crate::transport::ucx::UcxLocal>>>,
+    /// Remote engine name → the link that holds it (one usable link per peer).
+    peers: Mutex<HashMap<String, PeerSlot>>,
+    /// Links this engine opened, for metrics.
+    links: Mutex<Vec<Weak<LinkShared>>>,
+    pub(crate) notifies: Arc<NotifyQueue>,
+    pub(crate) connects: Arc<ConnectPool>,
+    pub(crate) me: Weak<EngineInner>,
+    /// Whether the heartbeat thread runs.
+    heartbeats: std::sync::atomic::AtomicBool,
+    /// The Ascend runtime, for engines initialized with Ascend options.
+    pub(crate) ascend: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// Quarantine counters, shared with every region of the engine.
+    pub(crate) quarantine: Arc<crate::quarantine::Stats>,
+    pub(crate) span: tracing::Span,
+}
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
+
+impl EngineInner {
+    /// A new engine named `parsed` (listening when it has a port, or an ephemeral one), with
+    /// the transports its options ask for.
+    pub(crate) fn new(
+        parsed: EngineName,
+        options: Options,
+        ephemeral: bool,
+    ) -> Result<Arc<Self>, Error> {
+        let port = match (parsed.port, ephemeral) {
+            (Some(p), _) => Some(p),
+            (None, true) => Some(0),
+            (None, false) => None,
+        };
+        let (listener, name) = match port {
+            Some(p) => {
+                let addr = SocketAddr::new(parsed.ip, p);
+                let l = TcpListener::bind(addr).map_err(|source| Error::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                let actual = l.local_addr().map_err(|source| Error::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                (Some(l), actual.to_string())
+            }
+            None => (None, parsed.to_string()),
+        };
+        let ucx = match options.ucx {
+            crate::options::Ucx::Off => None,
+            policy => {
+                if options.psk.is_none() {
+                    return Err(Error::InvalidOption {
+                        key: "hixl.Ucx".into(),
+                        value: format!("{policy:?}").to_lowercase(),
+                        problem: "UCX needs Options::psk: its remote keys give access UCX does not bound-check, so only authenticated peers may get them",
+                    });
+                }
+                match crate::transport::ucx::UcxEngine::new() {
+                    Ok(u) => Some(u),
+                    Err(e) if policy == crate::options::Ucx::Require => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "UCX unavailable; links use tcp or same-host");
+                        None
+                    }
+                }
+            }
+        };
+        let ascend = if options.ascend_enabled {
+            Some(crate::transport::ascend::Runtime::start(&options.ascend)?)
+        } else {
+            None
+        };
+        let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!("hixl", engine = %name, id);
+        tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
+        let notify_limits = options.notify_limits();
+        Ok(Arc::new_cyclic(|me| EngineInner {
+            id,
+            instance: random_u64(),
+            name,
+            options,
+            listener: Mutex::new(listener),
+            regions: Mutex::new(Regions::default()),
+            server: Mutex::new(None),
+            ucx,
+            ucx_server: Mutex::new(None),
+            ucx_local: Mutex::new(None),
+            peers: Mutex::new(HashMap::new()),
+            links: Mutex::new(Vec::new()),
+            notifies: Arc::new(NotifyQueue::new(notify_limits)),
+            connects: Arc::new(ConnectPool::default()),
+            me: me.clone(),
+            heartbeats: std::sync::atomic::AtomicBool::new(false),
+            ascend,
+            quarantine: Default::default(),
+            span,
+        }))
+    }
+
+    /// Opens the engine to links (`activate`): maps its regions for its own UCX links and, when
+    /// it listens, starts serving them. On failure nothing serves.
+    pub(crate) fn serve(&self) -> std::io::Result<()> {
+        if let Some(u) = &self.ucx {
+            // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a
+            // failure only costs speed: UCX then copies through its own buffers)
+            let regions = self.region_cores();
+            match crate::transport::ucx::UcxLocal::map(u, &views(&regions)) {
+                Ok(l) => *lock(&self.ucx_local) = Some(Arc::new(l)),
+                Err(e) => tracing::warn!(parent: &self.span, error = %e,
+                    "cannot map the regions with UCX; UCX transfers will copy"),
+            }
+        }
+        let started = {
+            let listener = lock(&self.listener);
+            match listener.as_ref() {
+                None => Ok(None),
+                Some(l) => {
+                    let regions: Vec<_> = lock(&self.regions).by_addr.values().cloned().collect();
+                    let ucx = match &self.ucx {
+                        Some(u) => {
+                            match crate::transport::ucx::UcxServer::start(u, &views(&regions)) {
+                                Ok(srv) => {
+                                    let frame = srv.frame().to_vec();
+                                    *lock(&self.ucx_server) = Some(srv);
+                                    Some(frame)
+                                }
+                                Err(e) => {
+                                    tracing::warn!(parent: &self.span, error = %e,
+                                    "cannot serve over UCX; serving over tcp only");
+                                    None
+                                }
+                            }
+                        }
+                        None => None,
+                    };
+                    l.try_clone().and_then(|l| {
+                        Server::start(
+                            l,
+                            ServeTable::new(regions),
+                            ServerConfig {
+                                name: self.name.clone(),
+                                instance: self.instance,
+                                io_timeout: self.options.server_io_timeout,
+                                limits: self.options.server_limits(),
+                                notifies: self.notifies.clone(),
+                                host: match self.options.same_host {
+                                    crate::options::SameHost::Forbid => None,
+                                    _ => crate::types::HostId::current(),
+                                },
+                                allow: self.options.allow_peers.clone(),
+                                psk: self.options.psk.clone(),
+                                keepalive: self.options.heartbeat,
+                                ucx,
+                                device: self.ascend.clone(),
+                                span: self.span.clone(),
+                            },
+                        )
+                        .map(Some)
+                    })
+                }
+            }
+        };
+        match started {
+            Ok(server) => {
+                *lock(&self.server) = server;
+                Ok(())
+            }
+            Err(e) => {
+                drop(lock(&self.ucx_server).take());
+                drop(lock(&self.ucx_local).take());
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn insert(
+        &self,
+        addr: usize,
+        len: usize,
+        mem_type: MemType,
+        make: impl FnOnce(u32) -> RegionCore,
+    ) -> Result<Arc<RegionCore>, Error> {
+        if len == 0 {
+            return Err(Error::ZeroLengthRegion);
+        }
+        if addr == 0 {
+            return Err(Error::NullAddress);
+        }
+        let end = addr
+            .checked_add(len)
+            .ok_or(Error::AddressOverflow { addr, len })?;
+        if mem_type != MemType::Host && self.ascend.is_none() {
+            return Err(Error::UnsupportedMemory {
+                mem_type,
+                why: "device memory needs an engine initialized with Ascend options",
+            });
+        }
+        let mut regs = lock(&self.regions);
+        if let Some((&a, r)) = regs.by_addr.range(..=addr).next_back() {
+            if a == addr && r.len == len {
+                return Err(Error::AlreadyRegistered {
+                    addr,
+                    len,
+                    existing: r.id,
+                });
+            }
+            if a + r.len > addr {
+                return Err(Error::OverlappingRegion {
+                    addr,
+                    len,
+                    existing: r.id,
+                });
+            }
+        }
+        if let Some((_, r)) = regs.by_addr.range(addr + 1..end).next() {
+            return Err(Error::OverlappingRegion {
+                addr,
+                len,
+                existing: r.id,
+            });
+        }
+        if regs.by_addr.len() >= self.options.max_regions {
+            return Err(Error::TooManyRegions {
+                limit: self.options.max_regions,
+            });
+        }
+        let id = regs.next_id;
+        let next = id.checked_add(1).ok_or(Error::TooManyRegions {
+            limit: u32::MAX as usize,
+        })?;
+        let device = match &self.ascend {
+            // SAFETY: the range is the memory being registered (owned by the engine from here,
+            // or vouched for by `register_raw`'s caller); the registration is stored in the
+            // region's core, which releases it before the memory.
+            Some(rt) => Some(unsafe { rt.register(addr, len, mem_type) }?),
+            None => None,
+        };
+        regs.next_id = next;
+        let mut core = make(id);
+        core.device = device;
+        core.stats = self.quarantine.clone();
+        let core = Arc::new(core);
+        regs.by_addr.insert(addr, core.clone());
+        regs.bytes += len;
+        tracing::debug!(parent: &self.span, region = id, addr = format_args!("{addr:#x}"), len, "registered");
+        Ok(core)
+    }
+
+    /// What a new link of this engine takes from it.
+    fn link_config(&self) -> LinkConfig<'_> {
+        LinkConfig {
+            engine_id: self.id,
+            instance: self.instance,
+            name: &self.name,
+            options: &self.options,
+            span: &self.span,
+            ucx: self
+                .ucx
+                .as_ref()
+                .map(|u| (u, lock(&self.ucx_local).clone())),
+            ascend: self.ascend.as_ref().map(|rt| {
+                let regions = self.region_cores().into_iter();
+                (rt, regions.map(|r| r as Arc<dyn DeviceRegion>).collect())
+            }),
+        }
+    }
+
+    pub(crate) fn region_cores(&self) -> Vec<Arc<RegionCore>> {
+        lock(&self.regions).by_addr.values().cloned().collect()
+    }
+
+    /// A link handle went away (or a held async link was closed): its peer's name is free again,
+    /// unless a newer link already holds it.
+    pub(crate) fn forget_link(&self, link: &LinkShared) {
+        {
+            let mut peers = lock(&self.peers);
+            if let Some(PeerSlot::Linked(w)) = peers.get(&link.peer)
+                && std::ptr::eq(w.as_ptr(), link)
+            {
+                peers.remove(&link.peer);
+            }
+        }
+        lock(&self.links).retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), link));
+    }
+
+    /// Opens a link to `key` (reserving the name first: `ALREADY_CONNECTED` if a usable link or
+    /// a connect holds it). A *broken* link does not hold its name: the new link supersedes it
+    /// (link generations: the old handle stays broken, `NOT_CONNECTED`, and the new link has a
+    /// larger [`Link::id`](crate::Link::id)).
+    pub(crate) fn open_link(
+        &self,
+        key: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<LinkShared>, Error> {
+        let ticket = crate::types::random_u64();
+        {
+            let mut peers = lock(&self.peers);
+            match peers.get(key) {
+                None => {}
+                Some(PeerSlot::Linked(w)) => match w.upgrade() {
+                    Some(old) if !old.is_broken() => {
+                        return Err(Error::AlreadyConnected {
+                            peer: key.to_owned(),
+                        });
+                    }
+                    old => {
+                        tracing::debug!(parent: &self.span, peer = key,
+                            old_link = old.map(|o| o.id), "a new link supersedes a broken one");
+                    }
+                },
+                Some(PeerSlot::Connecting(_)) => {
+                    return Err(Error::AlreadyConnected {
+                        peer: key.to_owned(),
+                    });
+                }
+            }
+            peers.insert(key.to_owned(), PeerSlot::Connecting(ticket));
+        }
+        let r = LinkShared::open(&self.link_config(), key.to_owned(), addr, timeout);
+        let mut peers = lock(&self.peers);
+        let ours = matches!(peers.get(key), Some(PeerSlot::Connecting(t)) if *t == ticket);
+        match r {
+            Ok(l) => {
+                if ours {
+                    peers.insert(key.to_owned(), PeerSlot::Linked(Arc::downgrade(&l)));
+                }
+                drop(peers);
+                let mut links = lock(&self.links);
+                links.retain(|w| w.strong_count() > 0);
+                links.push(Arc::downgrade(&l));
+                drop(links);
+                self.start_heartbeats();
+                Ok(l)
+            }
+            Err(e) => {
+                if ours {
+                    peers.remove(key);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the engine's heartbeat thread (once), which pings idle links every interval.
+    fn start_heartbeats(&self) {
+        let Some(every) = self.options.heartbeat else {
+            return;
+        };
+        if self.heartbeats.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hixl-heartbeat".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    // hold the engine only while pinging, so dropping it is never delayed long
+                    let Some(engine) = me.upgrade() else { return };
+                    let links: Vec<Arc<LinkShared>> = lock(&engine.links)
+                        .iter()
+                        .filter_map(Weak::upgrade)
+                        .collect();
+                    drop(engine);
+                    for l in links {
+                        l.heartbeat(every);
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.heartbeats.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Closes every link the async connect queue still holds.
+    fn close_async_links(&self, join: bool) {
+        for link in self.connects.shutdown(join) {
+            self.forget_link(&link);
+        }
+    }
+
+    /// Closes every link of the engine, held or not: a `Link` that was `mem::forget`ten no
+    /// longer borrows the engine, so leaving `Connected` must end it too.
+    fn close_links(&self) {
+        let links: Vec<Arc<LinkShared>> = std::mem::take(&mut *lock(&self.links))
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for l in &links {
+            l.close_quietly();
+        }
+        lock(&self.peers).clear();
+    }
+
+    fn stop_server(&self) {
+        let server = lock(&self.server).take();
+        if let Some(s) = server {
+            let regions = s.regions().to_vec();
+            let stuck = s.stop(self.options.finalize_timeout);
+            if !stuck.is_empty() {
+                // memory those clients can reach is quarantined when it is handed back or freed
+                for r in regions.iter().filter(|r| r.one_sided()) {
+                    lock(&r.blockers).extend(stuck.iter().cloned());
+                }
+            }
+        }
+        // after the TCP side: no new client gets keys; the memory handles are unmapped before
+        // any region can be deregistered
+        drop(lock(&self.ucx_server).take());
+        drop(lock(&self.ucx_local).take());
+    }
+}
+
+impl EngineInner {
+    /// Whether the engine listens (serves its regions to peers).
+    pub(crate) fn is_listening(&self) -> bool {
+        lock(&self.listener).is_some()
+    }
+
+    /// How many regions are registered, and how many bytes.
+    pub(crate) fn region_totals(&self) -> (usize, usize) {
+        let regs = lock(&self.regions);
+        (regs.by_addr.len(), regs.bytes)
+    }
+
+    /// How many peers hold a link to this engine right now (links it serves).
+    pub(crate) fn served_links(&self) -> usize {
+        lock(&self.server).as_ref().map_or(0, |s| s.served_links())
+    }
+
+    /// A snapshot of the engine's metrics.
+    pub(crate) fn metrics(&self) -> Metrics {
+        let links = lock(&self.links)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|l| !l.is_closed())
+            .map(|l| l.counters.snapshot(l.id, &l.peer))
+            .collect();
+        let regs = lock(&self.regions);
+        let q = &self.quarantine;
+        Metrics {
+            regions: regs.by_addr.len(),
+            registered_bytes: regs.bytes,
+            links,
+            quarantined_regions: q.regions.load(Ordering::SeqCst),
+            quarantined_bytes: q.bytes.load(Ordering::SeqCst),
+            quarantines: q.total.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Leaves `Connected`: ends every link of the engine and stops serving.
+    pub(crate) fn stop(&self) {
+        self.close_async_links(true);
+        self.close_links();
+        self.stop_server();
+    }
+
+    /// Finalizes: stops, closes the listening socket and empties the region table.
+    pub(crate) fn finalize(&self) {
+        self.stop();
+        lock(&self.listener).take();
+        let mut regs = lock(&self.regions);
+        regs.by_addr.clear();
+        regs.bytes = 0;
+    }
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.close_async_links(false);
+        self.close_links();
+        self.stop_server();
+    }
+}
+
+/// What the transports see of the regions.
+fn views(regions: &[Arc<RegionCore>]) -> Vec<crate::types::RegionView> {
+    regions.iter().map(|r| r.view()).collect()
+}
