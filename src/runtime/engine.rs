@@ -18,12 +18,12 @@ use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
 use crate::runtime::link::{LinkConfig, LinkShared};
 use crate::runtime::region::RegionCore;
 use crate::sync::lock;
-use crate::transport::ascend::link::DeviceRegion;
+use crate::transport::{Backend, Region, Regions};
 use crate::types::engine_name::EngineName;
 use crate::types::{MemType, random_u64};
 
 #[derive(Default)]
-pub(crate) struct Regions {
+pub(crate) struct RegionTable {
     pub(crate) by_addr: BTreeMap<usize, Arc<RegionCore>>,
     pub(crate) next_id: u32,
     pub(crate) bytes: usize,
@@ -44,14 +44,10 @@ pub(crate) struct EngineInner {
     pub(crate) name: String,
     pub(crate) options: Options,
     listener: Mutex<Option<TcpListener>>,
-    pub(crate) regions: Mutex<Regions>,
+    pub(crate) regions: Mutex<RegionTable>,
     server: Mutex<Option<Server>>,
-    /// UCX, when the options ask for it and it loaded.
-    pub(crate) ucx: Option<crate::transport::ucx::UcxEngine>,
-    /// The UCX serving side (worker, progress thread, memory handles) while serving.
-    ucx_server: Mutex<Option<crate::transport::ucx::UcxServer>>,
-    /// This engine's regions mapped with UCX for its own links, while connected.
-    pub(crate) ucx_local: Mutex<Option<Arc<crate::transport::ucx::UcxLocal>>>,
+    /// The transports besides TCP, in preference order (`runtime::transports`).
+    pub(crate) backends: Vec<Arc<dyn Backend>>,
     /// Remote engine name → the link that holds it (one usable link per peer).
     peers: Mutex<HashMap<String, PeerSlot>>,
     /// Links this engine opened, for metrics.
@@ -98,31 +94,12 @@ impl EngineInner {
             }
             None => (None, parsed.to_string()),
         };
-        let ucx = match options.ucx {
-            crate::options::Ucx::Off => None,
-            policy => {
-                if options.psk.is_none() {
-                    return Err(Error::InvalidOption {
-                        key: "hixl.Ucx".into(),
-                        value: format!("{policy:?}").to_lowercase(),
-                        problem: "UCX needs Options::psk: its remote keys give access UCX does not bound-check, so only authenticated peers may get them",
-                    });
-                }
-                match crate::transport::ucx::UcxEngine::new() {
-                    Ok(u) => Some(u),
-                    Err(e) if policy == crate::options::Ucx::Require => return Err(e),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "UCX unavailable; links use tcp or same-host");
-                        None
-                    }
-                }
-            }
-        };
         let ascend = if options.ascend_enabled {
             Some(crate::transport::ascend::Runtime::start(&options.ascend)?)
         } else {
             None
         };
+        let backends = crate::runtime::transports::backends(&options, ascend.clone())?;
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
@@ -133,11 +110,9 @@ impl EngineInner {
             name,
             options,
             listener: Mutex::new(listener),
-            regions: Mutex::new(Regions::default()),
+            regions: Mutex::new(RegionTable::default()),
             server: Mutex::new(None),
-            ucx,
-            ucx_server: Mutex::new(None),
-            ucx_local: Mutex::new(None),
+            backends,
             peers: Mutex::new(HashMap::new()),
             links: Mutex::new(Vec::new()),
             notifies: Arc::new(NotifyQueue::new(notify_limits)),
@@ -150,68 +125,40 @@ impl EngineInner {
         }))
     }
 
-    /// Opens the engine to links (`activate`): maps its regions for its own UCX links and, when
-    /// it listens, starts serving them. On failure nothing serves.
+    /// Opens the engine to links (`activate`): its transports take its regions and, when it
+    /// listens, it starts serving them. On failure nothing serves.
     pub(crate) fn serve(&self) -> std::io::Result<()> {
-        if let Some(u) = &self.ucx {
-            // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a
-            // failure only costs speed: UCX then copies through its own buffers)
-            let regions = self.region_cores();
-            match crate::transport::ucx::UcxLocal::map(u, &views(&regions)) {
-                Ok(l) => *lock(&self.ucx_local) = Some(Arc::new(l)),
-                Err(e) => tracing::warn!(parent: &self.span, error = %e,
-                    "cannot map the regions with UCX; UCX transfers will copy"),
-            }
+        let listener = lock(&self.listener);
+        let cores = self.region_cores();
+        let regions: Regions = cores.iter().map(|r| r.clone() as Arc<dyn Region>).collect();
+        for b in &self.backends {
+            b.activate(&regions, listener.is_some(), &self.span);
         }
-        let started = {
-            let listener = lock(&self.listener);
-            match listener.as_ref() {
-                None => Ok(None),
-                Some(l) => {
-                    let regions: Vec<_> = lock(&self.regions).by_addr.values().cloned().collect();
-                    let ucx = match &self.ucx {
-                        Some(u) => {
-                            match crate::transport::ucx::UcxServer::start(u, &views(&regions)) {
-                                Ok(srv) => {
-                                    let frame = srv.frame().to_vec();
-                                    *lock(&self.ucx_server) = Some(srv);
-                                    Some(frame)
-                                }
-                                Err(e) => {
-                                    tracing::warn!(parent: &self.span, error = %e,
-                                    "cannot serve over UCX; serving over tcp only");
-                                    None
-                                }
-                            }
-                        }
-                        None => None,
-                    };
-                    l.try_clone().and_then(|l| {
-                        Server::start(
-                            l,
-                            ServeTable::new(regions),
-                            ServerConfig {
-                                name: self.name.clone(),
-                                instance: self.instance,
-                                io_timeout: self.options.server_io_timeout,
-                                limits: self.options.server_limits(),
-                                notifies: self.notifies.clone(),
-                                host: match self.options.same_host {
-                                    crate::options::SameHost::Forbid => None,
-                                    _ => crate::types::HostId::current(),
-                                },
-                                allow: self.options.allow_peers.clone(),
-                                psk: self.options.psk.clone(),
-                                keepalive: self.options.heartbeat,
-                                ucx,
-                                device: self.ascend.clone(),
-                                span: self.span.clone(),
-                            },
-                        )
-                        .map(Some)
-                    })
-                }
-            }
+        let started = match listener.as_ref() {
+            None => Ok(None),
+            Some(l) => l.try_clone().and_then(|l| {
+                Server::start(
+                    l,
+                    ServeTable::new(cores),
+                    ServerConfig {
+                        name: self.name.clone(),
+                        instance: self.instance,
+                        io_timeout: self.options.server_io_timeout,
+                        limits: self.options.server_limits(),
+                        notifies: self.notifies.clone(),
+                        host: match self.options.same_host {
+                            crate::options::SameHost::Forbid => None,
+                            _ => crate::types::HostId::current(),
+                        },
+                        allow: self.options.allow_peers.clone(),
+                        psk: self.options.psk.clone(),
+                        keepalive: self.options.heartbeat,
+                        backends: self.backends.clone(),
+                        span: self.span.clone(),
+                    },
+                )
+                .map(Some)
+            }),
         };
         match started {
             Ok(server) => {
@@ -219,8 +166,9 @@ impl EngineInner {
                 Ok(())
             }
             Err(e) => {
-                drop(lock(&self.ucx_server).take());
-                drop(lock(&self.ucx_local).take());
+                for b in &self.backends {
+                    b.deactivate();
+                }
                 Err(e)
             }
         }
@@ -307,14 +255,7 @@ impl EngineInner {
             name: &self.name,
             options: &self.options,
             span: &self.span,
-            ucx: self
-                .ucx
-                .as_ref()
-                .map(|u| (u, lock(&self.ucx_local).clone())),
-            ascend: self.ascend.as_ref().map(|rt| {
-                let regions = self.region_cores().into_iter();
-                (rt, regions.map(|r| r as Arc<dyn DeviceRegion>).collect())
-            }),
+            backends: &self.backends,
         }
     }
 
@@ -458,10 +399,11 @@ impl EngineInner {
                 }
             }
         }
-        // after the TCP side: no new client gets keys; the memory handles are unmapped before
-        // any region can be deregistered
-        drop(lock(&self.ucx_server).take());
-        drop(lock(&self.ucx_local).take());
+        // after the TCP side: no new client sets a transport up; nothing of the regions stays
+        // reachable through a transport before any region can be deregistered
+        for b in &self.backends {
+            b.deactivate();
+        }
     }
 }
 
@@ -525,9 +467,4 @@ impl Drop for EngineInner {
         self.close_links();
         self.stop_server();
     }
-}
-
-/// What the transports see of the regions.
-fn views(regions: &[Arc<RegionCore>]) -> Vec<crate::types::RegionView> {
-    regions.iter().map(|r| r.view()).collect()
 }

@@ -7,3 +7,4 @@ pub(crate) mod engine;
 pub(crate) mod link;
 pub(crate) mod region;
 pub(crate) mod request;
+pub(crate) mod transports;

@@ -277,11 +277,11 @@ impl Drop for RegionUse {
     }
 }
 
-impl crate::transport::ascend::link::DeviceRegion for RegionCore {
+impl crate::transport::Region for RegionCore {
+    fn view(&self) -> RegionView {
+        RegionCore::view(self)
+    }
     fn device(&self) -> Option<&crate::transport::ascend::DeviceReg> {
         self.device.as_ref()
-    }
-    fn access(&self) -> Access {
-        self.access
     }
 }

@@ -1,21 +1,124 @@
-//! Transports: how bytes move once a link exists.
+//! Transports: how bytes move once a link exists, and the two traits every transport but TCP
+//! implements.
 //!
-//! The control plane (handshake, region tables, disconnect) is common to all transports and
-//! speaks the [`wire`](crate::wire) protocol over TCP. Data moves over TCP; between engines on one
-//! host over the same-host transport (`cma`); over UCX (`ucx/`) when both engines ask for it;
-//! over HCCL (`ascend/`) between Ascend engines. Vendor libraries are loaded at run time
-//! (`crate::dl`); [`probe`] reports what is available.
+//! The control plane (handshake, region tables, disconnect; `runtime/control/`) is common to
+//! all transports and speaks the [`wire`](crate::wire) protocol over TCP; every link has TCP
+//! lanes (`tcp/`). A transport adds a [`Backend`] (its engine-wide part: what it keeps while the
+//! engine is open to links, the client's and the server's side of a new link's setup) and a
+//! [`DataPath`] (how a link moves a batch with it): the same-host transport (`same_host/`,
+//! `TransportKind::Cma`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
+//! place, `runtime::transports::backends`. Vendor libraries are loaded at run time
+//! (`crate::dl`); [`probe`] reports what is available. No transport imports another.
 
 pub(crate) mod ascend;
 pub(crate) mod same_host;
 pub(crate) mod tcp;
 pub(crate) mod ucx;
 
+use std::any::Any;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
-use crate::types::{LaneDesc, TransferOp};
-use crate::wire::Kind;
+use crate::types::{LaneDesc, RegionView, TransferOp};
+use crate::wire::{Kind, TableEntry, WireError};
+
+/// A registered region as a transport sees it. A transport that keeps the `Arc` keeps the
+/// memory alive (and registered) while it does.
+pub(crate) trait Region: Send + Sync {
+    /// Where the region is and what peers may do with it.
+    fn view(&self) -> RegionView;
+    /// Its HCCL registration, on an Ascend engine.
+    fn device(&self) -> Option<&ascend::DeviceReg>;
+}
+
+/// An engine's regions, as its transports see them.
+pub(crate) type Regions = Vec<Arc<dyn Region>>;
+
+/// What a transport's client side gets to set up its data path on a new link: after WELCOME,
+/// on the link's first lane.
+pub(crate) struct Setup<'a> {
+    /// This engine's name and the peer's.
+    pub(crate) me: &'a str,
+    pub(crate) peer: &'a str,
+    /// The peer's region table.
+    pub(crate) table: &'a [TableEntry],
+    /// When the link must be up.
+    pub(crate) deadline: Instant,
+    /// The link's first lane.
+    pub(crate) ctl: &'a mut dyn Control,
+    /// The peer's process, when it is on this host and granted this link one-sided access (the
+    /// link holds the server's fence); the same-host transport takes it.
+    pub(crate) local: Option<same_host::PeerProc>,
+    /// Whether a data path set up before this one already moves the link's batches.
+    pub(crate) covered: bool,
+}
+
+/// What a transport's server side gets when a client asks it to set up a link's data path.
+pub(crate) struct Accept<'a> {
+    /// This engine's name and the client's.
+    pub(crate) me: &'a str,
+    pub(crate) client: &'a str,
+    /// The request's payload.
+    pub(crate) payload: &'a [u8],
+    /// Writes one frame to the client.
+    pub(crate) send: &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+}
+
+/// How the server side of a setup request failed.
+#[derive(Debug)]
+pub(crate) enum AcceptFail {
+    /// Writing to the client failed: the connection is gone.
+    Io(std::io::Error),
+    /// The request broke the protocol: the connection is closed.
+    Violation(WireError),
+}
+
+/// A transport's engine-wide part. The runtime calls it at `activate`/`deactivate`, when a new
+/// link is set up (client), and when a client's setup request arrives (server).
+pub(crate) trait Backend: Send + Sync {
+    /// The transport it belongs to.
+    fn kind(&self) -> TransportKind;
+
+    /// The engine opens to links with `regions` (`serving`: it listens). A failure costs speed
+    /// only: the transport logs it and stays out of the way.
+    fn activate(&self, _regions: &Regions, _serving: bool, _span: &tracing::Span) {}
+
+    /// The engine leaves `Connected`: nothing of its regions stays reachable through this
+    /// transport, and it keeps none of them.
+    fn deactivate(&self) {}
+
+    /// Client: sets up this transport's data path on a new link. `Ok(None)`: not on this link
+    /// (the peer does not offer it, or it is not needed); `Err`: the link fails.
+    fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error>;
+
+    /// Server: the frame kind of a client's setup request for this transport, if it has one.
+    fn request_kind(&self) -> Option<Kind> {
+        None
+    }
+
+    /// Whether a client may send that request more than once on one connection.
+    fn repeatable(&self) -> bool {
+        false
+    }
+
+    /// Server: answers a client's setup request. What it returns is the server's side of the
+    /// link's data path, kept (and dropped) with the link.
+    fn accept(&self, _req: Accept<'_>) -> Result<Option<Box<dyn Any + Send>>, AcceptFail> {
+        Ok(None)
+    }
+}
+
+/// What a data path knows about its peer without a heartbeat PING.
+#[derive(Debug)]
+pub(crate) enum Health {
+    /// Nothing: the link pings.
+    Unknown,
+    /// The path watches the peer itself (a same-host peer's pidfd): no PING.
+    Watched,
+    /// The path failed for this reason: the link breaks.
+    Failed(String),
+}
 
 /// A link's first lane while the link is set up, as a transport sees it: frames out and in,
 /// every failure already the caller's error. The runtime implements it over the TCP lane, so a
@@ -29,6 +132,8 @@ pub(crate) trait Control {
     fn protocol(&self, problem: String) -> Error;
     /// The caller's error for the peer's refusal to set the transport up.
     fn refused(&self, status: Status, reason: String) -> Error;
+    /// Another handle to the lane's socket, to notice the peer closing it.
+    fn watch(&self) -> std::io::Result<std::net::TcpStream>;
 }
 
 /// How a batch failed on a [`DataPath`]; the link turns it into the caller's error.
@@ -51,7 +156,7 @@ pub(crate) enum PathFail {
 /// A way to move a batch of descriptors without a TCP lane (TCP lanes are the fallback every
 /// link has). A link tries its data paths in preference order and takes the first that
 /// [`covers`](DataPath::covers) the batch.
-pub(crate) trait DataPath: Sync {
+pub(crate) trait DataPath: Send + Sync {
     /// The transport it belongs to.
     fn kind(&self) -> TransportKind;
 
@@ -80,6 +185,19 @@ pub(crate) trait DataPath: Sync {
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), PathFail>;
+
+    /// Whether it moves device memory (a link without such a path moves host memory only).
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
+
+    /// What it knows of the peer, for the heartbeat.
+    fn health(&self) -> Health {
+        Health::Unknown
+    }
+
+    /// The link closes: release what must not wait for the last handle to go.
+    fn close(&self) {}
 }
 
 /// The transports hixl knows.

@@ -13,6 +13,7 @@ use crate::notify::Notify;
 use crate::runtime::control::limits::{self};
 use crate::sync::lock;
 use crate::transport::same_host::fence::ServerFence;
+use crate::transport::{Accept, AcceptFail};
 use crate::types::TransferOp;
 use crate::types::WireDesc;
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, Welcome, WireError};
@@ -327,7 +328,7 @@ pub(super) fn serve(
                 conns: HashSet::from([id]),
                 live: Arc::new(AtomicBool::new(true)),
                 busy: Arc::new(AtomicUsize::new(0)),
-                device: None,
+                paths: Vec::new(),
                 fence: fence.clone(),
             };
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
@@ -404,8 +405,9 @@ pub(super) fn serve(
         return ConnEnd::Io(e);
     }
 
-    // a device data path is set up once per link, on the lane that opened it
-    let mut device_asked = hello.role != LaneRole::NewLink;
+    // a transport's data path is set up on the lane that opened the link, once (unless the
+    // transport allows its request again)
+    let mut asked: Vec<Kind> = Vec::new();
     let mut descs = Vec::new();
     let mut targets = Vec::new();
     let mut iov: Vec<IoVec> = Vec::new();
@@ -498,52 +500,33 @@ pub(super) fn serve(
                     return ConnEnd::Io(e);
                 }
             }
-            (Kind::UcxAsk, p) => {
-                if !p.is_empty() {
-                    return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
-                }
-                let sent = match &shared.ucx {
-                    Some(frame) => sock.send_bytes(frame, deadline),
-                    None => {
-                        wire::encode_done(
-                            &mut out,
-                            0,
-                            Status::UNSUPPORTED.code(),
-                            "this engine does not serve over UCX",
-                        );
-                        sock.send_bytes(&out, deadline)
-                    }
-                };
-                if let Err(e) = sent {
-                    return ConnEnd::Io(e);
-                }
-            }
-            (Kind::DeviceHello, p) => {
-                if std::mem::replace(&mut device_asked, true) {
-                    let e = WireError::Unexpected(Kind::DeviceHello);
+            (k, p) if shared.backends.iter().any(|b| b.request_kind() == Some(k)) => {
+                let b = shared.backends.iter().find(|b| b.request_kind() == Some(k));
+                let b = b.expect("checked by the guard");
+                let new_link = hello.role == LaneRole::NewLink;
+                if !b.repeatable() && (!new_link || asked.contains(&k)) {
+                    let e = WireError::Unexpected(k);
                     return violation(&mut sock, &mut out, e, deadline);
                 }
-                let info = match wire::DeviceInfo::decode(p) {
-                    Ok(i) => i,
-                    Err(e) => return violation(&mut sock, &mut out, e, deadline),
-                };
-                let sent = crate::transport::ascend::link::serve(
-                    shared.device.as_ref(),
-                    &info,
-                    &shared.table.device_regions(),
-                    &shared.name,
-                    &hello.name,
-                    |f| sock.send_bytes(f, deadline),
-                );
-                match sent {
-                    Ok(Some(dev)) => {
+                asked.push(k);
+                let accepted = b.accept(Accept {
+                    me: &shared.name,
+                    client: &hello.name,
+                    payload: p,
+                    send: &mut |f| sock.send_bytes(f, deadline),
+                });
+                match accepted {
+                    Ok(Some(side)) => {
                         let mut links = lock(&shared.links);
                         if let Some(l) = links.get_mut(&token) {
-                            l.device = Some(dev);
+                            l.paths.push(side);
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => return ConnEnd::Io(e),
+                    Err(AcceptFail::Io(e)) => return ConnEnd::Io(e),
+                    Err(AcceptFail::Violation(e)) => {
+                        return violation(&mut sock, &mut out, e, deadline);
+                    }
                 }
             }
             (Kind::Ping, p) => {

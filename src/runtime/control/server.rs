@@ -40,13 +40,6 @@ impl ServeTable {
     pub(crate) fn cores(&self) -> &[Arc<RegionCore>] {
         &self.by_id
     }
-    /// The regions as the device data path sees them.
-    pub(crate) fn device_regions(&self) -> crate::transport::ascend::link::DeviceRegions {
-        let regions = self.by_id.iter().cloned();
-        regions
-            .map(|r| r as Arc<dyn crate::transport::ascend::link::DeviceRegion>)
-            .collect()
-    }
     fn get(&self, id: u32) -> Option<&RegionCore> {
         self.by_id
             .binary_search_by_key(&id, |r| r.id)
@@ -145,8 +138,9 @@ pub(super) struct LinkRec {
     pub(super) live: Arc<AtomicBool>,
     /// Requests of this link being applied right now.
     pub(super) busy: Arc<AtomicUsize>,
-    /// The server's side of the link's device data path (Ascend), dropped with the link.
-    pub(super) device: Option<crate::transport::ascend::link::DeviceLink>,
+    /// The server's side of the link's data paths (what its transports' `accept` returned),
+    /// dropped with the link.
+    pub(super) paths: Vec<Box<dyn std::any::Any + Send>>,
     /// The link's fence, when its client is on this host: revoked when the link ends.
     pub(super) fence: Option<Arc<ServerFence>>,
 }
@@ -206,10 +200,8 @@ pub(crate) struct ServerShared {
     pub(super) psk: Option<Psk>,
     /// Keepalive interval for served connections (`None`: off).
     pub(super) keepalive: Option<Duration>,
-    /// The encoded UCXINFO frame, when the engine serves over UCX.
-    pub(super) ucx: Option<Vec<u8>>,
-    /// The engine's Ascend runtime, for device data paths (`None`: none).
-    pub(super) device: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// The engine's transports besides TCP: they answer clients' setup requests.
+    pub(super) backends: Vec<Arc<dyn crate::transport::Backend>>,
     /// Every fence handed to a same-host client that may still be in use: revoked (and waited
     /// for) when serving stops; dropped once revoked and settled. `None` once serving stops: no
     /// fence is handed out after that.
@@ -267,10 +259,8 @@ pub(crate) struct ServerConfig {
     pub psk: Option<Psk>,
     /// Keepalive interval for served connections (the engine's heartbeat interval).
     pub keepalive: Option<Duration>,
-    /// The encoded UCXINFO frame, when the engine serves over UCX.
-    pub ucx: Option<Vec<u8>>,
-    /// The engine's Ascend runtime, for device data paths.
-    pub device: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// The engine's transports besides TCP.
+    pub backends: Vec<Arc<dyn crate::transport::Backend>>,
     pub span: tracing::Span,
 }
 
@@ -303,8 +293,7 @@ impl Server {
             allow: cfg.allow,
             psk: cfg.psk,
             keepalive: cfg.keepalive,
-            ucx: cfg.ucx,
-            device: cfg.device,
+            backends: cfg.backends,
             fences: Mutex::new(Some(Vec::new())),
             span: cfg.span,
         });

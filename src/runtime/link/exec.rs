@@ -132,10 +132,7 @@ impl LinkShared {
     /// The link's data paths other than its TCP lanes, in preference order: device (HCCL),
     /// UCX, same-host.
     pub(super) fn data_paths(&self) -> impl Iterator<Item = &dyn DataPath> {
-        let device = self.device.as_ref().map(|d| d as &dyn DataPath);
-        let ucx = self.ucx.as_ref().map(|u| u as &dyn DataPath);
-        let cma = self.cma.as_ref().map(|c| c as &dyn DataPath);
-        device.into_iter().chain(ucx).chain(cma)
+        self.paths.iter().map(|p| &**p)
     }
 
     /// The first data path that moves `xds` without a TCP lane, if any.

@@ -17,12 +17,10 @@ use crate::options::SameHost;
 use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Job, Outcome, ReqState};
 use crate::sync::lock;
-use crate::transport::ascend::link::DeviceLink;
 use crate::transport::same_host::PeerProc;
 use crate::transport::same_host::fence::ClientFence;
-use crate::transport::same_host::path::SameHostPath;
 use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{Control, DataPath, PathFail};
+use crate::transport::{Backend, Control, DataPath, Health, PathFail, Setup, TransportKind};
 use crate::types::HostId;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -75,13 +73,9 @@ pub(crate) struct LinkShared {
     unfinished: Mutex<BTreeSet<u64>>,
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
-    /// The same-host data path, when the peer is on this host and the kernel allows it.
-    cma: Option<SameHostPath>,
-    /// The UCX data path, when both engines use UCX.
-    ucx: Option<crate::transport::ucx::UcxLink>,
-    /// The device data path (Ascend HCCL), when both engines have an Ascend runtime; emptied
-    /// when the link closes (the communicator is destroyed then).
-    device: Option<Mutex<Option<DeviceLink>>>,
+    /// The data paths other than the TCP lanes, in preference order (device, UCX, same host):
+    /// the ones the engine's transports set up with the peer.
+    paths: Vec<Box<dyn DataPath>>,
     /// The server's fence for this link, when the peer is on this host: its revocable grant of
     /// one-sided access, entered by every same-host (and same-host UCX) batch.
     fence: Option<ClientFence>,
@@ -99,17 +93,8 @@ pub(crate) struct LinkConfig<'a> {
     pub(crate) options: &'a crate::options::Options,
     /// The engine's span; the link's is a child of it.
     pub(crate) span: &'a tracing::Span,
-    /// UCX, when the engine uses it, with this engine's regions mapped for its own links.
-    pub(crate) ucx: Option<(
-        &'a crate::transport::ucx::UcxEngine,
-        Option<Arc<crate::transport::ucx::UcxLocal>>,
-    )>,
-    /// The Ascend runtime, when the engine has one, with the engine's regions (the device path
-    /// binds them).
-    pub(crate) ascend: Option<(
-        &'a Arc<crate::transport::ascend::Runtime>,
-        crate::transport::ascend::link::DeviceRegions,
-    )>,
+    /// The engine's transports besides TCP, in preference order.
+    pub(crate) backends: &'a [Arc<dyn Backend>],
 }
 
 static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
@@ -142,58 +127,6 @@ impl LinkShared {
             .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
-        let ucx = match &engine.ucx {
-            None => None,
-            Some((u, local)) => {
-                let require = engine.options.ucx == crate::options::Ucx::Require;
-                let got = lane
-                    .ucx_info(deadline)
-                    .map_err(|f| lane_error(f, "connect", &peer, started, true))
-                    .and_then(|info| match info {
-                        Some(info) => crate::transport::ucx::UcxLink::connect(
-                            u,
-                            &peer,
-                            &info,
-                            &welcome.table,
-                            local.clone(),
-                        )
-                        .map(Some),
-                        None => Ok(None),
-                    });
-                match got {
-                    Ok(Some(l)) => Some(l),
-                    Ok(None) if require => {
-                        return Err(Error::TransportUnavailable {
-                            peer,
-                            transport: "ucx",
-                            why: "the peer does not serve over UCX",
-                        });
-                    }
-                    Ok(None) => None,
-                    Err(e) if require => return Err(e),
-                    Err(e) => {
-                        tracing::debug!(parent: &span, error = %e, "UCX link failed; using tcp or same-host");
-                        None
-                    }
-                }
-            }
-        };
-        let device = match &engine.ascend {
-            Some((rt, regions)) => crate::transport::ascend::link::connect(
-                rt,
-                &mut LaneControl {
-                    lane: &mut lane,
-                    peer: &peer,
-                    started,
-                },
-                regions,
-                &welcome.table,
-                engine.name,
-                &peer,
-                deadline,
-            )?,
-            None => None,
-        };
         // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
         let local = match (&me, &welcome.host) {
             (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
@@ -204,21 +137,40 @@ impl LinkShared {
                 .ok(),
             _ => None,
         };
-        let (cma, fence) = match local {
-            None => (None, None),
-            Some((_, fence)) if ucx.is_some() || device.is_some() => (None, Some(fence)),
-            Some((proc, fence)) => match lane
-                .try_clone_stream()
-                .and_then(|watch| SameHostPath::setup(proc, &welcome.table, watch))
-            {
-                Ok(c) => (Some(c), Some(fence)),
-                Err(e) => {
-                    tracing::debug!(parent: &span, error = %e, "same-host transport refused by the kernel; using tcp");
-                    (None, None)
+        let (local, mut fence) = local.map_or((None, None), |(p, f)| (Some(p), Some(f)));
+        let mut paths: Vec<Box<dyn DataPath>> = Vec::new();
+        {
+            let _in_link = span.enter();
+            let mut ctl = LaneControl {
+                lane: &mut lane,
+                peer: &peer,
+                started,
+            };
+            let mut setup = Setup {
+                me: engine.name,
+                peer: &peer,
+                table: &welcome.table,
+                deadline,
+                ctl: &mut ctl,
+                local,
+                covered: false,
+            };
+            for b in engine.backends {
+                if let Some(p) = b.connect(&mut setup)? {
+                    tracing::debug!(transport = ?b.kind(), "data path set up");
+                    paths.push(p);
+                    setup.covered = true;
                 }
-            },
-        };
-        if policy == SameHost::Require && cma.is_none() && device.is_none() {
+            }
+        }
+        if paths.is_empty() {
+            // no one-sided path: the fence guards nothing
+            fence = None;
+        }
+        let one_sided = paths
+            .iter()
+            .any(|p| matches!(p.kind(), TransportKind::Cma | TransportKind::Ascend));
+        if policy == SameHost::Require && !one_sided {
             return Err(Error::TransportUnavailable {
                 peer,
                 transport: "cma",
@@ -253,9 +205,7 @@ impl LinkShared {
             unfinished: Mutex::new(BTreeSet::new()),
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
-            cma,
-            ucx,
-            device: device.map(|d| Mutex::new(Some(d))),
+            paths,
             fence,
             psk,
             span,
@@ -280,7 +230,7 @@ impl LinkShared {
 
     /// Whether the link moves device memory (it has a device data path).
     pub(crate) fn has_device_path(&self) -> bool {
-        self.device.is_some()
+        self.paths.iter().any(|p| p.moves_device_memory())
     }
 
     /// The transport carrying the link's data: its preferred data path's, or TCP.
@@ -414,12 +364,15 @@ impl LinkShared {
     /// their transfers; same-host links watch the peer's pidfd instead (a stopped peer still
     /// serves them).
     pub(crate) fn heartbeat(&self, timeout: Duration) {
-        if self.cma.is_some() {
-            return;
-        }
-        if self.ucx.as_ref().is_some_and(|u| u.is_failed()) {
-            self.mark_broken("the UCX endpoint failed (peer unreachable)".into());
-            return;
+        for p in &self.paths {
+            match p.health() {
+                Health::Unknown => {}
+                Health::Watched => return,
+                Health::Failed(why) => {
+                    self.mark_broken(why);
+                    return;
+                }
+            }
         }
         let lane = {
             let mut pool = lock(&self.pool);
@@ -496,10 +449,8 @@ impl LinkShared {
             pool.broken.get_or_insert_with(|| "disconnected".into());
             pool.closed = true;
         }
-        if let Some(dev) = &self.device {
-            // unbind the regions and destroy the communicator now, not when the last worker
-            // lets go of the link
-            drop(lock(dev).take());
+        for p in &self.paths {
+            p.close();
         }
         self.freed.notify_all();
         self.jobs_cv.notify_all();
@@ -590,6 +541,9 @@ impl Control for LaneControl<'_> {
     fn protocol(&self, problem: String) -> Error {
         self.fail(LaneFail::Protocol(problem))
     }
+    fn watch(&self) -> std::io::Result<std::net::TcpStream> {
+        self.watch_stream()
+    }
     fn refused(&self, status: crate::error::Status, reason: String) -> Error {
         self.fail(LaneFail::Refused {
             status,
@@ -600,6 +554,10 @@ impl Control for LaneControl<'_> {
 }
 
 impl LaneControl<'_> {
+    fn watch_stream(&self) -> std::io::Result<std::net::TcpStream> {
+        self.lane.try_clone_stream()
+    }
+
     fn fail(&self, f: LaneFail) -> Error {
         lane_error(f, "connect", self.peer, self.started, false)
     }

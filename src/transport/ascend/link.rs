@@ -27,23 +27,11 @@ use super::hccl::{Comm, Direction, OneSideDesc};
 use super::{Runtime, SuperIds};
 use crate::error::{Error, Status};
 use crate::sync::lock;
-use crate::transport::{Control, DataPath, PathFail, TransportKind};
+use crate::transport::{Control, DataPath, PathFail, Region, TransportKind};
 use crate::types::Access;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
-
-/// A registered region as the device path sees it: its HCCL registration and its access. A
-/// link holds the `Arc`, so the memory outlives the communicator that binds it.
-pub(crate) trait DeviceRegion: Send + Sync {
-    /// The region's HCCL registration (`None`: not registered with HCCL).
-    fn device(&self) -> Option<&super::DeviceReg>;
-    /// What peers may do with the region.
-    fn access(&self) -> Access;
-}
-
-/// An engine's regions as the device path sees them.
-pub(crate) type DeviceRegions = Vec<Arc<dyn DeviceRegion>>;
 
 /// The server's rank in a link's communicator.
 pub(crate) const SERVER_RANK: u32 = 0;
@@ -57,7 +45,7 @@ pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);
 /// communicators (so a new link with the same name and rank can tear them down first).
 struct Path {
     rt: Arc<Runtime>,
-    bound: Vec<Arc<dyn DeviceRegion>>,
+    bound: Vec<Arc<dyn Region>>,
     comm: Option<Comm>,
     stream: Option<Stream>,
     /// A failed transfer could not abort the stream: copies may still be queued, so nothing
@@ -362,7 +350,7 @@ fn build(
     table: &str,
     rank: u32,
     name: String,
-    regions: &[Arc<dyn DeviceRegion>],
+    regions: &[Arc<dyn Region>],
     peer: &str,
     timeout: Duration,
     remote: HashMap<u32, u64>,
@@ -440,7 +428,7 @@ fn build(
 pub(crate) fn connect(
     rt: &Arc<Runtime>,
     ctl: &mut dyn Control,
-    regions: &[Arc<dyn DeviceRegion>],
+    regions: &[Arc<dyn Region>],
     table: &[TableEntry],
     me: &str,
     peer: &str,
@@ -501,10 +489,10 @@ pub(crate) fn connect(
 pub(crate) fn serve(
     rt: Option<&Arc<Runtime>>,
     hello: &DeviceInfo,
-    regions: &[Arc<dyn DeviceRegion>],
+    regions: &[Arc<dyn Region>],
     me: &str,
     client_name: &str,
-    mut send: impl FnMut(&[u8]) -> std::io::Result<()>,
+    send: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<Option<DeviceLink>> {
     let mut out = Vec::new();
     let refuse = |status: Status, reason: &str, out: &mut Vec<u8>| {
@@ -554,9 +542,9 @@ pub(crate) fn serve(
     send(&out)?;
     let server = my_dev(rt, me);
     // regions peers may neither read nor write are not exposed through the communicator
-    let served: Vec<Arc<dyn DeviceRegion>> = regions
+    let served: Vec<Arc<dyn Region>> = regions
         .iter()
-        .filter(|r| r.access() != Access::None)
+        .filter(|r| r.view().access != Access::None)
         .cloned()
         .collect();
     let r = rank_table(&server, &client).and_then(|table| {
@@ -676,6 +664,16 @@ impl DataPath for Mutex<Option<DeviceLink>> {
 
     fn refused_when_broken(&self) -> bool {
         true
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        true
+    }
+
+    /// Unbinds the regions and destroys the communicator now, not when the last worker lets go
+    /// of the link.
+    fn close(&self) {
+        drop(lock(self).take());
     }
 
     /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).

@@ -7,11 +7,14 @@
 //! bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
 
 pub(crate) mod acl;
+mod backend;
 pub(crate) mod double;
 pub(crate) mod ffi;
 pub(crate) mod hccl;
 pub(crate) mod link;
 pub(crate) mod options;
+
+pub(crate) use backend::AscendBackend;
 
 use std::fmt;
 use std::net::IpAddr;

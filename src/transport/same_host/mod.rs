@@ -27,8 +27,11 @@
 //! a pidfd check: a peer still alive after the read was alive for all of it, so the bytes came
 //! from it; a read the peer did not outlive fails (`ESRCH`).
 
+mod backend;
 pub(crate) mod fence;
 pub(crate) mod path;
+
+pub(crate) use backend::SameHostBackend;
 
 use std::io;
 use std::net::TcpStream;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{Copy, Mapping, PeerProc, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
-use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::transport::{DataPath, Health, PathFail, TransportKind};
 use crate::types::{Access, LaneDesc, TransferOp};
 use crate::wire::{self, TableEntry};
 
@@ -127,6 +127,11 @@ impl DataPath for SameHostPath {
 
     fn refused_when_broken(&self) -> bool {
         false
+    }
+
+    /// A same-host peer is watched through its pidfd (a stopped peer still serves the link).
+    fn health(&self) -> Health {
+        Health::Watched
     }
 
     /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.

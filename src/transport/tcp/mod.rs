@@ -248,27 +248,6 @@ impl Lane {
         Ok(())
     }
 
-    /// Asks the server for its UCX worker address and remote keys: `None` if it does not serve
-    /// over UCX (it answers DONE with `UNSUPPORTED` and the lane stays usable).
-    pub fn ucx_info(&mut self, deadline: Instant) -> Result<Option<wire::UcxInfo>, LaneFail> {
-        let dl = Some(deadline);
-        self.sock
-            .send_bytes(&wire::header(Kind::UcxAsk, 0), dl)
-            .map_err(LaneFail::Io)?;
-        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((Kind::UcxInfo, p)) => wire::UcxInfo::decode(p)
-                .map(Some)
-                .map_err(|e| LaneFail::Protocol(e.to_string())),
-            Ok((Kind::Done, p)) => match wire::decode_done(p) {
-                Ok((0, status, _)) if status != 0 => Ok(None),
-                _ => Err(LaneFail::Protocol("a malformed answer to UCXASK".into())),
-            },
-            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!("expected UCXINFO, got {k:?}"))),
-            Err(e) => Err(LaneFail::Protocol(e.to_string())),
-        }
-    }
-
     /// Sends PING and waits for PONG.
     pub fn ping(&mut self, deadline: Instant) -> Result<(), LaneFail> {
         self.exchange(Kind::Ping, Kind::Pong, deadline)

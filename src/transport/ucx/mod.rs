@@ -11,6 +11,8 @@
 //! [`Options::psk`](crate::Options::psk)), and a transfer that touches any other region goes
 //! over the link's TCP lanes, where the server checks every descriptor.
 
+mod backend;
+pub(crate) use backend::UcxBackend;
 pub(crate) mod ffi;
 pub(crate) mod ucp;
 
@@ -27,7 +29,7 @@ use crate::types::{Access, MemType, RegionView};
 use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
-use crate::transport::{DataPath, PathFail, TransportKind};
+use crate::transport::{DataPath, Health, PathFail, TransportKind};
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
@@ -315,6 +317,14 @@ impl DataPath for UcxLink {
 
     fn refused_when_broken(&self) -> bool {
         true
+    }
+
+    fn health(&self) -> Health {
+        if self.is_failed() {
+            Health::Failed("the UCX endpoint failed (peer unreachable)".into())
+        } else {
+            Health::Unknown
+        }
     }
 
     /// A failure or a timeout poisons the link (the endpoint is closed: HIXL's rule, reconnect

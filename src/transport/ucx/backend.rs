@@ -1,0 +1,145 @@
+//! UCX's engine-wide part ([`Backend`]): the engine's UCX context, its regions mapped for its
+//! own links and, while it serves, the serving worker; a new link asks the server for its
+//! worker address and keys (`UCXASK` → `UCXINFO`) and connects an endpoint.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use super::{UcxEngine, UcxLink, UcxLocal, UcxServer};
+use crate::error::{Error, Status};
+use crate::sync::lock;
+use crate::transport::{Accept, AcceptFail, Backend, DataPath, Regions, Setup, TransportKind};
+use crate::types::RegionView;
+use crate::wire::{self, Kind, UcxInfo, WireError};
+
+/// UCX for one engine. Without a context (the engine does not use UCX) it sets nothing up and
+/// answers `UCXASK` with `UNSUPPORTED`.
+pub(crate) struct UcxBackend {
+    eng: Option<UcxEngine>,
+    /// A link that cannot use UCX fails (instead of moving its data over TCP).
+    require: bool,
+    /// The serving side while the engine serves.
+    server: Mutex<Option<UcxServer>>,
+    /// This engine's regions mapped for zero-copy PUT/GET on its links, while connected.
+    local: Mutex<Option<Arc<UcxLocal>>>,
+}
+
+impl UcxBackend {
+    /// UCX with the context `eng` (`None`: the engine does not use UCX); `require`: links must
+    /// use it.
+    pub(crate) fn new(eng: Option<UcxEngine>, require: bool) -> Self {
+        Self {
+            eng,
+            require,
+            server: Mutex::new(None),
+            local: Mutex::new(None),
+        }
+    }
+
+    /// Asks the server for its worker and keys: `None` when it does not serve over UCX.
+    fn ask(setup: &mut Setup<'_>) -> Result<Option<UcxInfo>, Error> {
+        let ctl = &mut *setup.ctl;
+        ctl.send(&wire::header(Kind::UcxAsk, 0), setup.deadline)?;
+        match ctl.recv(setup.deadline)? {
+            (Kind::UcxInfo, p) => UcxInfo::decode(&p)
+                .map(Some)
+                .map_err(|e| ctl.protocol(e.to_string())),
+            (Kind::Done, p) => match wire::decode_done(&p) {
+                Ok((0, status, _)) if status != 0 => Ok(None),
+                _ => Err(ctl.protocol("a malformed answer to UCXASK".into())),
+            },
+            (k, _) => Err(ctl.protocol(format!("expected UCXINFO, got {k:?}"))),
+        }
+    }
+}
+
+fn views(regions: &Regions) -> Vec<RegionView> {
+    regions.iter().map(|r| r.view()).collect()
+}
+
+impl Backend for UcxBackend {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ucx
+    }
+
+    fn activate(&self, regions: &Regions, serving: bool, span: &tracing::Span) {
+        let Some(u) = &self.eng else { return };
+        // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a failure
+        // only costs speed: UCX then copies through its own buffers)
+        let views = views(regions);
+        match UcxLocal::map(u, &views) {
+            Ok(l) => *lock(&self.local) = Some(Arc::new(l)),
+            Err(e) => tracing::warn!(parent: span, error = %e,
+                "cannot map the regions with UCX; UCX transfers will copy"),
+        }
+        if serving {
+            match UcxServer::start(u, &views) {
+                Ok(srv) => *lock(&self.server) = Some(srv),
+                Err(e) => tracing::warn!(parent: span, error = %e,
+                    "cannot serve over UCX; serving over tcp only"),
+            }
+        }
+    }
+
+    fn deactivate(&self) {
+        // no new client gets keys; the memory handles are unmapped before any region can be
+        // deregistered
+        drop(lock(&self.server).take());
+        drop(lock(&self.local).take());
+    }
+
+    fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {
+        let Some(u) = &self.eng else { return Ok(None) };
+        let local = lock(&self.local).clone();
+        let got = Self::ask(setup).and_then(|info| match info {
+            Some(info) => UcxLink::connect(u, setup.peer, &info, setup.table, local).map(Some),
+            None => Ok(None),
+        });
+        match got {
+            Ok(Some(l)) => Ok(Some(Box::new(l))),
+            Ok(None) if self.require => Err(Error::TransportUnavailable {
+                peer: setup.peer.to_owned(),
+                transport: "ucx",
+                why: "the peer does not serve over UCX",
+            }),
+            Ok(None) => Ok(None),
+            Err(e) if self.require => Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "UCX link failed; using tcp or same-host");
+                Ok(None)
+            }
+        }
+    }
+
+    fn request_kind(&self) -> Option<Kind> {
+        Some(Kind::UcxAsk)
+    }
+
+    fn repeatable(&self) -> bool {
+        true
+    }
+
+    fn accept(&self, req: Accept<'_>) -> Result<Option<Box<dyn Any + Send>>, AcceptFail> {
+        if !req.payload.is_empty() {
+            return Err(AcceptFail::Violation(WireError::Trailing(
+                req.payload.len(),
+            )));
+        }
+        // the frame is copied: no lock is held while the client is written to
+        let frame = lock(&self.server).as_ref().map(|s| s.frame().to_vec());
+        let sent = match frame {
+            Some(frame) => (req.send)(&frame),
+            None => {
+                let mut out = Vec::new();
+                wire::encode_done(
+                    &mut out,
+                    0,
+                    Status::UNSUPPORTED.code(),
+                    "this engine does not serve over UCX",
+                );
+                (req.send)(&out)
+            }
+        };
+        sent.map(|()| None).map_err(AcceptFail::Io)
+    }
+}
