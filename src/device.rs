@@ -13,14 +13,23 @@ use crate::transport::ascend::acl::{Acl, AclBuffer, MallocPolicy};
 use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 
-fn check_token(rt: &Runtime, engine: u64, ctx: &ContextToken<'_>) -> Result<(), Error> {
-    let _ = rt;
+/// [`Error::ForeignHandle`] unless `ctx` is a token of `engine`.
+fn check_token(engine: u64, ctx: &ContextToken<'_>) -> Result<(), Error> {
     if ctx.engine_id() != engine {
         return Err(Error::ForeignHandle {
             what: "context token",
             owner: ctx.engine_id(),
             engine,
         });
+    }
+    Ok(())
+}
+
+/// The checks before an allocation: `ctx` is `engine`'s token, and `len` is not zero.
+fn check_alloc(engine: u64, ctx: &ContextToken<'_>, len: usize) -> Result<(), Error> {
+    check_token(engine, ctx)?;
+    if len == 0 {
+        return Err(Error::ZeroLengthRegion);
     }
     Ok(())
 }
@@ -55,10 +64,7 @@ impl DeviceBuffer {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
-        check_token(rt, engine, ctx)?;
-        if len == 0 {
-            return Err(Error::ZeroLengthRegion);
-        }
+        check_alloc(engine, ctx, len)?;
         let buf = rt.acl.malloc_device(len, MallocPolicy::HugeOnly)?;
         Ok(Self { buf, engine })
     }
@@ -102,14 +108,7 @@ impl DeviceBuffer {
         self.buf_acl().read(&self.buf, offset, buf)
     }
     fn token(&self, ctx: &ContextToken<'_>) -> Result<(), Error> {
-        if ctx.engine_id() != self.engine {
-            return Err(Error::ForeignHandle {
-                what: "context token",
-                owner: ctx.engine_id(),
-                engine: self.engine,
-            });
-        }
-        Ok(())
+        check_token(self.engine, ctx)
     }
     fn buf_acl(&self) -> &Acl {
         self.buf.acl()
@@ -139,10 +138,7 @@ impl PinnedHostBuffer {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
-        check_token(rt, engine, ctx)?;
-        if len == 0 {
-            return Err(Error::ZeroLengthRegion);
-        }
+        check_alloc(engine, ctx, len)?;
         let buf = rt.acl.malloc_host(len)?;
         // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `buf`; they are
         // zeroed through the raw pointer before any `&[u8]` to them exists (a slice over
