@@ -34,6 +34,18 @@ fn check_alloc(engine: u64, ctx: &ContextToken<'_>, len: usize) -> Result<(), Er
     Ok(())
 }
 
+/// The `Debug` fields both buffers show: the address (hex) and the length.
+fn debug_buf<'a, 'b>(
+    f: &'a mut fmt::Formatter<'b>,
+    name: &str,
+    buf: &AclBuffer,
+) -> fmt::DebugStruct<'a, 'b> {
+    let mut d = f.debug_struct(name);
+    d.field("addr", &format_args!("{:#x}", buf.addr()))
+        .field("len", &buf.len());
+    d
+}
+
 /// Device memory (`aclrtMalloc`) of an Ascend engine, allocated with
 /// [`Hixl::alloc_device`](crate::Hixl::alloc_device).
 ///
@@ -49,9 +61,7 @@ pub struct DeviceBuffer {
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeviceBuffer")
-            .field("addr", &format_args!("{:#x}", self.buf.addr()))
-            .field("len", &self.buf.len())
+        debug_buf(f, "DeviceBuffer", &self.buf)
             .field("engine", &self.engine)
             .finish()
     }
@@ -124,10 +134,7 @@ pub struct PinnedHostBuffer {
 
 impl fmt::Debug for PinnedHostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedHostBuffer")
-            .field("addr", &format_args!("{:#x}", self.buf.addr()))
-            .field("len", &self.buf.len())
-            .finish()
+        debug_buf(f, "PinnedHostBuffer", &self.buf).finish()
     }
 }
 

@@ -18,15 +18,14 @@ impl Hixl {
     /// `TIMEOUT`; `FAILED` when the peer cannot be reached.
     pub fn connect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote_engine)?;
-        let _serial = lock(&self.connecting);
-        self.refuse_if_linked(&key)?;
-        let link = e.connect_owned(remote_engine, timeout)?;
-        // a broken link under this name is superseded (and closed when dropped)
-        lock(&self.links).insert(key, Arc::new(link));
-        Ok(())
+        self.with_remote(remote_engine, |e, key| {
+            let _serial = lock(&self.connecting);
+            self.refuse_if_linked(&key)?;
+            let link = e.connect_owned(remote_engine, timeout)?;
+            // a broken link under this name is superseded (and closed when dropped)
+            lock(&self.links).insert(key, Arc::new(link));
+            Ok(())
+        })
     }
 
     /// HIXL `Disconnect`: closes the link (an async connection too), telling the peer.
@@ -36,26 +35,25 @@ impl Hixl {
     /// error of the goodbye exchange (the link is closed on this side in every case).
     pub fn disconnect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote_engine)?;
-        let link = lock(&self.links).remove(&key);
-        let link = match link {
-            Some(l) => l,
-            None => match e.take_link_owned(remote_engine) {
-                Ok(l) => Arc::new(l),
-                Err(_) => {
-                    return Err(Error::new(
-                        Status::NOT_CONNECTED,
-                        format!("not connected to {key}"),
-                    ));
-                }
-            },
-        };
-        // transfers running on other threads keep their clone; the link is closed under them
-        let r = link.shared.close_timeout(timeout);
-        drop(link);
-        Ok(r?)
+        self.with_remote(remote_engine, |e, key| {
+            let link = lock(&self.links).remove(&key);
+            let link = match link {
+                Some(l) => l,
+                None => match e.take_link_owned(remote_engine) {
+                    Ok(l) => Arc::new(l),
+                    Err(_) => {
+                        return Err(Error::new(
+                            Status::NOT_CONNECTED,
+                            format!("not connected to {key}"),
+                        ));
+                    }
+                },
+            };
+            // transfers running on other threads keep their clone; the link is closed under them
+            let r = link.shared.close_timeout(timeout);
+            drop(link);
+            Ok(r?)
+        })
     }
 
     /// HIXL `ConnectAsync`: queues a connect; see [`Hixl::get_async_connect_status`]. The link
@@ -66,11 +64,10 @@ impl Hixl {
     /// `RESOURCE_EXHAUSTED` when the queue is full.
     pub fn connect_async(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote_engine)?;
-        self.refuse_if_linked(&key)?;
-        Ok(e.connect_async(remote_engine, timeout)?)
+        self.with_remote(remote_engine, |e, key| {
+            self.refuse_if_linked(&key)?;
+            Ok(e.connect_async(remote_engine, timeout)?)
+        })
     }
 
     /// HIXL `DisconnectAsync`: queues a disconnect of an async connection; a link already in
@@ -80,15 +77,14 @@ impl Hixl {
     /// `PARAM_INVALID` for a bad name or timeout; `NOT_CONNECTED` if there is no connection.
     pub fn disconnect_async(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote_engine)?;
-        let held = lock(&self.links).remove(&key);
-        if let Some(l) = held {
-            let _ = l.shared.close_timeout(timeout);
-            return Ok(());
-        }
-        Ok(e.disconnect_async(remote_engine, timeout)?)
+        self.with_remote(remote_engine, |e, key| {
+            let held = lock(&self.links).remove(&key);
+            if let Some(l) = held {
+                let _ = l.shared.close_timeout(timeout);
+                return Ok(());
+            }
+            Ok(e.disconnect_async(remote_engine, timeout)?)
+        })
     }
 
     /// HIXL `GetAsyncConnectStatus` for one remote: `Connected` for a usable link (however it
@@ -97,13 +93,12 @@ impl Hixl {
     /// # Errors
     /// `FAILED` when not initialized; `PARAM_INVALID` for a bad name.
     pub fn get_async_connect_status(&self, remote_engine: &str) -> Result<AsyncConnectStatus> {
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote_engine)?;
-        if self.has_usable_link(&key) {
-            return Ok(AsyncConnectStatus::Connected);
-        }
-        Ok(e.async_connect_status(remote_engine))
+        self.with_remote(remote_engine, |e, key| {
+            if self.has_usable_link(&key) {
+                return Ok(AsyncConnectStatus::Connected);
+            }
+            Ok(e.async_connect_status(remote_engine))
+        })
     }
 
     /// HIXL `GetAsyncConnectStatus` for every remote this engine knows.
@@ -120,6 +115,19 @@ impl Hixl {
             }
         }
         Ok(all)
+    }
+
+    /// Runs `f` with the typed engine (the core's read lock held) and the key of `remote` (its
+    /// socket address).
+    fn with_remote<T>(
+        &self,
+        remote: &str,
+        f: impl FnOnce(&crate::Hixl<Connected>, String) -> Result<T>,
+    ) -> Result<T> {
+        let core = self.read();
+        let e = self.connected(&core)?;
+        let (key, _) = e.remote_key(remote)?;
+        f(e, key)
     }
 
     /// Whether a link to `key` is held and not broken.

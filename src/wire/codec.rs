@@ -40,13 +40,7 @@ impl<'a> Reader<'a> {
     }
     pub(super) fn string(&mut self, what: &'static str) -> Result<String, WireError> {
         let n = self.u16(what)? as usize;
-        if n > MAX_STR {
-            return Err(WireError::OverLimit {
-                what,
-                got: n as u64,
-                limit: MAX_STR as u64,
-            });
-        }
+        within(what, n, MAX_STR)?;
         let s = self.take(n, what)?;
         String::from_utf8(s.to_vec()).map_err(|_| WireError::Invalid(what))
     }
@@ -57,13 +51,7 @@ impl<'a> Reader<'a> {
         each: usize,
     ) -> Result<usize, WireError> {
         let n = self.u32(what)? as usize;
-        if n > limit {
-            return Err(WireError::OverLimit {
-                what,
-                got: n as u64,
-                limit: limit as u64,
-            });
-        }
+        within(what, n, limit)?;
         // the entries must fit in what is left, before anything is allocated for them
         if n.saturating_mul(each) > self.buf.len() - self.pos {
             return Err(WireError::Truncated(what));
@@ -107,6 +95,18 @@ pub(super) fn put_host(out: &mut Vec<u8>, h: &Option<HostId>) {
             out.extend_from_slice(&h.start.to_le_bytes());
         }
     }
+}
+
+/// [`WireError::OverLimit`] for a count or length `n` of `what` above `limit`.
+fn within(what: &'static str, n: usize, limit: usize) -> Result<(), WireError> {
+    if n > limit {
+        return Err(WireError::OverLimit {
+            what,
+            got: n as u64,
+            limit: limit as u64,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a list of region ids that names one region twice (a WELCOME table, UCX remote keys).
