@@ -67,7 +67,7 @@ impl Hixl {
     }
 
     /// HIXL `Finalize`: requests in flight are cancelled and waited for (a running one ends at
-    /// the latest at its deadline, [`ASYNC_DEADLINE`]), every link closes, serving stops (the
+    /// the latest at its deadline, [`ASYNC_DEADLINE`](super::ASYNC_DEADLINE)), every link closes, serving stops (the
     /// typed engine's `finalize`: requests being served get its grace period), the regions are
     /// released. When it returns, nothing of this engine touches registered memory any more.
     /// Calling it again, or before `initialize`, does nothing.

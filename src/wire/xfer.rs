@@ -70,7 +70,7 @@ pub fn decode_done(p: &[u8]) -> Result<(u64, u32, String), WireError> {
     Ok((req, status, reason))
 }
 
-/// Encodes a NOTIFY frame (name and message are cut at [`MAX_STR`] bytes; callers check first).
+/// Encodes a NOTIFY frame (name and message are cut at [`MAX_STR`](super::MAX_STR) bytes; callers check first).
 pub fn encode_notify(out: &mut Vec<u8>, req: u64, name: &str, msg: &str) {
     begin(out, Kind::Notify);
     out.extend_from_slice(&req.to_le_bytes());
