@@ -29,7 +29,13 @@ impl Psk {
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
-    fn mac(&self, label: &[u8], a: &[u8; 32], b: &[u8; 32], name: &str) -> Hmac<Sha256> {
+    /// The MAC `role` proves: the server's over (cn, sn), the client's over (sn, cn), each under
+    /// its own label, with the client's name.
+    fn mac(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> Hmac<Sha256> {
+        let (label, a, b) = match role {
+            Role::Server => (SERVER, cn, sn),
+            Role::Client => (CLIENT, sn, cn),
+        };
         let mut m =
             <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         m.update(label);
@@ -38,19 +44,26 @@ impl Psk {
         m.update(name.as_bytes());
         m
     }
+    fn proof(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
+        self.mac(role, cn, sn, name).finalize().into_bytes().into()
+    }
+    fn check(
+        &self,
+        role: Role,
+        cn: &[u8; 32],
+        sn: &[u8; 32],
+        name: &str,
+        proof: &[u8; 32],
+    ) -> bool {
+        self.mac(role, cn, sn, name).verify_slice(proof).is_ok()
+    }
     /// The server's proof for client nonce `cn`, server nonce `sn`, client name `name`.
     pub(crate) fn server_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.mac(SERVER, cn, sn, name)
-            .finalize()
-            .into_bytes()
-            .into()
+        self.proof(Role::Server, cn, sn, name)
     }
     /// The client's proof (its nonces in the other order, under another label).
     pub(crate) fn client_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.mac(CLIENT, sn, cn, name)
-            .finalize()
-            .into_bytes()
-            .into()
+        self.proof(Role::Client, cn, sn, name)
     }
     /// Checks a server proof in constant time.
     pub(crate) fn check_server(
@@ -60,7 +73,7 @@ impl Psk {
         name: &str,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(SERVER, cn, sn, name).verify_slice(proof).is_ok()
+        self.check(Role::Server, cn, sn, name, proof)
     }
     /// Checks a client proof in constant time.
     pub(crate) fn check_client(
@@ -70,8 +83,15 @@ impl Psk {
         name: &str,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(CLIENT, sn, cn, name).verify_slice(proof).is_ok()
+        self.check(Role::Client, cn, sn, name, proof)
     }
+}
+
+/// Which side a proof is of.
+#[derive(Clone, Copy)]
+enum Role {
+    Server,
+    Client,
 }
 
 const SERVER: &[u8] = b"hixl-v1 server";

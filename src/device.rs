@@ -13,8 +13,8 @@ use crate::transport::ascend::acl::{Acl, AclBuffer, MallocPolicy};
 use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 
-fn check_token(rt: &Runtime, engine: u64, ctx: &ContextToken<'_>) -> Result<(), Error> {
-    let _ = rt;
+/// [`Error::ForeignHandle`] unless `ctx` is a token of `engine`.
+fn check_token(engine: u64, ctx: &ContextToken<'_>) -> Result<(), Error> {
     if ctx.engine_id() != engine {
         return Err(Error::ForeignHandle {
             what: "context token",
@@ -23,6 +23,27 @@ fn check_token(rt: &Runtime, engine: u64, ctx: &ContextToken<'_>) -> Result<(), 
         });
     }
     Ok(())
+}
+
+/// The checks before an allocation: `ctx` is `engine`'s token, and `len` is not zero.
+fn check_alloc(engine: u64, ctx: &ContextToken<'_>, len: usize) -> Result<(), Error> {
+    check_token(engine, ctx)?;
+    if len == 0 {
+        return Err(Error::ZeroLengthRegion);
+    }
+    Ok(())
+}
+
+/// The `Debug` fields both buffers show: the address (hex) and the length.
+fn debug_buf<'a, 'b>(
+    f: &'a mut fmt::Formatter<'b>,
+    name: &str,
+    buf: &AclBuffer,
+) -> fmt::DebugStruct<'a, 'b> {
+    let mut d = f.debug_struct(name);
+    d.field("addr", &format_args!("{:#x}", buf.addr()))
+        .field("len", &buf.len());
+    d
 }
 
 /// Device memory (`aclrtMalloc`) of an Ascend engine, allocated with
@@ -40,9 +61,7 @@ pub struct DeviceBuffer {
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeviceBuffer")
-            .field("addr", &format_args!("{:#x}", self.buf.addr()))
-            .field("len", &self.buf.len())
+        debug_buf(f, "DeviceBuffer", &self.buf)
             .field("engine", &self.engine)
             .finish()
     }
@@ -55,10 +74,7 @@ impl DeviceBuffer {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
-        check_token(rt, engine, ctx)?;
-        if len == 0 {
-            return Err(Error::ZeroLengthRegion);
-        }
+        check_alloc(engine, ctx, len)?;
         let buf = rt.acl.malloc_device(len, MallocPolicy::HugeOnly)?;
         Ok(Self { buf, engine })
     }
@@ -102,14 +118,7 @@ impl DeviceBuffer {
         self.buf_acl().read(&self.buf, offset, buf)
     }
     fn token(&self, ctx: &ContextToken<'_>) -> Result<(), Error> {
-        if ctx.engine_id() != self.engine {
-            return Err(Error::ForeignHandle {
-                what: "context token",
-                owner: ctx.engine_id(),
-                engine: self.engine,
-            });
-        }
-        Ok(())
+        check_token(self.engine, ctx)
     }
     fn buf_acl(&self) -> &Acl {
         self.buf.acl()
@@ -125,10 +134,7 @@ pub struct PinnedHostBuffer {
 
 impl fmt::Debug for PinnedHostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedHostBuffer")
-            .field("addr", &format_args!("{:#x}", self.buf.addr()))
-            .field("len", &self.buf.len())
-            .finish()
+        debug_buf(f, "PinnedHostBuffer", &self.buf).finish()
     }
 }
 
@@ -139,10 +145,7 @@ impl PinnedHostBuffer {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
-        check_token(rt, engine, ctx)?;
-        if len == 0 {
-            return Err(Error::ZeroLengthRegion);
-        }
+        check_alloc(engine, ctx, len)?;
         let buf = rt.acl.malloc_host(len)?;
         // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `buf`; they are
         // zeroed through the raw pointer before any `&[u8]` to them exists (a slice over

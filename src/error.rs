@@ -41,17 +41,33 @@ impl Status {
         self.0
     }
 
+    /// HIXL's name for each code it defines, and `None` for any other code: the one list of
+    /// the codes a [`Status`] may hold.
+    const fn known(code: u32) -> Option<&'static str> {
+        Some(match code {
+            0 => "SUCCESS",
+            103_900 => "PARAM_INVALID",
+            103_901 => "TIMEOUT",
+            103_902 => "NOT_CONNECTED",
+            103_903 => "ALREADY_CONNECTED",
+            103_904 => "NOTIFY_FAILED",
+            103_905 => "UNSUPPORTED",
+            203_900 => "RESOURCE_EXHAUSTED",
+            503_900 => "FAILED",
+            _ => return None,
+        })
+    }
+
     /// The status for a numeric code, if it is one HIXL defines.
     pub const fn from_code(code: u32) -> Option<Self> {
-        match code {
-            0 | 103_900 | 103_901 | 103_902 | 103_903 | 103_904 | 103_905 | 203_900 | 503_900 => {
-                Some(Self(code))
-            }
-            _ => None,
+        match Self::known(code) {
+            Some(_) => Some(Self(code)),
+            None => None,
         }
     }
 
-    /// The status a peer reported as `code`; a code HIXL does not define is `FAILED`.
+    /// The status a peer reported as `code`; a code HIXL does not define is `FAILED` (the one
+    /// place an unknown code becomes a status).
     pub(crate) const fn from_peer(code: u32) -> Self {
         match Self::from_code(code) {
             Some(s) => s,
@@ -61,16 +77,10 @@ impl Status {
 
     /// HIXL's name for the code (`"PARAM_INVALID"`, ...).
     pub const fn name(self) -> &'static str {
-        match self.0 {
-            0 => "SUCCESS",
-            103_900 => "PARAM_INVALID",
-            103_901 => "TIMEOUT",
-            103_902 => "NOT_CONNECTED",
-            103_903 => "ALREADY_CONNECTED",
-            103_904 => "NOTIFY_FAILED",
-            103_905 => "UNSUPPORTED",
-            203_900 => "RESOURCE_EXHAUSTED",
-            _ => "FAILED",
+        match Self::known(self.0) {
+            Some(name) => name,
+            // not reached: a `Status` is built only from the constants above and `from_code`
+            None => "FAILED",
         }
     }
 }
@@ -440,6 +450,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// [`Error::InvalidOption`]: `key=value` is outside what `problem` says the key takes.
+    pub(crate) fn invalid_option(key: &str, value: &str, problem: &'static str) -> Self {
+        Error::InvalidOption {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            problem,
+        }
+    }
+
     /// The HIXL status code this error maps to.
     pub fn status(&self) -> Status {
         use Error::*;
@@ -464,23 +483,26 @@ impl Error {
             | AuthFailed { .. }
             | NotConnectable { .. } => Status::PARAM_INVALID,
             Shared(e) => e.status(),
-            Cancelled { .. } => Status::FAILED,
-            QueueFull { .. } => Status::RESOURCE_EXHAUSTED,
             UnsupportedMemory { .. }
             | UnsupportedOption { .. }
             | TransportUnavailable { .. }
             | LibraryUnavailable { .. } => Status::UNSUPPORTED,
-            Native { .. } => Status::FAILED,
-            SameHost { .. } => Status::FAILED,
             TooManyRegions { .. }
             | LanesExhausted { .. }
             | RegionBusy { .. }
-            | OutOfMemory { .. } => Status::RESOURCE_EXHAUSTED,
+            | OutOfMemory { .. }
+            | QueueFull { .. } => Status::RESOURCE_EXHAUSTED,
             AlreadyConnected { .. } => Status::ALREADY_CONNECTED,
             NotConnected { .. } => Status::NOT_CONNECTED,
             Timeout { .. } => Status::TIMEOUT,
             Refused { refusal, .. } => refusal.status,
-            ConnectFailed { .. } | Listen { .. } | Io { .. } | Protocol { .. } => Status::FAILED,
+            ConnectFailed { .. }
+            | Listen { .. }
+            | Io { .. }
+            | Protocol { .. }
+            | Native { .. }
+            | SameHost { .. }
+            | Cancelled { .. } => Status::FAILED,
         }
     }
 
@@ -595,6 +617,15 @@ mod tests {
             assert_eq!(Status::from_code(s.code()), Some(s));
         }
         assert_eq!(Status::from_code(7), None);
+        assert_eq!(Status::from_peer(7), Status::FAILED);
+        for (s, name) in [
+            (Status::SUCCESS, "SUCCESS"),
+            (Status::PARAM_INVALID, "PARAM_INVALID"),
+            (Status::RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED"),
+            (Status::FAILED, "FAILED"),
+        ] {
+            assert_eq!(s.name(), name);
+        }
         assert_eq!(format!("{}", Status::TIMEOUT), "TIMEOUT (103901)");
     }
 

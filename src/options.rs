@@ -283,11 +283,7 @@ impl Options {
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
         pairs: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Error> {
-        let mut o = Self::default();
-        for (k, v) in pairs {
-            o.set(k.as_ref(), v.as_ref())?;
-        }
-        Ok(o)
+        crate::types::options_from_pairs(pairs, Self::set)
     }
 
     /// Sets one option by its string key; see [`Options::from_pairs`].
@@ -295,11 +291,7 @@ impl Options {
     /// # Errors
     /// As [`Options::from_pairs`].
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
-        let bad = |problem| Error::InvalidOption {
-            key: key.to_owned(),
-            value: value.to_owned(),
-            problem,
-        };
+        let bad = |problem| Error::invalid_option(key, value, problem);
         let k = crate::transport::ascend::options::canonical_key(key);
         let millis = |v: &str| -> Result<Duration, Error> {
             match v.parse::<u64>() {

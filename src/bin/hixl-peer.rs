@@ -93,24 +93,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("compat-serve") => return compat_serve(args),
         _ => return Err(USAGE.into()),
     }
-    let (mut name, mut size, mut seed, mut user) =
-        ("127.0.0.1".to_owned(), 64usize << 20, 1u64, false);
+    let mut common = Common::new("127.0.0.1", 64 << 20);
+    let mut user = false;
     let mut opts = Options::default();
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--name" => name = value,
-            "--size" => size = value.parse()?,
-            "--seed" => seed = value.parse()?,
+    for_each_flag(args, |flag, value| {
+        if common.take(flag, &value)? {
+            return Ok(true);
+        }
+        match flag {
             "--memory" => user = value == "user",
             "--heartbeat-ms" => {
-                opts = opts.heartbeat_interval(Some(Duration::from_millis(value.parse()?)))
+                opts = std::mem::take(&mut opts)
+                    .heartbeat_interval(Some(Duration::from_millis(value.parse()?)))
             }
             "--io-timeout-ms" => {
-                opts = opts.server_io_timeout(Duration::from_millis(value.parse()?))
+                opts = std::mem::take(&mut opts)
+                    .server_io_timeout(Duration::from_millis(value.parse()?))
             }
-            "--psk" => opts = opts.psk(value.as_bytes()),
-            "--max-conns" => opts = opts.max_server_conns(value.parse()?),
+            "--psk" => opts = std::mem::take(&mut opts).psk(value.as_bytes()),
+            "--max-conns" => opts = std::mem::take(&mut opts).max_server_conns(value.parse()?),
             "--nofile" => {
                 let n: libc::rlim_t = value.parse()?;
                 let r = libc::rlimit {
@@ -123,16 +124,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "--ucx" => {
-                opts = opts.ucx(match value.as_str() {
+                opts = std::mem::take(&mut opts).ucx(match value.as_str() {
                     "off" => Ucx::Off,
                     "auto" => Ucx::Auto,
                     "require" => Ucx::Require,
                     _ => return Err(format!("--ucx {value}: off, auto or require").into()),
                 })
             }
-            _ => return Err(format!("unknown flag {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
+    let Common { name, size, seed } = common;
     let engine = Hixl::initialize_ephemeral(&name, opts)?;
     if user {
         let mut mem = vec![0u8; size];
@@ -149,9 +152,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
     let name = args.next().ok_or(USAGE)?;
     let mut policy = SameHost::Auto;
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    for_each_flag(args, |flag, value| {
+        match flag {
             "--uid" => {
                 let uid: u32 = value.parse()?;
                 // SAFETY: plain system calls with no memory arguments; the results are checked.
@@ -170,9 +172,10 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
                     _ => SameHost::Auto,
                 }
             }
-            _ => return Err(format!("unknown flag {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     let (engine, mut buf) = Hixl::initialize("127.0.0.1", Options::default().same_host(policy))?
         .register(HostBuffer::new(64)?)?;
     let engine = engine.activate()?;
@@ -391,15 +394,32 @@ fn hammer(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::err
 
 fn serve<M: Reclaim + 'static>(
     engine: Hixl<Registered>,
-    mut region: Region<M>,
+    region: Region<M>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    serve_with(engine, region, |_, region, off, buf| {
+        Ok(region.read_at(off, buf)?)
+    })
+}
+
+/// Serves `region` (activates the engine and [`answer`]s, reading its bytes with `read`), then
+/// finalizes the engine and deregisters the region.
+fn serve_with<M: Reclaim + 'static>(
+    engine: Hixl<Registered>,
+    mut region: Region<M>,
+    mut read: impl FnMut(
+        &Hixl<hixl::Connected>,
+        &mut Region<M>,
+        usize,
+        &mut [u8],
+    ) -> Result<(), Failure>,
+) -> Result<(), Failure> {
     let engine = engine.activate()?;
     let (addr, len) = (region.addr(), region.len());
     answer(
         engine.name(),
         addr,
         len,
-        |off, buf| Ok(region.read_at(off, buf)?),
+        |off, buf| read(&engine, &mut region, off, buf),
         || Ok(typed_notifies(&engine)),
     )?;
     let engine = engine.finalize();
@@ -416,6 +436,52 @@ fn typed_notifies(engine: &Hixl<hixl::Connected>) -> Vec<(String, String)> {
 }
 
 type Failure = Box<dyn std::error::Error>;
+
+/// Reads `--flag value` pairs, handing each to `each`, which answers whether it knows the flag.
+///
+/// # Errors
+/// A flag without a value, one `each` does not know, or `each`'s error.
+fn for_each_flag(
+    mut args: impl Iterator<Item = String>,
+    mut each: impl FnMut(&str, String) -> Result<bool, Failure>,
+) -> Result<(), Failure> {
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if !each(&flag, value)? {
+            return Err(format!("unknown flag {flag}").into());
+        }
+    }
+    Ok(())
+}
+
+/// The flags every serving command takes: `--name`, `--size` and `--seed`.
+struct Common {
+    name: String,
+    size: usize,
+    seed: u64,
+}
+
+impl Common {
+    /// The defaults: `name`, `size` bytes, seed 1.
+    fn new(name: &str, size: usize) -> Self {
+        Self {
+            name: name.to_owned(),
+            size,
+            seed: 1,
+        }
+    }
+
+    /// Takes `flag value` if it is one of the common flags; answers whether it was.
+    fn take(&mut self, flag: &str, value: &str) -> Result<bool, Failure> {
+        match flag {
+            "--name" => self.name = value.to_owned(),
+            "--size" => self.size = value.parse()?,
+            "--seed" => self.seed = value.parse()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
 
 /// Prints `READY NAME ADDR LEN PID`, then answers the commands on standard input until `quit`
 /// (or the end of input), reading the region's bytes with `read` and the notifications
@@ -454,20 +520,21 @@ fn answer(
     Ok(())
 }
 
-fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
-    let (mut name, mut size, mut seed) = ("127.0.0.1".to_owned(), 8usize << 20, 1u64);
+fn serve_ascend(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    let mut common = Common::new("127.0.0.1", 8 << 20);
     let (mut lib, mut ip) = (None, None);
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--name" => name = value,
-            "--size" => size = value.parse()?,
-            "--seed" => seed = value.parse()?,
+    for_each_flag(args, |flag, value| {
+        if common.take(flag, &value)? {
+            return Ok(true);
+        }
+        match flag {
             "--lib" => lib = Some(std::path::PathBuf::from(value)),
             "--device-ip" => ip = Some(value.parse()?),
-            _ => return Err(format!("unknown flag {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
+    let Common { name, size, seed } = common;
     let cfg = hixl::AscendConfig {
         acl_lib: lib.clone(),
         hccl_lib: lib,
@@ -478,42 +545,34 @@ fn serve_ascend(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn st
         Hixl::initialize_ephemeral(&name, Options::default().ascend(cfg))?.into_registered();
     let mut data = vec![0u8; size];
     Rng::new(seed).fill(&mut data);
-    let mut region = engine.with_context(|ctx| -> Result<_, hixl::Error> {
+    let region = engine.with_context(|ctx| -> Result<_, hixl::Error> {
         let mut buf = engine.alloc_device(ctx, size)?;
         buf.write(ctx, 0, &data)?;
         engine.register_device(ctx, buf).map_err(|r| r.error)
     })??;
-    let engine = engine.activate()?;
-    let (addr, len) = (region.addr(), region.len());
-    answer(
-        engine.name(),
-        addr,
-        len,
-        |off, buf| Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??),
-        || Ok(typed_notifies(&engine)),
-    )?;
-    let engine = engine.finalize();
-    engine.deregister(region)?;
-    Ok(())
+    serve_with(engine, region, |engine, region, off, buf| {
+        Ok(engine.with_context(|ctx| region.read_device(ctx, off, buf))??)
+    })
 }
 
-fn compat_serve(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+fn compat_serve(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
     use hixl::compat;
-    let (mut name, mut size, mut seed) = ("127.0.0.1:0".to_owned(), 64usize << 20, 1u64);
+    let mut common = Common::new("127.0.0.1:0", 64 << 20);
     let mut options: Vec<(String, String)> = Vec::new();
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--name" => name = value,
-            "--size" => size = value.parse()?,
-            "--seed" => seed = value.parse()?,
+    for_each_flag(args, |flag, value| {
+        if common.take(flag, &value)? {
+            return Ok(true);
+        }
+        match flag {
             "--option" => {
                 let (k, v) = value.split_once('=').ok_or("--option KEY=VALUE")?;
                 options.push((k.to_owned(), v.to_owned()));
             }
-            _ => return Err(format!("unknown flag {flag}").into()),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
+    let Common { name, size, seed } = common;
     let mut mem = Rng::new(seed).bytes(size);
     let engine = compat::Hixl::new();
     engine.initialize(&name, options)?;

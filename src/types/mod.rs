@@ -227,6 +227,20 @@ pub(crate) struct RegionView {
     pub(crate) access: Access,
 }
 
+/// Options from HIXL's string pairs: the defaults, then `set` for each pair in order (a later
+/// pair overrides an earlier one); the first error stops it. For every options type set one
+/// string key at a time ([`Options::from_pairs`](crate::Options::from_pairs)).
+pub(crate) fn options_from_pairs<T: Default, E, K: AsRef<str>, V: AsRef<str>>(
+    pairs: impl IntoIterator<Item = (K, V)>,
+    mut set: impl FnMut(&mut T, &str, &str) -> Result<(), E>,
+) -> Result<T, E> {
+    let mut o = T::default();
+    for (k, v) in pairs {
+        set(&mut o, k.as_ref(), v.as_ref())?;
+    }
+    Ok(o)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,270 @@
+//! The engine's lifecycle: initialize, finalize, and registering memory (which steps the typed
+//! engine back to `Registered` and activates it again).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Core, Error, Hixl, MemDesc, MemHandle, Result, Typed, not_initialized};
+use crate::engine::{Connected, Registered};
+use crate::sync::lock;
+use crate::{Access, AsyncConnectStatus, MemType, Options, Status};
+
+impl Hixl {
+    /// HIXL `Initialize`: `local_engine` is `"ip"` (a client only), `"ip:port"` (listens there;
+    /// port 0 listens on a port the OS chooses, see [`Hixl::local_engine`]), or the IPv6 forms
+    /// `"[ip]"`, `"[ip]:port"`. Options are HIXL's string keys ([`Options::from_pairs`]).
+    ///
+    /// # Errors
+    /// `FAILED` if already initialized (or finalized: an engine is initialized once), the
+    /// errors of [`crate::Hixl::initialize`] and [`Options::from_pairs`].
+    pub fn initialize<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        local_engine: &str,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<()> {
+        let mut core = self.write();
+        if core.engine.is_some() || core.finalized {
+            return Err(Error::new(
+                Status::FAILED,
+                "the engine is already initialized",
+            ));
+        }
+        let mut options = Options::from_pairs(options)?;
+        let auto = std::mem::take(&mut options.auto_connect);
+        let timeout = options.connect_timeout;
+        // "ip:0" / "[ip]:0": listen on an ephemeral port (the typed initialize reads port 0 as
+        // "no port", HIXL's client-only form)
+        let explicit_zero = local_engine.ends_with("]:0")
+            || (local_engine.parse::<std::net::Ipv6Addr>().is_err()
+                && local_engine.ends_with(":0"));
+        let engine = if explicit_zero {
+            crate::Hixl::initialize_ephemeral(local_engine, options)?
+        } else {
+            crate::Hixl::initialize(local_engine, options)?
+        };
+        let engine = engine
+            .into_registered()
+            .activate()
+            .map_err(crate::Error::from)?;
+        core.engine = Some(Typed::Connected(engine));
+        core.auto_connect = auto;
+        core.connect_timeout = timeout;
+        Ok(())
+    }
+
+    /// The engine's name as peers connect to it (with the port it got, for port 0).
+    ///
+    /// # Errors
+    /// `FAILED` before `initialize` or after `finalize`.
+    pub fn local_engine(&self) -> Result<String> {
+        let core = self.read();
+        match &core.engine {
+            Some(Typed::Connected(e)) => Ok(e.name().to_owned()),
+            Some(Typed::Registered(e)) => Ok(e.name().to_owned()),
+            _ => Err(not_initialized()),
+        }
+    }
+
+    /// HIXL `Finalize`: requests in flight are cancelled and waited for (a running one ends at
+    /// the latest at its deadline, [`ASYNC_DEADLINE`](super::ASYNC_DEADLINE)), every link closes, serving stops (the
+    /// typed engine's `finalize`: requests being served get its grace period), the regions are
+    /// released. When it returns, nothing of this engine touches registered memory any more.
+    /// Calling it again, or before `initialize`, does nothing.
+    pub fn finalize(&self) {
+        let mut core = self.write();
+        let engine = core.engine.take();
+        if engine.is_some() {
+            core.finalized = true;
+        }
+        // requests in flight may still write the caller's memory: stop them, and return only
+        // once each has ended (a running one ends at the latest at its deadline)
+        let reqs = std::mem::take(&mut *lock(&self.reqs));
+        for p in reqs.values() {
+            p.req.cancel();
+        }
+        let links: Vec<_> = lock(&self.links).drain().map(|(_, l)| l).collect();
+        for l in links {
+            l.shared.close_quietly();
+        }
+        for p in reqs.values() {
+            while !p.req.wait(Duration::from_secs(1)).is_terminal() {}
+        }
+        drop(reqs);
+        match engine {
+            Some(Typed::Connected(e)) => drop(e.finalize()),
+            Some(Typed::Registered(e)) => drop(e.finalize()),
+            _ => {}
+        }
+        core.regions.clear();
+        core.handles.clear();
+    }
+
+    /// HIXL `RegisterMem`: makes `desc` reachable by this engine's transfers and, unless
+    /// `local_only`, by peers (READ and WRITE). Returns a non-zero handle.
+    ///
+    /// # Safety
+    /// Until the handle is deregistered or the engine finalized:
+    /// - `desc.addr..desc.addr + desc.len` must stay allocated, mapped and valid for reads and
+    ///   writes of any byte values;
+    /// - nothing else may access it in a way that conflicts with transfers: peers READ and
+    ///   WRITE it at any time, and this engine's READ transfers write it.
+    ///
+    /// (This is [`crate::Hixl::register_raw`]'s contract, which it calls.)
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized; `UNSUPPORTED` while a link exists, and for device memory
+    /// on an engine without Ascend; `PARAM_INVALID` for a null address, zero length, overflow
+    /// or overlap with a registered region; `RESOURCE_EXHAUSTED` for too many regions.
+    pub unsafe fn register_mem(&self, desc: MemDesc, mem_type: MemType) -> Result<MemHandle> {
+        let mut core = self.write();
+        let access = if desc.local_only {
+            Access::None
+        } else {
+            Access::ReadWrite
+        };
+        let raw = crate::MemDesc {
+            addr: desc.addr,
+            len: desc.len,
+        };
+        let region = self.with_registered(&mut core, "register memory", |e| {
+            // SAFETY: the caller upholds `register_raw`'s contract (this function's `# Safety`).
+            unsafe { e.register_raw_with(raw, mem_type, access) }.map_err(Error::from)
+        })?;
+        let handle = self.next_id.fetch_add(1, Ordering::Relaxed);
+        core.handles.insert(handle, desc.addr);
+        core.regions.insert(desc.addr, Arc::new(region));
+        Ok(handle)
+    }
+
+    /// HIXL `DeregisterMem`.
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle; `UNSUPPORTED`
+    /// while a link exists; `RESOURCE_EXHAUSTED` while an async request still uses the region.
+    pub fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
+        let mut core = self.write();
+        if core.engine.is_none() {
+            return Err(not_initialized());
+        }
+        let Some(&addr) = core.handles.get(&handle) else {
+            return Err(Error::new(
+                Status::PARAM_INVALID,
+                format!("no memory is registered with handle {handle:#x}"),
+            ));
+        };
+        let reg = core
+            .regions
+            .remove(&addr)
+            .expect("handles and regions agree");
+        // the region goes into the closure and comes back here unless it was handed back
+        let mut slot = Some(reg);
+        let r = self.with_registered(&mut core, "deregister memory", |e| {
+            let region = slot.take().expect("taken once");
+            match Arc::try_unwrap(region) {
+                Ok(region) => e.deregister(region).map(drop).map_err(|refused| {
+                    slot = Some(Arc::new(refused.value));
+                    Error::from(refused.error)
+                }),
+                Err(shared) => {
+                    slot = Some(shared);
+                    Err(Error::new(
+                        Status::RESOURCE_EXHAUSTED,
+                        "the region is in use by an async transfer",
+                    ))
+                }
+            }
+        });
+        match slot {
+            // refused (or busy): the region stays registered under its handle
+            Some(region) if r.is_err() => {
+                core.regions.insert(addr, region);
+            }
+            // handed back (an error then is serving failing to restart)
+            _ => {
+                core.handles.remove(&handle);
+            }
+        }
+        r
+    }
+
+    /// Runs `f` on the engine stepped back to `Registered` (serving stopped), then activates it
+    /// again. Refused (`UNSUPPORTED`) while any link exists in either direction.
+    fn with_registered<T>(
+        &self,
+        core: &mut Core,
+        what: &str,
+        f: impl FnOnce(&crate::Hixl<Registered>) -> Result<T>,
+    ) -> Result<T> {
+        let engine = match core.engine.take() {
+            None => return Err(not_initialized()),
+            Some(e) => e,
+        };
+        let busy = match &engine {
+            Typed::Connected(e) => self.link_count(e),
+            _ => 0,
+        };
+        if busy > 0 {
+            core.engine = Some(engine);
+            return Err(Error::new(
+                Status::UNSUPPORTED,
+                format!(
+                    "cannot {what} while {busy} link(s) exist: disconnect them first (hixl \
+                     stops serving to change the region table, which would revoke peers' access)"
+                ),
+            ));
+        }
+        let registered = match engine {
+            Typed::Connected(e) => {
+                lock(&self.links).clear();
+                e.deactivate()
+            }
+            Typed::Registered(e) => e,
+        };
+        let r = f(&registered);
+        match registered.activate() {
+            Ok(e) => core.engine = Some(Typed::Connected(e)),
+            Err(t) => {
+                // serving could not restart: the engine stays `Registered` and the next call
+                // that needs it tries again
+                let (error, engine, ()) = t.into_parts();
+                core.engine = Some(Typed::Registered(engine));
+                if r.is_ok() {
+                    return Err(error.into());
+                }
+            }
+        }
+        r
+    }
+
+    /// Links in either direction: ours (held or in the async queue) and peers' to us.
+    fn link_count(&self, e: &crate::Hixl<Connected>) -> usize {
+        let mut links = lock(&self.links);
+        links.retain(|_, l| !l.is_broken());
+        let queued = e
+            .async_connect_statuses()
+            .values()
+            .filter(|s| {
+                !matches!(
+                    s,
+                    AsyncConnectStatus::NotConnect | AsyncConnectStatus::ConnectFailed
+                )
+            })
+            .count();
+        links.len() + queued + e.served_links()
+    }
+
+    /// The typed engine in `Connected`, activating it again if a restart of serving failed
+    /// earlier.
+    pub(super) fn connected<'c>(&self, core: &'c Core) -> Result<&'c crate::Hixl<Connected>> {
+        match &core.engine {
+            Some(Typed::Connected(e)) => Ok(e),
+            Some(Typed::Registered(_)) => Err(Error::new(
+                Status::FAILED,
+                "serving could not be restarted after the last (de)registration; register or \
+                 deregister again to retry",
+            )),
+            _ => Err(not_initialized()),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! HIXL's call shape, checked at run time: one owned engine keyed by remote engine name, with
+//! integer addresses and HIXL's status codes. The C ABI (`hixl-capi`, `libhixl.so`), the C++
+//! header (`include/hixl/hixl.h`) and the Python package are thin layers over it.
+//!
+//! [`Hixl`] mirrors `hixl::Hixl` of HIXL's C++ API method for method. It is built on the typed
+//! engine: it holds a [`crate::Hixl`] in `Registered` or `Connected`, its regions as
+//! [`Region<MemDesc>`](crate::Region) capabilities and its links as owned [`crate::Link`]s, and
+//! what the typestates prove at compile time is checked here before each call, with HIXL's
+//! status:
+//!
+//! | misuse | status |
+//! |---|---|
+//! | any call before `initialize` or after `finalize`; `initialize` twice | `FAILED` |
+//! | registering or deregistering while a link exists (ours, or a peer's to us) | `UNSUPPORTED` |
+//! | deregistering an unknown handle | `PARAM_INVALID` |
+//! | a local range not inside one region this engine registered | `PARAM_INVALID` |
+//! | a remote range not inside one region of the peer's table | `PARAM_INVALID` |
+//! | a transfer or notify to a remote that is not connected (without `AutoConnect`) | `NOT_CONNECTED` |
+//! | connecting twice | `ALREADY_CONNECTED` |
+//! | a status query for an unknown (or already reported) request | `FAILED` |
+//! | a timeout of 0 or less | `PARAM_INVALID` |
+//!
+//! Nothing reachable through it can touch memory outside the registered ranges: every local
+//! address range is looked up in this engine's regions, every remote range in the table the
+//! peer sent at connect (and the peer checks it again). What the caller promises is what
+//! HIXL's `RegisterMem` asks for, hence [`Hixl::register_mem`] is an `unsafe fn`.
+//!
+//! ```
+//! use hixl::compat::{Hixl, MemDesc, TransferOpDesc};
+//! use hixl::{MemType, TransferOp};
+//!
+//! # fn main() -> Result<(), hixl::compat::Error> {
+//! let (mut cache, mut kv) = (vec![0u8; 4096], vec![7u8; 4096]);
+//! let server = Hixl::new();
+//! server.initialize("127.0.0.1:0", [("AutoConnect", "0")])?; // an ephemeral port
+//! let desc = |m: &mut Vec<u8>| MemDesc { addr: m.as_mut_ptr() as usize, len: m.len(), local_only: false };
+//! // SAFETY: both buffers outlive the engines (finalized below) and are read only after the
+//! // transfer returned.
+//! unsafe { server.register_mem(desc(&mut cache), MemType::Host) }?;
+//! let client = Hixl::new();
+//! client.initialize("127.0.0.1", [("AutoConnect", "1")])?; // no explicit connect needed
+//! // SAFETY: as above.
+//! unsafe { client.register_mem(desc(&mut kv), MemType::Host) }?;
+//! let d = TransferOpDesc {
+//!     local_addr: kv.as_ptr() as usize,
+//!     remote_addr: cache.as_ptr() as usize + 100,
+//!     len: 1000,
+//! };
+//! client.transfer_sync(&server.local_engine()?, TransferOp::Write, &[d], 1000)?;
+//! client.finalize();
+//! server.finalize();
+//! assert!(cache[100..1100].iter().all(|&b| b == 7));
+//! # Ok(()) }
+//! ```
+//!
+//! ## How HIXL's lifecycle maps onto the typed one
+//!
+//! HIXL has no `activate`: an engine serves as soon as it is initialized, and memory may be
+//! registered before the first connect. The compat engine therefore activates the typed engine
+//! at `initialize` (serving starts with no regions, so peers can connect at once), and
+//! `register_mem` / `deregister_mem` step it back to `Registered`, change the region table, and
+//! activate it again (same listening socket: a peer connecting meanwhile waits in the backlog).
+//! Stepping back stops serving, and on this host that revokes one-sided access, so it is done
+//! only while no link exists in either direction (none of ours, no async connect, no peer linked
+//! to us); otherwise the call is refused with `UNSUPPORTED` and nothing changes. Register every
+//! region first, then connect: the pattern HIXL's own examples and the vLLM connector follow.
+//!
+//! ## AutoConnect
+//!
+//! With `"AutoConnect" = "1"` a transfer or notify to a remote that is not connected connects
+//! first (with the engine's connect timeout, `hixl.ConnectTimeoutMs`, 1000 ms by default), and a
+//! link that broke (a failed transfer, or the heartbeat noticing the peer is gone) is dropped so
+//! the next call connects again. Without it, a broken link answers `NOT_CONNECTED` until it is
+//! disconnected or connected again (a new connect supersedes a broken link).
+//!
+//! ## Requests
+//!
+//! `transfer_async` returns a non-zero request id. A status query that reports a terminal
+//! status (completed, timeout, failed) forgets the request, as HIXL frees it; asking again, or
+//! for an id never issued, gives `FAILED`, never a stale request.
+//!
+//! ## Where things are
+//!
+//! `types` (HIXL's descriptors, statuses and option keys), `error` (the compat error),
+//! `lifecycle` (initialize, finalize, register and deregister), `connections` (connect,
+//! disconnect, AutoConnect), `transfers` (transfers, request status, notifies).
+
+mod connections;
+mod error;
+mod lifecycle;
+mod transfers;
+mod types;
+
+pub use error::{Error, Result};
+pub use types::{
+    FEATURE_NOT_SUPPORTED, FEATURE_SUPPORTED, FeatureType, GetTransferStatusArgs, MemDesc,
+    MemHandle, NotifyDesc, OPTION_AUTO_CONNECT, OPTION_BUFFER_POOL, OPTION_ENABLE_USE_FABRIC_MEM,
+    OPTION_GLOBAL_RESOURCE_CONFIG, OPTION_LOCAL_COMM_RES, OPTION_RDMA_SERVICE_LEVEL,
+    OPTION_RDMA_TRAFFIC_CLASS, RemoteRegionDesc, TransferArgs, TransferOpDesc, TransferReq,
+    TransferResult, TransferStatus, get_capability,
+};
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use crate::engine::{Connected, Registered};
+use crate::{Link, Region, Status};
+
+enum Typed {
+    Registered(crate::Hixl<Registered>),
+    Connected(crate::Hixl<Connected>),
+}
+
+type Reg = Arc<Region<crate::MemDesc>>;
+
+#[derive(Default)]
+struct Core {
+    engine: Option<Typed>,
+    finalized: bool,
+    auto_connect: bool,
+    connect_timeout: Duration,
+    /// Regions by start address (disjoint: the typed engine refuses overlaps).
+    regions: BTreeMap<usize, Reg>,
+    handles: HashMap<MemHandle, usize>,
+}
+
+struct Pending {
+    /// Shared so [`Hixl::wait_transfer`] can wait on it without holding the table's lock.
+    req: Arc<crate::TransferReq<'static>>,
+    user_data: u64,
+}
+
+/// The runtime-checked engine (HIXL's `hixl::Hixl`). `Send + Sync`: share it by `&` or `Arc`.
+pub struct Hixl {
+    core: RwLock<Core>,
+    /// Links by remote key (the peer's socket address).
+    links: Mutex<HashMap<String, Arc<Link<'static>>>>,
+    /// Serialises on-demand connects (AutoConnect), so two callers do not race for one name.
+    connecting: Mutex<()>,
+    reqs: Mutex<BTreeMap<TransferReq, Pending>>,
+    next_id: AtomicU64,
+}
+
+static_assertions::assert_impl_all!(Hixl: Send, Sync);
+
+impl Default for Hixl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Hixl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("compat::Hixl")
+            .field("name", &self.local_engine().ok())
+            .finish()
+    }
+}
+
+fn millis(t: i32) -> Result<Duration> {
+    Ok(crate::timeout_from_millis(t)?)
+}
+
+fn not_initialized() -> Error {
+    Error::new(
+        Status::FAILED,
+        "the engine is not initialized (or finalized)",
+    )
+}
+
+impl Hixl {
+    /// An engine that is not initialized yet (HIXL's constructor).
+    pub fn new() -> Self {
+        Self {
+            core: RwLock::new(Core::default()),
+            links: Mutex::new(HashMap::new()),
+            connecting: Mutex::new(()),
+            reqs: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Core> {
+        self.core.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write(&self) -> RwLockWriteGuard<'_, Core> {
+        self.core.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The deadline the engine enforces on async requests (HIXL leaves it to the caller; its
+/// default timeouts are 1000 ms, which would cut large batches short, so a generous one).
+pub const ASYNC_DEADLINE: Duration = Duration::from_secs(60);
+
+impl Drop for Hixl {
+    fn drop(&mut self) {
+        self.finalize();
+    }
+}

@@ -1,0 +1,307 @@
+//! Transfers and notifications: sync and async batches (validated against this engine's
+//! regions and the peer's table), request status, and notifies.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{
+    ASYNC_DEADLINE, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending,
+    RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
+    TransferStatus, Typed, millis, not_initialized,
+};
+use crate::sync::lock;
+use crate::{Link, Region, Status, TransferOp};
+
+impl Hixl {
+    /// HIXL `TransferSync`: READ (remote → local) or WRITE (local → remote) a batch.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a bad timeout, an empty batch, a zero length, a local range not in
+    /// one registered region, a remote range not in one region of the peer's table (or one it
+    /// forbids); `NOT_CONNECTED` without a link (and no AutoConnect), or when the peer went
+    /// away; `TIMEOUT`; `FAILED`.
+    pub fn transfer_sync(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        timeout_in_millis: i32,
+    ) -> Result<()> {
+        let timeout = millis(timeout_in_millis)?;
+        self.on_link(remote_engine, |core, link| {
+            let regions = local_regions(core, op_descs)?;
+            let descs = descriptors(link, &regions, op_descs)?;
+            Ok(link.transfer_sync(op, &descs, timeout)?)
+        })
+    }
+
+    /// HIXL `TransferAsync`: starts a batch and returns its request id (non-zero). The engine
+    /// enforces a deadline of [`ASYNC_DEADLINE`] on it (then its status is `Timeout`).
+    ///
+    /// # Errors
+    /// The validation errors of [`Hixl::transfer_sync`], before anything starts.
+    pub fn transfer_async(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        args: TransferArgs,
+    ) -> Result<TransferReq> {
+        let req = self.on_link(remote_engine, |core, link| {
+            let regions = local_regions(core, op_descs)?;
+            let descs = descriptors(link, &regions, op_descs)?;
+            let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
+            let req: crate::TransferReq<'static> = link.start_async(op, &descs, targs)?;
+            Ok(req)
+        })?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.reqs).insert(
+            id,
+            Pending {
+                req: Arc::new(req),
+                user_data: args.user_data,
+            },
+        );
+        Ok(id)
+    }
+
+    /// HIXL `GetTransferStatus` for one request. A terminal status (completed, timeout,
+    /// failed) is reported once: the request is forgotten then.
+    ///
+    /// # Errors
+    /// `FAILED` for an unknown request (never issued, or already reported).
+    pub fn get_transfer_status(&self, req: TransferReq) -> Result<TransferStatus> {
+        let mut reqs = lock(&self.reqs);
+        let Some(p) = reqs.get(&req) else {
+            return Err(unknown_request(req));
+        };
+        let st = status_of(&p.req);
+        if st != TransferStatus::Waiting {
+            reqs.remove(&req);
+        }
+        Ok(st)
+    }
+
+    /// HIXL's many-request `GetTransferStatus`: up to `max_query_count` requests, oldest
+    /// first, leaving out waiting ones with `skip_waiting`; terminal ones are forgotten once
+    /// reported.
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized.
+    pub fn get_transfer_statuses(
+        &self,
+        args: GetTransferStatusArgs,
+    ) -> Result<Vec<TransferResult>> {
+        if self.read().engine.is_none() {
+            return Err(not_initialized());
+        }
+        let mut reqs = lock(&self.reqs);
+        let mut out = Vec::new();
+        let mut done = Vec::new();
+        for (&id, p) in reqs.iter() {
+            if out.len() >= args.max_query_count as usize {
+                break;
+            }
+            let status = status_of(&p.req);
+            if status == TransferStatus::Waiting {
+                if args.skip_waiting {
+                    continue;
+                }
+            } else {
+                done.push(id);
+            }
+            out.push(TransferResult {
+                req: id,
+                user_data: p.user_data,
+                status,
+            });
+        }
+        for id in done {
+            reqs.remove(&id);
+        }
+        Ok(out)
+    }
+
+    /// Cancels an async request (an extension of HIXL, which has no cancel): descriptors not
+    /// yet started are skipped, and its status becomes `Failed` once what was running ended.
+    /// The request stays known until its terminal status is reported.
+    ///
+    /// # Errors
+    /// `FAILED` for an unknown request (never issued, or already reported).
+    pub fn cancel_transfer(&self, req: TransferReq) -> Result<()> {
+        match lock(&self.reqs).get(&req) {
+            Some(p) => {
+                p.req.cancel();
+                Ok(())
+            }
+            None => Err(unknown_request(req)),
+        }
+    }
+
+    /// Waits up to `timeout` for a request to end (an extension of HIXL, whose callers poll
+    /// [`Hixl::get_transfer_status`]); reports its status as that call does (a terminal status
+    /// once, then the request is forgotten).
+    ///
+    /// # Errors
+    /// `FAILED` for an unknown request (never issued, or already reported).
+    pub fn wait_transfer(&self, req: TransferReq, timeout: Duration) -> Result<TransferStatus> {
+        let Some(r) = lock(&self.reqs).get(&req).map(|p| p.req.clone()) else {
+            return Err(unknown_request(req));
+        };
+        r.wait(timeout);
+        drop(r);
+        self.get_transfer_status(req)
+    }
+
+    /// The region table `remote_engine` sent at connect (an extension of HIXL, whose users
+    /// ship base addresses out of band), sorted by address.
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized; `PARAM_INVALID` for a bad name; `NOT_CONNECTED` without a
+    /// usable link (with AutoConnect, one is made).
+    pub fn remote_regions(&self, remote_engine: &str) -> Result<Vec<RemoteRegionDesc>> {
+        self.on_link(remote_engine, |_, link| {
+            Ok(link
+                .regions()
+                .map(|r| RemoteRegionDesc {
+                    addr: r.addr(),
+                    len: r.len(),
+                    mem_type: r.mem_type(),
+                    access: r.access(),
+                })
+                .collect())
+        })
+    }
+
+    /// The transport of the link to `remote_engine` (TCP, same-host CMA, UCX, Ascend), if one
+    /// is held.
+    ///
+    /// # Errors
+    /// As [`Hixl::remote_regions`].
+    pub fn transport(&self, remote_engine: &str) -> Result<crate::TransportKind> {
+        self.on_link(remote_engine, |_, link| Ok(link.transport()))
+    }
+
+    /// How many async requests have not been reported terminal yet.
+    pub fn pending_transfers(&self) -> usize {
+        lock(&self.reqs).len()
+    }
+
+    /// HIXL `SendNotify`: delivered after every transfer started before it on the link.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a bad timeout or a name/message over 1024 bytes; `NOT_CONNECTED`
+    /// without a link (and no AutoConnect); `NOTIFY_FAILED` when the peer did not take it
+    /// (`TIMEOUT`, `RESOURCE_EXHAUSTED` and `NOT_CONNECTED` keep their codes).
+    pub fn send_notify(
+        &self,
+        remote_engine: &str,
+        notify: &NotifyDesc,
+        timeout_in_millis: i32,
+    ) -> Result<()> {
+        let timeout = millis(timeout_in_millis)?;
+        self.on_link(remote_engine, |_, link| {
+            link.send_notify(&notify.name, &notify.notify_msg, timeout)
+                .map_err(|e| {
+                    let mut e = Error::from(e);
+                    if e.status == Status::FAILED {
+                        e.status = Status::NOTIFY_FAILED;
+                    }
+                    e
+                })
+        })
+    }
+
+    /// HIXL `GetNotifies`: every notification received so far, oldest first.
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized.
+    pub fn get_notifies(&self) -> Result<Vec<NotifyDesc>> {
+        let core = self.read();
+        let got = match &core.engine {
+            Some(Typed::Connected(e)) => e.get_notifies(),
+            Some(Typed::Registered(e)) => e.get_notifies(),
+            _ => return Err(not_initialized()),
+        };
+        Ok(got
+            .into_iter()
+            .map(|n| NotifyDesc {
+                name: n.name,
+                notify_msg: n.msg,
+            })
+            .collect())
+    }
+}
+
+/// `FAILED` for a request id that is not known (never issued, or its end already reported).
+fn unknown_request(req: TransferReq) -> Error {
+    Error::new(
+        Status::FAILED,
+        format!("no transfer request {req:#x} (unknown, or its end was already reported)"),
+    )
+}
+
+fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
+    match r.status() {
+        crate::TransferStatus::Waiting => TransferStatus::Waiting,
+        crate::TransferStatus::Completed => TransferStatus::Completed,
+        crate::TransferStatus::TimedOut => TransferStatus::Timeout,
+        crate::TransferStatus::Failed(_) | crate::TransferStatus::Cancelled => {
+            TransferStatus::Failed
+        }
+    }
+}
+
+/// For each descriptor, the registered region holding its local range, and the offset in it.
+fn local_regions(
+    core: &Core,
+    descs: &[TransferOpDesc],
+) -> Result<Vec<(Arc<Region<crate::MemDesc>>, usize)>> {
+    let mut out = Vec::with_capacity(descs.len());
+    for (i, d) in descs.iter().enumerate() {
+        let found = core
+            .regions
+            .range(..=d.local_addr)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| {
+                d.len > 0
+                    && d.local_addr
+                        .checked_add(d.len)
+                        .is_some_and(|end| end <= r.addr() + r.len())
+            });
+        match found {
+            Some(r) => out.push((r.clone(), d.local_addr - r.addr())),
+            None => {
+                return Err(Error::new(
+                    Status::PARAM_INVALID,
+                    format!(
+                        "descriptor {i}: local range {:#x}+{} is not inside one region registered \
+                         with this engine",
+                        d.local_addr, d.len
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The typed descriptors: local ranges from the regions found, remote ranges validated against
+/// the peer's table.
+fn descriptors<'a>(
+    link: &'a Link<'static>,
+    regions: &'a [(Arc<Region<crate::MemDesc>>, usize)],
+    descs: &[TransferOpDesc],
+) -> Result<Vec<crate::TransferDesc<'a>>> {
+    descs
+        .iter()
+        .zip(regions)
+        .map(|(d, (region, off))| {
+            let local = region.range(*off..*off + d.len)?;
+            let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
+            Ok(crate::TransferDesc::new(local, remote))
+        })
+        .collect()
+}

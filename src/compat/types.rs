@@ -1,0 +1,153 @@
+//! HIXL's C++ API types and constants as the compat layer takes and returns them: option keys,
+//! capabilities, memory and transfer descriptors, request statuses, notifications.
+
+use crate::{Access, MemType};
+
+/// Whether a feature is supported ([`get_capability`]).
+pub const FEATURE_SUPPORTED: i32 = 1;
+/// Whether a feature is supported ([`get_capability`]).
+pub const FEATURE_NOT_SUPPORTED: i32 = 0;
+
+/// HIXL's option keys (`OPTION_*` in `hixl_types.h`).
+pub const OPTION_ENABLE_USE_FABRIC_MEM: &str = "EnableUseFabricMem";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_RDMA_TRAFFIC_CLASS: &str = "RdmaTrafficClass";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_RDMA_SERVICE_LEVEL: &str = "RdmaServiceLevel";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_BUFFER_POOL: &str = "BufferPool";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_GLOBAL_RESOURCE_CONFIG: &str = "GlobalResourceConfig";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_AUTO_CONNECT: &str = "AutoConnect";
+/// See [`OPTION_ENABLE_USE_FABRIC_MEM`].
+pub const OPTION_LOCAL_COMM_RES: &str = "LocalCommRes";
+
+/// HIXL's `MemDesc`: a caller-managed address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemDesc {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Register for local use only: peers may neither READ nor WRITE it (HIXL `local_only`).
+    pub local_only: bool,
+}
+
+/// A registered region (HIXL `MemHandle`): a non-zero id.
+pub type MemHandle = u64;
+/// An async request (HIXL `TransferReq`): a non-zero id.
+pub type TransferReq = u64;
+
+/// HIXL's `TransferOpDesc`: `len` bytes between a local and a remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct TransferOpDesc {
+    /// Address in this process, inside a region registered with this engine.
+    pub local_addr: usize,
+    /// Address in the peer, inside a region of its table.
+    pub remote_addr: usize,
+    /// Bytes to move.
+    pub len: usize,
+}
+
+/// HIXL's `TransferStatus` (C values 0..=3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum TransferStatus {
+    /// Queued or running.
+    Waiting = 0,
+    /// Done.
+    Completed = 1,
+    /// Its deadline passed.
+    Timeout = 2,
+    /// It failed (or the id is unknown).
+    Failed = 3,
+}
+
+/// HIXL's `FeatureType` for [`get_capability`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum FeatureType {
+    /// Transfers connect on demand (`AutoConnect=1`): supported.
+    AutoConnect = 0,
+    /// HIXL's client/server C API (`hixl_cs.h`, hcomm types): not supported.
+    ClientServerComm = 1,
+}
+
+impl FeatureType {
+    /// The feature with this C value.
+    pub fn from_i32(v: i32) -> Option<Self> {
+        match v {
+            0 => Some(Self::AutoConnect),
+            1 => Some(Self::ClientServerComm),
+            _ => None,
+        }
+    }
+}
+
+/// HIXL's `GetCapability`: [`FEATURE_SUPPORTED`] or [`FEATURE_NOT_SUPPORTED`].
+pub fn get_capability(feature: FeatureType) -> i32 {
+    match feature {
+        FeatureType::AutoConnect => FEATURE_SUPPORTED,
+        FeatureType::ClientServerComm => FEATURE_NOT_SUPPORTED,
+    }
+}
+
+/// HIXL's `TransferArgs`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TransferArgs {
+    /// Returned with the request's result (HIXL `user_data`, a pointer there).
+    pub user_data: u64,
+}
+
+/// HIXL's `GetTransferStatusArgs`.
+#[derive(Debug, Clone, Copy)]
+pub struct GetTransferStatusArgs {
+    /// Most results to return.
+    pub max_query_count: u32,
+    /// Leave out requests still waiting.
+    pub skip_waiting: bool,
+}
+
+impl Default for GetTransferStatusArgs {
+    fn default() -> Self {
+        Self {
+            max_query_count: u32::MAX,
+            skip_waiting: false,
+        }
+    }
+}
+
+/// HIXL's `TransferResult`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferResult {
+    /// The request.
+    pub req: TransferReq,
+    /// Its [`TransferArgs::user_data`].
+    pub user_data: u64,
+    /// Its status.
+    pub status: TransferStatus,
+}
+
+/// HIXL's `NotifyDesc`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NotifyDesc {
+    /// The notification's name.
+    pub name: String,
+    /// The message.
+    pub notify_msg: String,
+}
+
+/// One region of a peer's table ([`Hixl::remote_regions`](super::Hixl::remote_regions)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegionDesc {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Memory type.
+    pub mem_type: MemType,
+    /// What the peer lets this engine do with it.
+    pub access: Access,
+}
