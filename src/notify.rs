@@ -131,6 +131,11 @@ impl NotifyQueue {
         }
     }
 
+    /// Link `token` has a lane again (a client rejoined it): its notifications are kept.
+    pub fn link_reopened(&self, token: u64) {
+        lock(&self.inner).closed.remove(&token);
+    }
+
     /// Takes every queued notification, oldest first.
     pub fn drain(&self) -> Vec<Notify> {
         let mut g = lock(&self.inner);

@@ -580,3 +580,76 @@ fn ucx_ask_is_checked() {
     refused_and_closed(&mut s, "a UCXASK with a payload");
     g.check();
 }
+
+/// Opens a lane of link `token` (HELLO with role JOIN) and returns the server's answer.
+fn join_as(s: &mut TcpStream, instance: u64, token: u64) -> Option<(Kind, Vec<u8>)> {
+    let mut out = Vec::new();
+    Hello {
+        role: LaneRole::Join,
+        instance,
+        token,
+        name: "10.9.9.9".into(),
+        target: String::new(),
+        host: None,
+        nonce: [0; 32],
+    }
+    .encode(&mut out);
+    s.write_all(&out).unwrap();
+    read_frame(s)
+}
+
+/// A link whose only lane closed is kept for its client to rejoin: a client that cancels a
+/// running request closes that request's lane, which may be the link's only one, and its next
+/// transfer opens a new lane. The JOIN is welcomed and served whether the server saw the close
+/// first or not; a JOIN to a token the server never gave is still refused.
+#[test]
+fn a_link_whose_only_lane_closed_can_be_rejoined() {
+    let g = guarded();
+    let id = g.region.id();
+    for round in 0..10u64 {
+        let instance = 200 + round;
+        let mut first = connect_raw(g.engine.name());
+        let w = hello_as(&mut first, instance);
+        // a WRITE cut in the middle, as a cancel cuts it
+        first
+            .write_all(&xfer(
+                TransferOp::Write,
+                &[WireDesc {
+                    region: id,
+                    offset: 0,
+                    len: 64,
+                }],
+            ))
+            .unwrap();
+        first.write_all(&[0x11; 16]).unwrap();
+        drop(first);
+        let mut lane = connect_raw(g.engine.name());
+        match join_as(&mut lane, instance, w.token) {
+            Some((Kind::Welcome, _)) => {}
+            other => panic!("round {round}: the rejoin was answered with {other:?}"),
+        }
+        let data = Rng::new(round).bytes(32);
+        lane.write_all(&xfer(
+            TransferOp::Write,
+            &[WireDesc {
+                region: id,
+                offset: 100,
+                len: 32,
+            }],
+        ))
+        .unwrap();
+        lane.write_all(&data).unwrap();
+        let (k, p) = read_frame(&mut lane).expect("DONE");
+        assert_eq!(k, Kind::Done);
+        assert_eq!(wire::decode_done(&p).unwrap().1, 0, "round {round}");
+        assert_eq!(contents(&g)[100..132], data[..], "round {round}");
+    }
+    let mut stranger = connect_raw(g.engine.name());
+    match join_as(&mut stranger, 999, 0x5EC2E7) {
+        Some((Kind::Refuse, p)) => {
+            assert_eq!(wire::Refuse::decode(&p).unwrap().status, 103_902)
+        }
+        other => panic!("a JOIN to an unknown link was answered with {other:?}"),
+    }
+    g.check();
+}

@@ -129,20 +129,28 @@ pub(super) fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, 
     let end = serve(&shared, id, stream, &mut link);
     if let Some(token) = link {
         let mut links = lock(&shared.links);
-        let gone = match links.get_mut(&token) {
+        let emptied = match links.get_mut(&token) {
             Some(l) => {
                 l.conns.remove(&id);
-                l.conns.is_empty()
+                // its last lane: the link is kept a while for its client to rejoin (a client
+                // that cancels a running request closes that request's lane, maybe its only
+                // one); its pending notifications start their grace now
+                let last = l.conns.is_empty() && !matches!(end, ConnEnd::Bye);
+                if last {
+                    l.orphaned = Some(std::time::Instant::now());
+                }
+                last
             }
-            None => true, // closed by BYE or replaced
+            None => false, // closed by BYE or replaced
         };
-        if gone {
-            // its fence (if any) is revoked as the record goes
-            links.remove(&token);
-            drop(links);
+        // fences of links that go are revoked as their records go
+        let gone = shared.prune_orphans(&mut links);
+        drop(links);
+        if emptied {
             shared.notifies.link_closed(token);
-        } else {
-            drop(links);
+        }
+        for t in gone {
+            shared.notifies.link_closed(t);
         }
         shared.prune_fences();
     }
@@ -330,6 +338,7 @@ pub(super) fn serve(
                 busy: Arc::new(AtomicUsize::new(0)),
                 paths: Vec::new(),
                 fence: fence.clone(),
+                orphaned: None,
             };
             let (live, busy) = (rec.live.clone(), rec.busy.clone());
             links.insert(token, rec);
@@ -360,6 +369,9 @@ pub(super) fn serve(
                         && l.conns.len() < shared.limits.max_lanes_per_link =>
                 {
                     l.conns.insert(id);
+                    if l.orphaned.take().is_some() {
+                        shared.notifies.link_reopened(hello.token);
+                    }
                     (hello.token, l.live.clone(), l.busy.clone(), None)
                 }
                 Some(l) if l.instance == hello.instance && l.client == hello.name => {

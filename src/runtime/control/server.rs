@@ -143,7 +143,14 @@ pub(super) struct LinkRec {
     pub(super) paths: Vec<Box<dyn std::any::Any + Send>>,
     /// The link's fence, when its client is on this host: revoked when the link ends.
     pub(super) fence: Option<Arc<ServerFence>>,
+    /// Since when the link has no lane (a client that cancelled a running request closed its
+    /// only one): its client may join it again for [`ORPHAN_GRACE`](ServerShared::orphan_grace).
+    pub(super) orphaned: Option<std::time::Instant>,
 }
+
+/// At most this many links without a lane are kept for their client to rejoin; beyond it the
+/// oldest go first.
+pub(super) const MAX_ORPHANS: usize = 1024;
 
 impl Drop for LinkRec {
     fn drop(&mut self) {
@@ -216,6 +223,33 @@ fn spent(f: &ServerFence) -> bool {
 }
 
 impl ServerShared {
+    /// How long a link without a lane is kept for its client to rejoin: the I/O timeout.
+    pub(super) fn orphan_grace(&self) -> Duration {
+        self.io_timeout
+    }
+
+    /// Forgets links that have had no lane for longer than the grace, and the oldest ones
+    /// beyond [`MAX_ORPHANS`]; returns their tokens.
+    pub(super) fn prune_orphans(&self, links: &mut HashMap<u64, LinkRec>) -> Vec<u64> {
+        let grace = self.orphan_grace();
+        let mut orphans: Vec<(std::time::Instant, u64)> = links
+            .iter()
+            .filter_map(|(t, l)| l.orphaned.map(|at| (at, *t)))
+            .collect();
+        orphans.sort_unstable();
+        let excess = orphans.len().saturating_sub(MAX_ORPHANS);
+        let gone: Vec<u64> = orphans
+            .iter()
+            .enumerate()
+            .filter(|(i, (at, _))| *i < excess || at.elapsed() >= grace)
+            .map(|(_, (_, t))| *t)
+            .collect();
+        for t in &gone {
+            links.remove(t);
+        }
+        gone
+    }
+
     /// Forgets fences that are revoked and settled: their clients start no batch and have
     /// none in flight.
     pub(super) fn prune_fences(&self) {
@@ -310,9 +344,11 @@ impl Server {
         })
     }
 
-    /// How many client links are being served right now.
+    /// How many client links are being served right now (links without a lane, kept for
+    /// their client to rejoin, do not count).
     pub fn served_links(&self) -> usize {
-        lock(&self.shared.links).len()
+        let links = lock(&self.shared.links);
+        links.values().filter(|l| l.orphaned.is_none()).count()
     }
 
     /// The regions served.
