@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) mod engine_name;
 pub(crate) mod raw;
+pub(crate) mod split;
 
 /// The direction of a transfer (HIXL `TransferOp`, same numeric values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,6 +215,30 @@ pub(crate) struct LaneDesc {
     pub local: usize,
     /// The peer's region range; its `len` is the length of both sides.
     pub remote: WireDesc,
+}
+
+impl split::Cut for LaneDesc {
+    fn bytes(&self) -> u64 {
+        self.remote.len
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        let head = LaneDesc {
+            local: self.local,
+            remote: WireDesc {
+                len: at,
+                ..self.remote
+            },
+        };
+        let tail = LaneDesc {
+            local: self.local + at as usize,
+            remote: WireDesc {
+                region: self.remote.region,
+                offset: self.remote.offset + at,
+                len: self.remote.len - at,
+            },
+        };
+        (head, tail)
+    }
 }
 
 /// What a transport needs to know of a registered region: its id in the engine's table, where

@@ -409,38 +409,13 @@ fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<L
     if parts < 2 {
         return Vec::new();
     }
-    let share = bytes.div_ceil(parts as u64);
-    let mut out: Vec<Vec<LaneDesc>> = vec![Vec::new()];
-    let mut room = share;
-    for d in xds {
-        let mut d = *d;
-        while d.remote.len > 0 {
-            if room == 0 {
-                out.push(Vec::new());
-                room = share;
-            }
-            let take = d.remote.len.min(room);
-            let last = out.last_mut().expect("at least one part");
-            last.push(LaneDesc {
-                local: d.local,
-                remote: WireDesc {
-                    region: d.remote.region,
-                    offset: d.remote.offset,
-                    len: take,
-                },
-            });
-            d.local += take as usize;
-            d.remote.offset += take;
-            d.remote.len -= take;
-            room -= take;
-        }
-    }
-    out
+    crate::types::split::split(xds, parts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::WireDesc;
 
     fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
         LaneDesc {

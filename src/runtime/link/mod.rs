@@ -24,7 +24,6 @@ use crate::transport::{Backend, Control, DataPath, Health, PathFail, Setup, Tran
 use crate::types::HostId;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
-use crate::types::WireDesc;
 use crate::wire::{self, Hello, LaneRole, TableEntry};
 
 /// Most descriptors in one transfer call.

@@ -40,6 +40,7 @@ use std::sync::OnceLock;
 
 use crate::io::{IOV_MAX, IoVec};
 use crate::sync::lock;
+use crate::types::split::{Cut, split};
 use crate::types::{HostId, start_time};
 
 /// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
@@ -451,6 +452,47 @@ pub(crate) struct Copy {
     pub len: usize,
 }
 
+impl Cut for Copy {
+    fn bytes(&self) -> u64 {
+        self.len as u64
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        let at = at as usize;
+        let head = Copy { len: at, ..*self };
+        let tail = Copy {
+            src: self.src + at,
+            dst: self.dst + at,
+            len: self.len - at,
+        };
+        (head, tail)
+    }
+}
+
+/// A `process_vm_*` pair: a local and a remote `iovec` of the same length.
+#[derive(Clone, Copy)]
+struct Pair(IoVec, IoVec);
+
+impl Cut for Pair {
+    fn bytes(&self) -> u64 {
+        self.0.len as u64
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        let at = at as usize;
+        let head = |v: IoVec| IoVec {
+            base: v.base,
+            len: at,
+        };
+        let tail = |v: IoVec| IoVec {
+            base: v.base + at,
+            len: v.len - at,
+        };
+        (
+            Pair(head(self.0), head(self.1)),
+            Pair(tail(self.0), tail(self.1)),
+        )
+    }
+}
+
 /// What the helper does: memory copies, or a `process_vm_*` batch for process `pid`.
 enum Work {
     Copies(Vec<Copy>),
@@ -594,22 +636,9 @@ pub(crate) unsafe fn copy_all(copies: &[Copy]) {
         return unsafe { run_copies(copies) };
     }
     // the second half of the bytes goes to the helper, cutting a copy where needed
-    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
-    let mut room = total / 2;
-    for c in copies {
-        let take = c.len.min(room);
-        if take > 0 {
-            mine.push(Copy { len: take, ..*c });
-        }
-        if c.len > take {
-            theirs.push(Copy {
-                src: c.src + take,
-                dst: c.dst + take,
-                len: c.len - take,
-            });
-        }
-        room -= take;
-    }
+    let mut halves = split(copies, 2).into_iter();
+    let mine = halves.next().unwrap_or_default();
+    let theirs = halves.next().unwrap_or_default();
     let _wait = match submit(Work::Copies(theirs)) {
         Ok(w) => w,
         Err(_) => {
@@ -644,8 +673,8 @@ pub(crate) unsafe fn pvm_all(
         at
     };
     let total: usize = local.iter().map(|v| v.len).sum();
-    let (mut l, mut r) = (local.to_vec(), remote.to_vec());
     if total < HELP_MIN {
+        let (mut l, mut r) = (local.to_vec(), remote.to_vec());
         let lens: Vec<usize> = l.iter().map(|v| v.len).collect();
         // SAFETY: the caller's contract.
         return unsafe { proc.pvm(write, &mut l, &mut r) }
@@ -653,30 +682,28 @@ pub(crate) unsafe fn pvm_all(
             .and_then(|()| read_checked(proc, write, local.len()));
     }
     // cut at half the bytes: pairs [0, k) and the first part of pair k go here, the rest there
-    let (mut room, mut k) = (total / 2, 0);
-    while room >= l[k].len {
-        room -= l[k].len;
-        k += 1;
-    }
-    let (mut l2, mut r2) = (l.split_off(k), r.split_off(k));
-    if room > 0 {
-        l.push(IoVec {
-            base: l2[0].base,
-            len: room,
-        });
-        r.push(IoVec {
-            base: r2[0].base,
-            len: room,
-        });
-        l2[0] = IoVec {
-            base: l2[0].base + room,
-            len: l2[0].len - room,
-        };
-        r2[0] = IoVec {
-            base: r2[0].base + room,
-            len: r2[0].len - room,
-        };
-    }
+    let pairs: Vec<Pair> = local
+        .iter()
+        .zip(remote)
+        .map(|(a, b)| Pair(*a, *b))
+        .collect();
+    let mut halves = split(&pairs, 2).into_iter();
+    let (first, rest) = (
+        halves.next().unwrap_or_default(),
+        halves.next().unwrap_or_default(),
+    );
+    // the pair the second half starts in (cut or whole), for error positions
+    let first_bytes: usize = first.iter().map(|p| p.0.len).sum();
+    let k = {
+        let (mut k, mut sum) = (0, 0);
+        while k < local.len() && sum + local[k].len <= first_bytes {
+            sum += local[k].len;
+            k += 1;
+        }
+        k
+    };
+    let unzip = |v: &[Pair]| -> (Vec<IoVec>, Vec<IoVec>) { v.iter().map(|p| (p.0, p.1)).unzip() };
+    let ((mut l, mut r), (l2, r2)) = (unzip(&first), unzip(&rest));
     let (lens1, lens2): (Vec<usize>, Vec<usize>) = (
         l.iter().map(|v| v.len).collect(),
         l2.iter().map(|v| v.len).collect(),
