@@ -43,7 +43,7 @@ impl AclBuffer {
         self.len
     }
     /// Whether it is pinned host memory (`aclrtMallocHost`).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn is_host(&self) -> bool {
         self.host
     }

@@ -29,15 +29,15 @@ pub(crate) use self::stream::Stream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MallocPolicy {
     /// `ACL_MEM_MALLOC_HUGE_FIRST`.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     HugeFirst,
     /// `ACL_MEM_MALLOC_HUGE_ONLY`: 2 MiB pages; required for memory registered for HCCS.
     HugeOnly,
     /// `ACL_MEM_MALLOC_HUGE_ONLY_P2P`.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     HugeOnlyP2p,
     /// Any raw policy value (e.g. `HIGH_BAND_WIDTH | HUGE_FIRST`, as HIXL's buffer pool uses).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     Raw(u32),
 }
 
@@ -45,9 +45,12 @@ impl MallocPolicy {
     /// The C enum value.
     pub(crate) fn raw(self) -> u32 {
         match self {
+            #[cfg(test)]
             Self::HugeFirst => ffi::ACL_MEM_MALLOC_HUGE_FIRST,
             Self::HugeOnly => ffi::ACL_MEM_MALLOC_HUGE_ONLY,
+            #[cfg(test)]
             Self::HugeOnlyP2p => ffi::ACL_MEM_MALLOC_HUGE_ONLY_P2P,
+            #[cfg(test)]
             Self::Raw(v) => v,
         }
     }
@@ -177,7 +180,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`].
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn finalize(&self) -> Result<(), Error> {
         // SAFETY: no arguments.
         let rc = unsafe { (self.api.finalize)() };
@@ -198,7 +201,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`].
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn reset_device(&self, device: i32) -> Result<(), Error> {
         // SAFETY: plain integer argument.
         let rc = unsafe { (self.api.reset_device)(device) };
@@ -209,7 +212,7 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`] (`ACL_ERROR_RT_CONTEXT_NULL` without a context).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn device(&self) -> Result<i32, Error> {
         let mut d = -1;
         // SAFETY: `d` is a valid out-pointer for the call.

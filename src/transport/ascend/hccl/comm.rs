@@ -71,7 +71,7 @@ impl CommConfig {
 pub(crate) struct Comm {
     hccl: Hccl,
     raw: NonNull<c_void>,
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     rank: u32,
 }
 
@@ -81,7 +81,7 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     /// This process's rank in the communicator.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn rank(&self) -> u32 {
         self.rank
     }
@@ -155,6 +155,7 @@ impl Hccl {
         Ok(Comm {
             hccl: self.clone(),
             raw,
+            #[cfg(test)]
             rank,
         })
     }

@@ -72,7 +72,7 @@ impl GlobalMem {
     ///
     /// # Errors
     /// [`Error::Native`] (e.g. while still bound to a communicator).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn deregister(self) -> Result<(), Error> {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: the field is read once from a value that is never used or dropped again.

@@ -5,9 +5,8 @@
 //! (`hixl_options.cc`, `adxl_inner_engine.cc`).
 //! JSON values are parsed with `serde_json` (strict RFC 8259), duplicate keys refused.
 
-// Used only by the unit tests yet, each marked `cfg_attr(not(test), allow(dead_code))`: `validate`
-// and `from_pairs` (the engine parses through `AscendOptions::set`) and the `BufferPool` helpers
-// (no staging pool yet).
+// Test helpers (`cfg(test)`): `validate` and `from_pairs` (the engine parses through
+// `AscendOptions::set`) and the `BufferPool` helpers (no staging pool yet).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -60,7 +59,7 @@ pub(crate) fn is_ascend_key(key: &str) -> bool {
 /// # Errors
 /// [`Error::UnknownOption`] for a key that is not an Ascend key; [`Error::InvalidOption`]
 /// (`PARAM_INVALID`) for a value outside its documented range or format.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub(crate) fn validate(key: &str, value: &str) -> Result<(), Error> {
     AscendOptions::default().set(key, value)
 }
@@ -92,13 +91,13 @@ impl BufferPool {
     };
 
     /// Whether staging is on.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn enabled(self) -> bool {
         self.count > 0
     }
 
     /// Bytes of one pool (HIXL allocates two).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn pool_bytes(self) -> u64 {
         self.count * self.size_mb * (1 << 20)
     }
@@ -192,7 +191,7 @@ impl AscendOptions {
     ///
     /// # Errors
     /// As [`validate`].
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
         pairs: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Error> {

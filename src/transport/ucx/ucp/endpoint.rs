@@ -56,7 +56,6 @@ pub(crate) struct Endpoint {
     peer: String,
     /// Whether UCX detects a dead peer (error mode PEER); `false` with shared-memory-only
     /// transports, which lack it in UCX 1.13.
-    #[cfg_attr(not(test), allow(dead_code))]
     detects_failure: bool,
 }
 
@@ -71,6 +70,7 @@ impl std::fmt::Debug for Endpoint {
             .field("closed", &self.ep.is_null())
             .field("failure", &self.failure.load(Ordering::Acquire))
             .field("rkeys", &self.rkeys.len())
+            .field("detects_failure", &self.detects_failure)
             .finish()
     }
 }
@@ -175,7 +175,7 @@ impl Endpoint {
     }
 
     /// Whether UCX itself detects a dead peer on this endpoint (error mode PEER).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn detects_failure(&self) -> bool {
         self.detects_failure
     }
@@ -303,7 +303,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::NotConnected`] on a failed endpoint or link failure, [`Error::Native`]
     /// otherwise (an unknown rkey index is `UCS_ERR_INVALID_PARAM`).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) unsafe fn put(
         &mut self,
         local: *const u8,
@@ -347,7 +347,7 @@ impl Endpoint {
     ///
     /// # Errors
     /// As [`put`](Self::put).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) unsafe fn get(
         &mut self,
         local: *mut u8,

@@ -19,7 +19,7 @@ pub(crate) enum ThreadMode {
     Serialized,
     /// `UCS_THREAD_MODE_MULTI`: UCX locks internally (falls back to our mutex if the UCX build
     /// reports a lesser mode).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     Multi,
 }
 
@@ -100,6 +100,7 @@ impl Worker {
         params.field_mask = ffi::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
         params.thread_mode = match mode {
             ThreadMode::Serialized => ffi::UCS_THREAD_MODE_SERIALIZED,
+            #[cfg(test)]
             ThreadMode::Multi => ffi::UCS_THREAD_MODE_MULTI,
         };
         let mut h: ffi::ucp_worker_h = std::ptr::null_mut();
@@ -149,7 +150,7 @@ impl Worker {
 
     /// The thread mode the worker really runs in (`Serialized` if MULTI was asked but the UCX
     /// build does not provide it).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn thread_mode(&self) -> ThreadMode {
         self.inner.mode
     }
