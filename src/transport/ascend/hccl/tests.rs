@@ -82,6 +82,34 @@ fn two_ranks(tag: &str) -> Ranks {
 }
 
 impl Ranks {
+    /// [`Hccl::transfer`] from rank 0 to rank 1 on the ranks' stream, in batches of at most
+    /// [`MAX_DESCS_PER_CALL`].
+    ///
+    /// # Safety
+    /// As [`Hccl::transfer`] for rank 0's communicator.
+    unsafe fn transfer(
+        &self,
+        direction: Direction,
+        descs: &[OneSideDesc],
+        timeout: Duration,
+        peer: &str,
+    ) -> Result<(), Error> {
+        // SAFETY: the caller keeps the contract of `Hccl::transfer`.
+        unsafe {
+            self.hccl.transfer(
+                &self.f.acl,
+                &self.comms[0],
+                1,
+                direction,
+                descs,
+                MAX_DESCS_PER_CALL,
+                &self.stream,
+                timeout,
+                peer,
+            )
+        }
+    }
+
     fn teardown(mut self) {
         for (comm, mem) in self.comms.iter().zip(&self.mems) {
             self.hccl.unbind(comm, mem).unwrap();
@@ -98,7 +126,7 @@ impl Ranks {
 #[test]
 fn put_and_get_move_bytes_between_two_ranks() {
     let r = two_ranks("hccl-move");
-    let (acl, hccl) = (&r.f.acl, &r.hccl);
+    let acl = &r.f.acl;
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
     acl.write(&r.bufs[0], 0, &pattern).unwrap();
     let descs: Vec<OneSideDesc> = (0..4)
@@ -109,20 +137,7 @@ fn put_and_get_move_bytes_between_two_ranks() {
         })
         .collect();
     // SAFETY: every local range is inside rank 0's registered, bound, live buffer.
-    unsafe {
-        hccl.transfer(
-            acl,
-            &r.comms[0],
-            1,
-            Direction::Put,
-            &descs,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "b",
-        )
-    }
-    .unwrap();
+    unsafe { r.transfer(Direction::Put, &descs, Duration::from_secs(1), "b") }.unwrap();
     let mut got = vec![0u8; 4096];
     acl.read(&r.bufs[1], 8192, &mut got).unwrap();
     assert_eq!(got, pattern, "WRITE landed in rank 1");
@@ -135,20 +150,7 @@ fn put_and_get_move_bytes_between_two_ranks() {
     }];
     // SAFETY: the local range is inside rank 0's registered, bound, live buffer, and no
     // Rust reference to it exists.
-    unsafe {
-        hccl.transfer(
-            acl,
-            &r.comms[0],
-            1,
-            Direction::Get,
-            &back,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "b",
-        )
-    }
-    .unwrap();
+    unsafe { r.transfer(Direction::Get, &back, Duration::from_secs(1), "b") }.unwrap();
     let mut got = vec![0u8; 4096];
     acl.read(&r.bufs[0], 65536, &mut got).unwrap();
     assert_eq!(got, pattern, "READ brought it back");
@@ -160,40 +162,14 @@ fn put_and_get_move_bytes_between_two_ranks() {
         len: 20,
     }];
     // SAFETY: the double checks and refuses the range before touching memory.
-    let e = unsafe {
-        hccl.transfer(
-            acl,
-            &r.comms[0],
-            1,
-            Direction::Put,
-            &bad,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "b",
-        )
-    }
-    .unwrap_err();
+    let e = unsafe { r.transfer(Direction::Put, &bad, Duration::from_secs(1), "b") }.unwrap_err();
     assert!(
         matches!(&e, Error::Native { library: "hccl", call: "HcclBatchPut", code: 1, detail, .. } if detail == "HCCL_E_PARA"),
         "{e:?}"
     );
     assert_eq!(e.status(), Status::FAILED);
     // SAFETY: empty batches are refused before any call.
-    let e = unsafe {
-        hccl.transfer(
-            acl,
-            &r.comms[0],
-            1,
-            Direction::Put,
-            &[],
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "b",
-        )
-    }
-    .unwrap_err();
+    let e = unsafe { r.transfer(Direction::Put, &[], Duration::from_secs(1), "b") }.unwrap_err();
     assert!(matches!(e, Error::EmptyBatch));
 
     let log = r.f.log_lines();
@@ -221,20 +197,7 @@ fn batches_are_issued_in_chunks_of_256() {
         })
         .collect();
     // SAFETY: every local range is inside rank 0's registered, bound, live buffer.
-    unsafe {
-        r.hccl.transfer(
-            &r.f.acl,
-            &r.comms[0],
-            1,
-            Direction::Put,
-            &descs,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(2),
-            "b",
-        )
-    }
-    .unwrap();
+    unsafe { r.transfer(Direction::Put, &descs, Duration::from_secs(2), "b") }.unwrap();
     let log = r.f.log_lines();
     let calls: Vec<&str> = log
         .iter()
@@ -268,20 +231,8 @@ fn hccl_failures_map_to_timeout_and_native() {
     }];
     r.f.fail("HcclBatchGet=9");
     // SAFETY: the local range is inside rank 0's registered, bound, live buffer.
-    let e = unsafe {
-        r.hccl.transfer(
-            &r.f.acl,
-            &r.comms[0],
-            1,
-            Direction::Get,
-            &descs,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "10.0.0.9",
-        )
-    }
-    .unwrap_err();
+    let e = unsafe { r.transfer(Direction::Get, &descs, Duration::from_secs(1), "10.0.0.9") }
+        .unwrap_err();
     assert!(
         matches!(&e, Error::Timeout { op: "READ", peer, .. } if peer == "10.0.0.9"),
         "{e:?}"
@@ -309,20 +260,7 @@ fn hccl_failures_map_to_timeout_and_native() {
     assert_eq!(e.status(), Status::FAILED);
     r.f.fail("sync_timeout");
     // SAFETY: as above.
-    let e = unsafe {
-        r.hccl.transfer(
-            &r.f.acl,
-            &r.comms[0],
-            1,
-            Direction::Put,
-            &descs,
-            MAX_DESCS_PER_CALL,
-            &r.stream,
-            Duration::from_secs(1),
-            "p",
-        )
-    }
-    .unwrap_err();
+    let e = unsafe { r.transfer(Direction::Put, &descs, Duration::from_secs(1), "p") }.unwrap_err();
     assert!(matches!(&e, Error::Timeout { op: "WRITE", .. }), "{e:?}");
     r.f.fail("");
     // the timed-out copy is still queued: nothing it touches may be unbound before an abort
