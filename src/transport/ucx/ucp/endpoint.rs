@@ -221,7 +221,7 @@ impl Endpoint {
     }
 
     /// Unpacks a packed rkey received from the peer and keeps it; returns its index for
-    /// [`put`](Self::put) and [`get`](Self::get).
+    /// [`put_in`](Self::put_in) and [`get_in`](Self::get_in).
     ///
     /// # Errors
     /// [`Error::Protocol`] if the bytes are not a well-formed packed rkey (length fields that
@@ -294,35 +294,17 @@ impl Endpoint {
     }
 
     /// Posts a PUT of `len` bytes from `local` to `remote_addr` in the peer memory of rkey
-    /// `rkey` (an index from [`add_rkey`](Self::add_rkey)).
+    /// `rkey` (an index from [`add_rkey`](Self::add_rkey)). With `memh` (a mapping of this
+    /// endpoint's context covering the source) UCX can use zero-copy protocols.
     ///
     /// # Safety
     /// `local..local+len` must be readable and stay valid and unmodified until a
-    /// [`flush`](Self::flush) returns (with any result) or the endpoint is dropped.
+    /// [`flush`](Self::flush) returns (with any result) or the endpoint is dropped; `memh`, if
+    /// given, must cover `local..local+len`.
     ///
     /// # Errors
     /// [`Error::NotConnected`] on a failed endpoint or link failure, [`Error::Native`]
     /// otherwise (an unknown rkey index is `UCS_ERR_INVALID_PARAM`).
-    #[cfg(test)]
-    pub(crate) unsafe fn put(
-        &mut self,
-        local: *const u8,
-        len: usize,
-        remote_addr: u64,
-        rkey: usize,
-    ) -> Result<(), Error> {
-        // SAFETY: forwarded.
-        unsafe { self.put_in(local, len, remote_addr, rkey, None) }
-    }
-
-    /// [`put`](Self::put) from memory inside `memh` (a mapping of this endpoint's context),
-    /// which lets UCX use zero-copy protocols.
-    ///
-    /// # Safety
-    /// As [`put`](Self::put); `memh`, if given, must cover `local..local+len`.
-    ///
-    /// # Errors
-    /// As [`put`](Self::put).
     pub(crate) unsafe fn put_in(
         &mut self,
         local: *const u8,
@@ -338,34 +320,16 @@ impl Endpoint {
         })
     }
 
-    /// Posts a GET of `len` bytes from `remote_addr` (rkey index `rkey`) into `local`.
+    /// Posts a GET of `len` bytes from `remote_addr` (rkey index `rkey`) into `local`, inside
+    /// `memh` if given (as in [`put_in`](Self::put_in)).
     ///
     /// # Safety
     /// `local..local+len` must be writable and stay valid, and not be accessed by anything
     /// else, until a [`flush`](Self::flush) returns (with any result) or the endpoint is
-    /// dropped.
+    /// dropped; `memh`, if given, must cover `local..local+len`.
     ///
     /// # Errors
-    /// As [`put`](Self::put).
-    #[cfg(test)]
-    pub(crate) unsafe fn get(
-        &mut self,
-        local: *mut u8,
-        len: usize,
-        remote_addr: u64,
-        rkey: usize,
-    ) -> Result<(), Error> {
-        // SAFETY: forwarded.
-        unsafe { self.get_in(local, len, remote_addr, rkey, None) }
-    }
-
-    /// [`get`](Self::get) into memory inside `memh` (a mapping of this endpoint's context).
-    ///
-    /// # Safety
-    /// As [`get`](Self::get); `memh`, if given, must cover `local..local+len`.
-    ///
-    /// # Errors
-    /// As [`put`](Self::put).
+    /// As [`put_in`](Self::put_in).
     pub(crate) unsafe fn get_in(
         &mut self,
         local: *mut u8,

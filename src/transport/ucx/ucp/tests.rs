@@ -17,6 +17,26 @@ fn context_or_skip() -> Option<Context> {
     Some(Context::new().expect("UCX is installed but ucp_init failed"))
 }
 
+/// A context and two workers of it in MULTI mode (server, client), or None (printing why) when
+/// UCX is not installed.
+fn context_and_workers() -> Option<(Context, Worker, Worker)> {
+    let ctx = context_or_skip()?;
+    let server = Worker::new(&ctx, ThreadMode::Multi).expect("server worker");
+    let client = Worker::new(&ctx, ThreadMode::Multi).expect("client worker");
+    Some((ctx, server, client))
+}
+
+/// Drops `ep` (flush and close, bounded) and checks that it took less than three seconds.
+fn drop_quickly(ep: Endpoint) {
+    let t = Instant::now();
+    drop(ep);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "drop took {:?}",
+        t.elapsed()
+    );
+}
+
 fn tls() -> String {
     std::env::var("UCX_TLS").unwrap_or_else(|_| "<default>".into())
 }
@@ -119,18 +139,20 @@ fn put_and_get_between_two_workers() {
     let mut back = vec![0u8; src.len()];
     let mut untouched = vec![0u8; 50_000];
     // SAFETY: `src` stays alive and unmodified until the flush below returns.
-    unsafe { ep.put(src.as_ptr(), src.len(), base + off as u64, rkey) }.expect("put");
+    unsafe { ep.put_in(src.as_ptr(), src.len(), base + off as u64, rkey, None) }.expect("put");
     ep.flush(Some(Instant::now() + Duration::from_secs(30)))
         .expect("flush put");
     // SAFETY: `back` and `untouched` are not accessed until the flush below returns.
-    unsafe { ep.get(back.as_mut_ptr(), back.len(), base + off as u64, rkey) }.expect("get");
+    unsafe { ep.get_in(back.as_mut_ptr(), back.len(), base + off as u64, rkey, None) }
+        .expect("get");
     // SAFETY: as above.
     unsafe {
-        ep.get(
+        ep.get_in(
             untouched.as_mut_ptr(),
             untouched.len(),
             base + other as u64,
             rkey,
+            None,
         )
     }
     .expect("get");
@@ -144,14 +166,12 @@ fn put_and_get_between_two_workers() {
     assert!(untouched[..] == original[other..other + untouched.len()]);
     // an unknown rkey index is a typed error, not a panic
     // SAFETY: nothing is posted (the index is rejected first).
-    let e = unsafe { ep.put(src.as_ptr(), 1, base, 99) }.expect_err("bad rkey index");
+    let e = unsafe { ep.put_in(src.as_ptr(), 1, base, 99, None) }.expect_err("bad rkey index");
     assert!(
         matches!(e, Error::Native { code, .. } if code == i64::from(ffi::UCS_ERR_INVALID_PARAM))
     );
     assert!(!ep.is_failed());
-    let t = Instant::now();
-    drop(ep);
-    assert!(t.elapsed() < Duration::from_secs(3));
+    drop_quickly(ep);
     drop(progress);
     drop(mem);
     assert!(remote[off..off + src.len()] == src[..]);
@@ -161,9 +181,9 @@ fn put_and_get_between_two_workers() {
 
 #[test]
 fn a_past_deadline_times_out_and_closes_the_endpoint() {
-    let Some(ctx) = context_or_skip() else { return };
-    let server = Worker::new(&ctx, ThreadMode::Multi).expect("server worker");
-    let client = Worker::new(&ctx, ThreadMode::Multi).expect("client worker");
+    let Some((ctx, server, client)) = context_and_workers() else {
+        return;
+    };
     let mut remote = vec![0u8; 1 << 20];
     // SAFETY: `remote` outlives `mem` (declared before it, so dropped after).
     let mem = unsafe { ctx.map(remote.as_mut_ptr(), remote.len()) }.expect("map");
@@ -174,7 +194,7 @@ fn a_past_deadline_times_out_and_closes_the_endpoint() {
     let rkey = ep.add_rkey(mem.packed_rkey()).expect("rkey");
     let src = random_bytes(1 << 20, 3);
     // SAFETY: `src` outlives the endpoint's flush (which force-closes it on timeout).
-    unsafe { ep.put(src.as_ptr(), src.len(), remote.as_ptr() as u64, rkey) }.expect("put");
+    unsafe { ep.put_in(src.as_ptr(), src.len(), remote.as_ptr() as u64, rkey, None) }.expect("put");
     let t = Instant::now();
     let e = ep
         .flush(Some(Instant::now() - Duration::from_millis(1)))
@@ -185,7 +205,8 @@ fn a_past_deadline_times_out_and_closes_the_endpoint() {
     );
     assert!(ep.is_failed());
     // SAFETY: rejected before posting.
-    let e = unsafe { ep.put(src.as_ptr(), 1, remote.as_ptr() as u64, rkey) }.expect_err("closed");
+    let e = unsafe { ep.put_in(src.as_ptr(), 1, remote.as_ptr() as u64, rkey, None) }
+        .expect_err("closed");
     assert!(matches!(e, Error::NotConnected { .. }), "{e:?}");
     assert!(matches!(ep.flush(None), Err(Error::NotConnected { .. })));
     assert!(matches!(
@@ -203,9 +224,9 @@ fn a_past_deadline_times_out_and_closes_the_endpoint() {
 
 #[test]
 fn a_deadline_passing_during_the_flush_times_out() {
-    let Some(ctx) = context_or_skip() else { return };
-    let server = Worker::new(&ctx, ThreadMode::Multi).expect("server worker");
-    let client = Worker::new(&ctx, ThreadMode::Multi).expect("client worker");
+    let Some((ctx, server, client)) = context_and_workers() else {
+        return;
+    };
     let mut remote = vec![0u8; 1 << 20];
     // SAFETY: `remote` outlives `mem` (declared before it, so dropped after).
     let mem = unsafe { ctx.map(remote.as_mut_ptr(), remote.len()) }.expect("map");
@@ -216,7 +237,7 @@ fn a_deadline_passing_during_the_flush_times_out() {
     let rkey = ep.add_rkey(mem.packed_rkey()).expect("rkey");
     let src = random_bytes(1 << 20, 4);
     // SAFETY: `src` outlives the flush, which force-closes the endpoint on timeout.
-    unsafe { ep.put(src.as_ptr(), src.len(), remote.as_ptr() as u64, rkey) }.expect("put");
+    unsafe { ep.put_in(src.as_ptr(), src.len(), remote.as_ptr() as u64, rkey, None) }.expect("put");
     let t = Instant::now();
     match ep.flush(Some(t + Duration::from_millis(300))) {
         Err(Error::Timeout { elapsed, .. }) => {
@@ -231,20 +252,14 @@ fn a_deadline_passing_during_the_flush_times_out() {
         ),
         Err(e) => panic!("unexpected {e:?}"),
     }
-    let t = Instant::now();
-    drop(ep);
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "drop took {:?}",
-        t.elapsed()
-    );
+    drop_quickly(ep);
 }
 
 #[test]
 fn a_dead_peer_is_not_connected() {
-    let Some(ctx) = context_or_skip() else { return };
-    let server = Worker::new(&ctx, ThreadMode::Multi).expect("server worker");
-    let client = Worker::new(&ctx, ThreadMode::Multi).expect("client worker");
+    let Some((ctx, server, client)) = context_and_workers() else {
+        return;
+    };
     let mut remote = vec![0u8; 1 << 16];
     // SAFETY: `remote` outlives `mem` (declared before it, so dropped after).
     let mem = unsafe { ctx.map(remote.as_mut_ptr(), remote.len()) }.expect("map");
@@ -265,7 +280,7 @@ fn a_dead_peer_is_not_connected() {
     let src = random_bytes(1 << 16, 5);
     let base = remote.as_ptr() as u64;
     // SAFETY: `src` outlives the flush.
-    unsafe { ep.put(src.as_ptr(), src.len(), base, rkey) }.expect("put");
+    unsafe { ep.put_in(src.as_ptr(), src.len(), base, rkey, None) }.expect("put");
     ep.flush(Some(Instant::now() + Duration::from_secs(30)))
         .expect("flush");
     // the server goes away (its worker is destroyed, closing its connections)
@@ -275,7 +290,7 @@ fn a_dead_peer_is_not_connected() {
     let deadline = t + Duration::from_secs(20);
     let e = loop {
         // SAFETY: `src` outlives the flush.
-        let r = unsafe { ep.put(src.as_ptr(), src.len(), base, rkey) }
+        let r = unsafe { ep.put_in(src.as_ptr(), src.len(), base, rkey, None) }
             .and_then(|()| ep.flush(Some(deadline)));
         match r {
             Ok(()) if Instant::now() < deadline => {
@@ -291,21 +306,15 @@ fn a_dead_peer_is_not_connected() {
     );
     assert!(ep.is_failed());
     eprintln!("dead peer noticed after {:?}: {e}", t.elapsed());
-    let t = Instant::now();
-    drop(ep);
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "drop took {:?}",
-        t.elapsed()
-    );
+    drop_quickly(ep);
     drop(mem);
 }
 
 #[test]
 fn malformed_addresses_and_rkeys_are_typed_errors() {
-    let Some(ctx) = context_or_skip() else { return };
-    let server = Worker::new(&ctx, ThreadMode::Multi).expect("server worker");
-    let client = Worker::new(&ctx, ThreadMode::Multi).expect("client worker");
+    let Some((ctx, server, client)) = context_and_workers() else {
+        return;
+    };
     let protocol = |r: Result<Endpoint, Error>| match r {
         Err(Error::Protocol { peer, problem }) => {
             assert_eq!(peer, "p");
