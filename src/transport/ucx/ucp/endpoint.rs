@@ -203,6 +203,25 @@ impl Endpoint {
         }
     }
 
+    /// Records `status` as the endpoint's failure, unless one is recorded already.
+    fn record_failure(&self, status: ucs_status_t) {
+        let _ = self.failure.compare_exchange(
+            0,
+            i32::from(status),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// The error for an endpoint that failed with status `f`.
+    fn failed(&self, f: ucs_status_t) -> Error {
+        let ucp = self.worker.ucp();
+        self.not_connected(format!(
+            "UCX endpoint failed: {} ({f})",
+            ucp.status_string(f)
+        ))
+    }
+
     /// The live endpoint handle, or the error to return (closing a failed endpoint first).
     fn usable(&mut self) -> Result<ffi::ucp_ep_h, Error> {
         if self.ep.is_null() {
@@ -211,11 +230,7 @@ impl Endpoint {
         let f = self.failure_status();
         if f != 0 {
             self.close(true, FORCE_CLOSE_BOUND);
-            let ucp = self.worker.ucp();
-            return Err(self.not_connected(format!(
-                "UCX endpoint failed: {} ({f})",
-                ucp.status_string(f)
-            )));
+            return Err(self.failed(f));
         }
         Ok(self.ep)
     }
@@ -282,12 +297,7 @@ impl Endpoint {
             return Ok(());
         }
         if is_link_failure(status) {
-            let _ = self.failure.compare_exchange(
-                0,
-                i32::from(status),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            self.record_failure(status);
             self.close(true, FORCE_CLOSE_BOUND);
         }
         Err(ucs_error(ucp, call, status, Some(&self.peer)))
@@ -468,12 +478,7 @@ impl Endpoint {
             ffi::ptr_status(req)
         };
         if status != ffi::UCS_OK {
-            let _ = self.failure.compare_exchange(
-                0,
-                i32::from(status),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            self.record_failure(status);
         }
         let f = self.failure_status();
         if f != 0 {
@@ -481,10 +486,7 @@ impl Endpoint {
             if status != ffi::UCS_OK && !is_link_failure(status) {
                 return Err(ucs_error(ucp, "ucp_ep_flush_nbx", status, Some(&self.peer)));
             }
-            return Err(self.not_connected(format!(
-                "UCX endpoint failed: {} ({f})",
-                ucp.status_string(f)
-            )));
+            return Err(self.failed(f));
         }
         Ok(())
     }
