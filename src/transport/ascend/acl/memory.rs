@@ -1,7 +1,7 @@
 //! ACL memory: device (`aclrtMalloc`) and pinned host (`aclrtMallocHost`) allocations as
 //! [`AclBuffer`]s, freed under their context, and the `aclrtMemcpy` copies in and out.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 
 use super::{Acl, Context, MallocPolicy};
@@ -151,10 +151,7 @@ impl Acl {
         host: bool,
         ctx: Option<Context>,
     ) -> Result<(), Error> {
-        let _guard = match ctx {
-            Some(c) => Some(self.enter(c)?),
-            None => None,
-        };
+        let _guard = self.enter_if(ctx)?;
         if host {
             // SAFETY: `ptr` came from aclrtMallocHost and is freed once (the buffer is gone).
             let rc = unsafe { (self.api.free_host)(ptr.as_ptr()) };
@@ -178,29 +175,41 @@ impl Acl {
         }
     }
 
+    /// `aclrtMemcpy(dst, dst_max, src, count, kind)`.
+    ///
+    /// # Safety
+    /// `dst..dst + dst_max` must be writable and `src..src + count` readable memory of the kinds
+    /// `kind` names, both live for the call, with no Rust reference to the destination.
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        dst_max: usize,
+        src: *const c_void,
+        count: usize,
+        kind: c_int,
+    ) -> Result<(), Error> {
+        // SAFETY: the caller vouches for both ranges.
+        let rc = unsafe { (self.api.memcpy)(dst, dst_max, src, count, kind) };
+        self.check("aclrtMemcpy", rc)
+    }
+
     /// Copies `src` into `buf` at `offset` (`aclrtMemcpy`, host to device or host to host).
     ///
     /// # Errors
     /// [`Error::RangeOutOfBounds`] if the range does not fit; [`Error::Native`].
     pub(crate) fn write(&self, buf: &AclBuffer, offset: usize, src: &[u8]) -> Result<(), Error> {
         Self::range_check(buf, offset, src.len())?;
-        let kind = if buf.host {
-            ffi::ACL_MEMCPY_HOST_TO_HOST
-        } else {
-            ffi::ACL_MEMCPY_HOST_TO_DEVICE
-        };
         // SAFETY: the destination range lies inside the allocation (checked above), which is
         // alive for the call; `src` is a valid slice of `src.len()` bytes.
-        let rc = unsafe {
-            (self.api.memcpy)(
+        unsafe {
+            self.memcpy(
                 buf.ptr.as_ptr().cast::<u8>().add(offset).cast(),
                 buf.len - offset,
                 src.as_ptr().cast(),
                 src.len(),
-                kind,
+                copy_to(!buf.host),
             )
-        };
-        self.check("aclrtMemcpy", rc)
+        }
     }
 
     /// Copies from `buf` at `offset` into `dst` (`aclrtMemcpy`, device to host or host to host).
@@ -209,23 +218,17 @@ impl Acl {
     /// [`Error::RangeOutOfBounds`] if the range does not fit; [`Error::Native`].
     pub(crate) fn read(&self, buf: &AclBuffer, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
         Self::range_check(buf, offset, dst.len())?;
-        let kind = if buf.host {
-            ffi::ACL_MEMCPY_HOST_TO_HOST
-        } else {
-            ffi::ACL_MEMCPY_DEVICE_TO_HOST
-        };
         // SAFETY: the source range lies inside the live allocation (checked above); `dst` is an
         // exclusively borrowed slice of `dst.len()` bytes.
-        let rc = unsafe {
-            (self.api.memcpy)(
+        unsafe {
+            self.memcpy(
                 dst.as_mut_ptr().cast(),
                 dst.len(),
                 buf.ptr.as_ptr().cast::<u8>().add(offset).cast(),
                 dst.len(),
-                kind,
+                copy_from(!buf.host),
             )
-        };
-        self.check("aclrtMemcpy", rc)
+        }
     }
 
     /// Copies `src` to `addr` (`aclrtMemcpy`, host to device, or host to host when `device` is
@@ -243,22 +246,16 @@ impl Acl {
         src: &[u8],
         device: bool,
     ) -> Result<(), Error> {
-        let kind = if device {
-            ffi::ACL_MEMCPY_HOST_TO_DEVICE
-        } else {
-            ffi::ACL_MEMCPY_HOST_TO_HOST
-        };
         // SAFETY: the caller vouches for the destination; `src` is a valid slice.
-        let rc = unsafe {
-            (self.api.memcpy)(
+        unsafe {
+            self.memcpy(
                 addr as *mut c_void,
                 src.len(),
                 src.as_ptr().cast(),
                 src.len(),
-                kind,
+                copy_to(device),
             )
-        };
-        self.check("aclrtMemcpy", rc)
+        }
     }
 
     /// Copies from `addr` into `dst` (`aclrtMemcpy`, device to host, or host to host when
@@ -275,21 +272,33 @@ impl Acl {
         dst: &mut [u8],
         device: bool,
     ) -> Result<(), Error> {
-        let kind = if device {
-            ffi::ACL_MEMCPY_DEVICE_TO_HOST
-        } else {
-            ffi::ACL_MEMCPY_HOST_TO_HOST
-        };
         // SAFETY: the caller vouches for the source; `dst` is an exclusively borrowed slice.
-        let rc = unsafe {
-            (self.api.memcpy)(
+        unsafe {
+            self.memcpy(
                 dst.as_mut_ptr().cast(),
                 dst.len(),
                 addr as *const c_void,
                 dst.len(),
-                kind,
+                copy_from(device),
             )
-        };
-        self.check("aclrtMemcpy", rc)
+        }
+    }
+}
+
+/// The `aclrtMemcpyKind` of a copy from the host into device memory (`device`) or host memory.
+fn copy_to(device: bool) -> c_int {
+    if device {
+        ffi::ACL_MEMCPY_HOST_TO_DEVICE
+    } else {
+        ffi::ACL_MEMCPY_HOST_TO_HOST
+    }
+}
+
+/// The `aclrtMemcpyKind` of a copy from device memory (`device`) or host memory to the host.
+fn copy_from(device: bool) -> c_int {
+    if device {
+        ffi::ACL_MEMCPY_DEVICE_TO_HOST
+    } else {
+        ffi::ACL_MEMCPY_HOST_TO_HOST
     }
 }

@@ -307,6 +307,15 @@ impl Acl {
             _not_send: PhantomData,
         })
     }
+
+    /// [`enter`](Self::enter) `ctx` if there is one (memory and streams made without a current
+    /// context have none).
+    ///
+    /// # Errors
+    /// As [`enter`](Self::enter).
+    pub(crate) fn enter_if(&self, ctx: Option<Context>) -> Result<Option<ContextGuard>, Error> {
+        ctx.map(|c| self.enter(c)).transpose()
+    }
 }
 
 /// A timeout in whole milliseconds for ACL: at least 1 (0 and -1 mean "wait forever" to some

@@ -54,10 +54,7 @@ impl Acl {
     /// # Errors
     /// [`Error::Native`].
     pub(crate) fn abort(&self, stream: &Stream) -> Result<(), Error> {
-        let _guard = match stream.ctx {
-            Some(c) => Some(self.enter(c)?),
-            None => None,
-        };
+        let _guard = self.enter_if(stream.ctx)?;
         // SAFETY: the stream is alive (borrowed).
         let rc = unsafe { (self.api.stream_abort)(stream.raw.as_ptr()) };
         self.check("aclrtStreamAbort", rc)
@@ -91,10 +88,7 @@ impl Acl {
     /// [`Error::Native`].
     pub(crate) fn destroy_stream(&self, stream: Stream) -> Result<(), Error> {
         let stream = std::mem::ManuallyDrop::new(stream);
-        let _guard = match stream.ctx {
-            Some(c) => Some(self.enter(c)?),
-            None => None,
-        };
+        let _guard = self.enter_if(stream.ctx)?;
         // SAFETY: the stream came from aclrtCreateStream and is destroyed once (its Drop does
         // not run).
         let rc = unsafe { (self.api.destroy_stream)(stream.raw.as_ptr()) };
@@ -116,10 +110,7 @@ impl Acl {
         op: &'static str,
         peer: &str,
     ) -> Result<(), Error> {
-        let _guard = match stream.ctx {
-            Some(c) => Some(self.enter(c)?),
-            None => None,
-        };
+        let _guard = self.enter_if(stream.ctx)?;
         let start = Instant::now();
         // SAFETY: the stream is alive (borrowed); the timeout is a plain value.
         let rc = unsafe {

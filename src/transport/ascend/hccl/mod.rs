@@ -166,10 +166,7 @@ impl Hccl {
         let per_call = per_call.clamp(1, MAX_DESCS_PER_CALL);
         let start = Instant::now();
         let op = direction.op_name();
-        let _guard = match stream.context() {
-            Some(c) => Some(acl.enter(c)?),
-            None => None,
-        };
+        let _guard = acl.enter_if(stream.context())?;
         let (call, f) = match direction {
             Direction::Put => ("HcclBatchPut", self.api.batch_put),
             Direction::Get => ("HcclBatchGet", self.api.batch_get),
