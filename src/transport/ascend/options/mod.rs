@@ -485,40 +485,26 @@ address_2=garbage
 address_2=192.168.100.103
 address_3=fe80::3
 ";
-        assert_eq!(
-            device_ip_from_hccn(conf, 0),
-            Some("192.168.100.101".parse().unwrap())
-        );
-        assert_eq!(
-            device_ip_from_hccn(conf, 1),
-            Some("192.168.100.102".parse().unwrap())
-        );
-        assert_eq!(
-            device_ip_from_hccn(conf, 10),
-            Some("192.168.100.110".parse().unwrap())
-        );
-        assert_eq!(
-            device_ip_from_hccn(conf, 2),
-            Some("192.168.100.103".parse().unwrap())
-        );
-        assert_eq!(
-            device_ip_from_hccn(conf, 3),
-            Some("fe80::3".parse().unwrap())
-        );
-        assert_eq!(device_ip_from_hccn(conf, 4), None);
-        // HIXL's fallback: IPv6address_<physical id> when there is no address_<physical id>
+        // (text, physical id, expected address)
         let v6 = "address_0=192.168.100.101\nIPv6address_0=fd00::100\nIPv6address_1=fd00::101\n";
-        assert_eq!(
-            device_ip_from_hccn(v6, 0),
-            Some("192.168.100.101".parse().unwrap()),
-            "address_ first"
-        );
-        assert_eq!(
-            device_ip_from_hccn(v6, 1),
-            Some("fd00::101".parse().unwrap())
-        );
-        assert_eq!(device_ip_from_hccn(v6, 2), None);
-        assert_eq!(device_ip_from_hccn("#address_0=1.2.3.4\n", 0), None);
-        assert_eq!(device_ip_from_hccn("", 0), None);
+        let cases = [
+            (conf, 0, Some("192.168.100.101")),
+            (conf, 1, Some("192.168.100.102")),
+            (conf, 10, Some("192.168.100.110")),
+            (conf, 2, Some("192.168.100.103")),
+            (conf, 3, Some("fe80::3")),
+            (conf, 4, None),
+            // HIXL's fallback: IPv6address_<physical id> when there is no address_<physical
+            // id>; address_ first
+            (v6, 0, Some("192.168.100.101")),
+            (v6, 1, Some("fd00::101")),
+            (v6, 2, None),
+            ("#address_0=1.2.3.4\n", 0, None),
+            ("", 0, None),
+        ];
+        for (text, phy, want) in cases {
+            let want: Option<IpAddr> = want.map(|w| w.parse().unwrap());
+            assert_eq!(device_ip_from_hccn(text, phy), want, "{text:?} {phy}");
+        }
     }
 }
