@@ -23,6 +23,89 @@ fn json_ratio(v: &Json) -> Option<f64> {
     s.parse::<f64>().ok().filter(|r| *r > 0.0 && *r < 1.0)
 }
 
+/// The integer fields: where each goes, its range, and the problem to report for a value that
+/// is not an integer in it.
+fn uint_field<'c>(
+    c: &'c mut GlobalResourceConfig,
+    key: &str,
+) -> Option<(&'c mut Option<u64>, u64, u64, &'static str)> {
+    Some(match key {
+        "fabric_memory.max_capacity" => (
+            &mut c.fabric_max_capacity,
+            1,
+            1024,
+            "fabric_memory.max_capacity: an integer in (0, 1024] (TB)",
+        ),
+        "fabric_memory.start_address" => (
+            &mut c.fabric_start_address,
+            0,
+            1024,
+            "fabric_memory.start_address: an integer in [0, 1024] (TB)",
+        ),
+        "fabric_memory.task_stream_num" => (
+            &mut c.fabric_task_stream_num,
+            1,
+            8,
+            "fabric_memory.task_stream_num: an integer in [1, 8]",
+        ),
+        "connect_pool.thread_num" => (
+            &mut c.connect_pool_thread_num,
+            1,
+            64,
+            "connect_pool.thread_num: an integer in [1, 64]",
+        ),
+        "connect_pool.task_queue_capacity" => (
+            &mut c.connect_pool_task_queue_capacity,
+            1,
+            65535,
+            "connect_pool.task_queue_capacity: an integer in [1, 65535]",
+        ),
+        "comm_resource_config.listen_port" => (
+            &mut c.listen_port,
+            1,
+            65535,
+            "comm_resource_config.listen_port: an integer in [1, 65535]",
+        ),
+        "comm_resource_config.max_active_channels" => (
+            &mut c.max_active_channels,
+            1,
+            8192,
+            "comm_resource_config.max_active_channels: an integer in [1, 8192]",
+        ),
+        "comm_resource_config.qos" => (
+            &mut c.qos,
+            0,
+            7,
+            "comm_resource_config.qos: an integer in [0, 7]",
+        ),
+        "comm_resource_config.multi_channel.num_workers" => (
+            &mut c.multi_channel_num_workers,
+            1,
+            16,
+            "comm_resource_config.multi_channel.num_workers: an integer in [1, 16]",
+        ),
+        "comm_resource_config.multi_channel.split_batch_size" => (
+            &mut c.multi_channel_split_batch_size,
+            1,
+            u64::from(u32::MAX),
+            "comm_resource_config.multi_channel.split_batch_size: an integer in [1, 4294967295]",
+        ),
+        "transfer_config.max_transfer_count_per_batch" => (
+            &mut c.max_transfer_count_per_batch,
+            1,
+            32766,
+            "transfer_config.max_transfer_count_per_batch: an integer in [1, 32766]",
+        ),
+        "channel_pool.max_channel" => (
+            &mut c.channel_pool_max_channel,
+            1,
+            512,
+            "channel_pool.max_channel: an integer in (0, 512]",
+        ),
+        _ => return None,
+    })
+}
+
 const PROTOCOLS: &[&str] = &[
     "ub_ctp",
     "roce:device",
@@ -62,77 +145,18 @@ pub(super) fn parse_global_resource_config(
     }
     let mut c = GlobalResourceConfig::default();
     for (k, v) in &flat {
-        let uint = |lo: u64, hi: u64, msg: &'static str| -> Result<Option<u64>, &'static str> {
-            match json_uint(v) {
-                Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
-                _ => Err(msg),
-            }
-        };
+        if let Some((field, lo, hi, msg)) = uint_field(&mut c, k) {
+            *field = match json_uint(v) {
+                Some(n) if (lo..=hi).contains(&n) => Some(n),
+                _ => return Err(msg),
+            };
+            continue;
+        }
         match k.as_str() {
-            "fabric_memory.max_capacity" => {
-                c.fabric_max_capacity = uint(
-                    1,
-                    1024,
-                    "fabric_memory.max_capacity: an integer in (0, 1024] (TB)",
-                )?
-            }
-            "fabric_memory.start_address" => {
-                c.fabric_start_address = uint(
-                    0,
-                    1024,
-                    "fabric_memory.start_address: an integer in [0, 1024] (TB)",
-                )?
-            }
-            "fabric_memory.task_stream_num" => {
-                c.fabric_task_stream_num =
-                    uint(1, 8, "fabric_memory.task_stream_num: an integer in [1, 8]")?
-            }
             "fabric_memory.enable_aicpu_unfold" => match v {
                 Json::Bool(b) => c.fabric_enable_aicpu_unfold = Some(*b),
                 _ => return Err("fabric_memory.enable_aicpu_unfold: a JSON boolean"),
             },
-            "connect_pool.thread_num" => {
-                c.connect_pool_thread_num =
-                    uint(1, 64, "connect_pool.thread_num: an integer in [1, 64]")?
-            }
-            "connect_pool.task_queue_capacity" => {
-                c.connect_pool_task_queue_capacity = uint(
-                    1,
-                    65535,
-                    "connect_pool.task_queue_capacity: an integer in [1, 65535]",
-                )?
-            }
-            "comm_resource_config.listen_port" => {
-                c.listen_port = uint(
-                    1,
-                    65535,
-                    "comm_resource_config.listen_port: an integer in [1, 65535]",
-                )?
-            }
-            "comm_resource_config.max_active_channels" => {
-                c.max_active_channels = uint(
-                    1,
-                    8192,
-                    "comm_resource_config.max_active_channels: an integer in [1, 8192]",
-                )?
-            }
-            "comm_resource_config.qos" => {
-                c.qos = uint(0, 7, "comm_resource_config.qos: an integer in [0, 7]")?
-            }
-            "comm_resource_config.multi_channel.num_workers" => {
-                c.multi_channel_num_workers = uint(
-                    1,
-                    16,
-                    "comm_resource_config.multi_channel.num_workers: an integer in [1, 16]",
-                )?
-            }
-            "comm_resource_config.multi_channel.split_batch_size" => {
-                c.multi_channel_split_batch_size = uint(
-                    1,
-                    u64::from(u32::MAX),
-                    "comm_resource_config.multi_channel.split_batch_size: an integer in [1, 4294967295]",
-                )?
-            }
             "comm_resource_config.protocol_desc" => {
                 const MSG: &str = "comm_resource_config.protocol_desc: one or an array of \"roce:device\", \"roce:host\", \"hccs:device\", \"ub_ctp\", \"ub_ctp:device\", \"ub_ctp:host\", \"uboe:device\", \"ub_rtp:device\", \"ubmem\"";
                 let items: Vec<&Json> = match v {
@@ -149,13 +173,6 @@ pub(super) fn parse_global_resource_config(
                     }
                 }
             }
-            "transfer_config.max_transfer_count_per_batch" => {
-                c.max_transfer_count_per_batch = uint(
-                    1,
-                    32766,
-                    "transfer_config.max_transfer_count_per_batch: an integer in [1, 32766]",
-                )?
-            }
             "local_comm_res_path" | "topo_file_path" => match v {
                 Json::Str(s) if !s.contains('\0') => {
                     let s = (!s.is_empty()).then(|| s.clone());
@@ -167,10 +184,6 @@ pub(super) fn parse_global_resource_config(
                 }
                 _ => return Err("local_comm_res_path / topo_file_path: a path string"),
             },
-            "channel_pool.max_channel" => {
-                c.channel_pool_max_channel =
-                    uint(1, 512, "channel_pool.max_channel: an integer in (0, 512]")?
-            }
             "channel_pool.high_waterline" | "channel_pool.low_waterline" => {
                 let r = json_ratio(v).ok_or("channel_pool waterlines: decimals in (0, 1)")?;
                 if k.ends_with("high_waterline") {
