@@ -417,7 +417,6 @@ c_consts! {
     /// `UCS_THREAD_MODE_MULTI`.
     UCS_THREAD_MODE_MULTI: ucs_thread_mode_t = 2;
 
-
     /// `UCP_PARAM_FIELD_FEATURES`.
     UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
     /// `UCP_PARAM_FIELD_MT_WORKERS_SHARED`.
