@@ -2,7 +2,7 @@
 //! other Ascend tests build on (a private double instance with its own log).
 
 use super::*;
-use crate::Status;
+use crate::error::Status;
 use crate::transport::ascend::double;
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! batching, error mapping, comm names, the init lock and the shared registry.
 
 use super::*;
-use crate::Status;
+use crate::error::Status;
 use crate::transport::ascend::acl::MallocPolicy;
 use crate::transport::ascend::acl::tests::Fixture;
 
