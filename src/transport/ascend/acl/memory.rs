@@ -57,10 +57,8 @@ impl AclBuffer {
     /// # Errors
     /// [`Error::Native`] from `aclrtFree`/`aclrtFreeHost`.
     pub(crate) fn free(self) -> Result<(), Error> {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never used or dropped again; the Acl is moved out exactly once.
-        let acl = unsafe { std::ptr::read(&me.acl) };
-        acl.release_buffer(me.ptr, me.host, me.ctx)
+        let (acl, ptr, host, ctx) = take_apart!(self => acl, ptr, host, ctx);
+        acl.release_buffer(ptr, host, ctx)
     }
 }
 

@@ -95,10 +95,8 @@ impl Comm {
     /// # Errors
     /// [`Error::Native`].
     pub(crate) fn destroy(self) -> Result<(), Error> {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: the field is read once from a value that is never used or dropped again.
-        let hccl = unsafe { std::ptr::read(&me.hccl) };
-        hccl.destroy_raw(me.raw)
+        let (hccl, raw) = take_apart!(self => hccl, raw);
+        hccl.destroy_raw(raw)
     }
 }
 

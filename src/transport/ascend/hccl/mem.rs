@@ -74,10 +74,8 @@ impl GlobalMem {
     /// [`Error::Native`] (e.g. while still bound to a communicator).
     #[cfg(test)]
     pub(crate) fn deregister(self) -> Result<(), Error> {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: the field is read once from a value that is never used or dropped again.
-        let hccl = unsafe { std::ptr::read(&me.hccl) };
-        hccl.release_global_mem(me.handle, me.addr, me.len)
+        let (hccl, handle, addr, len) = take_apart!(self => hccl, handle, addr, len);
+        hccl.release_global_mem(handle, addr, len)
     }
 }
 
