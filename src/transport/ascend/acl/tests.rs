@@ -26,6 +26,14 @@ impl Fixture {
         Self { so, log, acl }
     }
 
+    /// [`new`](Self::new), then `aclInit` and device 0 current on this thread.
+    pub(crate) fn on_device(tag: &str) -> Self {
+        let f = Self::new(tag);
+        f.acl.init().unwrap();
+        f.acl.set_device(0).unwrap();
+        f
+    }
+
     pub(crate) fn fail(&self, what: &str) {
         double::control(&self.so, "fail", Some(what));
     }
@@ -143,10 +151,8 @@ fn calls_without_a_context_fail_and_guards_switch_and_restore() {
 
 #[test]
 fn injected_failures_map_to_hixl_statuses() {
-    let f = Fixture::new("acl-fail");
+    let f = Fixture::on_device("acl-fail");
     let acl = &f.acl;
-    acl.init().unwrap();
-    acl.set_device(0).unwrap();
     f.fail("aclrtMalloc");
     let e = acl
         .malloc_device(1 << 20, MallocPolicy::HugeOnly)
@@ -209,10 +215,8 @@ fn injected_failures_map_to_hixl_statuses() {
 
 #[test]
 fn a_misaligned_huge_only_allocation_is_refused_and_freed() {
-    let f = Fixture::new("acl-align");
+    let f = Fixture::on_device("acl-align");
     let acl = &f.acl;
-    acl.init().unwrap();
-    acl.set_device(0).unwrap();
     f.fail("misalign");
     let e = acl
         .malloc_device(2 << 20, MallocPolicy::HugeOnly)

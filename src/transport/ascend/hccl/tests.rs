@@ -37,10 +37,8 @@ struct Ranks {
 
 /// Two ranks in this process, each with a 1 MiB HUGE_ONLY buffer registered and bound.
 fn two_ranks(tag: &str) -> Ranks {
-    let f = Fixture::new(tag);
+    let f = Fixture::on_device(tag);
     let hccl = Hccl::load(Some(&f.so)).expect("load the double as HCCL");
-    f.acl.init().unwrap();
-    f.acl.set_device(0).unwrap();
     let table = rank_table(&["192.168.100.1", "192.168.100.2"]);
     let cfg = CommConfig {
         comm_name: "hixl_a_b".into(),
@@ -335,10 +333,8 @@ fn comm_names_are_bounded() {
 }
 
 fn init_fixture(tag: &str) -> (Fixture, Hccl) {
-    let f = Fixture::new(tag);
+    let f = Fixture::on_device(tag);
     let hccl = Hccl::load(Some(&f.so)).expect("load the double as HCCL");
-    f.acl.init().unwrap();
-    f.acl.set_device(0).unwrap();
     (f, hccl)
 }
 
