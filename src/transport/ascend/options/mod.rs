@@ -205,7 +205,8 @@ impl AscendOptions {
     /// Sets one option.
     ///
     /// # Errors
-    /// As [`validate`].
+    /// [`Error::UnknownOption`] for a key that is not an Ascend key; [`Error::InvalidOption`]
+    /// (`PARAM_INVALID`) for a value outside its documented range or format.
     pub(crate) fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
         let bad = |problem: &'static str| Error::InvalidOption {
             key: key.to_owned(),

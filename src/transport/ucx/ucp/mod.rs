@@ -22,6 +22,7 @@
 //! `ThreadMode::Multi` lets these overlap without our mutex; `ThreadMode::Serialized` gives the
 //! same safety with our mutex (UCX's `SINGLE` mode, which ties a worker to one thread, is not
 //! offered because these handles are `Send`).
+//! hixl's own workers are `Serialized`; `Multi` is built for the unit tests only.
 //!
 //! # Trust
 //! UCX parses worker addresses and packed rkeys without a length and trusts their content:
