@@ -11,8 +11,7 @@
 //!   copy `src/llm_datadist/comm_adapter/comm_types.h`; `HcclCommConfig` from `hccl/hccl_types.h`
 //!   at `HCCL_COMM_CONFIG_VERSION = 5`, the version HIXL's `DlHcclCommConfigInit` writes.
 
-// The ABI tables mirror the C headers: every enum value and code is listed, used or not.
-#![allow(dead_code)]
+// Only what hixl calls is declared (plus what the unit tests use, marked `cfg(test)`).
 
 use std::ffi::{OsStr, c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
@@ -40,25 +39,12 @@ pub(crate) type HcclComm = *mut c_void;
 pub(crate) const ACL_SUCCESS: AclError = 0;
 
 /// `aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST`.
+#[cfg(test)]
 pub(crate) const ACL_MEM_MALLOC_HUGE_FIRST: u32 = 0;
 /// `ACL_MEM_MALLOC_HUGE_ONLY`: huge pages only (2 MiB); required for HCCS registrations.
 pub(crate) const ACL_MEM_MALLOC_HUGE_ONLY: u32 = 1;
-/// `ACL_MEM_MALLOC_NORMAL_ONLY`.
-pub(crate) const ACL_MEM_MALLOC_NORMAL_ONLY: u32 = 2;
-/// `ACL_MEM_MALLOC_HUGE_FIRST_P2P`.
-pub(crate) const ACL_MEM_MALLOC_HUGE_FIRST_P2P: u32 = 3;
 /// `ACL_MEM_MALLOC_HUGE_ONLY_P2P`.
 pub(crate) const ACL_MEM_MALLOC_HUGE_ONLY_P2P: u32 = 4;
-/// `ACL_MEM_MALLOC_NORMAL_ONLY_P2P`.
-pub(crate) const ACL_MEM_MALLOC_NORMAL_ONLY_P2P: u32 = 5;
-/// `ACL_MEM_MALLOC_HUGE1G_ONLY`.
-pub(crate) const ACL_MEM_MALLOC_HUGE1G_ONLY: u32 = 6;
-/// `ACL_MEM_MALLOC_HUGE1G_ONLY_P2P`.
-pub(crate) const ACL_MEM_MALLOC_HUGE1G_ONLY_P2P: u32 = 7;
-/// `ACL_MEM_TYPE_LOW_BAND_WIDTH`.
-pub(crate) const ACL_MEM_TYPE_LOW_BAND_WIDTH: u32 = 0x100;
-/// `ACL_MEM_TYPE_HIGH_BAND_WIDTH`.
-pub(crate) const ACL_MEM_TYPE_HIGH_BAND_WIDTH: u32 = 0x1000;
 
 /// `aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST`.
 pub(crate) const ACL_MEMCPY_HOST_TO_HOST: c_int = 0;
@@ -66,8 +52,6 @@ pub(crate) const ACL_MEMCPY_HOST_TO_HOST: c_int = 0;
 pub(crate) const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// `ACL_MEMCPY_DEVICE_TO_HOST`.
 pub(crate) const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
-/// `ACL_MEMCPY_DEVICE_TO_DEVICE`.
-pub(crate) const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 /// `aclrtDevAttr::ACL_DEV_ATTR_SUPER_POD_DEVICE_ID` (`..._DEVIDE_ID`, the spelling HIXL uses):
 /// the device's id inside its super pod (A3), the rank table 1.2 `super_device_id`.
@@ -118,13 +102,12 @@ pub(crate) const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100_002;
 pub(crate) const ACL_ERROR_MEMORY_ADDRESS_UNALIGNED: AclError = 200_003;
 /// `ACL_ERROR_RT_CONTEXT_NULL`: no current context on the calling thread.
 pub(crate) const ACL_ERROR_RT_CONTEXT_NULL: AclError = 107_002;
-/// `ACL_ERROR_RT_MEMORY_ALLOCATION`.
-pub(crate) const ACL_ERROR_RT_MEMORY_ALLOCATION: AclError = 207_001;
 /// `ACL_ERROR_RT_STREAM_SYNC_TIMEOUT`: `aclrtSynchronizeStreamWithTimeout` ran out of time.
 pub(crate) const ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: AclError = 507_046;
 /// The ACL codes that mean "timed out" (HIXL maps the stream-sync one to `TIMEOUT`; the others
 /// are the runtime's wait/task/generic timeouts).
-pub(crate) const ACL_TIMEOUT_CODES: &[AclError] = &[507_046, 107_019, 107_020, 207_020];
+pub(crate) const ACL_TIMEOUT_CODES: &[AclError] =
+    &[ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, 107_019, 107_020, 207_020];
 
 /// The header name of an `aclError`, or `"ACL_ERROR_UNKNOWN"`.
 pub(crate) fn acl_error_name(code: AclError) -> &'static str {
@@ -171,10 +154,6 @@ pub(crate) const HCCL_RESULTS: &[&str] = &[
 pub(crate) const HCCL_SUCCESS: HcclResult = 0;
 /// `HCCL_E_PARA`.
 pub(crate) const HCCL_E_PARA: HcclResult = 1;
-/// `HCCL_E_NOT_SUPPORT`.
-pub(crate) const HCCL_E_NOT_SUPPORT: HcclResult = 5;
-/// `HCCL_E_UNAVAIL`: e.g. the rank table's `device_id` is not the current device's physical id.
-pub(crate) const HCCL_E_UNAVAIL: HcclResult = 7;
 /// `HCCL_E_TIMEOUT`.
 pub(crate) const HCCL_E_TIMEOUT: HcclResult = 9;
 /// `HCCL_E_IN_STATUS`.
@@ -417,12 +396,15 @@ pub(crate) struct AclApi {
     /// `aclError aclInit(const char *configPath)`.
     pub(crate) init: unsafe extern "C" fn(*const c_char) -> AclError,
     /// `aclError aclFinalize(void)`.
+    #[cfg(test)]
     pub(crate) finalize: unsafe extern "C" fn() -> AclError,
     /// `aclError aclrtSetDevice(int32_t)`.
     pub(crate) set_device: unsafe extern "C" fn(i32) -> AclError,
     /// `aclError aclrtResetDevice(int32_t)`.
+    #[cfg(test)]
     pub(crate) reset_device: unsafe extern "C" fn(i32) -> AclError,
     /// `aclError aclrtGetDevice(int32_t *)`.
+    #[cfg(test)]
     pub(crate) get_device: unsafe extern "C" fn(*mut i32) -> AclError,
     /// `aclError aclrtGetCurrentContext(aclrtContext *)`.
     pub(crate) get_current_context: unsafe extern "C" fn(*mut AclrtContext) -> AclError,
@@ -478,10 +460,7 @@ impl AclApi {
         let lib = open(cands)?;
         syms!(lib;
             init = "aclInit",
-            finalize = "aclFinalize",
             set_device = "aclrtSetDevice",
-            reset_device = "aclrtResetDevice",
-            get_device = "aclrtGetDevice",
             get_current_context = "aclrtGetCurrentContext",
             set_current_context = "aclrtSetCurrentContext",
             malloc = "aclrtMalloc",
@@ -498,11 +477,21 @@ impl AclApi {
             get_device_info = "aclrtGetDeviceInfo",
             stream_abort = "aclrtStreamAbort",
         );
+        // used by the unit tests only (hixl leaves ACL initialised, as HIXL does)
+        #[cfg(test)]
+        syms!(lib;
+            finalize = "aclFinalize",
+            reset_device = "aclrtResetDevice",
+            get_device = "aclrtGetDevice",
+        );
         Ok(Self {
             init,
+            #[cfg(test)]
             finalize,
             set_device,
+            #[cfg(test)]
             reset_device,
+            #[cfg(test)]
             get_device,
             get_current_context,
             set_current_context,

@@ -6,6 +6,21 @@
 //! an engine is registered with `HcclRegisterGlobalMem`; links between two Ascend engines move
 //! bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
 
+/// Takes `$value` apart without running its `Drop`, for the methods that release a native
+/// handle explicitly and report the error that `Drop` could only log (`AclBuffer::free`,
+/// `Comm::destroy`, `GlobalMem::deregister`): moves the field `$owner` out and copies the
+/// `$copied` fields (which must be `Copy`); the value itself is never dropped and never
+/// reachable again, so the owner has exactly one owner.
+macro_rules! take_apart {
+    ($value:expr => $owner:ident $(, $copied:ident)* $(,)?) => {{
+        let rest = std::mem::ManuallyDrop::new($value);
+        // SAFETY: the field is read once, out of a value that is never dropped (it is
+        // `ManuallyDrop`) nor used again (`rest` does not leave this block).
+        let owner = unsafe { std::ptr::read(&rest.$owner) };
+        (owner $(, rest.$copied)*)
+    }};
+}
+
 pub(crate) mod acl;
 mod backend;
 pub(crate) mod double;
