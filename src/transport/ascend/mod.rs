@@ -28,6 +28,7 @@ pub(crate) mod ffi;
 pub(crate) mod hccl;
 pub(crate) mod link;
 pub(crate) mod options;
+mod rank_table;
 
 pub(crate) use backend::AscendBackend;
 

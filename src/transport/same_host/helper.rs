@@ -1,0 +1,311 @@
+//! Large same-host batches, shared with a helper: a persistent thread copies about half the
+//! bytes (memory copies, or `process_vm_*` pairs) while the caller copies the other half.
+
+use std::io;
+use std::sync::OnceLock;
+
+use super::{PeerProc, Target, vm_io};
+use crate::io::IoVec;
+use crate::sync::lock;
+use crate::types::split::{Cut, split};
+
+/// A memory copy to run: `len` bytes from `src` to `dst` (addresses).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Copy {
+    pub src: usize,
+    pub dst: usize,
+    pub len: usize,
+}
+
+impl Cut for Copy {
+    fn bytes(&self) -> u64 {
+        self.len as u64
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        let at = at as usize;
+        let head = Copy { len: at, ..*self };
+        let tail = Copy {
+            src: self.src + at,
+            dst: self.dst + at,
+            len: self.len - at,
+        };
+        (head, tail)
+    }
+}
+
+/// A `process_vm_*` pair: a local and a remote `iovec` of the same length.
+#[derive(Clone, Copy)]
+struct Pair(IoVec, IoVec);
+
+impl Cut for Pair {
+    fn bytes(&self) -> u64 {
+        self.0.len as u64
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        let at = at as usize;
+        let head = |v: IoVec| IoVec {
+            base: v.base,
+            len: at,
+        };
+        let tail = |v: IoVec| IoVec {
+            base: v.base + at,
+            len: v.len - at,
+        };
+        (
+            Pair(head(self.0), head(self.1)),
+            Pair(tail(self.0), tail(self.1)),
+        )
+    }
+}
+
+/// What the helper does: memory copies, or a `process_vm_*` batch for process `pid`.
+enum Work {
+    Copies(Vec<Copy>),
+    Pvm {
+        target: Target,
+        write: bool,
+        local: Vec<IoVec>,
+        remote: Vec<IoVec>,
+    },
+}
+
+type PvmResult = Result<(), (io::Error, u64)>;
+type Done = std::sync::Arc<(std::sync::Mutex<Option<PvmResult>>, std::sync::Condvar)>;
+
+struct CopyJob {
+    work: Work,
+    done: Done,
+}
+
+/// A persistent helper thread that copies part of a large same-host batch while the caller
+/// copies the rest (waking it costs far less than spawning a thread per transfer).
+struct CopyHelper {
+    queue: std::sync::Mutex<std::collections::VecDeque<CopyJob>>,
+    cv: std::sync::Condvar,
+}
+
+fn helper() -> Option<&'static CopyHelper> {
+    static H: OnceLock<Option<&'static CopyHelper>> = OnceLock::new();
+    *H.get_or_init(|| {
+        let h: &'static CopyHelper = Box::leak(Box::new(CopyHelper {
+            queue: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            cv: std::sync::Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("hixl-copy".into())
+            .spawn(move || {
+                loop {
+                    let job = {
+                        let mut q = lock(&h.queue);
+                        loop {
+                            if let Some(j) = q.pop_front() {
+                                break j;
+                            }
+                            q = h.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                        }
+                    };
+                    // SAFETY: the submitter keeps every range valid until `done` is set (it
+                    // waits for it, even while unwinding: see `WaitDone`).
+                    let r = unsafe {
+                        match job.work {
+                            Work::Copies(c) => {
+                                run_copies(&c);
+                                Ok(())
+                            }
+                            Work::Pvm {
+                                target,
+                                write,
+                                mut local,
+                                mut remote,
+                            } => vm_io(target, write, &mut local, &mut remote),
+                        }
+                    };
+                    let (m, cv) = &*job.done;
+                    *lock(m) = Some(r);
+                    cv.notify_all();
+                }
+            })
+            .ok()
+            .map(|_| h)
+    })
+}
+
+/// # Safety
+/// Every copy's source must be valid for reads and its destination for writes of `len` bytes,
+/// and the two must not overlap.
+unsafe fn run_copies(copies: &[Copy]) {
+    for c in copies {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) };
+    }
+}
+
+/// Waits for a helper job on drop, so the borrowed memory outlives the helper's use of it even
+/// if the caller unwinds.
+struct WaitDone(Done);
+
+impl WaitDone {
+    /// Waits for the helper and takes its result.
+    fn result(self) -> PvmResult {
+        let r = Self::wait(&self.0);
+        std::mem::forget(self);
+        r
+    }
+    fn wait(done: &Done) -> PvmResult {
+        let (m, cv) = &**done;
+        let mut g = lock(m);
+        loop {
+            if let Some(r) = g.take() {
+                return r;
+            }
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for WaitDone {
+    fn drop(&mut self) {
+        let _ = Self::wait(&self.0);
+    }
+}
+
+/// Hands `work` to the helper if it is idle; `None` (and the work back) if it is busy or absent.
+fn submit(work: Work) -> Result<WaitDone, Work> {
+    let Some(h) = helper() else { return Err(work) };
+    let done: Done = std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
+    {
+        let mut q = lock(&h.queue);
+        if !q.is_empty() {
+            return Err(work);
+        }
+        q.push_back(CopyJob {
+            work,
+            done: done.clone(),
+        });
+    }
+    h.cv.notify_one();
+    Ok(WaitDone(done))
+}
+
+/// Copies below this many bytes in all are not shared with the helper thread.
+const HELP_MIN: usize = 1 << 20;
+
+/// Runs the copies, sharing large batches with the helper thread (about half the bytes each).
+///
+/// # Safety
+/// As [`run_copies`], for the whole call.
+pub(crate) unsafe fn copy_all(copies: &[Copy]) {
+    let total: usize = copies.iter().map(|c| c.len).sum();
+    if total < HELP_MIN {
+        // SAFETY: the caller's contract.
+        return unsafe { run_copies(copies) };
+    }
+    // the second half of the bytes goes to the helper, cutting a copy where needed
+    let mut halves = split(copies, 2).into_iter();
+    let mine = halves.next().unwrap_or_default();
+    let theirs = halves.next().unwrap_or_default();
+    let _wait = match submit(Work::Copies(theirs)) {
+        Ok(w) => w,
+        Err(_) => {
+            // the helper is busy with another caller's work: do it all here
+            // SAFETY: the caller's contract.
+            return unsafe { run_copies(copies) };
+        }
+    };
+    // SAFETY: the caller's contract; `_wait` keeps this call from returning before the helper
+    // has finished its half.
+    unsafe { run_copies(&mine) };
+}
+
+/// `process_vm_*` over pairs `(local[i], remote[i])` of equal lengths, sharing batches of 1 MiB
+/// or more with the helper thread (about half the bytes each). On failure returns the error and
+/// the index of the pair where it stopped.
+///
+/// # Safety
+/// As [`PeerProc::pvm`], for the whole call.
+pub(crate) unsafe fn pvm_all(
+    proc: &PeerProc,
+    write: bool,
+    local: &[IoVec],
+    remote: &[IoVec],
+) -> Result<(), (io::Error, usize)> {
+    let where_ = |lens: &[usize], moved: u64| {
+        let (mut at, mut sum) = (0usize, 0u64);
+        while at + 1 < lens.len() && sum + lens[at] as u64 <= moved {
+            sum += lens[at] as u64;
+            at += 1;
+        }
+        at
+    };
+    let total: usize = local.iter().map(|v| v.len).sum();
+    if total < HELP_MIN {
+        let (mut l, mut r) = (local.to_vec(), remote.to_vec());
+        let lens: Vec<usize> = l.iter().map(|v| v.len).collect();
+        // SAFETY: the caller's contract.
+        return unsafe { proc.pvm(write, &mut l, &mut r) }
+            .map_err(|(e, moved)| (e, where_(&lens, moved)))
+            .and_then(|()| read_checked(proc, write, local.len()));
+    }
+    // cut at half the bytes: pairs [0, k) and the first part of pair k go here, the rest there
+    let pairs: Vec<Pair> = local
+        .iter()
+        .zip(remote)
+        .map(|(a, b)| Pair(*a, *b))
+        .collect();
+    let mut halves = split(&pairs, 2).into_iter();
+    let (first, rest) = (
+        halves.next().unwrap_or_default(),
+        halves.next().unwrap_or_default(),
+    );
+    // the pair the second half starts in (cut or whole), for error positions
+    let first_bytes: usize = first.iter().map(|p| p.0.len).sum();
+    let k = {
+        let (mut k, mut sum) = (0, 0);
+        while k < local.len() && sum + local[k].len <= first_bytes {
+            sum += local[k].len;
+            k += 1;
+        }
+        k
+    };
+    let unzip = |v: &[Pair]| -> (Vec<IoVec>, Vec<IoVec>) { v.iter().map(|p| (p.0, p.1)).unzip() };
+    let ((mut l, mut r), (l2, r2)) = (unzip(&first), unzip(&rest));
+    let (lens1, lens2): (Vec<usize>, Vec<usize>) = (
+        l.iter().map(|v| v.len).collect(),
+        l2.iter().map(|v| v.len).collect(),
+    );
+    let theirs = Work::Pvm {
+        target: proc.target(),
+        write,
+        local: l2,
+        remote: r2,
+    };
+    let (wait, mut l2, mut r2) = match submit(theirs) {
+        Ok(w) => (Some(w), Vec::new(), Vec::new()),
+        Err(Work::Pvm { local, remote, .. }) => (None, local, remote),
+        Err(Work::Copies(_)) => unreachable!("submit hands back what it was given"),
+    };
+    // SAFETY: the caller's contract; the helper's half is waited for before returning.
+    let first =
+        unsafe { proc.pvm(write, &mut l, &mut r) }.map_err(|(e, moved)| (e, where_(&lens1, moved)));
+    let second = match wait {
+        Some(w) => w.result(),
+        // SAFETY: the caller's contract.
+        None => unsafe { proc.pvm(write, &mut l2, &mut r2) },
+    }
+    .map_err(|(e, moved)| (e, k + where_(&lens2, moved)));
+    first
+        .and(second)
+        .and_then(|()| read_checked(proc, write, local.len()))
+}
+
+/// After a read: the peer must still be alive, else the bytes may come from a process that got
+/// its pid (`ESRCH`, reported at the last pair).
+fn read_checked(proc: &PeerProc, write: bool, pairs: usize) -> Result<(), (io::Error, usize)> {
+    if !write && proc.exited() {
+        return Err((
+            io::Error::from_raw_os_error(libc::ESRCH),
+            pairs.saturating_sub(1),
+        ));
+    }
+    Ok(())
+}
