@@ -525,18 +525,25 @@ impl Error {
     }
 }
 
-/// A failed consuming call that hands back what it consumed.
+/// A failed consuming call that hands back what it consumed (local: "refused" in hixl always
+/// means a peer's refusal, [`Error::Refused`]).
 ///
 /// Registration returns the memory it could not register; deregistration returns the region.
 /// `?` converts it into [`Error`] (dropping the value).
-pub struct Refused<T> {
+pub struct HandedBack<T> {
     /// Why the call failed.
     pub error: Error,
     /// What the call consumed, handed back unchanged.
     pub value: T,
 }
 
-impl<T> Refused<T> {
+/// The former name of [`HandedBack`].
+#[deprecated(
+    note = "renamed `HandedBack`: in hixl, \"refused\" means a peer refused (`Error::Refused`)"
+)]
+pub type Refused<T> = HandedBack<T>;
+
+impl<T> HandedBack<T> {
     /// The value that was handed back.
     pub fn into_inner(self) -> T {
         self.value
@@ -553,28 +560,28 @@ impl<T> Refused<T> {
     }
 }
 
-impl<T> fmt::Debug for Refused<T> {
+impl<T> fmt::Debug for HandedBack<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Refused")
+        f.debug_struct("HandedBack")
             .field("error", &self.error)
             .finish_non_exhaustive()
     }
 }
 
-impl<T> fmt::Display for Refused<T> {
+impl<T> fmt::Display for HandedBack<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.error, f)
     }
 }
 
-impl<T> std::error::Error for Refused<T> {
+impl<T> std::error::Error for HandedBack<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
     }
 }
 
-impl<T> From<Refused<T>> for Error {
-    fn from(r: Refused<T>) -> Self {
+impl<T> From<HandedBack<T>> for Error {
+    fn from(r: HandedBack<T>) -> Self {
         r.error
     }
 }

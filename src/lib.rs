@@ -163,7 +163,9 @@ pub use engine::{
     Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
     TransitionError,
 };
-pub use error::{Error, Refused, RemoteRefusal, Status, timeout_from_millis};
+#[allow(deprecated)]
+pub use error::Refused;
+pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, RemoteRange, RemoteRegion};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};

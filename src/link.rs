@@ -88,7 +88,7 @@ impl<'e> Link<'e> {
     pub fn remote_pid(&self) -> u32 {
         self.shared.remote_pid
     }
-    /// The transport carrying this link's data: [`TransportKind::Cma`](crate::TransportKind::Cma)
+    /// The transport carrying this link's data: [`TransportKind::SameHost`](crate::TransportKind::SameHost)
     /// when the peer is on this host and the kernel allows it, TCP otherwise.
     pub fn transport(&self) -> crate::TransportKind {
         self.shared.transport()

@@ -27,7 +27,7 @@ fn two_processes_both_memory_kinds() {
         let mut peer = Peer::spawn("127.0.0.1", size, 31, memory);
         let (cli, mut buf) = client_with(size, Options::default().same_host(SameHost::Require));
         let link = cli.connect(&peer.name).unwrap();
-        assert_eq!(link.transport(), TransportKind::Cma, "{memory}");
+        assert_eq!(link.transport(), TransportKind::SameHost, "{memory}");
 
         exercise_peer(&link, &mut peer, &mut buf, 31, 4096, memory);
         drop(link);
@@ -321,7 +321,7 @@ fn unmappable_regions_use_process_vm_and_faults_name_the_descriptor() {
     {
         let (cli, mut buf) = client_with(8192, Options::default().same_host(SameHost::Require));
         let link = cli.connect(&name).unwrap();
-        assert_eq!(link.transport(), TransportKind::Cma);
+        assert_eq!(link.transport(), TransportKind::SameHost);
         let r = |id: u32| link.region(id).unwrap();
         let reads = [
             TransferDesc::new(buf.range(0..4096).unwrap(), r(0).full()),

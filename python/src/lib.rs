@@ -1003,7 +1003,7 @@ impl Hixl {
         let (c, t) = call(py, self, move |e| e.transport(&r));
         let name = match t {
             Some(hixl::TransportKind::Tcp) => "tcp",
-            Some(hixl::TransportKind::Cma) => "cma",
+            Some(hixl::TransportKind::SameHost) => "cma",
             Some(hixl::TransportKind::Ucx) => "ucx",
             Some(hixl::TransportKind::Ascend) => "ascend",
             Some(_) => "other",

@@ -192,7 +192,7 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
     };
     let mut got = [0u8; 64];
     buf.read_at(0, &mut got)?;
-    let t = if transport == TransportKind::Cma {
+    let t = if transport == TransportKind::SameHost {
         "cma"
     } else {
         "tcp"

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::context::{ContextToken, DetachedContext};
-use crate::error::{Error, Refused, Status, check_timeout};
+use crate::error::{Error, HandedBack, Status, check_timeout};
 use crate::link::Link;
 use crate::memory::Region;
 use crate::metrics::Metrics;

@@ -72,7 +72,7 @@ impl Hixl<Initialized> {
     ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
         match self.inner.register_owned(mem, access, false) {
             Ok(r) => Ok((self.into_state(), r)),
-            Err(Refused { error, value }) => Err(TransitionError {
+            Err(HandedBack { error, value }) => Err(TransitionError {
                 error,
                 engine: self,
                 value,
@@ -114,11 +114,11 @@ impl Hixl<Registered> {
     /// access for peers. Deregistering hands it back.
     ///
     /// # Errors
-    /// The memory comes back in the [`Refused`] error. `PARAM_INVALID`:
+    /// The memory comes back in the [`HandedBack`] error. `PARAM_INVALID`:
     /// [`Error::ZeroLengthRegion`], [`Error::AlreadyRegistered`], [`Error::OverlappingRegion`];
     /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`: [`Error::UnsupportedMemory`]
     /// for device memory.
-    pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, Refused<M>> {
+    pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, HandedBack<M>> {
         self.inner.register_owned(mem, Access::ReadWrite, false)
     }
 
@@ -130,7 +130,7 @@ impl Hixl<Registered> {
         &self,
         mem: M,
         access: Access,
-    ) -> Result<Region<M>, Refused<M>> {
+    ) -> Result<Region<M>, HandedBack<M>> {
         self.inner.register_owned(mem, access, false)
     }
 
@@ -185,9 +185,9 @@ impl Hixl<Registered> {
         &self,
         ctx: &ContextToken<'_>,
         mem: M,
-    ) -> Result<Region<M>, Refused<M>> {
+    ) -> Result<Region<M>, HandedBack<M>> {
         if ctx.engine_id() != self.inner.id {
-            return Err(Refused {
+            return Err(HandedBack {
                 error: Error::ForeignHandle {
                     what: "context token",
                     owner: ctx.engine_id(),
@@ -197,7 +197,7 @@ impl Hixl<Registered> {
             });
         }
         if self.inner.ascend.is_none() {
-            return Err(Refused {
+            return Err(HandedBack {
                 error: Error::UnsupportedMemory {
                     mem_type: MemType::Device,
                     why: "device memory needs an engine initialized with Ascend options",
@@ -235,9 +235,9 @@ impl<S: Quiescent> Hixl<S> {
     /// where no link exists and nothing is served, so no transfer can touch it any more.
     ///
     /// # Errors
-    /// The region comes back in the [`Refused`] error: [`Error::ForeignHandle`] for a region of
+    /// The region comes back in the [`HandedBack`] error: [`Error::ForeignHandle`] for a region of
     /// another engine.
-    pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+    pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
         self.inner.deregister(region)
     }
 }
@@ -250,11 +250,11 @@ impl EngineInner {
         mem: M,
         access: Access,
         with_token: bool,
-    ) -> Result<Region<M>, Refused<M>> {
+    ) -> Result<Region<M>, HandedBack<M>> {
         let raw: RawMemory = mem.into_raw_parts();
         let engine = self.id;
         if raw.mem_type() == MemType::Device && !with_token {
-            return Err(Refused {
+            return Err(HandedBack {
                 error: Error::UnsupportedMemory {
                     mem_type: MemType::Device,
                     why: "device memory is registered with register_device and a context token",
@@ -273,7 +273,7 @@ impl EngineInner {
                 core,
                 _mem: PhantomData,
             }),
-            Err(error) => Err(Refused {
+            Err(error) => Err(HandedBack {
                 error,
                 // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
                 value: unsafe { M::from_raw_parts(raw) },
@@ -297,9 +297,9 @@ impl EngineInner {
         })
     }
 
-    fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, Refused<Region<M>>> {
+    fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
         if region.core.engine != self.id {
-            return Err(Refused {
+            return Err(HandedBack {
                 error: Error::ForeignHandle {
                     what: "region",
                     owner: region.core.engine,
@@ -342,7 +342,7 @@ impl EngineInner {
             regs.bytes += core.len;
             regs.by_addr.insert(core.addr, core.clone());
         }
-        Err(Refused {
+        Err(HandedBack {
             error,
             value: Region {
                 core,

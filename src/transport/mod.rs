@@ -6,7 +6,7 @@
 //! lanes (`tcp/`). A transport adds a [`Backend`] (its engine-wide part: what it keeps while the
 //! engine is open to links, the client's and the server's side of a new link's setup) and a
 //! [`DataPath`] (how a link moves a batch with it): the same-host transport (`same_host/`,
-//! `TransportKind::Cma`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
+//! `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
 //! place, `runtime::transports::backends`. Vendor libraries are loaded at run time
 //! (`crate::dl`); [`probe`] reports what is available. No transport imports another.
 
@@ -206,12 +206,20 @@ pub(crate) trait DataPath: Send + Sync {
 pub enum TransportKind {
     /// TCP, between any two hosts.
     Tcp,
-    /// Same host, one-sided (shared mappings, `/proc/PID/mem`, `process_vm_readv`).
-    Cma,
+    /// The same-host transport, one-sided (shared mappings, `/proc/PID/mem`,
+    /// `process_vm_readv`); `cma` for short in the benchmark's flags, `hixl-peer` and Python.
+    SameHost,
     /// UCX (RDMA verbs, tcp, shared memory), loaded at run time.
     Ucx,
     /// Ascend ACL + HCCL, loaded at run time.
     Ascend,
+}
+
+#[allow(non_upper_case_globals)]
+impl TransportKind {
+    /// The former name of [`TransportKind::SameHost`].
+    #[deprecated(note = "renamed `TransportKind::SameHost`")]
+    pub const Cma: TransportKind = TransportKind::SameHost;
 }
 
 /// Whether a transport can be used here.
@@ -237,12 +245,12 @@ pub fn probe() -> Vec<TransportInfo> {
         },
         match same_host::available() {
             Ok(()) => TransportInfo {
-                kind: TransportKind::Cma,
+                kind: TransportKind::SameHost,
                 available: true,
                 detail: "pidfd, sealed memfd mappings and process_vm_readv/writev (per peer: same boot id and pid namespace, and ptrace rights)",
             },
             Err(why) => TransportInfo {
-                kind: TransportKind::Cma,
+                kind: TransportKind::SameHost,
                 available: false,
                 detail: why,
             },

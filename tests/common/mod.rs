@@ -34,10 +34,10 @@ pub fn client_with(len: usize, opts: Options) -> (Hixl<Connected>, Region) {
 pub fn expected_transport(policy: hixl::SameHost) -> hixl::TransportKind {
     let cma = hixl::probe()
         .iter()
-        .any(|t| t.kind == hixl::TransportKind::Cma && t.available);
+        .any(|t| t.kind == hixl::TransportKind::SameHost && t.available);
     match policy {
         hixl::SameHost::Forbid => hixl::TransportKind::Tcp,
-        _ if cma => hixl::TransportKind::Cma,
+        _ if cma => hixl::TransportKind::SameHost,
         _ => hixl::TransportKind::Tcp,
     }
 }
@@ -339,7 +339,7 @@ pub fn fake_serve(
 pub fn cma_available() -> bool {
     let ok = hixl::probe()
         .iter()
-        .any(|t| t.kind == hixl::TransportKind::Cma && t.available);
+        .any(|t| t.kind == hixl::TransportKind::SameHost && t.available);
     if !ok {
         eprintln!(
             "same-host transport unavailable here ({:?}); its tests check the TCP fallback only",

@@ -168,7 +168,7 @@ impl LinkShared {
         }
         let one_sided = paths
             .iter()
-            .any(|p| matches!(p.kind(), TransportKind::Cma | TransportKind::Ascend));
+            .any(|p| matches!(p.kind(), TransportKind::SameHost | TransportKind::Ascend));
         if policy == SameHost::Require && !one_sided {
             return Err(Error::TransportUnavailable {
                 peer,

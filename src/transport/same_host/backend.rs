@@ -12,7 +12,7 @@ pub(crate) struct SameHostBackend;
 
 impl Backend for SameHostBackend {
     fn kind(&self) -> TransportKind {
-        TransportKind::Cma
+        TransportKind::SameHost
     }
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {

@@ -114,7 +114,7 @@ impl SameHostPath {
 
 impl DataPath for SameHostPath {
     fn kind(&self) -> TransportKind {
-        TransportKind::Cma
+        TransportKind::SameHost
     }
 
     fn covers(&self, descs: &[LaneDesc]) -> bool {
