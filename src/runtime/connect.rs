@@ -1,5 +1,5 @@
 //! Asynchronous connect and disconnect (HIXL `ConnectAsync` / `DisconnectAsync` /
-//! `GetAsyncConnectStatus`): a bounded queue served by a small thread pool, FIFO per remote.
+//! `GetAsyncConnectStatus`): a bounded queue served by two workers on the runtime's executor, FIFO per remote.
 //!
 //! A link made this way is held by the engine until [`Hixl::take_link`](crate::Hixl::take_link)
 //! hands it over as an ordinary [`Link`](crate::Link) (or `disconnect_async` closes it).
@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -67,7 +66,6 @@ struct State {
 pub(crate) struct ConnectPool {
     st: Mutex<State>,
     cv: Condvar,
-    handles: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl ConnectPool {
@@ -99,12 +97,8 @@ impl ConnectPool {
         if st.workers < THREADS {
             st.workers += 1;
             let (e, pool) = (engine.clone(), self.clone());
-            let spawned = std::thread::Builder::new()
-                .name("hixl-connect".into())
-                .spawn(move || worker(pool, e));
-            match spawned {
-                Ok(h) => lock(&self.handles).push(h),
-                Err(_) => st.workers -= 1,
+            if crate::runtime::executor::spawn(move || worker(pool, e)).is_err() {
+                st.workers -= 1;
             }
         }
         self.cv.notify_one();
@@ -196,9 +190,10 @@ impl ConnectPool {
         };
         self.cv.notify_all();
         if join {
-            let handles = std::mem::take(&mut *lock(&self.handles));
-            for h in handles {
-                let _ = h.join();
+            // every worker leaves at `stop` (a running task first ends)
+            let mut st = lock(&self.st);
+            while st.workers > 0 {
+                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         }
         for l in &links {
@@ -223,6 +218,7 @@ fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
             loop {
                 if st.stop {
                     st.workers -= 1;
+                    pool.cv.notify_all();
                     return;
                 }
                 let next = st
@@ -249,6 +245,7 @@ fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
                 st = g;
                 if t.timed_out() && !st.slots.values().any(|s| !s.queue.is_empty()) {
                     st.workers -= 1;
+                    pool.cv.notify_all();
                     return;
                 }
             }
@@ -256,6 +253,7 @@ fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
         // run it without holding the lock (nor the engine, between tasks)
         let Some(inner) = engine.upgrade() else {
             lock(&pool.st).workers -= 1;
+            pool.cv.notify_all();
             return;
         };
         let held = lock(&pool.st)

@@ -336,7 +336,8 @@ impl EngineInner {
         }
     }
 
-    /// Starts the engine's heartbeat thread (once), which pings idle links every interval.
+    /// Starts the engine's heartbeat (once): every interval, on the executor, a PING on each
+    /// idle link.
     fn start_heartbeats(&self) {
         let Some(every) = self.options.heartbeat else {
             return;
@@ -344,27 +345,7 @@ impl EngineInner {
         if self.heartbeats.swap(true, Ordering::SeqCst) {
             return;
         }
-        let me = self.me.clone();
-        let spawned = std::thread::Builder::new()
-            .name("hixl-heartbeat".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(every);
-                    // hold the engine only while pinging, so dropping it is never delayed long
-                    let Some(engine) = me.upgrade() else { return };
-                    let links: Vec<Arc<LinkShared>> = lock(&engine.links)
-                        .iter()
-                        .filter_map(Weak::upgrade)
-                        .collect();
-                    drop(engine);
-                    for l in links {
-                        l.heartbeat(every);
-                    }
-                }
-            });
-        if spawned.is_err() {
-            self.heartbeats.store(false, Ordering::SeqCst);
-        }
+        heartbeat_after(self.me.clone(), every);
     }
 
     /// Closes every link the async connect queue still holds.
@@ -467,4 +448,31 @@ impl Drop for EngineInner {
         self.close_links();
         self.stop_server();
     }
+}
+
+/// Schedules the engine's next heartbeat round `every` from now: the timer hands the round to a
+/// worker (PINGs block), which schedules the next one. The engine is held only while pinging, so
+/// dropping it is never delayed long; once it is gone the rounds stop.
+fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
+    crate::runtime::executor::at(std::time::Instant::now() + every, move || {
+        let round = {
+            let me = me.clone();
+            move || {
+                let Some(engine) = me.upgrade() else { return };
+                let links: Vec<Arc<LinkShared>> = lock(&engine.links)
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .collect();
+                drop(engine);
+                for l in links {
+                    l.heartbeat(every);
+                }
+                heartbeat_after(me, every);
+            }
+        };
+        if me.strong_count() > 0 && crate::runtime::executor::spawn(round).is_err() {
+            // no worker now: try again next interval
+            heartbeat_after(me, every);
+        }
+    });
 }

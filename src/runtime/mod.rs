@@ -4,6 +4,7 @@
 pub(crate) mod connect;
 pub(crate) mod control;
 pub(crate) mod engine;
+pub(crate) mod executor;
 pub(crate) mod link;
 pub(crate) mod region;
 pub(crate) mod request;

@@ -3,9 +3,7 @@
 //! requests whose deadline passed. The public handle, `TransferReq`, is in src/request.rs; the
 //! public argument and status types are defined here and re-exported.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -248,88 +246,13 @@ pub(crate) fn to_status(o: &Outcome) -> TransferStatus {
     }
 }
 
-// ---- the deadline watcher: resolves queued requests whose deadline passed and wakes their
-// futures, even when every worker of their link is busy
-
-struct Watched {
-    at: Instant,
-    seq: u64,
-    st: Weak<ReqState>,
-    link: Weak<LinkShared>,
-}
-impl PartialEq for Watched {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Watched {}
-impl PartialOrd for Watched {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Watched {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
-struct Watcher {
-    heap: Mutex<BinaryHeap<Reverse<Watched>>>,
-    cv: Condvar,
-}
-
-fn watcher() -> &'static Watcher {
-    static W: OnceLock<&'static Watcher> = OnceLock::new();
-    W.get_or_init(|| {
-        let w: &'static Watcher = Box::leak(Box::new(Watcher {
-            heap: Mutex::new(BinaryHeap::new()),
-            cv: Condvar::new(),
-        }));
-        let _ = std::thread::Builder::new()
-            .name("hixl-deadlines".into())
-            .spawn(move || watch_loop(w));
-        w
-    })
-}
-
-fn watch_loop(w: &'static Watcher) {
-    let mut heap = lock(&w.heap);
-    loop {
-        let now = Instant::now();
-        match heap.peek() {
-            None => heap = w.cv.wait(heap).unwrap_or_else(|e| e.into_inner()),
-            Some(Reverse(top)) if top.at <= now => {
-                let Reverse(item) = heap.pop().expect("peeked");
-                drop(heap);
-                if let (Some(st), Some(link)) = (item.st.upgrade(), item.link.upgrade()) {
-                    st.resolve_queued(&link, Outcome::TimedOut);
-                }
-                heap = lock(&w.heap);
-            }
-            Some(Reverse(top)) => {
-                let wait = top.at - now;
-                heap =
-                    w.cv.wait_timeout(heap, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-            }
-        }
-    }
-}
-
-/// Watches a new request's deadline.
+/// Watches a new request's deadline: on the executor's timer, a request still queued then ends
+/// `TimedOut` (and its future is woken), even when every worker of its link is busy.
 pub(crate) fn watch(st: &Arc<ReqState>, link: &Arc<LinkShared>) {
-    let w = watcher();
-    let mut heap = lock(&w.heap);
-    let earliest = heap.peek().is_none_or(|Reverse(t)| st.deadline < t.at);
-    heap.push(Reverse(Watched {
-        at: st.deadline,
-        seq: st.seq,
-        st: Arc::downgrade(st),
-        link: Arc::downgrade(link),
-    }));
-    if earliest {
-        w.cv.notify_one();
-    }
+    let (st_w, link_w) = (Arc::downgrade(st), Arc::downgrade(link));
+    crate::runtime::executor::at(st.deadline, move || {
+        if let (Some(st), Some(link)) = (st_w.upgrade(), link_w.upgrade()) {
+            st.resolve_queued(&link, Outcome::TimedOut);
+        }
+    });
 }

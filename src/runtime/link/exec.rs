@@ -348,9 +348,7 @@ impl LinkShared {
         } else if jobs.workers < self.max_lanes {
             jobs.workers += 1;
             let me = self.clone();
-            let spawned = std::thread::Builder::new()
-                .name("hixl-async".into())
-                .spawn(move || me.worker());
+            let spawned = crate::runtime::executor::spawn(move || me.worker());
             if spawned.is_err() {
                 jobs.workers -= 1;
                 // nobody can run it: fail what is queued rather than leave it waiting
