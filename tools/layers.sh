@@ -19,6 +19,9 @@
 # and `use crate::{a, b::c}` (one line or several). `super::` paths are not followed: inside a
 # transport's folder they stay in that transport.
 #
+# Also: outside src/transport/, the backends (and anything of UCX) are named only in
+# src/runtime/transports.rs, the one place a transport is registered.
+#
 # Known violations are listed in tools/layers.allow (one `file -> crate::path` a line). A
 # violation not in the list fails the check, and so does a listed one that is gone: the list only
 # shrinks. Usage: tools/layers.sh [--list]   (--list prints every import with its layers)
@@ -113,6 +116,16 @@ imports | while read -r f p; do
 done >"$found"
 
 status=0
+# the backend registry: outside src/transport/, a transport's backend and UCX are named only in
+# src/runtime/transports.rs (the one place a transport is registered)
+registry=$(grep -rnE 'UcxBackend|SameHostBackend|AscendBackend|SameHostPath|transport::ucx' src \
+  --include='*.rs' | grep -v '^src/transport/' | grep -v '^src/runtime/transports.rs:' \
+  | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
+if [ -n "$registry" ]; then
+  echo "layers: a transport named outside src/transport/ and src/runtime/transports.rs:"
+  echo "$registry" | sed 's/^/  /'
+  status=1
+fi
 new=$(grep -vxFf <(grep -v '^#' "$allow" | sed '/^$/d') "$found" || true)
 gone=$(grep -v '^#' "$allow" | sed '/^$/d' | grep -vxFf "$found" || true)
 if [ -n "$new" ]; then

@@ -1,6 +1,6 @@
 //! The engine core under `Hixl<S>`: the region table, the peer registry (one usable link per
 //! remote engine), the links it opened, the heartbeat, the engine's transports, and serving
-//! (start, stop). The type states and the typed registration operations are in src/engine.rs.
+//! (start, stop). The type states and the typed registration operations are in src/engine/.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
