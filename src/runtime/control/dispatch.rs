@@ -173,6 +173,20 @@ pub(super) fn violation(
     ConnEnd::Protocol(e)
 }
 
+/// Refuses a handshake: tells the client `told` with `status` (by `deadline`) and ends the
+/// connection for `why` (what the log says).
+fn refused(
+    sock: &mut Sock,
+    out: &mut Vec<u8>,
+    status: Status,
+    told: &str,
+    why: impl Into<String>,
+    deadline: Option<Instant>,
+) -> ConnEnd {
+    refuse(sock, out, status, told, deadline);
+    ConnEnd::Refused(why.into())
+}
+
 pub(super) fn refuse(
     sock: &mut Sock,
     out: &mut Vec<u8>,
@@ -257,38 +271,38 @@ pub(super) fn serve(
         };
         if !answer.is_some_and(|a| key.check_client(&hello.nonce, &sn, &hello.name, &a)) {
             let why = format!("engine {:?} failed authentication", hello.name);
-            refuse(
+            return refused(
                 &mut sock,
                 &mut out,
                 Status::PARAM_INVALID,
                 "authentication failed",
+                why,
                 io_deadline(),
             );
-            return ConnEnd::Refused(why);
         }
     }
     if let Some(allow) = &shared.allow
         && !allow.contains(&hello.name)
     {
         let why = format!("engine {:?} is not on the allow-list", hello.name);
-        refuse(
+        return refused(
             &mut sock,
             &mut out,
             Status::PARAM_INVALID,
             &why,
+            why.clone(),
             io_deadline(),
         );
-        return ConnEnd::Refused(why);
     }
     if let Err(why) = establish(shared, id) {
-        refuse(
+        return refused(
             &mut sock,
             &mut out,
             Status::RESOURCE_EXHAUSTED,
             why,
+            why,
             io_deadline(),
         );
-        return ConnEnd::Refused(why.into());
     }
     let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
     let (token, live, busy, fence) = match hello.role {
@@ -347,14 +361,14 @@ pub(super) fn serve(
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {
                 if !old.drain(shared.io_timeout) {
-                    refuse(
+                    return refused(
                         &mut sock,
                         &mut out,
                         Status::FAILED,
                         "the previous link is still busy",
+                        "the previous link did not drain",
                         io_deadline(),
                     );
-                    return ConnEnd::Refused("the previous link did not drain".into());
                 }
             }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
@@ -377,25 +391,25 @@ pub(super) fn serve(
                 Some(l) if l.instance == hello.instance && l.client == hello.name => {
                     drop(links);
                     let why = "too many lanes on this link";
-                    refuse(
+                    return refused(
                         &mut sock,
                         &mut out,
                         Status::RESOURCE_EXHAUSTED,
                         why,
+                        why,
                         io_deadline(),
                     );
-                    return ConnEnd::Refused(why.into());
                 }
                 _ => {
                     drop(links);
-                    refuse(
+                    return refused(
                         &mut sock,
                         &mut out,
                         Status::NOT_CONNECTED,
                         "unknown link",
+                        "join to an unknown link",
                         io_deadline(),
                     );
-                    return ConnEnd::Refused("join to an unknown link".into());
                 }
             }
         }
