@@ -52,6 +52,9 @@ pub(crate) struct Setup<'a> {
     pub(crate) local: Option<same_host::PeerProc>,
     /// Whether a data path set up before this one already moves the link's batches.
     pub(crate) covered: bool,
+    /// Why the last transport that could have served the link did not (for the caller's error
+    /// when the link requires it).
+    pub(crate) why_not: Option<&'static str>,
 }
 
 /// What a transport's server side gets when a client asks it to set up a link's data path.

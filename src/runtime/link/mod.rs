@@ -127,11 +127,16 @@ impl LinkShared {
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
         // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
+        let mut why_not = None;
         let local = match (&me, &welcome.host) {
             (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
                 .and_then(|p| ClientFence::open(&p, welcome.fence).map(|f| (p, f)))
                 .map_err(|e| {
                     tracing::debug!(parent: &span, error = %e, "no same-host access to the peer (kernel or peer refused); using tcp");
+                    why_not = Some(
+                        "the kernel refused access to the peer process, or the peer offered no \
+                         fence (pidfd_open, /proc/PID/mem, pidfd_getfd)",
+                    );
                 })
                 .ok(),
             _ => None,
@@ -153,6 +158,7 @@ impl LinkShared {
                 ctl: &mut ctl,
                 local,
                 covered: false,
+                why_not,
             };
             for b in engine.backends {
                 if let Some(p) = b.connect(&mut setup)? {
@@ -161,6 +167,7 @@ impl LinkShared {
                     setup.covered = true;
                 }
             }
+            why_not = setup.why_not;
         }
         if paths.is_empty() {
             // no one-sided path: the fence guards nothing
@@ -173,7 +180,7 @@ impl LinkShared {
             return Err(Error::TransportUnavailable {
                 peer,
                 transport: "cma",
-                why: "the peer is not on this host (boot id and pid namespace), or the kernel refused access",
+                why: why_not.unwrap_or("the peer is not on this host (boot id and pid namespace)"),
             });
         }
         tracing::debug!(parent: &span, regions = welcome.table.len(), remote_instance = welcome.instance,

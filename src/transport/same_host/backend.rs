@@ -31,6 +31,10 @@ impl Backend for SameHostBackend {
             Ok(p) => Ok(Some(Box::new(p))),
             Err(e) => {
                 tracing::debug!(error = %e, "same-host transport refused by the kernel; using tcp");
+                setup.why_not = Some(
+                    "the kernel refused to hand over or map the peer's memory, or to read it \
+                     (pidfd_getfd, mmap, process_vm_readv)",
+                );
                 Ok(None)
             }
         }
