@@ -381,6 +381,23 @@ fn hello_as(s: &mut TcpStream, instance: u64) -> wire::Welcome {
     wire::Welcome::decode(&p).unwrap()
 }
 
+/// WRITEs `data` at `offset` of `region` on a raw lane; returns the status of its DONE.
+fn write_raw(s: &mut TcpStream, region: u32, offset: u64, data: &[u8]) -> u32 {
+    s.write_all(&xfer(
+        TransferOp::Write,
+        &[WireDesc {
+            region,
+            offset,
+            len: data.len() as u64,
+        }],
+    ))
+    .unwrap();
+    s.write_all(data).unwrap();
+    let (k, p) = read_frame(s).expect("DONE");
+    assert_eq!(k, Kind::Done);
+    wire::decode_done(&p).unwrap().1
+}
+
 /// The region's current bytes, READ by an honest client.
 fn contents(g: &Guarded) -> Vec<u8> {
     let (cli, mut buf) = client(LEN);
@@ -439,19 +456,7 @@ fn a_superseded_link_applies_nothing() {
     );
     // the new link is served
     let data = Rng::new(5).bytes(100);
-    new.write_all(&xfer(
-        TransferOp::Write,
-        &[WireDesc {
-            region: id,
-            offset: 10,
-            len: 100,
-        }],
-    ))
-    .unwrap();
-    new.write_all(&data).unwrap();
-    let (k, p) = read_frame(&mut new).expect("DONE");
-    assert_eq!(k, Kind::Done);
-    assert_eq!(wire::decode_done(&p).unwrap().1, 0);
+    assert_eq!(write_raw(&mut new, id, 10, &data), 0);
     assert_eq!(contents(&g)[10..110], data[..]);
     drop(new);
     g.check();
@@ -629,19 +634,7 @@ fn a_link_whose_only_lane_closed_can_be_rejoined() {
             other => panic!("round {round}: the rejoin was answered with {other:?}"),
         }
         let data = Rng::new(round).bytes(32);
-        lane.write_all(&xfer(
-            TransferOp::Write,
-            &[WireDesc {
-                region: id,
-                offset: 100,
-                len: 32,
-            }],
-        ))
-        .unwrap();
-        lane.write_all(&data).unwrap();
-        let (k, p) = read_frame(&mut lane).expect("DONE");
-        assert_eq!(k, Kind::Done);
-        assert_eq!(wire::decode_done(&p).unwrap().1, 0, "round {round}");
+        assert_eq!(write_raw(&mut lane, id, 100, &data), 0, "round {round}");
         assert_eq!(contents(&g)[100..132], data[..], "round {round}");
     }
     let mut stranger = connect_raw(g.engine.name());
