@@ -58,7 +58,7 @@ pub enum TransferStatus {
     Failed(Arc<Error>),
     /// The deadline passed before it completed; the data of the batch is unspecified.
     TimedOut,
-    /// [`TransferReq::cancel`] stopped it; the data of the batch is unspecified.
+    /// [`TransferReq::cancel`](crate::TransferReq::cancel) stopped it; the data of the batch is unspecified.
     Cancelled,
 }
 

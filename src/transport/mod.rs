@@ -3,9 +3,9 @@
 //!
 //! The control plane (handshake, region tables, disconnect; `runtime/control/`) is common to
 //! all transports and speaks the [`wire`](crate::wire) protocol over TCP; every link has TCP
-//! lanes (`tcp/`). A transport adds a [`Backend`] (its engine-wide part: what it keeps while the
+//! lanes (`tcp/`). A transport adds a `Backend` (its engine-wide part: what it keeps while the
 //! engine is open to links, the client's and the server's side of a new link's setup) and a
-//! [`DataPath`] (how a link moves a batch with it): the same-host transport (`same_host/`,
+//! `DataPath` (how a link moves a batch with it): the same-host transport (`same_host/`,
 //! `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
 //! place, `runtime::transports::backends`. Vendor libraries are loaded at run time
 //! (`crate::dl`); [`probe`] reports what is available. No transport imports another.

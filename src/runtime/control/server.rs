@@ -1,5 +1,5 @@
 //! The control plane's server: the listener and its accept loop, admission within the bounds of
-//! [`limits`](super::limits) (handshakes and established lanes counted apart, per peer address
+//! [`limits`] (handshakes and established lanes counted apart, per peer address
 //! too), the frozen region table every request is validated against, and the link registry. Each
 //! admitted connection runs on its own thread in [`dispatch`](super::dispatch).
 

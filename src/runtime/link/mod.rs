@@ -47,7 +47,7 @@ struct Jobs {
     idle: usize,
 }
 
-/// A link's state, shared by the [`Link`] handle, async requests and async worker threads.
+/// A link's state, shared by the [`Link`](crate::Link) handle, async requests and async worker threads.
 pub(crate) struct LinkShared {
     pub(crate) id: u64,
     pub(crate) peer: String,
