@@ -152,6 +152,27 @@ pub(super) struct LinkRec {
 /// oldest go first.
 pub(super) const MAX_ORPHANS: usize = 1024;
 
+/// Removes the links without a lane that have had none for `grace`, and the oldest beyond `max`;
+/// returns their tokens. Links with a lane are never removed.
+fn prune_orphans(links: &mut HashMap<u64, LinkRec>, grace: Duration, max: usize) -> Vec<u64> {
+    let mut orphans: Vec<(std::time::Instant, u64)> = links
+        .iter()
+        .filter_map(|(t, l)| l.orphaned.map(|at| (at, *t)))
+        .collect();
+    orphans.sort_unstable();
+    let excess = orphans.len().saturating_sub(max);
+    let gone: Vec<u64> = orphans
+        .iter()
+        .enumerate()
+        .filter(|(i, (at, _))| *i < excess || at.elapsed() >= grace)
+        .map(|(_, (_, t))| *t)
+        .collect();
+    for t in &gone {
+        links.remove(t);
+    }
+    gone
+}
+
 impl Drop for LinkRec {
     fn drop(&mut self) {
         // a link that ended grants no more one-sided access
@@ -231,23 +252,7 @@ impl ServerShared {
     /// Forgets links that have had no lane for longer than the grace, and the oldest ones
     /// beyond [`MAX_ORPHANS`]; returns their tokens.
     pub(super) fn prune_orphans(&self, links: &mut HashMap<u64, LinkRec>) -> Vec<u64> {
-        let grace = self.orphan_grace();
-        let mut orphans: Vec<(std::time::Instant, u64)> = links
-            .iter()
-            .filter_map(|(t, l)| l.orphaned.map(|at| (at, *t)))
-            .collect();
-        orphans.sort_unstable();
-        let excess = orphans.len().saturating_sub(MAX_ORPHANS);
-        let gone: Vec<u64> = orphans
-            .iter()
-            .enumerate()
-            .filter(|(i, (at, _))| *i < excess || at.elapsed() >= grace)
-            .map(|(_, (_, t))| *t)
-            .collect();
-        for t in &gone {
-            links.remove(t);
-        }
-        gone
+        prune_orphans(links, self.orphan_grace(), MAX_ORPHANS)
     }
 
     /// Forgets fences that are revoked and settled: their clients start no batch and have
@@ -495,5 +500,53 @@ pub(super) struct ActiveGuard<'a>(pub(super) &'a AtomicUsize);
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(orphaned: Option<Instant>) -> LinkRec {
+        LinkRec {
+            client: "c".into(),
+            instance: 1,
+            conns: HashSet::new(),
+            live: Arc::new(AtomicBool::new(true)),
+            busy: Arc::new(AtomicUsize::new(0)),
+            paths: Vec::new(),
+            fence: None,
+            orphaned,
+        }
+    }
+
+    #[test]
+    fn links_without_lanes_are_kept_for_the_grace_and_bounded_in_number() {
+        let now = Instant::now();
+        let ago = |s: u64| now.checked_sub(Duration::from_secs(s)).unwrap_or(now);
+        let mut links = HashMap::new();
+        // 10 links with a lane, 1030 without: the oldest one past the grace
+        for t in 0..10u64 {
+            links.insert(t, rec(None));
+        }
+        links.insert(100, rec(Some(ago(120))));
+        for t in 0..1029u64 {
+            links.insert(1000 + t, rec(Some(ago(30) + Duration::from_millis(t))));
+        }
+        let gone = prune_orphans(&mut links, Duration::from_secs(60), 1024);
+        // the one past the grace, then the oldest until 1024 are left
+        let mut gone = gone;
+        gone.sort_unstable();
+        assert_eq!(gone, vec![100, 1000, 1001, 1002, 1003, 1004]);
+        assert_eq!(
+            links.values().filter(|l| l.orphaned.is_some()).count(),
+            1024
+        );
+        assert!(
+            (0..10).all(|t| links.contains_key(&t)),
+            "a link with a lane went"
+        );
+        // nothing more goes while they are within the grace and the bound
+        assert!(prune_orphans(&mut links, Duration::from_secs(60), 1024).is_empty());
     }
 }
