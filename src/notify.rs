@@ -196,4 +196,21 @@ mod tests {
         let got = q.drain();
         assert_eq!(got.len(), 1);
     }
+
+    #[test]
+    fn a_rejoined_links_notifications_are_kept() {
+        let q = NotifyQueue::new(NotifyLimits {
+            max_count: 4,
+            max_bytes: 1 << 20,
+            grace: Duration::ZERO,
+        });
+        for _ in 0..3 {
+            q.push(1, n(10)).unwrap();
+        }
+        q.link_closed(1);
+        q.link_reopened(1);
+        // the grace (zero) has passed: a closed link's would go at the next push
+        q.push(2, n(10)).unwrap();
+        assert_eq!(q.drain().len(), 4);
+    }
 }
