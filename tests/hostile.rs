@@ -363,12 +363,19 @@ fn truncated_write_payload() {
 }
 
 /// Opens a new link as client engine "10.9.9.9" with the given instance id.
-fn hello_as(s: &mut TcpStream, instance: u64) -> wire::Welcome {
+/// Sends the HELLO of client "10.9.9.9" (`instance`) for a lane of `role` on link `token`, and
+/// reads the server's answer.
+fn send_hello(
+    s: &mut TcpStream,
+    role: LaneRole,
+    instance: u64,
+    token: u64,
+) -> Option<(Kind, Vec<u8>)> {
     let mut out = Vec::new();
     Hello {
-        role: LaneRole::NewLink,
+        role,
         instance,
-        token: 0,
+        token,
         name: "10.9.9.9".into(),
         target: String::new(),
         host: None,
@@ -376,7 +383,11 @@ fn hello_as(s: &mut TcpStream, instance: u64) -> wire::Welcome {
     }
     .encode(&mut out);
     s.write_all(&out).unwrap();
-    let (k, p) = read_frame(s).expect("a WELCOME");
+    read_frame(s)
+}
+
+fn hello_as(s: &mut TcpStream, instance: u64) -> wire::Welcome {
+    let (k, p) = send_hello(s, LaneRole::NewLink, instance, 0).expect("a WELCOME");
     assert_eq!(k, Kind::Welcome);
     wire::Welcome::decode(&p).unwrap()
 }
@@ -588,19 +599,7 @@ fn ucx_ask_is_checked() {
 
 /// Opens a lane of link `token` (HELLO with role JOIN) and returns the server's answer.
 fn join_as(s: &mut TcpStream, instance: u64, token: u64) -> Option<(Kind, Vec<u8>)> {
-    let mut out = Vec::new();
-    Hello {
-        role: LaneRole::Join,
-        instance,
-        token,
-        name: "10.9.9.9".into(),
-        target: String::new(),
-        host: None,
-        nonce: [0; 32],
-    }
-    .encode(&mut out);
-    s.write_all(&out).unwrap();
-    read_frame(s)
+    send_hello(s, LaneRole::Join, instance, token)
 }
 
 /// A link whose only lane closed is kept for its client to rejoin: a client that cancels a
