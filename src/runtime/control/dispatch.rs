@@ -526,35 +526,6 @@ pub(super) fn serve(
                     return ConnEnd::Io(e);
                 }
             }
-            (k, p) if shared.backends.iter().any(|b| b.request_kind() == Some(k)) => {
-                let b = shared.backends.iter().find(|b| b.request_kind() == Some(k));
-                let b = b.expect("checked by the guard");
-                let new_link = hello.role == LaneRole::NewLink;
-                if !b.repeatable() && (!new_link || asked.contains(&k)) {
-                    let e = WireError::Unexpected(k);
-                    return violation(&mut sock, &mut out, e, deadline);
-                }
-                asked.push(k);
-                let accepted = b.accept(Accept {
-                    me: &shared.name,
-                    client: &hello.name,
-                    payload: p,
-                    send: &mut |f| sock.send_bytes(f, deadline),
-                });
-                match accepted {
-                    Ok(Some(side)) => {
-                        let mut links = lock(&shared.links);
-                        if let Some(l) = links.get_mut(&token) {
-                            l.paths.push(side);
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(AcceptFail::Io(e)) => return ConnEnd::Io(e),
-                    Err(AcceptFail::Violation(e)) => {
-                        return violation(&mut sock, &mut out, e, deadline);
-                    }
-                }
-            }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
                     return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
@@ -588,9 +559,37 @@ pub(super) fn serve(
                 let _ = sock.send_bytes(&out, deadline);
                 return ConnEnd::Bye;
             }
-            (k, _) => {
-                let e = WireError::Unexpected(k);
-                return violation(&mut sock, &mut out, e, deadline);
+            // a transport's setup request, or a frame no one takes
+            (k, p) => {
+                let Some(b) = shared.backends.iter().find(|b| b.request_kind() == Some(k)) else {
+                    let e = WireError::Unexpected(k);
+                    return violation(&mut sock, &mut out, e, deadline);
+                };
+                let new_link = hello.role == LaneRole::NewLink;
+                if !b.repeatable() && (!new_link || asked.contains(&k)) {
+                    let e = WireError::Unexpected(k);
+                    return violation(&mut sock, &mut out, e, deadline);
+                }
+                asked.push(k);
+                let accepted = b.accept(Accept {
+                    me: &shared.name,
+                    client: &hello.name,
+                    payload: p,
+                    send: &mut |f| sock.send_bytes(f, deadline),
+                });
+                match accepted {
+                    Ok(Some(side)) => {
+                        let mut links = lock(&shared.links);
+                        if let Some(l) = links.get_mut(&token) {
+                            l.paths.push(side);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(AcceptFail::Io(e)) => return ConnEnd::Io(e),
+                    Err(AcceptFail::Violation(e)) => {
+                        return violation(&mut sock, &mut out, e, deadline);
+                    }
+                }
             }
         }
     }
