@@ -185,13 +185,8 @@ impl LinkShared {
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
-        if path.refused_when_broken()
-            && let Some(why) = &lock(&self.pool).broken
-        {
-            return Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            });
+        if path.refused_when_broken() {
+            self.check_usable()?;
         }
         // SAFETY: `prepare` checked every local range against the caller's registered regions,
         // which the caller's borrows (sync) or the request's state (async) hold alive for the

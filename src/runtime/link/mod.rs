@@ -40,6 +40,19 @@ struct Pool {
     closed: bool,
 }
 
+impl Pool {
+    /// `Err(NotConnected)` once the link to `peer` is broken.
+    fn usable(&self, peer: &str) -> Result<(), Error> {
+        match &self.broken {
+            Some(why) => Err(Error::NotConnected {
+                peer: peer.to_owned(),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Jobs {
     queue: VecDeque<Job>,
@@ -225,13 +238,7 @@ impl LinkShared {
 
     /// `Err(NotConnected)` once the link is broken.
     pub(crate) fn check_usable(&self) -> Result<(), Error> {
-        match &lock(&self.pool).broken {
-            Some(why) => Err(Error::NotConnected {
-                peer: self.peer.clone(),
-                why: why.clone(),
-            }),
-            None => Ok(()),
-        }
+        lock(&self.pool).usable(&self.peer)
     }
 
     /// Whether the link moves device memory (it has a device data path).
@@ -258,12 +265,7 @@ impl LinkShared {
     ) -> Result<Lane, Error> {
         let mut pool = lock(&self.pool);
         loop {
-            if let Some(why) = &pool.broken {
-                return Err(Error::NotConnected {
-                    peer: self.peer.clone(),
-                    why: why.clone(),
-                });
-            }
+            pool.usable(&self.peer)?;
             if let Some(l) = pool.idle.pop() {
                 return Ok(l);
             }
