@@ -133,10 +133,13 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// The client's options for the chosen transport: TCP only, or the same-host transport required.
+/// The client's options for the chosen transport: TCP only, the same-host transport required,
+/// or UCX required (naming its process, as a client on the server's host must to get UCX: its
+/// batches run inside the server's fence).
 fn client_options(a: &Args) -> Options {
     let o = Options::default().same_host(match a.transport.as_str() {
         "cma" => SameHost::Require,
+        "ucx" => SameHost::Auto,
         _ => SameHost::Forbid,
     });
     if a.transport == "ucx" {

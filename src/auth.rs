@@ -103,13 +103,11 @@ impl fmt::Debug for Psk {
     }
 }
 
-/// 32 random bytes from the kernel.
-pub(crate) fn nonce() -> [u8; 32] {
+/// 32 random bytes from the operating system (no fallback: see [`crate::types::random_u64`]).
+pub(crate) fn nonce() -> Result<[u8; 32], crate::error::Error> {
     let mut n = [0u8; 32];
-    for c in n.chunks_mut(8) {
-        c.copy_from_slice(&crate::types::random_u64().to_le_bytes());
-    }
-    n
+    getrandom::fill(&mut n).map_err(|e| crate::error::Error::NoRandomness { source: e.into() })?;
+    Ok(n)
 }
 
 #[cfg(test)]

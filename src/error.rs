@@ -447,6 +447,14 @@ pub enum Error {
         /// The region id.
         region: u32,
     },
+    /// The operating system's random source failed. Nonces, instance ids and link tokens come
+    /// only from it (never from time or pids, which a peer could guess), so nothing that needs
+    /// one proceeds: `initialize` fails with this, as does a connect or a handshake.
+    #[error("the operating system's random source failed: {source}")]
+    NoRandomness {
+        /// What `getrandom` reported.
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -502,6 +510,7 @@ impl Error {
             | Protocol { .. }
             | Native { .. }
             | SameHost { .. }
+            | NoRandomness { .. }
             | Cancelled { .. } => Status::FAILED,
         }
     }

@@ -58,9 +58,9 @@
 //! | a range outside the peer's table, wrong lengths, forbidden access | `PARAM_INVALID`, checked locally and again by the peer |
 //! | a dead peer, a timeout | `NOT_CONNECTED` / `TIMEOUT`, within the deadline |
 //!
-//! The graph is also written down declaratively in [`spec`], where the `typestate` crate checks
-//! that every state is reachable and can reach `Finalized`; a test keeps it in step with the
-//! engine.
+//! The graph is also written down declaratively for the `typestate` crate, which checks that
+//! every state is reachable and can reach `Finalized` (`src/spec.rs`, built for the tests); a
+//! test keeps it in step with the engine.
 //!
 //! ## Regions, ranges and links
 //!
@@ -86,9 +86,12 @@
 //! ## Resource cleanup
 //!
 //! [`Hixl::finalize`] is the explicit teardown: serving threads stop (requests in flight get a
-//! bounded grace period), sockets close. Dropping an engine does the same. Dropping a [`Link`]
-//! disconnects it; dropping a [`Region`] leaves its memory registered until the engine goes
-//! away, then frees it. Teardown never panics.
+//! bounded grace period), sockets close, and every link closes: its async requests that have
+//! not ended, forgotten ones included, are cancelled and waited for, so once it returns nothing
+//! of this engine touches registered memory. Dropping an engine does the same. Dropping a
+//! [`Link`] disconnects it (cancelling and waiting for its requests the same way); dropping a
+//! [`Region`] leaves its memory registered until the engine goes away, then frees it. Teardown
+//! never panics.
 //!
 //! ## Async transfers, notifications, metrics
 //!
@@ -140,11 +143,16 @@ mod options;
 mod quarantine;
 mod request;
 mod runtime;
+// The engine's state graph for the `typestate` crate's checks: test support (feature `testkit`).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
 pub mod spec;
 mod sync;
-// Test support (reproducible random data, checksums, the Ascend ABI double's builder) for the
-// integration tests, the examples and hixl-peer: public so they can use it, hidden from the docs
-// and not part of the semver surface.
+// Test support (reproducible random data, checksums, the Ascend ABI double's builder, a
+// same-host write for the pid-reuse test) for the integration tests, the examples and
+// hixl-peer: only with the cargo feature `testkit` (off by default), hidden from the docs and not
+// part of the semver surface. What in it can write memory is an `unsafe fn`.
+#[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
 mod transfer;

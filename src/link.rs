@@ -338,7 +338,7 @@ impl<'e> Link<'e> {
         }
         let state = self
             .shared
-            .start_async(op, xds, bytes, keep, timeout, args.user_data);
+            .start_async(op, xds, bytes, keep, timeout, args.user_data)?;
         Ok(TransferReq::new(state, self.shared.clone()))
     }
 
@@ -369,7 +369,10 @@ impl<'e> Link<'e> {
     }
 
     /// Closes the link (HIXL `Disconnect`): tells the peer, waits for its acknowledgement up to
-    /// `timeout`, and closes every lane. Consumes the link.
+    /// `timeout`, and closes every lane. Consumes the link. Async requests of the link that
+    /// were dropped or `mem::forget`ten and have not ended are cancelled, and this returns only
+    /// once they have ended (a held request borrows the link, so none is held here). Dropping a
+    /// link does the same.
     ///
     /// # Errors
     /// [`Error::InvalidTimeout`] for a zero timeout (the link is closed anyway); otherwise the

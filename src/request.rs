@@ -3,8 +3,10 @@
 //!
 //! A [`TransferReq`] owns what its transfer touches: the local regions (kept alive and
 //! registered by `Arc`) and the link's state. Dropping or forgetting it is therefore safe: a
-//! request that has not started is cancelled, one that is running finishes on its own. A terminal
-//! status ([`TransferStatus::is_terminal`]) means the engine no longer touches the local buffers.
+//! request that has not started is cancelled, one that is running finishes on its own, unless
+//! its link is closed first (disconnect, drop, or the engine's `deactivate`/`finalize`/drop),
+//! which cancels it and waits for it to end. A terminal status
+//! ([`TransferStatus::is_terminal`]) means the engine no longer touches the local buffers.
 
 use std::fmt;
 use std::future::Future;
@@ -103,15 +105,7 @@ impl TransferReq<'_> {
     /// `Completed` if the data had already moved). Returns the status after the request; wait
     /// for a terminal status before reusing the buffers.
     pub fn cancel(&self) -> TransferStatus {
-        if !self.st.resolve_queued(&self.link, Outcome::Cancelled) {
-            let mut g = lock(&self.st.m);
-            if let Phase::Running { fd } = g.phase {
-                g.cancel = true;
-                // SAFETY: the worker keeps the lane (and so `fd`) open while the phase is
-                // `Running`, and the phase cannot change while we hold the lock.
-                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-            }
-        }
+        self.st.cancel(&self.link);
         self.st.status()
     }
 

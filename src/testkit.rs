@@ -82,9 +82,14 @@ impl SameHostPeer {
 
     /// Writes `data` at `addr` in the process, the way a same-host WRITE does.
     ///
+    /// # Safety
+    /// `addr..addr + data.len()` must be memory of that process that nothing else reads or
+    /// writes meanwhile and that may hold any bytes: if the process is this one, or one whose
+    /// memory safety you rely on, the write is exactly as dangerous as a raw pointer write.
+    ///
     /// # Errors
     /// The OS error (`ESRCH` once the process is gone, whatever now has its pid).
-    pub fn write(&self, addr: usize, data: &[u8]) -> std::io::Result<()> {
+    pub unsafe fn write(&self, addr: usize, data: &[u8]) -> std::io::Result<()> {
         let mut local = [crate::io::IoVec {
             base: data.as_ptr() as usize,
             len: data.len(),

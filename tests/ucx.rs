@@ -30,7 +30,7 @@ fn ucx_opts() -> Options {
     Options::default()
         .psk(KEY)
         .ucx(Ucx::Require)
-        .same_host(SameHost::Forbid)
+        .same_host(SameHost::Auto)
 }
 
 fn ucx_peer(size: usize, seed: u64) -> Peer {

@@ -9,7 +9,14 @@
 //! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
 //! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
 //! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
+//! hixl-peer norandom        (as root: a process whose OS random source fails)
 //! ```
+//!
+//! `norandom` takes this process's random sources away and then initializes an engine: in a
+//! mount namespace of its own it binds `/dev/null` over `/dev/urandom` and `/dev/random` (which
+//! then read as empty), and a seccomp filter makes the `getrandom` system call fail with `EPERM`
+//! (as a container's filter may). It prints `INIT ok` or `INIT err <HIXL status> <error>`, or
+//! `SKIP <why>` when it may not do that (not root).
 //!
 //! `compat-serve` is `serve` through the runtime-checked [`hixl::compat::Hixl`] (HIXL's call
 //! shape): it registers a `Vec<u8>` with `register_mem` (default name `127.0.0.1:0`, an
@@ -91,6 +98,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("sink") => return sink(),
         Some("pidreuse") => return pidreuse(),
         Some("compat-serve") => return compat_serve(args),
+        Some("norandom") => return norandom(),
         _ => return Err(USAGE.into()),
     }
     let mut common = Common::new("127.0.0.1", 64 << 20);
@@ -209,6 +217,94 @@ struct SinkPage(std::cell::UnsafeCell<[u8; 4096]>);
 // it, which is what `pidreuse` looks for.
 unsafe impl Sync for SinkPage {}
 
+/// `hixl-peer norandom`: see the file's docs.
+fn norandom() -> Result<(), Box<dyn std::error::Error>> {
+    // this thread's hash keys are taken while the sources still work (std takes them from the
+    // same sources, once per thread)
+    let _keys = std::collections::HashMap::<u8, u8>::new();
+    // SAFETY: unshare and mount have no memory-safety preconditions; the strings are
+    // NUL-terminated literals.
+    let isolated = unsafe {
+        libc::unshare(libc::CLONE_NEWNS) == 0
+            && libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) == 0
+            && [c"/dev/urandom", c"/dev/random"].iter().all(|dev| {
+                libc::mount(
+                    c"/dev/null".as_ptr(),
+                    dev.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) == 0
+            })
+    };
+    if !isolated {
+        println!(
+            "SKIP cannot bind /dev/null over /dev/urandom in a mount namespace of its own: {}",
+            std::io::Error::last_os_error()
+        );
+        return Ok(());
+    }
+    // seccomp: getrandom(2) fails with EPERM, every other call is allowed
+    let filter = [
+        // load the system call number (offset 0 of struct seccomp_data)
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_getrandom as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points to `filter`, both alive for the call (the kernel copies them).
+    let filtered = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ) == 0
+    };
+    if !filtered {
+        println!(
+            "SKIP cannot install the seccomp filter: {}",
+            std::io::Error::last_os_error()
+        );
+        return Ok(());
+    }
+    match Hixl::initialize("127.0.0.1", Options::default()) {
+        Ok(_) => println!("INIT ok"),
+        Err(e) => println!("INIT err {} {e}", e.status().code()),
+    }
+    Ok(())
+}
+
 /// Prints `SINK ADDR PID`; then, for each line on standard input, the FNV-1a of the page.
 fn sink() -> Result<(), Box<dyn std::error::Error>> {
     let p = SINK.0.get().cast::<u8>();
@@ -294,7 +390,9 @@ fn pidreuse() -> Result<(), Box<dyn std::error::Error>> {
     }
     let before = decoy.sum()?;
     let data = [0xEEu8; 4096];
-    let write = match handle.write(victim.addr, &data) {
+    // SAFETY: the target is a sink process's static page, which nothing reads or writes but its
+    // `sum` command, and which may hold any bytes; through the old handle it must not land at all.
+    let write = match unsafe { handle.write(victim.addr, &data) } {
         Ok(()) => "ok".to_owned(),
         Err(e) => format!("errno={}", e.raw_os_error().unwrap_or(0)),
     };

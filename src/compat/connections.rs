@@ -156,14 +156,16 @@ impl Hixl {
         remote: &str,
         key: &str,
     ) -> Result<Arc<Link<'static>>> {
-        {
+        let broken = {
             let mut links = lock(&self.links);
             match links.get(key) {
                 Some(l) if !(auto && l.is_broken()) => return Ok(l.clone()),
-                Some(_) => drop(links.remove(key)),
-                None => {}
+                Some(_) => links.remove(key),
+                None => None,
             }
-        }
+        };
+        // closed outside the lock: closing waits for the link's requests to end
+        drop(broken);
         if e.async_connect_status(remote) == AsyncConnectStatus::Connected
             && let Ok(l) = e.take_link_owned(remote)
         {
@@ -196,10 +198,15 @@ impl Hixl {
             Status::NOT_CONNECTED | Status::TIMEOUT | Status::FAILED | Status::NOTIFY_FAILED
         );
         if auto && (failed || link.is_broken()) {
-            let mut links = lock(&self.links);
-            if links.get(key).is_some_and(|l| Arc::ptr_eq(l, link)) {
-                links.remove(key);
-            }
+            let removed = {
+                let mut links = lock(&self.links);
+                match links.get(key) {
+                    Some(l) if Arc::ptr_eq(l, link) => links.remove(key),
+                    _ => None,
+                }
+            };
+            // closed outside the lock: closing waits for the link's requests to end
+            drop(removed);
         }
     }
 

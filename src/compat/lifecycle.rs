@@ -216,7 +216,8 @@ impl Hixl {
         }
         let registered = match engine {
             Typed::Connected(e) => {
-                lock(&self.links).clear();
+                let held = std::mem::take(&mut *lock(&self.links));
+                drop(held); // closing a link waits for its requests: not under the lock
                 e.deactivate()
             }
             Typed::Registered(e) => e,

@@ -48,22 +48,23 @@ impl Hixl {
         op_descs: &[TransferOpDesc],
         args: TransferArgs,
     ) -> Result<TransferReq> {
-        let req = self.on_link(remote_engine, |core, link| {
+        self.on_link(remote_engine, |core, link| {
             let regions = local_regions(core, op_descs)?;
             let descs = descriptors(link, &regions, op_descs)?;
             let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
             let req: crate::TransferReq<'static> = link.start_async(op, &descs, targs)?;
-            Ok(req)
-        })?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.reqs).insert(
-            id,
-            Pending {
-                req: Arc::new(req),
-                user_data: args.user_data,
-            },
-        );
-        Ok(id)
+            // recorded while the core's read lock is held: `finalize` (which takes the write
+            // lock) either runs before the request starts, or finds it here
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            lock(&self.reqs).insert(
+                id,
+                Pending {
+                    req: Arc::new(req),
+                    user_data: args.user_data,
+                },
+            );
+            Ok(id)
+        })
     }
 
     /// HIXL `GetTransferStatus` for one request. A terminal status (completed, timeout,

@@ -74,6 +74,9 @@ impl EngineInner {
         options: Options,
         ephemeral: bool,
     ) -> Result<Arc<Self>, Error> {
+        // before anything is bound or started: an engine without a random source cannot take
+        // part in the protocol (instance ids, link tokens and nonces come only from it)
+        let instance = random_u64()?;
         let port = match (parsed.port, ephemeral) {
             (Some(p), _) => Some(p),
             (None, true) => Some(0),
@@ -106,7 +109,7 @@ impl EngineInner {
         let notify_limits = options.notify_limits();
         Ok(Arc::new_cyclic(|me| EngineInner {
             id,
-            instance: random_u64(),
+            instance,
             name,
             options,
             listener: Mutex::new(listener),
@@ -287,7 +290,9 @@ impl EngineInner {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Arc<LinkShared>, Error> {
-        let ticket = crate::types::random_u64();
+        // tells this connect's reservation apart from a later one's: unique, not secret
+        static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+        let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         {
             let mut peers = lock(&self.peers);
             match peers.get(key) {

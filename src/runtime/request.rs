@@ -229,6 +229,24 @@ impl ReqState {
         self.end(link, outcome, true)
     }
 
+    /// Stops the request: one still queued ends `Cancelled` at once; one running is marked
+    /// cancelled (a data path polls that between its steps) and its lane's socket, if it runs on
+    /// one, is shut down, so the worker's I/O returns and it ends the request.
+    pub(crate) fn cancel(&self, link: &LinkShared) {
+        if self.resolve_queued(link, Outcome::Cancelled) {
+            return;
+        }
+        let mut g = lock(&self.m);
+        if let Phase::Running { fd } = g.phase {
+            g.cancel = true;
+            if fd >= 0 {
+                // SAFETY: the worker keeps the lane (and so `fd`) open while the phase is
+                // `Running`, and the phase cannot change while we hold the lock.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+        }
+    }
+
     pub(crate) fn status(&self) -> TransferStatus {
         match &lock(&self.m).phase {
             Phase::Queued | Phase::Running { .. } => TransferStatus::Waiting,

@@ -64,6 +64,12 @@ pub(crate) struct Accept<'a> {
     pub(crate) client: &'a str,
     /// The request's payload.
     pub(crate) payload: &'a [u8],
+    /// Whether the client's link holds a fence: one-sided access on this host that the server
+    /// revokes, and waits for, before its memory can go.
+    pub(crate) fenced: bool,
+    /// Whether the client may be a process on this host, whatever it said about itself (it
+    /// connects from an address of this host). A one-sided path to such a client must be fenced.
+    pub(crate) on_this_host: bool,
     /// Writes one frame to the client.
     pub(crate) send: &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>,
 }

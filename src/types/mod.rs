@@ -8,7 +8,6 @@ use std::fmt;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) mod engine_name;
 pub(crate) mod raw;
@@ -179,21 +178,11 @@ pub(crate) fn start_time(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// A random 64-bit value from the kernel (instance ids, link tokens).
-pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into the live `v`.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        // fall back on time, pid and a counter: unique enough for an instance id
-        static SALT: AtomicU64 = AtomicU64::new(1);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        v = t ^ (u64::from(std::process::id()) << 32) ^ SALT.fetch_add(1, Ordering::Relaxed);
-    }
-    v
+/// A random 64-bit value from the operating system (instance ids, link tokens, nonces). There is
+/// no fallback: a value a peer could guess (time, pid, a counter) would let it forge a link
+/// token or replay a handshake, so a failing source is an error.
+pub(crate) fn random_u64() -> Result<u64, crate::error::Error> {
+    getrandom::u64().map_err(|e| crate::error::Error::NoRandomness { source: e.into() })
 }
 
 /// One descriptor on the wire: a range of a region of the serving engine.

@@ -187,6 +187,18 @@ fn refused(
     ConnEnd::Refused(why.into())
 }
 
+/// The random source failed in a handshake: the client is refused (`FAILED`), never given a
+/// guessable token or nonce.
+fn no_randomness(
+    sock: &mut Sock,
+    out: &mut Vec<u8>,
+    e: crate::error::Error,
+    deadline: Option<Instant>,
+) -> ConnEnd {
+    let told = "the server has no random source";
+    refused(sock, out, Status::FAILED, told, e.to_string(), deadline)
+}
+
 pub(super) fn refuse(
     sock: &mut Sock,
     out: &mut Vec<u8>,
@@ -208,6 +220,7 @@ pub(super) fn serve(
     stream: TcpStream,
     link: &mut Option<u64>,
 ) -> ConnEnd {
+    let on_this_host = crate::io::peer_on_this_host(&stream);
     let mut sock = Sock::adopt(stream);
     // declared after `sock`, so the connection leaves the table before its socket closes
     let _entry = limits::Entry {
@@ -258,7 +271,10 @@ pub(super) fn serve(
         }
     };
     if let Some(key) = &shared.psk {
-        let sn = crate::auth::nonce();
+        let sn = match crate::auth::nonce() {
+            Ok(n) => n,
+            Err(e) => return no_randomness(&mut sock, &mut out, e, io_deadline()),
+        };
         let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
         wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
         if let Err(e) = sock.send_bytes(&out, handshake) {
@@ -320,10 +336,12 @@ pub(super) fn serve(
             };
             // only a fence the server will revoke and wait for is offered
             let fence = fence.filter(|f| shared.offer_fence(f));
+            // the link's token is what later lanes present to JOIN it: unguessable, never 0
             let token = loop {
-                let t = crate::types::random_u64();
-                if t != 0 {
-                    break t;
+                match crate::types::random_u64() {
+                    Ok(0) => {}
+                    Ok(t) => break t,
+                    Err(e) => return no_randomness(&mut sock, &mut out, e, io_deadline()),
                 }
             };
             let mut links = lock(&shared.links);
@@ -571,10 +589,15 @@ pub(super) fn serve(
                     return violation(&mut sock, &mut out, e, deadline);
                 }
                 asked.push(k);
+                let fenced = lock(&shared.links)
+                    .get(&token)
+                    .is_some_and(|l| l.fence.is_some());
                 let accepted = b.accept(Accept {
                     me: &shared.name,
                     client: &hello.name,
                     payload: p,
+                    fenced,
+                    on_this_host,
                     send: &mut |f| sock.send_bytes(f, deadline),
                 });
                 match accepted {

@@ -64,7 +64,9 @@ impl LinkShared {
     }
 
     /// Queues a checked batch as an async request holding `keep` until it ends; the deadline
-    /// watcher ends it if it is still queued at `timeout` from now.
+    /// watcher ends it if it is still queued at `timeout` from now. `NOT_CONNECTED` once the
+    /// link was closed (a close cancels and waits for every request it sees, so none may start
+    /// after it).
     pub(crate) fn start_async(
         self: &Arc<Self>,
         op: TransferOp,
@@ -73,17 +75,26 @@ impl LinkShared {
         keep: Vec<RegionUse>,
         timeout: Duration,
         user_data: u64,
-    ) -> Arc<ReqState> {
+    ) -> Result<Arc<ReqState>, Error> {
         let seq = self.next_req.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
-        lock(&self.unfinished).insert(seq);
+        {
+            let mut u = lock(&self.unfinished);
+            if u.closed {
+                return Err(Error::NotConnected {
+                    peer: self.peer.clone(),
+                    why: "the link was closed".into(),
+                });
+            }
+            u.reqs.insert(seq, Arc::downgrade(&state));
+        }
         self.counters.start(op);
         crate::runtime::request::watch(&state, self);
         self.enqueue(Job {
             state: state.clone(),
             xds,
         });
-        state
+        Ok(state)
     }
 
     /// Sends a notification once every transfer started before it has ended, and waits for
@@ -100,7 +111,7 @@ impl LinkShared {
         let me = sh.next_req.fetch_add(1, Ordering::Relaxed);
         {
             let mut unfinished = lock(&sh.unfinished);
-            while unfinished.range(..me).next().is_some() {
+            while unfinished.reqs.range(..me).next().is_some() {
                 let rem = deadline.saturating_duration_since(Instant::now());
                 if rem.is_zero() {
                     return Err(Error::Timeout {
@@ -331,7 +342,7 @@ impl LinkShared {
         err: Option<crate::error::Status>,
     ) {
         self.counters.finish(op, bytes, took, err);
-        lock(&self.unfinished).remove(&seq);
+        lock(&self.unfinished).reqs.remove(&seq);
         self.finished_cv.notify_all();
     }
 

@@ -5,10 +5,10 @@
 
 mod exec;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, RemoteRefusal};
@@ -53,6 +53,15 @@ impl Pool {
     }
 }
 
+/// The link's async requests that have not ended, by sequence number (notifications wait for
+/// earlier ones; `close` cancels and waits for all of them).
+#[derive(Default)]
+struct Unfinished {
+    reqs: BTreeMap<u64, Weak<ReqState>>,
+    /// Set by `close`: no request starts any more.
+    closed: bool,
+}
+
 #[derive(Default)]
 struct Jobs {
     queue: VecDeque<Job>,
@@ -81,8 +90,8 @@ pub(crate) struct LinkShared {
     next_req: AtomicU64,
     jobs: Mutex<Jobs>,
     jobs_cv: Condvar,
-    /// Async requests not finished yet, by sequence number (notifications wait for earlier ones).
-    unfinished: Mutex<BTreeSet<u64>>,
+    /// Async requests not finished yet.
+    unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
     /// The data paths other than the TCP lanes, in preference order (device, UCX, same host):
@@ -132,7 +141,7 @@ impl LinkShared {
             name: engine.name.to_owned(),
             target: peer.clone(),
             host: me,
-            nonce: crate::auth::nonce(),
+            nonce: crate::auth::nonce()?,
         };
         let psk = engine.options.psk.clone();
         let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
@@ -182,6 +191,18 @@ impl LinkShared {
             }
             why_not = setup.why_not;
         }
+        if welcome.fence >= 0 && fence.is_none() {
+            // the server sees this client on its host, but its fence could not be taken: a
+            // one-sided path would run outside it, where the server's `deactivate` cannot stop
+            // it. Such paths go; the link moves its data over the others (TCP at least).
+            paths.retain(|p| {
+                if p.fenced() {
+                    tracing::debug!(parent: &span, transport = ?p.kind(), "no fence: not used");
+                    p.close();
+                }
+                !p.fenced()
+            });
+        }
         if paths.is_empty() {
             // no one-sided path: the fence guards nothing
             fence = None;
@@ -221,7 +242,7 @@ impl LinkShared {
             next_req: AtomicU64::new(1),
             jobs: Mutex::new(Jobs::default()),
             jobs_cv: Condvar::new(),
-            unfinished: Mutex::new(BTreeSet::new()),
+            unfinished: Mutex::new(Unfinished::default()),
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
             paths,
@@ -279,7 +300,7 @@ impl LinkShared {
                     name: self.name.clone(),
                     target: self.peer.clone(),
                     host: None,
-                    nonce: crate::auth::nonce(),
+                    nonce: crate::auth::nonce()?,
                 };
                 return match Lane::open(self.addr, &hello, self.psk.as_ref(), deadline) {
                     Ok((lane, _)) => {
@@ -437,6 +458,12 @@ impl LinkShared {
         }
     }
 
+    /// Closes the link: no request starts on it any more, every async request still queued or
+    /// running (held, dropped or forgotten) is cancelled, and the peer is told (BYE, waiting up
+    /// to `timeout` for its answer). Returns only once every async request of the link has
+    /// ended: from then on nothing of this link touches local memory. How long that takes is
+    /// bounded by each transport's cancellation (a lane's socket is shut down; a same-host copy
+    /// finishes the batch it is in; UCX stops waiting; a device batch ends by its deadline).
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
         let deadline = started + timeout;
@@ -457,13 +484,44 @@ impl LinkShared {
             pool.broken.get_or_insert_with(|| "disconnected".into());
             pool.closed = true;
         }
+        self.freed.notify_all();
+        self.jobs_cv.notify_all();
+        self.end_requests();
         for p in &self.paths {
             p.close();
         }
-        self.freed.notify_all();
-        self.jobs_cv.notify_all();
         tracing::debug!(parent: &self.span, ok = r.is_ok(), "disconnected");
         r
+    }
+
+    /// Refuses new async requests, cancels every one that has not ended, and waits until each
+    /// has (its worker saw the cancel, or it was still queued).
+    fn end_requests(&self) {
+        let pending: Vec<Arc<ReqState>> = {
+            let mut u = lock(&self.unfinished);
+            u.closed = true;
+            u.reqs.values().filter_map(Weak::upgrade).collect()
+        };
+        for st in &pending {
+            st.cancel(self);
+        }
+        drop(pending);
+        let mut u = lock(&self.unfinished);
+        let mut waited = false;
+        // a request whose state is gone cannot be running (its worker holds it): drop its entry
+        u.reqs.retain(|_, w| w.strong_count() > 0);
+        while !u.reqs.is_empty() {
+            if !waited {
+                tracing::debug!(parent: &self.span, requests = u.reqs.len(), "waiting for cancelled requests to end");
+                waited = true;
+            }
+            u = self
+                .finished_cv
+                .wait_timeout(u, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            u.reqs.retain(|_, w| w.strong_count() > 0);
+        }
     }
 }
 

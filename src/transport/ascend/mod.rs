@@ -23,6 +23,7 @@ macro_rules! take_apart {
 
 pub(crate) mod acl;
 mod backend;
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) mod double;
 pub(crate) mod ffi;
 pub(crate) mod hccl;

@@ -195,6 +195,12 @@ impl Drop for Pass<'_> {
 /// A test hook: with `HIXL_TEST_STOP_IN_FENCE=1` in its environment, a process stops itself
 /// (`SIGSTOP`) inside the fence of its first same-host batch, before moving a byte. The tests
 /// use it to make "a client stopped in the middle of a batch" happen every time, not by luck.
+#[cfg(not(feature = "testkit"))]
+#[inline(always)]
+pub(crate) fn test_pause() {}
+
+/// The test hook itself, in builds with the `testkit` feature only.
+#[cfg(feature = "testkit")]
 pub(crate) fn test_pause() {
     static ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     static ARMED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -36,16 +36,17 @@ impl UcxBackend {
         }
     }
 
-    /// Asks the server for its worker and keys: `None` when it does not serve over UCX.
-    fn ask(setup: &mut Setup<'_>) -> Result<Option<UcxInfo>, Error> {
+    /// Asks the server for its worker and keys: `Err` with the server's status and reason when
+    /// it does not serve this client over UCX.
+    fn ask(setup: &mut Setup<'_>) -> Result<Result<UcxInfo, (u32, String)>, Error> {
         let ctl = &mut *setup.ctl;
         ctl.send(&wire::header(Kind::UcxAsk, 0), setup.deadline)?;
         match ctl.recv(setup.deadline)? {
             (Kind::UcxInfo, p) => UcxInfo::decode(&p)
-                .map(Some)
+                .map(Ok)
                 .map_err(|e| ctl.protocol(e.to_string())),
             (Kind::Done, p) => match wire::decode_done(&p) {
-                Ok((0, status, _)) if status != 0 => Ok(None),
+                Ok((0, status, reason)) if status != 0 => Ok(Err((status, reason))),
                 _ => Err(ctl.protocol("a malformed answer to UCXASK".into())),
             },
             (k, _) => Err(ctl.protocol(format!("expected UCXINFO, got {k:?}"))),
@@ -92,17 +93,20 @@ impl Backend for UcxBackend {
         let Some(u) = &self.eng else { return Ok(None) };
         let local = lock(&self.local).clone();
         let got = Self::ask(setup).and_then(|info| match info {
-            Some(info) => UcxLink::connect(u, setup.peer, &info, setup.table, local).map(Some),
-            None => Ok(None),
+            Ok(info) => UcxLink::connect(u, setup.peer, &info, setup.table, local).map(Ok),
+            Err(no) => Ok(Err(no)),
         });
         match got {
-            Ok(Some(l)) => Ok(Some(Box::new(l))),
-            Ok(None) if self.require => Err(Error::TransportUnavailable {
+            Ok(Ok(l)) => Ok(Some(Box::new(l))),
+            Ok(Err((status, reason))) if self.require => Err(Error::Refused {
+                op: "UCX setup",
                 peer: setup.peer.to_owned(),
-                transport: "ucx",
-                why: "the peer does not serve over UCX",
+                refusal: crate::error::RemoteRefusal {
+                    status: Status::from_peer(status),
+                    reason,
+                },
             }),
-            Ok(None) => Ok(None),
+            Ok(Err(_)) => Ok(None),
             Err(e) if self.require => Err(e),
             Err(e) => {
                 tracing::debug!(error = %e, "UCX link failed; using tcp or same-host");
@@ -124,6 +128,21 @@ impl Backend for UcxBackend {
             return Err(AcceptFail::Violation(WireError::Trailing(
                 req.payload.len(),
             )));
+        }
+        // UCX may reach a client on this host through shared memory (CMA, mapped segments),
+        // where its puts land straight from the client's process: such access must be inside
+        // the fence that `deactivate` revokes and waits for. A client that could be on this
+        // host (it connects from one of its addresses) and holds no fence gets no keys.
+        if req.on_this_host && !req.fenced {
+            let mut out = Vec::new();
+            wire::encode_done(
+                &mut out,
+                0,
+                Status::UNSUPPORTED.code(),
+                "UCX from this host is served only to a fenced client (one that names its \
+                 process: SameHost::Auto or Require)",
+            );
+            return (req.send)(&out).map(|()| None).map_err(AcceptFail::Io);
         }
         // the frame is copied: no lock is held while the client is written to
         let frame = lock(&self.server).as_ref().map(|s| s.frame().to_vec());
