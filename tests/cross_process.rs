@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, client, exercise_peer};
+use common::{Peer, Rounds, client, exercise_peer};
 use hixl::{Error, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
@@ -36,8 +36,10 @@ fn peer_killed_mid_transfer_then_restarted() {
     let link = cli.connect(&name).unwrap();
     let timeout = Duration::from_secs(3);
     let mut child = peer.child;
+    let progress = Rounds::default();
     let outcome = std::thread::scope(|s| {
         let worker = s.spawn(|| {
+            let _end = progress.ender();
             let d = TransferDesc::new(
                 buf.range(..).unwrap(),
                 link.remote(peer.addr, size as u64).unwrap(),
@@ -50,15 +52,24 @@ fn peer_killed_mid_transfer_then_restarted() {
                     TransferOp::Read
                 };
                 let t0 = Instant::now();
+                progress.start();
                 match link.transfer_sync(op, &[d], timeout) {
                     Ok(()) => rounds += 1,
                     Err(e) => return (rounds, e, t0.elapsed()),
                 }
+                progress.complete();
             }
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // kill once a round completed and the next one started, however fast the machine
+        let at_kill = progress.wait_running_after_one(T);
         child.kill().unwrap();
-        worker.join().unwrap()
+        let r = worker.join().unwrap();
+        eprintln!(
+            "the peer was killed in round {} ({at_kill:?}); round {} failed",
+            at_kill.started,
+            r.0 + 1
+        );
+        r
     });
     let (rounds, err, took) = outcome;
     let _ = child.wait();

@@ -291,12 +291,16 @@ fn a_started_frame_must_finish_within_the_io_timeout() {
 #[test]
 fn handshakes_have_their_own_budget() {
     let _one = serial();
-    let peer = spawn_peer(&["--psk", KEY, "--max-conns", "64", "--io-timeout-ms", "2000"]);
+    let io_timeout = Duration::from_millis(2000);
+    let io_ms = io_timeout.as_millis().to_string();
+    let peer = spawn_peer(&["--psk", KEY, "--max-conns", "64", "--io-timeout-ms", &io_ms]);
     let pid = peer.child.id();
     let (cli, mut buf) = honest_client(true);
     honest_round(&cli, &mut buf, &peer);
     let base = usage(pid);
 
+    // no idle socket reaches its handshake deadline before this
+    let idle_since = Instant::now();
     let idle: Vec<TcpStream> = (0..200)
         .map(|i| connect_from(2 + (i % 40) as u8, &peer.name).unwrap())
         .collect();
@@ -308,8 +312,10 @@ fn handshakes_have_their_own_budget() {
             self.0.store(true, Ordering::Relaxed);
         }
     }
+    let (churning, first_churn) = std::sync::mpsc::channel::<()>();
     let churned = std::thread::scope(|sc| {
         let churner = sc.spawn(|| {
+            let churning = churning;
             let mut n = 0u32;
             let until = Instant::now() + Duration::from_secs(60);
             while !stop.load(Ordering::Relaxed) && Instant::now() < until {
@@ -321,10 +327,17 @@ fn handshakes_have_their_own_budget() {
                     let _ = read_frame(&mut s);
                 }
                 n += 1;
+                if n == 1 {
+                    let _ = churning.send(());
+                }
             }
             n
         });
         let stopper = Stop(&stop);
+        // the honest rounds start once the keyless client has been answered (so it churns
+        // while they run, and the server has taken in the idle sockets queued before it),
+        // however fast or slow the machine; if it never is, `churned > 0` below says so
+        let _ = first_churn.recv_timeout(Duration::from_secs(20));
         let mut took: Vec<Duration> = (0..10)
             .map(|_| honest_round(&cli, &mut buf, &peer))
             .collect();
@@ -345,8 +358,16 @@ fn handshakes_have_their_own_budget() {
         n
     });
     assert!(churned > 0);
-    // the server holds at most its handshake budget of the idle sockets
-    let u = usage(pid);
+    // the server holds at most its handshake budget of the idle sockets. It cut the oldest
+    // ones to keep that budget, and a cut connection's thread ends a moment later: count once
+    // those have ended (on a fast machine the rounds can be over first), but only until an
+    // idle socket could have reached its handshake deadline (then the count would say nothing)
+    let counted_by = idle_since + io_timeout - Duration::from_millis(200);
+    let mut u = usage(pid);
+    while u.threads > base.threads + 64 + 2 && Instant::now() < counted_by {
+        std::thread::sleep(Duration::from_millis(5));
+        u = usage(pid);
+    }
     assert!(
         u.threads <= base.threads + 64 + 2,
         "{} serving threads for 200 idle sockets",

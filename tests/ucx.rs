@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, exercise_peer, fnv1a};
+use common::{Peer, Rng, Rounds, exercise_peer, fnv1a};
 use hixl::{
     Access, Error, Hixl, HostBuffer, Options, SameHost, TransferArgs, TransferDesc, TransferOp,
     TransportKind, Ucx,
@@ -158,8 +158,10 @@ fn peer_killed_then_restarted() {
     let link = cli.connect(&name).unwrap();
     let deadline = Duration::from_secs(3);
     let mut child = peer.child;
+    let progress = Rounds::default();
     let (rounds, err, took) = std::thread::scope(|s| {
         let w = s.spawn(|| {
+            let _end = progress.ender();
             let d = TransferDesc::new(
                 buf.range(..).unwrap(),
                 link.remote(peer.addr, size as u64).unwrap(),
@@ -172,15 +174,24 @@ fn peer_killed_then_restarted() {
                     TransferOp::Read
                 };
                 let t0 = Instant::now();
+                progress.start();
                 if let Err(e) = link.transfer_sync(op, &[d], deadline) {
                     return (rounds, e, t0.elapsed());
                 }
                 rounds += 1;
+                progress.complete();
             }
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // kill once a round completed and the next one started, however fast the machine
+        let at_kill = progress.wait_running_after_one(T);
         child.kill().unwrap();
-        w.join().unwrap()
+        let r = w.join().unwrap();
+        eprintln!(
+            "the peer was killed in round {} ({at_kill:?}); round {} failed",
+            at_kill.started,
+            r.0 + 1
+        );
+        r
     });
     let _ = child.wait();
     drop((peer.stdin, peer.stdout));
@@ -283,7 +294,7 @@ fn missing_library_is_a_typed_error() {
 /// deadline (the endpoint is force-closed, so UCX no longer touches the buffers), the link is
 /// poisoned (`NOT_CONNECTED`, as after a timeout) and a new connect works. Over shared memory
 /// a batch may finish before the cancel lands (process_vm copies are synchronous); over tcp a
-/// 256 MiB READ takes long enough to be cancelled.
+/// batch scaled to last about a second is cancelled once its first bytes have landed.
 #[test]
 fn cancel_a_running_request() {
     if !ucx_available("cancel_a_running_request") {
@@ -291,9 +302,29 @@ fn cancel_a_running_request() {
     }
     let size = 64 << 20;
     let peer = ucx_peer(size, 45);
-    let (cli, buf) = ucx_client(size);
+    let (cli, mut buf) = ucx_client(size);
     let link = cli.connect(&peer.name).unwrap();
-    let descs: Vec<_> = (0..4)
+    // the batch READs the peer's 64 MiB `n` times: enough to last about a second here (at
+    // least 4 times), so that it still runs when the cancel lands, on any machine
+    let one = TransferDesc::new(
+        buf.range(..).unwrap(),
+        link.remote(peer.addr, size as u64).unwrap(),
+    );
+    // the faster of two (the first may pay for setting the endpoint up)
+    let per = (0..2)
+        .map(|_| {
+            let t0 = Instant::now();
+            link.transfer_sync(TransferOp::Read, &[one], T).unwrap();
+            t0.elapsed()
+        })
+        .min()
+        .unwrap();
+    let n = (Duration::from_secs(1).as_nanos() / per.as_nanos().max(1)).clamp(4, 256) as usize;
+    // zeros where the peer's bytes (random) will land: a byte that is no longer zero shows
+    // the batch is moving data, that is, it runs (a request still queued is cancelled
+    // without touching the link)
+    buf.write_at(0, &vec![0u8; size]).unwrap();
+    let descs: Vec<_> = (0..n)
         .map(|_| {
             TransferDesc::new(
                 buf.range(..).unwrap(),
@@ -309,7 +340,25 @@ fn cancel_a_running_request() {
             TransferArgs::default().timeout(deadline),
         )
         .unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    let landed = || {
+        (0..size).step_by(512).any(|i| {
+            // SAFETY: inside the registered buffer, alive for the test; UCX writes it
+            // meanwhile, so the bytes are only looked at (volatile), never relied on.
+            unsafe { std::ptr::read_volatile(buf.as_ptr().add(i)) != 0 }
+        })
+    };
+    let waiting = Instant::now();
+    // the pause between looks ends early if the request ends
+    while !landed() && !r.wait(Duration::from_millis(1)).is_terminal() {
+        assert!(
+            waiting.elapsed() < T,
+            "no byte of the batch ({n} x 64 MiB) landed in {T:?}"
+        );
+    }
+    eprintln!(
+        "one 64 MiB READ took {per:?}; the batch has {n}; data landed after {:?}",
+        waiting.elapsed()
+    );
     let t0 = Instant::now();
     r.cancel();
     let end = r.wait(deadline);

@@ -12,6 +12,9 @@ import pytest
 
 import hixl
 
+# hixl::MAX_BATCH: the most descriptors one call takes
+MAX_BATCH = 1 << 20
+
 
 @pytest.fixture
 def pair():
@@ -200,18 +203,23 @@ def test_gil_released_during_transfer_sync():
     t = threading.Thread(target=count)
     t.start()
     try:
-        for _ in range(8):  # a call long enough to tell (a loaded machine makes it longer)
+        # a call long enough to tell, on any machine: the batch reads the buffer `reps` times
+        # over, doubled until one call lasts over 30 ms (up to hixl's MAX_BATCH descriptors)
+        reps = 1
+        while True:
+            batch = descs * reps
             t0 = time.monotonic()
-            assert c.transfer_sync(name, hixl.READ, descs, 60000) == 0
+            assert c.transfer_sync(name, hixl.READ, batch, 60000) == 0
             t1 = time.monotonic()
-            if t1 - t0 > 0.03:
+            if t1 - t0 > 0.03 or len(batch) * 2 > MAX_BATCH:
                 break
+            reps *= 2
         inside = [x for x in list(stamps) if t0 + 0.01 < x < t1]
     finally:
         stop.set()
         t.join()
         sys.setswitchinterval(old)
-    assert t1 - t0 > 0.03, "the transfer was too quick to tell"
+    assert t1 - t0 > 0.03, ("the transfer was too quick to tell", reps, t1 - t0)
     # with the GIL held through the call the counter could not run after its first few ms
     assert len(inside) > 10, (len(inside), t1 - t0)
     assert cli.all()

@@ -370,3 +370,70 @@ impl Peer {
         }
     }
 }
+
+/// The rounds of a transfer loop running on another thread, as that thread reports them, so
+/// that a test can act (kill the peer) once the loop has demonstrably completed a round and
+/// started the next one, whatever the speed of the machine.
+#[derive(Default)]
+pub struct Rounds {
+    m: std::sync::Mutex<RoundsSeen>,
+    cv: std::sync::Condvar,
+}
+
+/// What the loop reported so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RoundsSeen {
+    /// Rounds started (a transfer call was about to be made).
+    pub started: u64,
+    /// Rounds that completed.
+    pub completed: u64,
+    /// The loop ended (it returned or panicked).
+    pub ended: bool,
+}
+
+/// Marks its loop ended when dropped, however the loop ends.
+pub struct RoundsEnd<'a>(&'a Rounds);
+
+impl Drop for RoundsEnd<'_> {
+    fn drop(&mut self) {
+        self.0.update(|s| s.ended = true);
+    }
+}
+
+impl Rounds {
+    fn update(&self, f: impl FnOnce(&mut RoundsSeen)) {
+        let mut g = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut g);
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// The loop's thread: call first; the loop counts as ended when the guard drops.
+    pub fn ender(&self) -> RoundsEnd<'_> {
+        RoundsEnd(self)
+    }
+
+    /// The loop's thread: a round is about to start.
+    pub fn start(&self) {
+        self.update(|s| s.started += 1);
+    }
+
+    /// The loop's thread: the round completed.
+    pub fn complete(&self) {
+        self.update(|s| s.completed += 1);
+    }
+
+    /// Waits until at least one round completed and a later one started (so the loop is in a
+    /// transfer, or just past one), or the loop ended, for at most `limit`. Returns what the
+    /// loop had reported then (the caller acts anyway, so that the loop ends, and its own
+    /// assertions judge: no round completed is a failure).
+    pub fn wait_running_after_one(&self, limit: std::time::Duration) -> RoundsSeen {
+        let g = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        let running_after_one = |s: &RoundsSeen| s.completed >= 1 && s.started > s.completed;
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, limit, |s| !(s.ended || running_after_one(s)))
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
+}
