@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::Peer;
+use common::{Peer, ucx_available};
 use hixl::{
     Error, Hixl, HostBuffer, Options, SameHost, Status, TransferDesc, TransferOp, TransportKind,
     Ucx,
@@ -16,15 +16,6 @@ use hixl::{
 
 const KEY: &str = "hixl-fenced-ucx-key-01";
 const T: Duration = Duration::from_secs(20);
-
-fn ucx_available(test: &str) -> bool {
-    let p = hixl::probe();
-    let u = p.iter().find(|t| t.kind == TransportKind::Ucx).unwrap();
-    if !u.available {
-        eprintln!("{test}: skipped: {}", u.detail);
-    }
-    u.available
-}
 
 fn client(same_host: SameHost, ucx: Ucx) -> (Hixl<hixl::Connected>, hixl::Region) {
     common::client_with(

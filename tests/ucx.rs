@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, Rounds, exercise_peer, fnv1a};
+use common::{Peer, Rng, Rounds, exercise_peer, fnv1a, ucx_available};
 use hixl::{
     Access, Error, Hixl, HostBuffer, Options, SameHost, TransferArgs, TransferDesc, TransferOp,
     TransportKind, Ucx,
@@ -16,15 +16,6 @@ use hixl::{
 
 const T: Duration = Duration::from_secs(20);
 const KEY: &str = "hixl-ucx-test-key-0123";
-
-fn ucx_available(test: &str) -> bool {
-    let p = hixl::probe();
-    let u = p.iter().find(|t| t.kind == TransportKind::Ucx).unwrap();
-    if !u.available {
-        eprintln!("{test}: skipped: {}", u.detail);
-    }
-    u.available
-}
 
 fn ucx_opts() -> Options {
     Options::default()

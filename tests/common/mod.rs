@@ -335,6 +335,19 @@ pub fn fake_serve(
     while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
 }
 
+/// Whether UCX can be loaded here; if not, says so for `test` (which then returns).
+pub fn ucx_available(test: &str) -> bool {
+    let p = hixl::probe();
+    let u = p
+        .iter()
+        .find(|t| t.kind == hixl::TransportKind::Ucx)
+        .unwrap();
+    if !u.available {
+        eprintln!("{test}: skipped: {}", u.detail);
+    }
+    u.available
+}
+
 /// Whether the same-host transport works here; if not, says so (its tests then check less).
 pub fn cma_available() -> bool {
     let ok = hixl::probe()
