@@ -25,8 +25,8 @@ fn client(same_host: SameHost, ucx: Ucx) -> (Hixl<hixl::Connected>, hixl::Region
 }
 
 /// Another process serves over UCX on this host; a client that hides its process is refused
-/// UCX (`UNSUPPORTED`, with the server's reason) when it requires it, and moves its data over
-/// TCP when UCX is only preferred.
+/// UCX (`TransportUnavailable`, `UNSUPPORTED`, saying why) when it requires it, and moves its
+/// data over TCP when UCX is only preferred.
 #[test]
 fn an_unnamed_client_on_this_host_gets_no_ucx() {
     if !ucx_available("an_unnamed_client_on_this_host_gets_no_ucx") {
@@ -45,12 +45,14 @@ fn an_unnamed_client_on_this_host_gets_no_ucx() {
         .connect(&peer.name)
         .expect_err("an unfenced same-host UCX link");
     match &e {
-        Error::Refused { refusal, .. } => {
-            assert_eq!(refusal.status, Status::UNSUPPORTED, "{e:?}");
-            assert!(refusal.reason.contains("fenced"), "{e:?}");
-        }
-        other => panic!("expected the server's refusal, got {other:?}"),
+        Error::TransportUnavailable {
+            transport: "ucx",
+            why,
+            ..
+        } => assert!(why.contains("inside its fence"), "{e:?}"),
+        other => panic!("expected TransportUnavailable, got {other:?}"),
     }
+    assert_eq!(e.status(), Status::UNSUPPORTED);
     assert_eq!(e.status().code(), 103_905);
     drop(cli);
 

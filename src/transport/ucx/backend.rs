@@ -54,6 +54,10 @@ impl UcxBackend {
     }
 }
 
+/// The server's reason when it refuses UCX to a client on its host that holds no fence.
+const UNFENCED: &str = "UCX from this host is served only to a fenced client (one that names its \
+                        process: SameHost::Auto or Require)";
+
 fn views(regions: &Regions) -> Vec<RegionView> {
     regions.iter().map(|r| r.view()).collect()
 }
@@ -98,12 +102,14 @@ impl Backend for UcxBackend {
         });
         match got {
             Ok(Ok(l)) => Ok(Some(Box::new(l))),
-            Ok(Err((status, reason))) if self.require => Err(Error::Refused {
-                op: "UCX setup",
+            Ok(Err((_, reason))) if self.require => Err(Error::TransportUnavailable {
                 peer: setup.peer.to_owned(),
-                refusal: crate::error::RemoteRefusal {
-                    status: Status::from_peer(status),
-                    reason,
+                transport: "ucx",
+                why: if reason == UNFENCED {
+                    "on its own host the peer serves UCX only to a client inside its fence (name \
+                     this process: SameHost::Auto or Require)"
+                } else {
+                    "the peer does not serve over UCX"
                 },
             }),
             Ok(Err(_)) => Ok(None),
@@ -135,13 +141,7 @@ impl Backend for UcxBackend {
         // host (it connects from one of its addresses) and holds no fence gets no keys.
         if req.on_this_host && !req.fenced {
             let mut out = Vec::new();
-            wire::encode_done(
-                &mut out,
-                0,
-                Status::UNSUPPORTED.code(),
-                "UCX from this host is served only to a fenced client (one that names its \
-                 process: SameHost::Auto or Require)",
-            );
+            wire::encode_done(&mut out, 0, Status::UNSUPPORTED.code(), UNFENCED);
             return (req.send)(&out).map(|()| None).map_err(AcceptFail::Io);
         }
         // the frame is copied: no lock is held while the client is written to
