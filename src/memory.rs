@@ -204,7 +204,7 @@ impl<M> Region<M> {
     /// is held borrows the region (so `&mut self` methods do not compile); one that was
     /// `mem::forget`ten no longer does, and is caught here.
     fn check_idle(&self) -> Result<(), Error> {
-        if self.core.uses.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if self.core.in_use() {
             return Err(Error::RegionBusy {
                 region: self.core.id,
             });

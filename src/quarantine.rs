@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::sync::lock;
-use crate::transport::same_host::fence::ServerFence;
+use crate::transport::same_host::fence::{Revocable, ServerFence};
 use crate::types::raw::RawMemory;
 
 /// An engine's quarantine counters.
@@ -36,7 +36,7 @@ pub(crate) struct Stats {
 pub(crate) type Blockers = Vec<Arc<ServerFence>>;
 
 /// Whether any of `blockers` may still touch the memory.
-pub(crate) fn blocking(blockers: &Blockers) -> bool {
+pub(crate) fn blocking<F: Revocable>(blockers: &[F]) -> bool {
     blockers.iter().any(|f| !f.settled())
 }
 

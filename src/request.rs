@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::runtime::link::LinkShared;
 use crate::runtime::request::{Outcome, Phase, ReqState, to_status};
 pub use crate::runtime::request::{TransferArgs, TransferStatus};
-use crate::sync::lock;
+use crate::sync::model::lock;
 use crate::types::TransferOp;
 
 /// An async transfer in flight. It borrows its link (so the link cannot be disconnected while

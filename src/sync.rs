@@ -7,3 +7,22 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// The locks and atomics of the protocols the loom models check (`cfg(loom)`: loom's, which
+/// explore every interleaving; otherwise std's): the fence's words, a request's state and a
+/// region's use count. Only code that a model runs takes them from here.
+pub(crate) mod model {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
+    #[cfg(loom)]
+    pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+
+    /// Locks `m`, ignoring poisoning (as [`super::lock`]).
+    pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -47,7 +47,7 @@ pub(crate) struct RegionCore {
     pub(crate) stats: std::sync::Arc<crate::quarantine::Stats>,
     /// Async requests using the region that have not ended (a forgotten request does not end
     /// the borrow the compiler sees, so `read_at`/`write_at` check this).
-    pub(crate) uses: std::sync::atomic::AtomicUsize,
+    pub(crate) uses: crate::sync::model::AtomicUsize,
     /// The region's HCCL registration on an Ascend engine; released before the memory.
     pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
 }
@@ -117,6 +117,12 @@ unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
 }
 
 impl RegionCore {
+    /// Whether an async request that uses the region has not ended (its memory may still be
+    /// touched by the engine).
+    pub(crate) fn in_use(&self) -> bool {
+        self.uses.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
     /// What a transport needs to know of the region.
     pub(crate) fn view(&self) -> RegionView {
         RegionView {
@@ -147,7 +153,7 @@ impl RegionCore {
             dup: duplicator::<M>(),
             blockers: std::sync::Mutex::new(Vec::new()),
             stats: Default::default(),
-            uses: std::sync::atomic::AtomicUsize::new(0),
+            uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
         }
     }
@@ -172,7 +178,7 @@ impl RegionCore {
             dup: None,
             blockers: std::sync::Mutex::new(Vec::new()),
             stats: Default::default(),
-            uses: std::sync::atomic::AtomicUsize::new(0),
+            uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
         }
     }

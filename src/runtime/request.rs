@@ -3,13 +3,13 @@
 //! requests whose deadline passed. The public handle, `TransferReq`, is in src/request.rs; the
 //! public argument and status types are defined here and re-exported.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::runtime::link::LinkShared;
-use crate::sync::lock;
+use crate::sync::model::{Condvar, Mutex, lock};
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
 
@@ -185,13 +185,14 @@ impl ReqState {
         }
     }
 
-    /// Ends the request with `outcome` unless it has ended already; settles the link's
-    /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
-    /// not started is ended. Returns whether this call ended it.
-    fn end(&self, link: &LinkShared, outcome: Outcome, only_queued: bool) -> bool {
+    /// The request's own part of ending it: unless it has ended already (or, with
+    /// `only_queued`, has started), releases its regions and then makes the end visible. Returns
+    /// the outcome and the waker to wake, if this call ended it. (The loom model at the end of
+    /// this file runs it against an observer.)
+    fn release(&self, outcome: Outcome, only_queued: bool) -> Option<(Outcome, Option<Waker>)> {
         let mut g = lock(&self.m);
         if g.settled || (only_queued && !matches!(g.phase, Phase::Queued)) {
-            return false;
+            return None;
         }
         let outcome = match (&g.phase, outcome) {
             (Phase::Done(o), _) => o.clone(),
@@ -203,8 +204,16 @@ impl ReqState {
         drop(std::mem::take(&mut g.keep));
         g.phase = Phase::Done(outcome.clone());
         g.settled = true;
-        let waker = g.waker.take();
-        drop(g);
+        Some((outcome, g.waker.take()))
+    }
+
+    /// Ends the request with `outcome` unless it has ended already; settles the link's
+    /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
+    /// not started is ended. Returns whether this call ended it.
+    fn end(&self, link: &LinkShared, outcome: Outcome, only_queued: bool) -> bool {
+        let Some((outcome, waker)) = self.release(outcome, only_queued) else {
+            return false;
+        };
         let err = match &outcome {
             Outcome::Completed => None,
             Outcome::Failed(e) => Some(e.status()),
@@ -273,4 +282,62 @@ pub(crate) fn watch(st: &Arc<ReqState>, link: &Arc<LinkShared>) {
             st.resolve_queued(&link, Outcome::TimedOut);
         }
     });
+}
+
+/// Request release under loom: a worker that used a region's memory ends the request while
+/// another thread waits to see it end and then uses the memory itself (`write_at`). The real
+/// [`ReqState`] (with loom's mutex) and the real region use count (loom's atomic) run every
+/// interleaving; the memory is a `loom::cell::UnsafeCell`. Properties: once the end is visible
+/// the region is not in use (no `RegionBusy` after a visible end), and the worker's use of the
+/// memory happens before the observer's (no use after release).
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use crate::runtime::region::{RegionCore, RegionUse};
+    use crate::types::{Access, MemDesc, MemType};
+    use loom::cell::UnsafeCell;
+
+    #[test]
+    fn a_visible_end_means_the_region_is_free() {
+        loom::model(|| {
+            let core = Arc::new(RegionCore::new_raw(
+                0,
+                0,
+                MemDesc {
+                    addr: 0x1000,
+                    len: 1,
+                },
+                MemType::Host,
+                Access::ReadWrite,
+            ));
+            let mem = loom::sync::Arc::new(UnsafeCell::new(0u8));
+            let st = Arc::new(ReqState::new(
+                1,
+                TransferOp::Write,
+                0,
+                1,
+                Duration::from_secs(60),
+                vec![RegionUse::new(&core)],
+            ));
+            let worker = {
+                let (st, mem) = (st.clone(), mem.clone());
+                loom::thread::spawn(move || {
+                    assert!(st.claim_queued());
+                    st.set_running(-1).ok().expect("queued");
+                    // SAFETY: loom checks that no access of another thread races this one.
+                    mem.with_mut(|m| unsafe { *m = 1 });
+                    st.release(Outcome::Completed, false)
+                        .expect("this worker ends it");
+                })
+            };
+            while !st.status().is_terminal() {
+                loom::thread::yield_now();
+            }
+            assert!(!core.in_use(), "RegionBusy after the end was visible");
+            // the owner's `write_at`
+            // SAFETY: as above.
+            mem.with_mut(|m| unsafe { *m = 2 });
+            worker.join().unwrap();
+        });
+    }
 }

@@ -20,7 +20,7 @@ use crate::notify::NotifyQueue;
 use crate::runtime::control::limits::{self, ConnTable, Limits};
 use crate::runtime::region::RegionCore;
 use crate::sync::lock;
-use crate::transport::same_host::fence::ServerFence;
+use crate::transport::same_host::fence::{ServerFence, revoke_all};
 use crate::types::HostId;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
@@ -377,17 +377,19 @@ impl Server {
         }
         // from here no fence is handed out: a handshake still running serves its client over TCP
         let fences = lock(&self.shared.fences).take().unwrap_or_default();
-        for f in &fences {
-            f.revoke();
-        }
         let until = Instant::now() + grace;
-        while (self.shared.active.load(Ordering::SeqCst) > 0 || fences.iter().any(|f| !f.settled()))
-            && Instant::now() < until
-        {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // a client still inside its fence is given up on: its batch will report failure
-        let stuck: Vec<Arc<ServerFence>> = fences.into_iter().filter(|f| !f.abandon()).collect();
+        let in_grace = || {
+            let more = Instant::now() < until;
+            if more {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            more
+        };
+        // every fence revoked; within the grace, wait for them all to settle; a client still
+        // inside its fence then is given up on: its batch will report failure
+        let stuck = revoke_all(fences, in_grace);
+        // requests being served over TCP get the rest of the grace
+        while self.shared.active.load(Ordering::SeqCst) > 0 && in_grace() {}
         if !stuck.is_empty() {
             tracing::warn!(parent: &self.shared.span, clients = stuck.len(), ?grace,
                 "same-host clients did not leave their fences in time; their memory will be quarantined");

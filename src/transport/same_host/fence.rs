@@ -19,9 +19,13 @@
 //!   fence settles (`inflight` 0, or the client process gone).
 //!
 //! All three words are sequentially consistent atomics (the page is shared memory, so the
-//! other process's accesses are the hardware's atomic operations on the same physical page).
-//! Why it holds: a client batch that saw `revoked == 0` had incremented `inflight` before the
-//! server set `revoked` (SC order), so the server sees it in flight and waits for it. A batch
+//! other process's accesses are the hardware's atomic operations on the same physical page),
+//! and each side puts a `SeqCst` fence between its write and its read of the other's word (the
+//! store-buffering pattern: the fences order the two sides, so at least one sees the other's
+//! write; the loom model below checks it, and loom honours `SeqCst` fences, not `SeqCst`
+//! accesses alone). Why it holds: a client batch that saw `revoked == 0` had incremented
+//! `inflight` before the server set `revoked`, so the server sees it in flight and waits for
+//! it. A batch
 //! that reports success read `abandoned == 0` after its decrement, so the server set `abandoned`
 //! later and, reading `inflight` after that, observes the decrement (a release): the batch's
 //! bytes are in the memory the server hands back, and no quarantine is needed for it.
@@ -32,17 +36,101 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 use super::{Mapping, PeerProc, Pinned};
+use crate::sync::model::{AtomicU32, AtomicU64, fence};
 use crate::types::HostId;
 
-/// The words of a fence page.
+/// The words of a fence page, and the protocol on them (both sides). The loom model at the end
+/// of this file runs these very functions on every interleaving.
 #[repr(C)]
-struct Words {
+pub(crate) struct Words {
     revoked: AtomicU32,
     abandoned: AtomicU32,
     inflight: AtomicU64,
+}
+
+impl Words {
+    /// Client: enters for one batch; `None` if access was revoked (move nothing).
+    fn enter(&self) -> Option<Pass<'_>> {
+        self.inflight.fetch_add(1, SeqCst);
+        // store-buffering (Dekker) against `revoke`: with a SeqCst fence between each side's
+        // write and its read, at least one sees the other's write
+        fence(SeqCst);
+        if self.revoked.load(SeqCst) != 0 {
+            self.inflight.fetch_sub(1, SeqCst);
+            return None;
+        }
+        Some(Pass {
+            words: self,
+            left: false,
+        })
+    }
+
+    /// Server: no batch may start any more.
+    fn revoke(&self) {
+        self.revoked.store(1, SeqCst);
+        fence(SeqCst);
+    }
+
+    /// Server: no batch is in flight.
+    fn idle(&self) -> bool {
+        self.inflight.load(SeqCst) == 0
+    }
+
+    /// Server: gives up waiting (batches still in flight will report failure).
+    fn abandon(&self) {
+        self.abandoned.store(1, SeqCst);
+        fence(SeqCst);
+    }
+}
+
+/// What the server's stop and the quarantine need of a fence (so the loom model can run them
+/// on fences without a page or a process).
+pub(crate) trait Revocable {
+    /// No batch may start any more.
+    fn revoke(&self);
+    /// Whether no batch of this client can touch the memory any more.
+    fn settled(&self) -> bool;
+    /// Gives up waiting; whether it settled after all.
+    fn abandon(&self) -> bool;
+}
+
+impl<T: Revocable> Revocable for std::sync::Arc<T> {
+    fn revoke(&self) {
+        (**self).revoke()
+    }
+    fn settled(&self) -> bool {
+        (**self).settled()
+    }
+    fn abandon(&self) -> bool {
+        (**self).abandon()
+    }
+}
+
+impl Revocable for ServerFence {
+    fn revoke(&self) {
+        ServerFence::revoke(self)
+    }
+    fn settled(&self) -> bool {
+        ServerFence::settled(self)
+    }
+    fn abandon(&self) -> bool {
+        ServerFence::abandon(self)
+    }
+}
+
+/// The server's side of stopping: revokes every fence, waits while `wait` says so (it returns
+/// false once the grace period is over) for all to settle, then gives up on those that did not:
+/// they are returned (their batches will report failure; the memory they reach must be
+/// quarantined).
+pub(crate) fn revoke_all<F: Revocable>(fences: Vec<F>, mut wait: impl FnMut() -> bool) -> Vec<F> {
+    for f in &fences {
+        f.revoke();
+    }
+    while fences.iter().any(|f| !f.settled()) && wait() {}
+    fences.into_iter().filter(|f| !f.abandon()).collect()
 }
 
 /// Bytes of a fence page (one page; the words use the first 16).
@@ -105,7 +193,7 @@ impl ServerFence {
 
     /// No batch may start any more.
     pub fn revoke(&self) {
-        self.page.words().revoked.store(1, SeqCst);
+        self.page.words().revoke();
     }
 
     /// Whether [`ServerFence::revoke`] was called.
@@ -116,13 +204,13 @@ impl ServerFence {
     /// Whether no batch of this client can touch the memory any more: it has none in flight
     /// (and, once revoked, will start none), or its process is gone.
     pub fn settled(&self) -> bool {
-        self.page.words().inflight.load(SeqCst) == 0 || self.client.exited()
+        self.page.words().idle() || self.client.exited()
     }
 
     /// Gives up waiting: batches still in flight will report failure. Returns whether the fence
     /// settled after all (then nothing needs quarantine).
     pub fn abandon(&self) -> bool {
-        self.page.words().abandoned.store(1, SeqCst);
+        self.page.words().abandon();
         self.settled()
     }
 }
@@ -155,16 +243,7 @@ impl ClientFence {
 
     /// Enters the fence for one batch; `None` if the server revoked access (move nothing).
     pub fn enter(&self) -> Option<Pass<'_>> {
-        let w = self.page.words();
-        w.inflight.fetch_add(1, SeqCst);
-        if w.revoked.load(SeqCst) != 0 {
-            w.inflight.fetch_sub(1, SeqCst);
-            return None;
-        }
-        Some(Pass {
-            words: w,
-            left: false,
-        })
+        self.page.words().enter()
     }
 }
 
@@ -180,6 +259,8 @@ impl Pass<'_> {
     pub fn leave(mut self) -> bool {
         self.left = true;
         self.words.inflight.fetch_sub(1, SeqCst);
+        // against `abandon`, as in `enter`
+        fence(SeqCst);
         self.words.abandoned.load(SeqCst) == 0
     }
 }
@@ -244,5 +325,100 @@ mod tests {
         drop(client.enter().unwrap());
         assert!(server.settled());
         assert!(ClientFence::open(&proc, -1).is_err());
+    }
+}
+
+/// The fence protocol under loom, which runs every interleaving of the client's batch against
+/// the server's stop and the quarantine's release (`RUSTFLAGS="--cfg loom" cargo test --release
+/// --lib loom`). The words are the real [`Words`] (with loom's atomics), the protocol steps the
+/// real `enter`/`leave`, [`revoke_all`] and [`crate::quarantine::blocking`]; the one-sided copy
+/// and the owner's reuse of the memory are writes to a `loom::cell::UnsafeCell`, so loom reports
+/// any two that are not ordered by the protocol.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    /// A server fence without a page or a client process: its words only.
+    struct ModelFence(Arc<Words>);
+
+    impl Revocable for ModelFence {
+        fn revoke(&self) {
+            self.0.revoke()
+        }
+        fn settled(&self) -> bool {
+            self.0.idle()
+        }
+        fn abandon(&self) -> bool {
+            self.0.abandon();
+            self.0.idle()
+        }
+    }
+
+    fn words() -> Arc<Words> {
+        Arc::new(Words {
+            revoked: AtomicU32::new(0),
+            abandoned: AtomicU32::new(0),
+            inflight: AtomicU64::new(0),
+        })
+    }
+
+    /// One client batch writing the server's memory (1), against the server stopping: it either
+    /// hands the memory back to its owner at once (copying it, then the owner writes 2), or, for
+    /// a client it gave up on, quarantines it and frees it (3) once the fence settled.
+    /// Properties: no write of the client races the owner's or the free (loom checks the cell);
+    /// a batch that reports `Ok` has its byte in what the owner got back.
+    #[test]
+    fn a_batch_against_stop_and_quarantine() {
+        loom::model(|| {
+            let w = words();
+            let mem = Arc::new(UnsafeCell::new(0u8));
+            let client = {
+                let (w, mem) = (w.clone(), mem.clone());
+                loom::thread::spawn(move || match w.enter() {
+                    None => false,
+                    Some(pass) => {
+                        // SAFETY: loom checks that no access of another thread races this one.
+                        mem.with_mut(|m| unsafe { *m = 1 });
+                        pass.leave()
+                    }
+                })
+            };
+            // the grace period ends at once: the hardest case for the client
+            let stuck = revoke_all(vec![ModelFence(w.clone())], || false);
+            let handed_back = if stuck.is_empty() {
+                // SAFETY: as above.
+                let copy = mem.with_mut(|m| unsafe {
+                    let copy = *m;
+                    *m = 2;
+                    copy
+                });
+                Some(copy)
+            } else {
+                // quarantined: the owner gets a copy taken now (of unspecified bytes: the batch
+                // it may race reports failure), and the memory is freed once no blocker may
+                // touch it
+                while crate::quarantine::blocking(&stuck) {
+                    loom::thread::yield_now();
+                }
+                // SAFETY: as above.
+                mem.with_mut(|m| unsafe { *m = 3 });
+                None
+            };
+            let ok = client.join().unwrap();
+            if ok && let Some(copy) = handed_back {
+                assert_eq!(
+                    copy, 1,
+                    "an Ok batch whose bytes are missing from the hand-back"
+                );
+            }
+            if ok {
+                assert!(
+                    handed_back.is_some(),
+                    "an Ok batch whose memory was quarantined"
+                );
+            }
+        });
     }
 }
