@@ -316,7 +316,16 @@ fn unmappable_regions_use_process_vm_and_faults_name_the_descriptor() {
         assert!(u >= 0 && libc::ftruncate(u, 4096) == 0);
         (g, u)
     };
-    let (a_addr, b_addr) = (0x7f00_0000_0000u64, b.as_ptr() as u64);
+    // The client sorts a WELCOME table by address and checks the lowest-addressed memfd at
+    // connect: if that one fails the checks, the link stays on TCP (`unsafe_memfds_are_refused`);
+    // only the others fall back to process_vm one by one. So the good memfd must have the
+    // lowest address of the two, whatever the layout: `b` is wherever the allocator put it
+    // (below 0x7f00_0000_0000 under ASan, with MALLOC_ARENA_MAX=1, with an unlimited stack
+    // rlimit, and in about 1% of ASLR layouts). Region 0 is only reached through its mapping, so
+    // its address is a label: one below vm.mmap_min_addr, like region 2's, where nothing of this
+    // process is mapped (a process_vm access to it could only fail).
+    let (a_addr, b_addr) = (0x8000u64, b.as_ptr() as u64);
+    assert!(a_addr + 4096 <= b_addr, "the good memfd must sort first");
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let name = l.local_addr().unwrap().to_string();
     let fake = std::thread::spawn(move || {
