@@ -142,13 +142,18 @@ unsafe fn run_copies(copies: &[Copy]) {
 
 /// Waits for a helper job on drop, so the borrowed memory outlives the helper's use of it even
 /// if the caller unwinds.
-struct WaitDone(Done);
+struct WaitDone {
+    done: Done,
+    /// Whether [`WaitDone::result`] has taken the result (then dropping has nothing to wait for,
+    /// and only releases `done`).
+    taken: bool,
+}
 
 impl WaitDone {
     /// Waits for the helper and takes its result.
-    fn result(self) -> PvmResult {
-        let r = Self::wait(&self.0);
-        std::mem::forget(self);
+    fn result(mut self) -> PvmResult {
+        let r = Self::wait(&self.done);
+        self.taken = true;
         r
     }
     fn wait(done: &Done) -> PvmResult {
@@ -165,7 +170,9 @@ impl WaitDone {
 
 impl Drop for WaitDone {
     fn drop(&mut self) {
-        let _ = Self::wait(&self.0);
+        if !self.taken {
+            let _ = Self::wait(&self.done);
+        }
     }
 }
 
@@ -184,7 +191,7 @@ fn submit(work: Work) -> Result<WaitDone, Work> {
         });
     }
     h.cv.notify_one();
-    Ok(WaitDone(done))
+    Ok(WaitDone { done, taken: false })
 }
 
 /// Copies below this many bytes in all are not shared with the helper thread.
