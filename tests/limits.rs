@@ -52,6 +52,26 @@ fn usage(pid: u32) -> Usage {
     }
 }
 
+/// A memory budget of these tests, in KiB: `kib`, or no limit in the AddressSanitizer build
+/// (`.ci/run` sets `--cfg hixl_asan` with `-Zsanitizer=address`), where resident memory is
+/// ASan's (shadow memory, redzones, per-thread fake stacks, and an allocator that keeps freed
+/// memory: measured there, 324 KiB per idle lane and +58 MiB kept after 8 large requests). The
+/// budgets are checked by the plain `cargo test` run; the ASan run checks everything else here
+/// (threads, descriptors, honest clients) and the memory accesses themselves.
+fn rss_budget(kib: usize) -> usize {
+    if cfg!(hixl_asan) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "under AddressSanitizer: memory budgets not checked (threads and descriptors are)"
+            )
+        });
+        usize::MAX / 4
+    } else {
+        kib
+    }
+}
+
 /// Polls until `pid`'s usage is back near `base` (a couple of threads and descriptors, 8 MiB of
 /// memory), for up to 10 s.
 fn back_to_baseline(pid: u32, base: Usage, what: &str) {
@@ -71,7 +91,7 @@ fn back_near(pid: u32, base: Usage, rss_slack_kib: usize, what: &str) {
         let u = usage(pid);
         let near = u.threads <= base.threads + 2
             && u.fds <= base.fds + 2
-            && u.rss_kib <= base.rss_kib + rss_slack_kib;
+            && u.rss_kib <= base.rss_kib + rss_budget(rss_slack_kib);
         if near {
             return;
         }
@@ -464,7 +484,10 @@ fn declared_lengths_cost_memory_only_as_bytes_arrive() {
     }
     let grew = peak.saturating_sub(base.rss_kib);
     eprintln!("100 sockets declaring 8 MiB: +{grew} KiB resident");
-    assert!(grew < 16 << 10, "+{grew} KiB for 100 declared 8 MiB frames");
+    assert!(
+        grew < rss_budget(16 << 10),
+        "+{grew} KiB for 100 declared 8 MiB frames"
+    );
     drop(pre);
 
     // one request of 65,536 one-byte descriptors on each of 8 connections
@@ -493,7 +516,7 @@ fn declared_lengths_cost_memory_only_as_bytes_arrive() {
         wait_for(Duration::from_secs(5), || usage(pid)
             .rss_kib
             .saturating_sub(base.rss_kib)
-            < 16 << 10),
+            < rss_budget(16 << 10)),
         "8 connections keep +{} KiB after one large request each",
         usage(pid).rss_kib.saturating_sub(base.rss_kib)
     );
@@ -549,7 +572,10 @@ fn one_descriptor_per_connection_under_ulimit_1024() {
     );
     assert!(lanes.fds <= base.fds + 200 + 2, "{lanes:?} from {base:?}");
     assert!(lanes.threads <= base.threads + 200 + 2, "{lanes:?}");
-    assert!(lanes.rss_kib <= base.rss_kib + 200 * 256, "{lanes:?}");
+    assert!(
+        lanes.rss_kib <= base.rss_kib + rss_budget(200 * 256),
+        "{lanes:?}"
+    );
     hostile.extend((0..800).map(|_| connect_from(3, &peer.name).unwrap()));
     for _ in 0..3 {
         let took = honest_round(&cli, &mut buf, &peer);
