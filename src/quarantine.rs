@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::sync::lock;
-use crate::transport::same_host::fence::{Revocable, ServerFence};
+use crate::transport::same_host::fence::ServerFence;
 use crate::types::raw::RawMemory;
 
 /// An engine's quarantine counters.
@@ -35,10 +35,9 @@ pub(crate) struct Stats {
 /// confirm, in time, that they stopped touching it.
 pub(crate) type Blockers = Vec<Arc<ServerFence>>;
 
-/// Whether any of `blockers` may still touch the memory.
-pub(crate) fn blocking<F: Revocable>(blockers: &[F]) -> bool {
-    blockers.iter().any(|f| !f.settled())
-}
+/// Whether any of `blockers` may still touch the memory (the fence's rule, which the loom model
+/// in `fence.rs` runs).
+pub(crate) use crate::transport::same_host::fence::blocking;
 
 struct Held {
     raw: RawMemory,

@@ -133,6 +133,12 @@ pub(crate) fn revoke_all<F: Revocable>(fences: Vec<F>, mut wait: impl FnMut() ->
     fences.into_iter().filter(|f| !f.abandon()).collect()
 }
 
+/// Whether any of `fences` may still touch the memory it guards: what the quarantine waits for
+/// before it frees memory they block.
+pub(crate) fn blocking<F: Revocable>(fences: &[F]) -> bool {
+    fences.iter().any(|f| !f.settled())
+}
+
 /// Bytes of a fence page (one page; the words use the first 16).
 const FENCE_LEN: u64 = 4096;
 
@@ -331,7 +337,7 @@ mod tests {
 /// The fence protocol under loom, which runs every interleaving of the client's batch against
 /// the server's stop and the quarantine's release (`RUSTFLAGS="--cfg loom" cargo test --release
 /// --lib loom`). The words are the real [`Words`] (with loom's atomics), the protocol steps the
-/// real `enter`/`leave`, [`revoke_all`] and [`crate::quarantine::blocking`]; the one-sided copy
+/// real `enter`/`leave`, [`revoke_all`] and [`blocking`] (the quarantine's rule); the one-sided copy
 /// and the owner's reuse of the memory are writes to a `loom::cell::UnsafeCell`, so loom reports
 /// any two that are not ordered by the protocol.
 #[cfg(all(test, loom))]
@@ -399,7 +405,7 @@ mod loom_model {
                 // quarantined: the owner gets a copy taken now (of unspecified bytes: the batch
                 // it may race reports failure), and the memory is freed once no blocker may
                 // touch it
-                while crate::quarantine::blocking(&stuck) {
+                while blocking(&stuck) {
                     loom::thread::yield_now();
                 }
                 // SAFETY: as above.
