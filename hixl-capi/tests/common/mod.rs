@@ -14,11 +14,22 @@ pub fn include_dir() -> PathBuf {
 /// The directory holding `libhixl.so` (`target/<profile>/`). Cargo does not build a
 /// cdylib-only package's library for its tests, so the first call builds it with the cargo
 /// running these tests (`cargo build -p hixl-capi`, same profile and target directory: a no-op
-/// when it is fresh, and never a stale library).
+/// when it is fresh, and never a stale library). `HIXL_CAPI_LIB_DIR` names a directory where
+/// it was built already instead (the AddressSanitizer step of `.ci/run` builds it with the
+/// same flags as the tests, for another target directory and `--target`).
 pub fn lib_dir() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("HIXL_CAPI_LIB_DIR") {
+                let dir = PathBuf::from(dir);
+                assert!(
+                    dir.join("libhixl.so").exists(),
+                    "HIXL_CAPI_LIB_DIR={} has no libhixl.so",
+                    dir.display()
+                );
+                return dir;
+            }
             let exe = std::env::current_exe().expect("the test binary's path");
             let profile = exe
                 .parent()
@@ -72,10 +83,18 @@ pub fn scratch(tag: &str) -> PathBuf {
 }
 
 /// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-lhixl` (rpath set).
+/// In the AddressSanitizer build (`--cfg hixl_asan`) the program is built with
+/// `-fsanitize=address` too: its runtime serves the instrumented `libhixl.so`.
 pub fn build(compiler: &str, flags: &[&str], sources: &[PathBuf], out: &Path) {
     let lib = lib_dir();
+    let asan: &[&str] = if cfg!(hixl_asan) {
+        &["-fsanitize=address"]
+    } else {
+        &[]
+    };
     let o = Command::new(compiler)
         .args(flags)
+        .args(asan)
         .arg("-I")
         .arg(include_dir())
         .args(sources)
