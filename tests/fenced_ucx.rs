@@ -9,15 +9,12 @@ mod common;
 use std::time::Duration;
 
 use common::{Peer, ucx_available};
-use hixl::{
-    Error, Hixl, HostBuffer, Options, SameHost, Status, TransferDesc, TransferOp, TransportKind,
-    Ucx,
-};
+use hixl::{Error, Options, SameHost, Status, TransferDesc, TransferOp, TransportKind, Ucx};
 
 const KEY: &str = "hixl-fenced-ucx-key-01";
 const T: Duration = Duration::from_secs(20);
 
-fn client(same_host: SameHost, ucx: Ucx) -> (Hixl<hixl::Connected>, hixl::Region) {
+fn client(same_host: SameHost, ucx: Ucx) -> (hixl::Hixl<hixl::Connected>, hixl::Region) {
     common::client_with(
         1 << 20,
         Options::default().psk(KEY).ucx(ucx).same_host(same_host),
@@ -73,32 +70,32 @@ fn an_unnamed_client_on_this_host_gets_no_ucx() {
     peer.quit();
 }
 
-/// A client that names its process gets UCX, inside the server's fence: once the server
-/// deactivates, the client's next UCX batch is refused as revoked (`NOT_CONNECTED`), before
-/// UCX is asked to move a byte.
+/// A client that names its process gets UCX, inside the server's fence: once the server (another
+/// process) has finalized, which revokes the fence, the client's next UCX batch is refused as
+/// revoked (`NOT_CONNECTED`), before UCX is asked to move a byte.
 #[test]
 fn a_named_client_runs_ucx_inside_the_fence() {
     if !ucx_available("a_named_client_runs_ucx_inside_the_fence") {
         return;
     }
-    let opts = Options::default()
-        .psk(KEY)
-        .ucx(Ucx::Require)
-        .same_host(SameHost::Auto);
-    let (srv, region) = Hixl::initialize_ephemeral("127.0.0.1", opts)
-        .unwrap()
-        .register(HostBuffer::new(1 << 20).unwrap())
-        .unwrap();
-    let srv = srv.activate().unwrap();
+    let peer = Peer::spawn_in(
+        &[],
+        "127.0.0.1",
+        1 << 20,
+        72,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    );
     let (cli, buf) = client(SameHost::Auto, Ucx::Require);
-    let link = cli.connect(srv.name()).unwrap();
+    let link = cli.connect(&peer.name).unwrap();
     assert_eq!(link.transport(), TransportKind::Ucx);
     let d = TransferDesc::new(
         buf.range(0..4096).unwrap(),
-        link.remote(region.addr() as u64, 4096).unwrap(),
+        link.remote(peer.addr, 4096).unwrap(),
     );
     link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
-    let srv = srv.deactivate();
+    // finalizing revokes every fence the server handed out, before the process exits
+    peer.quit();
     let e = link
         .transfer_sync(TransferOp::Write, &[d], T)
         .expect_err("revoked");
@@ -106,5 +103,4 @@ fn a_named_client_runs_ucx_inside_the_fence() {
     assert!(e.to_string().contains("revoked"), "{e}");
     drop(link);
     drop(cli);
-    drop(srv.deregister(region).unwrap());
 }
