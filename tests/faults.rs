@@ -187,6 +187,8 @@ fn sh(args: &[&str]) -> Result<(), String> {
 /// A network namespace joined to this one by a veth pair, removed on drop.
 struct Netns {
     name: String,
+    /// The host's end of the pair.
+    host_if: String,
 }
 
 impl Netns {
@@ -203,7 +205,10 @@ impl Netns {
         let net = format!("10.{}.{}", 200 + tag, std::process::id() % 250);
         let (mine, theirs) = (format!("{net}.1"), format!("{net}.2"));
         sh(&["ip", "netns", "add", &name])?;
-        let ns = Netns { name: name.clone() };
+        let ns = Netns {
+            name: name.clone(),
+            host_if: host_if.clone(),
+        };
         sh(&[
             "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
         ])?;
@@ -248,8 +253,23 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // deleting the namespace deletes its veth end, and with it the pair
+        // the pair is deleted from the host's end first, and the drop waits until the host no
+        // longer lists it: deleting only the namespace removes the pair in the background, and a
+        // UCX context created in the meantime (the next test binary's) lists the dying device and
+        // then fails every worker it creates (UCS_ERR_NO_DEVICE)
+        let _ = sh(&["ip", "link", "del", &self.host_if]);
         let _ = sh(&["ip", "netns", "del", &self.name]);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < until
+            && Command::new("ip")
+                .args(["link", "show", &self.host_if])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        {
+            std::thread::yield_now();
+        }
     }
 }
 
