@@ -21,6 +21,18 @@ fn client(same_host: SameHost, ucx: Ucx) -> (hixl::Hixl<hixl::Connected>, hixl::
     )
 }
 
+/// A `hixl-peer` serving 1 MiB of user memory over UCX (required), seeded with `seed`.
+fn ucx_peer(seed: u64) -> Peer {
+    Peer::spawn_in(
+        &[],
+        "127.0.0.1",
+        1 << 20,
+        seed,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    )
+}
+
 /// Another process serves over UCX on this host; a client that hides its process is refused
 /// UCX (`TransportUnavailable`, `UNSUPPORTED`, saying why) when it requires it, and moves its
 /// data over TCP when UCX is only preferred.
@@ -29,14 +41,7 @@ fn an_unnamed_client_on_this_host_gets_no_ucx() {
     if !ucx_available("an_unnamed_client_on_this_host_gets_no_ucx") {
         return;
     }
-    let peer = Peer::spawn_in(
-        &[],
-        "127.0.0.1",
-        1 << 20,
-        71,
-        "user",
-        &["--psk", KEY, "--ucx", "require"],
-    );
+    let peer = ucx_peer(71);
     let (cli, _buf) = client(SameHost::Forbid, Ucx::Require);
     let e = cli
         .connect(&peer.name)
@@ -78,14 +83,7 @@ fn a_named_client_runs_ucx_inside_the_fence() {
     if !ucx_available("a_named_client_runs_ucx_inside_the_fence") {
         return;
     }
-    let peer = Peer::spawn_in(
-        &[],
-        "127.0.0.1",
-        1 << 20,
-        72,
-        "user",
-        &["--psk", KEY, "--ucx", "require"],
-    );
+    let peer = ucx_peer(72);
     let (cli, buf) = client(SameHost::Auto, Ucx::Require);
     let link = cli.connect(&peer.name).unwrap();
     assert_eq!(link.transport(), TransportKind::Ucx);
