@@ -433,7 +433,6 @@ fn retry_or_fail(deadline: Option<Instant>) -> io::Result<()> {
     }
 }
 
-/// Reads one frame; the payload stays in the inbound buffer.
 /// Whether the peer of `stream` may be a process on this host, whatever it says about itself:
 /// it connects from a loopback address, from the address it reached, or from any address of
 /// this host's interfaces (as `getifaddrs` lists them). Not knowing counts as yes.
@@ -497,6 +496,7 @@ fn interface_addresses() -> Option<Vec<std::net::IpAddr>> {
     Some(out)
 }
 
+/// Reads one frame; the payload stays in the inbound buffer.
 pub(crate) fn read_frame<'a>(
     sock: &mut Sock,
     inb: &'a mut Inbound,

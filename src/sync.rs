@@ -15,14 +15,18 @@ pub(crate) mod model {
     #[cfg(loom)]
     pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
     #[cfg(loom)]
-    pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+    pub(crate) use loom::sync::{Condvar, Mutex};
     #[cfg(not(loom))]
     pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+    pub(crate) use std::sync::{Condvar, Mutex};
 
-    /// Locks `m`, ignoring poisoning (as [`super::lock`]).
-    pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(not(loom))]
+    pub(crate) use super::lock;
+
+    /// Locks `m`, ignoring poisoning (as [`super::lock`], for loom's mutex).
+    #[cfg(loom)]
+    pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -507,20 +507,18 @@ impl LinkShared {
         }
         drop(pending);
         let mut u = lock(&self.unfinished);
-        let mut waited = false;
-        // a request whose state is gone cannot be running (its worker holds it): drop its entry
-        u.reqs.retain(|_, w| w.strong_count() > 0);
-        while !u.reqs.is_empty() {
-            if !waited {
-                tracing::debug!(parent: &self.span, requests = u.reqs.len(), "waiting for cancelled requests to end");
-                waited = true;
+        loop {
+            // a request whose state is gone cannot be running (its worker holds it)
+            u.reqs.retain(|_, w| w.strong_count() > 0);
+            if u.reqs.is_empty() {
+                return;
             }
+            tracing::trace!(parent: &self.span, requests = u.reqs.len(), "waiting for cancelled requests to end");
             u = self
                 .finished_cv
                 .wait_timeout(u, Duration::from_millis(100))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-            u.reqs.retain(|_, w| w.strong_count() > 0);
         }
     }
 }

@@ -25,10 +25,10 @@
 //! write; the loom model below checks it, and loom honours `SeqCst` fences, not `SeqCst`
 //! accesses alone). Why it holds: a client batch that saw `revoked == 0` had incremented
 //! `inflight` before the server set `revoked`, so the server sees it in flight and waits for
-//! it. A batch
-//! that reports success read `abandoned == 0` after its decrement, so the server set `abandoned`
-//! later and, reading `inflight` after that, observes the decrement (a release): the batch's
-//! bytes are in the memory the server hands back, and no quarantine is needed for it.
+//! it. A batch that reports success read `abandoned == 0` after its decrement, so the server
+//! set `abandoned` later and, reading `inflight` after that, observes the decrement (a
+//! release): the batch's bytes are in the memory the server hands back, and no quarantine is
+//! needed for it.
 //!
 //! The fence protects a correct program from itself; it is not a defence against a hostile
 //! same-host client, which has the right to trace the server anyway (that right is what the
@@ -45,7 +45,7 @@ use crate::types::HostId;
 /// The words of a fence page, and the protocol on them (both sides). The loom model at the end
 /// of this file runs these very functions on every interleaving.
 #[repr(C)]
-pub(crate) struct Words {
+struct Words {
     revoked: AtomicU32,
     abandoned: AtomicU32,
     inflight: AtomicU64,
@@ -129,7 +129,7 @@ pub(crate) fn revoke_all<F: Revocable>(fences: Vec<F>, mut wait: impl FnMut() ->
     for f in &fences {
         f.revoke();
     }
-    while fences.iter().any(|f| !f.settled()) && wait() {}
+    while blocking(&fences) && wait() {}
     fences.into_iter().filter(|f| !f.abandon()).collect()
 }
 

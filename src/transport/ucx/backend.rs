@@ -36,9 +36,9 @@ impl UcxBackend {
         }
     }
 
-    /// Asks the server for its worker and keys: `Err` with the server's status and reason when
-    /// it does not serve this client over UCX.
-    fn ask(setup: &mut Setup<'_>) -> Result<Result<UcxInfo, (u32, String)>, Error> {
+    /// Asks the server for its worker and keys: `Err` with the server's reason when it does not
+    /// serve this client over UCX.
+    fn ask(setup: &mut Setup<'_>) -> Result<Result<UcxInfo, String>, Error> {
         let ctl = &mut *setup.ctl;
         ctl.send(&wire::header(Kind::UcxAsk, 0), setup.deadline)?;
         match ctl.recv(setup.deadline)? {
@@ -46,7 +46,7 @@ impl UcxBackend {
                 .map(Ok)
                 .map_err(|e| ctl.protocol(e.to_string())),
             (Kind::Done, p) => match wire::decode_done(&p) {
-                Ok((0, status, reason)) if status != 0 => Ok(Err((status, reason))),
+                Ok((0, status, reason)) if status != 0 => Ok(Err(reason)),
                 _ => Err(ctl.protocol("a malformed answer to UCXASK".into())),
             },
             (k, _) => Err(ctl.protocol(format!("expected UCXINFO, got {k:?}"))),
@@ -57,6 +57,13 @@ impl UcxBackend {
 /// The server's reason when it refuses UCX to a client on its host that holds no fence.
 const UNFENCED: &str = "UCX from this host is served only to a fenced client (one that names its \
                         process: SameHost::Auto or Require)";
+
+/// A DONE frame refusing UCXASK (`UNSUPPORTED`, with `reason`).
+fn refusal(reason: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode_done(&mut out, 0, Status::UNSUPPORTED.code(), reason);
+    out
+}
 
 fn views(regions: &Regions) -> Vec<RegionView> {
     regions.iter().map(|r| r.view()).collect()
@@ -102,7 +109,7 @@ impl Backend for UcxBackend {
         });
         match got {
             Ok(Ok(l)) => Ok(Some(Box::new(l))),
-            Ok(Err((_, reason))) if self.require => Err(Error::TransportUnavailable {
+            Ok(Err(reason)) if self.require => Err(Error::TransportUnavailable {
                 peer: setup.peer.to_owned(),
                 transport: "ucx",
                 why: if reason == UNFENCED {
@@ -139,26 +146,13 @@ impl Backend for UcxBackend {
         // where its puts land straight from the client's process: such access must be inside
         // the fence that `deactivate` revokes and waits for. A client that could be on this
         // host (it connects from one of its addresses) and holds no fence gets no keys.
-        if req.on_this_host && !req.fenced {
-            let mut out = Vec::new();
-            wire::encode_done(&mut out, 0, Status::UNSUPPORTED.code(), UNFENCED);
-            return (req.send)(&out).map(|()| None).map_err(AcceptFail::Io);
-        }
-        // the frame is copied: no lock is held while the client is written to
-        let frame = lock(&self.server).as_ref().map(|s| s.frame().to_vec());
-        let sent = match frame {
-            Some(frame) => (req.send)(&frame),
-            None => {
-                let mut out = Vec::new();
-                wire::encode_done(
-                    &mut out,
-                    0,
-                    Status::UNSUPPORTED.code(),
-                    "this engine does not serve over UCX",
-                );
-                (req.send)(&out)
-            }
+        let frame = if req.on_this_host && !req.fenced {
+            refusal(UNFENCED)
+        } else {
+            // the frame is copied: no lock is held while the client is written to
+            let frame = lock(&self.server).as_ref().map(|s| s.frame().to_vec());
+            frame.unwrap_or_else(|| refusal("this engine does not serve over UCX"))
         };
-        sent.map(|()| None).map_err(AcceptFail::Io)
+        (req.send)(&frame).map(|()| None).map_err(AcceptFail::Io)
     }
 }
