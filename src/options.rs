@@ -36,7 +36,25 @@ pub struct Options {
     /// HIXL's Ascend keys and hixl's `hixl.ascend.*`, parsed.
     pub(crate) ascend: crate::transport::ascend::options::AscendOptions,
     /// Whether `initialize` starts an Ascend runtime.
-    pub(crate) ascend_enabled: bool,
+    pub(crate) ascend_mode: AscendMode,
+}
+
+/// Whether an engine uses the Ascend backend (ACL device memory, HCCL transfers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AscendMode {
+    /// As HIXL: where CANN's ACL runtime and HCCL load (through the loader path that CANN's
+    /// `set_env.sh` sets, or `$ASCEND_HOME_PATH/lib64`), `initialize` takes the device
+    /// `aclrtGetDevice` reports on the calling thread (none set: device 0, as torch_npu does)
+    /// and device memory can be registered and moved; where they do not load, the engine is
+    /// host-only and device memory is refused with `UNSUPPORTED`.
+    #[default]
+    Auto,
+    /// Ascend or nothing: `initialize` fails (`UNSUPPORTED`, naming the library) where ACL or
+    /// HCCL does not load. Chosen by [`Options::ascend`] and by any `hixl.ascend.*` key but
+    /// `hixl.ascend.enable`.
+    On,
+    /// Host memory only: CANN is not loaded even where it is installed.
+    Off,
 }
 
 /// Whether links between engines on one machine use the same-host transport (`cma`).
@@ -92,7 +110,7 @@ impl Default for Options {
             auto_connect: false,
             hixl: BTreeMap::new(),
             ascend: Default::default(),
-            ascend_enabled: false,
+            ascend_mode: AscendMode::Auto,
         }
     }
 }
@@ -240,15 +258,24 @@ impl Options {
         self
     }
 
-    /// Use the Ascend backend: `initialize` loads ACL and HCCL (a missing library is
-    /// [`Error::LibraryUnavailable`]), sets the device on the calling thread and takes its
-    /// context; device memory can then be allocated, registered and moved with HCCL.
+    /// Use the Ascend backend with these libraries and this device ([`AscendMode::On`]):
+    /// `initialize` loads ACL and HCCL (a missing library is [`Error::LibraryUnavailable`]),
+    /// sets the device on the calling thread and takes its context; device memory can then be
+    /// allocated, registered and moved with HCCL. Without this call an engine uses Ascend
+    /// where CANN loads ([`AscendMode::Auto`]).
     pub fn ascend(mut self, cfg: crate::transport::ascend::AscendConfig) -> Self {
         self.ascend.acl_lib = cfg.acl_lib;
         self.ascend.hccl_lib = cfg.hccl_lib;
         self.ascend.device_id = Some(cfg.device_id);
         self.ascend.device_ip = cfg.device_ip.or(self.ascend.device_ip);
-        self.ascend_enabled = true;
+        self.ascend_mode = AscendMode::On;
+        self
+    }
+
+    /// Whether the engine uses Ascend (default [`AscendMode::Auto`]; also the string option
+    /// `hixl.ascend.enable`: `"auto"`, `"1"`, `"0"`).
+    pub fn ascend_mode(mut self, mode: AscendMode) -> Self {
+        self.ascend_mode = mode;
         self
     }
 
@@ -257,10 +284,11 @@ impl Options {
         self.auto_connect
     }
 
-    /// Whether `initialize` starts an Ascend runtime ([`Options::ascend`] or a `hixl.ascend.*`
-    /// key was given).
+    /// Whether `initialize` must start an Ascend runtime ([`AscendMode::On`]: [`Options::ascend`]
+    /// or a `hixl.ascend.*` key was given). With [`AscendMode::Auto`], the default, it starts one
+    /// where CANN loads: [`Hixl::uses_ascend`](crate::Hixl::uses_ascend) says what it did.
     pub fn uses_ascend(&self) -> bool {
-        self.ascend_enabled
+        self.ascend_mode == AscendMode::On
     }
 
     /// The validated HIXL string options, by canonical key.
@@ -306,6 +334,14 @@ impl Options {
             }
         };
         match k {
+            "hixl.ascend.enable" => {
+                self.ascend_mode = match value {
+                    "auto" => AscendMode::Auto,
+                    "1" => AscendMode::On,
+                    "0" => AscendMode::Off,
+                    _ => return Err(bad("\"auto\", \"1\" or \"0\"")),
+                }
+            }
             // HIXL's Ascend keys and hixl's own `hixl.ascend.*`: the Ascend backend validates
             _ if crate::transport::ascend::options::is_ascend_key(k) => {
                 // refuse the unsupported value before it is stored
@@ -318,7 +354,7 @@ impl Options {
                 }
                 self.ascend.set(key, value)?;
                 if k.starts_with("hixl.ascend.") {
-                    self.ascend_enabled = true;
+                    self.ascend_mode = AscendMode::On;
                 }
             }
             "AutoConnect" => match value {

@@ -201,9 +201,41 @@ fn every_runtime_check_has_hixl_status() {
         e.get_async_connect_status(&peer.name).unwrap(),
         AsyncConnectStatus::Connected
     );
-    // registration changes while a link exists
-    assert_eq!(status(register(&e, &mut other)), Status::UNSUPPORTED);
-    assert_eq!(status(e.deregister_mem(h)), Status::UNSUPPORTED);
+    // registration while a link exists (HIXL's lifecycle): usable by this engine at once
+    let fresh = Rng::new(4).bytes(4096);
+    other[..4096].copy_from_slice(&fresh);
+    let h_other = register(&e, &mut other).unwrap();
+    e.transfer_sync(
+        &peer.name,
+        TransferOp::Write,
+        &[desc(&other, 0, peer.addr, 60_000, 4096)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(peer.sum(60_000, 4096), fnv1a(&fresh));
+    // and deregistered while linked: local ranges in it are refused from then on
+    e.deregister_mem(h_other).unwrap();
+    assert_eq!(
+        status(e.transfer_sync(
+            &peer.name,
+            TransferOp::Write,
+            &[desc(&other, 0, peer.addr, 0, 8)],
+            1000
+        )),
+        Status::PARAM_INVALID
+    );
+    // restore what the write changed: the checks below compare the peer's seeded bytes
+    let seeded = Rng::new(3).bytes(1 << 16);
+    other[..4096].copy_from_slice(&seeded[60_000..64_096]);
+    let h_other = register(&e, &mut other).unwrap();
+    e.transfer_sync(
+        &peer.name,
+        TransferOp::Write,
+        &[desc(&other, 0, peer.addr, 60_000, 4096)],
+        1000,
+    )
+    .unwrap();
+    e.deregister_mem(h_other).unwrap();
     // local ranges: unregistered, partly outside, zero length; remote ranges outside the table
     let w = |d: TransferOpDesc| e.transfer_sync(&peer.name, TransferOp::Write, &[d], 1000);
     assert_eq!(
@@ -282,34 +314,95 @@ fn every_runtime_check_has_hixl_status() {
     peer.quit();
 }
 
+/// HIXL's lifecycle while linked: a region registered while a peer is linked is in the table of
+/// peers that connect afterwards (the linked one keeps the table it got); a region deregistered
+/// while linked is refused to the linked peer (`PARAM_INVALID`) and its memory is untouched;
+/// a client's `Disconnect` after the server finalized succeeds.
 #[test]
-fn a_served_engine_refuses_registration_while_a_peer_is_linked() {
-    let mut smem = vec![0u8; 8192];
-    let mut cmem = vec![0u8; 8192];
+fn a_served_engine_registers_and_deregisters_while_a_peer_is_linked() {
+    let seed = Rng::new(31).bytes(8192);
+    let mut smem = seed.clone();
+    let mut cmem = Rng::new(32).bytes(8192);
     let mut more = vec![0u8; 4096];
     let server = Hixl::new();
     server.initialize("127.0.0.1:0", NO_OPTIONS).unwrap();
     let name = server.local_engine().unwrap();
     assert!(!name.ends_with(":0"), "{name}");
-    register(&server, &mut smem).unwrap();
-    let (client, _) = client(&[], &mut cmem);
-    client.connect(&name, 1000).unwrap();
-    assert_eq!(status(register(&server, &mut more)), Status::UNSUPPORTED);
-    client.disconnect(&name, 1000).unwrap();
-    // the peer's link ends when its lanes close; once it has, registration works again
-    let until = Instant::now() + Duration::from_secs(10);
-    let h = loop {
-        match register(&server, &mut more) {
-            Ok(h) => break h,
-            Err(e) if e.status() == Status::UNSUPPORTED && Instant::now() < until => {
-                std::thread::yield_now()
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
-    server.deregister_mem(h).unwrap();
-    client.finalize();
+    let h_smem = register(&server, &mut smem).unwrap();
+    let (c1, _) = client(&[], &mut cmem);
+    c1.connect(&name, 1000).unwrap();
+    let h_more = register(&server, &mut more).unwrap();
+    // the linked client's table predates `more`
+    let more_addr = more.as_ptr() as u64;
+    let to_more = [desc(&cmem, 0, more_addr, 0, 4096)];
+    assert_eq!(
+        status(c1.transfer_sync(&name, TransferOp::Write, &to_more, 1000)),
+        Status::PARAM_INVALID
+    );
+    // a client that connects now sees it, and writes it
+    let mut c2mem = Rng::new(33).bytes(4096);
+    let (c2, _) = client(&[], &mut c2mem);
+    c2.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&c2mem, 0, more_addr, 0, 4096)],
+        1000,
+    )
+    .expect_err("not connected yet");
+    c2.connect(&name, 1000).unwrap();
+    c2.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&c2mem, 0, more_addr, 0, 4096)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(more, c2mem);
+    // `smem` is deregistered while both are linked: a linked peer's write to it is refused by
+    // the server and no byte of it changes
+    server.deregister_mem(h_smem).unwrap();
+    let smem_addr = smem.as_ptr() as u64;
+    for c in [&c1, &c2] {
+        let mine = if std::ptr::eq(c, &c1) { &cmem } else { &c2mem };
+        assert_eq!(
+            status(c.transfer_sync(
+                &name,
+                TransferOp::Write,
+                &[desc(mine, 0, smem_addr, 0, 4096)],
+                1000
+            )),
+            Status::PARAM_INVALID
+        );
+        assert_eq!(
+            status(c.transfer_sync(
+                &name,
+                TransferOp::Read,
+                &[desc(mine, 0, smem_addr, 0, 64)],
+                1000
+            )),
+            Status::PARAM_INVALID
+        );
+    }
+    assert_eq!(smem, seed, "a deregistered region was written");
+    // the link still works for the region it still has
+    let back = Rng::new(34).bytes(4096);
+    c2mem.copy_from_slice(&back);
+    c2.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&c2mem, 0, more_addr, 0, 4096)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(more, back);
+    server.deregister_mem(h_more).unwrap();
+    c2.disconnect(&name, 1000).unwrap();
+    // the server goes away first; the client's Disconnect still succeeds (HIXL's semantics)
     server.finalize();
+    c1.disconnect(&name, 1000).unwrap();
+    assert_eq!(status(c1.disconnect(&name, 1000)), Status::NOT_CONNECTED);
+    c1.finalize();
+    c2.finalize();
 }
 
 #[test]
@@ -588,4 +681,54 @@ fn auto_connect_replaces_a_link_the_heartbeat_found_dead() {
     assert_eq!(&mem[..512], &Rng::new(61).bytes(512)[..]);
     e.finalize();
     peer.quit();
+}
+
+/// `DeregisterMem` while a linked peer keeps writing the region: when it returns, no write is
+/// still landing (requests being applied were waited for) and no later one lands. Each round
+/// fills the region with a sentinel right after the call returned and checks it once the
+/// writer has seen its next writes refused.
+#[test]
+fn deregistering_while_a_peer_writes_waits_for_the_write_in_flight() {
+    const LEN: usize = 4 << 20;
+    for round in 0..16 {
+        let server = Hixl::new();
+        server.initialize("127.0.0.1:0", NO_OPTIONS).unwrap();
+        let name = server.local_engine().unwrap();
+        let mut region = vec![0u8; LEN];
+        let h = register(&server, &mut region).unwrap();
+        let addr = region.as_ptr() as u64;
+        let mut cmem = Rng::new(40 + round).bytes(LEN);
+        let (c, _) = client(&[], &mut cmem);
+        c.connect(&name, 1000).unwrap();
+        let refused = std::sync::atomic::AtomicUsize::new(0);
+        let written = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let d = [desc(&cmem, 0, addr, 0, LEN)];
+                while refused.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+                    match c.transfer_sync(&name, TransferOp::Write, &d, 5000) {
+                        Ok(()) => {
+                            written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Err(e) => {
+                            assert_eq!(e.status(), Status::PARAM_INVALID, "{e}");
+                            refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                }
+            });
+            // deregister while writes are landing
+            while written.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                std::thread::yield_now();
+            }
+            server.deregister_mem(h).unwrap();
+            region.fill(0xA5);
+        });
+        assert!(
+            region.iter().all(|&b| b == 0xA5),
+            "round {round}: the region was written after DeregisterMem returned"
+        );
+        c.finalize();
+        server.finalize();
+    }
 }

@@ -23,6 +23,7 @@ impl Hixl {
             self.refuse_if_linked(&key)?;
             let link = e.connect_owned(remote_engine, timeout)?;
             // a broken link under this name is superseded (and closed when dropped)
+            lock(&self.gone).remove(&key);
             lock(&self.links).insert(key, Arc::new(link));
             Ok(())
         })
@@ -31,8 +32,10 @@ impl Hixl {
     /// HIXL `Disconnect`: closes the link (an async connection too), telling the peer.
     ///
     /// # Errors
-    /// `PARAM_INVALID` for a bad name or timeout; `NOT_CONNECTED` if there is no link; the
-    /// error of the goodbye exchange (the link is closed on this side in every case).
+    /// `PARAM_INVALID` for a bad name or timeout; `NOT_CONNECTED` if there is no link (a link
+    /// that broke because the peer went away still counts: as in HIXL, its disconnect
+    /// succeeds); the error of the goodbye exchange other than the peer being gone (the link is
+    /// closed on this side in every case).
     pub fn disconnect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.with_remote(remote_engine, |e, key| {
@@ -41,6 +44,8 @@ impl Hixl {
                 Some(l) => l,
                 None => match e.take_link_owned(remote_engine) {
                     Ok(l) => Arc::new(l),
+                    // a link that broke and was dropped: the peer went away, as HIXL sees it
+                    Err(_) if lock(&self.gone).remove(&key) => return Ok(()),
                     Err(_) => {
                         return Err(Error::new(
                             Status::NOT_CONNECTED,
@@ -49,10 +54,16 @@ impl Hixl {
                     }
                 },
             };
+            lock(&self.gone).remove(&key);
             // transfers running on other threads keep their clone; the link is closed under them
             let r = link.shared.close_timeout(timeout);
             drop(link);
-            Ok(r?)
+            match r {
+                // the peer already went away (finalized, or its process ended): the link is
+                // closed on this side, which is all HIXL's Disconnect promises then
+                Err(e) if e.status() == Status::NOT_CONNECTED => Ok(()),
+                r => Ok(r?),
+            }
         })
     }
 
@@ -160,7 +171,10 @@ impl Hixl {
             let mut links = lock(&self.links);
             match links.get(key) {
                 Some(l) if !(auto && l.is_broken()) => return Ok(l.clone()),
-                Some(_) => links.remove(key),
+                Some(_) => {
+                    lock(&self.gone).insert(key.to_owned());
+                    links.remove(key)
+                }
                 None => None,
             }
         };
@@ -170,6 +184,7 @@ impl Hixl {
             && let Ok(l) = e.take_link_owned(remote)
         {
             let l = Arc::new(l);
+            lock(&self.gone).remove(key);
             lock(&self.links).insert(key.to_owned(), l.clone());
             return Ok(l);
         }
@@ -184,6 +199,7 @@ impl Hixl {
             return Ok(l.clone()); // another caller connected meanwhile
         }
         let l = Arc::new(e.connect_owned(remote, connect_timeout)?);
+        lock(&self.gone).remove(key);
         lock(&self.links).insert(key.to_owned(), l.clone());
         tracing::debug!(peer = key, "auto-connected");
         Ok(l)
@@ -201,7 +217,10 @@ impl Hixl {
             let removed = {
                 let mut links = lock(&self.links);
                 match links.get(key) {
-                    Some(l) if Arc::ptr_eq(l, link) => links.remove(key),
+                    Some(l) if Arc::ptr_eq(l, link) => {
+                        lock(&self.gone).insert(key.to_owned());
+                        links.remove(key)
+                    }
                     _ => None,
                 }
             };

@@ -101,7 +101,10 @@ impl Hixl {
     }
 
     /// HIXL `RegisterMem`: makes `desc` reachable by this engine's transfers and, unless
-    /// `local_only`, by peers (READ and WRITE). Returns a non-zero handle.
+    /// `local_only`, by peers (READ and WRITE). Returns a non-zero handle. As in HIXL, links may
+    /// exist: the region is usable by this engine's transfers at once and is in the table of
+    /// every peer that connects from now on (a link sees the peer's table as it was when the
+    /// link was made).
     ///
     /// # Safety
     /// Until the handle is deregistered or the engine finalized:
@@ -113,9 +116,9 @@ impl Hixl {
     /// (This is [`crate::Hixl::register_raw`]'s contract, which it calls.)
     ///
     /// # Errors
-    /// `FAILED` when not initialized; `UNSUPPORTED` while a link exists, and for device memory
-    /// on an engine without Ascend; `PARAM_INVALID` for a null address, zero length, overflow
-    /// or overlap with a registered region; `RESOURCE_EXHAUSTED` for too many regions.
+    /// `FAILED` when not initialized; `UNSUPPORTED` for device memory on an engine without
+    /// Ascend (no CANN found); `PARAM_INVALID` for a null address, zero length, overflow or
+    /// overlap with a registered region; `RESOURCE_EXHAUSTED` for too many regions.
     pub unsafe fn register_mem(&self, desc: MemDesc, mem_type: MemType) -> Result<MemHandle> {
         let mut core = self.write();
         let access = if desc.local_only {
@@ -127,21 +130,34 @@ impl Hixl {
             addr: desc.addr,
             len: desc.len,
         };
-        let region = self.with_registered(&mut core, "register memory", |e| {
-            // SAFETY: the caller upholds `register_raw`'s contract (this function's `# Safety`).
-            unsafe { e.register_raw_with(raw, mem_type, access) }.map_err(Error::from)
-        })?;
+        let region = match &core.engine {
+            Some(Typed::Connected(e)) => {
+                // SAFETY: the caller upholds `register_raw`'s contract (this function's
+                // `# Safety`).
+                unsafe { e.register_raw_live(raw, mem_type, access) }.map_err(Error::from)?
+            }
+            _ => self.with_registered(&mut core, "register memory", |e| {
+                // SAFETY: as above.
+                unsafe { e.register_raw_with(raw, mem_type, access) }.map_err(Error::from)
+            })?,
+        };
         let handle = self.next_id.fetch_add(1, Ordering::Relaxed);
         core.handles.insert(handle, desc.addr);
         core.regions.insert(desc.addr, Arc::new(region));
         Ok(handle)
     }
 
-    /// HIXL `DeregisterMem`.
+    /// HIXL `DeregisterMem`. As in HIXL, links may exist: peers' later requests for the region
+    /// are refused (`PARAM_INVALID`) without touching it, requests being served from or into it
+    /// are waited for (at most the server's I/O timeout), and every device data path that bound
+    /// it (its HCCL communicator) is closed, so links that used one break and, with
+    /// AutoConnect, connect again on their next call. Refused while an async request of this
+    /// engine uses the region.
     ///
     /// # Errors
-    /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle; `UNSUPPORTED`
-    /// while a link exists; `RESOURCE_EXHAUSTED` while an async request still uses the region.
+    /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle;
+    /// `RESOURCE_EXHAUSTED` while an async request still uses the region; `UNSUPPORTED` while
+    /// links exist on an engine that serves the region one-sided over UCX.
     pub fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
         let mut core = self.write();
         if core.engine.is_none() {
@@ -157,28 +173,41 @@ impl Hixl {
             .regions
             .remove(&addr)
             .expect("handles and regions agree");
+        let region = match Arc::try_unwrap(reg) {
+            Ok(region) => region,
+            Err(shared) => {
+                core.regions.insert(addr, shared);
+                return Err(Error::new(
+                    Status::RESOURCE_EXHAUSTED,
+                    "the region is in use by an async transfer",
+                ));
+            }
+        };
+        // live (links stay); where a transport cannot let go of one region alone, the old way:
+        // step back with no link in either direction
+        let region = match &core.engine {
+            Some(Typed::Connected(e)) => match e.deregister_live(region) {
+                Ok(()) => {
+                    core.handles.remove(&handle);
+                    return Ok(());
+                }
+                Err(refused) => refused.value,
+            },
+            _ => region,
+        };
         // the region goes into the closure and comes back here unless it was handed back
-        let mut slot = Some(reg);
+        let mut slot = Some(region);
         let r = self.with_registered(&mut core, "deregister memory", |e| {
             let region = slot.take().expect("taken once");
-            match Arc::try_unwrap(region) {
-                Ok(region) => e.deregister(region).map(drop).map_err(|refused| {
-                    slot = Some(Arc::new(refused.value));
-                    Error::from(refused.error)
-                }),
-                Err(shared) => {
-                    slot = Some(shared);
-                    Err(Error::new(
-                        Status::RESOURCE_EXHAUSTED,
-                        "the region is in use by an async transfer",
-                    ))
-                }
-            }
+            e.deregister(region).map(drop).map_err(|refused| {
+                slot = Some(refused.value);
+                Error::from(refused.error)
+            })
         });
         match slot {
-            // refused (or busy): the region stays registered under its handle
+            // refused: the region stays registered under its handle
             Some(region) if r.is_err() => {
-                core.regions.insert(addr, region);
+                core.regions.insert(addr, Arc::new(region));
             }
             // handed back (an error then is serving failing to restart)
             _ => {
@@ -217,6 +246,7 @@ impl Hixl {
         let registered = match engine {
             Typed::Connected(e) => {
                 let held = std::mem::take(&mut *lock(&self.links));
+                lock(&self.gone).extend(held.keys().cloned());
                 drop(held); // closing a link waits for its requests: not under the lock
                 e.deactivate()
             }
@@ -240,8 +270,8 @@ impl Hixl {
 
     /// Links in either direction: ours (held or in the async queue) and peers' to us.
     fn link_count(&self, e: &crate::Hixl<Connected>) -> usize {
-        let mut links = lock(&self.links);
-        links.retain(|_, l| !l.is_broken());
+        let links = lock(&self.links);
+        let held = links.values().filter(|l| !l.is_broken()).count();
         let queued = e
             .async_connect_statuses()
             .values()
@@ -252,7 +282,7 @@ impl Hixl {
                 )
             })
             .count();
-        links.len() + queued + e.served_links()
+        held + queued + e.served_links()
     }
 
     /// The typed engine in `Connected`, activating it again if a restart of serving failed

@@ -11,7 +11,7 @@
 //! | misuse | status |
 //! |---|---|
 //! | any call before `initialize` or after `finalize`; `initialize` twice | `FAILED` |
-//! | registering or deregistering while a link exists (ours, or a peer's to us) | `UNSUPPORTED` |
+//! | deregistering, while a link exists, a region UCX serves one-sided | `UNSUPPORTED` |
 //! | deregistering an unknown handle | `PARAM_INVALID` |
 //! | a local range not inside one region this engine registered | `PARAM_INVALID` |
 //! | a remote range not inside one region of the peer's table | `PARAM_INVALID` |
@@ -140,6 +140,10 @@ pub struct Hixl {
     links: Mutex<HashMap<String, Arc<Link<'static>>>>,
     /// Serialises on-demand connects (AutoConnect), so two callers do not race for one name.
     connecting: Mutex<()>,
+    /// Remotes whose broken link was dropped (AutoConnect, or a new registration's clean-up)
+    /// and not connected since: `disconnect` of one of them succeeds, as HIXL's does for a peer
+    /// that went away.
+    gone: Mutex<std::collections::HashSet<String>>,
     reqs: Mutex<BTreeMap<TransferReq, Pending>>,
     next_id: AtomicU64,
 }
@@ -178,6 +182,7 @@ impl Hixl {
             core: RwLock::new(Core::default()),
             links: Mutex::new(HashMap::new()),
             connecting: Mutex::new(()),
+            gone: Mutex::new(std::collections::HashSet::new()),
             reqs: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
         }

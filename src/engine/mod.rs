@@ -195,6 +195,11 @@ impl<S: State> Hixl<S> {
     pub fn name(&self) -> &str {
         &self.inner.name
     }
+    /// Whether the engine has an Ascend runtime: it registers and moves device memory
+    /// ([`AscendMode`](crate::AscendMode): where CANN loads, by default).
+    pub fn uses_ascend(&self) -> bool {
+        self.inner.ascend.is_some()
+    }
     /// The engine's id, unique in this process (regions and links carry it).
     pub fn id(&self) -> u64 {
         self.inner.id
@@ -286,7 +291,7 @@ impl<S: State> Hixl<S> {
             .as_deref()
             .ok_or(Error::UnsupportedMemory {
                 mem_type: MemType::Device,
-                why: "device memory needs an engine initialized with Ascend options",
+                why: self.inner.no_device,
             })
     }
 }

@@ -200,7 +200,7 @@ impl Hixl<Registered> {
             return Err(HandedBack {
                 error: Error::UnsupportedMemory {
                     mem_type: MemType::Device,
-                    why: "device memory needs an engine initialized with Ascend options",
+                    why: self.inner.no_device,
                 },
                 value: mem,
             });
@@ -239,6 +239,70 @@ impl<S: Quiescent> Hixl<S> {
     /// another engine.
     pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
         self.inner.deregister(region)
+    }
+}
+
+/// HIXL's registration while linked, for the compat engine only: the typed API keeps
+/// registration after `activate` a compile error (the seed's rule), and these are not public.
+impl Hixl<Connected> {
+    /// Registers caller-managed memory on an engine open to links (HIXL `RegisterMem` while
+    /// linked): usable by this engine's transfers at once, in the table of peers that connect
+    /// from now on.
+    ///
+    /// # Safety
+    /// As [`Hixl::<Registered>::register_raw`].
+    pub(crate) unsafe fn register_raw_live(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<Region<MemDesc>, Error> {
+        let region = self.inner.register_raw(desc, mem_type, access)?;
+        self.inner.publish(&region.core);
+        Ok(region)
+    }
+
+    /// Deregisters caller-managed memory from an engine open to links (HIXL `DeregisterMem`
+    /// while linked; see [`EngineInner::withdraw`]). The caller makes sure no request of this
+    /// engine uses it. When this returns, nothing of the engine or its peers touches the memory.
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`]; `UNSUPPORTED` as [`EngineInner::withdraw`]. The region comes
+    /// back, still registered.
+    pub(crate) fn deregister_live(
+        &self,
+        region: Region<MemDesc>,
+    ) -> Result<(), HandedBack<Region<MemDesc>>> {
+        if region.core.engine != self.inner.id {
+            return Err(HandedBack {
+                error: Error::ForeignHandle {
+                    what: "region",
+                    owner: region.core.engine,
+                    engine: self.inner.id,
+                },
+                value: region,
+            });
+        }
+        if let Err(error) = self.inner.withdraw(&region.core) {
+            return Err(HandedBack {
+                error,
+                value: region,
+            });
+        }
+        let mut regs = lock(&self.inner.regions);
+        if regs
+            .by_addr
+            .get(&region.core.addr)
+            .is_some_and(|r| Arc::ptr_eq(r, &region.core))
+        {
+            regs.by_addr.remove(&region.core.addr);
+            regs.bytes -= region.core.len;
+        }
+        drop(regs);
+        tracing::debug!(parent: &self.inner.span, region = region.core.id, "deregistered while linked");
+        // the record owns no memory (raw); a serving thread may hold it a moment longer, inert
+        drop(region);
+        Ok(())
     }
 }
 

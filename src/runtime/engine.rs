@@ -57,8 +57,10 @@ pub(crate) struct EngineInner {
     pub(crate) me: Weak<EngineInner>,
     /// Whether the heartbeat thread runs.
     heartbeats: std::sync::atomic::AtomicBool,
-    /// The Ascend runtime, for engines initialized with Ascend options.
+    /// The Ascend runtime (where CANN loads, or as the options ask).
     pub(crate) ascend: Option<Arc<crate::transport::ascend::Runtime>>,
+    /// Why device memory is refused, for an engine without an Ascend runtime.
+    pub(crate) no_device: &'static str,
     /// Quarantine counters, shared with every region of the engine.
     pub(crate) quarantine: Arc<crate::quarantine::Stats>,
     pub(crate) span: tracing::Span,
@@ -97,10 +99,15 @@ impl EngineInner {
             }
             None => (None, parsed.to_string()),
         };
-        let ascend = if options.ascend_enabled {
-            Some(crate::transport::ascend::Runtime::start(&options.ascend)?)
-        } else {
-            None
+        use crate::options::AscendMode;
+        use crate::transport::ascend::Runtime;
+        let (ascend, no_device) = match options.ascend_mode {
+            AscendMode::On => (Some(Runtime::start(&options.ascend)?), ""),
+            AscendMode::Off => (None, "Ascend is off for this engine (hixl.ascend.enable=0)"),
+            AscendMode::Auto => match Runtime::start_if_installed(&options.ascend)? {
+                Ok(rt) => (Some(rt), ""),
+                Err(why) => (None, why),
+            },
         };
         let backends = crate::runtime::transports::backends(&options, ascend.clone())?;
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
@@ -123,6 +130,7 @@ impl EngineInner {
             me: me.clone(),
             heartbeats: std::sync::atomic::AtomicBool::new(false),
             ascend,
+            no_device,
             quarantine: Default::default(),
             span,
         }))
@@ -142,7 +150,7 @@ impl EngineInner {
             Some(l) => l.try_clone().and_then(|l| {
                 Server::start(
                     l,
-                    ServeTable::new(cores),
+                    Arc::new(ServeTable::new(cores)),
                     ServerConfig {
                         name: self.name.clone(),
                         instance: self.instance,
@@ -196,7 +204,7 @@ impl EngineInner {
         if mem_type != MemType::Host && self.ascend.is_none() {
             return Err(Error::UnsupportedMemory {
                 mem_type,
-                why: "device memory needs an engine initialized with Ascend options",
+                why: self.no_device,
             });
         }
         let mut regs = lock(&self.regions);
@@ -248,6 +256,53 @@ impl EngineInner {
         regs.bytes += len;
         tracing::debug!(parent: &self.span, region = id, addr = format_args!("{addr:#x}"), len, "registered");
         Ok(core)
+    }
+
+    /// Serves a region registered while the engine is open to links (the compat engine; the
+    /// typed API registers only before `activate`): its transports learn of it first, then the
+    /// table peers get at connect has it.
+    pub(crate) fn publish(&self, core: &Arc<RegionCore>) {
+        let region: Arc<dyn Region> = core.clone();
+        for b in &self.backends {
+            b.region_added(&region);
+        }
+        let table = lock(&self.server).as_ref().map(|s| s.table());
+        if let Some(t) = table {
+            t.add(core.clone());
+        }
+    }
+
+    /// Withdraws a region from an engine open to links (the compat engine's deregistration
+    /// while linked), before it leaves the region table: peers' later requests do not find it
+    /// (`PARAM_INVALID`), requests being applied to it are waited for, and every transport that
+    /// reached it lets go. When this returns, no peer touches the memory.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedMemory`] (`UNSUPPORTED`) when a transport gave peers one-sided access
+    /// it cannot take back alone (UCX; memory same-host peers may map): nothing changed.
+    pub(crate) fn withdraw(&self, core: &Arc<RegionCore>) -> Result<(), Error> {
+        let refuse = |why: &'static str| Error::UnsupportedMemory {
+            mem_type: core.mem_type,
+            why,
+        };
+        if core.one_sided() {
+            return Err(refuse(
+                "peers on this host may map the region: it can be deregistered only while no \
+                 link exists",
+            ));
+        }
+        for b in &self.backends {
+            b.can_withdraw(core.id).map_err(refuse)?;
+        }
+        let table = lock(&self.server).as_ref().map(|s| s.table());
+        if let Some(t) = table {
+            t.remove(core.id);
+        }
+        core.gate.close();
+        for b in &self.backends {
+            b.region_withdrawn(core.id);
+        }
+        Ok(())
     }
 
     /// What a new link of this engine takes from it.
@@ -376,7 +431,7 @@ impl EngineInner {
     fn stop_server(&self) {
         let server = lock(&self.server).take();
         if let Some(s) = server {
-            let regions = s.regions().to_vec();
+            let regions = s.regions();
             let stuck = s.stop(self.options.finalize_timeout);
             if !stuck.is_empty() {
                 // memory those clients can reach is quarantined when it is handed back or freed

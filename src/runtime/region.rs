@@ -50,6 +50,50 @@ pub(crate) struct RegionCore {
     pub(crate) uses: crate::sync::model::AtomicUsize,
     /// The region's HCCL registration on an Ascend engine; released before the memory.
     pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
+    /// Peers' TCP requests applying to the region right now; closed when the region is
+    /// withdrawn from a serving engine's table.
+    pub(crate) gate: std::sync::Arc<ServeGate>,
+}
+
+/// Counts the peer requests being applied to a region, so that withdrawing it from a serving
+/// engine (HIXL's `DeregisterMem` while linked) can wait until none touches it, and refuses
+/// every later one.
+#[derive(Debug, Default)]
+pub(crate) struct ServeGate {
+    /// Requests inside, and whether the gate is closed.
+    state: std::sync::Mutex<(usize, bool)>,
+    left: std::sync::Condvar,
+}
+
+impl ServeGate {
+    /// A request starts applying to the region; `false` once the gate is closed (the region was
+    /// withdrawn: the request must not touch it).
+    pub(crate) fn enter(&self) -> bool {
+        let mut s = crate::sync::lock(&self.state);
+        if s.1 {
+            return false;
+        }
+        s.0 += 1;
+        true
+    }
+
+    /// A request that [`enter`](Self::enter)ed is done with the region.
+    pub(crate) fn leave(&self) {
+        let mut s = crate::sync::lock(&self.state);
+        s.0 -= 1;
+        if s.0 == 0 {
+            self.left.notify_all();
+        }
+    }
+
+    /// Closes the gate and waits until every request inside has left.
+    pub(crate) fn close(&self) {
+        let mut s = crate::sync::lock(&self.state);
+        s.1 = true;
+        while s.0 > 0 {
+            s = self.left.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// Copies owned memory into a new value of the same type and returns its raw parts.
@@ -155,6 +199,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            gate: Default::default(),
         }
     }
 
@@ -180,6 +225,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            gate: Default::default(),
         }
     }
 

@@ -97,6 +97,23 @@ pub(crate) trait Backend: Send + Sync {
     /// transport, and it keeps none of them.
     fn deactivate(&self) {}
 
+    /// A region was registered while the engine is open to links (only the compat engine does
+    /// this: HIXL registers while linked). Links set up from now on may reach it; the
+    /// transport may let existing links use it locally. Without an override the region is not
+    /// this transport's: peers reach it over TCP.
+    fn region_added(&self, _region: &Arc<dyn Region>) {}
+
+    /// Whether region `id` can be withdrawn while the engine is open to links: `Err(why)` when
+    /// this transport gave peers one-sided access to it that it cannot take back alone.
+    fn can_withdraw(&self, _id: u32) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    /// Region `id` is withdrawn (after [`can_withdraw`](Backend::can_withdraw) allowed it):
+    /// when this returns, no peer reaches it through this transport, and the transport keeps
+    /// nothing of it.
+    fn region_withdrawn(&self, _id: u32) {}
+
     /// Client: sets up this transport's data path on a new link. `Ok(None)`: not on this link
     /// (the peer does not offer it, or it is not needed); `Err`: the link fails.
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error>;

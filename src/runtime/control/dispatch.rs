@@ -2,11 +2,11 @@
 //! (HELLO, CHALLENGE/AUTH, the allow-list, WELCOME with the region table) to the frames of an
 //! established lane (XFER served over TCP, NOTIFY, UCXASK, DEVICE_HELLO, PING, BYE). The whole
 //! handshake has one deadline, and once a request's first byte arrives the whole request has
-//! `server_io_timeout`. Every descriptor is validated against the frozen region table (region
+//! `server_io_timeout`. Every descriptor is validated against the region table (region
 //! id, bounds with overflow checks, access rights) before a byte moves, and no length is trusted
 //! before it is checked.
 
-use super::server::{ActiveGuard, LinkRec, ServerShared, validate};
+use super::server::{ActiveGuard, Entered, LinkRec, ServerShared, validate};
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
 use crate::notify::Notify;
@@ -484,7 +484,15 @@ pub(super) fn serve(
                         return violation(&mut sock, &mut out, e, deadline);
                     }
                 };
-                if let Err((status, reason)) = validate(&shared.table, op, &descs, &mut targets) {
+                // both live until the request is done with the memory (the end of this arm):
+                // the snapshot keeps the regions' records (and owned memory) alive, and the
+                // entered gates make withdrawing a region (the compat engine's deregistration
+                // while linked) wait; declared in this order, the snapshot is dropped first
+                let mut entered = Entered::default();
+                let snapshot = shared.table.snapshot();
+                if let Err((status, reason)) =
+                    validate(&snapshot, op, &descs, &mut targets, &mut entered)
+                {
                     wire::encode_done(&mut out, req, status.code(), &reason);
                     let _ = sock.send_bytes(&out, deadline);
                     if op == TransferOp::Write {
@@ -495,10 +503,11 @@ pub(super) fn serve(
                 }
                 match op {
                     TransferOp::Write => {
-                        // SAFETY: `validate` checked every target against the frozen table: each
-                        // lies inside a registered host region, kept alive by the table's `Arc`s,
-                        // whose memory is valid for writes of any bytes (RegistrableMemory /
-                        // register_raw contracts).
+                        // SAFETY: `validate` checked every target against the table: each lies
+                        // inside a registered host region, kept alive by the snapshot's `Arc`s
+                        // and kept registered by the gate this request entered (withdrawing the
+                        // region waits until `entered` drops), whose memory is valid for writes
+                        // of any bytes, by anyone (RegistrableMemory / register_raw contracts).
                         if let Err(e) = unsafe { inb.recv_into(&mut sock, &targets, deadline) } {
                             return ConnEnd::Io(e);
                         }

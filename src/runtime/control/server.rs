@@ -1,6 +1,6 @@
 //! The control plane's server: the listener and its accept loop, admission within the bounds of
 //! [`limits`] (handshakes and established lanes counted apart, per peer address
-//! too), the frozen region table every request is validated against, and the link registry. Each
+//! too), the region table every request is validated against, and the link registry. Each
 //! admitted connection runs on its own thread in [`dispatch`](super::dispatch).
 
 use std::collections::{HashMap, HashSet};
@@ -26,25 +26,49 @@ use crate::types::TransferOp;
 use crate::types::WireDesc;
 use crate::wire::{self, TableEntry};
 
-/// The frozen region table a serving engine exposes, indexed by region id.
+/// The region table a serving engine exposes, sorted by region id. Regions come and go while it
+/// serves only through the compat engine (HIXL registers and deregisters while linked): each
+/// request looks regions up in a snapshot and enters their [`ServeGate`]s, which withdrawing a
+/// region closes (and waits for) after taking it out of the table.
 pub(crate) struct ServeTable {
-    pub(super) by_id: Vec<Arc<RegionCore>>,
+    by_id: Mutex<Arc<Vec<Arc<RegionCore>>>>,
 }
+
+/// The region table as one request sees it.
+pub(crate) type Snapshot = Arc<Vec<Arc<RegionCore>>>;
 
 impl ServeTable {
     pub fn new(mut regions: Vec<Arc<RegionCore>>) -> Self {
         regions.sort_by_key(|r| r.id);
-        Self { by_id: regions }
+        Self {
+            by_id: Mutex::new(Arc::new(regions)),
+        }
     }
-    /// The regions served.
-    pub(crate) fn cores(&self) -> &[Arc<RegionCore>] {
-        &self.by_id
+    /// The regions served now.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        lock(&self.by_id).clone()
     }
-    fn get(&self, id: u32) -> Option<&RegionCore> {
-        self.by_id
+    /// Serves `r` too (to peers that connect from now on: a link's table is sent once).
+    pub(crate) fn add(&self, r: Arc<RegionCore>) {
+        let mut t = lock(&self.by_id);
+        let mut v = Vec::clone(&t);
+        let at = v.partition_point(|x| x.id < r.id);
+        v.insert(at, r);
+        *t = Arc::new(v);
+    }
+    /// Stops serving region `id`: later requests do not find it (`PARAM_INVALID`). The caller
+    /// closes its gate to wait for requests already applying to it.
+    pub(crate) fn remove(&self, id: u32) {
+        let mut t = lock(&self.by_id);
+        if t.iter().any(|r| r.id == id) {
+            *t = Arc::new(t.iter().filter(|r| r.id != id).cloned().collect());
+        }
+    }
+    fn get(table: &[Arc<RegionCore>], id: u32) -> Option<&RegionCore> {
+        table
             .binary_search_by_key(&id, |r| r.id)
             .ok()
-            .map(|i| &*self.by_id[i])
+            .map(|i| &*table[i])
     }
     /// The table as peers see it. With `same_host` (a same-host peer with a fence), each region
     /// says how that peer may reach it: the memfd of a shareable region (the region is then
@@ -52,7 +76,7 @@ impl ServeTable {
     /// [`wire::FD_TCP_ONLY`] for memory the engine could not quarantine (caller-managed raw
     /// memory, types it cannot copy): served over TCP only.
     pub fn entries(&self, same_host: bool) -> Vec<TableEntry> {
-        self.by_id
+        self.snapshot()
             .iter()
             .map(|r| TableEntry {
                 fd: if !same_host {
@@ -75,19 +99,47 @@ impl ServeTable {
     }
 }
 
-/// Checks a batch against the table and computes the memory it touches.
+/// The gates a request entered: left when it is dropped, once the request no longer touches
+/// the regions' memory.
+#[derive(Default)]
+pub(crate) struct Entered(Vec<(u32, Arc<crate::runtime::region::ServeGate>)>);
+
+impl Entered {
+    fn enter(&mut self, r: &RegionCore) -> bool {
+        if self.0.iter().any(|(id, _)| *id == r.id) {
+            return true;
+        }
+        if !r.gate.enter() {
+            return false;
+        }
+        self.0.push((r.id, r.gate.clone()));
+        true
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        for (_, g) in self.0.drain(..) {
+            g.leave();
+        }
+    }
+}
+
+/// Checks a batch against the table and computes the memory it touches; `entered` holds the
+/// regions' gates until the request is done with them.
 ///
-/// Never trusts the peer: unknown regions, empty, overflowing or out-of-bounds ranges and
-/// forbidden operations are refused before any memory is touched.
+/// Never trusts the peer: unknown (or withdrawn) regions, empty, overflowing or out-of-bounds
+/// ranges and forbidden operations are refused before any memory is touched.
 pub(crate) fn validate(
-    table: &ServeTable,
+    table: &[Arc<RegionCore>],
     op: TransferOp,
     descs: &[WireDesc],
     targets: &mut Vec<IoVec>,
+    entered: &mut Entered,
 ) -> Result<(), (Status, String)> {
     targets.clear();
     for (i, d) in descs.iter().enumerate() {
-        let Some(r) = table.get(d.region) else {
+        let Some(r) = ServeTable::get(table, d.region) else {
             return Err((
                 Status::PARAM_INVALID,
                 format!("descriptor {i}: no region {}", d.region),
@@ -120,6 +172,12 @@ pub(crate) fn validate(
             return Err((
                 Status::UNSUPPORTED,
                 format!("descriptor {i}: device memory over tcp"),
+            ));
+        }
+        if !entered.enter(r) {
+            return Err((
+                Status::PARAM_INVALID,
+                format!("descriptor {i}: region {} was deregistered", r.id),
             ));
         }
         targets.push(IoVec {
@@ -209,7 +267,7 @@ impl LinkRec {
 pub(crate) struct ServerShared {
     pub(super) name: String,
     pub(super) instance: u64,
-    pub(super) table: ServeTable,
+    pub(super) table: Arc<ServeTable>,
     pub(super) io_timeout: Duration,
     pub(super) limits: Limits,
     pub(super) stop: AtomicBool,
@@ -305,7 +363,11 @@ pub(crate) struct ServerConfig {
 
 impl Server {
     /// Starts accepting on `listener` (a clone of the engine's listening socket).
-    pub fn start(listener: TcpListener, table: ServeTable, cfg: ServerConfig) -> io::Result<Self> {
+    pub fn start(
+        listener: TcpListener,
+        table: Arc<ServeTable>,
+        cfg: ServerConfig,
+    ) -> io::Result<Self> {
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -356,9 +418,14 @@ impl Server {
         links.values().filter(|l| l.orphaned.is_none()).count()
     }
 
-    /// The regions served.
-    pub fn regions(&self) -> &[Arc<RegionCore>] {
-        self.shared.table.cores()
+    /// The regions served now.
+    pub fn regions(&self) -> Snapshot {
+        self.shared.table.snapshot()
+    }
+
+    /// The table served (it changes under the compat engine's live registrations).
+    pub(crate) fn table(&self) -> Arc<ServeTable> {
+        self.shared.table.clone()
     }
 
     /// Stops serving: no new connections; revokes every same-host client's one-sided access;

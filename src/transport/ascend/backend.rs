@@ -9,7 +9,9 @@ use super::Runtime;
 use super::link::{connect, serve};
 use crate::error::Error;
 use crate::sync::lock;
-use crate::transport::{Accept, AcceptFail, Backend, DataPath, Regions, Setup, TransportKind};
+use crate::transport::{
+    Accept, AcceptFail, Backend, DataPath, Region, Regions, Setup, TransportKind,
+};
 use crate::wire::{DeviceInfo, Kind};
 
 /// Ascend for one engine. Without a runtime (the engine has no Ascend options) it sets nothing
@@ -43,6 +45,27 @@ impl Backend for AscendBackend {
 
     fn deactivate(&self) {
         lock(&self.regions).clear();
+    }
+
+    /// Links made from now on bind it; this engine's existing links bind it on their own
+    /// (client) side, so its transfers can use it at once.
+    fn region_added(&self, region: &Arc<dyn Region>) {
+        let Some(rt) = &self.rt else { return };
+        if region.device().is_none() {
+            return;
+        }
+        lock(&self.regions).push(region.clone());
+        super::link::bind_everywhere(rt, region);
+    }
+
+    /// Every device path of this engine that binds the region (a link it serves, or one of its
+    /// own) is closed: its communicator is destroyed, so no peer reaches the memory through it
+    /// any more, and the link falls back or breaks (HIXL: a failed channel is unusable until
+    /// reconnected).
+    fn region_withdrawn(&self, id: u32) {
+        let Some(rt) = &self.rt else { return };
+        lock(&self.regions).retain(|r| r.view().id != id);
+        super::link::close_binding(rt, id);
     }
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {

@@ -355,8 +355,9 @@ pub(crate) const ACL_ENV: &str = "HIXL_ACL_LIB";
 pub(crate) const HCCL_ENV: &str = "HIXL_HCCL_LIB";
 
 /// Which files to `dlopen`, in order: an explicit path alone (the caller chose it; falling back
-/// would hide a mistake), else the environment override (if set and non-empty) followed by the
-/// default sonames.
+/// would hide a mistake), else the environment override (if set and non-empty), the default
+/// sonames (found through the loader path), and the same names in CANN's `lib64`
+/// ([`CANN_HOME_ENV`]).
 pub(crate) fn candidates(
     explicit: Option<&Path>,
     env: Option<&OsStr>,
@@ -365,13 +366,28 @@ pub(crate) fn candidates(
     if let Some(p) = explicit {
         return vec![p.to_string_lossy().into_owned()];
     }
-    let mut v = Vec::with_capacity(defaults.len() + 1);
+    let mut v = Vec::with_capacity(3 * defaults.len() + 1);
     if let Some(e) = env.filter(|e| !e.is_empty()) {
         v.push(e.to_string_lossy().into_owned());
     }
     v.extend(defaults.iter().map(|s| (*s).to_owned()));
+    // CANN's install, for a process started without `set_env.sh`'s library path
+    for var in CANN_HOME_ENV {
+        if let Some(home) = std::env::var_os(var).filter(|h| !h.is_empty()) {
+            let lib64 = Path::new(&home).join("lib64");
+            v.extend(
+                defaults
+                    .iter()
+                    .map(|s| lib64.join(s).to_string_lossy().into_owned()),
+            );
+        }
+    }
     v
 }
+
+/// The environment variables CANN's `set_env.sh` sets to its install directory, whose `lib64`
+/// holds the ACL runtime and HCCL.
+pub(crate) const CANN_HOME_ENV: &[&str] = &["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"];
 
 fn open(cands: &[String]) -> Result<Library, Error> {
     let refs: Vec<&str> = cands.iter().map(String::as_str).collect();
@@ -404,7 +420,6 @@ pub(crate) struct AclApi {
     #[cfg(test)]
     pub(crate) reset_device: unsafe extern "C" fn(i32) -> AclError,
     /// `aclError aclrtGetDevice(int32_t *)`.
-    #[cfg(test)]
     pub(crate) get_device: unsafe extern "C" fn(*mut i32) -> AclError,
     /// `aclError aclrtGetCurrentContext(aclrtContext *)`.
     pub(crate) get_current_context: unsafe extern "C" fn(*mut AclrtContext) -> AclError,
@@ -461,6 +476,7 @@ impl AclApi {
         syms!(lib;
             init = "aclInit",
             set_device = "aclrtSetDevice",
+            get_device = "aclrtGetDevice",
             get_current_context = "aclrtGetCurrentContext",
             set_current_context = "aclrtSetCurrentContext",
             malloc = "aclrtMalloc",
@@ -482,7 +498,6 @@ impl AclApi {
         syms!(lib;
             finalize = "aclFinalize",
             reset_device = "aclrtResetDevice",
-            get_device = "aclrtGetDevice",
         );
         Ok(Self {
             init,
@@ -491,7 +506,6 @@ impl AclApi {
             set_device,
             #[cfg(test)]
             reset_device,
-            #[cfg(test)]
             get_device,
             get_current_context,
             set_current_context,

@@ -133,6 +133,48 @@ struct Live {
 /// Every communicator this process's links hold (dead entries are pruned on the next build).
 static LIVE: Mutex<Vec<Live>> = Mutex::new(Vec::new());
 
+/// The live paths of `rt`'s engine.
+fn paths_of(rt: &Arc<Runtime>) -> Vec<(u32, Arc<Mutex<Path>>)> {
+    let mut live = lock(&LIVE);
+    live.retain(|l| l.path.strong_count() > 0);
+    live.iter()
+        .filter_map(|l| l.path.upgrade().map(|p| (l.rank, p)))
+        .filter(|(_, p)| Arc::ptr_eq(&lock(p).rt, rt))
+        .collect()
+}
+
+/// Binds a region registered while the engine is linked to the communicators of its own links
+/// (client side: their transfers may then use it at once; peers learn of it only on a new
+/// link). A path that cannot bind it leaves it out (`covers` then keeps batches touching it off
+/// the device path).
+pub(crate) fn bind_everywhere(rt: &Arc<Runtime>, region: &Arc<dyn Region>) {
+    let Some(d) = region.device() else { return };
+    let Ok(_guard) = rt.enter() else { return };
+    for (rank, path) in paths_of(rt) {
+        if rank != CLIENT_RANK {
+            continue;
+        }
+        let mut p = lock(&path);
+        let Some(comm) = &p.comm else { continue };
+        match rt.hccl.bind(comm, &d.mem) {
+            Ok(()) => p.bound.push(region.clone()),
+            Err(e) => tracing::warn!("HcclCommBindMem of a new region failed: {e}"),
+        }
+    }
+}
+
+/// Closes every device path of `rt`'s engine that binds region `id` (waiting for a transfer
+/// running on it): when this returns, no communicator of the engine holds the memory, so no
+/// peer reaches it through HCCL.
+pub(crate) fn close_binding(rt: &Arc<Runtime>, id: u32) {
+    for (_, path) in paths_of(rt) {
+        let mut p = lock(&path);
+        if p.bound.iter().any(|r| r.view().id == id) {
+            p.close("(a region was deregistered)");
+        }
+    }
+}
+
 /// One side of a link's device data path: the communicator (with this engine's regions bound),
 /// the stream, and the peer's rank. Unbinds and destroys everything when dropped.
 pub(crate) struct DeviceLink {
@@ -471,9 +513,22 @@ impl DataPath for Mutex<Option<DeviceLink>> {
         TransportKind::Ascend
     }
 
-    /// A link with a device path moves every batch over it.
-    fn covers(&self, _descs: &[LaneDesc]) -> bool {
-        true
+    /// A link with a device path moves every batch whose local ranges lie in regions bound to
+    /// its communicator (all of the engine's when the link was made, and those registered
+    /// since that could be bound).
+    fn covers(&self, descs: &[LaneDesc]) -> bool {
+        let guard = lock(self);
+        let Some(d) = guard.as_ref() else { return true };
+        let p = lock(&d.path);
+        if p.comm.is_none() {
+            return true; // closed: `run` says so
+        }
+        let bound: Vec<_> = p.bound.iter().map(|r| r.view()).collect();
+        descs.iter().all(|x| {
+            bound
+                .iter()
+                .any(|v| x.local >= v.addr && x.local - v.addr + x.remote.len as usize <= v.len)
+        })
     }
 
     fn fenced(&self) -> bool {

@@ -140,6 +140,11 @@ pub(crate) struct SuperIds {
     pub(crate) pod: i64,
 }
 
+/// Why device memory is refused on an engine that found no CANN.
+pub(crate) const NO_CANN: &str = "device memory needs CANN's ACL runtime and HCCL (libacl_rt.so \
+     or libascendcl.so, libhcomm.so or libhccl.so, through the loader path CANN's set_env.sh sets \
+     or $ASCEND_HOME_PATH/lib64), which did not load";
+
 /// An engine's Ascend runtime: the loaded libraries, its device and the device context of the
 /// thread that initialized the engine.
 pub(crate) struct Runtime {
@@ -172,9 +177,12 @@ impl fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// Loads ACL and HCCL, initialises ACL and sets the device on the calling thread, whose
-    /// context becomes the engine's (HIXL `Initialize`); then asks ACL for the device's
-    /// physical id and the SoC (and on A3 the super-pod ids), and finds the device IP.
+    /// Loads ACL and HCCL and takes the device of the calling thread, whose context becomes the
+    /// engine's (HIXL `Initialize`): `hixl.ascend.device_id` when given (`aclInit`, then
+    /// `aclrtSetDevice`), else the device `aclrtGetDevice` reports (HIXL's way: the caller set
+    /// it), else device 0 (`aclrtSetDevice(0)`, as torch_npu does when none was set). Then asks
+    /// ACL for the device's physical id and the SoC (and on A3 the super-pod ids), and finds
+    /// the device IP.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`] (`UNSUPPORTED`) for a missing library or symbol;
@@ -182,14 +190,59 @@ impl Runtime {
     pub(crate) fn start(o: &AscendOptions) -> Result<Arc<Self>, Error> {
         let acl = Acl::load(o.acl_lib.as_deref())?;
         let hccl = Hccl::load(o.hccl_lib.as_deref())?;
-        let device_id = o.device_id.unwrap_or(0);
-        let device = i32::try_from(device_id).map_err(|_| Error::InvalidOption {
-            key: "hixl.ascend.device_id".into(),
-            value: device_id.to_string(),
-            problem: "a device id below 2^31",
+        Self::start_with(acl, hccl, o)
+    }
+
+    /// [`Runtime::start`] where CANN loads ([`AscendMode::Auto`](crate::AscendMode::Auto)):
+    /// `Ok(None)` with the reason when ACL or HCCL does not load (the engine is then host-only).
+    ///
+    /// # Errors
+    /// As [`Runtime::start`], once both libraries loaded.
+    pub(crate) fn start_if_installed(
+        o: &AscendOptions,
+    ) -> Result<Result<Arc<Self>, &'static str>, Error> {
+        let loaded = Acl::load(o.acl_lib.as_deref())
+            .and_then(|acl| Ok((acl, Hccl::load(o.hccl_lib.as_deref())?)));
+        match loaded {
+            Ok((acl, hccl)) => Self::start_with(acl, hccl, o).map(Ok),
+            Err(e) => {
+                tracing::debug!(error = %e, "CANN does not load: the engine moves host memory only");
+                Ok(Err(NO_CANN))
+            }
+        }
+    }
+
+    fn start_with(acl: Acl, hccl: Hccl, o: &AscendOptions) -> Result<Arc<Self>, Error> {
+        let device = match o.device_id {
+            Some(id) => {
+                let device = i32::try_from(id).map_err(|_| Error::InvalidOption {
+                    key: "hixl.ascend.device_id".into(),
+                    value: id.to_string(),
+                    problem: "a device id below 2^31",
+                })?;
+                acl.init()?;
+                acl.set_device(device)?;
+                device
+            }
+            None => match acl.device() {
+                Ok(d) => d,
+                Err(Error::Native { code, .. })
+                    if code == i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL) =>
+                {
+                    acl.init()?;
+                    acl.set_device(0)?;
+                    0
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        // not negative: `aclrtGetDevice` reported it or it came from a u32 below 2^31
+        let device_id = u32::try_from(device).map_err(|_| Error::Native {
+            library: "acl",
+            call: "aclrtGetDevice",
+            code: 0,
+            detail: format!("ACL_SUCCESS with the device id {device}"),
         })?;
-        acl.init()?;
-        acl.set_device(device)?;
         let ctx = acl.current_context()?;
         let phy_id = acl.physical_device_id(device)?;
         let soc_name = acl.soc_name().unwrap_or_default();

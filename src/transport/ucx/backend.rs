@@ -22,6 +22,8 @@ pub(crate) struct UcxBackend {
     server: Mutex<Option<UcxServer>>,
     /// This engine's regions mapped for zero-copy PUT/GET on its links, while connected.
     local: Mutex<Option<Arc<UcxLocal>>>,
+    /// The regions UCX was given at `activate` (served one-sided to peers while it serves).
+    mapped: Mutex<Vec<u32>>,
 }
 
 impl UcxBackend {
@@ -33,6 +35,7 @@ impl UcxBackend {
             require,
             server: Mutex::new(None),
             local: Mutex::new(None),
+            mapped: Mutex::new(Vec::new()),
         }
     }
 
@@ -79,6 +82,7 @@ impl Backend for UcxBackend {
         // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a failure
         // only costs speed: UCX then copies through its own buffers)
         let views = views(regions);
+        *lock(&self.mapped) = views.iter().map(|v| v.id).collect();
         match UcxLocal::map(u, &views) {
             Ok(l) => *lock(&self.local) = Some(Arc::new(l)),
             Err(e) => tracing::warn!(parent: span, error = %e,
@@ -98,6 +102,18 @@ impl Backend for UcxBackend {
         // deregistered
         drop(lock(&self.server).take());
         drop(lock(&self.local).take());
+        lock(&self.mapped).clear();
+    }
+
+    /// A region registered while connected is not UCX's (its links reach it over TCP); one it
+    /// was given at `activate` has keys in its clients' hands, which UCX cannot take back alone
+    /// (unmapping does not stop a peer on this host, nor UCX's software RMA).
+    fn can_withdraw(&self, id: u32) -> Result<(), &'static str> {
+        if lock(&self.mapped).contains(&id) {
+            Err("UCX serves the region one-sided to its peers and cannot take one region back")
+        } else {
+            Ok(())
+        }
     }
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {

@@ -212,7 +212,6 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::Native`] (`ACL_ERROR_RT_CONTEXT_NULL` without a context).
-    #[cfg(test)]
     pub(crate) fn device(&self) -> Result<i32, Error> {
         let mut d = -1;
         // SAFETY: `d` is a valid out-pointer for the call.
