@@ -56,14 +56,29 @@
 //! ## How HIXL's lifecycle maps onto the typed one
 //!
 //! HIXL has no `activate`: an engine serves as soon as it is initialized, and memory may be
-//! registered before the first connect. The compat engine therefore activates the typed engine
-//! at `initialize` (serving starts with no regions, so peers can connect at once), and
-//! `register_mem` / `deregister_mem` step it back to `Registered`, change the region table, and
-//! activate it again (same listening socket: a peer connecting meanwhile waits in the backlog).
-//! Stepping back stops serving, and on this host that revokes one-sided access, so it is done
-//! only while no link exists in either direction (none of ours, no async connect, no peer linked
-//! to us); otherwise the call is refused with `UNSUPPORTED` and nothing changes. Register every
-//! region first, then connect: the pattern HIXL's own examples and the vLLM connector follow.
+//! registered and deregistered at any time, links or not. The compat engine therefore
+//! activates the typed engine at `initialize` (serving starts with no regions, so peers can
+//! connect at once) and changes its region table live, through crate-internal calls the typed
+//! API does not offer (there, registering after `activate` does not compile):
+//!
+//! - `register_mem` while linked: the region is usable by this engine's transfers at once (on
+//!   an Ascend engine it is bound to the communicators of its existing links) and is in the
+//!   table of every peer that connects afterwards; a link keeps the peer's table it got at
+//!   connect.
+//! - `deregister_mem` while linked: the region leaves the table, requests of peers being applied
+//!   to it are waited for and later ones refused (`PARAM_INVALID`, nothing touched), and every
+//!   device data path (HCCL communicator) that bound it is closed: those links break (with
+//!   AutoConnect the next call connects again). Where UCX serves the region one-sided it cannot
+//!   take one region back: then deregistration waits for a moment without links, as the typed
+//!   engine's does (`UNSUPPORTED` while one exists).
+//! - `disconnect` of a peer that went away (finalized, or its process ended) succeeds.
+//!
+//! ## Ascend
+//!
+//! Where CANN's ACL runtime and HCCL load, an engine uses the device `aclrtGetDevice` reports on
+//! the thread that calls `initialize` (see [`crate::AscendMode`]): `MEM_DEVICE` memory is then
+//! registered with HCCL and moved over it, with no hixl-specific option. Elsewhere `MEM_DEVICE`
+//! is `UNSUPPORTED`.
 //!
 //! ## AutoConnect
 //!
