@@ -8,7 +8,8 @@
  *   - ACL without aclInit: aclrtGetDevice is 107002 before any aclrtSetDevice, then the device
  *     set on this thread; aclrtGetDeviceCount > 0; aclrtCreateContext/aclrtDestroyContext;
  *     aclrtMalloc (HUGE_ONLY, 2 MiB aligned), aclrtMallocHost, aclrtMemcpy of every direction,
- *     aclrtFree(Host), aclGetRecentErrMsg (NULL when nothing failed, a message after a failure);
+ *     aclrtFree(Host), aclrtResetDevice (507007 once nothing is left to reset),
+ *     aclGetRecentErrMsg (NULL when nothing failed, a message after a failure);
  *   - every CANN library name opens the one object (libhcomm.so, libhccl.so, libascendcl.so,
  *     libascend_hal.so are the libacl_rt.so this program was linked with), so that hixl, which
  *     dlopens ACL and HCCL by name, shares the program's devices and contexts;
@@ -140,6 +141,7 @@ static void acl_checks(void) {
     ACL_OK(aclrtFreeHost(hbuf));
     ACL_OK(aclrtFree(dbuf));
     ACL_OK(aclrtResetDevice(0));
+    check(aclrtResetDevice(0) == 507007, "aclrtResetDevice of a device reset is ACL_ERROR_RT_CONTEXT_RELEASE_ERROR");
 }
 
 /* One rank: device memory registered and bound to a two-rank comm, prepared (waits for the

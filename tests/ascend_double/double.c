@@ -53,7 +53,8 @@
  *     repeated aclFinalize 100037 ACL_ERROR_REPEAT_FINALIZE;
  *   - aclrtSetDevice makes the device's default context current on the calling thread,
  *     aclrtCreateContext a new one; aclrtGetDevice/aclrtGetCurrentContext answer for the
- *     calling thread, 107002 ACL_ERROR_RT_CONTEXT_NULL when it has none;
+ *     calling thread, 107002 ACL_ERROR_RT_CONTEXT_NULL when it has none; aclrtResetDevice
+ *     releases one aclrtSetDevice, and with none left is 507007 ACL_ERROR_RT_CONTEXT_RELEASE_ERROR;
  *   - aclGetRecentErrMsg is NULL when nothing failed since it was last read, else the message.
  *
  * Rules the double enforces (so that the caller's discipline is testable):
@@ -130,6 +131,7 @@ enum {
     RT_CONTEXT_NULL = 107002,
     RT_STREAM_CONTEXT = 107003,
     RT_MEMORY_ALLOCATION = 207001,
+    RT_CONTEXT_RELEASE_ERROR = 507007,
     RT_STREAM_SYNC_TIMEOUT = 507046,
     RT_DRV_INTERNAL_ERROR = 507899,
 };
@@ -499,17 +501,27 @@ EXPORT aclError aclrtSetDevice(int32_t deviceId) {
     return rc;
 }
 
+/* CANN (ApiErrorDecorator::DeviceReset in src/runtime/api/impl/api_error.cc, and
+ * Runtime::PrimaryContextRelease): an id that is no device is ACL_ERROR_RT_INVALID_DEVICEID; a
+ * device with no aclrtSetDevice left to release ("has not been set or has already been reset")
+ * is 507007 ACL_ERROR_RT_CONTEXT_RELEASE_ERROR; else one reference is released, the last one
+ * ending the default context. */
 EXPORT aclError aclrtResetDevice(int32_t deviceId) {
-    int rc = ACL_OK;
+    int rc = ACL_OK, count = device_count();
     ACL_FAIL_POINT("aclrtResetDevice", "device=%d", deviceId);
     pthread_mutex_lock(&mu);
-    if (deviceId < 0 || deviceId >= MAX_DEVICES || ctxs[deviceId].refs == 0) {
+    if (deviceId < 0 || deviceId >= count) {
         rc = RT_INVALID_DEVICEID;
+    } else if (ctxs[deviceId].refs == 0) {
+        rc = RT_CONTEXT_RELEASE_ERROR;
     } else {
         ctxs[deviceId].refs--;
         if (ctxs[deviceId].refs == 0 && cur_ctx == &ctxs[deviceId]) cur_ctx = NULL;
     }
     pthread_mutex_unlock(&mu);
+    if (rc == RT_INVALID_DEVICEID) set_err("double: aclrtResetDevice(%d): no such device (%d devices)", deviceId, count);
+    if (rc == RT_CONTEXT_RELEASE_ERROR)
+        set_err("double: aclrtResetDevice(%d): the device has not been set or has already been reset", deviceId);
     logf_("aclrtResetDevice device=%d rc=%d", deviceId, rc);
     return rc;
 }

@@ -133,6 +133,9 @@ fn set_device_needs_no_acl_init_and_get_device_is_per_thread() {
     drop(buf);
     acl.reset_device(2).unwrap();
     assert_eq!(native(acl.device().unwrap_err()), 107_002);
+    // CANN: "the device has not been set or has already been reset"
+    assert_eq!(native(acl.reset_device(2).unwrap_err()), 507_007);
+    assert_eq!(native(acl.reset_device(99).unwrap_err()), 107_001);
     let e = acl.set_device(16).unwrap_err();
     assert_eq!(native(e), 107_001, "16 devices by default");
 
