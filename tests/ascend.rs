@@ -867,3 +867,78 @@ fn missing_library_is_library_unavailable() {
         assert!(info.detail.contains("libacl_rt.so"), "{info:?}");
     }
 }
+
+/// `tools/ascend-double.sh DIR` builds the double under CANN's library names, and a program
+/// written and linked as CANN's users do (`-lacl_rt -lascend_hal`, HIXL's examples' line; no
+/// `aclInit`) runs on it with `LD_LIBRARY_PATH` alone: every name is one object, ACL behaves as
+/// CANN's where programs depend on it, and two processes (devices 0 and 2, no device IPs) find
+/// each other with no `HIXL_ASCEND_DOUBLE_*` variable (`tests/ascend_double/cann_program.c`).
+#[test]
+fn cann_layout_runs_a_cann_program_with_nothing_set() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let base = std::env::temp_dir().join(format!("hixl-ascend-cann-{}", std::process::id()));
+    let lib = base.join("lib");
+    let tmp = base.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new("bash")
+        .arg(root.join("tools/ascend-double.sh"))
+        .arg(&lib)
+        .output()
+        .expect("run tools/ascend-double.sh");
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "libascendcl.so",
+        "libhcomm.so",
+        "libhccl.so",
+        "libascend_hal.so",
+    ] {
+        let target = std::fs::read_link(lib.join(name)).expect("a symlink");
+        assert_eq!(target, Path::new("libacl_rt.so"), "{name}");
+        assert!(said.contains(name), "{said}");
+    }
+    let prog = base.join("cann_program");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(root.join("tests/ascend_double/cann_program.c"))
+        .arg("-L")
+        .arg(&lib)
+        .args(["-lacl_rt", "-lascend_hal", "-lpthread", "-ldl"])
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "{out:?}");
+    let mut run = Command::new(&prog);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HIXL_ASCEND_DOUBLE_") {
+            run.env_remove(k);
+        }
+    }
+    // a private TMPDIR, so the default directory the processes meet in is this test's own
+    let out = run
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("TMPDIR", &tmp)
+        .output()
+        .expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "OK"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let meet = tmp.join(format!("hixl-ascend-ranks-{uid}"));
+    let mode = std::fs::metadata(&meet)
+        .expect("the default directory was made")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o700
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -1,9 +1,13 @@
 /*
  * ABI test double for the ACL runtime and HCCL one-sided symbols hixl's Ascend backend uses.
  *
- * Built by src/transport/ascend/double.rs with `cc -shared -fPIC -O1` into libascend_double.so.
- * Device memory is host memory; contexts are per-device tokens; the current context is
- * thread-local; HcclBatchPut/HcclBatchGet really move bytes, within a process (memmove) or to
+ * Built by src/transport/ascend/double.rs with `cc -shared -fPIC -O1` into libascend_double.so,
+ * and by tools/ascend-double.sh DIR under CANN's library names (libacl_rt.so, with
+ * libascendcl.so, libhcomm.so, libhccl.so and libascend_hal.so as symlinks to it: one object,
+ * so ACL and HCCL share state), so that programs built against CANN's headers run on it
+ * unchanged: `tools/ascend-double.sh /tmp/cann && LD_LIBRARY_PATH=/tmp/cann ./program`.
+ * Device memory is host memory; contexts are tokens (a default one per device, and those
+ * aclrtCreateContext makes); the current context is thread-local; HcclBatchPut/HcclBatchGet really move bytes, within a process (memmove) or to
  * another process running the double (process_vm_writev/readv).
  *
  * Configuration (each key read from the environment unless set with hixl_double_control()):
@@ -24,6 +28,11 @@
  *                            "announce device_ip=<ip> pid=<pid>"; removed when the double is
  *                            unloaded; entries naming dead pids are ignored). Announcing also
  *                            sets PR_SET_PTRACER_ANY so peers may write under Yama scope 1.
+ *                            Unset or empty: $TMPDIR (or /tmp) + "/hixl-ascend-ranks-<uid>",
+ *                            created 0700 and used only while private to this uid, so that the
+ *                            processes of one user find each other with nothing set (both must
+ *                            see the same $TMPDIR). Set to "" with hixl_double_control(): none
+ *                            (ranks of one process still find each other).
  *   HIXL_ASCEND_DOUBLE_DEVICE_IP  if set, aclrtSetDevice announces this device_ip at once
  *   HIXL_ASCEND_DOUBLE_SOC   what aclrtGetSocName returns ("Ascend910B1" by default; an
  *                            "Ascend910_93xx" name is A3, an "Ascend950..." name is A5)
@@ -32,9 +41,23 @@
  *   HIXL_ASCEND_DOUBLE_SUPER_POD_ID  aclrtGetDeviceInfo(ACL_DEV_ATTR_SUPER_POD_ID) on A3 (0);
  *                            ACL_DEV_ATTR_SUPER_POD_DEVICE_ID is 1000 + the physical id
  *   HIXL_ASCEND_DOUBLE_INIT_HOLD_MS  how long each HcclCommInitClusterInfoMemConfig takes (0)
+ *   HIXL_ASCEND_DOUBLE_DEVICE_COUNT  what aclrtGetDeviceCount returns (16, at most 64); device ids
+ *                            from it on are 107001 ACL_ERROR_RT_INVALID_DEVICEID
+ *
+ * ACL as CANN behaves where programs depend on it (checked against hicann/runtime: the headers
+ * include/external/acl/acl_rt.h for every signature, src/acl/aclrt_impl/{acl,device}.cpp,
+ * src/runtime/api/impl/api_impl.cc, docs/zh/design/modules/context/context.md; each function
+ * below names what it follows):
+ *   - aclInit is optional: aclrtSetDevice and everything after it work without it (the upstream
+ *     HIXL examples never call it); a repeated aclInit is 100002 ACL_ERROR_REPEAT_INITIALIZE, a
+ *     repeated aclFinalize 100037 ACL_ERROR_REPEAT_FINALIZE;
+ *   - aclrtSetDevice makes the device's default context current on the calling thread,
+ *     aclrtCreateContext a new one; aclrtGetDevice/aclrtGetCurrentContext answer for the
+ *     calling thread, 107002 ACL_ERROR_RT_CONTEXT_NULL when it has none; aclrtResetDevice
+ *     releases one aclrtSetDevice, and with none left is 507007 ACL_ERROR_RT_CONTEXT_RELEASE_ERROR;
+ *   - aclGetRecentErrMsg is NULL when nothing failed since it was last read, else the message.
  *
  * Rules the double enforces (so that the caller's discipline is testable):
- *   - aclInit before aclrtSetDevice (else 100001 ACL_ERROR_UNINITIALIZE);
  *   - a current context on the calling thread for aclrtGetDevice, aclrtMalloc(Host), aclrtFree
  *     (Host), aclrtMemcpy, stream calls (else 107002 ACL_ERROR_RT_CONTEXT_NULL), and for
  *     HcclRegisterGlobalMem, HcclCommInitClusterInfoMemConfig, HcclBatchPut/Get (else 15
@@ -99,7 +122,6 @@ typedef int HcclResult;
 enum {
     ACL_OK = 0,
     ACL_INVALID_PARAM = 100000,
-    ACL_UNINITIALIZE = 100001,
     ACL_REPEAT_INITIALIZE = 100002,
     ACL_REPEAT_FINALIZE = 100037,
     ACL_INTERNAL_ERROR = 500000,
@@ -109,6 +131,7 @@ enum {
     RT_CONTEXT_NULL = 107002,
     RT_STREAM_CONTEXT = 107003,
     RT_MEMORY_ALLOCATION = 207001,
+    RT_CONTEXT_RELEASE_ERROR = 507007,
     RT_STREAM_SYNC_TIMEOUT = 507046,
     RT_DRV_INTERNAL_ERROR = 507899,
 };
@@ -164,7 +187,11 @@ typedef struct {
 /* state                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
+/* A context: the default one of a device (ctxs[device], made by aclrtSetDevice, counted by
+ * refs) or one made by aclrtCreateContext (on the user_ctxs list, refs 1 while alive; never
+ * freed, so that a thread still naming a destroyed one finds it dead rather than reused). */
+typedef struct Ctx {
+    struct Ctx *next;
     int device;
     int refs;
 } Ctx;
@@ -212,7 +239,9 @@ typedef struct Comm {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static Ctx ctxs[MAX_DEVICES];
-static int acl_inits;
+static Ctx *user_ctxs;
+static int acl_inits;     /* aclInit's reference count */
+static int acl_finalized; /* aclFinalize ran since the last successful aclInit */
 static Alloc *allocs;
 static Stream *streams;
 static GMem *gmems;
@@ -246,6 +275,7 @@ static Setting settings[] = {
     {"phy_map", "HIXL_ASCEND_DOUBLE_PHY_MAP", "", 0},
     {"super_pod_id", "HIXL_ASCEND_DOUBLE_SUPER_POD_ID", "", 0},
     {"init_hold_ms", "HIXL_ASCEND_DOUBLE_INIT_HOLD_MS", "", 0},
+    {"device_count", "HIXL_ASCEND_DOUBLE_DEVICE_COUNT", "", 0},
 };
 #define N_SETTINGS (sizeof settings / sizeof settings[0])
 
@@ -268,8 +298,9 @@ EXPORT int hixl_double_control(const char *key, const char *value) {
     return -1;
 }
 
-/* Copies the setting into out (empty when unset). */
-static void setting(const char *key, char *out, size_t cap) {
+/* Copies the setting into out (empty when unset). Returns 1 when the value was set with
+ * hixl_double_control() (even to ""), 0 when it came from the environment or is unset. */
+static int setting(const char *key, char *out, size_t cap) {
     size_t i;
     const char *v = NULL;
     out[0] = 0;
@@ -279,13 +310,14 @@ static void setting(const char *key, char *out, size_t cap) {
         if (settings[i].set) {
             snprintf(out, cap, "%s", settings[i].value);
             pthread_mutex_unlock(&mu);
-            return;
+            return 1;
         }
         pthread_mutex_unlock(&mu);
         v = getenv(settings[i].env);
         snprintf(out, cap, "%s", v ? v : "");
-        return;
+        return 0;
     }
+    return 0;
 }
 
 static void logf_(const char *fmt, ...) {
@@ -366,8 +398,25 @@ static int acl_inject(const char *sym) {
 /* ACL                                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Whether c is a live context (a default one with references, or a created one not yet
+ * destroyed). Under mu. */
 static int ctx_valid(const Ctx *c) {
-    return c != NULL && c >= &ctxs[0] && c < &ctxs[MAX_DEVICES] && c->refs > 0;
+    const Ctx *u;
+    if (c == NULL) return 0;
+    if (c >= &ctxs[0] && c < &ctxs[MAX_DEVICES]) return c->refs > 0;
+    for (u = user_ctxs; u != NULL; u = u->next)
+        if (u == c) return u->refs > 0;
+    return 0;
+}
+
+/* The number of devices: the "device_count" setting, 16 by default, at most MAX_DEVICES. */
+static int device_count(void) {
+    char v[32];
+    long n;
+    setting("device_count", v, sizeof v);
+    n = strtol(v, NULL, 10);
+    if (n <= 0) return 16;
+    return n > MAX_DEVICES ? MAX_DEVICES : (int)n;
 }
 
 /* Returns 0 when the calling thread has a live current context. */
@@ -388,12 +437,21 @@ EXPORT const char *aclGetRecentErrMsg(void) {
     return errmsg_out;
 }
 
+/* CANN (src/acl/aclrt_impl/acl.cpp, aclInitImpl/aclFinalizeImpl): aclInit is reference
+ * counted, a repeated call adds a reference and returns ACL_ERROR_REPEAT_INITIALIZE; aclFinalize
+ * finalizes whatever the count, and only a second aclFinalize (without an aclInit between)
+ * returns ACL_ERROR_REPEAT_FINALIZE. Nothing else needs aclInit (see aclrtSetDevice). */
 EXPORT aclError aclInit(const char *configPath) {
     int rc = ACL_OK;
     ACL_FAIL_POINT("aclInit", "config=%s", configPath ? configPath : "(null)");
     pthread_mutex_lock(&mu);
-    if (acl_inits > 0) rc = ACL_REPEAT_INITIALIZE;
-    else acl_inits = 1;
+    if (acl_inits > 0) {
+        acl_inits++;
+        rc = ACL_REPEAT_INITIALIZE;
+    } else {
+        acl_inits = 1;
+        acl_finalized = 0;
+    }
     pthread_mutex_unlock(&mu);
     logf_("aclInit config=%s rc=%d", configPath ? configPath : "(null)", rc);
     return rc;
@@ -403,23 +461,30 @@ EXPORT aclError aclFinalize(void) {
     int rc = ACL_OK;
     ACL_FAIL_POINT("aclFinalize", "%s", "");
     pthread_mutex_lock(&mu);
-    if (acl_inits == 0) rc = ACL_REPEAT_FINALIZE;
-    else acl_inits = 0;
+    if (acl_finalized) {
+        rc = ACL_REPEAT_FINALIZE;
+    } else {
+        acl_finalized = 1;
+        acl_inits = 0;
+    }
     pthread_mutex_unlock(&mu);
+    if (rc) set_err("double: aclFinalize: repeatedly finalized");
     logf_("aclFinalize rc=%d", rc);
     return rc;
 }
 
 static void announce(const char *ip);
 
+/* CANN (src/acl/aclrt_impl/device.cpp aclrtSetDeviceImpl -> ApiImpl::SetDevice in
+ * src/runtime/api/impl/api_impl.cc): no aclInit needed; retains the device's default context
+ * (one reference per call, released by aclrtResetDevice) and makes it current on the calling
+ * thread. The upstream HIXL examples call it without aclInit. */
 EXPORT aclError aclrtSetDevice(int32_t deviceId) {
-    int rc = ACL_OK;
+    int rc = ACL_OK, count = device_count();
     char ip[64];
     ACL_FAIL_POINT("aclrtSetDevice", "device=%d", deviceId);
     pthread_mutex_lock(&mu);
-    if (acl_inits == 0) {
-        rc = ACL_UNINITIALIZE;
-    } else if (deviceId < 0 || deviceId >= MAX_DEVICES) {
+    if (deviceId < 0 || deviceId >= count) {
         rc = RT_INVALID_DEVICEID;
     } else {
         ctxs[deviceId].device = deviceId;
@@ -427,7 +492,7 @@ EXPORT aclError aclrtSetDevice(int32_t deviceId) {
         cur_ctx = &ctxs[deviceId];
     }
     pthread_mutex_unlock(&mu);
-    if (rc == ACL_UNINITIALIZE) set_err("double: aclrtSetDevice before aclInit");
+    if (rc) set_err("double: aclrtSetDevice(%d): no such device (%d devices)", deviceId, count);
     logf_("aclrtSetDevice device=%d ctx=%p rc=%d", deviceId, rc ? NULL : (void *)cur_ctx, rc);
     if (rc == ACL_OK) {
         setting("device_ip", ip, sizeof ip);
@@ -436,21 +501,34 @@ EXPORT aclError aclrtSetDevice(int32_t deviceId) {
     return rc;
 }
 
+/* CANN (ApiErrorDecorator::DeviceReset in src/runtime/api/impl/api_error.cc, and
+ * Runtime::PrimaryContextRelease): an id that is no device is ACL_ERROR_RT_INVALID_DEVICEID; a
+ * device with no aclrtSetDevice left to release ("has not been set or has already been reset")
+ * is 507007 ACL_ERROR_RT_CONTEXT_RELEASE_ERROR; else one reference is released, the last one
+ * ending the default context. */
 EXPORT aclError aclrtResetDevice(int32_t deviceId) {
-    int rc = ACL_OK;
+    int rc = ACL_OK, count = device_count();
     ACL_FAIL_POINT("aclrtResetDevice", "device=%d", deviceId);
     pthread_mutex_lock(&mu);
-    if (deviceId < 0 || deviceId >= MAX_DEVICES || ctxs[deviceId].refs == 0) {
+    if (deviceId < 0 || deviceId >= count) {
         rc = RT_INVALID_DEVICEID;
+    } else if (ctxs[deviceId].refs == 0) {
+        rc = RT_CONTEXT_RELEASE_ERROR;
     } else {
         ctxs[deviceId].refs--;
         if (ctxs[deviceId].refs == 0 && cur_ctx == &ctxs[deviceId]) cur_ctx = NULL;
     }
     pthread_mutex_unlock(&mu);
+    if (rc == RT_INVALID_DEVICEID) set_err("double: aclrtResetDevice(%d): no such device (%d devices)", deviceId, count);
+    if (rc == RT_CONTEXT_RELEASE_ERROR)
+        set_err("double: aclrtResetDevice(%d): the device has not been set or has already been reset", deviceId);
     logf_("aclrtResetDevice device=%d rc=%d", deviceId, rc);
     return rc;
 }
 
+/* CANN (ApiImpl::GetDevice, and rtGetDevice in src/runtime/api/api_c_device.cc): the device of
+ * the calling thread's current context, else ACL_ERROR_RT_CONTEXT_NULL, which callers rely on
+ * (torch_npu's c10_npu::GetDevice, torch_npu/csrc/core/npu/NPUFunctions.cpp, then sets device 0). */
 EXPORT aclError aclrtGetDevice(int32_t *deviceId) {
     ACL_FAIL_POINT("aclrtGetDevice", "%s", "");
     if (deviceId == NULL) return ACL_INVALID_PARAM;
@@ -461,6 +539,84 @@ EXPORT aclError aclrtGetDevice(int32_t *deviceId) {
     *deviceId = cur_ctx->device;
     logf_("aclrtGetDevice device=%d rc=0", *deviceId);
     return ACL_OK;
+}
+
+/* CANN (ApiImpl::GetDeviceCount): the number of visible devices; here the "device_count"
+ * setting (16). */
+EXPORT aclError aclrtGetDeviceCount(uint32_t *count) {
+    ACL_FAIL_POINT("aclrtGetDeviceCount", "%s", "");
+    if (count == NULL) {
+        set_err("double: aclrtGetDeviceCount: null count");
+        logf_("aclrtGetDeviceCount rc=%d", ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    *count = (uint32_t)device_count();
+    logf_("aclrtGetDeviceCount count=%u rc=0", *count);
+    return ACL_OK;
+}
+
+/* CANN (ApiImpl::ContextCreate; docs/zh/design/modules/context/context.md): a new context on
+ * the device, current on the calling thread at once; no aclrtSetDevice needed. */
+EXPORT aclError aclrtCreateContext(void **context, int32_t deviceId) {
+    Ctx *c;
+    int count = device_count();
+    ACL_FAIL_POINT("aclrtCreateContext", "device=%d", deviceId);
+    if (context == NULL) {
+        set_err("double: aclrtCreateContext: null context pointer");
+        logf_("aclrtCreateContext device=%d rc=%d", deviceId, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    if (deviceId < 0 || deviceId >= count) {
+        set_err("double: aclrtCreateContext(%d): no such device (%d devices)", deviceId, count);
+        logf_("aclrtCreateContext device=%d rc=%d", deviceId, RT_INVALID_DEVICEID);
+        return RT_INVALID_DEVICEID;
+    }
+    c = calloc(1, sizeof *c);
+    if (c == NULL) return RT_MEMORY_ALLOCATION;
+    c->device = deviceId;
+    c->refs = 1;
+    pthread_mutex_lock(&mu);
+    c->next = user_ctxs;
+    user_ctxs = c;
+    cur_ctx = c;
+    pthread_mutex_unlock(&mu);
+    *context = c;
+    logf_("aclrtCreateContext device=%d ctx=%p rc=0", deviceId, (void *)c);
+    return ACL_OK;
+}
+
+/* CANN (ApiImpl::ContextDestroy): only a live created context (a default one, or one already
+ * destroyed, is ACL_ERROR_RT_CONTEXT_NULL); its streams go with it; it stops being current on
+ * the calling thread (other threads naming it find it dead). */
+EXPORT aclError aclrtDestroyContext(void *context) {
+    Ctx *u;
+    Stream **pp;
+    int rc = RT_CONTEXT_NULL;
+    ACL_FAIL_POINT("aclrtDestroyContext", "ctx=%p", context);
+    pthread_mutex_lock(&mu);
+    for (u = user_ctxs; u != NULL; u = u->next)
+        if ((void *)u == context && u->refs > 0) {
+            u->refs = 0;
+            rc = ACL_OK;
+            break;
+        }
+    if (rc == ACL_OK) {
+        if (cur_ctx == u) cur_ctx = NULL;
+        for (pp = &streams; *pp != NULL;) {
+            Stream *s = *pp;
+            if (s->ctx != u) {
+                pp = &s->next;
+                continue;
+            }
+            *pp = s->next;
+            free(s->ops);
+            free(s);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc) set_err("double: aclrtDestroyContext(%p): not a live context made by aclrtCreateContext", context);
+    logf_("aclrtDestroyContext ctx=%p rc=%d", context, rc);
+    return rc;
 }
 
 EXPORT aclError aclrtGetCurrentContext(void **ctx) {
@@ -504,7 +660,7 @@ static int phy_of(int logical) {
 
 EXPORT aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId) {
     ACL_FAIL_POINT("aclrtGetPhyDevIdByLogicDevId", "logic=%d", logicDevId);
-    if (phyDevId == NULL || logicDevId < 0 || logicDevId >= MAX_DEVICES) {
+    if (phyDevId == NULL || logicDevId < 0 || logicDevId >= device_count()) {
         set_err("double: aclrtGetPhyDevIdByLogicDevId(%d): bad arguments", logicDevId);
         logf_("aclrtGetPhyDevIdByLogicDevId logic=%d rc=%d", logicDevId, RT_INVALID_DEVICEID);
         return RT_INVALID_DEVICEID;
@@ -544,7 +700,7 @@ EXPORT aclError aclrtGetDeviceInfo(uint32_t deviceId, int attr, int64_t *value) 
     char pod[64];
     int rc = ACL_OK;
     ACL_FAIL_POINT("aclrtGetDeviceInfo", "device=%u attr=%d", deviceId, attr);
-    if (value == NULL || deviceId >= MAX_DEVICES) rc = ACL_INVALID_PARAM;
+    if (value == NULL || deviceId >= (uint32_t)device_count()) rc = ACL_INVALID_PARAM;
     else if ((attr == 403 || attr == 405) && !soc_is_a3()) rc = ACL_FEATURE_UNSUPPORTED;
     else if (attr == 403) *value = 1000 + phy_of((int)deviceId);
     else if (attr == 405) {
@@ -841,6 +997,36 @@ static int queued_for(void *comm, uintptr_t lo, uint64_t len) {
 /* process directory                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The directory where processes announce themselves, into dir; returns -1 when there is none:
+ *   - the "dir" setting set with hixl_double_control() (empty: announce nowhere);
+ *   - else $HIXL_ASCEND_DOUBLE_DIR when set and not empty (used as it is);
+ *   - else the default, $TMPDIR (or /tmp) + "/hixl-ascend-ranks-<uid>", made 0700 when `create`
+ *     and used only if it is a directory of ours that no one else may write (lstat: not a
+ *     symlink, owned by this uid, no group/other bits), so that no other user can plant
+ *     announcements in it. */
+static int dir_of(char *dir, size_t cap, int create) {
+    const char *tmp;
+    struct stat st;
+    if (setting("dir", dir, cap)) return dir[0] == 0 ? -1 : 0;
+    if (dir[0] != 0) return 0;
+    tmp = getenv("TMPDIR");
+    if (tmp == NULL || tmp[0] == 0) tmp = "/tmp";
+    snprintf(dir, cap, "%s/hixl-ascend-ranks-%u", tmp, (unsigned)getuid());
+    if (create && mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        set_err("double: cannot create %s: %s", dir, strerror(errno));
+        logf_("announce dir=%s error=%s", dir, strerror(errno));
+        return -1;
+    }
+    if (lstat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+        set_err("double: %s is not a private directory of uid %u (mode %o, owner %u): not used", dir,
+                (unsigned)getuid(), (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
+        logf_("announce dir=%s refused=1", dir);
+        return -1;
+    }
+    return 0;
+}
+
 static void announce(const char *ip) {
     char dir[4096], tmp[4400], path[4400], buf[32];
     int fd, n, i, known = 0;
@@ -849,8 +1035,7 @@ static void announce(const char *ip) {
         if (strcmp(own_ips[i], ip) == 0) known = 1;
     if (!known && n_own_ips < MAX_RANKS) snprintf(own_ips[n_own_ips++], 64, "%s", ip);
     pthread_mutex_unlock(&mu);
-    setting("dir", dir, sizeof dir);
-    if (dir[0] == 0) return;
+    if (dir_of(dir, sizeof dir, 1) != 0) return;
     /* let peers write into this process even under Yama ptrace_scope=1 */
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     pthread_mutex_lock(&mu);
@@ -880,8 +1065,7 @@ static pid_t resolve(const char *ip) {
             return 0;
         }
     pthread_mutex_unlock(&mu);
-    setting("dir", dir, sizeof dir);
-    if (dir[0] == 0) return -1;
+    if (dir_of(dir, sizeof dir, 0) != 0) return -1;
     snprintf(path, sizeof path, "%s/%s", dir, ip);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;

@@ -4,7 +4,8 @@
 //! The double implements every symbol [`ffi`](super::ffi) loads over host memory, logs each call,
 //! injects failures on request and moves bytes between ranks (within a process, or between
 //! processes with `process_vm_writev`/`readv`). Its environment variables, control symbol and
-//! log format are described at the top of the C file.
+//! log format are described at the top of the C file. `tools/ascend-double.sh DIR` builds the
+//! same source under CANN's library names, for programs linked against CANN.
 
 use crate::sync::lock;
 use std::path::{Path, PathBuf};
@@ -44,7 +45,7 @@ pub(crate) fn build(out_dir: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let tmp = out_dir.join(format!(".{LIB_NAME}.{}.tmp", std::process::id()));
     let result = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-o"])
         .arg(&tmp)
         .arg(src)
         .arg("-lpthread")
@@ -85,8 +86,9 @@ pub(crate) fn test_instance(tag: &str) -> PathBuf {
     copy
 }
 
-/// Sets one of the double's settings (`"log"`, `"fail"`, `"dir"`, `"device_ip"`) for the
-/// instance loaded from `so`, overriding its environment variable; `None` unsets it.
+/// Sets one of the double's settings (`"log"`, `"fail"`, `"dir"`, `"device_ip"`, ...) for the
+/// instance loaded from `so`, overriding its environment variable; `None` unsets it. `"dir"`
+/// set to `""` announces nowhere (unset, the double uses a default directory).
 #[cfg(test)]
 pub(crate) fn control(so: &Path, key: &str, value: Option<&str>) {
     use std::ffi::{CString, c_char, c_int};

@@ -100,6 +100,58 @@ fn device_context_and_memory_round_trip() {
     );
 }
 
+/// As in CANN (hicann/runtime `aclrtSetDeviceImpl`, `ApiImpl::GetDevice`, `aclInitImpl`,
+/// `aclFinalizeImpl`): no `aclInit` is needed, `aclrtGetDevice` answers for the calling thread
+/// and is `ACL_ERROR_RT_CONTEXT_NULL` where no device was set, `aclInit` is reference counted
+/// and only a second `aclFinalize` in a row is refused.
+#[test]
+fn set_device_needs_no_acl_init_and_get_device_is_per_thread() {
+    let f = Fixture::new("acl-noinit");
+    let acl = &f.acl;
+    let native = |e: Error| match e {
+        Error::Native { code, .. } => code,
+        other => panic!("wrong error {other:?}"),
+    };
+    assert_eq!(native(acl.device().unwrap_err()), 107_002);
+    acl.set_device(2).expect("aclrtSetDevice without aclInit");
+    assert_eq!(acl.device().unwrap(), 2);
+    let buf = acl.malloc_device(2 << 20, MallocPolicy::HugeOnly).unwrap();
+    acl.write(&buf, 0, b"no aclInit").unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_eq!(native(acl.device().unwrap_err()), 107_002);
+            acl.set_device(5).unwrap();
+            assert_eq!(acl.device().unwrap(), 5);
+            acl.reset_device(5).unwrap();
+        });
+    });
+    assert_eq!(
+        acl.device().unwrap(),
+        2,
+        "the other thread's device is its own"
+    );
+    drop(buf);
+    acl.reset_device(2).unwrap();
+    assert_eq!(native(acl.device().unwrap_err()), 107_002);
+    // CANN: "the device has not been set or has already been reset"
+    assert_eq!(native(acl.reset_device(2).unwrap_err()), 507_007);
+    assert_eq!(native(acl.reset_device(99).unwrap_err()), 107_001);
+    let e = acl.set_device(16).unwrap_err();
+    assert_eq!(native(e), 107_001, "16 devices by default");
+
+    acl.finalize()
+        .expect("aclFinalize without aclInit, as CANN");
+    assert_eq!(native(acl.finalize().unwrap_err()), 100_037);
+    acl.init().unwrap();
+    acl.init().expect("a repeated aclInit (100002) is fine");
+    acl.finalize().unwrap();
+    let log = f.log_lines();
+    assert!(
+        log.iter().any(|l| l == "aclInit config=(null) rc=100002"),
+        "{log:#?}"
+    );
+}
+
 #[test]
 fn calls_without_a_context_fail_and_guards_switch_and_restore() {
     let f = Fixture::new("acl-ctx");

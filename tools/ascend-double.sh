@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the ACL/HCCL ABI test double (tests/ascend_double/double.c) as shared libraries under
+# CANN's names in DIR, so that a program built against CANN (HIXL's examples, hixl's own C/C++
+# bindings) links and runs on it unchanged:
+#
+#   tools/ascend-double.sh /tmp/cann && LD_LIBRARY_PATH=/tmp/cann ./program
+#
+# DIR gets one real object, libacl_rt.so (SONAME libacl_rt.so), and libascendcl.so,
+# libhcomm.so, libhccl.so and libascend_hal.so as symlinks to it: the loader keys a loaded
+# object by its file, so every name opens the same object and ACL and HCCL share their state,
+# and `-lacl_rt -lascend_hal` (the link line of HIXL's examples/cpp/CMakeLists.txt) links.
+# Needs only `cc`. Nothing to set at run time: processes find each other through a private
+# directory of the user's (see the header of double.c, HIXL_ASCEND_DOUBLE_DIR).
+#
+# The double moves host memory and proves nothing about Ascend hardware.
+set -euo pipefail
+
+if [[ $# -ne 1 || $1 == -* ]]; then
+  echo "usage: $0 DIR   (builds libacl_rt.so and CANN's other library names in DIR)" >&2
+  exit 2
+fi
+dir=$1
+src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/ascend_double/double.c"
+[[ -f $src ]] || { echo "$0: no $src" >&2; exit 1; }
+mkdir -p "$dir"
+
+# built under a temporary name and renamed, so a program running on the old one keeps it
+tmp=$(mktemp "$dir/.libacl_rt.so.XXXXXX")
+trap 'rm -f "$tmp"' EXIT
+cc -shared -fPIC -O1 -Wall -Wextra -Wl,-soname,libacl_rt.so -o "$tmp" "$src" -lpthread
+chmod 0755 "$tmp"
+mv -f "$tmp" "$dir/libacl_rt.so"
+trap - EXIT
+echo "built $dir/libacl_rt.so (the ACL/HCCL test double, from $src)"
+for name in libascendcl.so libhcomm.so libhccl.so libascend_hal.so; do
+  ln -sfn libacl_rt.so "$dir/$name"
+  echo "linked $dir/$name -> libacl_rt.so"
+done
