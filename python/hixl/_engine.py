@@ -78,7 +78,7 @@ class NotifyFailedError(HixlError):
 
 
 class UnsupportedError(HixlError):
-    """``UNSUPPORTED``: e.g. device memory without an Ascend runtime, (de)registering while linked."""
+    """``UNSUPPORTED``: e.g. device memory where CANN does not load."""
 
 
 class ResourceExhaustedError(HixlError):

@@ -166,8 +166,11 @@ def test_errors_are_exceptions(engines):
         link.write([(rb.addr, ra.addr, 1)], timeout=0)
     with pytest.raises(ValueError):
         link.write(np.array([[rb.addr, ra.addr, -1]], dtype=np.int64))
-    with pytest.raises(hixl.UnsupportedError):
-        client.register(bytearray(16))  # linked now: registering would revoke access
+    # registering while linked works, as in HIXL: usable on the existing link at once
+    c = bytearray(b"\x5a" * 16)
+    rc = client.register(c)
+    link.write([(rc.addr, ra.addr + 100, 16)])
+    assert bytes(a[100:116]) == bytes(c)
     with pytest.raises(hixl.NotConnectedError):
         hixl.Engine("127.0.0.1").link(server.name).write([(rb.addr, ra.addr, 1)])
 

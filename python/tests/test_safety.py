@@ -74,8 +74,48 @@ def test_deregistered_buffer_is_refused(pair):
     assert c.connect(name, 5000) == hixl.SUCCESS
     d = [hixl.TransferOpDesc(cli.ctypes.data, srv.ctypes.data, 16)]
     assert c.transfer_sync(name, hixl.WRITE, d) == hixl.PARAM_INVALID
-    # registering while linked is refused (it would revoke the peer's access)
-    assert c.register_mem(hixl.MemDesc(cli.ctypes.data, 16), hixl.MEM_HOST) == (hixl.UNSUPPORTED, 0)
+    # registering while linked works, as in HIXL, and the range is usable at once
+    ret, h = c.register_mem(hixl.MemDesc(cli.ctypes.data, 16), hixl.MEM_HOST)
+    assert ret == hixl.SUCCESS and h != 0
+    cli[:16] = 7
+    assert c.transfer_sync(name, hixl.WRITE, d) == hixl.SUCCESS
+    assert np.array_equal(srv[:16], cli[:16])
+
+
+def test_registration_while_linked_as_hixl_does_it():
+    """The server registers a buffer while a client is linked (a client that connects later
+    sees it; the linked one keeps its table), then deregisters its first buffer while linked:
+    the linked client's writes to it are refused and do not land."""
+    s, c1, c2 = hixl.Hixl(), hixl.Hixl(), hixl.Hixl()
+    assert s.initialize("127.0.0.1:0") == 0
+    assert c1.initialize("127.0.0.1") == 0 and c2.initialize("127.0.0.1") == 0
+    name = s.local_engine()[1]
+    first = np.zeros(4096, np.uint8)
+    later = np.zeros(4096, np.uint8)
+    src = np.arange(4096, dtype=np.uint32).astype(np.uint8)
+    ret, h_first = s.register_mem(hixl.MemDesc(first.ctypes.data, first.nbytes), hixl.MEM_HOST)
+    assert ret == hixl.SUCCESS
+    for c in (c1, c2):
+        assert c.register_mem(hixl.MemDesc(src.ctypes.data, src.nbytes), hixl.MEM_HOST)[0] == 0
+    assert c1.connect(name, 5000) == hixl.SUCCESS
+    ret, h_later = s.register_mem(hixl.MemDesc(later.ctypes.data, later.nbytes), hixl.MEM_HOST)
+    assert ret == hixl.SUCCESS
+    to_later = [hixl.TransferOpDesc(src.ctypes.data, later.ctypes.data, 4096)]
+    assert c1.transfer_sync(name, hixl.WRITE, to_later) == hixl.PARAM_INVALID
+    assert c2.connect(name, 5000) == hixl.SUCCESS
+    assert c2.transfer_sync(name, hixl.WRITE, to_later) == hixl.SUCCESS
+    assert np.array_equal(later, src)
+    assert s.deregister_mem(h_first) == hixl.SUCCESS
+    to_first = [hixl.TransferOpDesc(src.ctypes.data, first.ctypes.data, 4096)]
+    assert c1.transfer_sync(name, hixl.WRITE, to_first) == hixl.PARAM_INVALID
+    assert not first.any()
+    assert s.deregister_mem(h_later) == hixl.SUCCESS
+    s.finalize()
+    # the server went away first: Disconnect still succeeds, as in HIXL
+    assert c1.disconnect(name) == hixl.SUCCESS
+    assert c2.disconnect(name) == hixl.SUCCESS
+    c1.finalize()
+    c2.finalize()
 
 
 def test_peer_deregistered_region_is_refused():
