@@ -161,7 +161,13 @@ fn every_runtime_check_has_hixl_status() {
     };
     // SAFETY: refused before anything is registered.
     let r = unsafe { e.register_mem(dev, MemType::Device) };
-    assert_eq!(status(r), Status::UNSUPPORTED);
+    // (no CANN on the loader path here: the test machines have none)
+    let err = r.expect_err("device memory without CANN");
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    assert!(
+        err.to_string().contains("CANN's ACL runtime and HCCL"),
+        "{err}"
+    );
     assert_eq!(status(e.deregister_mem(h + 1000)), Status::PARAM_INVALID);
     // a transfer to a remote never connected (no AutoConnect)
     let d = [desc(&mem, 0, peer.addr, 0, 64)];
@@ -731,4 +737,35 @@ fn deregistering_while_a_peer_writes_waits_for_the_write_in_flight() {
         c.finalize();
         server.finalize();
     }
+}
+
+/// With AutoConnect a link that failed is dropped (so the next call connects again); a
+/// `Disconnect` of that peer afterwards is still `SUCCESS`, as HIXL's is for a peer that went
+/// away; a second one is `NOT_CONNECTED`.
+#[test]
+fn disconnect_after_auto_connect_dropped_a_failed_link_succeeds() {
+    let mut smem = vec![0u8; 4096];
+    let server = Hixl::new();
+    server.initialize("127.0.0.1:0", NO_OPTIONS).unwrap();
+    let name = server.local_engine().unwrap();
+    register(&server, &mut smem).unwrap();
+    let mut cmem = Rng::new(50).bytes(4096);
+    let (c, _) = client(&[("AutoConnect", "1"), ("hixl.SameHost", "off")], &mut cmem);
+    let d = [desc(&cmem, 0, smem.as_ptr() as u64, 0, 4096)];
+    c.transfer_sync(&name, TransferOp::Write, &d, 1000).unwrap();
+    assert_eq!(smem, cmem);
+    server.finalize();
+    // the link fails (and is dropped); reconnecting fails too: nobody listens any more
+    let st = status(c.transfer_sync(&name, TransferOp::Write, &d, 1000));
+    assert!(
+        matches!(st, Status::NOT_CONNECTED | Status::FAILED),
+        "{st:?}"
+    );
+    assert_eq!(
+        c.get_async_connect_status(&name).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    c.disconnect(&name, 1000).unwrap();
+    assert_eq!(status(c.disconnect(&name, 1000)), Status::NOT_CONNECTED);
+    c.finalize();
 }
