@@ -1,7 +1,8 @@
 /*
  * hixl/hixl_types.h: HIXL's types and constants (hixl_types.h of Huawei CANN's HIXL), for the
  * header-only C++ API in hixl/hixl.h over hixl's C ABI (hixl_c.h, libhixl.so). Names, values
- * and struct layouts follow HIXL's public header.
+ * and struct layouts follow HIXL's public header (MemDesc: addr, len, reserved[128], 144 bytes
+ * on LP64).
  */
 #ifndef HIXL_RS_HIXL_TYPES_H_
 #define HIXL_RS_HIXL_TYPES_H_
@@ -75,8 +76,7 @@ enum TransferOp { READ, WRITE };
 struct MemDesc {
   uintptr_t addr;
   size_t len;
-  bool local_only = false;
-  uint8_t reserved[127] = {};
+  uint8_t reserved[128] = {};
 };
 
 struct TransferOpDesc {

@@ -15,6 +15,21 @@
 
 using namespace hixl;
 
+// HIXL's layouts on LP64 (its hixl_types.h)
+static_assert(sizeof(void *) != 8 || sizeof(MemDesc) == 144, "MemDesc: 144 bytes");
+static_assert(offsetof(MemDesc, addr) == 0 && offsetof(MemDesc, len) == sizeof(uintptr_t) &&
+                  offsetof(MemDesc, reserved) == sizeof(uintptr_t) + sizeof(size_t) &&
+                  sizeof(MemDesc::reserved) == 128,
+              "MemDesc: addr, len, reserved[128]");
+static_assert(sizeof(void *) != 8 || sizeof(TransferOpDesc) == 24, "TransferOpDesc");
+static_assert(sizeof(void *) != 8 || sizeof(TransferArgs) == 128, "TransferArgs");
+static_assert(sizeof(void *) != 8 || sizeof(GetTransferStatusArgs) == 128, "GetTransferStatusArgs");
+static_assert(sizeof(void *) != 8 || sizeof(TransferResult) == 128, "TransferResult");
+// HIXL programs initialize MemDesc positionally
+constexpr MemDesc kPositional{0x1000, 64, {}};
+static_assert(kPositional.addr == 0x1000 && kPositional.len == 64 && kPositional.reserved[127] == 0,
+              "MemDesc{addr, len, {...}}");
+
 namespace {
 int failures = 0;
 
@@ -43,6 +58,41 @@ uint64_t Fnv1a(const unsigned char *p, size_t n) {
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+// RegisterMemEx (a hixl extension): a local-only region serves its own engine's transfers and is
+// refused to a peer (PARAM_INVALID).
+void LocalOnly() {
+  Hixl server, client;
+  std::map<AscendString, AscendString> none;
+  EXPECT(server.Initialize("127.0.0.1:0", none), SUCCESS);
+  EXPECT(client.Initialize("127.0.0.1", none), SUCCESS);
+  std::vector<unsigned char> pub(1 << 16), priv(1 << 16, 0xee), mine(1 << 16);
+  for (size_t i = 0; i < pub.size(); i++) pub[i] = Pattern(i);
+  MemDesc d{reinterpret_cast<uintptr_t>(priv.data()), priv.size(), {}};
+  MemHandle hp = nullptr, hq = nullptr, hm = nullptr;
+  EXPECT(server.RegisterMemEx(d, MEM_HOST, 0x80, hq), PARAM_INVALID);
+  EXPECT(server.RegisterMemEx(d, MEM_HOST, REGISTER_LOCAL_ONLY, hq), SUCCESS);
+  EXPECT(server.RegisterMemEx({reinterpret_cast<uintptr_t>(pub.data()), pub.size(), {}}, MEM_HOST,
+                              0, hp),
+         SUCCESS);
+  EXPECT(client.RegisterMemEx({reinterpret_cast<uintptr_t>(mine.data()), mine.size(), {}}, MEM_HOST,
+                              REGISTER_LOCAL_ONLY, hm),
+         SUCCESS);
+  AscendString name;
+  EXPECT(server.GetLocalEngine(name), SUCCESS);
+  EXPECT(client.Connect(name), SUCCESS);
+  const uintptr_t local = reinterpret_cast<uintptr_t>(mine.data());
+  const uintptr_t pub_addr = reinterpret_cast<uintptr_t>(pub.data());
+  EXPECT(client.TransferSync(name, READ, {{local, pub_addr + 9, 999}}), SUCCESS);
+  for (size_t i = 0; i < 999; i++) CHECK(mine[i] == Pattern(9 + i));
+  const std::vector<TransferOpDesc> refused = {{local, d.addr, 64}};
+  EXPECT(client.TransferSync(name, READ, refused), PARAM_INVALID);
+  EXPECT(client.TransferSync(name, WRITE, refused), PARAM_INVALID);
+  for (unsigned char b : priv) CHECK(b == 0xee);
+  EXPECT(client.Disconnect(name), SUCCESS);
+  client.Finalize();
+  server.Finalize();
 }
 
 int Server(size_t size) {
@@ -84,6 +134,7 @@ int Server(size_t size) {
 }
 
 int Client(const char *remote, uintptr_t raddr, size_t rlen) {
+  LocalOnly();
   Hixl engine;
   std::map<AscendString, AscendString> options;
   options[OPTION_RDMA_TRAFFIC_CLASS] = "132";
