@@ -39,7 +39,7 @@ static_assert(sizeof(MemDesc) == sizeof(hixl_mem_desc) &&
  * peers may not READ or WRITE the region. */
 constexpr uint32_t REGISTER_LOCAL_ONLY = HIXL_REGISTER_LOCAL_ONLY;
 
-class Hixl {
+class ASCEND_FUNC_VISIBILITY Hixl {
  public:
   Hixl() { (void)hixl_create(&engine_); }
   ~Hixl() { hixl_destroy(engine_); }

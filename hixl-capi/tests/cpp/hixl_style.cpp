@@ -12,6 +12,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <unordered_map>
 
 using namespace hixl;
 
@@ -25,6 +26,8 @@ static_assert(sizeof(void *) != 8 || sizeof(TransferOpDesc) == 24, "TransferOpDe
 static_assert(sizeof(void *) != 8 || sizeof(TransferArgs) == 128, "TransferArgs");
 static_assert(sizeof(void *) != 8 || sizeof(GetTransferStatusArgs) == 128, "GetTransferStatusArgs");
 static_assert(sizeof(void *) != 8 || sizeof(TransferResult) == 128, "TransferResult");
+static_assert(std::is_same<ge::char_t, char>::value && std::is_same<ge::Status, uint32_t>::value,
+              "GE's types");
 // HIXL programs initialize MemDesc positionally
 constexpr MemDesc kPositional{0x1000, 64, {}};
 static_assert(kPositional.addr == 0x1000 && kPositional.len == 64 && kPositional.reserved[127] == 0,
@@ -58,6 +61,34 @@ uint64_t Fnv1a(const unsigned char *p, size_t n) {
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+// GE's AscendString API: construction, Find, Hash, std::hash, comparisons, null strings.
+void AscendStrings() {
+  const std::string text = "kv-cache:7";
+  const AscendString kv("kv-cache:7"), kv2(text.c_str()), part("kv-cache:7xyz", 8);
+  CHECK(kv == kv2 && kv == "kv-cache:7" && kv != "kv");
+  CHECK(std::strcmp(part.GetString(), "kv-cache") == 0);
+  CHECK(kv.GetLength() == 10 && part.GetLength() == 8);
+  CHECK(kv.Find(":7") == 8 && kv.Find("cache") == 3 && kv.Find("nope") == std::string::npos);
+  CHECK(kv.Find("") == 0 && kv.Find(AscendString()) == std::string::npos);
+  CHECK(kv.Hash() == std::hash<std::string>()("kv-cache:7"));
+  CHECK(std::hash<AscendString>()(kv) == kv.Hash());
+  std::unordered_map<AscendString, int> by_name;
+  by_name["127.0.0.1:16000"] = 1;
+  by_name[AscendString("127.0.0.1:16001")] = 2;
+  by_name["127.0.0.1:16000"] += 10;
+  CHECK(by_name.size() == 2 && by_name.at("127.0.0.1:16000") == 11 && by_name.count("x") == 0);
+  CHECK(part < kv && kv > part && part <= kv && kv >= kv && !(kv < kv2));
+  const AscendString null_str, null_ptr(nullptr), empty("");
+  CHECK(std::strcmp(null_str.GetString(), "") == 0 && null_str.GetLength() == 0);
+  CHECK(null_str == null_ptr && null_str != empty && null_str < empty && !(empty < null_str));
+  const char *const no_chars = nullptr;
+  CHECK(null_str == no_chars && empty != no_chars);
+  CHECK(null_str.Hash() == empty.Hash());
+  AscendString copy = kv;
+  copy = "other";
+  CHECK(kv == "kv-cache:7" && copy == "other");
 }
 
 // RegisterMemEx (a hixl extension): a local-only region serves its own engine's transfers and is
@@ -134,6 +165,7 @@ int Server(size_t size) {
 }
 
 int Client(const char *remote, uintptr_t raddr, size_t rlen) {
+  AscendStrings();
   LocalOnly();
   Hixl engine;
   std::map<AscendString, AscendString> options;
