@@ -10,6 +10,8 @@
  * memory needs an engine with the Ascend backend (UNSUPPORTED otherwise), registration is
  * refused (UNSUPPORTED) while a link exists, BufferPool staging and fabric memory are not
  * implemented, CLIENT_SERVER_COMM is not supported (see README, "From C and C++").
+ * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
+ * libhixl.so beside it.
  *
  * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
  * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers

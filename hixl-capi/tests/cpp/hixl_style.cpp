@@ -1,5 +1,7 @@
 // A program in HIXL's style (its documented C++ API, host memory), built against
-// include/hixl/hixl.h with `c++ -std=c++17` and run as two processes by tests/cpp.rs.
+// include/hixl/hixl.h with HIXL's example flags (`-std=c++17 -D_GLIBCXX_USE_CXX11_ABI=0 -O2
+// -ftrapv -fno-common -Wfloat-equal -Wall -Werror -Wextra`), linked with `-lcann_hixl` as
+// HIXL's examples are, and run as two processes by tests/cpp.rs.
 //
 //   hixl_style server SIZE            READY <name> <addr> <len>; then sum / notifies / quit
 //   hixl_style client NAME ADDR LEN   connect, WRITE and READ random data, async + polling,
