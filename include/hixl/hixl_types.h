@@ -6,8 +6,8 @@
  * ge::AscendString and ge::Status: HIXL's header takes them from CANN's GE headers
  * (external/ge_common/api_error_codes.h, which includes graph/ascend_string.h). When those are
  * on the include path they are used here too, so a program that also includes CANN headers
- * sees one ge::AscendString; it then links GE's library that defines it (libmetadef.so in a
- * CANN install), as a HIXL program does, and is built with CANN's -D_GLIBCXX_USE_CXX11_ABI=0.
+ * sees one ge::AscendString; its methods are defined out of line in GE's metadef, so such a
+ * program also links CANN's libmetadef.so, built with CANN's -D_GLIBCXX_USE_CXX11_ABI=0.
  * Without CANN's headers this header defines a header-only ge::AscendString with GE's public
  * API (and defines GE's include guard, so a later graph/ascend_string.h is skipped), plus
  * ge::char_t, ge::Status, ge::SUCCESS and ge::FAILED, and includes the standard headers GE's
