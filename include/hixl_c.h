@@ -76,13 +76,13 @@ typedef struct hixl_list hixl_list;
 typedef void *hixl_mem_handle;
 typedef void *hixl_transfer_req;
 
-/* The structs have HIXL's layouts (hixl_types.h), reserved bytes included. */
+/* The structs have HIXL's layouts (hixl_types.h), reserved bytes included; the library ignores
+ * the reserved bytes it reads and zeroes those it writes. */
 typedef struct {
   uintptr_t addr;
   size_t len;
-  bool local_only; /* peers may not READ or WRITE it */
-  uint8_t reserved[127];
-} hixl_mem_desc;
+  uint8_t reserved[128];
+} hixl_mem_desc; /* HIXL's MemDesc: 144 bytes on LP64 */
 
 typedef struct {
   uintptr_t local_addr;
@@ -122,9 +122,16 @@ hixl_status hixl_initialize(hixl_engine *engine, const char *local_engine,
 hixl_status hixl_local_engine(hixl_engine *engine, char *buf, size_t cap, size_t *len);
 hixl_status hixl_finalize(hixl_engine *engine); /* idempotent */
 
-/* Memory (caller-managed, as HIXL's RegisterMem). */
+/* Memory (caller-managed, as HIXL's RegisterMem). mem_type: HIXL_MEM_DEVICE or HIXL_MEM_HOST. */
 hixl_status hixl_register_mem(hixl_engine *engine, const hixl_mem_desc *mem, int32_t mem_type,
                               hixl_mem_handle *handle);
+/* hixl extension (HIXL has no such call): hixl_register_mem with flags, an OR of HIXL_REGISTER_*
+ * bits; flags 0 is hixl_register_mem. An unknown bit gives HIXL_PARAM_INVALID (nothing is
+ * registered), so a caller can tell a library that lacks a flag. */
+#define HIXL_REGISTER_LOCAL_ONLY 0x1u /* for this engine's transfers only: not in the table peers
+                                        get, so a peer's READ or WRITE of it is refused */
+hixl_status hixl_register_mem_ex(hixl_engine *engine, const hixl_mem_desc *mem, int32_t mem_type,
+                                 uint32_t flags, hixl_mem_handle *handle);
 hixl_status hixl_deregister_mem(hixl_engine *engine, hixl_mem_handle handle);
 
 /* Links, by remote engine name. Timeouts in milliseconds (> 0; HIXL's default is 1000). */

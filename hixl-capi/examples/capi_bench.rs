@@ -51,8 +51,7 @@ struct Api {
 struct CMemDesc {
     addr: usize,
     len: usize,
-    local_only: u8,
-    reserved: [u8; 127],
+    reserved: [u8; 128],
 }
 
 fn load(path: &str) -> Result<Api, String> {
@@ -231,8 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let amd = CMemDesc {
         addr: amem.as_mut_ptr() as usize,
         len: span,
-        local_only: 0,
-        reserved: [0; 127],
+        reserved: [0; 128],
     };
     // SAFETY: the C functions with valid pointers (live locals, NUL-terminated strings); the
     // registered `amem` outlives the engine (destroyed at the end).

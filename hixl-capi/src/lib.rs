@@ -53,18 +53,22 @@ pub enum HixlList {
     Connects(Vec<(CString, i32)>),
 }
 
-/// `hixl_mem_desc`: HIXL's `MemDesc` layout (address, length, `local_only`, reserved).
+/// `hixl_mem_desc`: HIXL's `MemDesc` layout (address, length, 128 reserved bytes).
 #[repr(C)]
 pub struct MemDesc {
     /// Start address.
     pub addr: usize,
     /// Length in bytes.
     pub len: usize,
-    /// Non-zero: peers may not access it (C `bool`, read as a byte so any value is defined).
-    pub local_only: u8,
     /// Reserved, ignored.
-    pub reserved: [u8; 127],
+    pub reserved: [u8; 128],
 }
+
+/// [`hixl_register_mem_ex`] flag `HIXL_REGISTER_LOCAL_ONLY`: peers may neither READ nor WRITE
+/// the region (it stays out of the table they get).
+pub const REGISTER_LOCAL_ONLY: u32 = 0x1;
+/// Every flag [`hixl_register_mem_ex`] knows.
+const REGISTER_FLAGS: u32 = REGISTER_LOCAL_ONLY;
 
 /// `hixl_transfer_args`: HIXL's `TransferArgs` layout.
 #[repr(C)]
@@ -98,6 +102,21 @@ pub struct TransferResult {
     /// Reserved, zeroed.
     pub reserved: [u8; 108],
 }
+
+// HIXL's layouts on LP64 (its hixl_types.h; include/hixl_c.h and include/hixl/hixl.h assert the
+// same in C and C++): a struct that drifted from them fails the build here.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::offset_of;
+    assert!(size_of::<MemDesc>() == 144 && offset_of!(MemDesc, reserved) == 16);
+    assert!(size_of::<compat::TransferOpDesc>() == 24);
+    assert!(size_of::<TransferArgs>() == 128 && offset_of!(TransferArgs, reserved) == 8);
+    assert!(size_of::<GetTransferStatusArgs>() == 128);
+    assert!(offset_of!(GetTransferStatusArgs, skip_waiting) == 4);
+    assert!(offset_of!(GetTransferStatusArgs, reserved) == 5);
+    assert!(size_of::<TransferResult>() == 128 && offset_of!(TransferResult, status) == 16);
+    assert!(offset_of!(TransferResult, reserved) == 20);
+};
 
 type Registry = Mutex<HashMap<usize, Arc<Hixl>>>;
 
@@ -342,13 +361,11 @@ pub unsafe extern "C" fn hixl_finalize(engine: *mut HixlEngine) -> HixlStatus {
     })
 }
 
-/// HIXL `RegisterMem`; `*handle` gets a non-null handle.
+/// HIXL `RegisterMem`; `*handle` gets a non-null handle. [`hixl_register_mem_ex`] with no
+/// flags.
 ///
 /// # Safety
-/// `mem` is null or readable; `handle` is null or writable. The registered range must stay
-/// allocated and valid for reads and writes until deregistered or the engine finalized, and
-/// nothing else may access it in a way that conflicts with transfers (peers READ and WRITE it
-/// at any time; this engine's READs write it).
+/// As [`hixl_register_mem_ex`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hixl_register_mem(
     engine: *mut HixlEngine,
@@ -356,10 +373,37 @@ pub unsafe extern "C" fn hixl_register_mem(
     mem_type: i32,
     handle: *mut *mut c_void,
 ) -> HixlStatus {
+    // SAFETY: the caller's contract is `hixl_register_mem_ex`'s.
+    unsafe { hixl_register_mem_ex(engine, mem, mem_type, 0, handle) }
+}
+
+/// hixl's extension of `RegisterMem` (HIXL has none): `flags` is an OR of `HIXL_REGISTER_*`
+/// bits ([`REGISTER_LOCAL_ONLY`]: peers get no access); an unknown bit is `PARAM_INVALID`.
+/// `*handle` gets a non-null handle.
+///
+/// # Safety
+/// `mem` is null or readable; `handle` is null or writable. The registered range must stay
+/// allocated and valid for reads and writes until deregistered or the engine finalized, and
+/// nothing else may access it in a way that conflicts with transfers (peers READ and WRITE it
+/// at any time unless it is local-only; this engine's READs write it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_register_mem_ex(
+    engine: *mut HixlEngine,
+    mem: *const MemDesc,
+    mem_type: i32,
+    flags: u32,
+    handle: *mut *mut c_void,
+) -> HixlStatus {
     entry(|| {
         let e = self::engine(engine)?;
         if mem.is_null() || handle.is_null() {
             return Err(invalid("mem or handle is null"));
+        }
+        if flags & !REGISTER_FLAGS != 0 {
+            return Err(invalid(format!(
+                "unknown registration flags {:#x} (known: HIXL_REGISTER_LOCAL_ONLY {REGISTER_LOCAL_ONLY:#x})",
+                flags & !REGISTER_FLAGS
+            )));
         }
         // SAFETY: not null; readable by the caller's contract (no alignment assumed).
         let m = unsafe { mem.read_unaligned() };
@@ -371,7 +415,7 @@ pub unsafe extern "C" fn hixl_register_mem(
         let desc = compat::MemDesc {
             addr: m.addr,
             len: m.len,
-            local_only: m.local_only != 0,
+            local_only: flags & REGISTER_LOCAL_ONLY != 0,
         };
         // SAFETY: the caller's contract is `register_mem`'s (this function's `# Safety`).
         let h = unsafe { e.register_mem(desc, t) }.map_err(fail)?;

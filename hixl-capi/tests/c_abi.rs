@@ -59,5 +59,5 @@ fn two_c_processes_over_libhixl() {
         return;
     };
     let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cc, &flags, "c/capi_test.c", 4);
+    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4);
 }

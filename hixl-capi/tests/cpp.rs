@@ -1,14 +1,49 @@
 //! The C++ header: a program in HIXL's style (`#include "hixl/hixl.h"`, `using namespace
-//! hixl;`, `Hixl engine; engine.Initialize(...)`) built with `c++ -std=c++17` and run as two
-//! processes; the data is verified on both sides.
+//! hixl;`, `Hixl engine; engine.Initialize(...)`) built with the flags of HIXL's own examples and
+//! linked as they are, with `-lcann_hixl`, then run as two processes; the data is verified on
+//! both sides.
 
 mod common;
+
+/// `examples/cpp/CMakeLists.txt` of HIXL (with `-std=c++17`).
+const HIXL_EXAMPLE_FLAGS: [&str; 9] = [
+    "-std=c++17",
+    "-D_GLIBCXX_USE_CXX11_ABI=0",
+    "-O2",
+    "-ftrapv",
+    "-fno-common",
+    "-Wfloat-equal",
+    "-Wall",
+    "-Werror",
+    "-Wextra",
+];
 
 #[test]
 fn a_hixl_style_cpp_program_runs_as_two_processes() {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
-    let flags = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cxx, &flags, "cpp/hixl_style.cpp", 3);
+    common::two_processes(
+        &cxx,
+        &HIXL_EXAMPLE_FLAGS,
+        "cann_hixl",
+        "cpp/hixl_style.cpp",
+        3,
+    );
+}
+
+/// `libcann_hixl.so` is a relative symlink to `libhixl.so` beside it (made by build.rs), so the
+/// two names are one library wherever the directory is copied.
+#[test]
+fn libcann_hixl_is_libhixl_under_hixls_name() {
+    let dir = common::lib_dir();
+    let link = dir.join("libcann_hixl.so");
+    assert_eq!(
+        std::fs::read_link(&link).expect("libcann_hixl.so is a symlink"),
+        std::path::Path::new("libhixl.so")
+    );
+    assert_eq!(
+        std::fs::canonicalize(&link).unwrap(),
+        std::fs::canonicalize(dir.join("libhixl.so")).unwrap()
+    );
 }

@@ -10,11 +10,18 @@
  * memory needs an engine with the Ascend backend (UNSUPPORTED otherwise), registration is
  * refused (UNSUPPORTED) while a link exists, BufferPool staging and fabric memory are not
  * implemented, CLIENT_SERVER_COMM is not supported (see README, "From C and C++").
- * Extension: GetLocalEngine gives the name with the port an "ip:0" engine got.
+ * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
+ * libhixl.so beside it.
+ *
+ * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
+ * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers
+ * get no access).
  */
 #ifndef HIXL_RS_HIXL_H_
 #define HIXL_RS_HIXL_H_
 
+#include <cstddef>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -25,9 +32,16 @@
 namespace hixl {
 
 static_assert(sizeof(TransferOpDesc) == sizeof(hixl_transfer_op_desc), "TransferOpDesc layout");
-static_assert(sizeof(MemDesc) == sizeof(hixl_mem_desc), "MemDesc layout");
+static_assert(sizeof(MemDesc) == sizeof(hixl_mem_desc) &&
+                  offsetof(MemDesc, reserved) == offsetof(hixl_mem_desc, reserved) &&
+                  sizeof(MemDesc::reserved) == 128,
+              "MemDesc layout");
 
-class Hixl {
+/* hixl extension: RegisterMemEx's flags (HIXL_REGISTER_* of hixl_c.h). REGISTER_LOCAL_ONLY:
+ * peers may not READ or WRITE the region. */
+constexpr uint32_t REGISTER_LOCAL_ONLY = HIXL_REGISTER_LOCAL_ONLY;
+
+class ASCEND_FUNC_VISIBILITY Hixl {
  public:
   Hixl() { (void)hixl_create(&engine_); }
   ~Hixl() { hixl_destroy(engine_); }
@@ -48,12 +62,18 @@ class Hixl {
   void Finalize() { (void)hixl_finalize(engine_); }
 
   Status RegisterMem(const MemDesc &mem, MemType type, MemHandle &mem_handle) {
+    return RegisterMemEx(mem, type, 0, mem_handle);
+  }
+
+  /* hixl extension (beyond HIXL): RegisterMem with flags, an OR of REGISTER_* (0: RegisterMem).
+   * REGISTER_LOCAL_ONLY keeps the region out of the table peers get: this engine's transfers
+   * use it, a peer's READ or WRITE of it is refused. An unknown flag: PARAM_INVALID. */
+  Status RegisterMemEx(const MemDesc &mem, MemType type, uint32_t flags, MemHandle &mem_handle) {
     hixl_mem_desc d;
     std::memset(&d, 0, sizeof d);
     d.addr = mem.addr;
     d.len = mem.len;
-    d.local_only = mem.local_only;
-    return hixl_register_mem(engine_, &d, static_cast<int32_t>(type), &mem_handle);
+    return hixl_register_mem_ex(engine_, &d, static_cast<int32_t>(type), flags, &mem_handle);
   }
 
   Status DeregisterMem(MemHandle mem_handle) { return hixl_deregister_mem(engine_, mem_handle); }

@@ -8,11 +8,26 @@
  */
 #include "hixl_c.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* HIXL's layouts on LP64 (its hixl_types.h) */
+#if UINTPTR_MAX == UINT64_MAX && SIZE_MAX == UINT64_MAX
+_Static_assert(sizeof(hixl_mem_desc) == 144, "MemDesc: 144 bytes");
+_Static_assert(offsetof(hixl_mem_desc, len) == 8 && offsetof(hixl_mem_desc, reserved) == 16,
+               "MemDesc: addr, len, reserved[128]");
+_Static_assert(sizeof(hixl_transfer_op_desc) == 24, "TransferOpDesc");
+_Static_assert(sizeof(hixl_transfer_args) == 128, "TransferArgs");
+_Static_assert(sizeof(hixl_get_transfer_status_args) == 128 &&
+                   offsetof(hixl_get_transfer_status_args, reserved) == 5,
+               "GetTransferStatusArgs");
+_Static_assert(sizeof(hixl_transfer_result) == 128 && offsetof(hixl_transfer_result, status) == 16,
+               "TransferResult");
+#endif
 
 static int failures = 0;
 
@@ -105,11 +120,65 @@ static hixl_transfer_op_desc desc(const unsigned char *local, size_t loff, uintp
   return d;
 }
 
+/* hixl_register_mem_ex: a local-only region is usable by its own engine's transfers and refused
+ * to a peer's (PARAM_INVALID: it is not in the table the peer got), in both directions. */
+static void local_only(void) {
+  const size_t size = 1 << 16;
+  unsigned char *pub = malloc(size), *priv = malloc(size), *mine = calloc(size, 1);
+  for (size_t i = 0; i < size; i++) {
+    pub[i] = pattern(i);
+    priv[i] = 0xee;
+  }
+  hixl_engine *srv = NULL, *cli = NULL;
+  EXPECT(hixl_create(&srv), HIXL_SUCCESS);
+  EXPECT(hixl_create(&cli), HIXL_SUCCESS);
+  EXPECT(hixl_initialize(srv, "127.0.0.1:0", NULL, NULL, 0), HIXL_SUCCESS);
+  EXPECT(hixl_initialize(cli, "127.0.0.1", NULL, NULL, 0), HIXL_SUCCESS);
+  hixl_mem_desc d;
+  memset(&d, 0, sizeof d);
+  hixl_mem_handle hp = NULL, hq = NULL, hm = NULL;
+  d.addr = (uintptr_t)priv;
+  d.len = size;
+  EXPECT(hixl_register_mem_ex(srv, &d, HIXL_MEM_HOST, 0x2u, &hq), HIXL_PARAM_INVALID);
+  EXPECT(hixl_register_mem_ex(srv, &d, HIXL_MEM_HOST, HIXL_REGISTER_LOCAL_ONLY, NULL),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_register_mem_ex(srv, &d, HIXL_MEM_HOST, HIXL_REGISTER_LOCAL_ONLY, &hq), HIXL_SUCCESS);
+  CHECK(hq != NULL);
+  d.addr = (uintptr_t)pub;
+  EXPECT(hixl_register_mem_ex(srv, &d, HIXL_MEM_HOST, 0, &hp), HIXL_SUCCESS);
+  d.addr = (uintptr_t)mine;
+  EXPECT(hixl_register_mem_ex(cli, &d, HIXL_MEM_HOST, HIXL_REGISTER_LOCAL_ONLY, &hm), HIXL_SUCCESS);
+  char name[128];
+  EXPECT(hixl_local_engine(srv, name, sizeof name, NULL), HIXL_SUCCESS);
+  EXPECT(hixl_connect(cli, name, 1000), HIXL_SUCCESS);
+  /* the client's local-only region as the local side: fine */
+  hixl_transfer_op_desc ok = desc(mine, 0, (uintptr_t)pub, 100, 4000);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_READ, &ok, 1, 1000), HIXL_SUCCESS);
+  int same = 1;
+  for (size_t i = 0; i < 4000; i++) same &= mine[i] == pattern(100 + i);
+  CHECK(same);
+  /* the server's local-only region as the remote side: refused both ways, untouched */
+  hixl_transfer_op_desc no = desc(mine, 0, (uintptr_t)priv, 0, 64);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_READ, &no, 1, 1000), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_WRITE, &no, 1, 1000), HIXL_PARAM_INVALID);
+  same = 1;
+  for (size_t i = 0; i < size; i++) same &= priv[i] == 0xee;
+  CHECK(same);
+  EXPECT(hixl_disconnect(cli, name, 1000), HIXL_SUCCESS);
+  hixl_destroy(cli);
+  hixl_destroy(srv);
+  free(pub);
+  free(priv);
+  free(mine);
+}
+
 static int client(const char *name, uintptr_t raddr, size_t rlen) {
   const size_t size = 1 << 20;
   rng_state = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ 0x9e3779b97f4a7c15ull;
   unsigned char *mem = calloc(size, 1);
   unsigned char *other = calloc(4096, 1);
+
+  local_only();
 
   /* handles and pointers */
   EXPECT(hixl_create(NULL), HIXL_PARAM_INVALID);
@@ -165,8 +234,17 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
   EXPECT(hixl_list_connect_status(all, 1, &rn, &cs), HIXL_PARAM_INVALID);
   EXPECT(hixl_list_notify(all, 0, &rn, &rn), HIXL_PARAM_INVALID);
   hixl_list_free(all);
-  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, &h), HIXL_UNSUPPORTED);
-  EXPECT(hixl_deregister_mem(e, h), HIXL_UNSUPPORTED);
+  /* registration while linked works, as in HIXL (the same range again still overlaps) */
+  hixl_mem_handle h2 = NULL;
+  EXPECT(hixl_register_mem(e, &md, HIXL_MEM_HOST, &h2), HIXL_PARAM_INVALID);
+  hixl_mem_desc od;
+  memset(&od, 0, sizeof od);
+  od.addr = (uintptr_t)other;
+  od.len = 64;
+  EXPECT(hixl_register_mem(e, &od, HIXL_MEM_HOST, &h2), HIXL_SUCCESS);
+  CHECK(h2 != NULL && h2 != h);
+  EXPECT(hixl_deregister_mem(e, h2), HIXL_SUCCESS);
+  EXPECT(hixl_deregister_mem(e, h2), HIXL_PARAM_INVALID);
   EXPECT(hixl_deregister_mem(e, (hixl_mem_handle)(uintptr_t)0xbad), HIXL_PARAM_INVALID);
 
   /* bad transfers */

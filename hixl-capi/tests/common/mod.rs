@@ -11,9 +11,9 @@ pub fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
 }
 
-/// The directory holding `libhixl.so` (`target/<profile>/`). Cargo does not build a
-/// cdylib-only package's library for its tests, so the first call builds it with the cargo
-/// running these tests (`cargo build -p hixl-capi`, same profile and target directory: a no-op
+/// The directory holding `libhixl.so` and `libcann_hixl.so` (`target/<profile>/`). Cargo does
+/// not build a cdylib-only package's library for its tests, so the first call builds it with
+/// the cargo running these tests (`cargo build -p hixl-capi`, same profile and target directory: a no-op
 /// when it is fresh, and never a stale library). `HIXL_CAPI_LIB_DIR` names a directory where
 /// it was built already instead (the AddressSanitizer step of `.ci/run` builds it with the
 /// same flags as the tests, for another target directory and `--target`).
@@ -82,11 +82,12 @@ pub fn scratch(tag: &str) -> PathBuf {
     d
 }
 
-/// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-lhixl` (rpath set).
-/// In the AddressSanitizer build (`--cfg hixl_asan`) the program is built with
-/// `-fsanitize=address` too: its runtime serves the instrumented `libhixl.so`.
-pub fn build(compiler: &str, flags: &[&str], sources: &[PathBuf], out: &Path) {
-    let lib = lib_dir();
+/// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-l<lib>` (`hixl`, or
+/// `cann_hixl`: the same library under HIXL's name; rpath set). In the AddressSanitizer build
+/// (`--cfg hixl_asan`) the program is built with `-fsanitize=address` too: its runtime serves
+/// the instrumented `libhixl.so`.
+pub fn build(compiler: &str, flags: &[&str], lib: &str, sources: &[PathBuf], out: &Path) {
+    let dir = lib_dir();
     let asan: &[&str] = if cfg!(hixl_asan) {
         &["-fsanitize=address"]
     } else {
@@ -101,9 +102,9 @@ pub fn build(compiler: &str, flags: &[&str], sources: &[PathBuf], out: &Path) {
         .arg("-o")
         .arg(out)
         .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lhixl")
+        .arg(&dir)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg(format!("-l{lib}"))
         .output()
         .expect("run the compiler");
     assert!(
@@ -211,20 +212,46 @@ pub fn run_client(cmd: &mut Command) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-/// Builds `source` (under `tests/`) with `compiler` and `flags`, runs it as `server 1048576` and
-/// `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes` lines) and
-/// the one notification `kv ready`.
-pub fn two_processes(compiler: &str, flags: &[&str], source: &str, writes: usize) {
+/// The `DT_NEEDED` entries of an ELF file (`readelf -d`), or `None` without a working
+/// `readelf`.
+pub fn needed(elf: &Path) -> Option<Vec<String>> {
+    let o = Command::new("readelf").arg("-d").arg(elf).output().ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    // 0x0000000000000001 (NEEDED)             Shared library: [libhixl.so]
+    let out = String::from_utf8_lossy(&o.stdout);
+    Some(
+        out.lines()
+            .filter(|l| l.contains("(NEEDED)"))
+            .filter_map(|l| Some(l.split_once('[')?.1.split_once(']')?.0.to_owned()))
+            .collect(),
+    )
+}
+
+/// Builds `source` (under `tests/`) with `compiler` and `flags`, linked with `-l<lib>` (checks
+/// that the program needs `lib<lib>.so`, when `readelf` is there), runs it as `server 1048576`
+/// and `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes` lines)
+/// and the one notification `kv ready`.
+pub fn two_processes(compiler: &str, flags: &[&str], lib: &str, source: &str, writes: usize) {
     let dir = scratch(source.rsplit('/').next().unwrap_or(source));
     let exe = dir.join("program");
     build(
         compiler,
         flags,
+        lib,
         &[Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests")
             .join(source)],
         &exe,
     );
+    match needed(&exe) {
+        Some(n) => assert!(
+            n.contains(&format!("lib{lib}.so")),
+            "{lib}: DT_NEEDED {n:?}"
+        ),
+        None => eprintln!("not checked: no working `readelf` for the program's DT_NEEDED"),
+    }
     let mut server = Server::spawn(Command::new(&exe).args(["server", "1048576"]));
     let wrote = run_client(Command::new(&exe).args([
         "client",

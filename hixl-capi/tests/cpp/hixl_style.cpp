@@ -1,5 +1,7 @@
 // A program in HIXL's style (its documented C++ API, host memory), built against
-// include/hixl/hixl.h with `c++ -std=c++17` and run as two processes by tests/cpp.rs.
+// include/hixl/hixl.h with HIXL's example flags (`-std=c++17 -D_GLIBCXX_USE_CXX11_ABI=0 -O2
+// -ftrapv -fno-common -Wfloat-equal -Wall -Werror -Wextra`), linked with `-lcann_hixl` as
+// HIXL's examples are, and run as two processes by tests/cpp.rs.
 //
 //   hixl_style server SIZE            READY <name> <addr> <len>; then sum / notifies / quit
 //   hixl_style client NAME ADDR LEN   connect, WRITE and READ random data, async + polling,
@@ -12,8 +14,26 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <unordered_map>
 
 using namespace hixl;
+
+// HIXL's layouts on LP64 (its hixl_types.h)
+static_assert(sizeof(void *) != 8 || sizeof(MemDesc) == 144, "MemDesc: 144 bytes");
+static_assert(offsetof(MemDesc, addr) == 0 && offsetof(MemDesc, len) == sizeof(uintptr_t) &&
+                  offsetof(MemDesc, reserved) == sizeof(uintptr_t) + sizeof(size_t) &&
+                  sizeof(MemDesc::reserved) == 128,
+              "MemDesc: addr, len, reserved[128]");
+static_assert(sizeof(void *) != 8 || sizeof(TransferOpDesc) == 24, "TransferOpDesc");
+static_assert(sizeof(void *) != 8 || sizeof(TransferArgs) == 128, "TransferArgs");
+static_assert(sizeof(void *) != 8 || sizeof(GetTransferStatusArgs) == 128, "GetTransferStatusArgs");
+static_assert(sizeof(void *) != 8 || sizeof(TransferResult) == 128, "TransferResult");
+static_assert(std::is_same<ge::char_t, char>::value && std::is_same<ge::Status, uint32_t>::value,
+              "GE's types");
+// HIXL programs initialize MemDesc positionally
+constexpr MemDesc kPositional{0x1000, 64, {}};
+static_assert(kPositional.addr == 0x1000 && kPositional.len == 64 && kPositional.reserved[127] == 0,
+              "MemDesc{addr, len, {...}}");
 
 namespace {
 int failures = 0;
@@ -43,6 +63,69 @@ uint64_t Fnv1a(const unsigned char *p, size_t n) {
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+// GE's AscendString API: construction, Find, Hash, std::hash, comparisons, null strings.
+void AscendStrings() {
+  const std::string text = "kv-cache:7";
+  const AscendString kv("kv-cache:7"), kv2(text.c_str()), part("kv-cache:7xyz", 8);
+  CHECK(kv == kv2 && kv == "kv-cache:7" && kv != "kv");
+  CHECK(std::strcmp(part.GetString(), "kv-cache") == 0);
+  CHECK(kv.GetLength() == 10 && part.GetLength() == 8);
+  CHECK(kv.Find(":7") == 8 && kv.Find("cache") == 3 && kv.Find("nope") == std::string::npos);
+  CHECK(kv.Find("") == 0 && kv.Find(AscendString()) == std::string::npos);
+  CHECK(kv.Hash() == std::hash<std::string>()("kv-cache:7"));
+  CHECK(std::hash<AscendString>()(kv) == kv.Hash());
+  std::unordered_map<AscendString, int> by_name;
+  by_name["127.0.0.1:16000"] = 1;
+  by_name[AscendString("127.0.0.1:16001")] = 2;
+  by_name["127.0.0.1:16000"] += 10;
+  CHECK(by_name.size() == 2 && by_name.at("127.0.0.1:16000") == 11 && by_name.count("x") == 0);
+  CHECK(part < kv && kv > part && part <= kv && kv >= kv && !(kv < kv2));
+  const AscendString null_str, null_ptr(nullptr), empty("");
+  CHECK(std::strcmp(null_str.GetString(), "") == 0 && null_str.GetLength() == 0);
+  CHECK(null_str == null_ptr && null_str != empty && null_str < empty && !(empty < null_str));
+  const char *const no_chars = nullptr;
+  CHECK(null_str == no_chars && empty != no_chars);
+  CHECK(null_str.Hash() == empty.Hash());
+  AscendString copy = kv;
+  copy = "other";
+  CHECK(kv == "kv-cache:7" && copy == "other");
+}
+
+// RegisterMemEx (a hixl extension): a local-only region serves its own engine's transfers and is
+// refused to a peer (PARAM_INVALID).
+void LocalOnly() {
+  Hixl server, client;
+  std::map<AscendString, AscendString> none;
+  EXPECT(server.Initialize("127.0.0.1:0", none), SUCCESS);
+  EXPECT(client.Initialize("127.0.0.1", none), SUCCESS);
+  std::vector<unsigned char> pub(1 << 16), priv(1 << 16, 0xee), mine(1 << 16);
+  for (size_t i = 0; i < pub.size(); i++) pub[i] = Pattern(i);
+  MemDesc d{reinterpret_cast<uintptr_t>(priv.data()), priv.size(), {}};
+  MemHandle hp = nullptr, hq = nullptr, hm = nullptr;
+  EXPECT(server.RegisterMemEx(d, MEM_HOST, 0x80, hq), PARAM_INVALID);
+  EXPECT(server.RegisterMemEx(d, MEM_HOST, REGISTER_LOCAL_ONLY, hq), SUCCESS);
+  EXPECT(server.RegisterMemEx({reinterpret_cast<uintptr_t>(pub.data()), pub.size(), {}}, MEM_HOST,
+                              0, hp),
+         SUCCESS);
+  EXPECT(client.RegisterMemEx({reinterpret_cast<uintptr_t>(mine.data()), mine.size(), {}}, MEM_HOST,
+                              REGISTER_LOCAL_ONLY, hm),
+         SUCCESS);
+  AscendString name;
+  EXPECT(server.GetLocalEngine(name), SUCCESS);
+  EXPECT(client.Connect(name), SUCCESS);
+  const uintptr_t local = reinterpret_cast<uintptr_t>(mine.data());
+  const uintptr_t pub_addr = reinterpret_cast<uintptr_t>(pub.data());
+  EXPECT(client.TransferSync(name, READ, {{local, pub_addr + 9, 999}}), SUCCESS);
+  for (size_t i = 0; i < 999; i++) CHECK(mine[i] == Pattern(9 + i));
+  const std::vector<TransferOpDesc> refused = {{local, d.addr, 64}};
+  EXPECT(client.TransferSync(name, READ, refused), PARAM_INVALID);
+  EXPECT(client.TransferSync(name, WRITE, refused), PARAM_INVALID);
+  for (unsigned char b : priv) CHECK(b == 0xee);
+  EXPECT(client.Disconnect(name), SUCCESS);
+  client.Finalize();
+  server.Finalize();
 }
 
 int Server(size_t size) {
@@ -84,6 +167,8 @@ int Server(size_t size) {
 }
 
 int Client(const char *remote, uintptr_t raddr, size_t rlen) {
+  AscendStrings();
+  LocalOnly();
   Hixl engine;
   std::map<AscendString, AscendString> options;
   options[OPTION_RDMA_TRAFFIC_CLASS] = "132";
