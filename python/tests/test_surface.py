@@ -240,3 +240,14 @@ def test_unsupported_and_invalid_options():
     assert h.initialize("127.0.0.1:0", {"NoSuchOption": "1"}) == hixl.PARAM_INVALID
     assert h.initialize("127.0.0.1:0", {hixl.OPTION_AUTO_CONNECT: "1"}) == hixl.SUCCESS
     h.finalize()
+
+
+def test_cann_module_path_hixl_hixl():
+    """CANN's package re-exports its native module ``hixl.hixl``: that path works too."""
+    import hixl.hixl as native
+    from hixl.hixl import Hixl, MemDesc, MemType
+
+    assert native.SUCCESS == hixl.SUCCESS == 0
+    assert native.RESOURCE_EXHAUSTED == 203900
+    assert Hixl is hixl.Hixl and MemDesc is hixl.MemDesc and MemType is hixl.MemType
+    assert native.MEM_DEVICE == 0 and native.READ == 0
