@@ -470,4 +470,28 @@ mod tests {
             None
         );
     }
+
+    #[test]
+    fn ascend_is_auto_by_default_and_chosen_by_its_keys() {
+        assert_eq!(Options::default().ascend_mode, AscendMode::Auto);
+        assert!(!Options::default().uses_ascend());
+        for (v, mode) in [
+            ("auto", AscendMode::Auto),
+            ("1", AscendMode::On),
+            ("0", AscendMode::Off),
+        ] {
+            let o = Options::from_pairs([("hixl.ascend.enable", v)]).unwrap();
+            assert_eq!(o.ascend_mode, mode, "{v}");
+        }
+        let e = Options::from_pairs([("hixl.ascend.enable", "yes")]).unwrap_err();
+        assert!(matches!(e, Error::InvalidOption { .. }), "{e:?}");
+        assert_eq!(e.status(), Status::PARAM_INVALID);
+        // any other hixl.ascend.* key asks for Ascend
+        let o = Options::from_pairs([("hixl.ascend.device_id", "2")]).unwrap();
+        assert_eq!(o.ascend_mode, AscendMode::On);
+        assert!(o.uses_ascend());
+        // HIXL's own keys do not change the mode
+        let o = Options::from_pairs([("RdmaTrafficClass", "8")]).unwrap();
+        assert_eq!(o.ascend_mode, AscendMode::Auto);
+    }
 }

@@ -142,6 +142,7 @@ pub fn options(data: &[u8]) {
         "EnableUseFabricMem",
         "hixl.ascend.device_id",
         "hixl.ascend.device_ip",
+        "hixl.ascend.enable",
         "hixl.ConnectTimeoutMs",
         "hixl.psk",
     ];
