@@ -942,3 +942,83 @@ fn cann_layout_runs_a_cann_program_with_nothing_set() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// The double's rule across processes: a one-sided call reaches only remote memory bound to the
+/// remote rank's live communicator, as the remote process published it in the announce
+/// directory. `tests/ascend_double/remote_ranges.c` forks a server and a client: the server
+/// unbinds, binds and prepares again, unbinds under a queued copy, destroys its communicator;
+/// the client's calls then fail `HCCL_E_PARA` (its sync 507899 for the queued copy) and the
+/// server's memory is unchanged. The published files are gone once both processes end.
+#[test]
+fn two_processes_reach_only_remote_memory_that_is_bound() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let base = std::env::temp_dir().join(format!("hixl-ascend-remote-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    let dir = base.join("announce");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = base.join("double.log");
+    let _ = std::fs::remove_file(&log);
+    let prog = base.join("remote_ranges");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(root.join("tests/ascend_double/remote_ranges.c"))
+        .arg("-L")
+        .arg(lib.parent().unwrap())
+        .arg(format!("-l:{}", lib.file_name().unwrap().to_string_lossy()))
+        .arg("-lpthread")
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "{out:?}");
+    let mut run = Command::new(&prog);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HIXL_ASCEND_DOUBLE_") {
+            run.env_remove(k);
+        }
+    }
+    let out = run
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
+        .env("HIXL_ASCEND_DOUBLE_LOG", &log)
+        .output()
+        .expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.lines().any(|l| l == "client OK")
+            && stdout.lines().any(|l| l == "OK"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for want in [
+        "HcclBatchGet rank=1 num=1 remote_unbound=0 rc=1",
+        "HcclBatchPut rank=1 num=1 remote_unbound=0 rc=1",
+    ] {
+        assert!(lines.iter().any(|l| l == want), "no {want:?} in {lines:#?}");
+    }
+    assert!(
+        lines.iter().any(|l| {
+            l.starts_with("aclrtSynchronizeStreamWithTimeout ") && l.ends_with(" ops=1 rc=507899")
+        }),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("publish ")),
+        "every rewrite of the published ranges succeeded: {lines:#?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the announce directory: {left:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -28,6 +28,8 @@
  *                            "announce device_ip=<ip> pid=<pid>"; removed when the double is
  *                            unloaded; entries naming dead pids are ignored). Announcing also
  *                            sets PR_SET_PTRACER_ANY so peers may write under Yama scope 1.
+ *                            Beside it, ".bound.<device_ip>" and ".lock.<device_ip>": the
+ *                            ranges the process's ranks have bound (see "Remote ranges" below).
  *                            Unset or empty: $TMPDIR (or /tmp) + "/hixl-ascend-ranks-<uid>",
  *                            created 0700 and used only while private to this uid, so that the
  *                            processes of one user find each other with nothing set (both must
@@ -67,6 +69,14 @@
  *   - HUGE_ONLY / HUGE_ONLY_P2P allocations are 2 MiB aligned, others 64-byte aligned;
  *   - batch calls need a prepared comm, a remote rank other than the own, and every local range
  *     inside a global memory registration bound to the comm (else HCCL_E_PARA);
+ *   - batch calls reach only remote memory whose keys the remote rank exchanged, as HCCL's do
+ *     (hixl relies on it: closing the communicators that bind a region fences peers off it):
+ *     every remote range (per descriptor) must lie inside a global memory registration bound
+ *     to the remote rank's live communicator of the same comm name, bound before that comm's
+ *     latest HcclCommPrepare and not unbound since (else HCCL_E_PARA with nothing queued,
+ *     logged "<symbol> rank=<r> num=<n> remote_unbound=<first bad descriptor> rc=1"); memory
+ *     bound after the prepare is reachable once HcclCommPrepare runs again. Each copy is
+ *     checked again when aclrtSynchronizeStreamWithTimeout runs it (see "Remote ranges");
  *   - deregistering memory still bound to a comm is HCCL_E_PARA.
  * and what real HCCL checks (each a rule hixl once broke):
  *   - HcclCommInitClusterInfoMemConfig: the rank table's device_id of the caller's rank must be
@@ -84,8 +94,43 @@
  *     abort (aclrtStreamAbort) or drain the stream first.
  *
  * Batch copies are queued on the stream and performed by aclrtSynchronizeStreamWithTimeout; a
- * copy that fails there (remote process gone, remote range unmapped) makes the sync return
- * 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR with the errno text in aclGetRecentErrMsg.
+ * copy that fails there (remote process gone, remote range unmapped, remote range no longer
+ * bound) makes the sync return 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR with the reason in
+ * aclGetRecentErrMsg; that copy and the ones queued after it do not run.
+ *
+ * Remote ranges (the rule above), checked at each batch call (HCCL_E_PARA) and again, under a
+ * lock, just before each copy moves a byte at sync (507899):
+ *   - remote rank in this process (both ranks on one loaded double): a lookup in the double's
+ *     tables. At sync the lookup and the memmove happen under the double's mutex, which
+ *     HcclCommUnbindMem and HcclCommDestroy take: no window.
+ *   - remote rank in another process: each process publishes, per announce key (the device_ip
+ *     its rank announced), the file "<dir>/.bound.<key>": "pid <pid> start <ticks>" (the start
+ *     time from /proc/<pid>/stat, so that a later process given the same pid is not taken for
+ *     it), then "<comm name in hex> <rank> <address in hex> <size>" per registration bound to a
+ *     live prepared comm of that rank (and bound before its latest prepare). It is rewritten
+ *     (temporary file + rename, so a reader sees the old or the new file whole) by
+ *     HcclCommPrepare, HcclCommUnbindMem and HcclCommDestroy before they return; if the rewrite
+ *     fails the file is removed (peers then refuse everything rather than trust stale ranges);
+ *     the files go when the double unloads. A batch call reads the remote's file without a
+ *     lock (it must name the pid HcclCommPrepare resolved, alive with the start time written;
+ *     a missing or foreign file refuses every range); a sync holds
+ *     "<dir>/.lock.<key>" shared (flock) from reading the file until its copies to that remote
+ *     are done, and HcclCommUnbindMem/HcclCommDestroy hold it exclusively from before they
+ *     change the tables until the file is rewritten. So an unbind waits for copies already
+ *     checked, and copies checked after it see the new file.
+ *   - the race window: none in one process, and none across processes while both are alive
+ *     and no lock is held past 10 s. A remote that unbinds between a peer's batch call and its
+ *     sync makes that sync fail (507899) without running the copy (copies before it in the
+ *     same sync, checked while still bound, ran); an unbind that comes while a checked copy
+ *     runs waits for it to finish. Past 10 s (a peer stopped while holding the lock shared) the
+ *     unbind goes ahead (logged "publish key=<key> lock_timeout=1"), and a copy already checked
+ *     may then touch memory no longer bound: still allocated until the remote deregisters and
+ *     frees it, after which the copy either fails (EFAULT, 507899) or lands in whatever the
+ *     remote's allocator put there. A sync that waits 10 s for an unbind in progress fails
+ *     (507899) without copying. Memory freed without being unbound first is outside HCCL's
+ *     contract and not detected (the check is of bindings, not allocations); nor is a remote
+ *     comm destroyed and made again under the same name and rank told from the old one (once
+ *     prepared, the new one's memory is reachable through a peer's old comm).
  *
  * Rank table: HCCL's version "1.0" format, as HIXL's RankTableGeneratorV1 produces it:
  *   {"version":"1.0","server_count":"1","server_list":[{"server_id":"...","device":[
@@ -107,6 +152,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -211,6 +257,10 @@ typedef struct {
     void *local;
     void *remote;
     uint64_t len;
+    /* whom the remote range must be bound to when the copy runs (see "Remote ranges") */
+    char name[128]; /* the comm name */
+    char key[64];   /* the remote rank's announce key */
+    uint32_t rank;  /* the remote rank */
 } Op;
 
 typedef struct Stream {
@@ -233,6 +283,7 @@ typedef struct Comm {
     char ips[MAX_RANKS][64]; /* the key a rank announces itself under (see rank_key) */
     pid_t pids[MAX_RANKS];
     GMem *bound[1024];
+    unsigned char exchanged[1024]; /* bound[i] was bound before a HcclCommPrepare: peers reach it */
     size_t nbound;
     int prepared;
 } Comm;
@@ -253,6 +304,31 @@ static char announced_dir[4096];
 static __thread Ctx *cur_ctx;
 static __thread char errmsg[512];
 static __thread char errmsg_out[512];
+
+/* The remote ranges a remote rank of another process has bound to its live communicator of
+ * one name, as it published them (see "Remote ranges" in the header). */
+typedef struct {
+    uint64_t lo, size;
+} Range;
+
+typedef struct {
+    int fd;             /* the remote's lock file, held shared (-1: not held) */
+    int loaded;         /* pid, key, name and rank say what was loaded */
+    pid_t pid;
+    char key[64];
+    char name[128];
+    uint32_t rank;
+    Range *r;
+    size_t n;
+    char why[160];      /* empty when the ranges were read */
+} Remote;
+
+static int bound_here(const char *name, uint32_t rank, uintptr_t a, uint64_t len);
+static Comm *find_comm(void *c);
+static void remote_init(Remote *rm);
+static void remote_drop(Remote *rm);
+static int remote_load(Remote *rm, pid_t pid, const char *key, const char *name, uint32_t rank, int hold);
+static int remote_has(const Remote *rm, uintptr_t a, uint64_t len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration, log, failure injection                                                       */
@@ -921,12 +997,41 @@ static int run_op(const Op *op, char *why, size_t cap) {
     return -1;
 }
 
+/* Runs one queued copy if its remote range is still bound to the remote rank's live
+ * communicator (see "Remote ranges" in the header): in this process, the check and the memmove
+ * under mu (which HcclCommUnbindMem and HcclCommDestroy take); across processes, under the
+ * remote's lock file held shared (rm keeps it, and the ranges read, for the copies after this
+ * one to the same remote). */
+static int run_checked(const Op *op, Remote *rm, char *why, size_t cap) {
+    int ok;
+    const char *detail = "";
+    if (op->pid == 0) {
+        pthread_mutex_lock(&mu);
+        ok = bound_here(op->name, op->rank, (uintptr_t)op->remote, op->len);
+        if (ok) run_op(op, why, cap); /* a memmove: cannot fail */
+        pthread_mutex_unlock(&mu);
+        if (ok) return 0;
+    } else {
+        if (!rm->loaded || rm->pid != op->pid || rm->rank != op->rank || strcmp(rm->key, op->key) != 0 ||
+            strcmp(rm->name, op->name) != 0) {
+            remote_drop(rm);
+            remote_load(rm, op->pid, op->key, op->name, op->rank, 1);
+        }
+        if (rm->why[0] == 0 && remote_has(rm, (uintptr_t)op->remote, op->len)) return run_op(op, why, cap);
+        detail = rm->why;
+    }
+    snprintf(why, cap, "remote %p len %llu is not inside memory bound to rank %u's live communicator \"%s\"%s%s",
+             op->remote, (unsigned long long)op->len, op->rank, op->name, detail[0] ? ": " : "", detail);
+    return -1;
+}
+
 EXPORT aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout) {
     Stream *s;
     Op *ops;
     size_t nops, i;
     int rc;
-    char why[256] = "";
+    char why[512] = "";
+    Remote rm;
     ACL_FAIL_POINT("aclrtSynchronizeStreamWithTimeout", "stream=%p timeout=%d", stream, timeout);
     rc = stream_check("aclrtSynchronizeStreamWithTimeout", stream, &s);
     if (rc != 0) {
@@ -949,13 +1054,15 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout)
     s->ops = NULL;
     s->nops = s->cap = 0;
     pthread_mutex_unlock(&mu);
+    remote_init(&rm);
     for (i = 0; i < nops; i++) {
-        if (run_op(&ops[i], why, sizeof why) != 0) {
+        if (run_checked(&ops[i], &rm, why, sizeof why) != 0) {
             rc = RT_DRV_INTERNAL_ERROR;
             set_err("double: copy %zu failed: %s", i, why);
             break;
         }
     }
+    remote_drop(&rm);
     free(ops);
     logf_("aclrtSynchronizeStreamWithTimeout stream=%p timeout=%d ops=%zu rc=%d", stream, timeout, nops, rc);
     return rc;
@@ -1096,6 +1203,289 @@ __attribute__((destructor)) static void unannounce(void) {
         buf[n] = 0;
         if (strtol(buf, NULL, 10) == (long)getpid()) unlink(path);
     }
+    for (i = 0; i < n_own_ips; i++) {
+        snprintf(path, sizeof path, "%s/.bound.%s", announced_dir, own_ips[i]);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        if (strncmp(buf, "pid ", 4) != 0 || strtol(buf + 4, NULL, 10) != (long)getpid()) continue;
+        unlink(path);
+        snprintf(path, sizeof path, "%s/.lock.%s", announced_dir, own_ips[i]);
+        unlink(path);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* remote bindings (see "Remote ranges" in the header)                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* How long HcclCommUnbindMem/HcclCommDestroy wait for peers' copies in flight (holding the lock
+ * file shared), and a peer's sync for an unbind in progress (holding it exclusively). */
+#define LOCK_WAIT_MS 10000
+
+static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER; /* orders rewrites of the files */
+
+/* Whether [a, a+len) lies inside [lo, lo+size). */
+static int range_in(uintptr_t lo, uint64_t size, uintptr_t a, uint64_t len) {
+    return a >= lo && len <= size && a - lo <= size - len;
+}
+
+/* Whether [a, a+len) is inside a global memory registration bound, before its latest
+ * HcclCommPrepare, to this process's live prepared communicator `name` of rank `rank`. Under mu. */
+static int bound_here(const char *name, uint32_t rank, uintptr_t a, uint64_t len) {
+    const Comm *c;
+    for (c = comms; c != NULL; c = c->next) {
+        if (c->rank != rank || !c->prepared || strcmp(c->name, name) != 0) continue;
+        for (size_t b = 0; b < c->nbound; b++)
+            if (c->exchanged[b] && range_in((uintptr_t)c->bound[b]->mem.addr, c->bound[b]->mem.size, a, len))
+                return 1;
+    }
+    return 0;
+}
+
+/* The comm name in hex (names may hold any byte but NUL): out holds 2 * 127 + 1 bytes. */
+static void hexname(const char *name, char *out, size_t cap) {
+    static const char digits[] = "0123456789abcdef";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p != 0 && n + 2 < cap; p++) {
+        out[n++] = digits[*p >> 4];
+        out[n++] = digits[*p & 15];
+    }
+    out[n] = 0;
+}
+
+/* The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), which
+ * tells a live process from a later one given the same pid. -1 when there is no such process. */
+static int proc_start(pid_t pid, unsigned long long *out) {
+    char path[64], buf[1024];
+    const char *p;
+    ssize_t n;
+    int fd;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (p == NULL) return -1;
+    p++;
+    for (int field = 2; field < 22; field++) { /* p is at the space before field + 1 */
+        p = strchr(p, ' ');
+        if (p == NULL) return -1;
+        p++;
+    }
+    *out = strtoull(p, NULL, 10);
+    return 0;
+}
+
+/* flock(fd, op) retried for up to ms milliseconds. */
+static int flock_wait(int fd, int op, int ms) {
+    struct timespec nap = {0, 1000 * 1000};
+    for (int i = 0;; i++) {
+        if (flock(fd, op | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
+        if (i >= ms) return -1;
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* The whole file, NUL-terminated (free it), or NULL. */
+static char *slurp(const char *path) {
+    struct stat st;
+    char *buf;
+    size_t got = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (buf = malloc((size_t)st.st_size + 1)) == NULL) {
+        close(fd);
+        return NULL;
+    }
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = 0;
+    return buf;
+}
+
+/* Rewrites <dir>/.bound.<key> from this process's tables: "pid <pid> start <ticks>", then one
+ * line "<comm name in hex> <rank> <address in hex> <size>" per registration bound (and
+ * exchanged: bound before the latest prepare) to a live prepared comm whose own rank announced
+ * itself under `key`. Written to a temporary file and renamed over the old one; when that fails
+ * the old file is removed, so that peers refuse rather than trust stale ranges. Under pub_mu. */
+static void write_bound(const char *dir, const char *key) {
+    char path[4400], tmp[4440], hex[260];
+    char *buf = NULL;
+    size_t len = 0, done = 0;
+    unsigned long long start = 0;
+    const char *err = NULL;
+    const Comm *c;
+    FILE *m;
+    int fd;
+    snprintf(path, sizeof path, "%s/.bound.%s", dir, key);
+    /* per process and per loaded copy of the double (each has its own pub_mu) */
+    snprintf(tmp, sizeof tmp, "%s/.bound.%s.tmp.%d.%p", dir, key, (int)getpid(), (void *)&pub_mu);
+    if (proc_start(getpid(), &start) != 0) start = 0;
+    m = open_memstream(&buf, &len);
+    if (m == NULL) {
+        err = "open_memstream failed";
+    } else {
+        fprintf(m, "pid %d start %llu\n", (int)getpid(), start);
+        pthread_mutex_lock(&mu);
+        for (c = comms; c != NULL; c = c->next) {
+            if (!c->prepared || strcmp(c->ips[c->rank], key) != 0) continue;
+            hexname(c->name, hex, sizeof hex);
+            for (size_t b = 0; b < c->nbound; b++)
+                if (c->exchanged[b])
+                    fprintf(m, "%s %u %llx %llu\n", hex, c->rank, (unsigned long long)(uintptr_t)c->bound[b]->mem.addr,
+                            (unsigned long long)c->bound[b]->mem.size);
+        }
+        pthread_mutex_unlock(&mu);
+        if (fclose(m) != 0 || buf == NULL) err = "open_memstream failed";
+    }
+    if (err == NULL) {
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) err = strerror(errno);
+        while (err == NULL && done < len) {
+            ssize_t n = write(fd, buf + done, len - done);
+            if (n <= 0) err = n < 0 ? strerror(errno) : "short write";
+            else done += (size_t)n;
+        }
+        if (fd >= 0 && close(fd) != 0 && err == NULL) err = strerror(errno);
+        if (err == NULL && rename(tmp, path) != 0) err = strerror(errno);
+    }
+    free(buf);
+    if (err != NULL) {
+        unlink(tmp);
+        unlink(path);
+        logf_("publish key=%s error=%s", key, err);
+    }
+}
+
+/* A change to this process's bindings: pub_begin before it, pub_end after (which rewrites the
+ * file of the comm's own key). `exclusive` (for changes that take ranges away: unbind, destroy)
+ * also holds <dir>/.lock.<key> exclusively from before the change until the file is rewritten,
+ * so that no peer copy checked against the old file is still running after it. */
+typedef struct {
+    char dir[4096];
+    char key[64];
+    int fd;
+    int lock_timeout;
+} Pub;
+
+static void pub_begin(Pub *p, void *comm, int exclusive) {
+    char path[4400];
+    Comm *c;
+    pthread_mutex_lock(&pub_mu);
+    p->dir[0] = p->key[0] = 0;
+    p->fd = -1;
+    p->lock_timeout = 0;
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    if (c != NULL && announced_dir[0] != 0) {
+        snprintf(p->dir, sizeof p->dir, "%s", announced_dir);
+        snprintf(p->key, sizeof p->key, "%s", c->ips[c->rank]);
+    }
+    pthread_mutex_unlock(&mu);
+    if (p->key[0] == 0) return; /* announced nowhere: no peer in another process finds us */
+    snprintf(path, sizeof path, "%s/.lock.%s", p->dir, p->key);
+    p->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (p->fd >= 0 && exclusive && flock_wait(p->fd, LOCK_EX, LOCK_WAIT_MS) != 0) p->lock_timeout = 1;
+}
+
+static void pub_end(Pub *p) {
+    if (p->key[0] != 0) write_bound(p->dir, p->key);
+    if (p->fd >= 0) close(p->fd); /* releases the lock */
+    pthread_mutex_unlock(&pub_mu);
+    if (p->lock_timeout) logf_("publish key=%s lock_timeout=1", p->key);
+}
+
+static void remote_init(Remote *rm) {
+    memset(rm, 0, sizeof *rm);
+    rm->fd = -1;
+}
+
+static void remote_drop(Remote *rm) {
+    if (rm->fd >= 0) close(rm->fd); /* releases the shared lock */
+    free(rm->r);
+    remote_init(rm);
+}
+
+/* Reads the ranges the process `pid` published for rank `rank` of comm `name` under `key`, into
+ * rm (rm->why says why not); `hold` takes the remote's lock file shared first, and keeps it
+ * until remote_drop. */
+static int remote_load(Remote *rm, pid_t pid, const char *key, const char *name, uint32_t rank, int hold) {
+    char dir[4096], path[4400], hex[260], *buf, *line, *save = NULL;
+    int fpid = 0;
+    unsigned long long fstart = 0, start = 0;
+    remote_drop(rm);
+    rm->loaded = 1;
+    rm->pid = pid;
+    rm->rank = rank;
+    snprintf(rm->key, sizeof rm->key, "%s", key);
+    snprintf(rm->name, sizeof rm->name, "%s", name);
+    if (dir_of(dir, sizeof dir, 0) != 0) {
+        snprintf(rm->why, sizeof rm->why, "no announce directory to read the remote's bindings from");
+        return -1;
+    }
+    if (hold) {
+        snprintf(path, sizeof path, "%s/.lock.%s", dir, key);
+        rm->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (rm->fd < 0) {
+            snprintf(rm->why, sizeof rm->why, "the remote process published no bindings (%s)", strerror(errno));
+            return -1;
+        }
+        if (flock_wait(rm->fd, LOCK_SH, LOCK_WAIT_MS) != 0) {
+            snprintf(rm->why, sizeof rm->why, "the remote's bindings stayed locked for %d ms", LOCK_WAIT_MS);
+            return -1;
+        }
+    }
+    snprintf(path, sizeof path, "%s/.bound.%s", dir, key);
+    buf = slurp(path);
+    if (buf == NULL) {
+        snprintf(rm->why, sizeof rm->why, "the remote process published no bindings");
+        return -1;
+    }
+    line = strtok_r(buf, "\n", &save);
+    if (line == NULL || sscanf(line, "pid %d start %llu", &fpid, &fstart) != 2 || fpid != (int)pid) {
+        snprintf(rm->why, sizeof rm->why, "the bindings under %s are not those of pid %d", key, (int)pid);
+        free(buf);
+        return -1;
+    }
+    if (proc_start(pid, &start) != 0 || start != fstart) {
+        snprintf(rm->why, sizeof rm->why, "the remote process (pid %d) is gone", (int)pid);
+        free(buf);
+        return -1;
+    }
+    hexname(name, hex, sizeof hex);
+    while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
+        char h[260];
+        unsigned r;
+        unsigned long long lo, size;
+        Range *grown;
+        if (sscanf(line, "%259s %u %llx %llu", h, &r, &lo, &size) != 4 || r != rank || strcmp(h, hex) != 0) continue;
+        grown = realloc(rm->r, (rm->n + 1) * sizeof *grown);
+        if (grown == NULL) break;
+        rm->r = grown;
+        rm->r[rm->n].lo = lo;
+        rm->r[rm->n].size = size;
+        rm->n++;
+    }
+    free(buf);
+    return 0;
+}
+
+static int remote_has(const Remote *rm, uintptr_t a, uint64_t len) {
+    for (size_t i = 0; i < rm->n; i++)
+        if (range_in((uintptr_t)rm->r[i].lo, rm->r[i].size, a, len)) return 1;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1422,6 +1812,7 @@ EXPORT HcclResult HcclCommBindMem(void *comm, void *memHandle) {
         for (size_t i = 0; i < c->nbound; i++)
             if (c->bound[i] == g) rc = HCCL_E_PARA;
         if (rc == HCCL_OK) {
+            c->exchanged[c->nbound] = 0; /* peers reach it after the next HcclCommPrepare */
             c->bound[c->nbound++] = g;
             g->binds++;
         }
@@ -1434,20 +1825,25 @@ EXPORT HcclResult HcclCommBindMem(void *comm, void *memHandle) {
 
 EXPORT HcclResult HcclCommUnbindMem(void *comm, void *memHandle) {
     Comm *c;
+    Pub pub;
     int rc = HCCL_E_PARA;
     HCCL_FAIL_POINT("HcclCommUnbindMem", "comm=%p handle=%p", comm, memHandle);
+    pub_begin(&pub, comm, 1);
     pthread_mutex_lock(&mu);
     c = find_comm(comm);
     if (c != NULL && !queued_for(comm, 0, 0)) {
         for (size_t i = 0; i < c->nbound; i++)
             if ((void *)c->bound[i] == memHandle) {
                 c->bound[i]->binds--;
-                c->bound[i] = c->bound[--c->nbound];
+                c->nbound--;
+                c->bound[i] = c->bound[c->nbound];
+                c->exchanged[i] = c->exchanged[c->nbound];
                 rc = HCCL_OK;
                 break;
             }
     }
     pthread_mutex_unlock(&mu);
+    pub_end(&pub);
     if (rc) set_err("double: HcclCommUnbindMem: not bound, or copies of the comm are still queued");
     logf_("HcclCommUnbindMem comm=%p handle=%p rc=%d", comm, memHandle, rc);
     return rc;
@@ -1490,7 +1886,17 @@ EXPORT HcclResult HcclCommPrepare(void *comm, const HcclPrepareConfig *cfg, cons
         }
         nanosleep(&nap, NULL);
     }
-    c->prepared = 1;
+    {
+        Pub pub;
+        pub_begin(&pub, comm, 0);
+        pthread_mutex_lock(&mu);
+        if (find_comm(comm) == c) { /* the keys of what is bound now are exchanged */
+            c->prepared = 1;
+            memset(c->exchanged, 1, c->nbound);
+        }
+        pthread_mutex_unlock(&mu);
+        pub_end(&pub);
+    }
     logf_("HcclCommPrepare comm=%p timeout=%d rc=0", comm, timeout);
     return HCCL_OK;
 }
@@ -1512,7 +1918,9 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
     Stream *s;
     int rc = HCCL_OK;
     const char *why = "";
-    char soc[256];
+    char soc[256], name[128] = "", key[64] = "", detail[192] = "";
+    pid_t pid = -1;
+    uint32_t bad = UINT32_MAX; /* the first descriptor whose remote range is not bound */
     int inj = injected(sym, HCCL_E_INTERNAL);
     soc_of(soc, sizeof soc);
     if (inj != 0) {
@@ -1554,19 +1962,55 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
             why = "bad data type or count";
             break;
         }
-        for (size_t b = 0; b < c->nbound; b++) {
-            uintptr_t lo = (uintptr_t)c->bound[b]->mem.addr;
-            uint64_t sz = c->bound[b]->mem.size;
-            if (a >= lo && len <= sz && a - lo <= sz - len) inside = 1;
-        }
+        for (size_t b = 0; b < c->nbound; b++)
+            if (range_in((uintptr_t)c->bound[b]->mem.addr, c->bound[b]->mem.size, a, len)) inside = 1;
         if (!inside) {
             rc = HCCL_E_PARA;
             why = "local range is not inside memory bound to the comm";
             break;
         }
     }
+    /* the remote ranges: bound to the remote rank's live communicator of this name (in this
+     * process: in the tables; else as the remote process published them, below) */
+    if (rc == HCCL_OK) {
+        pid = c->pids[remoteRank];
+        snprintf(name, sizeof name, "%s", c->name);
+        snprintf(key, sizeof key, "%s", c->ips[remoteRank]);
+        for (uint32_t i = 0; pid == 0 && i < descNum; i++)
+            if (!bound_here(name, remoteRank, (uintptr_t)desc[i].remoteAddr,
+                            desc[i].count * dtype_size(desc[i].dataType))) {
+                bad = i;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc == HCCL_OK && pid != 0 && descNum > 0) {
+        Remote rm;
+        remote_init(&rm);
+        if (remote_load(&rm, pid, key, name, remoteRank, 0) != 0) {
+            bad = 0;
+            snprintf(detail, sizeof detail, ": %s", rm.why);
+        }
+        for (uint32_t i = 0; bad == UINT32_MAX && i < descNum; i++)
+            if (!remote_has(&rm, (uintptr_t)desc[i].remoteAddr, desc[i].count * dtype_size(desc[i].dataType)))
+                bad = i;
+        remote_drop(&rm);
+    }
+    if (bad != UINT32_MAX) {
+        set_err("double: %s: the remote range %p+%llu (descriptor %u) is not inside memory bound to rank %u's live "
+                "communicator \"%s\"%s", sym, desc[bad].remoteAddr,
+                (unsigned long long)(desc[bad].count * dtype_size(desc[bad].dataType)), bad, remoteRank, name, detail);
+        logf_("%s rank=%u num=%u remote_unbound=%u rc=%d", sym, remoteRank, descNum, bad, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
     if (rc == HCCL_OK && descNum > 0) {
-        if (s->nops + descNum > s->cap) {
+        pthread_mutex_lock(&mu);
+        c = find_comm(comm);
+        s = find_stream(stream);
+        if (c == NULL || s == NULL) {
+            rc = HCCL_E_PARA;
+            why = "comm or stream destroyed during the call";
+        } else if (s->nops + descNum > s->cap) {
             size_t cap = (s->nops + descNum) * 2;
             Op *n = realloc(s->ops, cap * sizeof *n);
             if (n == NULL) {
@@ -1580,13 +2024,16 @@ static HcclResult batch(const char *sym, int put, void *comm, uint32_t remoteRan
             Op *op = &s->ops[s->nops++];
             op->put = put;
             op->comm = comm;
-            op->pid = c->pids[remoteRank];
+            op->pid = pid;
             op->local = desc[i].localAddr;
             op->remote = desc[i].remoteAddr;
             op->len = desc[i].count * dtype_size(desc[i].dataType);
+            memcpy(op->name, name, sizeof op->name);
+            memcpy(op->key, key, sizeof op->key);
+            op->rank = remoteRank;
         }
+        pthread_mutex_unlock(&mu);
     }
-    pthread_mutex_unlock(&mu);
     if (rc) set_err("double: %s: %s", sym, why);
     logf_("%s rank=%u num=%u rc=%d", sym, remoteRank, descNum, rc);
     return rc;
@@ -1604,10 +2051,13 @@ EXPORT HcclResult HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDes
 
 EXPORT HcclResult HcclCommDestroy(void *comm) {
     Comm **pp, *c = NULL;
+    Pub pub;
     HCCL_FAIL_POINT("HcclCommDestroy", "comm=%p", comm);
+    pub_begin(&pub, comm, 1);
     pthread_mutex_lock(&mu);
     if (queued_for(comm, 0, 0)) {
         pthread_mutex_unlock(&mu);
+        pub_end(&pub);
         set_err("double: HcclCommDestroy(%p): copies of the comm are still queued (abort the stream)", comm);
         logf_("HcclCommDestroy comm=%p queued=1 rc=%d", comm, HCCL_E_INTERNAL);
         return HCCL_E_INTERNAL;
@@ -1621,6 +2071,7 @@ EXPORT HcclResult HcclCommDestroy(void *comm) {
     if (c != NULL)
         for (size_t i = 0; i < c->nbound; i++) c->bound[i]->binds--;
     pthread_mutex_unlock(&mu);
+    pub_end(&pub);
     if (c == NULL) {
         set_err("double: HcclCommDestroy(%p): unknown comm", comm);
         logf_("HcclCommDestroy comm=%p rc=%d", comm, HCCL_E_PARA);

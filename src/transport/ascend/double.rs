@@ -3,7 +3,8 @@
 //!
 //! The double implements every symbol [`ffi`](super::ffi) loads over host memory, logs each call,
 //! injects failures on request and moves bytes between ranks (within a process, or between
-//! processes with `process_vm_writev`/`readv`). Its environment variables, control symbol and
+//! processes with `process_vm_writev`/`readv`), only to and from remote memory the remote rank
+//! has bound to its live communicator, as HCCL. Its environment variables, control symbol and
 //! log format are described at the top of the C file. `tools/ascend-double.sh DIR` builds the
 //! same source under CANN's library names, for programs linked against CANN.
 

@@ -89,6 +89,7 @@ pub(crate) const ACL_ERRORS: &[(AclError, &str)] = &[
     (207_001, "ACL_ERROR_RT_MEMORY_ALLOCATION"),
     (207_018, "ACL_ERROR_RT_DEVICE_OOM"),
     (207_020, "ACL_ERROR_RT_TIMEOUT"),
+    (507_007, "ACL_ERROR_RT_CONTEXT_RELEASE_ERROR"),
     (507_022, "ACL_ERROR_RT_IPC_ERROR"),
     (507_046, "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT"),
     (507_899, "ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
@@ -691,6 +692,10 @@ mod tests {
     fn names_and_defaults() {
         assert_eq!(acl_error_name(507_046), "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT");
         assert_eq!(acl_error_name(207_001), "ACL_ERROR_RT_MEMORY_ALLOCATION");
+        assert_eq!(
+            acl_error_name(507_007),
+            "ACL_ERROR_RT_CONTEXT_RELEASE_ERROR"
+        );
         assert_eq!(acl_error_name(-5), "ACL_ERROR_UNKNOWN");
         assert_eq!(hccl_result_name(9), "HCCL_E_TIMEOUT");
         assert_eq!(hccl_result_name(24), "HCCL_E_OOM");

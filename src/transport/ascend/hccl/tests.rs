@@ -475,3 +475,149 @@ fn one_range_registered_twice_shares_one_hccl_registration() {
     drop(comm);
     drop(buf);
 }
+
+/// HCCL reaches only remote memory bound to the remote rank's live communicator (bound before
+/// its prepare). Both ranks in this process: rank 1 unbinds its buffer, and rank 0's calls on
+/// it fail `HCCL_E_PARA` before anything is queued, leaving both buffers as they were; bound
+/// and prepared again it is reachable again; a copy queued before an unbind fails at the sync
+/// without moving a byte; a destroyed remote communicator reaches nothing.
+#[test]
+fn remote_ranges_must_be_bound_to_the_remote_ranks_live_comm() {
+    let mut r = two_ranks("hccl-remote");
+    let acl = &r.f.acl;
+    let (remote_bytes, local_bytes) = (vec![0xA5u8; 4096], vec![0x3Cu8; 4096]);
+    acl.write(&r.bufs[1], 0, &remote_bytes).unwrap();
+    acl.write(&r.bufs[0], 0, &local_bytes).unwrap();
+    let whole = [OneSideDesc {
+        local: r.bufs[0].addr() as u64,
+        remote: r.bufs[1].addr() as u64,
+        len: 4096,
+    }];
+    let t = Duration::from_secs(1);
+    let is_para = |e: &Error, call: &str| matches!(e, Error::Native { library: "hccl", call: c, code: 1, detail, .. } if *c == call && detail == "HCCL_E_PARA");
+    let bytes = |buf: &crate::transport::ascend::acl::AclBuffer| {
+        let mut v = vec![0u8; 4096];
+        acl.read(buf, 0, &mut v).unwrap();
+        v
+    };
+
+    // bound: a READ works; a remote range running past rank 1's registration does not, and a
+    // call with one such descriptor queues none of its others
+    let probe = [OneSideDesc {
+        local: (r.bufs[0].addr() + 65536) as u64,
+        remote: r.bufs[1].addr() as u64,
+        len: 64,
+    }];
+    // SAFETY: every local range is inside rank 0's registered, bound, live buffer, and no Rust
+    // reference to it exists.
+    unsafe { r.transfer(Direction::Get, &probe, t, "b") }.unwrap();
+    let past = [
+        whole[0],
+        OneSideDesc {
+            local: r.bufs[0].addr() as u64,
+            remote: (r.bufs[1].addr() + (1 << 20) - 10) as u64,
+            len: 20,
+        },
+    ];
+    // SAFETY: as above; the double refuses the call before it queues anything.
+    let e = unsafe { r.transfer(Direction::Put, &past, t, "b") }.unwrap_err();
+    assert!(is_para(&e, "HcclBatchPut"), "{e:?}");
+    r.f.acl
+        .synchronize(&r.stream, t, "WRITE", "b")
+        .expect("nothing queued");
+    let log = r.f.log_lines();
+    assert!(
+        log.iter()
+            .any(|l| l == "HcclBatchPut rank=1 num=2 remote_unbound=1 rc=1"),
+        "{log:#?}"
+    );
+    assert!(
+        log.last().is_some_and(|l| l.ends_with(" ops=0 rc=0")),
+        "{log:#?}"
+    );
+    assert_eq!(bytes(&r.bufs[1]), remote_bytes);
+
+    // unbound on the remote side: refused both ways, nothing moves
+    r.hccl.unbind(&r.comms[1], &r.mems[1]).unwrap();
+    for (direction, call) in [
+        (Direction::Put, "HcclBatchPut"),
+        (Direction::Get, "HcclBatchGet"),
+    ] {
+        // SAFETY: as above.
+        let e = unsafe { r.transfer(direction, &whole, t, "b") }.unwrap_err();
+        assert!(is_para(&e, call), "{e:?}");
+    }
+    assert_eq!(bytes(&r.bufs[1]), remote_bytes, "rank 1's memory unchanged");
+    assert_eq!(bytes(&r.bufs[0]), local_bytes, "rank 0's memory unchanged");
+    let log = r.f.log_lines();
+    assert!(
+        log.iter()
+            .any(|l| l == "HcclBatchGet rank=1 num=1 remote_unbound=0 rc=1"),
+        "{log:#?}"
+    );
+
+    // bound again: unreachable until rank 1 prepares again (HCCL exchanges keys at prepare)
+    r.hccl.bind(&r.comms[1], &r.mems[1]).unwrap();
+    // SAFETY: as above.
+    let e = unsafe { r.transfer(Direction::Put, &whole, t, "b") }.unwrap_err();
+    assert!(is_para(&e, "HcclBatchPut"), "{e:?}");
+    r.hccl
+        .prepare(&r.comms[1], Duration::from_millis(1500), "a")
+        .unwrap();
+    // SAFETY: as above.
+    unsafe { r.transfer(Direction::Put, &whole, t, "b") }.unwrap();
+    assert_eq!(bytes(&r.bufs[1]), local_bytes, "the WRITE landed");
+
+    // queued while bound, unbound before the sync: the copy fails there and moves nothing
+    let fresh = vec![0x77u8; 4096];
+    acl.write(&r.bufs[0], 0, &fresh).unwrap();
+    let mut raw = [ffi::HcclOneSideOpDesc {
+        local_addr: r.bufs[0].addr() as *mut c_void,
+        remote_addr: r.bufs[1].addr() as *mut c_void,
+        count: 4096,
+        data_type: ffi::HCCL_DATA_TYPE_UINT8,
+    }];
+    // SAFETY: one initialised descriptor whose local range is inside rank 0's registered,
+    // bound, live buffer; the communicator and stream are alive, under this thread's context.
+    let rc = unsafe {
+        (r.hccl.api.batch_put)(
+            r.comms[0].as_raw(),
+            1,
+            raw.as_mut_ptr(),
+            1,
+            r.stream.as_raw(),
+        )
+    };
+    assert_eq!(rc, ffi::HCCL_SUCCESS, "queued");
+    r.hccl.unbind(&r.comms[1], &r.mems[1]).unwrap();
+    let e = r.f.acl.synchronize(&r.stream, t, "WRITE", "b").unwrap_err();
+    assert!(
+        matches!(&e, Error::Native { library: "acl", code: 507_899, detail, .. }
+            if detail.contains("is not inside memory bound to rank 1's live communicator \"hixl_a_b\"")),
+        "{e:?}"
+    );
+    assert_eq!(
+        bytes(&r.bufs[1]),
+        local_bytes,
+        "the queued copy did not run"
+    );
+
+    // a destroyed remote communicator reaches nothing
+    r.hccl.bind(&r.comms[1], &r.mems[1]).unwrap();
+    r.hccl
+        .prepare(&r.comms[1], Duration::from_millis(1500), "a")
+        .unwrap();
+    r.comms.pop().expect("rank 1's comm").destroy().unwrap();
+    // SAFETY: as above.
+    let e = unsafe { r.transfer(Direction::Get, &whole, t, "b") }.unwrap_err();
+    assert!(is_para(&e, "HcclBatchGet"), "{e:?}");
+    assert_eq!(bytes(&r.bufs[0]), fresh, "rank 0's memory unchanged");
+
+    r.hccl.unbind(&r.comms[0], &r.mems[0]).unwrap();
+    for mem in r.mems.drain(..) {
+        mem.deregister().unwrap();
+    }
+    for comm in r.comms.drain(..) {
+        comm.destroy().unwrap();
+    }
+}
