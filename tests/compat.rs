@@ -335,6 +335,10 @@ fn a_served_engine_registers_and_deregisters_while_a_peer_is_linked() {
     let name = server.local_engine().unwrap();
     assert!(!name.ends_with(":0"), "{name}");
     let h_smem = register(&server, &mut smem).unwrap();
+    // one descriptor from the start of `mine` to `remote`
+    let xfer = |c: &Hixl, op, mine: &[u8], remote: u64, len| {
+        c.transfer_sync(&name, op, &[desc(mine, 0, remote, 0, len)], 1000)
+    };
     let (c1, _) = client(&[], &mut cmem);
     c1.connect(&name, 1000).unwrap();
     let h_more = register(&server, &mut more).unwrap();
@@ -348,21 +352,9 @@ fn a_served_engine_registers_and_deregisters_while_a_peer_is_linked() {
     // a client that connects now sees it, and writes it
     let mut c2mem = Rng::new(33).bytes(4096);
     let (c2, _) = client(&[], &mut c2mem);
-    c2.transfer_sync(
-        &name,
-        TransferOp::Write,
-        &[desc(&c2mem, 0, more_addr, 0, 4096)],
-        1000,
-    )
-    .expect_err("not connected yet");
+    xfer(&c2, TransferOp::Write, &c2mem, more_addr, 4096).expect_err("not connected yet");
     c2.connect(&name, 1000).unwrap();
-    c2.transfer_sync(
-        &name,
-        TransferOp::Write,
-        &[desc(&c2mem, 0, more_addr, 0, 4096)],
-        1000,
-    )
-    .unwrap();
+    xfer(&c2, TransferOp::Write, &c2mem, more_addr, 4096).unwrap();
     assert_eq!(more, c2mem);
     // `smem` is deregistered while both are linked: a linked peer's write to it is refused by
     // the server and no byte of it changes
@@ -371,21 +363,11 @@ fn a_served_engine_registers_and_deregisters_while_a_peer_is_linked() {
     for c in [&c1, &c2] {
         let mine = if std::ptr::eq(c, &c1) { &cmem } else { &c2mem };
         assert_eq!(
-            status(c.transfer_sync(
-                &name,
-                TransferOp::Write,
-                &[desc(mine, 0, smem_addr, 0, 4096)],
-                1000
-            )),
+            status(xfer(c, TransferOp::Write, mine, smem_addr, 4096)),
             Status::PARAM_INVALID
         );
         assert_eq!(
-            status(c.transfer_sync(
-                &name,
-                TransferOp::Read,
-                &[desc(mine, 0, smem_addr, 0, 64)],
-                1000
-            )),
+            status(xfer(c, TransferOp::Read, mine, smem_addr, 64)),
             Status::PARAM_INVALID
         );
     }
@@ -393,13 +375,7 @@ fn a_served_engine_registers_and_deregisters_while_a_peer_is_linked() {
     // the link still works for the region it still has
     let back = Rng::new(34).bytes(4096);
     c2mem.copy_from_slice(&back);
-    c2.transfer_sync(
-        &name,
-        TransferOp::Write,
-        &[desc(&c2mem, 0, more_addr, 0, 4096)],
-        1000,
-    )
-    .unwrap();
+    xfer(&c2, TransferOp::Write, &c2mem, more_addr, 4096).unwrap();
     assert_eq!(more, back);
     server.deregister_mem(h_more).unwrap();
     c2.disconnect(&name, 1000).unwrap();

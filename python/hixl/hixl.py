@@ -3,18 +3,3 @@ CANN's package (whose ``hixl/__init__.py`` re-exports its native ``hixl.hixl``).
 is the flat layer of :mod:`hixl` (hixl's native extension ``hixl._hixl``)."""
 
 from ._hixl import *  # noqa: F401,F403
-from ._hixl import (  # noqa: F401
-    AsyncConnectStatus,
-    FeatureType,
-    GetTransferStatusArgs,
-    Hixl,
-    MemDesc,
-    MemType,
-    NotifyDesc,
-    TransferArgs,
-    TransferOp,
-    TransferOpDesc,
-    TransferResult,
-    TransferStatus,
-    get_capability,
-)
