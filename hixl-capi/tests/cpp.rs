@@ -5,19 +5,6 @@
 
 mod common;
 
-/// `examples/cpp/CMakeLists.txt` of HIXL (with `-std=c++17`).
-const HIXL_EXAMPLE_FLAGS: [&str; 9] = [
-    "-std=c++17",
-    "-D_GLIBCXX_USE_CXX11_ABI=0",
-    "-O2",
-    "-ftrapv",
-    "-fno-common",
-    "-Wfloat-equal",
-    "-Wall",
-    "-Werror",
-    "-Wextra",
-];
-
 #[test]
 fn a_hixl_style_cpp_program_runs_as_two_processes() {
     let Some(cxx) = common::compiler("c++") else {
@@ -25,7 +12,7 @@ fn a_hixl_style_cpp_program_runs_as_two_processes() {
     };
     common::two_processes(
         &cxx,
-        &HIXL_EXAMPLE_FLAGS,
+        &common::HIXL_EXAMPLE_FLAGS,
         "cann_hixl",
         "cpp/hixl_style.cpp",
         3,

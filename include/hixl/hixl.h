@@ -1,15 +1,17 @@
 /*
  * hixl/hixl.h: HIXL's C++ API (class hixl::Hixl of Huawei CANN's HIXL), header-only, over
- * hixl's C ABI (hixl_c.h). A program written against HIXL's documented API for host memory
- * compiles unchanged against this header and runs over hixl's transports (TCP, same-host,
- * UCX):
+ * hixl's C ABI (hixl_c.h). A program written against HIXL's documented API compiles unchanged
+ * against this header and runs over hixl's transports (TCP, same-host, UCX; HCCL for device
+ * memory):
  *
  *   c++ -std=c++17 app.cpp -I include -L target/release -lhixl
  *
- * Method names, signatures and default timeouts (1000 ms) are HIXL's. What differs: device
- * memory needs an engine with the Ascend backend (UNSUPPORTED otherwise), registration is
- * refused (UNSUPPORTED) while a link exists, BufferPool staging and fabric memory are not
- * implemented, CLIENT_SERVER_COMM is not supported (see README, "From C and C++").
+ * Method names, signatures and default timeouts (1000 ms) are HIXL's. Where CANN's ACL and HCCL
+ * load, an engine moves device memory over HCCL on the device aclrtGetDevice reports on the
+ * thread calling Initialize, as HIXL does; elsewhere MEM_DEVICE is UNSUPPORTED. Memory may be
+ * registered and deregistered while linked, as in HIXL. What differs: BufferPool staging and
+ * fabric memory are not implemented, CLIENT_SERVER_COMM is not supported, a region UCX serves
+ * one-sided cannot be deregistered while linked (UNSUPPORTED) (see README, "From C and C++").
  * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
  * libhixl.so beside it.
  *

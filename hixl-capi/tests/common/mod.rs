@@ -6,6 +6,19 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+/// The compile flags of HIXL's C++ examples (`examples/cpp/CMakeLists.txt`, with `-std=c++17`).
+pub const HIXL_EXAMPLE_FLAGS: [&str; 9] = [
+    "-std=c++17",
+    "-D_GLIBCXX_USE_CXX11_ABI=0",
+    "-O2",
+    "-ftrapv",
+    "-fno-common",
+    "-Wfloat-equal",
+    "-Wall",
+    "-Werror",
+    "-Wextra",
+];
+
 /// `include/` of the repository.
 pub fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
