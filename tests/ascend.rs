@@ -868,6 +868,31 @@ fn missing_library_is_library_unavailable() {
     }
 }
 
+/// Compiles one of the double's C test programs (`tests/ascend_double/<src>`) into `out` with
+/// `-Wall -Wextra -Werror` and the link arguments `link`.
+fn build_c_program(src: &str, out: &Path, link: &[std::ffi::OsString]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let r = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(out)
+        .arg(root.join("tests/ascend_double").join(src))
+        .args(link)
+        .output()
+        .expect("run cc");
+    assert!(r.status.success(), "{r:?}");
+}
+
+/// A command for `prog` without the double's settings this process may have inherited.
+fn clean_command(prog: &Path) -> Command {
+    let mut run = Command::new(prog);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HIXL_ASCEND_DOUBLE_") {
+            run.env_remove(k);
+        }
+    }
+    run
+}
+
 /// `tools/ascend-double.sh DIR` builds the double under CANN's library names, and a program
 /// written and linked as CANN's users do (`-lacl_rt -lascend_hal`, HIXL's examples' line; no
 /// `aclInit`) runs on it with `LD_LIBRARY_PATH` alone: every name is one object, ACL behaves as
@@ -902,22 +927,10 @@ fn cann_layout_runs_a_cann_program_with_nothing_set() {
         assert!(said.contains(name), "{said}");
     }
     let prog = base.join("cann_program");
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(root.join("tests/ascend_double/cann_program.c"))
-        .arg("-L")
-        .arg(&lib)
-        .args(["-lacl_rt", "-lascend_hal", "-lpthread", "-ldl"])
-        .output()
-        .expect("run cc");
-    assert!(out.status.success(), "{out:?}");
-    let mut run = Command::new(&prog);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("HIXL_ASCEND_DOUBLE_") {
-            run.env_remove(k);
-        }
-    }
+    let link: Vec<std::ffi::OsString> = vec!["-L".into(), lib.clone().into()];
+    let libs = ["-lacl_rt", "-lascend_hal", "-lpthread", "-ldl"].map(Into::into);
+    build_c_program("cann_program.c", &prog, &[link, libs.to_vec()].concat());
+    let mut run = clean_command(&prog);
     // a private TMPDIR, so the default directory the processes meet in is this test's own
     let out = run
         .env("LD_LIBRARY_PATH", &lib)
@@ -955,7 +968,6 @@ fn two_processes_reach_only_remote_memory_that_is_bound() {
         eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let base = std::env::temp_dir().join(format!("hixl-ascend-remote-{}", std::process::id()));
     let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
     let dir = base.join("announce");
@@ -963,23 +975,14 @@ fn two_processes_reach_only_remote_memory_that_is_bound() {
     let log = base.join("double.log");
     let _ = std::fs::remove_file(&log);
     let prog = base.join("remote_ranges");
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(root.join("tests/ascend_double/remote_ranges.c"))
-        .arg("-L")
-        .arg(lib.parent().unwrap())
-        .arg(format!("-l:{}", lib.file_name().unwrap().to_string_lossy()))
-        .arg("-lpthread")
-        .output()
-        .expect("run cc");
-    assert!(out.status.success(), "{out:?}");
-    let mut run = Command::new(&prog);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("HIXL_ASCEND_DOUBLE_") {
-            run.env_remove(k);
-        }
-    }
+    let link: Vec<std::ffi::OsString> = vec![
+        "-L".into(),
+        lib.parent().unwrap().into(),
+        format!("-l:{}", lib.file_name().unwrap().to_string_lossy()).into(),
+        "-lpthread".into(),
+    ];
+    build_c_program("remote_ranges.c", &prog, &link);
+    let mut run = clean_command(&prog);
     let out = run
         .env("LD_LIBRARY_PATH", lib.parent().unwrap())
         .env("HIXL_ASCEND_DOUBLE_DIR", &dir)

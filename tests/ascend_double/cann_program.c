@@ -17,8 +17,8 @@
  *     HIXL writes for "hccs:device"), find each other with nothing set: the client reads the
  *     server's device memory with HcclBatchGet.
  *
- * The CANN headers are not available to CI, so the prototypes are declared here, as in
- * CANN's acl_rt.h and HCCL's hccl.h (ABI only).
+ * The CANN headers are not available to CI: cann_decls.h declares what it calls, as CANN's
+ * acl_rt.h and HCCL's hccl.h do (ABI only).
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -29,65 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef int aclError;
-aclError aclrtSetDevice(int32_t deviceId);
-aclError aclrtResetDevice(int32_t deviceId);
-aclError aclrtGetDevice(int32_t *deviceId);
-aclError aclrtGetDeviceCount(uint32_t *count);
-aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId);
-aclError aclrtCreateContext(void **context, int32_t deviceId);
-aclError aclrtDestroyContext(void *context);
-aclError aclrtGetCurrentContext(void **context);
-aclError aclrtSetCurrentContext(void *context);
-aclError aclrtMalloc(void **devPtr, size_t size, int policy);
-aclError aclrtFree(void *devPtr);
-aclError aclrtMallocHost(void **hostPtr, size_t size);
-aclError aclrtFreeHost(void *hostPtr);
-aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind);
-aclError aclrtCreateStream(void **stream);
-aclError aclrtDestroyStream(void *stream);
-aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout);
-const char *aclGetRecentErrMsg(void);
-
-enum { ACL_MEM_MALLOC_HUGE_ONLY = 1 };
-enum { H2H = 0, H2D = 1, D2H = 2, D2D = 3, DEFAULT = 4 };
-
-typedef struct {
-    int type;
-    void *addr;
-    uint64_t size;
-} HcclMem;
-typedef struct {
-    void *localAddr;
-    void *remoteAddr;
-    uint64_t count;
-    int dataType;
-} HcclOneSideOpDesc;
-typedef struct {
-    int topoType;
-    uint64_t rsvd0, rsvd1, rsvd2;
-} HcclPrepareConfig;
-typedef struct {
-    size_t configSize;
-    uint32_t magicWord;
-    uint32_t version;
-    uint64_t reserved;
-    uint32_t hcclBufferSize;
-    uint32_t hcclDeterministic;
-    char hcclCommName[128];
-    char hcclUdi[128];
-    uint32_t hcclOpExpansionMode;
-    uint32_t hcclRdmaTrafficClass;
-    uint32_t hcclRdmaServiceLevel;
-} HcclCommConfig;
-int HcclRegisterGlobalMem(const HcclMem *mem, void **memHandle);
-int HcclDeregisterGlobalMem(void *memHandle);
-int HcclCommInitClusterInfoMemConfig(const char *rankTable, uint32_t rank, HcclCommConfig *config, void **comm);
-int HcclCommBindMem(void *comm, void *memHandle);
-int HcclCommUnbindMem(void *comm, void *memHandle);
-int HcclCommPrepare(void *comm, const HcclPrepareConfig *config, const int timeout);
-int HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum, void *stream);
-int HcclCommDestroy(void *comm);
+#include "cann_decls.h"
 
 #define SIZE (1u << 20)
 #define FILL 0x5A

@@ -24,59 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef int aclError;
-aclError aclrtSetDevice(int32_t deviceId);
-aclError aclrtResetDevice(int32_t deviceId);
-aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId);
-aclError aclrtMalloc(void **devPtr, size_t size, int policy);
-aclError aclrtFree(void *devPtr);
-aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind);
-aclError aclrtCreateStream(void **stream);
-aclError aclrtDestroyStream(void *stream);
-aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout);
-const char *aclGetRecentErrMsg(void);
-
-enum { ACL_MEM_MALLOC_HUGE_ONLY = 1 };
-enum { H2D = 1, D2H = 2 };
-enum { HCCL_E_PARA = 1, ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899 };
-
-typedef struct {
-    int type;
-    void *addr;
-    uint64_t size;
-} HcclMem;
-typedef struct {
-    void *localAddr;
-    void *remoteAddr;
-    uint64_t count;
-    int dataType;
-} HcclOneSideOpDesc;
-typedef struct {
-    int topoType;
-    uint64_t rsvd0, rsvd1, rsvd2;
-} HcclPrepareConfig;
-typedef struct {
-    size_t configSize;
-    uint32_t magicWord;
-    uint32_t version;
-    uint64_t reserved;
-    uint32_t hcclBufferSize;
-    uint32_t hcclDeterministic;
-    char hcclCommName[128];
-    char hcclUdi[128];
-    uint32_t hcclOpExpansionMode;
-    uint32_t hcclRdmaTrafficClass;
-    uint32_t hcclRdmaServiceLevel;
-} HcclCommConfig;
-int HcclRegisterGlobalMem(const HcclMem *mem, void **memHandle);
-int HcclDeregisterGlobalMem(void *memHandle);
-int HcclCommInitClusterInfoMemConfig(const char *rankTable, uint32_t rank, HcclCommConfig *config, void **comm);
-int HcclCommBindMem(void *comm, void *memHandle);
-int HcclCommUnbindMem(void *comm, void *memHandle);
-int HcclCommPrepare(void *comm, const HcclPrepareConfig *config, const int timeout);
-int HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum, void *stream);
-int HcclBatchPut(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum, void *stream);
-int HcclCommDestroy(void *comm);
+#include "cann_decls.h"
 
 #define SIZE (1u << 20)
 #define FILL 0x5A  /* the server's bytes */
