@@ -20,7 +20,7 @@
 //! - `--processes 1|2` (default 2: the serving engine runs in a child process)
 //! - `--threads N`: callers sharing the one link (default 1)
 //! - `--json`: one JSON object per row on stdout
-//! - `--anchors`: run `../shared/bench/peers.sh` for the matching anchors (`peers.sh install`
+//! - `--anchors`: run `tools/bench-anchors.sh` for the matching anchors (`bench-anchors.sh install`
 //!   first); `HIXL_PEERS` overrides the script's path
 //! - `--ws BYTES`: the part of the 256 MiB region each row cycles through (default all of it, so
 //!   transfers come from memory, not caches); `--ws 0` means one block, as `ucx_perftest` does
@@ -90,7 +90,7 @@ struct Cli {
     /// One JSON object per row on stdout
     #[arg(long)]
     json: bool,
-    /// Run ../shared/bench/peers.sh for the matching anchors
+    /// Run tools/bench-anchors.sh for the matching anchors
     #[arg(long)]
     anchors: bool,
     /// Bytes of the 256 MiB region each row cycles through (0: one block)
@@ -464,11 +464,11 @@ fn peers_script() -> std::path::PathBuf {
     std::env::var_os("HIXL_PEERS")
         .map(Into::into)
         .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bench/peers.sh")
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/bench-anchors.sh")
         })
 }
 
-/// Runs `peers.sh ARGS` and reads the number on its last line.
+/// Runs `bench-anchors.sh ARGS` and reads the number on its last line.
 fn anchor(args: &[&str]) -> Option<f64> {
     let out = Command::new("bash")
         .arg(peers_script())

@@ -102,7 +102,7 @@ def main():
                     calls.setdefault(("pythonic", t), []).append(row["refused_call_ns_pythonic"])
                     calls.setdefault(("flat", t), []).append(row["refused_call_ns_flat"])
             if nixl:
-                # as ../shared/bench/peers.sh runs NIXL: tcp over lo, or shared memory (with
+                # as tools/bench-anchors.sh runs NIXL: tcp over lo, or shared memory (with
                 # self and tcp for UCX's active messages)
                 env = dict(os.environ, UCX_WARN_UNUSED_ENV_VARS="n")
                 if t == "tcp":

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """kv_pull.py's shape on NIXL's Python API (UCX backend), adapted from the shared NIXL anchor
-(`nixl_pair.py`): 32 layers x 256 blocks x 32 KiB READ by the decode side, one transfer per
+(`tools/bench-anchors-nixl.py`): 32 layers x 256 blocks x 32 KiB READ by the decode side, one transfer per
 layer, all posted, then waited; repeated. For `bench_compare.py`; runs in the venv that has
-`nixl` (`peers.sh install`). UCX_TLS chooses UCX's transport (tcp, sm).
+`nixl` (`tools/bench-anchors.sh install`). UCX_TLS chooses UCX's transport (tcp, sm).
 
     python nixl_kv_pull.py both PORT [--layers 32 --blocks 256 --block 32768 --iters 8]
 """
