@@ -11,7 +11,7 @@
  * thread calling Initialize, as HIXL does; elsewhere MEM_DEVICE is UNSUPPORTED. Memory may be
  * registered and deregistered while linked, as in HIXL. What differs: BufferPool staging and
  * fabric memory are not implemented, CLIENT_SERVER_COMM is not supported, a region UCX serves
- * one-sided cannot be deregistered while linked (UNSUPPORTED) (see README, "From C and C++").
+ * one-sided cannot be deregistered while linked (UNSUPPORTED) (see docs/c-and-cpp.md).
  * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
  * libhixl.so beside it.
  *
