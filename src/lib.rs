@@ -140,7 +140,7 @@ mod memory;
 mod metrics;
 mod notify;
 mod options;
-mod quarantine;
+mod process;
 mod request;
 mod runtime;
 // The engine's state graph for the `typestate` crate's checks: test support (feature `testkit`).

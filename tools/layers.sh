@@ -33,14 +33,14 @@ allow=tools/layers.allow
 file_layer() {
   case "$1" in
     src/types.rs | src/types/* | src/error.rs | src/error/* | src/wire.rs | src/wire/* | src/io.rs \
-      | src/dl.rs | src/auth.rs | */sys.rs | */sys/*)
+      | src/dl.rs | src/auth.rs | src/process.rs | */sys.rs | */sys/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
     src/transport/same_host/*) echo "1 same_host" ;;
     src/transport/tcp.rs | src/transport/tcp/*) echo "1 tcp" ;;
     src/transport/ucx/*) echo "1 ucx" ;;
     src/transport/ascend/*) echo "1 ascend" ;;
-    src/runtime/* | src/quarantine.rs | src/metrics.rs | src/notify.rs | src/options.rs \
+    src/runtime/* | src/metrics.rs | src/notify.rs | src/options.rs \
       | src/buffers.rs)
       echo "2 runtime" ;;
     *) echo "3 api" ;;
@@ -55,7 +55,7 @@ path_layer() {
   local b=${rest%%::*}
   case "$a" in
     [A-Z]*) echo "3 api" ;;
-    types | sync | error | wire | io | dl | auth) echo "0 leaf" ;;
+    types | sync | error | wire | io | dl | auth | process) echo "0 leaf" ;;
     transport)
       case "$b" in
         same_host) echo "1 same_host" ;;
@@ -64,7 +64,7 @@ path_layer() {
         ascend) echo "1 ascend" ;;
         *) echo "1 transport" ;;
       esac ;;
-    runtime | quarantine | metrics | notify | options | buffers) echo "2 runtime" ;;
+    runtime | metrics | notify | options | buffers) echo "2 runtime" ;;
     *) echo "3 api" ;;
   esac
 }

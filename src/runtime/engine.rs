@@ -62,7 +62,7 @@ pub(crate) struct EngineInner {
     /// Why device memory is refused, for an engine without an Ascend runtime.
     pub(crate) no_device: &'static str,
     /// Quarantine counters, shared with every region of the engine.
-    pub(crate) quarantine: Arc<crate::quarantine::Stats>,
+    pub(crate) quarantine: Arc<crate::runtime::revoke::quarantine::Stats>,
     pub(crate) span: tracing::Span,
 }
 

@@ -42,9 +42,9 @@ pub(crate) struct RegionCore {
     /// Fences of same-host clients that did not confirm in time that they stopped touching the
     /// memory (set when the engine stops serving); while one of them may still touch it, the
     /// memory is quarantined instead of handed back or freed.
-    pub(crate) blockers: std::sync::Mutex<crate::quarantine::Blockers>,
+    pub(crate) blockers: std::sync::Mutex<crate::runtime::revoke::quarantine::Blockers>,
     /// The engine's quarantine counters.
-    pub(crate) stats: std::sync::Arc<crate::quarantine::Stats>,
+    pub(crate) stats: std::sync::Arc<crate::runtime::revoke::quarantine::Stats>,
     /// Async requests using the region that have not ended (a forgotten request does not end
     /// the borrow the compiler sees, so `read_at`/`write_at` check this).
     pub(crate) uses: crate::sync::model::AtomicUsize,
@@ -237,11 +237,11 @@ impl RegionCore {
     }
 
     /// The fences still blocking the memory (none if every client confirmed, or is gone).
-    fn live_blockers(&self) -> crate::quarantine::Blockers {
+    fn live_blockers(&self) -> crate::runtime::revoke::quarantine::Blockers {
         let b = std::sync::Mutex::lock(&self.blockers)
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if crate::quarantine::blocking(&b) {
+        if crate::runtime::revoke::quarantine::blocking(&b) {
             b
         } else {
             Vec::new()
@@ -268,7 +268,7 @@ impl RegionCore {
                 self.owned = Some((raw, free));
                 return Err(Error::OutOfMemory { len: self.len });
             };
-            crate::quarantine::hold(raw, free, blockers, &self.stats);
+            crate::runtime::revoke::quarantine::hold(raw, free, blockers, &self.stats);
             return Ok(Some(copy));
         }
         if raw.fd < 0 || !self.exposed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -295,7 +295,7 @@ impl Drop for RegionCore {
             let blockers = self.live_blockers();
             if !blockers.is_empty() {
                 // a same-host client may still write it: free it once it cannot
-                crate::quarantine::hold(raw, free, blockers, &self.stats);
+                crate::runtime::revoke::quarantine::hold(raw, free, blockers, &self.stats);
                 return;
             }
             // SAFETY: this is the last reference to the region (it is in an `Arc` that is being

@@ -49,7 +49,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) ctl: &'a mut dyn Control,
     /// The peer's process, when it is on this host and granted this link one-sided access (the
     /// link holds the server's fence); the same-host transport takes it.
-    pub(crate) local: Option<same_host::PeerProc>,
+    pub(crate) local: Option<crate::process::PeerProc>,
     /// Whether a data path set up before this one already moves the link's batches.
     pub(crate) covered: bool,
     /// Why the last transport that could have served the link did not (for the caller's error
@@ -190,7 +190,7 @@ pub(crate) trait DataPath: Send + Sync {
     fn covers(&self, descs: &[LaneDesc]) -> bool;
 
     /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
-    /// inside the server's fence for the link (see `transport::same_host::fence`), when the link has one.
+    /// inside the server's fence for the link (see `runtime::revoke`), when the link has one.
     fn fenced(&self) -> bool;
 
     /// Whether a broken link refuses a batch before this path is tried (paths that a failure
