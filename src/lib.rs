@@ -129,7 +129,6 @@ mod auth;
 mod buffers;
 pub mod compat;
 
-mod context;
 mod device;
 mod dl;
 mod engine;
@@ -165,8 +164,7 @@ pub mod wire;
 
 pub use auth::Psk;
 pub use buffers::HostBuffer;
-pub use context::{ContextToken, DetachedContext};
-pub use device::{DeviceBuffer, PinnedHostBuffer};
+pub use device::{ContextToken, DetachedContext, DeviceBuffer, PinnedHostBuffer};
 pub use engine::{
     Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
     TransitionError,
@@ -178,12 +176,11 @@ pub use link::{Link, RemoteRange, RemoteRegion};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
-pub use options::{AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
+pub use options::{AscendConfig, AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
 pub use transfer::TransferDesc;
-pub use transport::ascend::AscendConfig;
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};

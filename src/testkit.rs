@@ -56,7 +56,7 @@ pub fn fnv1a(data: &[u8]) -> u64 {
 /// # Errors
 /// What failed (no `cc`, a compiler error, an unwritable `dir`).
 pub fn build_ascend_double(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
-    crate::transport::ascend::double::build(dir)
+    crate::device::double::build(dir)
 }
 
 /// The same-host transport's write path to one process, for the pid-reuse test (`hixl-peer

@@ -33,7 +33,7 @@ allow=tools/layers.allow
 file_layer() {
   case "$1" in
     src/types.rs | src/types/* | src/error.rs | src/error/* | src/wire.rs | src/wire/* | src/io.rs \
-      | src/dl.rs | src/auth.rs | src/process.rs | */sys.rs | */sys/*)
+      | src/dl.rs | src/auth.rs | src/process.rs | src/device/* | */sys.rs | */sys/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
     src/transport/same_host/*) echo "1 same_host" ;;
@@ -55,7 +55,7 @@ path_layer() {
   local b=${rest%%::*}
   case "$a" in
     [A-Z]*) echo "3 api" ;;
-    types | sync | error | wire | io | dl | auth | process) echo "0 leaf" ;;
+    types | sync | error | wire | io | dl | auth | process | device) echo "0 leaf" ;;
     transport)
       case "$b" in
         same_host) echo "1 same_host" ;;

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::context::{ContextToken, DetachedContext};
+use crate::device::{ContextToken, DetachedContext, Device};
 use crate::error::{Error, HandedBack, Status, check_timeout};
 use crate::link::Link;
 use crate::memory::Region;
@@ -198,7 +198,7 @@ impl<S: State> Hixl<S> {
     /// Whether the engine has an Ascend runtime: it registers and moves device memory
     /// ([`AscendMode`](crate::AscendMode): where CANN loads, by default).
     pub fn uses_ascend(&self) -> bool {
-        self.inner.ascend.is_some()
+        self.inner.device.is_some()
     }
     /// The engine's id, unique in this process (regions and links carry it).
     pub fn id(&self) -> u64 {
@@ -242,17 +242,17 @@ impl<S: State> Hixl<S> {
     /// # Errors
     /// Binding a device context can fail on device backends; host engines always succeed.
     pub fn with_context<R>(&self, f: impl FnOnce(&ContextToken<'_>) -> R) -> Result<R, Error> {
-        crate::context::bind(self.inner.id, self.inner.ascend.as_deref(), f)
+        crate::device::bind(self.inner.id, self.inner.device.as_deref(), f)
     }
 
     /// The engine's context, detached so it can be carried to another thread and bound there.
     pub fn detach_context(&self) -> DetachedContext {
-        DetachedContext::new(self.inner.id, self.inner.ascend.clone())
+        DetachedContext::new(self.inner.id, self.inner.device.clone())
     }
 
     /// Whether the engine has an Ascend runtime (it was initialized with Ascend options).
     pub fn has_ascend(&self) -> bool {
-        self.inner.ascend.is_some()
+        self.inner.device.is_some()
     }
 
     /// Allocates `len` bytes of device memory (`aclrtMalloc`, `ACL_MEM_MALLOC_HUGE_ONLY`) on
@@ -268,8 +268,7 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::DeviceBuffer, Error> {
-        let rt = self.runtime()?;
-        crate::DeviceBuffer::alloc(rt, self.inner.id, ctx, len)
+        crate::DeviceBuffer::alloc(self.device()?, self.inner.id, ctx, len)
     }
 
     /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).
@@ -281,13 +280,12 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::PinnedHostBuffer, Error> {
-        let rt = self.runtime()?;
-        crate::PinnedHostBuffer::alloc(rt, self.inner.id, ctx, len)
+        crate::PinnedHostBuffer::alloc(self.device()?, self.inner.id, ctx, len)
     }
 
-    fn runtime(&self) -> Result<&crate::transport::ascend::Runtime, Error> {
+    fn device(&self) -> Result<&Device, Error> {
         self.inner
-            .ascend
+            .device
             .as_deref()
             .ok_or(Error::UnsupportedMemory {
                 mem_type: MemType::Device,

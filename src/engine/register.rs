@@ -196,7 +196,7 @@ impl Hixl<Registered> {
                 value: mem,
             });
         }
-        if self.inner.ascend.is_none() {
+        if self.inner.device.is_none() {
             return Err(HandedBack {
                 error: Error::UnsupportedMemory {
                     mem_type: MemType::Device,

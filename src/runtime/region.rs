@@ -1,9 +1,10 @@
 //! The engine's record of a registered region ([`RegionCore`]): the memory it owns, how to free
-//! or copy it, who may still touch it (async requests, same-host clients), and its device
-//! registration. The user's `Region` handle (src/memory.rs) and every serving thread share it.
+//! or copy it, who may still touch it (async requests, same-host clients), and its
+//! transports' registrations. The user's `Region` handle (src/memory.rs) and every serving thread share it.
 
 use crate::buffers::HostBuffer;
 use crate::error::Error;
+use crate::transport::Registration;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 use crate::types::{Access, MemDesc, MemType, RegionView};
 
@@ -48,8 +49,13 @@ pub(crate) struct RegionCore {
     /// Async requests using the region that have not ended (a forgotten request does not end
     /// the borrow the compiler sees, so `read_at`/`write_at` check this).
     pub(crate) uses: crate::sync::model::AtomicUsize,
-    /// The region's HCCL registration on an Ascend engine; released before the memory.
-    pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
+    /// The engine's device, on an engine that has one: `read_device`/`write_device` copy with
+    /// it.
+    pub(crate) device: Option<std::sync::Arc<crate::device::Device>>,
+    /// What the engine's transports registered of the region with their libraries
+    /// ([`Backend::register`](crate::transport::Backend::register): HCCL's, on an Ascend
+    /// engine); released before the memory.
+    pub(crate) registrations: Vec<Registration>,
     /// Peers' TCP requests applying to the region right now; closed when the region is
     /// withdrawn from a serving engine's table.
     pub(crate) gate: std::sync::Arc<ServeGate>,
@@ -199,6 +205,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            registrations: Vec::new(),
             gate: Default::default(),
         }
     }
@@ -225,6 +232,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            registrations: Vec::new(),
             gate: Default::default(),
         }
     }
@@ -251,8 +259,8 @@ impl RegionCore {
     /// Takes the owned memory out (deregistration); the core then frees nothing. Memory a
     /// same-host peer may have mapped is replaced by a private copy first.
     pub(crate) fn take_raw(&mut self) -> Result<Option<RawMemory>, Error> {
-        // the HCCL registration goes first: the memory is about to leave the engine
-        drop(self.device.take());
+        // the transports' registrations go first: the memory is about to leave the engine
+        self.registrations.clear();
         let Some((raw, free)) = self.owned.take() else {
             return Ok(None);
         };
@@ -290,7 +298,7 @@ impl RegionCore {
 
 impl Drop for RegionCore {
     fn drop(&mut self) {
-        drop(self.device.take());
+        self.registrations.clear();
         if let Some((raw, free)) = self.owned.take() {
             let blockers = self.live_blockers();
             if !blockers.is_empty() {
@@ -333,7 +341,7 @@ impl crate::transport::Region for RegionCore {
     fn view(&self) -> RegionView {
         RegionCore::view(self)
     }
-    fn device(&self) -> Option<&crate::transport::ascend::DeviceReg> {
-        self.device.as_ref()
+    fn registrations(&self) -> &[Registration] {
+        &self.registrations
     }
 }

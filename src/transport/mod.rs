@@ -7,7 +7,7 @@
 //! engine is open to links, the client's and the server's side of a new link's setup) and a
 //! `DataPath` (how a link moves a batch with it): the same-host transport (`same_host/`,
 //! `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
-//! place, `runtime::transports::backends`. Vendor libraries are loaded at run time
+//! place, `runtime::transports::start`. Vendor libraries are loaded at run time
 //! (`crate::dl`); [`probe`] reports what is available. No transport imports another.
 
 pub(crate) mod ascend;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
-use crate::types::{LaneDesc, RegionView, TransferOp};
+use crate::types::{LaneDesc, MemType, RegionView, TransferOp};
 use crate::wire::{Kind, TableEntry, WireError};
 
 /// A registered region as a transport sees it. A transport that keeps the `Arc` keeps the
@@ -28,9 +28,14 @@ use crate::wire::{Kind, TableEntry, WireError};
 pub(crate) trait Region: Send + Sync {
     /// Where the region is and what peers may do with it.
     fn view(&self) -> RegionView;
-    /// Its HCCL registration, on an Ascend engine.
-    fn device(&self) -> Option<&ascend::DeviceReg>;
+    /// What the engine's transports registered of it ([`Backend::register`]); a transport
+    /// finds its own by type.
+    fn registrations(&self) -> &[Registration];
 }
+
+/// A transport's registration of a region with its own library (HCCL's, on an Ascend engine),
+/// kept by the region until its memory goes.
+pub(crate) type Registration = Box<dyn Any + Send + Sync>;
 
 /// An engine's regions, as its transports see them.
 pub(crate) type Regions = Vec<Arc<dyn Region>>;
@@ -92,6 +97,22 @@ pub(crate) trait Backend: Send + Sync {
     /// The engine opens to links with `regions` (`serving`: it listens). A failure costs speed
     /// only: the transport logs it and stays out of the way.
     fn activate(&self, _regions: &Regions, _serving: bool, _span: &tracing::Span) {}
+
+    /// A region is being registered with the engine (before it enters the region table): a
+    /// transport that registers memory with its library does it here, and the region keeps
+    /// what it returns until its memory goes. An error fails the registration.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is memory of `mem_type` that stays allocated until the returned
+    /// registration is dropped, and no Rust reference to it is live while peers may write it.
+    unsafe fn register(
+        &self,
+        _addr: usize,
+        _len: usize,
+        _mem_type: MemType,
+    ) -> Result<Option<Registration>, Error> {
+        Ok(None)
+    }
 
     /// The engine leaves `Connected`: nothing of its regions stays reachable through this
     /// transport, and it keeps none of them.

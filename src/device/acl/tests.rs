@@ -2,8 +2,8 @@
 //! other Ascend tests build on (a private double instance with its own log).
 
 use super::*;
+use crate::device::double;
 use crate::error::Status;
-use crate::transport::ascend::double;
 use std::path::PathBuf;
 
 /// A private double instance with its own log file; removes both on drop.
