@@ -11,27 +11,21 @@
 //! compile error. Fallible transitions hand the engine back in its previous state
 //! ([`TransitionError::into_engine`]).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::device::{ContextToken, DetachedContext, Device};
-use crate::error::{Error, HandedBack, Status, check_timeout};
+use crate::error::{Error, Status};
 use crate::link::Link;
 use crate::memory::Region;
 use crate::metrics::Metrics;
 use crate::notify::Notify;
 use crate::options::Options;
-use crate::runtime::connect::AsyncConnectStatus;
 use crate::runtime::engine::EngineInner;
-use crate::runtime::region::RegionCore;
-use crate::sync::lock;
-use crate::types::engine_name::EngineName;
+use crate::types::MemDesc;
+use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
-use crate::types::{Access, MemDesc, MemType};
 
 mod connected;
 mod register;
@@ -317,6 +311,7 @@ static_assertions::assert_impl_all!(TransitionError<Registered>: std::error::Err
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::engine_name::EngineName;
 
     #[test]
     fn engine_names() {

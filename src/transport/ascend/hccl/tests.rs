@@ -1,10 +1,16 @@
 //! Tests of the HCCL wrappers against the test double (`double.rs`): two ranks in one process,
 //! batching, error mapping, comm names, the init lock and the shared registry.
 
-use super::*;
-use crate::device::acl::MallocPolicy;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use super::{
+    Comm, CommConfig, Direction, GlobalMem, Hccl, MAX_DESCS_PER_CALL, MemKind, OneSideDesc,
+};
 use crate::device::acl::tests::Fixture;
-use crate::error::Status;
+use crate::device::acl::{MallocPolicy, Stream};
+use crate::error::{Error, Status};
+use crate::transport::ascend::ffi;
 
 /// A one-server rank table; every rank on physical device `phy` (the double maps logical
 /// device 0 to physical 10).
