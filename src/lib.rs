@@ -112,8 +112,8 @@
 //! ## Transports
 //!
 //! TCP between any two hosts (zero-copy from and into registered memory, one round trip per
-//! batch, large transfers over two lanes). Between engines on one host, the same-host transport
-//! (`cma`): sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
+//! batch, large transfers over two lanes). Between engines on one host, the same-host transport:
+//! sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
 //! other memory with `process_vm_readv`/`writev`; the peer's CPU does nothing. It is chosen
 //! automatically and falls back to TCP where the kernel refuses ([`SameHost`],
 //! [`Link::transport`]). UCX (UCP RMA over RDMA verbs, tcp or shared memory, [`Ucx`]) and
@@ -155,7 +155,7 @@ mod sync;
 #[doc(hidden)]
 pub mod testkit;
 mod transfer;
-pub mod transport;
+mod transport;
 mod types;
 // The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
 // from the docs and not part of the semver surface (the protocol is versioned on the wire).
@@ -169,8 +169,6 @@ pub use engine::{
     Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
     TransitionError,
 };
-#[allow(deprecated)]
-pub use error::Refused;
 pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, RemoteRange, RemoteRegion};
 pub use memory::{LocalRange, Region};

@@ -82,7 +82,7 @@ pub struct AscendConfig {
     pub device_ip: Option<IpAddr>,
 }
 
-/// Whether links between engines on one machine use the same-host transport (`cma`).
+/// Whether links between engines on one machine use the same-host transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SameHost {
     /// Use it when both engines are on one host and the kernel allows it; TCP otherwise.

@@ -40,7 +40,7 @@
 //! - `quit` (or the end of input): finalizes and exits.
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
-//! its first region, and prints `TRANSPORT <tcp|cma> <fnv1a of the bytes, hex>`.
+//! its first region, and prints `TRANSPORT <tcp|same-host> <fnv1a of the bytes, hex>`.
 //!
 //! `hammer` is a same-host client that keeps writing: it connects to `NAME` (same-host transport
 //! required), prints `LINKED`, then WRITEs the first `--len` bytes (default: all) of each of the
@@ -67,8 +67,7 @@ use hixl::testkit::{Rng, fnv1a};
 use std::time::Duration;
 
 use hixl::{
-    Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp,
-    TransportKind, Ucx,
+    Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp, Ucx,
 };
 
 fn main() -> ExitCode {
@@ -200,12 +199,7 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
     };
     let mut got = [0u8; 64];
     buf.read_at(0, &mut got)?;
-    let t = if transport == TransportKind::SameHost {
-        "cma"
-    } else {
-        "tcp"
-    };
-    println!("TRANSPORT {t} {:016x}", fnv1a(&got));
+    println!("TRANSPORT {} {:016x}", transport.name(), fnv1a(&got));
     Ok(())
 }
 

@@ -244,11 +244,6 @@ impl<S: State> Hixl<S> {
         DetachedContext::new(self.inner.id, self.inner.device.clone())
     }
 
-    /// Whether the engine has an Ascend runtime (it was initialized with Ascend options).
-    pub fn has_ascend(&self) -> bool {
-        self.inner.device.is_some()
-    }
-
     /// Allocates `len` bytes of device memory (`aclrtMalloc`, `ACL_MEM_MALLOC_HUGE_ONLY`) on
     /// the engine's device.
     ///

@@ -16,7 +16,7 @@ use crate::transport::ucx::{UcxBackend, UcxEngine};
 
 /// An engine's transports besides TCP, and its device.
 pub(crate) struct Transports {
-    /// Ascend (device memory), UCX, same host: in preference order.
+    /// Ascend (device memory), UCX, same-host: in preference order.
     pub(crate) backends: Vec<Arc<dyn Backend>>,
     /// The engine's device (where CANN loads, or as the options ask): device memory and
     /// context tokens.

@@ -254,7 +254,7 @@ pub enum TransportKind {
     /// TCP, between any two hosts.
     Tcp,
     /// The same-host transport, one-sided (shared mappings, `/proc/PID/mem`,
-    /// `process_vm_readv`); `cma` for short in the benchmark's flags, `hixl-peer` and Python.
+    /// `process_vm_readv`).
     SameHost,
     /// UCX (RDMA verbs, tcp, shared memory), loaded at run time.
     Ucx,
@@ -262,11 +262,23 @@ pub enum TransportKind {
     Ascend,
 }
 
-#[allow(non_upper_case_globals)]
 impl TransportKind {
-    /// The former name of [`TransportKind::SameHost`].
-    #[deprecated(note = "renamed `TransportKind::SameHost`")]
-    pub const Cma: TransportKind = TransportKind::SameHost;
+    /// Its name in messages, logs and the bindings: `"tcp"`, `"same-host"`, `"ucx"`,
+    /// `"ascend"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::SameHost => "same-host",
+            Self::Ucx => "ucx",
+            Self::Ascend => "ascend",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Whether a transport can be used here.

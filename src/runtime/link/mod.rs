@@ -213,7 +213,7 @@ impl LinkShared {
         if policy == SameHost::Require && !one_sided {
             return Err(Error::TransportUnavailable {
                 peer,
-                transport: "cma",
+                transport: TransportKind::SameHost.name(),
                 why: why_not.unwrap_or("the peer is not on this host (boot id and pid namespace)"),
             });
         }

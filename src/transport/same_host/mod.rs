@@ -1,4 +1,4 @@
-//! The same-host transport (`cma`): one-sided transfers between processes of one machine, with no
+//! The same-host transport: one-sided transfers between processes of one machine, with no
 //! work by the peer's CPU.
 //!
 //! - Memory the engine allocates ([`HostBuffer`](crate::HostBuffer)) lives in a sealed `memfd`
