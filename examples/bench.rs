@@ -8,12 +8,12 @@
 //! ```
 //!
 //! Options:
-//! - `--transport tcp|cma|ucx` (cma: the same-host transport, required; tcp: never the same-host
-//!   one; ucx: UCX required, over the transports `UCX_TLS` names, e.g.
+//! - `--transport tcp|same-host|ucx` (same-host, or `cma` for short: the same-host transport,
+//!   required; tcp: never the same-host one; ucx: UCX required, over the transports `UCX_TLS` names, e.g.
 //!   `UCX_TLS=tcp UCX_NET_DEVICES=lo` or `UCX_TLS=sm`; its anchor is `ucx_perftest ucp_put_bw`
 //!   with the same `UCX_TLS`)
-//! - `--memory hostbuffer|user`: the serving region is a `HostBuffer` (memfd, mapped by cma
-//!   clients) or a `Vec<u8>` (reached with `process_vm_readv`/`writev`)
+//! - `--memory hostbuffer|user`: the serving region is a `HostBuffer` (memfd, mapped by
+//!   same-host clients) or a `Vec<u8>` (reached with `process_vm_readv`/`writev`)
 //! - `--op write,read`; `--block 4096,65536,1048576,16777216` (bytes, comma lists)
 //! - `--batch N` (descriptors per call; default 256 below 64 KiB, 64 below 1 MiB, 4 from 1 MiB)
 //! - `--iters N` or `--duration SECONDS` per row (default 2 s)
@@ -56,8 +56,8 @@ struct Args {
 #[derive(clap::Parser)]
 #[command(about = "hixl's benchmark: op x transport x block size x batch")]
 struct Cli {
-    /// tcp, cma (the same-host transport, required) or ucx (required)
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "cma", "ucx"])]
+    /// tcp, same-host (the same-host transport, required; `cma` for short) or ucx (required)
+    #[arg(long, default_value = "tcp", value_parser = transports())]
     transport: String,
     /// Operations, a comma list of write and read
     #[arg(long = "op", value_delimiter = ',', default_value = "write,read", value_parser = parse_op)]
@@ -101,6 +101,17 @@ struct Cli {
     no_extras: bool,
 }
 
+/// The transports `--transport` takes, `cma` an alias of `same-host`.
+fn transports() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    [
+        PossibleValue::new("tcp"),
+        PossibleValue::new("same-host").alias("cma"),
+        PossibleValue::new("ucx"),
+    ]
+    .into()
+}
+
 fn parse_op(o: &str) -> Result<TransferOp, String> {
     match o.trim().to_ascii_lowercase().as_str() {
         "write" => Ok(TransferOp::Write),
@@ -112,7 +123,11 @@ fn parse_op(o: &str) -> Result<TransferOp, String> {
 fn parse() -> Result<Args, String> {
     let c = <Cli as clap::Parser>::parse();
     let a = Args {
-        transport: c.transport,
+        // one name in the rows: `cma` is only an alias on the command line
+        transport: match c.transport.as_str() {
+            "cma" => "same-host".to_owned(),
+            _ => c.transport,
+        },
         ops: c.ops,
         blocks: c.blocks,
         batch: c.batch,
@@ -138,7 +153,7 @@ fn parse() -> Result<Args, String> {
 /// batches run inside the server's fence).
 fn client_options(a: &Args) -> Options {
     let o = Options::default().same_host(match a.transport.as_str() {
-        "cma" => SameHost::Require,
+        "same-host" => SameHost::Require,
         "ucx" => SameHost::Auto,
         _ => SameHost::Forbid,
     });
@@ -365,7 +380,7 @@ fn measure(
     }
     lat.sort_unstable();
     let mut anchors = Vec::new();
-    if a.transport == "cma" {
+    if a.transport == "same-host" {
         progress(&format!("anchors: memcpy {} ...", human(block)));
         anchors.push(("memcpy".to_owned(), Some(memcpy_gbps(block))));
         if a.user_memory {
@@ -552,7 +567,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     drop(server_stop(server));
-    if a.anchors && a.transport == "cma" {
+    if a.anchors && a.transport == "same-host" {
         for r in &mut rows {
             let op = r.op.to_ascii_lowercase();
             let size = r.block.to_string();

@@ -6,7 +6,7 @@
 //! Rust" figure: the same calls, without Python.
 //!
 //! ```text
-//! cargo run --release --example compat_kv_pull -- [--mode async|sync] [--transport auto|tcp|cma] [--iters 8] [--json]
+//! cargo run --release --example compat_kv_pull -- [--mode async|sync] [--transport auto|tcp|same-host] (`cma`: same-host) [--iters 8] [--json]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -80,7 +80,7 @@ fn pattern(n: usize) -> Vec<u8> {
 fn same_host(t: &str) -> &'static str {
     match t {
         "tcp" => "off",
-        "cma" => "require",
+        "same-host" | "cma" => "require",
         _ => "auto",
     }
 }
@@ -212,7 +212,7 @@ fn decode(a: &Args) -> Res<()> {
     let mut times: Vec<f64> = (0..a.iters).map(|_| pull()).collect::<Res<_>>()?;
     times.push(pull()?);
     verify(&dst)?;
-    let transport = format!("{:?}", engine.transport(&name)?).to_ascii_lowercase();
+    let transport = engine.transport(&name)?.name();
     // the cost of one call, as kv_pull.py --boundary times it from Python: a 256-descriptor READ
     // refused at its last descriptor (every other one validated, no data moved)
     let mut refused_ns = 0.0;

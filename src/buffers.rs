@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
 use crate::error::Error;
-use crate::transport::same_host::sealed_memfd;
+use crate::process::sealed_memfd;
 use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 

@@ -1,10 +1,17 @@
-//! Run-time loading of vendor libraries (`dlopen`/`dlsym`), with typed errors.
+//! Run-time loading of vendor libraries, through `libloading`, with typed errors.
 //!
 //! UCX, ACL and HCCL are never linked at build time: the crate builds and its host transports work
-//! where they are not installed. A missing library or symbol is [`Error::LibraryUnavailable`],
-//! never a panic.
+//! where they are not installed. A missing library or symbol is [`Error::LibraryUnavailable`]
+//! naming it, never a panic.
+//!
+//! `libloading` is the maintained standard for this (cudarc and most of the ecosystem load vendor
+//! libraries with it): it owns the `dlopen` handle and closes it on drop, reads `dlerror` where
+//! that is thread-safe, and rejects a symbol type that is not pointer-sized. This module keeps
+//! hixl's contract on top of it: candidates tried in order, `RTLD_NOW | RTLD_LOCAL` (a library
+//! that lacks a symbol it needs fails when it loads, not at its first call), and errors that name
+//! the library, or the symbol, and say why.
 
-use std::ffi::{CStr, CString, c_void};
+use libloading::os::unix::{Library as Handle, RTLD_LOCAL, RTLD_NOW};
 
 use crate::error::Error;
 
@@ -12,25 +19,15 @@ use crate::error::Error;
 /// the loaders keep the `Library` in the same struct as the pointers).
 #[derive(Debug)]
 pub(crate) struct Library {
-    handle: *mut c_void,
+    handle: Handle,
     name: String,
 }
 
-// SAFETY: a dlopen handle is a process-wide reference-counted object; dlsym and dlclose are
-// thread-safe (POSIX requires them to be).
-unsafe impl Send for Library {}
-// SAFETY: as above; `&Library` only allows dlsym.
-unsafe impl Sync for Library {}
-
-fn dlerror_text() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated thread-local string valid until the next
-    // dl* call on this thread; it is copied at once.
-    let p = unsafe { libc::dlerror() };
-    if p.is_null() {
-        "unknown dlopen error".to_string()
-    } else {
-        // SAFETY: non-null and NUL-terminated, as above.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+/// What `libloading` says went wrong, with its cause (`dlerror`'s text).
+fn describe(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
@@ -39,24 +36,22 @@ impl Library {
     /// bare soname searches the usual paths and a path loads that file).
     ///
     /// # Errors
-    /// [`Error::LibraryUnavailable`] naming every candidate and the last `dlerror`.
+    /// [`Error::LibraryUnavailable`] naming every candidate, and why the last one did not load
+    /// (`dlerror`'s text, which names it).
     pub(crate) fn open(candidates: &[&str]) -> Result<Self, Error> {
         let mut last = String::from("no candidates");
         for name in candidates {
-            let Ok(c) = CString::new(*name) else {
-                last = format!("{name:?}: contains NUL");
-                continue;
-            };
-            // SAFETY: `c` is a valid C string. Loading runs the library's constructors, which is
-            // the documented contract of choosing to load that vendor library.
-            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-            if !h.is_null() {
-                return Ok(Self {
-                    handle: h,
-                    name: (*name).to_string(),
-                });
+            // SAFETY: loading runs the library's initialisers (and unloading, at drop, its
+            // finalisers): the documented contract of choosing to load that vendor library.
+            match unsafe { Handle::open(Some(*name), RTLD_NOW | RTLD_LOCAL) } {
+                Ok(handle) => {
+                    return Ok(Self {
+                        handle,
+                        name: (*name).to_string(),
+                    });
+                }
+                Err(e) => last = describe(&e),
             }
-            last = dlerror_text();
         }
         Err(Error::LibraryUnavailable {
             library: candidates.join(" or "),
@@ -78,30 +73,17 @@ impl Library {
     /// # Errors
     /// [`Error::LibraryUnavailable`] if the symbol is missing.
     pub(crate) unsafe fn sym<T: Copy>(&self, symbol: &str) -> Result<T, Error> {
-        const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<*mut c_void>()) };
-        let c = CString::new(symbol).map_err(|_| Error::LibraryUnavailable {
-            library: self.name.clone(),
-            why: format!("symbol {symbol:?} contains NUL"),
-        })?;
-        // SAFETY: the handle is open (we own it) and `c` is a valid C string.
-        let p = unsafe { libc::dlsym(self.handle, c.as_ptr()) };
-        if p.is_null() {
-            return Err(Error::LibraryUnavailable {
+        const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<*mut ()>()) };
+        // SAFETY: the caller guarantees that `T` is the symbol's function pointer type and that
+        // the pointer is not called once the library is gone.
+        let found = unsafe { self.handle.get::<T>(symbol) };
+        match found {
+            Ok(f) => Ok(*f),
+            Err(e) => Err(Error::LibraryUnavailable {
                 library: self.name.clone(),
-                why: format!("missing symbol {symbol}"),
-            });
+                why: format!("missing symbol {symbol} ({})", describe(&e)),
+            }),
         }
-        // SAFETY: sizes are equal (checked above); the caller guarantees T is the function
-        // pointer type of this symbol.
-        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-    }
-}
-
-impl Drop for Library {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from dlopen and is closed once; the loaders drop the function
-        // pointers together with the library.
-        unsafe { libc::dlclose(self.handle) };
     }
 }
 
@@ -117,16 +99,26 @@ mod tests {
             Error::LibraryUnavailable { library, why } => {
                 assert!(library.contains("libhixl-does-not-exist.so.0"), "{library}");
                 assert!(library.contains("/nonexistent/libx.so"), "{library}");
-                assert!(!why.is_empty());
+                // dlerror's text, about the last candidate
+                assert!(
+                    why.starts_with("dlopen failed: /nonexistent/libx.so"),
+                    "{why}"
+                );
+                assert!(why.contains("No such file"), "{why}");
             }
             other => panic!("wrong error {other:?}"),
         }
         assert_eq!(e.status(), crate::Status::UNSUPPORTED);
+        let e = Library::open(&[]).expect_err("nothing to load");
+        assert!(matches!(&e, Error::LibraryUnavailable { why, .. } if why == "no candidates"));
+        let e = Library::open(&["lib\0nul.so"]).expect_err("an interior NUL");
+        assert!(matches!(&e, Error::LibraryUnavailable { .. }), "{e:?}");
     }
 
     #[test]
     fn a_missing_symbol_is_a_typed_error_and_a_present_one_works() {
         let lib = Library::open(&["libc.so.6"]).expect("libc loads");
+        assert_eq!(lib.name(), "libc.so.6");
         // SAFETY: strlen's C signature is size_t strlen(const char *).
         let strlen: unsafe extern "C" fn(*const libc::c_char) -> usize =
             unsafe { lib.sym("strlen") }.expect("strlen exists");
@@ -136,7 +128,13 @@ mod tests {
         let e = unsafe { lib.sym::<unsafe extern "C" fn()>("hixl_no_such_symbol") }
             .expect_err("missing");
         assert!(
-            matches!(&e, Error::LibraryUnavailable { why, .. } if why.contains("hixl_no_such_symbol"))
+            matches!(&e, Error::LibraryUnavailable { library, why }
+                if library == "libc.so.6" && why.contains("hixl_no_such_symbol")
+                    && why.contains("dlsym failed")),
+            "{e:?}"
         );
+        // SAFETY: never called.
+        let e = unsafe { lib.sym::<unsafe extern "C" fn()>("str\0len") }.expect_err("NUL");
+        assert!(matches!(&e, Error::LibraryUnavailable { .. }), "{e:?}");
     }
 }

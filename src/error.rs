@@ -368,7 +368,7 @@ pub enum Error {
     TransportUnavailable {
         /// The remote engine name.
         peer: String,
-        /// The transport.
+        /// The transport's name ([`TransportKind::name`](crate::TransportKind::name)).
         transport: &'static str,
         /// Why not.
         why: &'static str,
@@ -545,12 +545,6 @@ pub struct HandedBack<T> {
     /// What the call consumed, handed back unchanged.
     pub value: T,
 }
-
-/// The former name of [`HandedBack`].
-#[deprecated(
-    note = "renamed `HandedBack`: in hixl, \"refused\" means a peer refused (`Error::Refused`)"
-)]
-pub type Refused<T> = HandedBack<T>;
 
 impl<T> HandedBack<T> {
     /// The value that was handed back.

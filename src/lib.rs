@@ -112,8 +112,8 @@
 //! ## Transports
 //!
 //! TCP between any two hosts (zero-copy from and into registered memory, one round trip per
-//! batch, large transfers over two lanes). Between engines on one host, the same-host transport
-//! (`cma`): sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
+//! batch, large transfers over two lanes). Between engines on one host, the same-host transport:
+//! sealed-memfd [`HostBuffer`]s are mapped by the peer and moved with a memory copy;
 //! other memory with `process_vm_readv`/`writev`; the peer's CPU does nothing. It is chosen
 //! automatically and falls back to TCP where the kernel refuses ([`SameHost`],
 //! [`Link::transport`]). UCX (UCP RMA over RDMA verbs, tcp or shared memory, [`Ucx`]) and
@@ -129,7 +129,6 @@ mod auth;
 mod buffers;
 pub mod compat;
 
-mod context;
 mod device;
 mod dl;
 mod engine;
@@ -140,7 +139,7 @@ mod memory;
 mod metrics;
 mod notify;
 mod options;
-mod quarantine;
+mod process;
 mod request;
 mod runtime;
 // The engine's state graph for the `typestate` crate's checks: test support (feature `testkit`).
@@ -156,7 +155,7 @@ mod sync;
 #[doc(hidden)]
 pub mod testkit;
 mod transfer;
-pub mod transport;
+mod transport;
 mod types;
 // The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
 // from the docs and not part of the semver surface (the protocol is versioned on the wire).
@@ -165,25 +164,21 @@ pub mod wire;
 
 pub use auth::Psk;
 pub use buffers::HostBuffer;
-pub use context::{ContextToken, DetachedContext};
-pub use device::{DeviceBuffer, PinnedHostBuffer};
+pub use device::{ContextToken, DetachedContext, DeviceBuffer, PinnedHostBuffer};
 pub use engine::{
     Connected, Finalized, Hixl, Initialized, Live, Quiescent, Reclaim, Registered, State,
     TransitionError,
 };
-#[allow(deprecated)]
-pub use error::Refused;
 pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
 pub use link::{Link, RemoteRange, RemoteRegion};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
-pub use options::{AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
+pub use options::{AscendConfig, AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
 pub use transfer::TransferDesc;
-pub use transport::ascend::AscendConfig;
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};

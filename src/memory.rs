@@ -150,8 +150,10 @@ impl<M> Region<M> {
     ) -> Result<(), Error> {
         let dev = self.check_device_span(ctx, offset, buf.len())?;
         self.check_idle()?;
-        // SAFETY: the span lies inside the registered region, alive while `self` holds its core.
-        unsafe { dev.read(self.core.addr + offset, buf) }
+        let device = self.core.mem_type == MemType::Device;
+        // SAFETY: the span lies inside the registered region (of that memory type), alive while
+        // `self` holds its core; `&mut self` and the idle check keep local transfers off it.
+        unsafe { dev.read(self.core.addr + offset, buf, device) }
     }
 
     /// Copies `data` into a region of an Ascend engine at `offset` with `aclrtMemcpy`.
@@ -166,8 +168,9 @@ impl<M> Region<M> {
     ) -> Result<(), Error> {
         let dev = self.check_device_span(ctx, offset, data.len())?;
         self.check_idle()?;
+        let device = self.core.mem_type == MemType::Device;
         // SAFETY: as in `read_device`; no Rust reference to registered memory is ever made.
-        unsafe { dev.write(self.core.addr + offset, data) }
+        unsafe { dev.write(self.core.addr + offset, data, device) }
     }
 
     fn check_device_span(
@@ -175,7 +178,7 @@ impl<M> Region<M> {
         ctx: &crate::ContextToken<'_>,
         offset: usize,
         len: usize,
-    ) -> Result<&crate::transport::ascend::DeviceReg, Error> {
+    ) -> Result<&crate::device::Device, Error> {
         if ctx.engine_id() != self.core.engine {
             return Err(Error::ForeignHandle {
                 what: "context token",

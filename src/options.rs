@@ -1,6 +1,8 @@
 //! Engine options: a typed builder, plus HIXL's string keys.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -57,7 +59,30 @@ pub enum AscendMode {
     Off,
 }
 
-/// Whether links between engines on one machine use the same-host transport (`cma`).
+/// Where to find CANN and which device to use, for [`Options::ascend`].
+///
+/// The same settings are available as string options: `hixl.ascend.acl_lib`,
+/// `hixl.ascend.hccl_lib`, `hixl.ascend.device_id`, `hixl.ascend.device_ip`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AscendConfig {
+    /// The ACL runtime library; `None`: `$HIXL_ACL_LIB`, then `libacl_rt.so`, `libascendcl.so`
+    /// (found through the loader path, e.g. `LD_LIBRARY_PATH` set by CANN's `set_env.sh`).
+    pub acl_lib: Option<PathBuf>,
+    /// The HCCL library; `None`: `$HIXL_HCCL_LIB`, then `libhcomm.so`, `libhccl.so`.
+    pub hccl_lib: Option<PathBuf>,
+    /// The logical device id, as `aclrtSetDevice` takes it (0 by default). The rank table and
+    /// `/etc/hccn.conf` use the physical id, which hixl asks ACL for
+    /// (`aclrtGetPhyDevIdByLogicDevId`); the two differ in containers and with visible-device
+    /// remapping.
+    pub device_id: u32,
+    /// The device's RoCE address; `None`: `address_<physical id>` (else
+    /// `IPv6address_<physical id>`) from `/etc/hccn.conf`, and if neither is there, none: HCCL
+    /// needs no device IP between two devices of one server, nor between A3 servers of one
+    /// super pod (HCCS); other links are then refused with [`Error::InvalidOption`].
+    pub device_ip: Option<IpAddr>,
+}
+
+/// Whether links between engines on one machine use the same-host transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SameHost {
     /// Use it when both engines are on one host and the kernel allows it; TCP otherwise.
@@ -263,7 +288,7 @@ impl Options {
     /// sets the device on the calling thread and takes its context; device memory can then be
     /// allocated, registered and moved with HCCL. Without this call an engine uses Ascend
     /// where CANN loads ([`AscendMode::Auto`]).
-    pub fn ascend(mut self, cfg: crate::transport::ascend::AscendConfig) -> Self {
+    pub fn ascend(mut self, cfg: AscendConfig) -> Self {
         self.ascend.acl_lib = cfg.acl_lib;
         self.ascend.hccl_lib = cfg.hccl_lib;
         self.ascend.device_id = Some(cfg.device_id);

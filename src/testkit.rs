@@ -56,14 +56,14 @@ pub fn fnv1a(data: &[u8]) -> u64 {
 /// # Errors
 /// What failed (no `cc`, a compiler error, an unwritable `dir`).
 pub fn build_ascend_double(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
-    crate::transport::ascend::double::build(dir)
+    crate::device::double::build(dir)
 }
 
 /// The same-host transport's write path to one process, for the pid-reuse test (`hixl-peer
 /// pidreuse`): not part of the API.
 #[doc(hidden)]
 #[derive(Debug)]
-pub struct SameHostPeer(crate::transport::same_host::PeerProc);
+pub struct SameHostPeer(crate::process::PeerProc);
 
 #[doc(hidden)]
 impl SameHostPeer {
@@ -77,7 +77,7 @@ impl SameHostPeer {
         let start = crate::types::start_time(pid)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
         let id = crate::types::HostId { pid, start, ..me };
-        crate::transport::same_host::PeerProc::open(&id).map(Self)
+        crate::process::PeerProc::open(&id).map(Self)
     }
 
     /// Writes `data` at `addr` in the process, the way a same-host WRITE does.

@@ -44,6 +44,29 @@ fn bad_engine_names_are_param_invalid() {
     assert_eq!(again.status().code(), 503_900);
 }
 
+/// The compat engine's errors keep the typed error they came from as their `source()`, with its
+/// status and text.
+#[test]
+fn compat_errors_keep_the_typed_error_as_their_source() {
+    use std::error::Error as _;
+    let e = hixl::compat::Hixl::new()
+        .initialize("localhost:1", [("", ""); 0])
+        .unwrap_err();
+    assert_eq!(e.status().code(), 103_900);
+    let typed = e
+        .source()
+        .and_then(|s| s.downcast_ref::<Error>())
+        .expect("the typed error is the source");
+    assert!(
+        matches!(typed, Error::InvalidEngineName { .. }),
+        "{typed:?}"
+    );
+    assert!(e.message().contains(&typed.to_string()), "{e}");
+    // the compat layer's own checks have no typed error behind them
+    let e = hixl::compat::Hixl::new().local_engine().unwrap_err();
+    assert!(e.source().is_none(), "{e:?}");
+}
+
 #[test]
 fn registration_errors() {
     let (e, r) = Hixl::initialize("127.0.0.1", Options::default().max_regions(3))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Peer, cma_available};
+use common::{Peer, same_host_available};
 use hixl::{Hixl, MemDesc, MemType, Options, SameHost, TransferArgs, TransferDesc, TransferOp};
 
 const SENTINEL: u8 = 0xA5;
@@ -167,7 +167,7 @@ fn drop_waits_for_a_forgotten_tcp_read() {
 
 #[test]
 fn finalize_and_drop_wait_for_a_forgotten_same_host_read() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let peer = Peer::spawn("127.0.0.1:0", 64 << 20, 13, "hostbuffer");
@@ -184,7 +184,7 @@ fn finalize_and_drop_wait_for_a_forgotten_same_host_read() {
 fn disconnect_cancels_and_waits_for_forgotten_requests() {
     let peer = Peer::spawn("127.0.0.1:0", 64 << 20, 14, "hostbuffer");
     forgotten_read_round(&peer, SameHost::Forbid, End::Disconnect);
-    if cma_available() {
+    if same_host_available() {
         forgotten_read_round(&peer, SameHost::Require, End::Disconnect);
     }
     peer.quit();

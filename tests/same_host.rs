@@ -1,4 +1,4 @@
-//! The same-host transport (`cma`): two processes, both memory kinds, a stopped peer, a killed
+//! The same-host transport: two processes, both memory kinds, a stopped peer, a killed
 //! peer, fallback to TCP (forbidden, or refused by the kernel), hostile memfds, and the copy a
 //! shared region's deregistration hands back.
 
@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, Rounds, client_with, cma_available, exercise_peer, fnv1a, server};
+use common::{Peer, Rng, Rounds, client_with, exercise_peer, fnv1a, same_host_available, server};
 use hixl::wire::HostId;
 use hixl::{Access, Error, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(20);
 /// for ordinary user memory (process_vm_readv/writev).
 #[test]
 fn two_processes_both_memory_kinds() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     for memory in ["hostbuffer", "user"] {
@@ -39,7 +39,7 @@ fn two_processes_both_memory_kinds() {
 /// complete, for both memory kinds.
 #[test]
 fn stopped_peer_still_serves() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     for memory in ["hostbuffer", "user"] {
@@ -78,7 +78,7 @@ fn stopped_peer_still_serves() {
 /// A peer killed mid-transfer: the caller gets NOT_CONNECTED at once, and the link stays broken.
 #[test]
 fn killed_peer_over_same_host() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let size = 64 << 20;
@@ -139,7 +139,7 @@ fn forbidden_same_host_uses_tcp() {
 #[test]
 fn kernel_refusal_falls_back_to_tcp() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !cma_available() {
+    if unsafe { libc::geteuid() } != 0 || !same_host_available() {
         eprintln!(
             "skipped: needs root, to run a client as another user (this is uid {})",
             unsafe { libc::geteuid() }
@@ -165,7 +165,7 @@ fn kernel_refusal_falls_back_to_tcp() {
     let want = format!("{:016x}", fnv1a(&data[..64]));
     let (ok, out, err) = probe(&[]);
     assert!(ok, "{err}");
-    assert_eq!(out.trim(), format!("TRANSPORT cma {want}"));
+    assert_eq!(out.trim(), format!("TRANSPORT same-host {want}"));
     let (ok, out, err) = probe(&["--uid", "65534"]);
     assert!(ok, "{err}");
     assert_eq!(
@@ -175,7 +175,10 @@ fn kernel_refusal_falls_back_to_tcp() {
     );
     let (ok, _, err) = probe(&["--uid", "65534", "--same-host", "require"]);
     assert!(!ok);
-    assert!(err.contains("transport cma is not available"), "{err}");
+    assert!(
+        err.contains("transport same-host is not available"),
+        "{err}"
+    );
 }
 
 /// A same-host "server" that offers descriptors which are not sealed memfds, or shorter than
@@ -233,7 +236,7 @@ fn unsafe_memfds_are_refused() {
                         matches!(
                             e,
                             Error::TransportUnavailable {
-                                transport: "cma",
+                                transport: "same-host",
                                 ..
                             }
                         ),
@@ -260,7 +263,7 @@ fn unsafe_memfds_are_refused() {
 /// (never pages the peer may still have mapped); one never offered comes back as it was.
 #[test]
 fn shared_region_is_handed_back_as_a_copy() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     for (policy, copied) in [(SameHost::Auto, true), (SameHost::Forbid, false)] {
@@ -290,7 +293,7 @@ fn unmappable_regions_use_process_vm_and_faults_name_the_descriptor() {
         eprintln!("skipped: /proc does not identify this process");
         return;
     };
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let p0 = Rng::new(91).bytes(4096);

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Rng, cma_available};
+use common::{Rng, same_host_available};
 use hixl::{Hixl, HostBuffer, Options};
 
 /// Upper bound for anything that should happen "soon" on a loaded 2-core machine.
@@ -148,7 +148,7 @@ fn unchanged_for(bytes: &[u8], want: u8, window: Duration, what: &str) {
 /// fails with `NOT_CONNECTED`.
 #[test]
 fn a_deregistered_vec_is_never_written_again() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let len = 64 << 20;
@@ -178,7 +178,7 @@ fn a_deregistered_vec_is_never_written_again() {
 /// After `deregister` returns, nothing writes it.
 #[test]
 fn raw_memory_is_served_over_tcp_and_never_written_after_deregister() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let len = 16 << 20;
@@ -208,7 +208,7 @@ fn raw_memory_is_served_over_tcp_and_never_written_after_deregister() {
 /// fresh allocations (which reuse the freed heap) are never written, and the process lives.
 #[test]
 fn small_vecs_dropped_under_load_are_never_written() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let (n, rlen) = (2048usize, 64usize << 10);
@@ -253,7 +253,7 @@ fn small_vecs_dropped_under_load_are_never_written() {
 /// memory is freed once the client has left its fence. A client killed instead frees it too.
 #[test]
 fn a_stopped_client_gets_its_memory_quarantined() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     for resume in [true, false] {
@@ -311,7 +311,7 @@ fn a_stopped_client_gets_its_memory_quarantined() {
 /// exactly the bytes of the last `Ok` batch.
 #[test]
 fn every_ok_write_is_in_the_handed_back_host_buffer() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let len = 16 << 20;
@@ -387,7 +387,7 @@ fn a_write_never_lands_in_a_process_that_took_the_peers_pid() {
 /// `NOT_CONNECTED`, never `Ok`.
 #[test]
 fn a_peer_killed_mid_batch_fails_the_batch() {
-    if !cma_available() {
+    if !same_host_available() {
         return;
     }
     let len = 32 << 20;

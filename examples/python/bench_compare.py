@@ -4,7 +4,7 @@ hixl's Python package (kv_pull.py) next to the Rust benchmark (examples/bench.rs
 Python API (nixl_kv_pull.py), on the same transports, rounds interleaved so the machine's noise
 hits all alike.
 
-    python examples/python/bench_compare.py [--rounds 3] [--transports tcp,cma] [--no-nixl]
+    python examples/python/bench_compare.py [--rounds 3] [--transports tcp,same-host] [--no-nixl]
 
 Rows:
 - rust        `bench --op read --block 32768 --batch 256 --memory user`: one blocking call of 256
@@ -50,7 +50,7 @@ def free_port():
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--transports", default="tcp,cma")
+    p.add_argument("--transports", default="tcp,same-host")
     p.add_argument("--iters", type=int, default=8, help="pulls of 256 MiB per Python/NIXL run")
     p.add_argument("--duration", default="2", help="seconds per Rust bench row")
     p.add_argument("--no-nixl", action="store_true")

@@ -5,7 +5,7 @@ notification that it may free the blocks.
 
     python examples/python/kv_pull.py                 # both roles (prefill runs as a child)
     python examples/python/kv_pull.py --mode sync     # one blocking READ per layer instead
-    python examples/python/kv_pull.py --transport tcp # hixl.SameHost=off (tcp) / require (cma)
+    python examples/python/kv_pull.py --transport tcp # hixl.SameHost=off (tcp) / require (same-host)
 
 Shape (defaults): 32 layers x 256 blocks x 32 KiB = 256 MiB per pull. Decode's block table maps
 its block j of layer l to a random prefill block of that layer; the descriptors are built once
@@ -32,7 +32,7 @@ def pattern(n_bytes):
 
 
 def same_host(transport):
-    return {"auto": "auto", "tcp": "off", "cma": "require"}[transport]
+    return {"auto": "auto", "tcp": "off", "same-host": "require", "cma": "require"}[transport]
 
 
 def prefill(a):
@@ -163,7 +163,8 @@ def main():
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--mode", choices=["async", "sync"], default="async")
-    p.add_argument("--transport", choices=["auto", "tcp", "cma"], default="auto")
+    # cma: an alias of same-host
+    p.add_argument("--transport", choices=["auto", "tcp", "same-host", "cma"], default="auto")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", action="store_true")

@@ -356,7 +356,7 @@ class Link:
         return [RemoteRegion(*r) for r in regions]
 
     def transport(self):
-        """``"tcp"``, ``"cma"`` (same host, one-sided), ``"ucx"`` or ``"ascend"``."""
+        """``"tcp"``, ``"same-host"`` (one-sided), ``"ucx"`` or ``"ascend"``."""
         ret, t = self.engine._handle().transport(self.remote)
         _check(ret)
         return t

@@ -993,7 +993,7 @@ impl Hixl {
     }
 
     /// An extension: `transport(remote_engine) -> (int, str)`, the link's transport
-    /// (`"tcp"`, `"cma"` same-host one-sided, `"ucx"`, `"ascend"`).
+    /// (`"tcp"`, `"same-host"` (one-sided), `"ucx"`, `"ascend"`: `TransportKind::name`).
     fn transport(
         &self,
         py: Python<'_>,
@@ -1001,14 +1001,7 @@ impl Hixl {
     ) -> PyResult<(u32, String)> {
         let r = str_of(remote_engine, "remote_engine")?;
         let (c, t) = call(py, self, move |e| e.transport(&r));
-        let name = match t {
-            Some(hixl::TransportKind::Tcp) => "tcp",
-            Some(hixl::TransportKind::SameHost) => "cma",
-            Some(hixl::TransportKind::Ucx) => "ucx",
-            Some(hixl::TransportKind::Ascend) => "ascend",
-            Some(_) => "other",
-            None => "",
-        };
+        let name = t.map_or("", hixl::TransportKind::name);
         Ok((c, name.to_owned()))
     }
 

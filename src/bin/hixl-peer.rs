@@ -12,6 +12,9 @@
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
 //! ```
 //!
+//! The command line is clap's (`hixl-peer --help`, `hixl-peer COMMAND --help`): flags in any
+//! order, a bad or unknown one an error with the usage (exit status 2).
+//!
 //! `norandom` takes this process's random sources away and then initializes an engine: in a
 //! mount namespace of its own it binds `/dev/null` over `/dev/urandom` and `/dev/random` (which
 //! then read as empty), and a seccomp filter makes the `getrandom` system call fail with `EPERM`
@@ -40,7 +43,7 @@
 //! - `quit` (or the end of input): finalizes and exits.
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
-//! its first region, and prints `TRANSPORT <tcp|cma> <fnv1a of the bytes, hex>`.
+//! its first region, and prints `TRANSPORT <tcp|same-host> <fnv1a of the bytes, hex>`.
 //!
 //! `hammer` is a same-host client that keeps writing: it connects to `NAME` (same-host transport
 //! required), prints `LINKED`, then WRITEs the first `--len` bytes (default: all) of each of the
@@ -67,8 +70,7 @@ use hixl::testkit::{Rng, fnv1a};
 use std::time::Duration;
 
 use hixl::{
-    Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp,
-    TransportKind, Ucx,
+    Hixl, HostBuffer, Options, Reclaim, Region, Registered, SameHost, TransferDesc, TransferOp, Ucx,
 };
 
 fn main() -> ExitCode {
@@ -81,47 +83,177 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str =
-    "usage: hixl-peer serve [--name IP[:PORT]] [--size BYTES] [--seed N] [--memory hostbuffer|user]
-                       [--heartbeat-ms MS] [--io-timeout-ms MS] [--psk KEY] [--ucx off|auto|require]
-                       [--max-conns N] [--nofile N]
-       hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
-       hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]";
+/// The command line (the module docs say what each command does).
+#[derive(clap::Parser)]
+#[command(
+    name = "hixl-peer",
+    about = "A hixl engine in its own process, for cross-process tests"
+)]
+enum Cli {
+    /// A serving engine with one seeded region, answering commands on standard input
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// The region: hostbuffer (a HostBuffer, memfd) or user (a Vec<u8>)
+        #[arg(long, default_value = "hostbuffer", value_parser = ["hostbuffer", "user"])]
+        memory: String,
+        /// Options::heartbeat_interval, in milliseconds
+        #[arg(long)]
+        heartbeat_ms: Option<u64>,
+        /// Options::server_io_timeout, in milliseconds
+        #[arg(long)]
+        io_timeout_ms: Option<u64>,
+        /// Options::psk
+        #[arg(long)]
+        psk: Option<String>,
+        /// Options::ucx
+        #[arg(long, value_enum)]
+        ucx: Option<UcxArg>,
+        /// Options::max_server_conns
+        #[arg(long)]
+        max_conns: Option<usize>,
+        /// The soft and hard limits on open descriptors, set before the engine starts
+        #[arg(long)]
+        nofile: Option<libc::rlim_t>,
+    },
+    /// Connects to NAME, reads 64 bytes of its first region, prints the transport and a sum
+    Probe {
+        /// The serving engine
+        name: String,
+        /// Drop to this uid (and gid) first
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Options::same_host
+        #[arg(long, value_enum, default_value = "auto")]
+        same_host: SameHostArg,
+    },
+    /// `serve` on the Ascend backend, its region a DeviceBuffer
+    ServeAscend {
+        #[command(flatten)]
+        common: Common,
+        /// The ACL and HCCL library (the ABI test double in tests)
+        #[arg(long)]
+        lib: std::path::PathBuf,
+        /// The device's RoCE address
+        #[arg(long)]
+        device_ip: std::net::IpAddr,
+    },
+    /// A same-host client that keeps writing the peer NAME's regions
+    Hammer {
+        /// The serving engine
+        name: String,
+        /// Bytes written of each region (default: all)
+        #[arg(long)]
+        len: Option<usize>,
+        /// How many of the peer's regions (default: all)
+        #[arg(long)]
+        regions: Option<usize>,
+        /// Each region this many times over, in one batch
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// The testkit::Rng seed of the bytes
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Alternate the seeds seed and seed + 1 from batch to batch
+        #[arg(long)]
+        alternate: bool,
+    },
+    /// A static page of known bytes, for `pidreuse`
+    Sink,
+    /// Proves a same-host write never lands in a process that took a dead peer's pid
+    Pidreuse,
+    /// `serve` through hixl::compat::Hixl (HIXL's call shape)
+    CompatServe {
+        #[command(flatten)]
+        common: Common,
+        /// A HIXL option, KEY=VALUE (repeatable)
+        #[arg(long = "option", value_parser = key_value)]
+        options: Vec<(String, String)>,
+    },
+    /// Initializes an engine with no OS random source (as root)
+    Norandom,
+}
+
+/// The flags of the serving commands.
+#[derive(clap::Args)]
+struct Common {
+    /// The engine name, IP[:PORT] (default: 127.0.0.1, or 127.0.0.1:0 for compat-serve)
+    #[arg(long)]
+    name: Option<String>,
+    /// Bytes of the region (default: 64 MiB, or 8 MiB for serve-ascend)
+    #[arg(long)]
+    size: Option<usize>,
+    /// The testkit::Rng seed of its bytes
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+impl Common {
+    /// The name, size and seed, with this command's defaults.
+    fn or(self, name: &str, size: usize) -> (String, usize, u64) {
+        (
+            self.name.unwrap_or_else(|| name.to_owned()),
+            self.size.unwrap_or(size),
+            self.seed,
+        )
+    }
+}
+
+/// `--ucx`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum UcxArg {
+    Off,
+    Auto,
+    Require,
+}
+
+/// `--same-host`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SameHostArg {
+    Auto,
+    Require,
+    Off,
+}
+
+/// `KEY=VALUE`.
+fn key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or("KEY=VALUE")?;
+    Ok((k.to_owned(), v.to_owned()))
+}
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("serve") => {}
-        Some("probe") => return probe(args),
-        Some("serve-ascend") => return serve_ascend(args),
-        Some("hammer") => return hammer(args),
-        Some("sink") => return sink(),
-        Some("pidreuse") => return pidreuse(),
-        Some("compat-serve") => return compat_serve(args),
-        Some("norandom") => return norandom(),
-        _ => return Err(USAGE.into()),
-    }
-    let mut common = Common::new("127.0.0.1", 64 << 20);
-    let mut user = false;
-    let mut opts = Options::default();
-    for_each_flag(args, |flag, value| {
-        if common.take(flag, &value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--memory" => user = value == "user",
-            "--heartbeat-ms" => {
-                opts = std::mem::take(&mut opts)
-                    .heartbeat_interval(Some(Duration::from_millis(value.parse()?)))
+    match <Cli as clap::Parser>::parse() {
+        Cli::Serve {
+            common,
+            memory,
+            heartbeat_ms,
+            io_timeout_ms,
+            psk,
+            ucx,
+            max_conns,
+            nofile,
+        } => {
+            let mut opts = Options::default();
+            if let Some(ms) = heartbeat_ms {
+                opts = opts.heartbeat_interval(Some(Duration::from_millis(ms)));
             }
-            "--io-timeout-ms" => {
-                opts = std::mem::take(&mut opts)
-                    .server_io_timeout(Duration::from_millis(value.parse()?))
+            if let Some(ms) = io_timeout_ms {
+                opts = opts.server_io_timeout(Duration::from_millis(ms));
             }
-            "--psk" => opts = std::mem::take(&mut opts).psk(value.as_bytes()),
-            "--max-conns" => opts = std::mem::take(&mut opts).max_server_conns(value.parse()?),
-            "--nofile" => {
-                let n: libc::rlim_t = value.parse()?;
+            if let Some(key) = psk {
+                opts = opts.psk(key.as_bytes());
+            }
+            if let Some(n) = max_conns {
+                opts = opts.max_server_conns(n);
+            }
+            if let Some(u) = ucx {
+                opts = opts.ucx(match u {
+                    UcxArg::Off => Ucx::Off,
+                    UcxArg::Auto => Ucx::Auto,
+                    UcxArg::Require => Ucx::Require,
+                });
+            }
+            if let Some(n) = nofile {
                 let r = libc::rlimit {
                     rlim_cur: n,
                     rlim_max: n,
@@ -131,19 +263,49 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     return Err(format!("--nofile {n}: {}", std::io::Error::last_os_error()).into());
                 }
             }
-            "--ucx" => {
-                opts = std::mem::take(&mut opts).ucx(match value.as_str() {
-                    "off" => Ucx::Off,
-                    "auto" => Ucx::Auto,
-                    "require" => Ucx::Require,
-                    _ => return Err(format!("--ucx {value}: off, auto or require").into()),
-                })
-            }
-            _ => return Ok(false),
+            serve_host(common.or("127.0.0.1", 64 << 20), memory == "user", opts)
         }
-        Ok(true)
-    })?;
-    let Common { name, size, seed } = common;
+        Cli::Probe {
+            name,
+            uid,
+            same_host,
+        } => probe(&name, uid, same_host),
+        Cli::ServeAscend {
+            common,
+            lib,
+            device_ip,
+        } => serve_ascend(common.or("127.0.0.1", 8 << 20), lib, device_ip),
+        Cli::Hammer {
+            name,
+            len,
+            regions,
+            repeat,
+            seed,
+            alternate,
+        } => hammer(
+            &name,
+            len.unwrap_or(usize::MAX),
+            regions.unwrap_or(usize::MAX),
+            repeat,
+            seed,
+            alternate,
+        ),
+        Cli::Sink => sink(),
+        Cli::Pidreuse => pidreuse(),
+        Cli::CompatServe { common, options } => {
+            compat_serve(common.or("127.0.0.1:0", 64 << 20), options)
+        }
+        Cli::Norandom => norandom(),
+    }
+}
+
+/// `serve`: the engine, its seeded region (a `Vec<u8>` with `user`, else a `HostBuffer`), and
+/// the command loop.
+fn serve_host(
+    (name, size, seed): (String, usize, u64),
+    user: bool,
+    opts: Options,
+) -> Result<(), Box<dyn std::error::Error>> {
     let engine = Hixl::initialize_ephemeral(&name, opts)?;
     if user {
         let mut mem = vec![0u8; size];
@@ -157,38 +319,31 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     serve(engine, region)
 }
 
-fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
-    let name = args.next().ok_or(USAGE)?;
-    let mut policy = SameHost::Auto;
-    for_each_flag(args, |flag, value| {
-        match flag {
-            "--uid" => {
-                let uid: u32 = value.parse()?;
-                // SAFETY: plain system calls with no memory arguments; the results are checked.
-                if unsafe { libc::setgid(uid) != 0 || libc::setuid(uid) != 0 } {
-                    return Err(format!(
-                        "cannot become uid {uid}: {}",
-                        std::io::Error::last_os_error()
-                    )
-                    .into());
-                }
-            }
-            "--same-host" => {
-                policy = match value.as_str() {
-                    "require" => SameHost::Require,
-                    "off" => SameHost::Forbid,
-                    _ => SameHost::Auto,
-                }
-            }
-            _ => return Ok(false),
+fn probe(
+    name: &str,
+    uid: Option<u32>,
+    same_host: SameHostArg,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(uid) = uid {
+        // SAFETY: plain system calls with no memory arguments; the results are checked.
+        if unsafe { libc::setgid(uid) != 0 || libc::setuid(uid) != 0 } {
+            return Err(format!(
+                "cannot become uid {uid}: {}",
+                std::io::Error::last_os_error()
+            )
+            .into());
         }
-        Ok(true)
-    })?;
+    }
+    let policy = match same_host {
+        SameHostArg::Auto => SameHost::Auto,
+        SameHostArg::Require => SameHost::Require,
+        SameHostArg::Off => SameHost::Forbid,
+    };
     let (engine, mut buf) = Hixl::initialize("127.0.0.1", Options::default().same_host(policy))?
         .register(HostBuffer::new(64)?)?;
     let engine = engine.activate()?;
     let transport = {
-        let link = engine.connect(&name)?;
+        let link = engine.connect(name)?;
         let remote = link
             .regions()
             .next()
@@ -200,12 +355,7 @@ fn probe(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::erro
     };
     let mut got = [0u8; 64];
     buf.read_at(0, &mut got)?;
-    let t = if transport == TransportKind::SameHost {
-        "cma"
-    } else {
-        "tcp"
-    };
-    println!("TRANSPORT {t} {:016x}", fnv1a(&got));
+    println!("TRANSPORT {} {:016x}", transport.name(), fnv1a(&got));
     Ok(())
 }
 
@@ -416,30 +566,20 @@ fn pidreuse() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn hammer(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
-    let name = args.next().ok_or(USAGE)?;
-    let (mut len, mut regions, mut seed, mut alternate) = (usize::MAX, usize::MAX, 1u64, false);
-    let mut repeat = 1;
-    while let Some(flag) = args.next() {
-        if flag == "--alternate" {
-            alternate = true;
-            continue;
-        }
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--len" => len = value.parse()?,
-            "--regions" => regions = value.parse()?,
-            "--repeat" => repeat = value.parse()?,
-            "--seed" => seed = value.parse()?,
-            _ => return Err(format!("unknown flag {flag}").into()),
-        }
-    }
+fn hammer(
+    name: &str,
+    len: usize,
+    regions: usize,
+    repeat: usize,
+    seed: u64,
+    alternate: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let opts = Options::default().same_host(SameHost::Require);
     let engine = Hixl::initialize("127.0.0.1", opts)?.into_registered();
     let link_len = {
         // size the local buffer from the peer's table
         let probe = engine.activate()?;
-        let l = probe.connect(&name)?;
+        let l = probe.connect(name)?;
         let n: usize = l
             .regions()
             .take(regions)
@@ -456,7 +596,7 @@ fn hammer(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::err
         buf.write_at(k as usize * total, &data)?;
     }
     let engine = engine.activate()?;
-    let link = engine.connect(&name)?;
+    let link = engine.connect(name)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "LINKED")?;
     out.flush()?;
@@ -535,52 +675,6 @@ fn typed_notifies(engine: &Hixl<hixl::Connected>) -> Vec<(String, String)> {
 
 type Failure = Box<dyn std::error::Error>;
 
-/// Reads `--flag value` pairs, handing each to `each`, which answers whether it knows the flag.
-///
-/// # Errors
-/// A flag without a value, one `each` does not know, or `each`'s error.
-fn for_each_flag(
-    mut args: impl Iterator<Item = String>,
-    mut each: impl FnMut(&str, String) -> Result<bool, Failure>,
-) -> Result<(), Failure> {
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        if !each(&flag, value)? {
-            return Err(format!("unknown flag {flag}").into());
-        }
-    }
-    Ok(())
-}
-
-/// The flags every serving command takes: `--name`, `--size` and `--seed`.
-struct Common {
-    name: String,
-    size: usize,
-    seed: u64,
-}
-
-impl Common {
-    /// The defaults: `name`, `size` bytes, seed 1.
-    fn new(name: &str, size: usize) -> Self {
-        Self {
-            name: name.to_owned(),
-            size,
-            seed: 1,
-        }
-    }
-
-    /// Takes `flag value` if it is one of the common flags; answers whether it was.
-    fn take(&mut self, flag: &str, value: &str) -> Result<bool, Failure> {
-        match flag {
-            "--name" => self.name = value.to_owned(),
-            "--size" => self.size = value.parse()?,
-            "--seed" => self.seed = value.parse()?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-}
-
 /// Prints `READY NAME ADDR LEN PID`, then answers the commands on standard input until `quit`
 /// (or the end of input), reading the region's bytes with `read` and the notifications
 /// received with `notifies`.
@@ -618,26 +712,16 @@ fn answer(
     Ok(())
 }
 
-fn serve_ascend(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
-    let mut common = Common::new("127.0.0.1", 8 << 20);
-    let (mut lib, mut ip) = (None, None);
-    for_each_flag(args, |flag, value| {
-        if common.take(flag, &value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--lib" => lib = Some(std::path::PathBuf::from(value)),
-            "--device-ip" => ip = Some(value.parse()?),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    let Common { name, size, seed } = common;
+fn serve_ascend(
+    (name, size, seed): (String, usize, u64),
+    lib: std::path::PathBuf,
+    ip: std::net::IpAddr,
+) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = hixl::AscendConfig {
-        acl_lib: lib.clone(),
-        hccl_lib: lib,
+        acl_lib: Some(lib.clone()),
+        hccl_lib: Some(lib),
         device_id: 0,
-        device_ip: ip,
+        device_ip: Some(ip),
     };
     let engine =
         Hixl::initialize_ephemeral(&name, Options::default().ascend(cfg))?.into_registered();
@@ -653,24 +737,11 @@ fn serve_ascend(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::e
     })
 }
 
-fn compat_serve(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+fn compat_serve(
+    (name, size, seed): (String, usize, u64),
+    options: Vec<(String, String)>,
+) -> Result<(), Box<dyn std::error::Error>> {
     use hixl::compat;
-    let mut common = Common::new("127.0.0.1:0", 64 << 20);
-    let mut options: Vec<(String, String)> = Vec::new();
-    for_each_flag(args, |flag, value| {
-        if common.take(flag, &value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--option" => {
-                let (k, v) = value.split_once('=').ok_or("--option KEY=VALUE")?;
-                options.push((k.to_owned(), v.to_owned()));
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    let Common { name, size, seed } = common;
     let mut mem = Rng::new(seed).bytes(size);
     let engine = compat::Hixl::new();
     engine.initialize(&name, options)?;

@@ -175,7 +175,7 @@ impl Hixl {
         })
     }
 
-    /// The transport of the link to `remote_engine` (TCP, same-host CMA, UCX, Ascend), if one
+    /// The transport of the link to `remote_engine` (TCP, same-host, UCX, Ascend), if one
     /// is held.
     ///
     /// # Errors

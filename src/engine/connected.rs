@@ -1,6 +1,14 @@
 //! The `Connected` state's methods: links (connect, async connects), and leaving the state.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{Connected, Hixl, Registered};
+use crate::error::{Error, check_timeout};
+use crate::link::Link;
+use crate::runtime::connect::AsyncConnectStatus;
+use crate::types::engine_name::EngineName;
 
 impl Hixl<Connected> {
     /// Connects to a listening remote engine with the configured timeout (1000 ms by default),

@@ -11,27 +11,21 @@
 //! compile error. Fallible transitions hand the engine back in its previous state
 //! ([`TransitionError::into_engine`]).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::context::{ContextToken, DetachedContext};
-use crate::error::{Error, HandedBack, Status, check_timeout};
+use crate::device::{ContextToken, DetachedContext, Device};
+use crate::error::{Error, Status};
 use crate::link::Link;
 use crate::memory::Region;
 use crate::metrics::Metrics;
 use crate::notify::Notify;
 use crate::options::Options;
-use crate::runtime::connect::AsyncConnectStatus;
 use crate::runtime::engine::EngineInner;
-use crate::runtime::region::RegionCore;
-use crate::sync::lock;
-use crate::types::engine_name::EngineName;
+use crate::types::MemDesc;
+use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
-use crate::types::{Access, MemDesc, MemType};
 
 mod connected;
 mod register;
@@ -198,7 +192,7 @@ impl<S: State> Hixl<S> {
     /// Whether the engine has an Ascend runtime: it registers and moves device memory
     /// ([`AscendMode`](crate::AscendMode): where CANN loads, by default).
     pub fn uses_ascend(&self) -> bool {
-        self.inner.ascend.is_some()
+        self.inner.device.is_some()
     }
     /// The engine's id, unique in this process (regions and links carry it).
     pub fn id(&self) -> u64 {
@@ -242,17 +236,12 @@ impl<S: State> Hixl<S> {
     /// # Errors
     /// Binding a device context can fail on device backends; host engines always succeed.
     pub fn with_context<R>(&self, f: impl FnOnce(&ContextToken<'_>) -> R) -> Result<R, Error> {
-        crate::context::bind(self.inner.id, self.inner.ascend.as_deref(), f)
+        crate::device::bind(self.inner.id, self.inner.device.as_deref(), f)
     }
 
     /// The engine's context, detached so it can be carried to another thread and bound there.
     pub fn detach_context(&self) -> DetachedContext {
-        DetachedContext::new(self.inner.id, self.inner.ascend.clone())
-    }
-
-    /// Whether the engine has an Ascend runtime (it was initialized with Ascend options).
-    pub fn has_ascend(&self) -> bool {
-        self.inner.ascend.is_some()
+        DetachedContext::new(self.inner.id, self.inner.device.clone())
     }
 
     /// Allocates `len` bytes of device memory (`aclrtMalloc`, `ACL_MEM_MALLOC_HUGE_ONLY`) on
@@ -268,8 +257,7 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::DeviceBuffer, Error> {
-        let rt = self.runtime()?;
-        crate::DeviceBuffer::alloc(rt, self.inner.id, ctx, len)
+        crate::DeviceBuffer::alloc(self.device()?, self.inner.id, ctx, len)
     }
 
     /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).
@@ -281,13 +269,12 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::PinnedHostBuffer, Error> {
-        let rt = self.runtime()?;
-        crate::PinnedHostBuffer::alloc(rt, self.inner.id, ctx, len)
+        crate::PinnedHostBuffer::alloc(self.device()?, self.inner.id, ctx, len)
     }
 
-    fn runtime(&self) -> Result<&crate::transport::ascend::Runtime, Error> {
+    fn device(&self) -> Result<&Device, Error> {
         self.inner
-            .ascend
+            .device
             .as_deref()
             .ok_or(Error::UnsupportedMemory {
                 mem_type: MemType::Device,
@@ -319,6 +306,7 @@ static_assertions::assert_impl_all!(TransitionError<Registered>: std::error::Err
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::engine_name::EngineName;
 
     #[test]
     fn engine_names() {

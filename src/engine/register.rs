@@ -1,7 +1,20 @@
 //! Registration: the `Initialized` and `Registered` states' methods (initialize, register,
 //! activate), deregistration, and the typed registration operations on the engine core.
 
-use super::*;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::{Connected, Hixl, Initialized, Quiescent, Reclaim, Registered, TransitionError};
+use crate::device::ContextToken;
+use crate::error::{Error, HandedBack, check_timeout};
+use crate::memory::Region;
+use crate::options::Options;
+use crate::runtime::engine::EngineInner;
+use crate::runtime::region::RegionCore;
+use crate::sync::lock;
+use crate::types::engine_name::EngineName;
+use crate::types::raw::{RawMemory, RegistrableMemory};
+use crate::types::{Access, MemDesc, MemType};
 
 impl Hixl<Initialized> {
     /// Creates an engine (HIXL `Initialize`) named `"ip"`, `"ip:port"`, `"[ipv6]"` or
@@ -196,7 +209,7 @@ impl Hixl<Registered> {
                 value: mem,
             });
         }
-        if self.inner.ascend.is_none() {
+        if self.inner.device.is_none() {
             return Err(HandedBack {
                 error: Error::UnsupportedMemory {
                     mem_type: MemType::Device,

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::device::Device;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::notify::NotifyQueue;
@@ -17,6 +18,7 @@ use crate::runtime::connect::ConnectPool;
 use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
 use crate::runtime::link::{LinkConfig, LinkShared};
 use crate::runtime::region::RegionCore;
+use crate::runtime::transports::{self, Transports};
 use crate::sync::lock;
 use crate::transport::{Backend, Region, Regions};
 use crate::types::engine_name::EngineName;
@@ -57,12 +59,12 @@ pub(crate) struct EngineInner {
     pub(crate) me: Weak<EngineInner>,
     /// Whether the heartbeat thread runs.
     heartbeats: std::sync::atomic::AtomicBool,
-    /// The Ascend runtime (where CANN loads, or as the options ask).
-    pub(crate) ascend: Option<Arc<crate::transport::ascend::Runtime>>,
-    /// Why device memory is refused, for an engine without an Ascend runtime.
+    /// The engine's device (where CANN loads, or as the options ask).
+    pub(crate) device: Option<Arc<Device>>,
+    /// Why device memory is refused, for an engine without a device.
     pub(crate) no_device: &'static str,
     /// Quarantine counters, shared with every region of the engine.
-    pub(crate) quarantine: Arc<crate::quarantine::Stats>,
+    pub(crate) quarantine: Arc<crate::runtime::revoke::quarantine::Stats>,
     pub(crate) span: tracing::Span,
 }
 
@@ -99,17 +101,11 @@ impl EngineInner {
             }
             None => (None, parsed.to_string()),
         };
-        use crate::options::AscendMode;
-        use crate::transport::ascend::Runtime;
-        let (ascend, no_device) = match options.ascend_mode {
-            AscendMode::On => (Some(Runtime::start(&options.ascend)?), ""),
-            AscendMode::Off => (None, "Ascend is off for this engine (hixl.ascend.enable=0)"),
-            AscendMode::Auto => match Runtime::start_if_installed(&options.ascend)? {
-                Ok(rt) => (Some(rt), ""),
-                Err(why) => (None, why),
-            },
-        };
-        let backends = crate::runtime::transports::backends(&options, ascend.clone())?;
+        let Transports {
+            backends,
+            device,
+            no_device,
+        } = transports::start(&options)?;
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
@@ -129,7 +125,7 @@ impl EngineInner {
             connects: Arc::new(ConnectPool::default()),
             me: me.clone(),
             heartbeats: std::sync::atomic::AtomicBool::new(false),
-            ascend,
+            device,
             no_device,
             quarantine: Default::default(),
             span,
@@ -201,7 +197,7 @@ impl EngineInner {
         let end = addr
             .checked_add(len)
             .ok_or(Error::AddressOverflow { addr, len })?;
-        if mem_type != MemType::Host && self.ascend.is_none() {
+        if mem_type != MemType::Host && self.device.is_none() {
             return Err(Error::UnsupportedMemory {
                 mem_type,
                 why: self.no_device,
@@ -240,16 +236,20 @@ impl EngineInner {
         let next = id.checked_add(1).ok_or(Error::TooManyRegions {
             limit: u32::MAX as usize,
         })?;
-        let device = match &self.ascend {
+        let mut registrations = Vec::new();
+        for b in &self.backends {
             // SAFETY: the range is the memory being registered (owned by the engine from here,
             // or vouched for by `register_raw`'s caller); the registration is stored in the
-            // region's core, which releases it before the memory.
-            Some(rt) => Some(unsafe { rt.register(addr, len, mem_type) }?),
-            None => None,
-        };
+            // region's core, which releases it before the memory; the engine never makes a
+            // Rust reference to registered memory.
+            if let Some(r) = unsafe { b.register(addr, len, mem_type) }? {
+                registrations.push(r);
+            }
+        }
         regs.next_id = next;
         let mut core = make(id);
-        core.device = device;
+        core.device = self.device.clone();
+        core.registrations = registrations;
         core.stats = self.quarantine.clone();
         let core = Arc::new(core);
         regs.by_addr.insert(addr, core.clone());

@@ -1,5 +1,5 @@
 //! The runtime under the API: the engine core, the link core, the executor, the region
-//! records and the control plane (`control/`).
+//! records, the control plane (`control/`) and revocation (`revoke/`: fences, quarantine).
 
 pub(crate) mod connect;
 pub(crate) mod control;
@@ -8,4 +8,5 @@ pub(crate) mod executor;
 pub(crate) mod link;
 pub(crate) mod region;
 pub(crate) mod request;
+pub(crate) mod revoke;
 pub(crate) mod transports;

@@ -1,9 +1,10 @@
 //! The engine's record of a registered region ([`RegionCore`]): the memory it owns, how to free
-//! or copy it, who may still touch it (async requests, same-host clients), and its device
-//! registration. The user's `Region` handle (src/memory.rs) and every serving thread share it.
+//! or copy it, who may still touch it (async requests, same-host clients), and its
+//! transports' registrations. The user's `Region` handle (src/memory.rs) and every serving thread share it.
 
 use crate::buffers::HostBuffer;
 use crate::error::Error;
+use crate::transport::Registration;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 use crate::types::{Access, MemDesc, MemType, RegionView};
 
@@ -42,14 +43,19 @@ pub(crate) struct RegionCore {
     /// Fences of same-host clients that did not confirm in time that they stopped touching the
     /// memory (set when the engine stops serving); while one of them may still touch it, the
     /// memory is quarantined instead of handed back or freed.
-    pub(crate) blockers: std::sync::Mutex<crate::quarantine::Blockers>,
+    pub(crate) blockers: std::sync::Mutex<crate::runtime::revoke::quarantine::Blockers>,
     /// The engine's quarantine counters.
-    pub(crate) stats: std::sync::Arc<crate::quarantine::Stats>,
+    pub(crate) stats: std::sync::Arc<crate::runtime::revoke::quarantine::Stats>,
     /// Async requests using the region that have not ended (a forgotten request does not end
     /// the borrow the compiler sees, so `read_at`/`write_at` check this).
     pub(crate) uses: crate::sync::model::AtomicUsize,
-    /// The region's HCCL registration on an Ascend engine; released before the memory.
-    pub(crate) device: Option<crate::transport::ascend::DeviceReg>,
+    /// The engine's device, on an engine that has one: `read_device`/`write_device` copy with
+    /// it.
+    pub(crate) device: Option<std::sync::Arc<crate::device::Device>>,
+    /// What the engine's transports registered of the region with their libraries
+    /// ([`Backend::register`](crate::transport::Backend::register): HCCL's, on an Ascend
+    /// engine); released before the memory.
+    pub(crate) registrations: Vec<Registration>,
     /// Peers' TCP requests applying to the region right now; closed when the region is
     /// withdrawn from a serving engine's table.
     pub(crate) gate: std::sync::Arc<ServeGate>,
@@ -199,6 +205,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            registrations: Vec::new(),
             gate: Default::default(),
         }
     }
@@ -225,6 +232,7 @@ impl RegionCore {
             stats: Default::default(),
             uses: crate::sync::model::AtomicUsize::new(0),
             device: None,
+            registrations: Vec::new(),
             gate: Default::default(),
         }
     }
@@ -237,11 +245,11 @@ impl RegionCore {
     }
 
     /// The fences still blocking the memory (none if every client confirmed, or is gone).
-    fn live_blockers(&self) -> crate::quarantine::Blockers {
+    fn live_blockers(&self) -> crate::runtime::revoke::quarantine::Blockers {
         let b = std::sync::Mutex::lock(&self.blockers)
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if crate::quarantine::blocking(&b) {
+        if crate::runtime::revoke::quarantine::blocking(&b) {
             b
         } else {
             Vec::new()
@@ -251,8 +259,8 @@ impl RegionCore {
     /// Takes the owned memory out (deregistration); the core then frees nothing. Memory a
     /// same-host peer may have mapped is replaced by a private copy first.
     pub(crate) fn take_raw(&mut self) -> Result<Option<RawMemory>, Error> {
-        // the HCCL registration goes first: the memory is about to leave the engine
-        drop(self.device.take());
+        // the transports' registrations go first: the memory is about to leave the engine
+        self.registrations.clear();
         let Some((raw, free)) = self.owned.take() else {
             return Ok(None);
         };
@@ -268,7 +276,7 @@ impl RegionCore {
                 self.owned = Some((raw, free));
                 return Err(Error::OutOfMemory { len: self.len });
             };
-            crate::quarantine::hold(raw, free, blockers, &self.stats);
+            crate::runtime::revoke::quarantine::hold(raw, free, blockers, &self.stats);
             return Ok(Some(copy));
         }
         if raw.fd < 0 || !self.exposed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -290,12 +298,12 @@ impl RegionCore {
 
 impl Drop for RegionCore {
     fn drop(&mut self) {
-        drop(self.device.take());
+        self.registrations.clear();
         if let Some((raw, free)) = self.owned.take() {
             let blockers = self.live_blockers();
             if !blockers.is_empty() {
                 // a same-host client may still write it: free it once it cannot
-                crate::quarantine::hold(raw, free, blockers, &self.stats);
+                crate::runtime::revoke::quarantine::hold(raw, free, blockers, &self.stats);
                 return;
             }
             // SAFETY: this is the last reference to the region (it is in an `Arc` that is being
@@ -333,7 +341,7 @@ impl crate::transport::Region for RegionCore {
     fn view(&self) -> RegionView {
         RegionCore::view(self)
     }
-    fn device(&self) -> Option<&crate::transport::ascend::DeviceReg> {
-        self.device.as_ref()
+    fn registrations(&self) -> &[Registration] {
+        &self.registrations
     }
 }

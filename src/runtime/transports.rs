@@ -1,33 +1,57 @@
 //! The one place a transport is registered: the backends an engine uses besides TCP, in
-//! preference order (a link's batches take the first of its data paths that covers them).
-//! A new transport is a [`DataPath`](crate::transport::DataPath) and a [`Backend`] in its own
-//! folder under `src/transport/`, and one line here.
+//! preference order (a link's batches take the first of its data paths that covers them), and
+//! the engine's device, which the Ascend transport opens. A new transport is a
+//! [`DataPath`](crate::transport::DataPath) and a [`Backend`] in its own folder under
+//! `src/transport/`, and one line here.
 
 use std::sync::Arc;
 
+use crate::device::Device;
 use crate::error::Error;
-use crate::options::{Options, Ucx};
+use crate::options::{AscendMode, Options, Ucx};
 use crate::transport::Backend;
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
 use crate::transport::ucx::{UcxBackend, UcxEngine};
 
-/// The engine's backends: Ascend (device memory), UCX, same host. `ascend` is the engine's
-/// Ascend runtime, if it has one.
+/// An engine's transports besides TCP, and its device.
+pub(crate) struct Transports {
+    /// Ascend (device memory), UCX, same-host: in preference order.
+    pub(crate) backends: Vec<Arc<dyn Backend>>,
+    /// The engine's device (where CANN loads, or as the options ask): device memory and
+    /// context tokens.
+    pub(crate) device: Option<Arc<Device>>,
+    /// Why device memory is refused, for an engine without a device.
+    pub(crate) no_device: &'static str,
+}
+
+/// Starts the transports the options ask for.
 ///
 /// # Errors
-/// What a transport the options require reports when it cannot start (UCX without a pre-shared
-/// key, or missing with `Ucx::Require`).
-pub(crate) fn backends(
-    options: &Options,
-    ascend: Option<Arc<Runtime>>,
-) -> Result<Vec<Arc<dyn Backend>>, Error> {
-    Ok(vec![
+/// What a transport the options require reports when it cannot start: Ascend with
+/// [`AscendMode::On`] (a missing library, a bad device, ACL's errors), UCX without a pre-shared
+/// key, or missing with `Ucx::Require`.
+pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
+    let (ascend, no_device) = match options.ascend_mode {
+        AscendMode::On => (Some(Runtime::start(&options.ascend)?), ""),
+        AscendMode::Off => (None, "Ascend is off for this engine (hixl.ascend.enable=0)"),
+        AscendMode::Auto => match Runtime::start_if_installed(&options.ascend)? {
+            Ok(rt) => (Some(rt), ""),
+            Err(why) => (None, why),
+        },
+    };
+    let device = ascend.as_ref().map(|rt| rt.device.clone());
+    let backends: Vec<Arc<dyn Backend>> = vec![
         Arc::new(AscendBackend::new(ascend)),
         Arc::new(UcxBackend::new(ucx(options)?, options.ucx == Ucx::Require)),
         // a link sets it up only when the peer is on this host (`Options::same_host`)
         Arc::new(SameHostBackend),
-    ])
+    ];
+    Ok(Transports {
+        backends,
+        device,
+        no_device,
+    })
 }
 
 /// The engine's UCX context, when its options ask for UCX and it loads.

@@ -7,7 +7,7 @@
 //! engine is open to links, the client's and the server's side of a new link's setup) and a
 //! `DataPath` (how a link moves a batch with it): the same-host transport (`same_host/`,
 //! `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
-//! place, `runtime::transports::backends`. Vendor libraries are loaded at run time
+//! place, `runtime::transports::start`. Vendor libraries are loaded at run time
 //! (`crate::dl`); [`probe`] reports what is available. No transport imports another.
 
 pub(crate) mod ascend;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
-use crate::types::{LaneDesc, RegionView, TransferOp};
+use crate::types::{LaneDesc, MemType, RegionView, TransferOp};
 use crate::wire::{Kind, TableEntry, WireError};
 
 /// A registered region as a transport sees it. A transport that keeps the `Arc` keeps the
@@ -28,9 +28,14 @@ use crate::wire::{Kind, TableEntry, WireError};
 pub(crate) trait Region: Send + Sync {
     /// Where the region is and what peers may do with it.
     fn view(&self) -> RegionView;
-    /// Its HCCL registration, on an Ascend engine.
-    fn device(&self) -> Option<&ascend::DeviceReg>;
+    /// What the engine's transports registered of it ([`Backend::register`]); a transport
+    /// finds its own by type.
+    fn registrations(&self) -> &[Registration];
 }
+
+/// A transport's registration of a region with its own library (HCCL's, on an Ascend engine),
+/// kept by the region until its memory goes.
+pub(crate) type Registration = Box<dyn Any + Send + Sync>;
 
 /// An engine's regions, as its transports see them.
 pub(crate) type Regions = Vec<Arc<dyn Region>>;
@@ -49,7 +54,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) ctl: &'a mut dyn Control,
     /// The peer's process, when it is on this host and granted this link one-sided access (the
     /// link holds the server's fence); the same-host transport takes it.
-    pub(crate) local: Option<same_host::PeerProc>,
+    pub(crate) local: Option<crate::process::PeerProc>,
     /// Whether a data path set up before this one already moves the link's batches.
     pub(crate) covered: bool,
     /// Why the last transport that could have served the link did not (for the caller's error
@@ -92,6 +97,22 @@ pub(crate) trait Backend: Send + Sync {
     /// The engine opens to links with `regions` (`serving`: it listens). A failure costs speed
     /// only: the transport logs it and stays out of the way.
     fn activate(&self, _regions: &Regions, _serving: bool, _span: &tracing::Span) {}
+
+    /// A region is being registered with the engine (before it enters the region table): a
+    /// transport that registers memory with its library does it here, and the region keeps
+    /// what it returns until its memory goes. An error fails the registration.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is memory of `mem_type` that stays allocated until the returned
+    /// registration is dropped, and no Rust reference to it is live while peers may write it.
+    unsafe fn register(
+        &self,
+        _addr: usize,
+        _len: usize,
+        _mem_type: MemType,
+    ) -> Result<Option<Registration>, Error> {
+        Ok(None)
+    }
 
     /// The engine leaves `Connected`: nothing of its regions stays reachable through this
     /// transport, and it keeps none of them.
@@ -190,7 +211,7 @@ pub(crate) trait DataPath: Send + Sync {
     fn covers(&self, descs: &[LaneDesc]) -> bool;
 
     /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
-    /// inside the server's fence for the link (see `transport::same_host::fence`), when the link has one.
+    /// inside the server's fence for the link (see `runtime::revoke`), when the link has one.
     fn fenced(&self) -> bool;
 
     /// Whether a broken link refuses a batch before this path is tried (paths that a failure
@@ -233,7 +254,7 @@ pub enum TransportKind {
     /// TCP, between any two hosts.
     Tcp,
     /// The same-host transport, one-sided (shared mappings, `/proc/PID/mem`,
-    /// `process_vm_readv`); `cma` for short in the benchmark's flags, `hixl-peer` and Python.
+    /// `process_vm_readv`).
     SameHost,
     /// UCX (RDMA verbs, tcp, shared memory), loaded at run time.
     Ucx,
@@ -241,11 +262,23 @@ pub enum TransportKind {
     Ascend,
 }
 
-#[allow(non_upper_case_globals)]
 impl TransportKind {
-    /// The former name of [`TransportKind::SameHost`].
-    #[deprecated(note = "renamed `TransportKind::SameHost`")]
-    pub const Cma: TransportKind = TransportKind::SameHost;
+    /// Its name in messages, logs and the bindings: `"tcp"`, `"same-host"`, `"ucx"`,
+    /// `"ascend"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::SameHost => "same-host",
+            Self::Ucx => "ucx",
+            Self::Ascend => "ascend",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Whether a transport can be used here.

@@ -138,7 +138,7 @@ pub struct HostId {
 }
 
 impl HostId {
-    /// This process's identity, or `None` where `/proc` does not tell (then cma is off).
+    /// This process's identity, or `None` where `/proc` does not tell (then the same-host transport is off).
     pub fn current() -> Option<HostId> {
         static ME: OnceLock<Option<HostId>> = OnceLock::new();
         *ME.get_or_init(|| {

@@ -32,12 +32,12 @@ pub fn client_with(len: usize, opts: Options) -> (Hixl<Connected>, Region) {
 /// The transport a link must use under `policy` on this machine (the same-host transport where
 /// the kernel offers it).
 pub fn expected_transport(policy: hixl::SameHost) -> hixl::TransportKind {
-    let cma = hixl::probe()
+    let same_host = hixl::probe()
         .iter()
         .any(|t| t.kind == hixl::TransportKind::SameHost && t.available);
     match policy {
         hixl::SameHost::Forbid => hixl::TransportKind::Tcp,
-        _ if cma => hixl::TransportKind::SameHost,
+        _ if same_host => hixl::TransportKind::SameHost,
         _ => hixl::TransportKind::Tcp,
     }
 }
@@ -349,7 +349,7 @@ pub fn ucx_available(test: &str) -> bool {
 }
 
 /// Whether the same-host transport works here; if not, says so (its tests then check less).
-pub fn cma_available() -> bool {
+pub fn same_host_available() -> bool {
     let ok = hixl::probe()
         .iter()
         .any(|t| t.kind == hixl::TransportKind::SameHost && t.available);

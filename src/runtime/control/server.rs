@@ -19,8 +19,8 @@ use crate::io::{IoVec, Sock};
 use crate::notify::NotifyQueue;
 use crate::runtime::control::limits::{self, ConnTable, Limits};
 use crate::runtime::region::RegionCore;
+use crate::runtime::revoke::fence::{ServerFence, revoke_all};
 use crate::sync::lock;
-use crate::transport::same_host::fence::{ServerFence, revoke_all};
 use crate::types::HostId;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
@@ -434,7 +434,7 @@ impl Server {
     /// returns, no serving thread touches registered memory any more, and neither does any
     /// same-host client, except those returned: their fences did not settle in time (the
     /// client is stopped or hung), so the memory they can reach must be quarantined.
-    pub fn stop(mut self, grace: Duration) -> crate::quarantine::Blockers {
+    pub fn stop(mut self, grace: Duration) -> crate::runtime::revoke::quarantine::Blockers {
         self.shared.stop.store(true, Ordering::SeqCst);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our own eventfd.

@@ -173,7 +173,7 @@ impl LinkShared {
             _ => None,
         };
         if path.fenced() {
-            crate::transport::same_host::fence::test_pause();
+            crate::runtime::revoke::fence::test_pause();
         }
         tracing::trace!(transport = ?path.kind(), descs = xds.len(), %op, "batch on a data path");
         let r = self.run_path(path, op, xds, deadline, stop);

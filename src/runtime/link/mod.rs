@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, RemoteRefusal};
 use crate::metrics::LinkCounters;
 use crate::options::SameHost;
+use crate::process::PeerProc;
 use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Job, Outcome, ReqState};
+use crate::runtime::revoke::fence::ClientFence;
 use crate::sync::lock;
-use crate::transport::same_host::PeerProc;
-use crate::transport::same_host::fence::ClientFence;
 use crate::transport::tcp::{Lane, LaneFail};
 use crate::transport::{Backend, Control, DataPath, Health, PathFail, Setup, TransportKind};
 use crate::types::HostId;
@@ -213,7 +213,7 @@ impl LinkShared {
         if policy == SameHost::Require && !one_sided {
             return Err(Error::TransportUnavailable {
                 peer,
-                transport: "cma",
+                transport: TransportKind::SameHost.name(),
                 why: why_not.unwrap_or("the peer is not on this host (boot id and pid namespace)"),
             });
         }

@@ -5,13 +5,14 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-use super::Runtime;
 use super::link::{connect, serve};
+use super::{Runtime, hccl_mem};
 use crate::error::Error;
 use crate::sync::lock;
 use crate::transport::{
-    Accept, AcceptFail, Backend, DataPath, Region, Regions, Setup, TransportKind,
+    Accept, AcceptFail, Backend, DataPath, Region, Regions, Registration, Setup, TransportKind,
 };
+use crate::types::MemType;
 use crate::wire::{DeviceInfo, Kind};
 
 /// Ascend for one engine. Without a runtime (the engine has no Ascend options) it sets nothing
@@ -37,6 +38,20 @@ impl Backend for AscendBackend {
         TransportKind::Ascend
     }
 
+    /// `HcclRegisterGlobalMem`, on an engine with a runtime: every region of such an engine,
+    /// host memory included, is registered with HCCL.
+    unsafe fn register(
+        &self,
+        addr: usize,
+        len: usize,
+        mem_type: MemType,
+    ) -> Result<Option<Registration>, Error> {
+        let Some(rt) = &self.rt else { return Ok(None) };
+        // SAFETY: forwarded from the caller.
+        let reg = unsafe { rt.register(addr, len, mem_type) }?;
+        Ok(Some(Box::new(reg)))
+    }
+
     fn activate(&self, regions: &Regions, _serving: bool, _span: &tracing::Span) {
         if self.rt.is_some() {
             *lock(&self.regions) = regions.clone();
@@ -51,7 +66,7 @@ impl Backend for AscendBackend {
     /// (client) side, so its transfers can use it at once.
     fn region_added(&self, region: &Arc<dyn Region>) {
         let Some(rt) = &self.rt else { return };
-        if region.device().is_none() {
+        if hccl_mem(&**region).is_none() {
             return;
         }
         lock(&self.regions).push(region.clone());

@@ -19,10 +19,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::Runtime;
-use super::acl::Stream;
 use super::hccl::{Comm, Direction, OneSideDesc};
 use super::rank_table::{comm_name, my_dev, my_info, parse_dev, rank_table};
+use super::{Runtime, hccl_mem};
+use crate::device::acl::Stream;
 use crate::error::{Error, Status};
 use crate::sync::lock;
 use crate::transport::{Control, DataPath, PathFail, Region, TransportKind};
@@ -55,7 +55,7 @@ impl Path {
     /// Aborts the stream after a failure; on success waits [`ABORT_GUARD`] and tears down.
     fn fail(&mut self, peer: &str) {
         let aborted = match &self.stream {
-            Some(s) => self.rt.acl.abort(s),
+            Some(s) => self.rt.acl().abort(s),
             None => Ok(()),
         };
         match aborted {
@@ -82,7 +82,7 @@ impl Path {
         let guard = rt.enter();
         if self.dirty {
             let aborted = match &self.stream {
-                Some(s) => rt.acl.abort(s),
+                Some(s) => rt.acl().abort(s),
                 None => Ok(()),
             };
             if let Err(e) = aborted {
@@ -102,8 +102,8 @@ impl Path {
         }
         if let Some(comm) = self.comm.take() {
             for r in &self.bound {
-                if let Some(d) = r.device()
-                    && let Err(e) = rt.hccl.unbind(&comm, &d.mem)
+                if let Some(d) = hccl_mem(&**r)
+                    && let Err(e) = rt.hccl.unbind(&comm, d)
                 {
                     tracing::warn!("HcclCommUnbindMem failed: {e}");
                 }
@@ -114,7 +114,7 @@ impl Path {
         }
         self.bound.clear();
         if let Some(s) = self.stream.take()
-            && let Err(e) = rt.acl.destroy_stream(s)
+            && let Err(e) = rt.acl().destroy_stream(s)
         {
             tracing::warn!("aclrtDestroyStream failed: {e}");
         }
@@ -148,7 +148,7 @@ fn paths_of(rt: &Arc<Runtime>) -> Vec<(u32, Arc<Mutex<Path>>)> {
 /// link). A path that cannot bind it leaves it out (`covers` then keeps batches touching it off
 /// the device path).
 pub(crate) fn bind_everywhere(rt: &Arc<Runtime>, region: &Arc<dyn Region>) {
-    let Some(d) = region.device() else { return };
+    let Some(d) = hccl_mem(&**region) else { return };
     let Ok(_guard) = rt.enter() else { return };
     for (rank, path) in paths_of(rt) {
         if rank != CLIENT_RANK {
@@ -156,7 +156,7 @@ pub(crate) fn bind_everywhere(rt: &Arc<Runtime>, region: &Arc<dyn Region>) {
         }
         let mut p = lock(&path);
         let Some(comm) = &p.comm else { continue };
-        match rt.hccl.bind(comm, &d.mem) {
+        match rt.hccl.bind(comm, d) {
             Ok(()) => p.bound.push(region.clone()),
             Err(e) => tracing::warn!("HcclCommBindMem of a new region failed: {e}"),
         }
@@ -268,13 +268,13 @@ fn build(
         let Path { comm, bound, .. } = &mut *p;
         let comm = comm.as_ref().expect("just set");
         for r in regions {
-            if let Some(d) = r.device() {
-                rt.hccl.bind(comm, &d.mem)?;
+            if let Some(d) = hccl_mem(&**r) {
+                rt.hccl.bind(comm, d)?;
                 bound.push(r.clone());
             }
         }
         rt.hccl.prepare(comm, timeout, peer)?;
-        p.stream = Some(rt.acl.create_stream()?);
+        p.stream = Some(rt.acl().create_stream()?);
     }
     Ok(link)
 }
@@ -484,7 +484,7 @@ impl DeviceLink {
             // stream below before anything is released.
             unsafe {
                 rt.hccl.transfer(
-                    &rt.acl,
+                    rt.acl(),
                     comm,
                     self.remote_rank,
                     dir,

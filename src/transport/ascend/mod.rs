@@ -1,30 +1,14 @@
-//! Ascend backend: ACL runtime memory and HCCL one-sided transfers, loaded at run time.
+//! The Ascend transport: HCCL one-sided transfers between device (and host) memory, loaded at
+//! run time.
 //!
-//! An engine initialized with Ascend options ([`Options::ascend`](crate::Options::ascend) or the
-//! `hixl.ascend.*` keys) owns a [`Runtime`]: ACL and HCCL loaded with `dlopen`, `aclInit`,
-//! `aclrtSetDevice` on the initializing thread, and that thread's context. Every region of such
-//! an engine is registered with `HcclRegisterGlobalMem`; links between two Ascend engines move
-//! bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
+//! An engine with Ascend (where CANN loads, [`Options::ascend`](crate::Options::ascend) or the
+//! `hixl.ascend.*` keys) owns a [`Runtime`]: its device (the device leaf, `crate::device`: ACL
+//! loaded with `dlopen`, the device taken on the initializing thread, and that thread's
+//! context) and HCCL. Every region of such an engine is registered with
+//! `HcclRegisterGlobalMem` ([`AscendBackend`]'s `register`); links between two Ascend engines
+//! move bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
 
-/// Takes `$value` apart without running its `Drop`, for the methods that release a native
-/// handle explicitly and report the error that `Drop` could only log (`AclBuffer::free`,
-/// `Comm::destroy`, `GlobalMem::deregister`): moves the field `$owner` out and copies the
-/// `$copied` fields (which must be `Copy`); the value itself is never dropped and never
-/// reachable again, so the owner has exactly one owner.
-macro_rules! take_apart {
-    ($value:expr => $owner:ident $(, $copied:ident)* $(,)?) => {{
-        let rest = std::mem::ManuallyDrop::new($value);
-        // SAFETY: the field is read once, out of a value that is never dropped (it is
-        // `ManuallyDrop`) nor used again (`rest` does not leave this block).
-        let owner = unsafe { std::ptr::read(&rest.$owner) };
-        (owner $(, rest.$copied)*)
-    }};
-}
-
-pub(crate) mod acl;
 mod backend;
-#[cfg(any(test, feature = "testkit"))]
-pub(crate) mod double;
 pub(crate) mod ffi;
 pub(crate) mod hccl;
 pub(crate) mod link;
@@ -35,37 +19,14 @@ pub(crate) use backend::AscendBackend;
 
 use std::fmt;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use self::acl::{Acl, Context, ContextGuard};
 use self::hccl::{CommConfig, GlobalMem, Hccl, MemKind};
 use self::options::AscendOptions;
+use crate::device::acl::{Acl, ContextGuard};
+use crate::device::{Device, ffi as acl_ffi};
 use crate::error::Error;
 use crate::types::MemType;
-
-/// Where to find CANN and which device to use, for [`Options::ascend`](crate::Options::ascend).
-///
-/// The same settings are available as string options: `hixl.ascend.acl_lib`,
-/// `hixl.ascend.hccl_lib`, `hixl.ascend.device_id`, `hixl.ascend.device_ip`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AscendConfig {
-    /// The ACL runtime library; `None`: `$HIXL_ACL_LIB`, then `libacl_rt.so`, `libascendcl.so`
-    /// (found through the loader path, e.g. `LD_LIBRARY_PATH` set by CANN's `set_env.sh`).
-    pub acl_lib: Option<PathBuf>,
-    /// The HCCL library; `None`: `$HIXL_HCCL_LIB`, then `libhcomm.so`, `libhccl.so`.
-    pub hccl_lib: Option<PathBuf>,
-    /// The logical device id, as `aclrtSetDevice` takes it (0 by default). The rank table and
-    /// `/etc/hccn.conf` use the physical id, which hixl asks ACL for
-    /// (`aclrtGetPhyDevIdByLogicDevId`); the two differ in containers and with visible-device
-    /// remapping.
-    pub device_id: u32,
-    /// The device's RoCE address; `None`: `address_<physical id>` (else
-    /// `IPv6address_<physical id>`) from `/etc/hccn.conf`, and if neither is there, none: HCCL
-    /// needs no device IP between two devices of one server, nor between A3 servers of one
-    /// super pod (HCCS); other links are then refused with [`Error::InvalidOption`].
-    pub device_ip: Option<IpAddr>,
-}
 
 /// The SoC families the backend tells apart, by `aclrtGetSocName` (HIXL's `SocType` lists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,32 +106,23 @@ pub(crate) const NO_CANN: &str = "device memory needs CANN's ACL runtime and HCC
      or libascendcl.so, libhcomm.so or libhccl.so, through the loader path CANN's set_env.sh sets \
      or $ASCEND_HOME_PATH/lib64), which did not load";
 
-/// An engine's Ascend runtime: the loaded libraries, its device and the device context of the
-/// thread that initialized the engine.
+/// An engine's Ascend runtime: its device (ACL, the device and the initializing thread's
+/// context: the device leaf), HCCL, and what the HCCL data path needs to know of the device.
 pub(crate) struct Runtime {
-    pub(crate) acl: Acl,
+    pub(crate) device: Arc<Device>,
     pub(crate) hccl: Hccl,
-    /// The logical id (`aclrtSetDevice`).
-    pub(crate) device_id: u32,
-    /// The physical id (rank table, `/etc/hccn.conf`).
-    pub(crate) phy_id: u32,
     pub(crate) device_ip: Option<IpAddr>,
-    pub(crate) soc_name: String,
     pub(crate) soc: Soc,
     pub(crate) super_ids: Option<SuperIds>,
-    pub(crate) ctx: Context,
     pub(crate) comm: CommConfig,
 }
 
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runtime")
-            .field("acl", &self.acl.library())
+            .field("device", &self.device)
             .field("hccl", &self.hccl.library())
-            .field("device_id", &self.device_id)
-            .field("phy_id", &self.phy_id)
             .field("device_ip", &self.device_ip)
-            .field("soc", &self.soc_name)
             .field("super_ids", &self.super_ids)
             .finish()
     }
@@ -178,11 +130,9 @@ impl fmt::Debug for Runtime {
 
 impl Runtime {
     /// Loads ACL and HCCL and takes the device of the calling thread, whose context becomes the
-    /// engine's (HIXL `Initialize`): `hixl.ascend.device_id` when given (`aclInit`, then
-    /// `aclrtSetDevice`), else the device `aclrtGetDevice` reports (HIXL's way: the caller set
-    /// it), else device 0 (`aclrtSetDevice(0)`, as torch_npu does when none was set). Then asks
-    /// ACL for the device's physical id and the SoC (and on A3 the super-pod ids), and finds
-    /// the device IP.
+    /// engine's (HIXL `Initialize`, [`Device::open`]: `hixl.ascend.device_id` when given, else
+    /// the device `aclrtGetDevice` reports, else device 0). Then asks ACL, on A3, for the
+    /// super-pod ids, and finds the device IP.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`] (`UNSUPPORTED`) for a missing library or symbol;
@@ -213,47 +163,20 @@ impl Runtime {
     }
 
     fn start_with(acl: Acl, hccl: Hccl, o: &AscendOptions) -> Result<Arc<Self>, Error> {
-        let device = match o.device_id {
-            Some(id) => {
-                let device = i32::try_from(id).map_err(|_| Error::InvalidOption {
-                    key: "hixl.ascend.device_id".into(),
-                    value: id.to_string(),
-                    problem: "a device id below 2^31",
-                })?;
-                acl.init()?;
-                acl.set_device(device)?;
-                device
-            }
-            None => match acl.device() {
-                Ok(d) => d,
-                Err(Error::Native { code, .. })
-                    if code == i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL) =>
-                {
-                    acl.init()?;
-                    acl.set_device(0)?;
-                    0
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        // not negative: `aclrtGetDevice` reported it or it came from a u32 below 2^31
-        let device_id = u32::try_from(device).map_err(|_| Error::Native {
-            library: "acl",
-            call: "aclrtGetDevice",
-            code: 0,
-            detail: format!("ACL_SUCCESS with the device id {device}"),
-        })?;
-        let ctx = acl.current_context()?;
-        let phy_id = acl.physical_device_id(device)?;
-        let soc_name = acl.soc_name().unwrap_or_default();
-        let soc = Soc::from_name(&soc_name);
+        let device = Device::open(acl, o.device_id)?;
+        let soc = Soc::from_name(&device.soc_name);
         let super_ids = match soc {
             Soc::A3 => Some(SuperIds {
-                device: acl.device_info(device_id, ffi::ACL_DEV_ATTR_SUPER_POD_DEVICE_ID)?,
-                pod: acl.device_info(device_id, ffi::ACL_DEV_ATTR_SUPER_POD_ID)?,
+                device: device
+                    .acl
+                    .device_info(device.device_id, acl_ffi::ACL_DEV_ATTR_SUPER_POD_DEVICE_ID)?,
+                pod: device
+                    .acl
+                    .device_info(device.device_id, acl_ffi::ACL_DEV_ATTR_SUPER_POD_ID)?,
             }),
             _ => None,
         };
+        let (device_id, phy_id) = (device.device_id, device.phy_id);
         let device_ip = o.resolve_device_ip(phy_id);
         if device_ip.is_none() {
             tracing::warn!(
@@ -264,15 +187,11 @@ impl Runtime {
             );
         }
         Ok(Arc::new(Self {
-            acl,
+            device: Arc::new(device),
             hccl,
-            device_id,
-            phy_id,
             device_ip,
-            soc_name,
             soc,
             super_ids,
-            ctx,
             comm: CommConfig {
                 traffic_class: o.rdma_traffic_class,
                 service_level: o.rdma_service_level,
@@ -286,26 +205,12 @@ impl Runtime {
     /// # Errors
     /// [`Error::Native`] from `aclrtSetCurrentContext`.
     pub(crate) fn enter(&self) -> Result<ContextGuard, Error> {
-        self.acl.enter(self.ctx)
+        self.device.enter()
     }
 
-    /// Binds the engine's context on this thread and checks, with `aclrtGetCurrentContext`,
-    /// that it is current: what a [`ContextToken`](crate::ContextToken) is minted from.
-    ///
-    /// # Errors
-    /// [`Error::Native`] from ACL.
-    pub(crate) fn bind(&self) -> Result<ContextGuard, Error> {
-        let guard = self.enter()?;
-        let now = self.acl.current_context()?;
-        if now != self.ctx {
-            return Err(Error::Native {
-                library: "acl",
-                call: "aclrtGetCurrentContext",
-                code: i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL),
-                detail: "the engine's context did not become current".into(),
-            });
-        }
-        Ok(guard)
+    /// The loaded ACL runtime.
+    pub(crate) fn acl(&self) -> &Acl {
+        &self.device.acl
     }
 
     /// `HcclRegisterGlobalMem` for a region about to be registered with the engine.
@@ -314,53 +219,28 @@ impl Runtime {
     /// `addr..addr + len` is memory of `mem_type` that stays allocated until the returned
     /// registration is dropped, and no Rust reference to it is live while peers may write it.
     pub(crate) unsafe fn register(
-        self: &Arc<Self>,
+        &self,
         addr: usize,
         len: usize,
         mem_type: MemType,
-    ) -> Result<DeviceReg, Error> {
+    ) -> Result<GlobalMem, Error> {
         let _guard = self.enter()?;
         let kind = match mem_type {
             MemType::Device => MemKind::Device,
             MemType::Host => MemKind::Host,
         };
         // SAFETY: forwarded from the caller.
-        let mem = unsafe { self.hccl.register_global_mem(kind, addr, len as u64) }?;
-        Ok(DeviceReg {
-            mem,
-            rt: self.clone(),
-        })
+        unsafe { self.hccl.register_global_mem(kind, addr, len as u64) }
     }
 }
 
-/// A region's HCCL registration (and the runtime to copy device bytes with).
-#[derive(Debug)]
-pub(crate) struct DeviceReg {
-    pub(crate) mem: GlobalMem,
-    pub(crate) rt: Arc<Runtime>,
-}
-
-impl DeviceReg {
-    /// Copies `data` to `addr` (inside this registration) with `aclrtMemcpy`.
-    ///
-    /// # Safety
-    /// `addr..addr + data.len()` lies inside the registered memory, which is alive.
-    pub(crate) unsafe fn write(&self, addr: usize, data: &[u8]) -> Result<(), Error> {
-        let _g = self.rt.enter()?;
-        let device = self.mem.kind() == MemKind::Device;
-        // SAFETY: forwarded from the caller.
-        unsafe { self.rt.acl.write_raw(addr, data, device) }
-    }
-    /// Copies from `addr` (inside this registration) into `buf` with `aclrtMemcpy`.
-    ///
-    /// # Safety
-    /// `addr..addr + buf.len()` lies inside the registered memory, which is alive.
-    pub(crate) unsafe fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), Error> {
-        let _g = self.rt.enter()?;
-        let device = self.mem.kind() == MemKind::Device;
-        // SAFETY: forwarded from the caller.
-        unsafe { self.rt.acl.read_raw(addr, buf, device) }
-    }
+/// A region's HCCL registration (`HcclRegisterGlobalMem`, made when it was registered with an
+/// engine that has a runtime: [`AscendBackend`]'s `register`), if it has one.
+pub(crate) fn hccl_mem(region: &dyn crate::transport::Region) -> Option<&GlobalMem> {
+    region
+        .registrations()
+        .iter()
+        .find_map(|r| (**r).downcast_ref::<GlobalMem>())
 }
 
 static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
@@ -407,7 +287,8 @@ pub(crate) fn probe() -> Result<&'static str, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::ascend::acl::tests::Fixture;
+    use crate::device::acl::tests::Fixture;
+    use crate::device::double;
 
     #[test]
     fn socs_choose_the_rank_table_and_the_batch_limit() {

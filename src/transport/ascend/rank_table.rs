@@ -165,7 +165,7 @@ pub(super) fn parse_dev(info: &DeviceInfo) -> Result<RankDev, &'static str> {
 
 pub(super) fn my_dev(rt: &Runtime, name: &str) -> RankDev {
     RankDev {
-        device_id: rt.phy_id,
+        device_id: rt.device.phy_id,
         device_ip: rt.device_ip,
         host_ip: ip_of_name(name)
             .parse()
@@ -177,7 +177,7 @@ pub(super) fn my_dev(rt: &Runtime, name: &str) -> RankDev {
 pub(super) fn my_info(rt: &Runtime, name: &str, timeout: Duration) -> DeviceInfo {
     DeviceInfo {
         status: 0,
-        device_id: rt.phy_id,
+        device_id: rt.device.phy_id,
         device_ip: rt.device_ip.map(|ip| ip.to_string()).unwrap_or_default(),
         host_ip: ip_of_name(name),
         timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),

@@ -4,8 +4,8 @@
 use std::io;
 use std::sync::OnceLock;
 
-use super::{PeerProc, Target, vm_io};
 use crate::io::IoVec;
+use crate::process::{PeerProc, Target, vm_io};
 use crate::sync::lock;
 use crate::types::split::{Cut, split};
 
@@ -229,7 +229,7 @@ pub(crate) unsafe fn copy_all(copies: &[Copy]) {
 /// the index of the pair where it stopped.
 ///
 /// # Safety
-/// As [`PeerProc::pvm`], for the whole call.
+/// As `PeerProc::pvm`, for the whole call.
 pub(crate) unsafe fn pvm_all(
     proc: &PeerProc,
     write: bool,

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{Copy, Mapping, PeerProc, copy_all, pvm_all};
+use super::{Copy, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
+use crate::process::{Mapping, PeerProc};
 use crate::transport::{DataPath, Health, PathFail, TransportKind};
 use crate::types::{Access, LaneDesc, TransferOp};
 use crate::wire::{self, TableEntry};

@@ -127,7 +127,7 @@ impl Backend for UcxBackend {
             Ok(Ok(l)) => Ok(Some(Box::new(l))),
             Ok(Err(reason)) if self.require => Err(Error::TransportUnavailable {
                 peer: setup.peer.to_owned(),
-                transport: "ucx",
+                transport: TransportKind::Ucx.name(),
                 why: if reason == UNFENCED {
                     "on its own host the peer serves UCX only to a client inside its fence (name \
                      this process: SameHost::Auto or Require)"

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{GlobalMem, Hccl, check};
+use crate::device::take_apart;
 use crate::error::Error;
 use crate::sync::lock;
 use crate::transport::ascend::ffi;

@@ -9,6 +9,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::{Hccl, check};
+#[cfg(test)]
+use crate::device::take_apart;
 use crate::error::Error;
 use crate::sync::lock;
 use crate::transport::ascend::ffi;
@@ -48,7 +50,6 @@ pub(crate) struct GlobalMem {
     handle: NonNull<c_void>,
     addr: usize,
     len: u64,
-    kind: MemKind,
 }
 
 // SAFETY: the handle is an opaque HCCL token; HCCL's registration calls are thread-safe (HIXL
@@ -59,10 +60,6 @@ unsafe impl Send for GlobalMem {}
 unsafe impl Sync for GlobalMem {}
 
 impl GlobalMem {
-    /// Device or host.
-    pub(crate) fn kind(&self) -> MemKind {
-        self.kind
-    }
     /// The raw handle.
     pub(crate) fn as_raw(&self) -> *mut c_void {
         self.handle.as_ptr()
@@ -122,7 +119,6 @@ impl Hccl {
                     handle: NonNull::new(r.handle as *mut c_void).expect("stored non-null"),
                     addr,
                     len,
-                    kind,
                 });
             }
             if (addr as u64) < (*a as u64).saturating_add(*n) && (*a as u64) < end {
@@ -169,7 +165,6 @@ impl Hccl {
             handle,
             addr,
             len,
-            kind,
         })
     }
 

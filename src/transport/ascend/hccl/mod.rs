@@ -25,8 +25,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::acl::{Acl, Stream};
 use super::ffi::{self, HcclApi, HcclResult};
+use crate::device::acl::{Acl, Stream};
 use crate::error::Error;
 
 pub(crate) use self::comm::{Comm, CommConfig};

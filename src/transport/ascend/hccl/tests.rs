@@ -1,10 +1,16 @@
 //! Tests of the HCCL wrappers against the test double (`double.rs`): two ranks in one process,
 //! batching, error mapping, comm names, the init lock and the shared registry.
 
-use super::*;
-use crate::error::Status;
-use crate::transport::ascend::acl::MallocPolicy;
-use crate::transport::ascend::acl::tests::Fixture;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use super::{
+    Comm, CommConfig, Direction, GlobalMem, Hccl, MAX_DESCS_PER_CALL, MemKind, OneSideDesc,
+};
+use crate::device::acl::tests::Fixture;
+use crate::device::acl::{MallocPolicy, Stream};
+use crate::error::{Error, Status};
+use crate::transport::ascend::ffi;
 
 /// A one-server rank table; every rank on physical device `phy` (the double maps logical
 /// device 0 to physical 10).
@@ -31,7 +37,7 @@ struct Ranks {
     stream: Stream,
     comms: Vec<Comm>,
     mems: Vec<GlobalMem>,
-    bufs: Vec<crate::transport::ascend::acl::AclBuffer>,
+    bufs: Vec<crate::device::acl::AclBuffer>,
     f: Fixture,
 }
 
@@ -280,7 +286,7 @@ fn prepare_times_out_when_a_peer_never_announces() {
     let f = Fixture::new("hccl-lonely");
     let dir = f.so.with_extension("dir");
     std::fs::create_dir_all(&dir).unwrap();
-    crate::transport::ascend::double::control(&f.so, "dir", Some(&dir.to_string_lossy()));
+    crate::device::double::control(&f.so, "dir", Some(&dir.to_string_lossy()));
     let hccl = Hccl::load(Some(&f.so)).unwrap();
     f.acl.init().unwrap();
     f.acl.set_device(0).unwrap();
@@ -350,7 +356,7 @@ fn named(name: &str) -> CommConfig {
 #[test]
 fn concurrent_comm_inits_are_serialised() {
     let (f, hccl) = init_fixture("hccl-serial");
-    crate::transport::ascend::double::control(&f.so, "init_hold_ms", Some("100"));
+    crate::device::double::control(&f.so, "init_hold_ms", Some("100"));
     let ctx = f.acl.current_context().unwrap();
     let table = rank_table(&["10.2.0.1", "10.2.0.2"]);
     let start = std::sync::Barrier::new(4);
@@ -387,7 +393,7 @@ fn concurrent_comm_inits_are_serialised() {
 fn the_double_checks_device_ids_and_names_like_hccl() {
     let (f, hccl) = init_fixture("hccl-strict");
     assert_eq!(f.acl.physical_device_id(0).unwrap(), 10);
-    crate::transport::ascend::double::control(&f.so, "phy_map", Some("0:3,1:0"));
+    crate::device::double::control(&f.so, "phy_map", Some("0:3,1:0"));
     assert_eq!(f.acl.physical_device_id(0).unwrap(), 3);
     assert_eq!(f.acl.physical_device_id(1).unwrap(), 0);
     let e = hccl
@@ -495,7 +501,7 @@ fn remote_ranges_must_be_bound_to_the_remote_ranks_live_comm() {
     }];
     let t = Duration::from_secs(1);
     let is_para = |e: &Error, call: &str| matches!(e, Error::Native { library: "hccl", call: c, code: 1, detail, .. } if *c == call && detail == "HCCL_E_PARA");
-    let bytes = |buf: &crate::transport::ascend::acl::AclBuffer| {
+    let bytes = |buf: &crate::device::acl::AclBuffer| {
         let mut v = vec![0u8; 4096];
         acl.read(buf, 0, &mut v).unwrap();
         v

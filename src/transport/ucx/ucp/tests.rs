@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::checks::MAX_ADDRESS_LEN;
-use super::*;
+use super::{Context, Endpoint, ThreadMode, Waker, Worker};
+use crate::error::Error;
+use crate::transport::ucx::ffi;
 
 /// A context, or None (printing why) when UCX is not installed.
 fn context_or_skip() -> Option<Context> {

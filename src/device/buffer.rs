@@ -1,4 +1,4 @@
-//! The engine's Ascend memory handed to the caller: device memory ([`DeviceBuffer`],
+//! The engine's device memory handed to the caller: device memory ([`DeviceBuffer`],
 //! `aclrtMalloc`) and pinned host memory ([`PinnedHostBuffer`], `aclrtMallocHost`), both
 //! allocated and copied under a [`ContextToken`] and registrable with the engine.
 
@@ -6,10 +6,10 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crate::context::ContextToken;
+use super::Device;
+use super::acl::{Acl, AclBuffer, MallocPolicy};
+use super::context::ContextToken;
 use crate::error::Error;
-use crate::transport::ascend::Runtime;
-use crate::transport::ascend::acl::{Acl, AclBuffer, MallocPolicy};
 use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 
@@ -69,13 +69,13 @@ impl fmt::Debug for DeviceBuffer {
 
 impl DeviceBuffer {
     pub(crate) fn alloc(
-        rt: &Runtime,
+        dev: &Device,
         engine: u64,
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
         check_alloc(engine, ctx, len)?;
-        let buf = rt.acl.malloc_device(len, MallocPolicy::HugeOnly)?;
+        let buf = dev.acl.malloc_device(len, MallocPolicy::HugeOnly)?;
         Ok(Self { buf, engine })
     }
     /// The device address.
@@ -140,13 +140,13 @@ impl fmt::Debug for PinnedHostBuffer {
 
 impl PinnedHostBuffer {
     pub(crate) fn alloc(
-        rt: &Runtime,
+        dev: &Device,
         engine: u64,
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<Self, Error> {
         check_alloc(engine, ctx, len)?;
-        let buf = rt.acl.malloc_host(len)?;
+        let buf = dev.acl.malloc_host(len)?;
         // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `buf`; they are
         // zeroed through the raw pointer before any `&[u8]` to them exists (a slice over
         // uninitialised bytes would be UB).

@@ -1,10 +1,12 @@
 //! Tests of the ACL wrappers against the test double (`double.rs`), and the [`Fixture`] the
 //! other Ascend tests build on (a private double instance with its own log).
 
-use super::*;
-use crate::error::Status;
-use crate::transport::ascend::double;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Acl, MallocPolicy, timeout_ms};
+use crate::device::{double, ffi};
+use crate::error::{Error, Status};
 
 /// A private double instance with its own log file; removes both on drop.
 pub(crate) struct Fixture {

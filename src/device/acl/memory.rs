@@ -5,8 +5,8 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 
 use super::{Acl, Context, MallocPolicy};
+use crate::device::ffi;
 use crate::error::Error;
-use crate::transport::ascend::ffi;
 
 /// Device memory (`aclrtMalloc`) or pinned host memory (`aclrtMallocHost`), freed on drop under
 /// the context it was allocated in.

@@ -18,17 +18,17 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::Device;
 use crate::error::Error;
-use crate::transport::ascend::Runtime;
 
 /// Binds `device`'s context (if any) on this thread, mints a token for `engine` and runs `f`.
 pub(crate) fn bind<R>(
     engine: u64,
-    device: Option<&Runtime>,
+    device: Option<&Device>,
     f: impl FnOnce(&ContextToken<'_>) -> R,
 ) -> Result<R, Error> {
     let _guard = match device {
-        Some(rt) => Some(rt.bind()?),
+        Some(dev) => Some(dev.bind()?),
         None => None,
     };
     let tok = ContextToken::mint(engine);
@@ -67,11 +67,11 @@ impl fmt::Debug for ContextToken<'_> {
 #[derive(Debug, Clone)]
 pub struct DetachedContext {
     engine: u64,
-    device: Option<Arc<Runtime>>,
+    device: Option<Arc<Device>>,
 }
 
 impl DetachedContext {
-    pub(crate) fn new(engine: u64, device: Option<Arc<Runtime>>) -> Self {
+    pub(crate) fn new(engine: u64, device: Option<Arc<Device>>) -> Self {
         Self { engine, device }
     }
 

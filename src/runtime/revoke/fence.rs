@@ -15,7 +15,7 @@
 //!   period) until each fence's `inflight` is 0 or its client process is gone (pidfd). A client
 //!   that does not get there in time (stopped, hung) cannot be trusted: the server sets
 //!   `abandoned`, and the memory that client could reach is *quarantined* (see
-//!   `crate::quarantine`): its owner gets a copy, and the original pages are freed only once the
+//!   [`quarantine`](super::quarantine)): its owner gets a copy, and the original pages are freed only once the
 //!   fence settles (`inflight` 0, or the client process gone).
 //!
 //! All three words are sequentially consistent atomics (the page is shared memory, so the
@@ -38,7 +38,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::SeqCst;
 
-use super::{Mapping, PeerProc, Pinned};
+use crate::process::{Mapping, PeerProc, Pinned, sealed_memfd};
 use crate::sync::model::{AtomicU32, AtomicU64, fence};
 use crate::types::HostId;
 
@@ -180,7 +180,7 @@ impl ServerFence {
     /// A new fence for a link from the client process `client`.
     pub fn new(client: &HostId) -> io::Result<Self> {
         let client = Pinned::open(client)?;
-        let fd = super::sealed_memfd(FENCE_LEN as usize)
+        let fd = sealed_memfd(FENCE_LEN as usize)
             .ok_or_else(|| io::Error::other("cannot create a sealed memfd for the fence"))?;
         // SAFETY: a new descriptor that nothing else owns.
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };

@@ -6,8 +6,8 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::{Acl, Context, timeout_ms};
+use crate::device::ffi;
 use crate::error::Error;
-use crate::transport::ascend::ffi;
 
 /// An `aclrtStream`, destroyed on drop under the context it was created in.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //!
 //! When a serving engine stops, it revokes every same-host client's one-sided access and waits,
 //! up to its grace period, for each to confirm it has no copy in flight (see
-//! `crate::transport::same_host::fence`). A client that does not (stopped, hung) leaves the engine with
+//! [`fence`](super::fence)). A client that does not (stopped, hung) leaves the engine with
 //! memory it cannot hand back: the original pages may still be written. Such a region is
 //! quarantined when it is deregistered or freed: its owner gets a copy (deregister), and the
 //! original allocation is kept — neither freed nor reused — until every fence that blocks it has
@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use super::fence::ServerFence;
 use crate::sync::lock;
-use crate::transport::same_host::fence::ServerFence;
 use crate::types::raw::RawMemory;
 
 /// An engine's quarantine counters.
@@ -37,7 +37,7 @@ pub(crate) type Blockers = Vec<Arc<ServerFence>>;
 
 /// Whether any of `blockers` may still touch the memory (the fence's rule, which the loom model
 /// in `fence.rs` runs).
-pub(crate) use crate::transport::same_host::fence::blocking;
+pub(crate) use super::fence::blocking;
 
 struct Held {
     raw: RawMemory,
