@@ -239,6 +239,18 @@ pub enum Error {
         /// The length.
         len: u64,
     },
+    /// A region id the peer's table (as this link or data path got it) does not have.
+    #[error("{peer} has no region {region} (range +{offset}, {len} bytes)")]
+    UnknownRemoteRegion {
+        /// The peer's engine name.
+        peer: String,
+        /// The region id asked for.
+        region: u32,
+        /// The offset in that region.
+        offset: u64,
+        /// The length.
+        len: u64,
+    },
     /// The region's access rights forbid the operation.
     #[error("{op:?} is not permitted on region {region} (access {access})")]
     AccessDenied {
@@ -483,6 +495,7 @@ impl Error {
             | ForeignHandle { .. }
             | RangeOutOfBounds { .. }
             | RemoteNotRegistered { .. }
+            | UnknownRemoteRegion { .. }
             | AccessDenied { .. }
             | LengthMismatch { .. }
             | EmptyBatch

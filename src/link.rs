@@ -110,7 +110,7 @@ impl<'e> Link<'e> {
     /// The peer's region with this id.
     ///
     /// # Errors
-    /// [`Error::RemoteNotRegistered`] if the peer's table has no such region.
+    /// [`Error::UnknownRemoteRegion`] (`PARAM_INVALID`) if the peer's table has no such region.
     pub fn region(&self, id: u32) -> Result<RemoteRegion<'_>, Error> {
         self.shared
             .table
@@ -120,9 +120,10 @@ impl<'e> Link<'e> {
                 link: self,
                 entry: *e,
             })
-            .ok_or_else(|| Error::RemoteNotRegistered {
+            .ok_or_else(|| Error::UnknownRemoteRegion {
                 peer: self.shared.peer.clone(),
-                addr: 0,
+                region: id,
+                offset: 0,
                 len: 0,
             })
     }

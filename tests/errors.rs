@@ -333,10 +333,20 @@ fn transfer_errors() {
         assert_eq!(e.status().code(), 103_900);
     }
     assert!(link.remote(base + 4000, 96).is_ok());
-    assert!(matches!(
-        link.region(99),
-        Err(Error::RemoteNotRegistered { .. })
-    ));
+    let e = link.region(99).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::UnknownRemoteRegion {
+                region: 99,
+                offset: 0,
+                len: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.status().code(), 103_900);
 
     // a region of another engine
     let (other, foreign) = client(4096);

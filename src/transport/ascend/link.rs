@@ -443,7 +443,7 @@ impl DeviceLink {
     /// the call; for READ, no Rust reference to a local range is live.
     ///
     /// # Errors
-    /// [`Error::RemoteNotRegistered`] for a region the peer's table lacks; what
+    /// [`Error::UnknownRemoteRegion`] for a region the peer's table lacks; what
     /// [`Hccl::transfer`](super::hccl::Hccl::transfer) returns.
     pub(crate) unsafe fn transfer(
         &self,
@@ -463,9 +463,10 @@ impl DeviceLink {
             let mut descs = Vec::with_capacity(xds.len());
             for d in xds {
                 let Some(base) = self.remote.get(&d.remote.region) else {
-                    return Err(Error::RemoteNotRegistered {
+                    return Err(Error::UnknownRemoteRegion {
                         peer: self.peer.clone(),
-                        addr: d.remote.offset,
+                        region: d.remote.region,
+                        offset: d.remote.offset,
                         len: d.remote.len,
                     });
                 };

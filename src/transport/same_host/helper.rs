@@ -11,20 +11,20 @@ use crate::types::split::{Cut, split};
 
 /// A memory copy to run: `len` bytes from `src` to `dst` (addresses).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Copy {
+pub(crate) struct MemCopy {
     pub src: usize,
     pub dst: usize,
     pub len: usize,
 }
 
-impl Cut for Copy {
+impl Cut for MemCopy {
     fn bytes(&self) -> u64 {
         self.len as u64
     }
     fn cut(&self, at: u64) -> (Self, Self) {
         let at = at as usize;
-        let head = Copy { len: at, ..*self };
-        let tail = Copy {
+        let head = MemCopy { len: at, ..*self };
+        let tail = MemCopy {
             src: self.src + at,
             dst: self.dst + at,
             len: self.len - at,
@@ -60,7 +60,7 @@ impl Cut for Pair {
 
 /// What the helper does: memory copies, or a `process_vm_*` batch for process `pid`.
 enum Work {
-    Copies(Vec<Copy>),
+    Copies(Vec<MemCopy>),
     Pvm {
         target: Target,
         write: bool,
@@ -133,7 +133,7 @@ fn helper() -> Option<&'static CopyHelper> {
 /// # Safety
 /// Every copy's source must be valid for reads and its destination for writes of `len` bytes,
 /// and the two must not overlap.
-unsafe fn run_copies(copies: &[Copy]) {
+unsafe fn run_copies(copies: &[MemCopy]) {
     for c in copies {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) };
@@ -201,7 +201,7 @@ const HELP_MIN: usize = 1 << 20;
 ///
 /// # Safety
 /// As [`run_copies`], for the whole call.
-pub(crate) unsafe fn copy_all(copies: &[Copy]) {
+pub(crate) unsafe fn copy_all(copies: &[MemCopy]) {
     let total: usize = copies.iter().map(|c| c.len).sum();
     if total < HELP_MIN {
         // SAFETY: the caller's contract.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{Copy, copy_all, pvm_all};
+use super::{MemCopy, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
@@ -151,9 +151,10 @@ impl DataPath for SameHostPath {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (i, d) in xds.iter().enumerate() {
             let Some(r) = self.regions.get(&d.remote.region) else {
-                return Err(PathFail::Failed(Error::RemoteNotRegistered {
+                return Err(PathFail::Failed(Error::UnknownRemoteRegion {
                     peer: peer.to_owned(),
-                    addr: d.remote.offset,
+                    region: d.remote.region,
+                    offset: d.remote.offset,
                     len: d.remote.len,
                 }));
             };
@@ -164,7 +165,7 @@ impl DataPath for SameHostPath {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),
                         TransferOp::Read => (m.at(d.remote.offset), d.local),
                     };
-                    copies.push(Copy { src, dst, len });
+                    copies.push(MemCopy { src, dst, len });
                 }
                 None => {
                     lo.push(IoVec { base: d.local, len });
