@@ -78,8 +78,9 @@
 //! ## Thread safety
 //!
 //! `Hixl<S>`, [`Region`] and [`Link`] are `Send + Sync`. Many threads may transfer on one link
-//! at once (each transfer takes a lane, a TCP connection of its own, up to
-//! [`Options::max_lanes`]); no lock is held across network I/O. Device-bound calls take a
+//! at once: a batch runs on the link's first data path that covers it (Ascend, UCX, same host),
+//! else over TCP, where each transfer in flight takes a lane of its own (a TCP connection, up to
+//! [`Options::max_lanes`]; beyond that it waits for a free one). Device-bound calls take a
 //! [`ContextToken`], which is `!Send + !Sync`; [`DetachedContext`] carries the context to
 //! another thread.
 //!

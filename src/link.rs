@@ -3,8 +3,9 @@
 //! [`Hixl::connect`](crate::Hixl::connect) returns a [`Link`] that *borrows* the connected engine.
 //! So a link cannot outlive its engine, the engine cannot leave `Connected` (to deregister memory
 //! or finalize) while a link is alive, and `disconnect(self)` consumes the link: using it
-//! afterwards does not compile. Several threads may share one link (`&Link` is `Sync`): each
-//! transfer takes a lane (TCP connection) of its own.
+//! afterwards does not compile. Several threads may share one link (`&Link` is `Sync`): over
+//! TCP each transfer in flight takes a lane (TCP connection) of its own; the other data paths
+//! take concurrent batches as their transport allows.
 //!
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
@@ -242,8 +243,9 @@ impl<'e> Link<'e> {
     }
 
     /// Runs a batch of READ or WRITE descriptors and returns when all have completed (HIXL
-    /// `TransferSync`). The batch is sent in one request (up to 65,536 descriptors per frame),
-    /// not one round trip per descriptor.
+    /// `TransferSync`). The batch goes to the link's first data path that covers it, never one
+    /// round trip per descriptor: over TCP in requests of up to 65,536 descriptors (a large
+    /// batch split over two lanes), on the other paths in the transport's own batch calls.
     ///
     /// # Errors
     /// - `PARAM_INVALID`: [`Error::InvalidTimeout`], [`Error::EmptyBatch`],
