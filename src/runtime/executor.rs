@@ -1,9 +1,11 @@
 //! The runtime's one executor for background work: a process-wide cache of worker threads that
 //! run queued jobs (a thread starts when no idle one can take a job, and leaves after
-//! [`IDLE`] without work), and one timer thread that runs short jobs at their time. Async
-//! connects, a link's async transfers, the deadlines of queued requests and the heartbeat run
-//! on it; each caller bounds its own concurrency (the connect queue: two workers; a link: its
-//! `max_lanes`). Not an async runtime: jobs block on sockets as they need to.
+//! [`IDLE`] without work), [`Queue`]s on those workers for callers that bound their
+//! concurrency or keep an order (a link's async transfers: its `max_lanes` at once, started in
+//! order; the async connects: two at once, each remote's in order), and one timer thread that
+//! runs short jobs at their time. Async connects, a link's async transfers, the deadlines of
+//! queued requests and the heartbeat run on it. Not an async runtime: jobs block on sockets as
+//! they need to. The workers are the only threads that wait for work.
 //!
 //! (The same-host transport's copy helper is not background work: it is the second half of a
 //! caller's copy, handed over only when it is idle, and stays a thread of its own.)
@@ -11,7 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::sync::lock;
@@ -21,8 +23,9 @@ pub(crate) const IDLE: Duration = Duration::from_secs(2);
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// The executor's own queue.
 #[derive(Default)]
-struct Queue {
+struct Pending {
     jobs: VecDeque<Job>,
     /// Workers waiting for a job.
     idle: usize,
@@ -59,7 +62,7 @@ struct Timers {
 }
 
 struct Executor {
-    queue: Mutex<Queue>,
+    queue: Mutex<Pending>,
     work: Condvar,
     timers: Mutex<Timers>,
     tick: Condvar,
@@ -134,6 +137,95 @@ fn work(e: &'static Executor) {
     }
 }
 
+/// Jobs that start in the order they were queued, at most `limit` at once, each on a worker of
+/// the executor. A worker that finds the queue empty goes back to the executor (nothing idles
+/// here); while any job of the queue is queued, at least one worker runs the queue.
+pub(crate) struct Queue {
+    limit: usize,
+    st: Mutex<QueueState>,
+    /// Signalled when nothing of the queue is queued or running.
+    drained: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// Workers running the queue's jobs (none while `jobs` is empty, outside `push`).
+    running: usize,
+}
+
+/// No worker can run a job: none of its queue runs and no thread can be started.
+#[derive(Debug)]
+pub(crate) struct NoWorker;
+
+impl Queue {
+    /// A queue that runs at most `limit` (at least one) of its jobs at once.
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit: limit.max(1),
+            st: Mutex::default(),
+            drained: Condvar::new(),
+        })
+    }
+
+    /// Queues `job`: it starts after every job queued before it has started, when fewer than
+    /// `limit` of the queue's jobs run.
+    ///
+    /// # Errors
+    /// [`NoWorker`] when nothing can run it (it is dropped; the caller fails what it would
+    /// have done).
+    pub(crate) fn push(
+        self: &Arc<Self>,
+        job: impl FnOnce() + Send + 'static,
+    ) -> Result<(), NoWorker> {
+        let mut st = lock(&self.st);
+        st.jobs.push_back(Box::new(job));
+        if st.running >= self.limit {
+            return Ok(()); // a worker of the queue gets to it
+        }
+        st.running += 1;
+        let me = self.clone();
+        if spawn(move || me.drain()).is_ok() {
+            return Ok(());
+        }
+        st.running -= 1;
+        if st.running > 0 {
+            return Ok(());
+        }
+        // no worker runs the queue, so it held only this job
+        st.jobs.pop_back();
+        Err(NoWorker)
+    }
+
+    /// A worker's turn on the queue: runs its jobs until it is empty.
+    fn drain(&self) {
+        loop {
+            let job = {
+                let mut st = lock(&self.st);
+                match st.jobs.pop_front() {
+                    Some(j) => j,
+                    None => {
+                        st.running -= 1;
+                        if st.running == 0 {
+                            self.drained.notify_all();
+                        }
+                        return;
+                    }
+                }
+            };
+            run(job);
+        }
+    }
+
+    /// Waits until none of the queue's jobs is queued or running.
+    pub(crate) fn wait_idle(&self) {
+        let mut st = lock(&self.st);
+        while st.running > 0 {
+            st = self.drained.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 /// Runs a job; a panic ends the job, not the worker.
 fn run(job: Job) {
     if catch_unwind(AssertUnwindSafe(job)).is_err() {
@@ -194,7 +286,6 @@ fn timer(e: &'static Executor) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
 
@@ -230,5 +321,39 @@ mod tests {
             .collect();
         assert_eq!(order, vec![1, 2, 0]);
         assert!(now.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_queue_keeps_its_bound_and_one_at_a_time_its_order() {
+        // 40 jobs, at most 3 at once; each of them runs
+        let q = Queue::new(3);
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..40 {
+            let (now, most, ran) = (now.clone(), most.clone(), ran.clone());
+            q.push(move || {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+                now.fetch_sub(1, Ordering::SeqCst);
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+        q.wait_idle();
+        assert_eq!(ran.load(Ordering::SeqCst), 40);
+        assert!(most.load(Ordering::SeqCst) <= 3, "{most:?}");
+        // one at a time: strictly one after the other
+        let q = Queue::new(1);
+        let (tx, rx) = mpsc::channel();
+        for i in 0..5 {
+            let tx = tx.clone();
+            q.push(move || tx.send(i).unwrap()).unwrap();
+        }
+        let got: Vec<i32> = (0..5)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        q.wait_idle();
     }
 }

@@ -2,7 +2,19 @@
 //! order) or TCP lanes (a large batch split across several), async requests on the link's
 //! worker threads, and notifications ordered after earlier transfers.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{LaneAfter, LinkShared, lane_error};
+use crate::error::Error;
+use crate::runtime::region::RegionUse;
+use crate::runtime::request::{Job, Outcome, ReqState};
+use crate::sync::lock;
+use crate::transport::tcp::{Lane, LaneFail};
+use crate::transport::{DataPath, PathFail};
+use crate::types::{LaneDesc, TransferOp};
+use crate::wire;
 
 impl LinkShared {
     /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`:
@@ -346,59 +358,19 @@ impl LinkShared {
         self.finished_cv.notify_all();
     }
 
+    /// Queues an async request on the link's queue.
     fn enqueue(self: &Arc<Self>, job: Job) {
-        let mut jobs = lock(&self.jobs);
-        jobs.queue.push_back(job);
-        if jobs.idle > 0 {
-            self.jobs_cv.notify_one();
-        } else if jobs.workers < self.max_lanes {
-            jobs.workers += 1;
-            let me = self.clone();
-            let spawned = crate::runtime::executor::spawn(move || me.worker());
-            if spawned.is_err() {
-                jobs.workers -= 1;
-                // nobody can run it: fail what is queued rather than leave it waiting
-                let stranded: Vec<Job> = jobs.queue.drain(..).collect();
-                drop(jobs);
-                for j in stranded {
-                    if j.state.claim_queued() {
-                        let e = Error::LanesExhausted {
-                            peer: self.peer.clone(),
-                            lanes: 0,
-                        };
-                        j.state.finish(self, Outcome::Failed(Arc::new(e)));
-                    }
-                }
+        let st = job.state.clone();
+        let me = self.clone();
+        if self.queue.push(move || me.execute(job)).is_err() {
+            // nobody can run it: fail it rather than leave it waiting
+            if st.claim_queued() {
+                let e = Error::LanesExhausted {
+                    peer: self.peer.clone(),
+                    lanes: 0,
+                };
+                st.finish(self, Outcome::Failed(Arc::new(e)));
             }
-        }
-    }
-
-    fn worker(self: Arc<Self>) {
-        loop {
-            let job = {
-                let mut jobs = lock(&self.jobs);
-                loop {
-                    if let Some(j) = jobs.queue.pop_front() {
-                        break j;
-                    }
-                    if self.is_closed() {
-                        jobs.workers -= 1;
-                        return;
-                    }
-                    jobs.idle += 1;
-                    let (g, t) = self
-                        .jobs_cv
-                        .wait_timeout(jobs, WORKER_IDLE)
-                        .unwrap_or_else(|e| e.into_inner());
-                    jobs = g;
-                    jobs.idle -= 1;
-                    if t.timed_out() && jobs.queue.is_empty() {
-                        jobs.workers -= 1;
-                        return;
-                    }
-                }
-            };
-            self.execute(job);
         }
     }
 }

@@ -5,7 +5,7 @@
 
 mod exec;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -15,22 +15,17 @@ use crate::error::{Error, RemoteRefusal};
 use crate::metrics::LinkCounters;
 use crate::options::SameHost;
 use crate::process::PeerProc;
-use crate::runtime::region::RegionUse;
-use crate::runtime::request::{Job, Outcome, ReqState};
+use crate::runtime::executor::Queue;
+use crate::runtime::request::ReqState;
 use crate::runtime::revoke::fence::ClientFence;
 use crate::sync::lock;
 use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{Backend, Control, DataPath, Health, PathFail, Setup, TransportKind};
+use crate::transport::{Backend, Control, DataPath, Health, Setup, TransportKind};
 use crate::types::HostId;
-use crate::types::LaneDesc;
-use crate::types::TransferOp;
 use crate::wire::{self, Hello, LaneRole, TableEntry};
 
 /// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
-
-/// How long an idle async worker thread waits for work before it exits.
-const WORKER_IDLE: Duration = Duration::from_secs(2);
 
 struct Pool {
     idle: Vec<Lane>,
@@ -62,13 +57,6 @@ struct Unfinished {
     closed: bool,
 }
 
-#[derive(Default)]
-struct Jobs {
-    queue: VecDeque<Job>,
-    workers: usize,
-    idle: usize,
-}
-
 /// A link's state, shared by the [`Link`](crate::Link) handle, async requests and async worker threads.
 pub(crate) struct LinkShared {
     pub(crate) id: u64,
@@ -88,8 +76,8 @@ pub(crate) struct LinkShared {
     pool: Mutex<Pool>,
     freed: Condvar,
     next_req: AtomicU64,
-    jobs: Mutex<Jobs>,
-    jobs_cv: Condvar,
+    /// The link's async requests, started in order, at most `max_lanes` at once.
+    queue: Arc<Queue>,
     /// Async requests not finished yet.
     unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,
@@ -240,8 +228,7 @@ impl LinkShared {
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
-            jobs: Mutex::new(Jobs::default()),
-            jobs_cv: Condvar::new(),
+            queue: Queue::new(engine.options.max_lanes),
             unfinished: Mutex::new(Unfinished::default()),
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
@@ -485,7 +472,6 @@ impl LinkShared {
             pool.closed = true;
         }
         self.freed.notify_all();
-        self.jobs_cv.notify_all();
         self.end_requests();
         for p in &self.paths {
             p.close();
