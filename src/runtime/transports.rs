@@ -15,6 +15,8 @@ use crate::transport::tcp::TcpPath;
 use crate::transport::ucx::{UcxBackend, UcxEngine};
 use crate::transport::{Backend, DataPath};
 
+/// TCP's serving half: XFER requests on the server's connections, against its region table.
+pub(crate) use crate::transport::tcp::serve::{Served, XferEnd, XferServer};
 /// TCP, every link's: its lanes (the control plane's messages go over them too) and, last of
 /// its data paths, TCP's, which covers every batch.
 pub(crate) use crate::transport::tcp::{FirstLane, Join, Lanes};

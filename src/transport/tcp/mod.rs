@@ -14,6 +14,6 @@
 mod lane;
 mod lanes;
 mod path;
-
+pub(crate) mod serve;
 pub(crate) use lanes::{FirstLane, Join, Lanes};
 pub(crate) use path::TcpPath;
