@@ -1,8 +1,8 @@
 //! The one place a transport is registered: the backends an engine uses besides TCP, in
-//! preference order (a link's batches take the first of its data paths that covers them), and
-//! the engine's device, which the Ascend transport opens. A new transport is a
-//! [`DataPath`](crate::transport::DataPath) and a [`Backend`] in its own folder under
-//! `src/transport/`, and one line here.
+//! preference order (a link's batches take the first of its data paths that covers them; every
+//! link adds TCP's after theirs, which covers every batch), and the engine's device, which the
+//! Ascend transport opens. A new transport is a [`DataPath`](crate::transport::DataPath) and a
+//! [`Backend`] in its own folder under `src/transport/`, and one line here.
 
 use std::sync::Arc;
 
