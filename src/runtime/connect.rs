@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::runtime::engine::EngineInner;
-use crate::runtime::executor::Queue;
+use crate::runtime::executor::{Handler, Queue};
 use crate::runtime::link::LinkShared;
 use crate::sync::lock;
 
@@ -66,8 +66,8 @@ struct State {
 /// The engine's async connect queue.
 pub(crate) struct ConnectPool {
     st: Mutex<State>,
-    /// Runs the remotes' turns (see [`turn`]).
-    tasks: Arc<Queue>,
+    /// Runs the remotes' turns (see [`turn`]), by key.
+    tasks: Arc<Queue<String>>,
 }
 
 impl Default for ConnectPool {
@@ -112,8 +112,11 @@ impl ConnectPool {
     /// Queues a turn for remote `key` on the executor. A turn that finds one of the remote's
     /// tasks running, or none queued, does nothing, so a turn too many is harmless.
     fn give_turn(self: &Arc<Self>, engine: &Weak<EngineInner>, key: &str) {
-        let (pool, e, k) = (self.clone(), engine.clone(), key.to_owned());
-        if self.tasks.push(move || turn(&pool, &e, k)).is_err() {
+        let worker = &mut || -> Handler<String> {
+            let (pool, e) = (self.clone(), engine.clone());
+            Box::new(move |k| turn(&pool, &e, k))
+        };
+        if self.tasks.push(key.to_owned(), worker).is_err() {
             tracing::debug!(
                 remote = key,
                 "no worker for an async connect now; its next task starts it"

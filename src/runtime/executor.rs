@@ -1,11 +1,12 @@
-//! The runtime's one executor for background work: a process-wide cache of worker threads that
-//! run queued jobs (a thread starts when no idle one can take a job, and leaves after
-//! [`IDLE`] without work), [`Queue`]s on those workers for callers that bound their
-//! concurrency or keep an order (a link's async transfers: its `max_lanes` at once, started in
-//! order; the async connects: two at once, each remote's in order), and one timer thread that
-//! runs short jobs at their time. Async connects, a link's async transfers, the deadlines of
-//! queued requests and the heartbeat run on it. Not an async runtime: jobs block on sockets as
-//! they need to. The workers are the only threads that wait for work.
+//! The runtime's one executor for background work: one worker queue ([`Queue`]: jobs, workers
+//! that wait for them, and leave after [`IDLE`] without work), and one timer thread that runs
+//! short jobs at their time. The executor's own queue is a process-wide cache of worker threads
+//! ([`spawn`]: a thread starts when no idle one can take a job). A caller that bounds its
+//! concurrency or keeps an order has a queue of its own whose workers are jobs on the
+//! executor's: a link's async transfers (its `max_lanes` at once, taken in order) and the async
+//! connects (two at once; each remote's in order, `runtime::connect`). The deadlines of queued
+//! requests and the heartbeat run on it too. Not an async runtime: jobs block on sockets as
+//! they need to.
 //!
 //! (The same-host transport's copy helper is not background work: it is the second half of a
 //! caller's copy, handed over only when it is idle, and stays a thread of its own.)
@@ -18,18 +19,10 @@ use std::time::{Duration, Instant};
 
 use crate::sync::lock;
 
-/// How long a worker thread waits for a job before it leaves.
+/// How long a worker waits for a job before it leaves.
 pub(crate) const IDLE: Duration = Duration::from_secs(2);
 
 type Job = Box<dyn FnOnce() + Send>;
-
-/// The executor's own queue.
-#[derive(Default)]
-struct Pending {
-    jobs: VecDeque<Job>,
-    /// Workers waiting for a job.
-    idle: usize,
-}
 
 struct Timed {
     at: Instant,
@@ -62,8 +55,8 @@ struct Timers {
 }
 
 struct Executor {
-    queue: Mutex<Pending>,
-    work: Condvar,
+    /// The executor's own queue: its workers are threads, its items jobs.
+    jobs: Arc<Queue<Job>>,
     timers: Mutex<Timers>,
     tick: Condvar,
 }
@@ -71,8 +64,7 @@ struct Executor {
 fn executor() -> &'static Executor {
     static E: OnceLock<Executor> = OnceLock::new();
     E.get_or_init(|| Executor {
-        queue: Mutex::default(),
-        work: Condvar::new(),
+        jobs: Arc::new(Queue::with(usize::MAX, Workers::Threads)),
         timers: Mutex::default(),
         tick: Condvar::new(),
     })
@@ -81,153 +73,178 @@ fn executor() -> &'static Executor {
 /// Runs `job` on a worker thread soon.
 ///
 /// # Errors
-/// The job comes back when no worker can take it and no thread can be started (the caller
-/// fails what the job would have done).
-pub(crate) fn spawn<F: FnOnce() + Send + 'static>(job: F) -> Result<(), F> {
-    let e = executor();
-    let mut q = lock(&e.queue);
-    // every queued job has an idle worker to take it: wake one
-    if q.idle > q.jobs.len() {
-        q.jobs.push_back(Box::new(job));
-        drop(q);
-        e.work.notify_one();
-        return Ok(());
-    }
-    drop(q);
-    // no idle worker for it: a new one runs it first
-    let slot = std::sync::Arc::new(Mutex::new(Some(job)));
-    let mine = slot.clone();
-    let started = std::thread::Builder::new()
-        .name("hixl-worker".into())
-        .spawn(move || {
-            let first = lock(&mine).take();
-            if let Some(job) = first {
-                run(Box::new(job));
-            }
-            work(e);
-        });
-    match started {
-        Ok(_) => Ok(()),
-        Err(_) => Err(lock(&slot)
-            .take()
-            .expect("a thread that did not start ran nothing")),
-    }
+/// [`NoWorker`] when no worker can take it and no thread can be started (the job is dropped;
+/// the caller fails what it would have done).
+pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Result<(), NoWorker> {
+    spawn_job(Box::new(job))
 }
 
-/// A worker: runs queued jobs until it has waited [`IDLE`] for one.
-fn work(e: &'static Executor) {
-    let mut q = lock(&e.queue);
-    loop {
-        if let Some(job) = q.jobs.pop_front() {
-            drop(q);
-            run(job);
-            q = lock(&e.queue);
-            continue;
-        }
-        q.idle += 1;
-        let (g, t) = e
-            .work
-            .wait_timeout(q, IDLE)
-            .unwrap_or_else(|p| p.into_inner());
-        q = g;
-        q.idle -= 1;
-        if t.timed_out() && q.jobs.is_empty() {
-            return;
-        }
-    }
+fn spawn_job(job: Job) -> Result<(), NoWorker> {
+    let handler = &mut || -> Handler<Job> { Box::new(|job: Job| job()) };
+    executor().jobs.push(job, handler).map_err(|_| NoWorker)
 }
 
-/// Jobs that start in the order they were queued, at most `limit` at once, each on a worker of
-/// the executor. A worker that finds the queue empty goes back to the executor (nothing idles
-/// here); while any job of the queue is queued, at least one worker runs the queue.
-pub(crate) struct Queue {
+/// Items taken in the order they were queued by at most `limit` workers at once. A worker
+/// handles items until it has waited [`IDLE`] for one, then leaves; a new one starts when an
+/// item finds no idle worker and fewer than `limit` exist. This is the executor's one worker
+/// loop: its own queue's workers are threads (its items are jobs), a caller's queue's are
+/// jobs on the executor's, each with the caller's handler of its items.
+pub(crate) struct Queue<T> {
     limit: usize,
-    st: Mutex<QueueState>,
-    /// Signalled when nothing of the queue is queued or running.
+    workers: Workers,
+    st: Mutex<QueueState<T>>,
+    /// An item was queued (idle workers wait here), or the queue was closed.
+    work: Condvar,
+    /// Nothing of the queue is queued or handled any more (`wait_idle` waits here).
     drained: Condvar,
 }
 
-#[derive(Default)]
-struct QueueState {
-    jobs: VecDeque<Job>,
-    /// Workers running the queue's jobs (none while `jobs` is empty, outside `push`).
-    running: usize,
+/// What a queue's workers are.
+enum Workers {
+    /// Threads of their own (the executor's queue).
+    Threads,
+    /// Jobs on the executor's queue.
+    OnExecutor,
 }
 
-/// No worker can run a job: none of its queue runs and no thread can be started.
+struct QueueState<T> {
+    items: VecDeque<T>,
+    /// Workers, idle ones included.
+    workers: usize,
+    /// Workers waiting for an item.
+    idle: usize,
+    /// Callers of `wait_idle` (a condvar's notify costs a system call even when no one waits).
+    waiting: usize,
+    /// Set by `close`: workers leave as soon as the queue is empty.
+    closed: bool,
+}
+
+/// What a worker does with each item (it owns what it needs, for as long as it works).
+pub(crate) type Handler<T> = Box<dyn FnMut(T) + Send>;
+
+/// No worker can take a job: none exists and none can be started.
 #[derive(Debug)]
 pub(crate) struct NoWorker;
 
-impl Queue {
-    /// A queue that runs at most `limit` (at least one) of its jobs at once.
+impl<T: Send + 'static> Queue<T> {
+    /// A queue whose items are handled by jobs on the executor's workers, at most `limit` (at
+    /// least one) at once.
     pub(crate) fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Self {
-            limit: limit.max(1),
-            st: Mutex::default(),
-            drained: Condvar::new(),
-        })
+        Arc::new(Self::with(limit.max(1), Workers::OnExecutor))
     }
 
-    /// Queues `job`: it starts after every job queued before it has started, when fewer than
-    /// `limit` of the queue's jobs run.
+    fn with(limit: usize, workers: Workers) -> Self {
+        Self {
+            limit,
+            workers,
+            st: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                workers: 0,
+                idle: 0,
+                waiting: 0,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            drained: Condvar::new(),
+        }
+    }
+
+    /// Queues `item`: it is taken after every item queued before it, by an idle worker, or by a
+    /// new one when none is idle and fewer than `limit` exist; `handler` makes a new worker's
+    /// handler (called only then, so what it clones is cloned once per worker, not per item).
     ///
     /// # Errors
-    /// [`NoWorker`] when nothing can run it (it is dropped; the caller fails what it would
-    /// have done).
+    /// The item comes back when nothing can take it (the caller fails what it would have done).
     pub(crate) fn push(
         self: &Arc<Self>,
-        job: impl FnOnce() + Send + 'static,
-    ) -> Result<(), NoWorker> {
+        item: T,
+        handler: &mut dyn FnMut() -> Handler<T>,
+    ) -> Result<(), T> {
         let mut st = lock(&self.st);
-        st.jobs.push_back(Box::new(job));
-        if st.running >= self.limit {
+        st.items.push_back(item);
+        if st.idle > 0 {
+            self.work.notify_one();
+            if st.idle >= st.items.len() {
+                return Ok(()); // an idle worker for every queued item
+            }
+        }
+        if st.workers >= self.limit {
             return Ok(()); // a worker of the queue gets to it
         }
-        st.running += 1;
-        let me = self.clone();
-        if spawn(move || me.drain()).is_ok() {
+        // a new worker (it takes the queue's lock once this returns)
+        st.workers += 1;
+        let (me, mut h) = (self.clone(), handler());
+        let started = match self.workers {
+            Workers::Threads => std::thread::Builder::new()
+                .name("hixl-worker".into())
+                .spawn(move || me.work(&mut *h))
+                .is_ok(),
+            Workers::OnExecutor => spawn_job(Box::new(move || me.work(&mut *h))).is_ok(),
+        };
+        if started {
             return Ok(());
         }
-        st.running -= 1;
-        if st.running > 0 {
-            return Ok(());
+        st.workers -= 1;
+        if st.workers > 0 {
+            return Ok(()); // a worker of the queue gets to it
         }
-        // no worker runs the queue, so it held only this job
-        st.jobs.pop_back();
-        Err(NoWorker)
+        // no worker runs the queue, so it held only this item
+        Err(st.items.pop_back().expect("just queued"))
     }
 
-    /// A worker's turn on the queue: runs its jobs until it is empty.
-    fn drain(&self) {
+    /// A worker: handles the queue's items until it has waited [`IDLE`] for one, or finds the
+    /// queue closed and empty.
+    fn work(&self, handle: &mut dyn FnMut(T)) {
+        let mut st = lock(&self.st);
         loop {
-            let job = {
-                let mut st = lock(&self.st);
-                match st.jobs.pop_front() {
-                    Some(j) => j,
-                    None => {
-                        st.running -= 1;
-                        if st.running == 0 {
-                            self.drained.notify_all();
-                        }
-                        return;
-                    }
-                }
-            };
-            run(job);
+            if let Some(item) = st.items.pop_front() {
+                drop(st);
+                run(|| handle(item));
+                st = lock(&self.st);
+                continue;
+            }
+            if st.waiting > 0 && st.workers == st.idle + 1 {
+                // the last busy worker found nothing more to do
+                self.drained.notify_all();
+            }
+            if st.closed {
+                st.workers -= 1;
+                return;
+            }
+            st.idle += 1;
+            let (g, t) = self
+                .work
+                .wait_timeout(st, IDLE)
+                .unwrap_or_else(|p| p.into_inner());
+            st = g;
+            st.idle -= 1;
+            if t.timed_out() && st.items.is_empty() {
+                st.workers -= 1;
+                return;
+            }
         }
     }
 
-    /// Waits until none of the queue's jobs is queued or running.
+    /// Waits until none of the queue's items is queued or handled (idle workers may stay).
     pub(crate) fn wait_idle(&self) {
         let mut st = lock(&self.st);
-        while st.running > 0 {
+        st.waiting += 1;
+        while !st.items.is_empty() || st.workers > st.idle {
             st = self.drained.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        st.waiting -= 1;
+    }
+
+    /// Closes the queue: its workers leave as soon as it is empty, not after [`IDLE`] (a link
+    /// that closed runs no more requests).
+    pub(crate) fn close(&self) {
+        lock(&self.st).closed = true;
+        self.work.notify_all();
     }
 }
 
 /// Runs a job; a panic ends the job, not the worker.
-fn run(job: Job) {
+fn run(job: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(job)).is_err() {
         tracing::error!("a background job panicked");
     }
@@ -326,34 +343,42 @@ mod tests {
     #[test]
     fn a_queue_keeps_its_bound_and_one_at_a_time_its_order() {
         // 40 jobs, at most 3 at once; each of them runs
-        let q = Queue::new(3);
+        let q: Arc<Queue<Job>> = Queue::new(3);
         let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let ran = Arc::new(AtomicUsize::new(0));
         for _ in 0..40 {
             let (now, most, ran) = (now.clone(), most.clone(), ran.clone());
-            q.push(move || {
+            let job: Job = Box::new(move || {
                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(n, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(2));
                 now.fetch_sub(1, Ordering::SeqCst);
                 ran.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
+            });
+            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
         }
         q.wait_idle();
         assert_eq!(ran.load(Ordering::SeqCst), 40);
         assert!(most.load(Ordering::SeqCst) <= 3, "{most:?}");
         // one at a time: strictly one after the other
-        let q = Queue::new(1);
+        let q: Arc<Queue<Job>> = Queue::new(1);
         let (tx, rx) = mpsc::channel();
         for i in 0..5 {
             let tx = tx.clone();
-            q.push(move || tx.send(i).unwrap()).unwrap();
+            let job: Job = Box::new(move || tx.send(i).unwrap());
+            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
         }
         let got: Vec<i32> = (0..5)
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
             .collect();
         assert_eq!(got, vec![0, 1, 2, 3, 4]);
         q.wait_idle();
+        // its idle worker leaves when the queue is closed, not after IDLE
+        q.close();
+        let t0 = Instant::now();
+        while lock(&q.st).workers > 0 {
+            assert!(t0.elapsed() < IDLE / 2, "the worker stayed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::LinkShared;
 use crate::error::Error;
+use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Job, Outcome, ReqState, Started};
 use crate::sync::lock;
@@ -226,11 +227,13 @@ impl LinkShared {
         self.finished_cv.notify_all();
     }
 
-    /// Queues an async request on the link's queue.
+    /// Queues an async request on the link's queue (a new worker of it holds the link).
     fn enqueue(self: &Arc<Self>, job: Job) {
-        let st = job.state.clone();
-        let me = self.clone();
-        if self.queue.push(move || me.execute(job)).is_err() {
+        let worker = &mut || -> Handler<Job> {
+            let me = self.clone();
+            Box::new(move |job| me.execute(job))
+        };
+        if let Err(Job { state: st, .. }) = self.queue.push(job, worker) {
             // nobody can run it: fail it rather than leave it waiting
             if st.claim_queued() {
                 let e = Error::LanesExhausted {

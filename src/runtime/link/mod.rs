@@ -18,7 +18,7 @@ use crate::metrics::LinkCounters;
 use crate::options::SameHost;
 use crate::process::PeerProc;
 use crate::runtime::executor::Queue;
-use crate::runtime::request::ReqState;
+use crate::runtime::request::{Job, ReqState};
 use crate::runtime::revoke::fence::ClientFence;
 use crate::runtime::transports::{FirstLane, Join, Lanes, tcp_path};
 use crate::sync::lock;
@@ -50,8 +50,8 @@ pub(crate) struct LinkShared {
     pub(crate) engine_id: u64,
     /// Sequence numbers of async requests and notifications.
     next_req: AtomicU64,
-    /// The link's async requests, started in order, at most `max_lanes` at once.
-    queue: Arc<Queue>,
+    /// The link's async requests, taken in order, at most `max_lanes` at once.
+    queue: Arc<Queue<Job>>,
     /// Async requests not finished yet.
     unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,
@@ -281,6 +281,7 @@ impl LinkShared {
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
         let r = self.lanes.close(started, started + timeout);
+        self.queue.close();
         self.end_requests();
         for p in &self.paths {
             p.close();
