@@ -76,32 +76,16 @@ impl Sock {
     /// (`TCP_USER_TIMEOUT`): a peer whose host died or whose link was cut is noticed even when
     /// nothing is being sent.
     pub fn set_keepalive(&self, every: Duration) -> io::Result<()> {
-        let fd = self.stream.as_raw_fd();
-        let secs = every.as_secs().clamp(1, i32::MAX as u64 / 4) as libc::c_int;
-        let user_ms = (every.as_millis().max(1000) * 3).min(i32::MAX as u128) as libc::c_int;
-        let opts: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs),
-            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2),
-            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_ms),
-        ];
-        for (level, name, value) in opts {
-            // SAFETY: `fd` is our open socket; the option value is a live c_int of the size given.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd,
-                    level,
-                    name,
-                    (&value as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        let secs = every.as_secs().clamp(1, i32::MAX as u64 / 4);
+        let user_ms = (every.as_millis().max(1000) * 3).min(i32::MAX as u128) as u64;
+        let sock = socket2::SockRef::from(&self.stream);
+        let probes = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(secs))
+            .with_interval(Duration::from_secs(secs))
+            .with_retries(2);
+        // SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT
+        sock.set_tcp_keepalive(&probes)?;
+        sock.set_tcp_user_timeout(Some(Duration::from_millis(user_ms)))
     }
 
     /// Sets the receive polling window (see the field).
@@ -524,6 +508,22 @@ mod tests {
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, Sock::new(s).unwrap())
+    }
+
+    #[test]
+    fn keepalive_sets_the_probes_and_the_user_timeout() {
+        let (_c, sock) = pair();
+        sock.set_keepalive(Duration::from_secs(5)).unwrap();
+        let s = socket2::SockRef::from(&sock.stream);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(5));
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), Duration::from_secs(5));
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), 2);
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_secs(15)));
+        // below a second: probes every second, the kernel gives up after three
+        sock.set_keepalive(Duration::from_millis(300)).unwrap();
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(1));
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_secs(3)));
     }
 
     #[test]

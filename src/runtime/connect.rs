@@ -1,24 +1,26 @@
 //! Asynchronous connect and disconnect (HIXL `ConnectAsync` / `DisconnectAsync` /
-//! `GetAsyncConnectStatus`): a bounded queue served by two workers on the runtime's executor, FIFO per remote.
+//! `GetAsyncConnectStatus`): a bounded queue of tasks, FIFO per remote, run two at a time on a
+//! [`Queue`] of the runtime's executor (each remote's next task is queued there when its
+//! previous one ends).
 //!
 //! A link made this way is held by the engine until [`Hixl::take_link`](crate::Hixl::take_link)
 //! hands it over as an ordinary [`Link`](crate::Link) (or `disconnect_async` closes it).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::runtime::engine::EngineInner;
+use crate::runtime::executor::{Handler, Queue};
 use crate::runtime::link::LinkShared;
 use crate::sync::lock;
 
 /// Most queued async connect and disconnect tasks per engine (HIXL's `connect_pool.task_queue_capacity` default).
 pub const ASYNC_QUEUE_CAPACITY: usize = 128;
-/// Threads serving the async connect queue (HIXL's `connect_pool.thread_num` default).
+/// Tasks that run at once (HIXL's `connect_pool.thread_num` default).
 const THREADS: usize = 2;
-const IDLE: Duration = Duration::from_secs(2);
 
 /// Where an async connection to one remote stands (HIXL `AsyncConnectStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,6 +50,7 @@ enum Task {
 struct Slot {
     status: AsyncConnectStatus,
     queue: VecDeque<Task>,
+    /// One of its tasks runs (the next one is queued on the executor when it ends).
     busy: bool,
     link: Option<Arc<LinkShared>>,
     error: Option<Arc<Error>>,
@@ -57,19 +60,27 @@ struct Slot {
 struct State {
     slots: HashMap<String, Slot>,
     queued: usize,
-    workers: usize,
     stop: bool,
 }
 
 /// The engine's async connect queue.
-#[derive(Default)]
 pub(crate) struct ConnectPool {
     st: Mutex<State>,
-    cv: Condvar,
+    /// Runs the remotes' turns (see [`turn`]), by key.
+    tasks: Arc<Queue<String>>,
+}
+
+impl Default for ConnectPool {
+    fn default() -> Self {
+        Self {
+            st: Mutex::default(),
+            tasks: Queue::new(THREADS),
+        }
+    }
 }
 
 impl ConnectPool {
-    /// Queues a task for `key`; starts a worker if needed.
+    /// Queues a task for `key`; gives the remote a turn if none of its tasks runs.
     fn push(
         self: &Arc<Self>,
         engine: &Weak<EngineInner>,
@@ -93,16 +104,24 @@ impl ConnectPool {
         slot.queue.push_back(task);
         if !slot.busy {
             slot.status = pending(task);
+            self.give_turn(engine, key);
         }
-        if st.workers < THREADS {
-            st.workers += 1;
-            let (e, pool) = (engine.clone(), self.clone());
-            if crate::runtime::executor::spawn(move || worker(pool, e)).is_err() {
-                st.workers -= 1;
-            }
-        }
-        self.cv.notify_one();
         Ok(())
+    }
+
+    /// Queues a turn for remote `key` on the executor. A turn that finds one of the remote's
+    /// tasks running, or none queued, does nothing, so a turn too many is harmless.
+    fn give_turn(self: &Arc<Self>, engine: &Weak<EngineInner>, key: &str) {
+        let worker = &mut || -> Handler<String> {
+            let (pool, e) = (self.clone(), engine.clone());
+            Box::new(move |k| turn(&pool, &e, k))
+        };
+        if self.tasks.push(key.to_owned(), worker).is_err() {
+            tracing::debug!(
+                remote = key,
+                "no worker for an async connect now; its next task starts it"
+            );
+        }
     }
 
     pub fn connect(
@@ -179,8 +198,8 @@ impl ConnectPool {
         }
     }
 
-    /// Stops the workers (waiting for running tasks if `join`) and closes every link still
-    /// held; returns them (closed).
+    /// Stops the queue (waiting for running tasks if `join`) and closes every link still held;
+    /// returns them (closed).
     pub fn shutdown(&self, join: bool) -> Vec<Arc<LinkShared>> {
         let links: Vec<Arc<LinkShared>> = {
             let mut st = lock(&self.st);
@@ -188,13 +207,9 @@ impl ConnectPool {
             st.queued = 0;
             st.slots.drain().filter_map(|(_, s)| s.link).collect()
         };
-        self.cv.notify_all();
         if join {
-            // every worker leaves at `stop` (a running task first ends)
-            let mut st = lock(&self.st);
-            while st.workers > 0 {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
+            // a running task ends, and turns still queued find nothing to do
+            self.tasks.wait_idle();
         }
         for l in &links {
             l.close_quietly();
@@ -211,85 +226,72 @@ fn pending(t: Task) -> AsyncConnectStatus {
     }
 }
 
-fn worker(pool: Arc<ConnectPool>, engine: Weak<EngineInner>) {
-    loop {
-        let (key, task) = {
-            let mut st = lock(&pool.st);
-            loop {
-                if st.stop {
-                    st.workers -= 1;
-                    pool.cv.notify_all();
-                    return;
-                }
-                let next = st
-                    .slots
-                    .iter_mut()
-                    .find(|(_, s)| !s.busy && !s.queue.is_empty())
-                    .map(|(k, s)| {
-                        s.busy = true;
-                        let t = s.queue.pop_front().expect("non-empty");
-                        s.status = match t {
-                            Task::Connect(..) => AsyncConnectStatus::Connecting,
-                            Task::Disconnect(_) => AsyncConnectStatus::Disconnecting,
-                        };
-                        (k.clone(), t)
-                    });
-                if let Some(n) = next {
-                    st.queued -= 1;
-                    break n;
-                }
-                let (g, t) = pool
-                    .cv
-                    .wait_timeout(st, IDLE)
-                    .unwrap_or_else(|e| e.into_inner());
-                st = g;
-                if t.timed_out() && !st.slots.values().any(|s| !s.queue.is_empty()) {
-                    st.workers -= 1;
-                    pool.cv.notify_all();
-                    return;
-                }
-            }
-        };
-        // run it without holding the lock (nor the engine, between tasks)
-        let Some(inner) = engine.upgrade() else {
-            lock(&pool.st).workers -= 1;
-            pool.cv.notify_all();
+/// One turn of remote `key`: runs its next task, then queues its next turn if it has more.
+fn turn(pool: &Arc<ConnectPool>, engine: &Weak<EngineInner>, key: String) {
+    let task = {
+        let mut st = lock(&pool.st);
+        if st.stop {
+            return;
+        }
+        let Some(s) = st.slots.get_mut(&key) else {
             return;
         };
-        let held = lock(&pool.st)
-            .slots
-            .get_mut(&key)
-            .and_then(|s| s.link.take());
-        let (status, link, error) = match task {
-            Task::Connect(addr, timeout) => match held {
-                Some(l) => (AsyncConnectStatus::Connected, Some(l), None),
-                None => match inner.open_link(&key, addr, timeout) {
-                    Ok(l) => (AsyncConnectStatus::Connected, Some(l), None),
-                    Err(e) => (AsyncConnectStatus::ConnectFailed, None, Some(Arc::new(e))),
-                },
-            },
-            Task::Disconnect(timeout) => {
-                if let Some(l) = held {
-                    let _ = l.close_timeout(timeout);
-                    inner.forget_link(&l);
-                }
-                (AsyncConnectStatus::NotConnect, None, None)
-            }
+        if s.busy {
+            return; // its running task gives the next turn
+        }
+        let Some(t) = s.queue.pop_front() else {
+            return;
         };
-        {
-            let mut st = lock(&pool.st);
-            if let Some(s) = st.slots.get_mut(&key) {
-                s.busy = false;
-                s.link = link;
-                s.error = error;
-                s.status = s.queue.front().map_or(status, |t| pending(*t));
-            } else if let Some(l) = link {
+        s.busy = true;
+        s.status = match t {
+            Task::Connect(..) => AsyncConnectStatus::Connecting,
+            Task::Disconnect(_) => AsyncConnectStatus::Disconnecting,
+        };
+        st.queued -= 1;
+        t
+    };
+    // run it without holding the lock (nor the engine, between tasks)
+    let Some(inner) = engine.upgrade() else {
+        return;
+    };
+    let held = lock(&pool.st)
+        .slots
+        .get_mut(&key)
+        .and_then(|s| s.link.take());
+    let (status, link, error) = match task {
+        Task::Connect(addr, timeout) => match held {
+            Some(l) => (AsyncConnectStatus::Connected, Some(l), None),
+            None => match inner.open_link(&key, addr, timeout) {
+                Ok(l) => (AsyncConnectStatus::Connected, Some(l), None),
+                Err(e) => (AsyncConnectStatus::ConnectFailed, None, Some(Arc::new(e))),
+            },
+        },
+        Task::Disconnect(timeout) => {
+            if let Some(l) = held {
+                let _ = l.close_timeout(timeout);
+                inner.forget_link(&l);
+            }
+            (AsyncConnectStatus::NotConnect, None, None)
+        }
+    };
+    let more = {
+        let mut st = lock(&pool.st);
+        if let Some(s) = st.slots.get_mut(&key) {
+            s.busy = false;
+            s.link = link;
+            s.error = error;
+            s.status = s.queue.front().map_or(status, |t| pending(*t));
+            !s.queue.is_empty()
+        } else {
+            if let Some(l) = link {
                 // the slot went away (shutdown): do not leak the link
                 l.close_quietly();
                 inner.forget_link(&l);
             }
+            false
         }
-        pool.cv.notify_all();
-        drop(inner);
+    };
+    if more {
+        pool.give_turn(engine, &key);
     }
 }

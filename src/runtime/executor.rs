@@ -1,9 +1,12 @@
-//! The runtime's one executor for background work: a process-wide cache of worker threads that
-//! run queued jobs (a thread starts when no idle one can take a job, and leaves after
-//! [`IDLE`] without work), and one timer thread that runs short jobs at their time. Async
-//! connects, a link's async transfers, the deadlines of queued requests and the heartbeat run
-//! on it; each caller bounds its own concurrency (the connect queue: two workers; a link: its
-//! `max_lanes`). Not an async runtime: jobs block on sockets as they need to.
+//! The runtime's one executor for background work: one worker queue ([`Queue`]: jobs, workers
+//! that wait for them, and leave after [`IDLE`] without work), and one timer thread that runs
+//! short jobs at their time. The executor's own queue is a process-wide cache of worker threads
+//! ([`spawn`]: a thread starts when no idle one can take a job). A caller that bounds its
+//! concurrency or keeps an order has a queue of its own whose workers are jobs on the
+//! executor's: a link's async transfers (its `max_lanes` at once, taken in order) and the async
+//! connects (two at once; each remote's in order, `runtime::connect`). The deadlines of queued
+//! requests and the heartbeat run on it too. Not an async runtime: jobs block on sockets as
+//! they need to.
 //!
 //! (The same-host transport's copy helper is not background work: it is the second half of a
 //! caller's copy, handed over only when it is idle, and stays a thread of its own.)
@@ -11,22 +14,15 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::sync::lock;
 
-/// How long a worker thread waits for a job before it leaves.
+/// How long a worker waits for a job before it leaves.
 pub(crate) const IDLE: Duration = Duration::from_secs(2);
 
 type Job = Box<dyn FnOnce() + Send>;
-
-#[derive(Default)]
-struct Queue {
-    jobs: VecDeque<Job>,
-    /// Workers waiting for a job.
-    idle: usize,
-}
 
 struct Timed {
     at: Instant,
@@ -59,8 +55,8 @@ struct Timers {
 }
 
 struct Executor {
-    queue: Mutex<Queue>,
-    work: Condvar,
+    /// The executor's own queue: its workers are threads, its items jobs.
+    jobs: Arc<Queue<Job>>,
     timers: Mutex<Timers>,
     tick: Condvar,
 }
@@ -68,8 +64,7 @@ struct Executor {
 fn executor() -> &'static Executor {
     static E: OnceLock<Executor> = OnceLock::new();
     E.get_or_init(|| Executor {
-        queue: Mutex::default(),
-        work: Condvar::new(),
+        jobs: Arc::new(Queue::with(usize::MAX, Workers::Threads)),
         timers: Mutex::default(),
         tick: Condvar::new(),
     })
@@ -78,64 +73,178 @@ fn executor() -> &'static Executor {
 /// Runs `job` on a worker thread soon.
 ///
 /// # Errors
-/// The job comes back when no worker can take it and no thread can be started (the caller
-/// fails what the job would have done).
-pub(crate) fn spawn<F: FnOnce() + Send + 'static>(job: F) -> Result<(), F> {
-    let e = executor();
-    let mut q = lock(&e.queue);
-    // every queued job has an idle worker to take it: wake one
-    if q.idle > q.jobs.len() {
-        q.jobs.push_back(Box::new(job));
-        drop(q);
-        e.work.notify_one();
-        return Ok(());
-    }
-    drop(q);
-    // no idle worker for it: a new one runs it first
-    let slot = std::sync::Arc::new(Mutex::new(Some(job)));
-    let mine = slot.clone();
-    let started = std::thread::Builder::new()
-        .name("hixl-worker".into())
-        .spawn(move || {
-            let first = lock(&mine).take();
-            if let Some(job) = first {
-                run(Box::new(job));
-            }
-            work(e);
-        });
-    match started {
-        Ok(_) => Ok(()),
-        Err(_) => Err(lock(&slot)
-            .take()
-            .expect("a thread that did not start ran nothing")),
-    }
+/// [`NoWorker`] when no worker can take it and no thread can be started (the job is dropped;
+/// the caller fails what it would have done).
+pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Result<(), NoWorker> {
+    spawn_job(Box::new(job))
 }
 
-/// A worker: runs queued jobs until it has waited [`IDLE`] for one.
-fn work(e: &'static Executor) {
-    let mut q = lock(&e.queue);
-    loop {
-        if let Some(job) = q.jobs.pop_front() {
-            drop(q);
-            run(job);
-            q = lock(&e.queue);
-            continue;
+fn spawn_job(job: Job) -> Result<(), NoWorker> {
+    let handler = &mut || -> Handler<Job> { Box::new(|job: Job| job()) };
+    executor().jobs.push(job, handler).map_err(|_| NoWorker)
+}
+
+/// Items taken in the order they were queued by at most `limit` workers at once. A worker
+/// handles items until it has waited [`IDLE`] for one, then leaves; a new one starts when an
+/// item finds no idle worker and fewer than `limit` exist. This is the executor's one worker
+/// loop: its own queue's workers are threads (its items are jobs), a caller's queue's are
+/// jobs on the executor's, each with the caller's handler of its items.
+pub(crate) struct Queue<T> {
+    limit: usize,
+    workers: Workers,
+    st: Mutex<QueueState<T>>,
+    /// An item was queued (idle workers wait here), or the queue was closed.
+    work: Condvar,
+    /// Nothing of the queue is queued or handled any more (`wait_idle` waits here).
+    drained: Condvar,
+}
+
+/// What a queue's workers are.
+enum Workers {
+    /// Threads of their own (the executor's queue).
+    Threads,
+    /// Jobs on the executor's queue.
+    OnExecutor,
+}
+
+struct QueueState<T> {
+    items: VecDeque<T>,
+    /// Workers, idle ones included.
+    workers: usize,
+    /// Workers waiting for an item.
+    idle: usize,
+    /// Callers of `wait_idle` (a condvar's notify costs a system call even when no one waits).
+    waiting: usize,
+    /// Set by `close`: workers leave as soon as the queue is empty.
+    closed: bool,
+}
+
+/// What a worker does with each item (it owns what it needs, for as long as it works).
+pub(crate) type Handler<T> = Box<dyn FnMut(T) + Send>;
+
+/// No worker can take a job: none exists and none can be started.
+#[derive(Debug)]
+pub(crate) struct NoWorker;
+
+impl<T: Send + 'static> Queue<T> {
+    /// A queue whose items are handled by jobs on the executor's workers, at most `limit` (at
+    /// least one) at once.
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self::with(limit.max(1), Workers::OnExecutor))
+    }
+
+    fn with(limit: usize, workers: Workers) -> Self {
+        Self {
+            limit,
+            workers,
+            st: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                workers: 0,
+                idle: 0,
+                waiting: 0,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            drained: Condvar::new(),
         }
-        q.idle += 1;
-        let (g, t) = e
-            .work
-            .wait_timeout(q, IDLE)
-            .unwrap_or_else(|p| p.into_inner());
-        q = g;
-        q.idle -= 1;
-        if t.timed_out() && q.jobs.is_empty() {
-            return;
+    }
+
+    /// Queues `item`: it is taken after every item queued before it, by an idle worker, or by a
+    /// new one when none is idle and fewer than `limit` exist; `handler` makes a new worker's
+    /// handler (called only then, so what it clones is cloned once per worker, not per item).
+    ///
+    /// # Errors
+    /// The item comes back when nothing can take it (the caller fails what it would have done).
+    pub(crate) fn push(
+        self: &Arc<Self>,
+        item: T,
+        handler: &mut dyn FnMut() -> Handler<T>,
+    ) -> Result<(), T> {
+        let mut st = lock(&self.st);
+        st.items.push_back(item);
+        if st.idle > 0 {
+            self.work.notify_one();
+            if st.idle >= st.items.len() {
+                return Ok(()); // an idle worker for every queued item
+            }
         }
+        if st.workers >= self.limit {
+            return Ok(()); // a worker of the queue gets to it
+        }
+        // a new worker (it takes the queue's lock once this returns)
+        st.workers += 1;
+        let (me, mut h) = (self.clone(), handler());
+        let started = match self.workers {
+            Workers::Threads => std::thread::Builder::new()
+                .name("hixl-worker".into())
+                .spawn(move || me.work(&mut *h))
+                .is_ok(),
+            Workers::OnExecutor => spawn_job(Box::new(move || me.work(&mut *h))).is_ok(),
+        };
+        if started {
+            return Ok(());
+        }
+        st.workers -= 1;
+        if st.workers > 0 {
+            return Ok(()); // a worker of the queue gets to it
+        }
+        // no worker runs the queue, so it held only this item
+        Err(st.items.pop_back().expect("just queued"))
+    }
+
+    /// A worker: handles the queue's items until it has waited [`IDLE`] for one, or finds the
+    /// queue closed and empty.
+    fn work(&self, handle: &mut dyn FnMut(T)) {
+        let mut st = lock(&self.st);
+        loop {
+            if let Some(item) = st.items.pop_front() {
+                drop(st);
+                run(|| handle(item));
+                st = lock(&self.st);
+                continue;
+            }
+            if st.waiting > 0 && st.workers == st.idle + 1 {
+                // the last busy worker found nothing more to do
+                self.drained.notify_all();
+            }
+            if st.closed {
+                st.workers -= 1;
+                return;
+            }
+            st.idle += 1;
+            let (g, t) = self
+                .work
+                .wait_timeout(st, IDLE)
+                .unwrap_or_else(|p| p.into_inner());
+            st = g;
+            st.idle -= 1;
+            if t.timed_out() && st.items.is_empty() {
+                st.workers -= 1;
+                return;
+            }
+        }
+    }
+
+    /// Waits until none of the queue's items is queued or handled (idle workers may stay).
+    pub(crate) fn wait_idle(&self) {
+        let mut st = lock(&self.st);
+        st.waiting += 1;
+        while !st.items.is_empty() || st.workers > st.idle {
+            st = self.drained.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.waiting -= 1;
+    }
+
+    /// Closes the queue: its workers leave as soon as it is empty, not after [`IDLE`] (a link
+    /// that closed runs no more requests).
+    pub(crate) fn close(&self) {
+        lock(&self.st).closed = true;
+        self.work.notify_all();
     }
 }
 
 /// Runs a job; a panic ends the job, not the worker.
-fn run(job: Job) {
+fn run(job: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(job)).is_err() {
         tracing::error!("a background job panicked");
     }
@@ -194,7 +303,6 @@ fn timer(e: &'static Executor) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
 
@@ -230,5 +338,47 @@ mod tests {
             .collect();
         assert_eq!(order, vec![1, 2, 0]);
         assert!(now.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_queue_keeps_its_bound_and_one_at_a_time_its_order() {
+        // 40 jobs, at most 3 at once; each of them runs
+        let q: Arc<Queue<Job>> = Queue::new(3);
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..40 {
+            let (now, most, ran) = (now.clone(), most.clone(), ran.clone());
+            let job: Job = Box::new(move || {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+                now.fetch_sub(1, Ordering::SeqCst);
+                ran.fetch_add(1, Ordering::SeqCst);
+            });
+            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
+        }
+        q.wait_idle();
+        assert_eq!(ran.load(Ordering::SeqCst), 40);
+        assert!(most.load(Ordering::SeqCst) <= 3, "{most:?}");
+        // one at a time: strictly one after the other
+        let q: Arc<Queue<Job>> = Queue::new(1);
+        let (tx, rx) = mpsc::channel();
+        for i in 0..5 {
+            let tx = tx.clone();
+            let job: Job = Box::new(move || tx.send(i).unwrap());
+            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
+        }
+        let got: Vec<i32> = (0..5)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        q.wait_idle();
+        // its idle worker leaves when the queue is closed, not after IDLE
+        q.close();
+        let t0 = Instant::now();
+        while lock(&q.st).workers > 0 {
+            assert!(t0.elapsed() < IDLE / 2, "the worker stayed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! Async requests inside the runtime: a request's state machine (queued, running, ended, with
-//! its outcome), the jobs the link's workers run, and the deadline watcher that ends queued
-//! requests whose deadline passed. The public handle, `TransferReq`, is in src/request.rs; the
+//! its outcome), the jobs a link queues, the request's side of cancellation as a data path sees
+//! it ([`Started`]), and the deadline watcher that ends queued requests whose deadline passed. The public handle, `TransferReq`, is in src/request.rs; the
 //! public argument and status types are defined here and re-exported.
 
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::runtime::link::LinkShared;
 use crate::sync::model::{Condvar, Mutex, lock};
+use crate::transport::Cancel;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
 
@@ -91,9 +93,10 @@ pub(crate) enum Outcome {
 /// Where a request is.
 pub(crate) enum Phase {
     Queued,
-    /// Running on a lane whose socket is `fd` (alive while this phase lasts).
+    /// Its data path started it; a cancel shuts down socket `fd`, when it has one (its data
+    /// path keeps it open while it is here).
     Running {
-        fd: i32,
+        fd: Option<RawFd>,
     },
     Done(Outcome),
 }
@@ -122,7 +125,7 @@ pub(crate) struct ReqState {
 }
 
 /// A queued async request: its state (which keeps its regions alive until it ends) and its
-/// lane descriptors.
+/// descriptors.
 pub(crate) struct Job {
     pub state: Arc<ReqState>,
     pub xds: Vec<LaneDesc>,
@@ -166,9 +169,10 @@ impl ReqState {
         matches!(lock(&self.m).phase, Phase::Queued)
     }
 
-    /// The worker is about to move bytes on socket `fd`. `Err` with the outcome to end with if
-    /// the request was cancelled or its deadline passed meanwhile.
-    pub(crate) fn set_running(&self, fd: i32) -> Result<(), Outcome> {
+    /// Its data path is about to touch memory; a cancel shuts down socket `fd` (if any) until
+    /// [`ReqState::unwatch`]. `Err` with the outcome to end with if the request was cancelled
+    /// or its deadline passed meanwhile.
+    pub(crate) fn set_running(&self, fd: Option<RawFd>) -> Result<(), Outcome> {
         let mut g = lock(&self.m);
         match g.phase {
             Phase::Queued if g.cancel => Err(Outcome::Cancelled),
@@ -183,6 +187,16 @@ impl ReqState {
             }))),
             Phase::Done(ref o) => Err(o.clone()),
         }
+    }
+
+    /// A cancel no longer touches the socket given to [`ReqState::set_running`] (its data path
+    /// may close it now). Returns whether a cancel was asked for.
+    pub(crate) fn unwatch(&self) -> bool {
+        let mut g = lock(&self.m);
+        if let Phase::Running { fd } = &mut g.phase {
+            *fd = None;
+        }
+        g.cancel
     }
 
     /// The request's own part of ending it: unless it has ended already (or, with
@@ -248,9 +262,11 @@ impl ReqState {
         let mut g = lock(&self.m);
         if let Phase::Running { fd } = g.phase {
             g.cancel = true;
-            if fd >= 0 {
-                // SAFETY: the worker keeps the lane (and so `fd`) open while the phase is
-                // `Running`, and the phase cannot change while we hold the lock.
+            if let Some(fd) = fd {
+                // SAFETY: the data path keeps `fd` open while the phase is `Running` with it
+                // (until `unwatch`, which takes it out under this lock: TCP's `run_request`
+                // closes its lane only after that), and the phase cannot change while we hold
+                // the lock.
                 unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
             }
         }
@@ -261,6 +277,47 @@ impl ReqState {
             Phase::Queued | Phase::Running { .. } => TransferStatus::Waiting,
             Phase::Done(o) => to_status(o),
         }
+    }
+}
+
+/// An async request while a data path runs its batch: the [`Cancel`] the path sees. It keeps
+/// the outcome of a request that ended before its path started it.
+pub(crate) struct Started<'a> {
+    st: &'a ReqState,
+    unstarted: std::sync::Mutex<Option<Outcome>>,
+}
+
+impl<'a> Started<'a> {
+    pub(crate) fn new(st: &'a ReqState) -> Self {
+        Self {
+            st,
+            unstarted: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The outcome of a request that ended before its path started it.
+    pub(crate) fn unstarted(self) -> Option<Outcome> {
+        self.unstarted
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Cancel for Started<'_> {
+    fn start(&self, sock: Option<BorrowedFd<'_>>) -> bool {
+        match self.st.set_running(sock.map(|s| s.as_raw_fd())) {
+            Ok(()) => true,
+            Err(o) => {
+                *crate::sync::lock(&self.unstarted) = Some(o);
+                false
+            }
+        }
+    }
+    fn unwatch(&self) -> bool {
+        self.st.unwatch()
+    }
+    fn requested(&self) -> bool {
+        self.st.cancel_requested()
     }
 }
 
@@ -323,7 +380,7 @@ mod loom_model {
                 let (st, mem) = (st.clone(), mem.clone());
                 loom::thread::spawn(move || {
                     assert!(st.claim_queued());
-                    st.set_running(-1).ok().expect("queued");
+                    st.set_running(None).ok().expect("queued");
                     // SAFETY: loom checks that no access of another thread races this one.
                     mem.with_mut(|m| unsafe { *m = 1 });
                     st.release(Outcome::Completed, false)

@@ -1,18 +1,30 @@
 //! The one place a transport is registered: the backends an engine uses besides TCP, in
-//! preference order (a link's batches take the first of its data paths that covers them), and
-//! the engine's device, which the Ascend transport opens. A new transport is a
-//! [`DataPath`](crate::transport::DataPath) and a [`Backend`] in its own folder under
-//! `src/transport/`, and one line here.
+//! preference order (a link's batches take the first of its data paths that covers them; every
+//! link adds TCP's after theirs, which covers every batch), and the engine's device, which the
+//! Ascend transport opens. A new transport is a [`DataPath`](crate::transport::DataPath) and a
+//! [`Backend`] in its own folder under `src/transport/`, and one line here.
 
 use std::sync::Arc;
 
 use crate::device::Device;
 use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
-use crate::transport::Backend;
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
+use crate::transport::tcp::TcpPath;
 use crate::transport::ucx::{UcxBackend, UcxEngine};
+use crate::transport::{Backend, DataPath};
+
+/// TCP's serving half: XFER requests on the server's connections, against its region table.
+pub(crate) use crate::transport::tcp::serve::{Served, XferEnd, XferServer};
+/// TCP, every link's: its lanes (the control plane's messages go over them too) and, last of
+/// its data paths, TCP's, which covers every batch.
+pub(crate) use crate::transport::tcp::{FirstLane, Join, Lanes};
+
+/// TCP's data path over a link's `lanes`; a large sync batch takes up to `parallel` of them.
+pub(crate) fn tcp_path(lanes: Arc<Lanes>, parallel: usize) -> Box<dyn DataPath> {
+    Box::new(TcpPath::new(lanes, parallel))
+}
 
 /// An engine's transports besides TCP, and its device.
 pub(crate) struct Transports {

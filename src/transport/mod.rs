@@ -1,13 +1,14 @@
-//! Transports: how bytes move once a link exists, and the two traits every transport but TCP
-//! implements.
+//! Transports: how bytes move once a link exists, and the two traits a transport implements.
 //!
-//! The control plane (handshake, region tables, disconnect; `runtime/control/`) is common to
-//! all transports and speaks the [`wire`](crate::wire) protocol over TCP; every link has TCP
-//! lanes (`tcp/`). A transport adds a `Backend` (its engine-wide part: what it keeps while the
-//! engine is open to links, the client's and the server's side of a new link's setup) and a
-//! `DataPath` (how a link moves a batch with it): the same-host transport (`same_host/`,
-//! `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL (`ascend/`). They are registered in one
-//! place, `runtime::transports::start`. Vendor libraries are loaded at run time
+//! The control plane (handshake, region tables, notifications, heartbeat, disconnect;
+//! `runtime/control/`) is common to all transports and speaks the [`wire`](crate::wire)
+//! protocol over TCP: every link has TCP lanes, and TCP (`tcp/`) is also the `DataPath` of
+//! last resort, which covers every batch. A transport adds a `DataPath` (how a link moves a
+//! batch with it) and, but for TCP, a `Backend` (its engine-wide part: what it keeps while the
+//! engine is open to links, the client's and the server's side of a new link's setup): the
+//! same-host transport (`same_host/`, `TransportKind::SameHost`), UCX (`ucx/`) and Ascend HCCL
+//! (`ascend/`). They are registered in one place, `runtime::transports::start`; a link tries
+//! their paths in that order, then TCP's. Vendor libraries are loaded at run time
 //! (`crate::dl`); [`probe`] reports what is available. No transport imports another.
 
 pub(crate) mod ascend;
@@ -16,6 +17,7 @@ pub(crate) mod tcp;
 pub(crate) mod ucx;
 
 use std::any::Any;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -196,13 +198,74 @@ pub(crate) enum PathFail {
         /// The caller's error.
         error: Error,
     },
-    /// The batch failed; the link is as it was.
+    /// The batch failed; the link is as it was (or the path broke it itself: TCP's lanes).
     Failed(Error),
+    /// An async request ended (cancelled, or its deadline passed while the path waited for a
+    /// lane) before the path started it (see [`Batch::start`]): nothing was touched.
+    NotStarted,
 }
 
-/// A way to move a batch of descriptors without a TCP lane (TCP lanes are the fallback every
-/// link has). A link tries its data paths in preference order and takes the first that
-/// [`covers`](DataPath::covers) the batch.
+/// A checked batch, as a [`DataPath`] runs it.
+pub(crate) struct Batch<'a> {
+    /// The peer's name, for errors.
+    pub(crate) peer: &'a str,
+    pub(crate) op: TransferOp,
+    /// Every local range lies in registered memory and every remote range in the peer's table.
+    pub(crate) descs: &'a [LaneDesc],
+    /// The bytes of all of them.
+    pub(crate) bytes: u64,
+    /// When the call (or the async request) started, for its timeout error.
+    pub(crate) started: Instant,
+    /// When it must have ended.
+    pub(crate) deadline: Instant,
+    /// An async request's cancellation; `None` for a sync transfer, which nothing cancels.
+    pub(crate) cancel: Option<&'a dyn Cancel>,
+}
+
+impl Batch<'_> {
+    /// The path is about to touch memory; until [`Batch::unwatch`], a cancel shuts `sock`
+    /// down, when the path gives one (TCP: the lane's socket); a path without one polls
+    /// [`Batch::cancel_requested`] or runs to its end.
+    ///
+    /// # Errors
+    /// [`PathFail::NotStarted`] when the request has ended meanwhile (cancelled, or its deadline
+    /// passed): the path returns it without touching memory.
+    pub(crate) fn start(&self, sock: Option<BorrowedFd<'_>>) -> Result<(), PathFail> {
+        match self.cancel {
+            Some(c) if !c.start(sock) => Err(PathFail::NotStarted),
+            _ => Ok(()),
+        }
+    }
+
+    /// A cancel no longer touches the socket given to [`Batch::start`], which may be closed
+    /// now. Whether a cancel was asked for (the socket may have been shut down).
+    pub(crate) fn unwatch(&self) -> bool {
+        self.cancel.is_some_and(|c| c.unwatch())
+    }
+
+    /// Whether a cancel was asked for.
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.cancel.is_some_and(|c| c.requested())
+    }
+}
+
+/// An async request's cancellation as the data path running its batch sees it (the runtime
+/// implements it over the request's state): a request is queued, and a cancel or its deadline
+/// ends it at once, until its path starts it; then a cancel shuts the path's socket down (TCP)
+/// or is polled (UCX).
+pub(crate) trait Cancel: Sync {
+    /// The request starts; until [`Cancel::unwatch`], a cancel shuts `sock` down. `false` when
+    /// it has ended already.
+    fn start(&self, sock: Option<BorrowedFd<'_>>) -> bool;
+    /// A cancel no longer touches the socket; whether one was asked for.
+    fn unwatch(&self) -> bool;
+    /// Whether a cancel was asked for.
+    fn requested(&self) -> bool;
+}
+
+/// A way to move a batch of descriptors. A link tries its data paths in preference order (the
+/// transports' as `runtime::transports` registers them, then TCP's, which covers every batch)
+/// and takes the first that [`covers`](DataPath::covers) the batch.
 pub(crate) trait DataPath: Send + Sync {
     /// The transport it belongs to.
     fn kind(&self) -> TransportKind;
@@ -218,20 +281,15 @@ pub(crate) trait DataPath: Send + Sync {
     /// poisons); the others check the peer themselves.
     fn refused_when_broken(&self) -> bool;
 
-    /// Moves the batch by `deadline`; `stop` cancels it where the path can be cancelled.
+    /// Moves the batch by its deadline. Before it touches memory it calls
+    /// [`Batch::start`] (and returns its [`PathFail::NotStarted`]); a path that can be stopped
+    /// while it runs says how there, or polls [`Batch::cancel_requested`].
     ///
     /// # Safety
     /// Every descriptor's local range is valid registered memory (readable for WRITE, writable
     /// and unaliased for READ) for the whole call, and its remote range was checked against
     /// the peer's table.
-    unsafe fn run(
-        &self,
-        peer: &str,
-        op: TransferOp,
-        descs: &[LaneDesc],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), PathFail>;
+    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail>;
 
     /// Whether it moves device memory (a link without such a path moves host memory only).
     fn moves_device_memory(&self) -> bool {

@@ -1,21 +1,21 @@
 //! The frame dispatch of the control plane's server: one connection's life, from its handshake
 //! (HELLO, CHALLENGE/AUTH, the allow-list, WELCOME with the region table) to the frames of an
-//! established lane (XFER served over TCP, NOTIFY, UCXASK, DEVICE_HELLO, PING, BYE). The whole
-//! handshake has one deadline, and once a request's first byte arrives the whole request has
-//! `server_io_timeout`. Every descriptor is validated against the region table (region
-//! id, bounds with overflow checks, access rights) before a byte moves, and no length is trusted
+//! established lane (NOTIFY, PING, BYE, a transport's setup request such as UCXASK or
+//! DEVICE_HELLO, and XFER, which TCP's serving half applies: `transport::tcp::serve`). The
+//! whole handshake has one deadline, and once a request's first byte arrives the whole request
+//! has `server_io_timeout`. Every descriptor is validated against the region table (region id,
+//! bounds with overflow checks, access rights) before a byte moves, and no length is trusted
 //! before it is checked.
 
-use super::server::{ActiveGuard, Entered, LinkRec, ServerShared, validate};
+use super::server::{ActiveGuard, LinkRec, ServerShared};
 use crate::error::Status;
-use crate::io::{Inbound, IoVec, Sock, read_frame};
+use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
 use crate::runtime::control::limits::{self};
 use crate::runtime::revoke::fence::ServerFence;
+use crate::runtime::transports::{XferEnd, XferServer};
 use crate::sync::lock;
 use crate::transport::{Accept, AcceptFail};
-use crate::types::TransferOp;
-use crate::types::WireDesc;
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, Welcome, WireError};
 use std::collections::HashSet;
 use std::io;
@@ -82,27 +82,10 @@ pub(super) fn read_request<'a>(
     Ok((frame, deadline))
 }
 
-/// Most entries a serving connection keeps in its descriptor vectors between requests.
-pub(super) const KEEP_DESCS: usize = 4096;
-
 /// Gives back what a large request made a connection's buffers grow to.
-pub(super) fn trim(
-    inb: &mut Inbound,
-    descs: &mut Vec<WireDesc>,
-    targets: &mut Vec<IoVec>,
-    iov: &mut Vec<IoVec>,
-    out: &mut Vec<u8>,
-) {
+pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) {
     inb.trim();
-    if descs.capacity() > KEEP_DESCS {
-        *descs = Vec::new();
-    }
-    if targets.capacity() > KEEP_DESCS {
-        *targets = Vec::new();
-    }
-    if iov.capacity() > KEEP_DESCS {
-        *iov = Vec::new();
-    }
+    xfer.trim();
     if out.capacity() > 64 << 10 {
         *out = Vec::with_capacity(256);
     }
@@ -452,12 +435,10 @@ pub(super) fn serve(
     // a transport's data path is set up on the lane that opened the link, once (unless the
     // transport allows its request again)
     let mut asked: Vec<Kind> = Vec::new();
-    let mut descs = Vec::new();
-    let mut targets = Vec::new();
-    let mut iov: Vec<IoVec> = Vec::new();
+    let mut xfer = XferServer::default();
     loop {
         // between requests a connection keeps no more memory than a small one needs
-        trim(&mut inb, &mut descs, &mut targets, &mut iov, &mut out);
+        trim(&mut inb, &mut xfer, &mut out);
         // idle: wait for the next request as long as it takes (shutdown wakes us); once its
         // first byte is in, the whole request has `io_timeout`
         let (frame, deadline) = match read_request(&mut sock, &mut inb, shared.io_timeout) {
@@ -478,58 +459,15 @@ pub(super) fn serve(
         }
         match frame {
             (Kind::Xfer, p) => {
-                let (op, req) = match wire::decode_xfer(p, &mut descs) {
+                let x = match xfer.decode(p) {
                     Ok(x) => x,
-                    Err(e) => {
-                        return violation(&mut sock, &mut out, e, deadline);
-                    }
+                    Err(e) => return violation(&mut sock, &mut out, e, deadline),
                 };
-                // both live until the request is done with the memory (the end of this arm):
-                // the snapshot keeps the regions' records (and owned memory) alive, and the
-                // entered gates make withdrawing a region (the compat engine's deregistration
-                // while linked) wait; declared in this order, the snapshot is dropped first
-                let mut entered = Entered::default();
-                let snapshot = shared.table.snapshot();
-                if let Err((status, reason)) =
-                    validate(&snapshot, op, &descs, &mut targets, &mut entered)
-                {
-                    wire::encode_done(&mut out, req, status.code(), &reason);
-                    let _ = sock.send_bytes(&out, deadline);
-                    if op == TransferOp::Write {
-                        // the payload that follows cannot be skipped safely: close the lane
-                        return ConnEnd::Refused(reason);
-                    }
-                    continue;
-                }
-                match op {
-                    TransferOp::Write => {
-                        // SAFETY: `validate` checked every target against the table: each lies
-                        // inside a registered host region, kept alive by the snapshot's `Arc`s
-                        // and kept registered by the gate this request entered (withdrawing the
-                        // region waits until `entered` drops), whose memory is valid for writes
-                        // of any bytes, by anyone (RegistrableMemory / register_raw contracts).
-                        if let Err(e) = unsafe { inb.recv_into(&mut sock, &targets, deadline) } {
-                            return ConnEnd::Io(e);
-                        }
-                        wire::encode_done(&mut out, req, 0, "");
-                        if let Err(e) = sock.send_bytes(&out, deadline) {
-                            return ConnEnd::Io(e);
-                        }
-                    }
-                    TransferOp::Read => {
-                        wire::encode_done(&mut out, req, 0, "");
-                        iov.clear();
-                        iov.push(IoVec {
-                            base: out.as_ptr() as usize,
-                            len: out.len(),
-                        });
-                        iov.extend_from_slice(&targets);
-                        // SAFETY: the first iovec is `out`, alive for the call; the others were
-                        // validated as above and are valid for reads.
-                        if let Err(e) = unsafe { sock.send_all(&mut iov, deadline) } {
-                            return ConnEnd::Io(e);
-                        }
-                    }
+                let table = &*shared.table;
+                match xfer.apply(x, &mut sock, &mut inb, &mut out, deadline, table) {
+                    Ok(()) => {}
+                    Err(XferEnd::Io(e)) => return ConnEnd::Io(e),
+                    Err(XferEnd::Refused(reason)) => return ConnEnd::Refused(reason),
                 }
             }
             (Kind::Notify, p) => {

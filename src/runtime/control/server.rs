@@ -1,6 +1,7 @@
 //! The control plane's server: the listener and its accept loop, admission within the bounds of
 //! [`limits`] (handshakes and established lanes counted apart, per peer address
-//! too), the region table every request is validated against, and the link registry. Each
+//! too), the region table every request is validated against (TCP's serving half reaches it as
+//! [`Served`]), and the link registry. Each
 //! admitted connection runs on its own thread in [`dispatch`](super::dispatch).
 
 use std::collections::{HashMap, HashSet};
@@ -20,6 +21,7 @@ use crate::notify::NotifyQueue;
 use crate::runtime::control::limits::{self, ConnTable, Limits};
 use crate::runtime::region::RegionCore;
 use crate::runtime::revoke::fence::{ServerFence, revoke_all};
+use crate::runtime::transports::Served;
 use crate::sync::lock;
 use crate::types::HostId;
 use crate::types::TransferOp;
@@ -102,7 +104,7 @@ impl ServeTable {
 /// The gates a request entered: left when it is dropped, once the request no longer touches
 /// the regions' memory.
 #[derive(Default)]
-pub(crate) struct Entered(Vec<(u32, Arc<crate::runtime::region::ServeGate>)>);
+struct Entered(Vec<(u32, Arc<crate::runtime::region::ServeGate>)>);
 
 impl Entered {
     fn enter(&mut self, r: &RegionCore) -> bool {
@@ -125,12 +127,44 @@ impl Drop for Entered {
     }
 }
 
+/// A request's hold on the regions it touches, while it is applied: the snapshot keeps their
+/// records (and owned memory) alive, and the entered gates make withdrawing a region (the
+/// compat engine's deregistration while linked) wait. Dropped in this order: the snapshot first.
+pub(crate) struct Held {
+    _snapshot: Snapshot,
+    _entered: Entered,
+}
+
+// SAFETY: `validate` admits only ranges inside host regions of the table, within their bounds,
+// whose memory is valid for reads and for writes of any bytes, by anyone (the
+// RegistrableMemory / register_raw contracts); the snapshot in `Held` keeps the regions'
+// records (and owned memory) alive, and the gates it entered keep them registered: withdrawing
+// a region takes it out of the table, then waits for its gate to be left.
+unsafe impl Served for ServeTable {
+    type Held = Held;
+
+    fn admit(
+        &self,
+        op: TransferOp,
+        descs: &[WireDesc],
+        targets: &mut Vec<IoVec>,
+    ) -> Result<Held, (Status, String)> {
+        let mut entered = Entered::default();
+        let snapshot = self.snapshot();
+        validate(&snapshot, op, descs, targets, &mut entered)?;
+        Ok(Held {
+            _snapshot: snapshot,
+            _entered: entered,
+        })
+    }
+}
+
 /// Checks a batch against the table and computes the memory it touches; `entered` holds the
 /// regions' gates until the request is done with them.
 ///
 /// Never trusts the peer: unknown (or withdrawn) regions, empty, overflowing or out-of-bounds
 /// ranges and forbidden operations are refused before any memory is touched.
-pub(crate) fn validate(
+fn validate(
     table: &[Arc<RegionCore>],
     op: TransferOp,
     descs: &[WireDesc],

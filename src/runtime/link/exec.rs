@@ -1,12 +1,22 @@
-//! How a link runs a batch: the data path that covers it (device, UCX, same-host, in that
-//! order) or TCP lanes (a large batch split across several), async requests on the link's
-//! worker threads, and notifications ordered after earlier transfers.
+//! How a link runs a batch: on the first data path that covers it (device, UCX, same-host,
+//! then TCP, which covers every batch), async requests on the link's queue, and notifications
+//! ordered after earlier transfers.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::LinkShared;
+use crate::error::Error;
+use crate::runtime::executor::Handler;
+use crate::runtime::region::RegionUse;
+use crate::runtime::request::{Job, Outcome, ReqState, Started};
+use crate::sync::lock;
+use crate::transport::{Batch, PathFail};
+use crate::types::{LaneDesc, TransferOp};
 
 impl LinkShared {
-    /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`:
-    /// on the data path that covers it, or on TCP lanes, a large batch split across several.
+    /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`.
     pub(crate) fn run_sync(
         &self,
         op: TransferOp,
@@ -16,48 +26,25 @@ impl LinkShared {
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let sh = self;
-        sh.counters.start(op);
-        // large TCP batches: one part per lane (the same-host path shares large copies with a
-        // helper thread itself)
-        let direct = sh.direct_path(xds);
-        let parts = if direct.is_some() {
-            Vec::new()
-        } else {
-            split(xds, bytes, sh.parallel, SPLIT_MIN)
-        };
-        let run = |p: &[LaneDesc]| match direct {
-            Some(path) => sh.run_direct(path, op, p, deadline, &|| false),
-            None => sh.run_part(op, p, deadline, started),
-        };
-        let r = if parts.len() > 1 {
-            std::thread::scope(|s| {
-                let helpers: Vec<_> = parts[1..].iter().map(|p| s.spawn(move || run(p))).collect();
-                let first = run(&parts[0]);
-                helpers
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::Protocol {
-                                peer: sh.peer.clone(),
-                                problem: "a transfer helper thread panicked".into(),
-                            })
-                        })
-                    })
-                    .fold(first, |acc, r| acc.and(r))
-            })
-        } else {
-            run(xds)
-        };
+        self.counters.start(op);
+        let r = self.run_batch(&Batch {
+            peer: &self.peer,
+            op,
+            descs: xds,
+            bytes,
+            started,
+            deadline,
+            cancel: None,
+        });
         let took = started.elapsed();
-        sh.counters
+        self.counters
             .finish(op, bytes, took, r.as_ref().err().map(Error::status));
         match &r {
             Ok(()) => {
-                tracing::trace!(parent: &sh.span, %op, descs = ndescs, us = took.as_micros() as u64, "transfer done")
+                tracing::trace!(parent: &self.span, %op, descs = ndescs, us = took.as_micros() as u64, "transfer done")
             }
             Err(e) => {
-                tracing::trace!(parent: &sh.span, %op, descs = ndescs, error = %e, "transfer failed")
+                tracing::trace!(parent: &self.span, %op, descs = ndescs, error = %e, "transfer failed")
             }
         }
         r
@@ -127,42 +114,19 @@ impl LinkShared {
                     .0;
             }
         }
-        let mut lane = sh.checkout(deadline, started, "notify")?;
-        let r = lane.notify(me, name, msg, deadline);
-        let after = LaneAfter::of(r.as_ref().err());
-        let e = r
-            .err()
-            .map(|f| lane_error(f, "notify", &sh.peer, started, false));
-        sh.release(lane, after);
-        if e.is_none() {
-            sh.counters.notified();
-        }
-        e.map_or(Ok(()), Err)
+        sh.lanes.notify(me, name, msg, started, deadline)?;
+        sh.counters.notified();
+        Ok(())
     }
 
-    /// The link's data paths other than its TCP lanes, in preference order: device (HCCL),
-    /// UCX, same-host.
-    pub(super) fn data_paths(&self) -> impl Iterator<Item = &dyn DataPath> {
-        self.paths.iter().map(|p| &**p)
-    }
-
-    /// The first data path that moves `xds` without a TCP lane, if any.
-    fn direct_path(&self, xds: &[LaneDesc]) -> Option<&dyn DataPath> {
-        self.data_paths().find(|p| p.covers(xds))
-    }
-
-    /// Moves a batch over a lane-free path; `stop` cancels it where the path can be cancelled
-    /// (UCX).
+    /// Runs a batch on the first data path that covers it and turns its failure into the
+    /// caller's error, breaking the link where the failure says so.
     ///
     /// The caller keeps every local range registered and alive for the call.
-    fn run_direct(
-        &self,
-        path: &dyn DataPath,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), Error> {
+    fn run_batch(&self, b: &Batch<'_>) -> Result<(), Error> {
+        let path = (self.paths.iter())
+            .find(|p| p.covers(b.descs))
+            .expect("the last data path, TCP's, covers every batch");
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
         let pass = match (&self.fence, path.fenced()) {
@@ -175,34 +139,16 @@ impl LinkShared {
         if path.fenced() {
             crate::runtime::revoke::fence::test_pause();
         }
-        tracing::trace!(transport = ?path.kind(), descs = xds.len(), %op, "batch on a data path");
-        let r = self.run_path(path, op, xds, deadline, stop);
-        let kept = pass.is_none_or(|p| p.leave());
-        match r {
-            Ok(()) if !kept => {
-                Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
-            }
-            r => r,
-        }
-    }
-
-    /// Runs a batch on `path` and turns its failure into the caller's error, breaking the link
-    /// where the failure says so.
-    fn run_path(
-        &self,
-        path: &dyn DataPath,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), Error> {
-        if path.refused_when_broken() {
-            self.check_usable()?;
-        }
+        tracing::trace!(transport = ?path.kind(), descs = b.descs.len(), op = %b.op, "batch on a data path");
+        let r = if path.refused_when_broken() {
+            self.check_usable()
+        } else {
+            Ok(())
+        };
         // SAFETY: `prepare` checked every local range against the caller's registered regions,
         // which the caller's borrows (sync) or the request's state (async) hold alive for the
         // call, and every remote range against the peer's table.
-        match unsafe { path.run(&self.peer, op, xds, deadline, stop) } {
+        let r = r.and_then(|()| match unsafe { path.run(b) } {
             Ok(()) => Ok(()),
             Err(PathFail::Gone(why)) => {
                 self.mark_broken(why.clone());
@@ -216,6 +162,18 @@ impl LinkShared {
                 Err(error)
             }
             Err(PathFail::Failed(e)) => Err(e),
+            // the request has its outcome already (see `execute`)
+            Err(PathFail::NotStarted) => Err(Error::Cancelled {
+                op: b.op.name(),
+                peer: self.peer.clone(),
+            }),
+        });
+        let kept = pass.is_none_or(|p| p.leave());
+        match r {
+            Ok(()) if !kept => {
+                Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
+            }
+            r => r,
         }
     }
 
@@ -229,107 +187,30 @@ impl LinkShared {
         }
     }
 
-    /// Takes a lane, runs `xds` on it, and puts it back.
-    fn run_part(
-        &self,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-        started: Instant,
-    ) -> Result<(), Error> {
-        let mut lane = self.checkout(deadline, started, op.name())?;
-        let r = self.run_on(&mut lane, op, xds, deadline);
-        let after = LaneAfter::of(r.as_ref().err());
-        let e = r
-            .err()
-            .map(|f| lane_error(f, op.name(), &self.peer, started, false));
-        self.release(lane, after);
-        e.map_or(Ok(()), Err)
-    }
-
-    /// Runs `xds` on `lane`, in frames of at most 65,536 descriptors.
-    fn run_on(
-        &self,
-        lane: &mut Lane,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        deadline: Instant,
-    ) -> Result<(), LaneFail> {
-        for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
-            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-            lane.xfer(op, req, chunk, deadline)?;
-        }
-        Ok(())
-    }
-
-    /// Executes one async job on this link (called by worker threads).
+    /// Runs one async request (on a worker of the executor).
     fn execute(self: &Arc<Self>, job: Job) {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
         }
-        if let Some(path) = self.direct_path(&job.xds) {
-            if let Err(outcome) = st.set_running(-1) {
-                st.finish(self, outcome);
-                return;
-            }
-            let stop = || st.cancel_requested();
-            let r = self.run_direct(path, st.op, &job.xds, st.deadline, &stop);
-            let outcome = match r {
-                Ok(()) => Outcome::Completed,
-                Err(Error::Timeout { .. }) => Outcome::TimedOut,
-                Err(e) => Outcome::Failed(Arc::new(e)),
-            };
-            st.finish(self, outcome);
-            return;
-        }
-        let lane = match self.checkout(st.deadline, st.started, st.op.name()) {
-            Ok(l) => l,
-            Err(e) => {
-                let outcome = match e {
-                    Error::LanesExhausted { .. } | Error::Timeout { .. } => Outcome::TimedOut,
-                    e => Outcome::Failed(Arc::new(e)),
-                };
-                st.finish(self, outcome);
-                return;
-            }
-        };
-        let mut lane = lane;
-        if let Err(outcome) = st.set_running(lane.raw_fd()) {
-            self.checkin(lane);
-            st.finish(self, outcome);
-            return;
-        }
-        let r = self.run_on(&mut lane, st.op, &job.xds, st.deadline);
-        // the lane (and its descriptor) stays alive until `finish` has left the running phase
-        let after = LaneAfter::of(r.as_ref().err());
-        let failed = r.is_err();
-        let outcome = match r {
-            Ok(()) => Outcome::Completed,
-            Err(LaneFail::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-                ) =>
-            {
-                Outcome::TimedOut
-            }
-            Err(f) => Outcome::Failed(Arc::new(lane_error(
-                f,
-                st.op.name(),
-                &self.peer,
-                st.started,
-                false,
-            ))),
+        let req = Started::new(st);
+        let r = self.run_batch(&Batch {
+            peer: &self.peer,
+            op: st.op,
+            descs: &job.xds,
+            bytes: st.bytes,
+            started: st.started,
+            deadline: st.deadline,
+            cancel: Some(&req),
+        });
+        let outcome = match (req.unstarted(), r) {
+            // it ended (cancelled, or its deadline passed) before its path started it
+            (Some(o), _) => o,
+            (None, Ok(())) => Outcome::Completed,
+            (None, Err(Error::LanesExhausted { .. } | Error::Timeout { .. })) => Outcome::TimedOut,
+            (None, Err(e)) => Outcome::Failed(Arc::new(e)),
         };
         st.finish(self, outcome);
-        if failed && st.cancel_requested() {
-            // the lane was shut down by `cancel`: that says nothing about the peer
-            drop(lane);
-            self.discard(None);
-        } else {
-            self.release(lane, after);
-        }
     }
 
     /// Bookkeeping when a request ends, whoever ended it.
@@ -346,140 +227,20 @@ impl LinkShared {
         self.finished_cv.notify_all();
     }
 
+    /// Queues an async request on the link's queue (a new worker of it holds the link).
     fn enqueue(self: &Arc<Self>, job: Job) {
-        let mut jobs = lock(&self.jobs);
-        jobs.queue.push_back(job);
-        if jobs.idle > 0 {
-            self.jobs_cv.notify_one();
-        } else if jobs.workers < self.max_lanes {
-            jobs.workers += 1;
+        let worker = &mut || -> Handler<Job> {
             let me = self.clone();
-            let spawned = crate::runtime::executor::spawn(move || me.worker());
-            if spawned.is_err() {
-                jobs.workers -= 1;
-                // nobody can run it: fail what is queued rather than leave it waiting
-                let stranded: Vec<Job> = jobs.queue.drain(..).collect();
-                drop(jobs);
-                for j in stranded {
-                    if j.state.claim_queued() {
-                        let e = Error::LanesExhausted {
-                            peer: self.peer.clone(),
-                            lanes: 0,
-                        };
-                        j.state.finish(self, Outcome::Failed(Arc::new(e)));
-                    }
-                }
-            }
-        }
-    }
-
-    fn worker(self: Arc<Self>) {
-        loop {
-            let job = {
-                let mut jobs = lock(&self.jobs);
-                loop {
-                    if let Some(j) = jobs.queue.pop_front() {
-                        break j;
-                    }
-                    if self.is_closed() {
-                        jobs.workers -= 1;
-                        return;
-                    }
-                    jobs.idle += 1;
-                    let (g, t) = self
-                        .jobs_cv
-                        .wait_timeout(jobs, WORKER_IDLE)
-                        .unwrap_or_else(|e| e.into_inner());
-                    jobs = g;
-                    jobs.idle -= 1;
-                    if t.timed_out() && jobs.queue.is_empty() {
-                        jobs.workers -= 1;
-                        return;
-                    }
-                }
-            };
-            self.execute(job);
-        }
-    }
-}
-
-/// Bytes per lane below which a TCP transfer is not split across lanes.
-pub(crate) const SPLIT_MIN: u64 = 8 << 20;
-
-/// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
-/// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<LaneDesc>> {
-    let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
-    if parts < 2 {
-        return Vec::new();
-    }
-    crate::types::split::split(xds, parts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::types::WireDesc;
-
-    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
-        LaneDesc {
-            local,
-            remote: WireDesc {
-                region,
-                offset,
-                len,
-            },
-        }
-    }
-
-    #[test]
-    fn split_keeps_every_byte_once_and_in_place() {
-        let m = 1u64 << 20;
-        // too small to split
-        assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
-        assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
-        let cases: Vec<Vec<LaneDesc>> = vec![
-            vec![xd(0x1000, 1, 7, 64 * m)],
-            vec![
-                xd(0x1000, 1, 0, 16 * m),
-                xd(0x9000_0000, 2, 5, 16 * m),
-                xd(0x5000_0000, 3, 9, 3),
-            ],
-            (0..4)
-                .map(|i| xd(i * 0x100_0000, 0, i as u64 * 0x200_0000, 5 * m + 1))
-                .collect(),
-        ];
-        for xds in cases {
-            let bytes: u64 = xds.iter().map(|d| d.remote.len).sum();
-            for lanes in [2usize, 3, 8] {
-                let parts = split(&xds, bytes, lanes, SPLIT_MIN);
-                let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
-                assert_eq!(parts.len(), want);
-                // parts differ by at most one share's rounding, and cover the batch in order
-                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
-                let mut i = 0;
-                for d in &xds {
-                    let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);
-                    while left > 0 {
-                        let p = flat[i];
-                        assert_eq!(
-                            (p.local, p.remote.region, p.remote.offset),
-                            (local, d.remote.region, off)
-                        );
-                        assert!(p.remote.len > 0 && p.remote.len <= left);
-                        local += p.remote.len as usize;
-                        off += p.remote.len;
-                        left -= p.remote.len;
-                        i += 1;
-                    }
-                }
-                assert_eq!(i, flat.len());
-                let sizes: Vec<u64> = parts
-                    .iter()
-                    .map(|p| p.iter().map(|d| d.remote.len).sum())
-                    .collect();
-                let share = bytes.div_ceil(want as u64);
-                assert!(sizes.iter().all(|&s| s <= share), "{sizes:?}");
+            Box::new(move |job| me.execute(job))
+        };
+        if let Err(Job { state: st, .. }) = self.queue.push(job, worker) {
+            // nobody can run it: fail it rather than leave it waiting
+            if st.claim_queued() {
+                let e = Error::LanesExhausted {
+                    peer: self.peer.clone(),
+                    lanes: 0,
+                };
+                st.finish(self, Outcome::Failed(Arc::new(e)));
             }
         }
     }

@@ -1,57 +1,33 @@
-//! The link core: one link's state under the `Link` handle — its TCP lane pool, its other
-//! data paths (device, UCX, same-host) and the server's fence, opening (`LinkShared::open`),
-//! heartbeat and close, and how lane failures become the caller's errors. How a batch runs
-//! (data-path dispatch, splitting across lanes, async workers) is in `exec.rs`.
+//! The link core: one link's state under the `Link` handle — its data paths (the transports'
+//! in preference order, then TCP's, which covers every batch), its TCP lanes (which also carry
+//! its control messages: NOTIFY, PING, BYE), the server's fence, opening
+//! (`LinkShared::open`), heartbeat and close. How a batch runs (on the first data path that
+//! covers it, async requests on the link's queue, notifications ordered after earlier
+//! transfers) is in `exec.rs`.
 
 mod exec;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, RemoteRefusal};
+use crate::error::Error;
 use crate::metrics::LinkCounters;
 use crate::options::SameHost;
 use crate::process::PeerProc;
-use crate::runtime::region::RegionUse;
-use crate::runtime::request::{Job, Outcome, ReqState};
+use crate::runtime::executor::Queue;
+use crate::runtime::request::{Job, ReqState};
 use crate::runtime::revoke::fence::ClientFence;
+use crate::runtime::transports::{FirstLane, Join, Lanes, tcp_path};
 use crate::sync::lock;
-use crate::transport::tcp::{Lane, LaneFail};
-use crate::transport::{Backend, Control, DataPath, Health, PathFail, Setup, TransportKind};
+use crate::transport::{Backend, DataPath, Health, Setup, TransportKind};
 use crate::types::HostId;
-use crate::types::LaneDesc;
-use crate::types::TransferOp;
-use crate::wire::{self, Hello, LaneRole, TableEntry};
+use crate::wire::{Hello, LaneRole, TableEntry};
 
 /// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
-
-/// How long an idle async worker thread waits for work before it exits.
-const WORKER_IDLE: Duration = Duration::from_secs(2);
-
-struct Pool {
-    idle: Vec<Lane>,
-    open: usize,
-    broken: Option<String>,
-    /// Set once the link was closed (by `disconnect` or `Drop`).
-    closed: bool,
-}
-
-impl Pool {
-    /// `Err(NotConnected)` once the link to `peer` is broken.
-    fn usable(&self, peer: &str) -> Result<(), Error> {
-        match &self.broken {
-            Some(why) => Err(Error::NotConnected {
-                peer: peer.to_owned(),
-                why: why.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-}
 
 /// The link's async requests that have not ended, by sequence number (notifications wait for
 /// earlier ones; `close` cancels and waits for all of them).
@@ -62,46 +38,33 @@ struct Unfinished {
     closed: bool,
 }
 
-#[derive(Default)]
-struct Jobs {
-    queue: VecDeque<Job>,
-    workers: usize,
-    idle: usize,
-}
-
-/// A link's state, shared by the [`Link`](crate::Link) handle, async requests and async worker threads.
+/// A link's state, shared by the [`Link`](crate::Link) handle, async requests and the
+/// executor's workers running them.
 pub(crate) struct LinkShared {
     pub(crate) id: u64,
     pub(crate) peer: String,
-    addr: SocketAddr,
-    token: u64,
     pub(crate) remote_instance: u64,
     pub(crate) remote_pid: u32,
     /// Sorted by address, disjoint (checked when decoded).
     pub(crate) table: Vec<TableEntry>,
     pub(crate) engine_id: u64,
-    instance: u64,
-    name: String,
-    max_lanes: usize,
-    /// How many lanes one large transfer may use at once.
-    parallel: usize,
-    pool: Mutex<Pool>,
-    freed: Condvar,
+    /// Sequence numbers of async requests and notifications.
     next_req: AtomicU64,
-    jobs: Mutex<Jobs>,
-    jobs_cv: Condvar,
+    /// The link's async requests, taken in order, at most `max_lanes` at once.
+    queue: Arc<Queue<Job>>,
     /// Async requests not finished yet.
     unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
-    /// The data paths other than the TCP lanes, in preference order (device, UCX, same host):
-    /// the ones the engine's transports set up with the peer.
+    /// The data paths in preference order (device, UCX, same host: the ones the engine's
+    /// transports set up with the peer), then TCP's, which covers every batch: never empty.
     paths: Vec<Box<dyn DataPath>>,
+    /// The link's TCP lanes: their state is the link's (broken, closed), and the control
+    /// messages go over them.
+    lanes: Arc<Lanes>,
     /// The server's fence for this link, when the peer is on this host: its revocable grant of
     /// one-sided access, entered by every same-host (and same-host UCX) batch.
     fence: Option<ClientFence>,
-    /// The pre-shared key new lanes prove.
-    psk: Option<crate::auth::Psk>,
     pub(crate) span: tracing::Span,
 }
 
@@ -144,8 +107,8 @@ impl LinkShared {
             nonce: crate::auth::nonce()?,
         };
         let psk = engine.options.psk.clone();
-        let (mut lane, welcome) = Lane::open(addr, &hello, psk.as_ref(), deadline)
-            .map_err(|f| lane_error(f, "connect", &peer, started, true))?;
+        let (mut first, welcome) =
+            FirstLane::open(addr, &peer, &hello, psk.as_ref(), started, deadline)?;
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
         // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
@@ -167,17 +130,12 @@ impl LinkShared {
         let mut paths: Vec<Box<dyn DataPath>> = Vec::new();
         {
             let _in_link = span.enter();
-            let mut ctl = LaneControl {
-                lane: &mut lane,
-                peer: &peer,
-                started,
-            };
             let mut setup = Setup {
                 me: engine.name,
                 peer: &peer,
                 table: &welcome.table,
                 deadline,
-                ctl: &mut ctl,
+                ctl: &mut first,
                 local,
                 covered: false,
                 why_not,
@@ -204,7 +162,7 @@ impl LinkShared {
             });
         }
         if paths.is_empty() {
-            // no one-sided path: the fence guards nothing
+            // no data path but TCP's (added below): the fence guards nothing
             fence = None;
         }
         let one_sided = paths
@@ -217,49 +175,48 @@ impl LinkShared {
                 why: why_not.unwrap_or("the peer is not on this host (boot id and pid namespace)"),
             });
         }
+        // the last data path, and the control messages' lanes: TCP's
+        let max_lanes = engine.options.max_lanes;
+        let join = Join {
+            addr,
+            peer: peer.clone(),
+            instance: engine.instance,
+            name: engine.name.to_owned(),
+            token: welcome.token,
+            psk,
+        };
+        let lanes = first.into_lanes(join, max_lanes, span.clone());
+        let parallel = engine.options.parallel_lanes.min(max_lanes);
+        paths.push(tcp_path(lanes.clone(), parallel));
         tracing::debug!(parent: &span, regions = welcome.table.len(), remote_instance = welcome.instance,
             elapsed_us = started.elapsed().as_micros() as u64, "connected");
         Ok(Arc::new(LinkShared {
             id,
             peer,
-            addr,
-            token: welcome.token,
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
             table: welcome.table,
             engine_id: engine.engine_id,
-            instance: engine.instance,
-            name: engine.name.to_owned(),
-            max_lanes: engine.options.max_lanes,
-            parallel: engine.options.parallel_lanes.min(engine.options.max_lanes),
-            pool: Mutex::new(Pool {
-                idle: vec![lane],
-                open: 1,
-                broken: None,
-                closed: false,
-            }),
-            freed: Condvar::new(),
             next_req: AtomicU64::new(1),
-            jobs: Mutex::new(Jobs::default()),
-            jobs_cv: Condvar::new(),
+            queue: Queue::new(max_lanes),
             unfinished: Mutex::new(Unfinished::default()),
             finished_cv: Condvar::new(),
             counters: LinkCounters::default(),
             paths,
+            lanes,
             fence,
-            psk,
             span,
         }))
     }
 
     /// Whether the link broke (or was closed).
     pub(crate) fn is_broken(&self) -> bool {
-        lock(&self.pool).broken.is_some()
+        self.lanes.is_broken()
     }
 
     /// `Err(NotConnected)` once the link is broken.
     pub(crate) fn check_usable(&self) -> Result<(), Error> {
-        lock(&self.pool).usable(&self.peer)
+        self.lanes.usable()
     }
 
     /// Whether the link moves device memory (it has a device data path).
@@ -267,123 +224,20 @@ impl LinkShared {
         self.paths.iter().any(|p| p.moves_device_memory())
     }
 
-    /// The transport carrying the link's data: its preferred data path's, or TCP.
-    pub(crate) fn transport(&self) -> crate::transport::TransportKind {
-        let first = self.data_paths().next();
-        first.map_or(crate::transport::TransportKind::Tcp, |p| p.kind())
+    /// The transport carrying the link's data: its preferred data path's (TCP when it has no
+    /// other).
+    pub(crate) fn transport(&self) -> TransportKind {
+        self.paths[0].kind()
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        lock(&self.pool).closed
+        self.lanes.is_closed()
     }
 
-    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one.
-    fn checkout(
-        &self,
-        deadline: Instant,
-        started: Instant,
-        op: &'static str,
-    ) -> Result<Lane, Error> {
-        let mut pool = lock(&self.pool);
-        loop {
-            pool.usable(&self.peer)?;
-            if let Some(l) = pool.idle.pop() {
-                return Ok(l);
-            }
-            if pool.open < self.max_lanes {
-                pool.open += 1;
-                drop(pool);
-                let hello = Hello {
-                    role: LaneRole::Join,
-                    instance: self.instance,
-                    token: self.token,
-                    name: self.name.clone(),
-                    target: self.peer.clone(),
-                    host: None,
-                    nonce: crate::auth::nonce()?,
-                };
-                return match Lane::open(self.addr, &hello, self.psk.as_ref(), deadline) {
-                    Ok((lane, _)) => {
-                        tracing::trace!(parent: &self.span, "lane opened");
-                        Ok(lane)
-                    }
-                    Err(f) => {
-                        let dead = match &f {
-                            LaneFail::Refused { .. } => true,
-                            LaneFail::Io(e) => is_gone(e),
-                            LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
-                        };
-                        let e = lane_error(f, op, &self.peer, started, false);
-                        self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
-                        Err(e)
-                    }
-                };
-            }
-            let rem = deadline.saturating_duration_since(Instant::now());
-            if rem.is_zero() {
-                return Err(Error::LanesExhausted {
-                    peer: self.peer.clone(),
-                    lanes: pool.open,
-                });
-            }
-            pool = self
-                .freed
-                .wait_timeout(pool, rem)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    fn checkin(&self, lane: Lane) {
-        let mut pool = lock(&self.pool);
-        if pool.closed || pool.broken.is_some() {
-            pool.open -= 1;
-            drop(pool);
-            drop(lane);
-        } else {
-            pool.idle.push(lane);
-        }
-        self.freed.notify_one();
-    }
-
-    /// Forgets a dead lane; `broken` marks the whole link unusable.
-    fn discard(&self, broken: Option<String>) {
-        let mut pool = lock(&self.pool);
-        pool.open -= 1;
-        match broken {
-            Some(why) => self.break_locked(&mut pool, why),
-            None => self.freed.notify_one(),
-        }
-    }
-
-    /// Marks the link unusable (the first reason stays), drops its idle lanes and wakes every
-    /// caller waiting for a lane, so they see `NOT_CONNECTED` at once.
+    /// Marks the link unusable (the first reason stays); callers waiting for a lane see
+    /// `NOT_CONNECTED` at once.
     fn mark_broken(&self, why: String) {
-        self.break_locked(&mut lock(&self.pool), why);
-    }
-
-    fn break_locked(&self, pool: &mut Pool, why: String) {
-        if pool.broken.is_none() {
-            tracing::debug!(parent: &self.span, why = %why, "link broken");
-            pool.broken = Some(why);
-        }
-        pool.idle.clear();
-        self.freed.notify_all();
-    }
-
-    /// Puts a lane back, or drops it when a failure left it out of step (see [`LaneAfter`]).
-    fn release(&self, lane: Lane, after: LaneAfter) {
-        match after {
-            LaneAfter::Reuse => self.checkin(lane),
-            LaneAfter::Gone(why) => {
-                drop(lane);
-                self.discard(Some(why));
-            }
-            LaneAfter::Discard => {
-                drop(lane);
-                self.discard(None);
-            }
-        }
+        self.lanes.break_link(why);
     }
 }
 
@@ -403,47 +257,7 @@ impl LinkShared {
                 }
             }
         }
-        let lane = {
-            let mut pool = lock(&self.pool);
-            if pool.closed || pool.broken.is_some() {
-                return;
-            }
-            match pool.idle.pop() {
-                Some(l) => Some(l),
-                // lanes at work have their own deadlines
-                None if pool.open > 0 => return,
-                // no lane at all (the last one died with a timed-out transfer): the peer must
-                // still accept a new one
-                None => None,
-            }
-        };
-        let mut lane = match lane {
-            Some(l) => l,
-            None => {
-                let now = Instant::now();
-                match self.checkout(now + timeout, now, "heartbeat") {
-                    Ok(l) => l,
-                    Err(e) => {
-                        self.mark_broken(format!("no heartbeat answer: {e}"));
-                        return;
-                    }
-                }
-            }
-        };
-        match lane.ping(Instant::now() + timeout) {
-            Ok(()) => self.checkin(lane),
-            Err(f) => {
-                drop(lane);
-                let why = match f {
-                    LaneFail::Io(e) if !is_gone(&e) => {
-                        format!("no heartbeat answer within {timeout:?}")
-                    }
-                    LaneFail::Io(e) => format!("peer went away: {e}"),
-                    _ => "the heartbeat was answered wrongly".to_owned(),
-                };
-                self.discard(Some(why));
-            }
-        }
+        self.lanes.heartbeat(timeout);
     }
 
     /// Closes the link, waiting up to `timeout` for the peer's acknowledgement.
@@ -466,26 +280,8 @@ impl LinkShared {
     /// finishes the batch it is in; UCX stops waiting; a device batch ends by its deadline).
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
-        let deadline = started + timeout;
-        let (lane, broken) = {
-            let mut pool = lock(&self.pool);
-            (pool.idle.pop(), pool.broken.is_some())
-        };
-        let r = match (lane, broken) {
-            (Some(mut lane), false) => lane
-                .bye(deadline)
-                .map_err(|f| lane_error(f, "disconnect", &self.peer, started, false)),
-            _ => Ok(()),
-        };
-        {
-            let mut pool = lock(&self.pool);
-            pool.open -= pool.idle.len();
-            pool.idle.clear();
-            pool.broken.get_or_insert_with(|| "disconnected".into());
-            pool.closed = true;
-        }
-        self.freed.notify_all();
-        self.jobs_cv.notify_all();
+        let r = self.lanes.close(started, started + timeout);
+        self.queue.close();
         self.end_requests();
         for p in &self.paths {
             p.close();
@@ -519,131 +315,6 @@ impl LinkShared {
                 .wait_timeout(u, Duration::from_millis(100))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-    }
-}
-
-fn is_gone(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        e.kind(),
-        UnexpectedEof
-            | ConnectionReset
-            | ConnectionAborted
-            | BrokenPipe
-            | NotConnected
-            | ConnectionRefused
-    )
-}
-
-pub(crate) fn lane_error(
-    f: LaneFail,
-    op: &'static str,
-    peer: &str,
-    started: Instant,
-    connecting: bool,
-) -> Error {
-    match f {
-        LaneFail::Refused { status, reason, .. } => Error::Refused {
-            op,
-            peer: peer.to_owned(),
-            refusal: RemoteRefusal { status, reason },
-        },
-        LaneFail::Io(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-            ) =>
-        {
-            Error::Timeout {
-                op,
-                peer: peer.to_owned(),
-                elapsed: started.elapsed(),
-            }
-        }
-        LaneFail::Io(e) if connecting => Error::ConnectFailed {
-            peer: peer.to_owned(),
-            source: e,
-        },
-        LaneFail::Io(e) if is_gone(&e) => Error::NotConnected {
-            peer: peer.to_owned(),
-            why: format!("peer went away during {op}: {e}"),
-        },
-        LaneFail::Io(e) => Error::Io {
-            op,
-            peer: peer.to_owned(),
-            source: e,
-        },
-        LaneFail::Protocol(problem) => Error::Protocol {
-            peer: peer.to_owned(),
-            problem,
-        },
-        LaneFail::Auth(why) => Error::AuthFailed {
-            peer: peer.to_owned(),
-            why,
-        },
-    }
-}
-
-/// A new link's first lane as a transport's setup sees it ([`Control`]): lane failures become
-/// the caller's errors of `connect`.
-struct LaneControl<'a> {
-    lane: &'a mut Lane,
-    peer: &'a str,
-    started: Instant,
-}
-
-impl Control for LaneControl<'_> {
-    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), Error> {
-        let r = self.lane.send_frame(frame, deadline);
-        r.map_err(|f| self.fail(f))
-    }
-    fn recv(&mut self, deadline: Instant) -> Result<(wire::Kind, Vec<u8>), Error> {
-        let r = self.lane.recv_any(deadline);
-        r.map_err(|f| self.fail(f))
-    }
-    fn protocol(&self, problem: String) -> Error {
-        self.fail(LaneFail::Protocol(problem))
-    }
-    fn watch(&self) -> std::io::Result<std::net::TcpStream> {
-        self.watch_stream()
-    }
-    fn refused(&self, status: crate::error::Status, reason: String) -> Error {
-        self.fail(LaneFail::Refused {
-            status,
-            reason,
-            usable: false,
-        })
-    }
-}
-
-impl LaneControl<'_> {
-    fn watch_stream(&self) -> std::io::Result<std::net::TcpStream> {
-        self.lane.try_clone_stream()
-    }
-
-    fn fail(&self, f: LaneFail) -> Error {
-        lane_error(f, "connect", self.peer, self.started, false)
-    }
-}
-
-/// What becomes of a lane after an operation, decided from how it failed (if it did) before
-/// the failure is turned into the caller's error (which keeps the `io::Error` itself).
-enum LaneAfter {
-    /// Back into the pool: it is still in step with the peer.
-    Reuse,
-    /// The peer went away: the link is broken, for this reason.
-    Gone(String),
-    /// Out of step: closed, the link stays usable.
-    Discard,
-}
-
-impl LaneAfter {
-    fn of(f: Option<&LaneFail>) -> Self {
-        match f {
-            None | Some(LaneFail::Refused { usable: true, .. }) => Self::Reuse,
-            Some(LaneFail::Io(e)) if is_gone(e) => Self::Gone(format!("peer went away: {e}")),
-            Some(_) => Self::Discard,
         }
     }
 }

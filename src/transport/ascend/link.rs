@@ -25,7 +25,7 @@ use super::{Runtime, hccl_mem};
 use crate::device::acl::Stream;
 use crate::error::{Error, Status};
 use crate::sync::lock;
-use crate::transport::{Control, DataPath, PathFail, Region, TransportKind};
+use crate::transport::{Batch, Control, DataPath, PathFail, Region, TransportKind};
 use crate::types::Access;
 use crate::types::LaneDesc;
 use crate::types::TransferOp;
@@ -551,14 +551,10 @@ impl DataPath for Mutex<Option<DeviceLink>> {
     }
 
     /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).
-    unsafe fn run(
-        &self,
-        peer: &str,
-        op: TransferOp,
-        descs: &[LaneDesc],
-        deadline: Instant,
-        _stop: &dyn Fn() -> bool,
-    ) -> Result<(), PathFail> {
+    /// A batch is not cancelled once it started (it ends by its deadline).
+    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
+        let (peer, op, descs, deadline) = (batch.peer, batch.op, batch.descs, batch.deadline);
+        batch.start(None)?;
         let guard = lock(self);
         let Some(d) = guard.as_ref() else {
             return Err(PathFail::Failed(Error::NotConnected {

@@ -2,13 +2,12 @@
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use super::{MemCopy, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
-use crate::transport::{DataPath, Health, PathFail, TransportKind};
+use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
 use crate::types::{Access, LaneDesc, TransferOp};
 use crate::wire::{self, TableEntry};
 
@@ -136,14 +135,10 @@ impl DataPath for SameHostPath {
     }
 
     /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.
-    unsafe fn run(
-        &self,
-        peer: &str,
-        op: TransferOp,
-        xds: &[LaneDesc],
-        _deadline: Instant,
-        _stop: &dyn Fn() -> bool,
-    ) -> Result<(), PathFail> {
+    /// A batch is not cancelled once it started (it finishes the copies it is in).
+    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
+        let (peer, op, xds) = (batch.peer, batch.op, batch.descs);
+        batch.start(None)?;
         if !self.proc.alive(&self.watch) {
             return Err(PathFail::Gone("the peer exited or closed the link".into()));
         }

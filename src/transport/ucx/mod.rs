@@ -29,7 +29,7 @@ use crate::types::{Access, MemType, RegionView};
 use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
-use crate::transport::{DataPath, Health, PathFail, TransportKind};
+use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
 use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
@@ -329,17 +329,14 @@ impl DataPath for UcxLink {
 
     /// A failure or a timeout poisons the link (the endpoint is closed: HIXL's rule, reconnect
     /// to go on).
-    unsafe fn run(
-        &self,
-        _peer: &str,
-        op: TransferOp,
-        descs: &[LaneDesc],
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), PathFail> {
+    /// A cancel is polled while the batch is flushed.
+    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
+        batch.start(None)?;
+        let stop = || batch.cancel_requested();
         // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the
         // buffers before it returns.
-        unsafe { UcxLink::run(self, op, descs, deadline, stop) }.map_err(|e| PathFail::Poisoned {
+        let r = unsafe { UcxLink::run(self, batch.op, batch.descs, batch.deadline, &stop) };
+        r.map_err(|e| PathFail::Poisoned {
             why: format!("UCX transfer failed: {e}"),
             error: e,
         })

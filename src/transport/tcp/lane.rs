@@ -1,0 +1,287 @@
+//! One lane: a TCP connection of a link, client side. It says HELLO (and proves the
+//! pre-shared key) to open, then carries one request at a time: an XFER frame with all its
+//! descriptors (the WRITE payload follows it straight from registered memory) answered by one
+//! DONE frame (the READ payload follows it straight into registered memory), a NOTIFY, a PING
+//! or the BYE; or, on a new link's first lane, the frames of a transport's setup.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use crate::auth::Psk;
+use crate::error::Status;
+use crate::io::{Inbound, IoVec, Sock, read_frame};
+use crate::types::LaneDesc;
+use crate::types::TransferOp;
+use crate::wire::{self, Hello, Kind, Refuse, Welcome};
+
+/// How a lane operation failed.
+#[derive(Debug)]
+pub(super) enum LaneFail {
+    /// The peer refused the request; `usable` says whether the lane is still in step.
+    Refused {
+        status: Status,
+        reason: String,
+        usable: bool,
+    },
+    /// An I/O error (timeouts included); the lane is dead.
+    Io(io::Error),
+    /// The peer broke the protocol; the lane is dead.
+    Protocol(String),
+    /// Peer authentication failed; the lane is dead.
+    Auth(&'static str),
+}
+
+/// How long a client lane polls for a reply before sleeping: small transfers come back within
+/// it and skip a wake-up; large ones spend at most this much CPU more per call.
+const REPLY_SPIN: Duration = Duration::from_micros(50);
+
+/// One connection of a link, client side.
+#[derive(Debug)]
+pub(super) struct Lane {
+    sock: Sock,
+    inb: Inbound,
+    out: Vec<u8>,
+    iov: Vec<IoVec>,
+    targets: Vec<IoVec>,
+}
+
+impl Lane {
+    /// Connects, says HELLO and reads the WELCOME.
+    pub(super) fn open(
+        addr: SocketAddr,
+        hello: &Hello,
+        key: Option<&Psk>,
+        deadline: Instant,
+    ) -> Result<(Self, Welcome), LaneFail> {
+        let rem = deadline.saturating_duration_since(Instant::now());
+        if rem.is_zero() {
+            return Err(LaneFail::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "deadline passed",
+            )));
+        }
+        let stream = TcpStream::connect_timeout(&addr, rem).map_err(LaneFail::Io)?;
+        let mut sock = Sock::new(stream).map_err(LaneFail::Io)?;
+        sock.set_spin(REPLY_SPIN);
+        let mut lane = Lane {
+            sock,
+            inb: Inbound::new(),
+            out: Vec::with_capacity(256),
+            iov: Vec::new(),
+            targets: Vec::new(),
+        };
+        hello.encode(&mut lane.out);
+        lane.sock
+            .send_bytes(&lane.out, Some(deadline))
+            .map_err(LaneFail::Io)?;
+        let dl = Some(deadline);
+        let mut proven = false;
+        loop {
+            match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Challenge, p)) if !proven => {
+                    let Some(key) = key else {
+                        return Err(LaneFail::Auth(
+                            "the peer requires a pre-shared key; none is configured",
+                        ));
+                    };
+                    let f =
+                        wire::decode_auth(p, 2).map_err(|e| LaneFail::Protocol(e.to_string()))?;
+                    let (sn, proof) = (f[0], f[1]);
+                    if !key.check_server(&hello.nonce, &sn, &hello.name, &proof) {
+                        return Err(LaneFail::Auth("the peer does not know the pre-shared key"));
+                    }
+                    let mine = key.client_proof(&hello.nonce, &sn, &hello.name);
+                    wire::encode_auth(&mut lane.out, Kind::Auth, &[&mine]);
+                    lane.sock.send_bytes(&lane.out, dl).map_err(LaneFail::Io)?;
+                    proven = true;
+                }
+                Ok((Kind::Welcome, _)) if key.is_some() && !proven => {
+                    return Err(LaneFail::Auth(
+                        "the peer did not authenticate (it has no pre-shared key)",
+                    ));
+                }
+                Ok((Kind::Welcome, p)) => {
+                    let w = Welcome::decode(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
+                    return Ok((lane, w));
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => {
+                    return Err(LaneFail::Protocol(format!("expected WELCOME, got {k:?}")));
+                }
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+            }
+        }
+    }
+
+    /// Runs one batch (at most [`wire::MAX_DESCS_PER_FRAME`] descriptors) on this lane.
+    ///
+    /// # Safety
+    /// Every descriptor's local range is valid registered memory for the whole call: readable
+    /// for WRITE, writable with any bytes (and not otherwise referenced) for READ.
+    pub(super) unsafe fn xfer(
+        &mut self,
+        op: TransferOp,
+        req: u64,
+        descs: &[LaneDesc],
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        wire::encode_xfer(&mut self.out, op, req, descs.iter().map(|d| d.remote));
+        self.targets.clear();
+        self.targets.extend(descs.iter().map(|d| IoVec {
+            base: d.local,
+            len: d.remote.len as usize,
+        }));
+        self.iov.clear();
+        self.iov.push(IoVec {
+            base: self.out.as_ptr() as usize,
+            len: self.out.len(),
+        });
+        if op == TransferOp::Write {
+            self.iov.extend_from_slice(&self.targets);
+        }
+        // SAFETY: the first iovec is `self.out`, alive for the call; the others are the local
+        // ranges, valid for reads for the whole call (this function's contract).
+        let sent = unsafe { self.sock.send_all(&mut self.iov, dl) };
+        if let Err(e) = sent {
+            // the peer may have refused and closed: prefer its reason to the broken pipe
+            if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
+                let quick = Some(Instant::now() + Duration::from_millis(50));
+                let reply = read_frame(&mut self.sock, &mut self.inb, quick, || quick);
+                if let Ok(Ok((Kind::Done, p))) = reply
+                    && let Ok((_, status, reason)) = wire::decode_done(p)
+                    && status != 0
+                {
+                    return Err(LaneFail::Refused {
+                        status: Status::from_peer(status),
+                        reason,
+                        usable: false,
+                    });
+                }
+            }
+            return Err(LaneFail::Io(e));
+        }
+        let (status, reason) = self.read_done(req, dl)?;
+        if status != 0 {
+            return Err(LaneFail::Refused {
+                status: Status::from_peer(status),
+                reason,
+                // a refused READ leaves the lane in step; a refused WRITE is closed by the peer
+                usable: op == TransferOp::Read,
+            });
+        }
+        if op == TransferOp::Read {
+            // SAFETY: the targets are the local ranges, valid for writes of any bytes for the
+            // whole call (this function's contract).
+            unsafe { self.inb.recv_into(&mut self.sock, &self.targets, dl) }
+                .map_err(LaneFail::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the DONE frame answering request `req`: its status code and reason.
+    fn read_done(&mut self, req: u64, dl: Option<Instant>) -> Result<(u32, String), LaneFail> {
+        let (got, status, reason) =
+            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+                Ok((Kind::Done, p)) => {
+                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
+                }
+                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
+                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+            };
+        if got != req {
+            return Err(LaneFail::Protocol(format!(
+                "DONE for request {got}, expected {req}"
+            )));
+        }
+        Ok((status, reason))
+    }
+
+    /// Sends one encoded frame (a transport's link setup).
+    pub(super) fn send_frame(&mut self, frame: &[u8], deadline: Instant) -> Result<(), LaneFail> {
+        self.sock
+            .send_bytes(frame, Some(deadline))
+            .map_err(LaneFail::Io)
+    }
+
+    /// Reads the next frame, whatever its kind (a REFUSE is the peer's refusal).
+    pub(super) fn recv_any(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), LaneFail> {
+        let dl = Some(deadline);
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
+            Ok((k, p)) => Ok((k, p.to_vec())),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
+    }
+
+    /// Another handle to the lane's socket (it keeps the socket open on its own).
+    pub(super) fn try_clone_stream(&self) -> io::Result<TcpStream> {
+        self.sock.stream.try_clone()
+    }
+
+    /// The lane's socket (a cancel shuts it down from another thread).
+    pub(super) fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.stream.as_fd()
+    }
+
+    /// Sends a notification and waits for its acknowledgement.
+    pub(super) fn notify(
+        &mut self,
+        req: u64,
+        name: &str,
+        msg: &str,
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        wire::encode_notify(&mut self.out, req, name, msg);
+        self.sock.send_bytes(&self.out, dl).map_err(LaneFail::Io)?;
+        let (status, reason) = self.read_done(req, dl)?;
+        if status != 0 {
+            return Err(LaneFail::Refused {
+                status: Status::from_peer(status),
+                reason,
+                usable: true,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends PING and waits for PONG.
+    pub(super) fn ping(&mut self, deadline: Instant) -> Result<(), LaneFail> {
+        self.exchange(Kind::Ping, Kind::Pong, deadline)
+    }
+
+    /// Sends BYE and waits for the acknowledgement.
+    pub(super) fn bye(&mut self, deadline: Instant) -> Result<(), LaneFail> {
+        self.exchange(Kind::Bye, Kind::ByeAck, deadline)
+    }
+
+    /// Sends an empty frame of kind `ask` and waits for an empty frame of kind `answer`.
+    fn exchange(&mut self, ask: Kind, answer: Kind, deadline: Instant) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        self.sock
+            .send_bytes(&wire::header(ask, 0), dl)
+            .map_err(LaneFail::Io)?;
+        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+            Ok((k, _)) if k == answer => Ok(()),
+            Ok((k, _)) => Err(LaneFail::Protocol(format!(
+                "expected {answer:?}, got {k:?}"
+            ))),
+            Err(e) => Err(LaneFail::Protocol(e.to_string())),
+        }
+    }
+}
+
+fn refusal(p: &[u8], usable: bool) -> LaneFail {
+    match Refuse::decode(p) {
+        Ok(r) => LaneFail::Refused {
+            status: Status::from_peer(r.status),
+            reason: r.reason,
+            usable,
+        },
+        Err(e) => LaneFail::Protocol(e.to_string()),
+    }
+}

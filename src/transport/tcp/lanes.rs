@@ -1,0 +1,511 @@
+//! A link's lanes: the pool its requests take a lane from (an idle one, a new one that JOINs
+//! the link, up to `max_lanes`, or the next one freed), and the failure policy. A lane whose
+//! request failed goes back to the pool while it is in step with the peer, is closed when it is
+//! not, and breaks the link when the peer went away. The pool's state is the link's: once the
+//! link is broken (by a lane, or by another data path through [`Lanes::break_link`]) or closed,
+//! no lane is handed out and every caller waiting for one gets `NOT_CONNECTED`.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::lane::{Lane, LaneFail};
+use crate::auth::Psk;
+use crate::error::{Error, RemoteRefusal, Status};
+use crate::sync::lock;
+use crate::transport::Control;
+use crate::types::{LaneDesc, TransferOp};
+use crate::wire::{self, Hello, Kind, LaneRole, Welcome};
+
+/// What a new lane says to JOIN its link.
+pub(crate) struct Join {
+    /// The peer's address and name.
+    pub(crate) addr: SocketAddr,
+    pub(crate) peer: String,
+    /// This engine's instance id and name.
+    pub(crate) instance: u64,
+    pub(crate) name: String,
+    /// The link's token (from the WELCOME).
+    pub(crate) token: u64,
+    /// The pre-shared key new lanes prove.
+    pub(crate) psk: Option<Psk>,
+}
+
+struct Pool {
+    idle: Vec<Lane>,
+    open: usize,
+    broken: Option<String>,
+    /// Set once the link was closed (by `disconnect` or `Drop`).
+    closed: bool,
+}
+
+impl Pool {
+    /// `Err(NotConnected)` once the link to `peer` is broken.
+    fn usable(&self, peer: &str) -> Result<(), Error> {
+        match &self.broken {
+            Some(why) => Err(Error::NotConnected {
+                peer: peer.to_owned(),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A link's lanes.
+pub(crate) struct Lanes {
+    join: Join,
+    max_lanes: usize,
+    pool: Mutex<Pool>,
+    freed: Condvar,
+    /// The ids of XFER requests (a DONE names the request it answers).
+    next_req: AtomicU64,
+    span: tracing::Span,
+}
+
+/// A new link's first lane, until the link is set up: the other transports' setup speaks
+/// through it ([`Control`]), its failures are the caller's errors of `connect`.
+pub(crate) struct FirstLane {
+    lane: Lane,
+    peer: String,
+    started: Instant,
+}
+
+impl FirstLane {
+    /// Connects to `addr`, says `hello` (proving `psk`) and reads the WELCOME, by `deadline`.
+    ///
+    /// # Errors
+    /// What `connect` reports: [`Error::ConnectFailed`], [`Error::Timeout`],
+    /// [`Error::Refused`], [`Error::AuthFailed`], [`Error::Protocol`].
+    pub(crate) fn open(
+        addr: SocketAddr,
+        peer: &str,
+        hello: &Hello,
+        psk: Option<&Psk>,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<(Self, Welcome), Error> {
+        let (lane, welcome) = Lane::open(addr, hello, psk, deadline)
+            .map_err(|f| lane_error(f, "connect", peer, started, true))?;
+        let first = FirstLane {
+            lane,
+            peer: peer.to_owned(),
+            started,
+        };
+        Ok((first, welcome))
+    }
+
+    /// The link is set up: its first lane is the first of its pool.
+    pub(crate) fn into_lanes(
+        self,
+        join: Join,
+        max_lanes: usize,
+        span: tracing::Span,
+    ) -> Arc<Lanes> {
+        Arc::new(Lanes {
+            join,
+            max_lanes,
+            pool: Mutex::new(Pool {
+                idle: vec![self.lane],
+                open: 1,
+                broken: None,
+                closed: false,
+            }),
+            freed: Condvar::new(),
+            next_req: AtomicU64::new(1),
+            span,
+        })
+    }
+
+    fn fail(&self, f: LaneFail) -> Error {
+        lane_error(f, "connect", &self.peer, self.started, false)
+    }
+}
+
+impl Control for FirstLane {
+    fn send(&mut self, frame: &[u8], deadline: Instant) -> Result<(), Error> {
+        let r = self.lane.send_frame(frame, deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn recv(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), Error> {
+        let r = self.lane.recv_any(deadline);
+        r.map_err(|f| self.fail(f))
+    }
+    fn protocol(&self, problem: String) -> Error {
+        self.fail(LaneFail::Protocol(problem))
+    }
+    fn refused(&self, status: Status, reason: String) -> Error {
+        self.fail(LaneFail::Refused {
+            status,
+            reason,
+            usable: false,
+        })
+    }
+    fn watch(&self) -> io::Result<TcpStream> {
+        self.lane.try_clone_stream()
+    }
+}
+
+impl Lanes {
+    fn peer(&self) -> &str {
+        &self.join.peer
+    }
+
+    /// Whether the link broke (or was closed).
+    pub(crate) fn is_broken(&self) -> bool {
+        lock(&self.pool).broken.is_some()
+    }
+
+    /// Whether the link was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.pool).closed
+    }
+
+    /// `Err(NotConnected)` once the link is broken.
+    pub(crate) fn usable(&self) -> Result<(), Error> {
+        lock(&self.pool).usable(self.peer())
+    }
+
+    /// Marks the link unusable (the first reason stays), drops its idle lanes and wakes every
+    /// caller waiting for a lane, so they see `NOT_CONNECTED` at once.
+    pub(crate) fn break_link(&self, why: String) {
+        self.break_locked(&mut lock(&self.pool), why);
+    }
+
+    fn break_locked(&self, pool: &mut Pool, why: String) {
+        if pool.broken.is_none() {
+            tracing::debug!(parent: &self.span, why = %why, "link broken");
+            pool.broken = Some(why);
+        }
+        pool.idle.clear();
+        self.freed.notify_all();
+    }
+
+    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one.
+    pub(super) fn checkout(
+        &self,
+        deadline: Instant,
+        started: Instant,
+        op: &'static str,
+    ) -> Result<Lane, Error> {
+        let mut pool = lock(&self.pool);
+        loop {
+            pool.usable(self.peer())?;
+            if let Some(l) = pool.idle.pop() {
+                return Ok(l);
+            }
+            if pool.open < self.max_lanes {
+                pool.open += 1;
+                drop(pool);
+                let j = &self.join;
+                let hello = Hello {
+                    role: LaneRole::Join,
+                    instance: j.instance,
+                    token: j.token,
+                    name: j.name.clone(),
+                    target: j.peer.clone(),
+                    host: None,
+                    nonce: crate::auth::nonce()?,
+                };
+                return match Lane::open(j.addr, &hello, j.psk.as_ref(), deadline) {
+                    Ok((lane, _)) => {
+                        tracing::trace!(parent: &self.span, "lane opened");
+                        Ok(lane)
+                    }
+                    Err(f) => {
+                        let dead = match &f {
+                            LaneFail::Refused { .. } => true,
+                            LaneFail::Io(e) => is_gone(e),
+                            LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
+                        };
+                        let e = lane_error(f, op, self.peer(), started, false);
+                        self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
+                        Err(e)
+                    }
+                };
+            }
+            let rem = deadline.saturating_duration_since(Instant::now());
+            if rem.is_zero() {
+                return Err(Error::LanesExhausted {
+                    peer: self.peer().to_owned(),
+                    lanes: pool.open,
+                });
+            }
+            pool = self
+                .freed
+                .wait_timeout(pool, rem)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Puts a lane back (or closes it, once the link is broken or closed).
+    pub(super) fn checkin(&self, lane: Lane) {
+        let mut pool = lock(&self.pool);
+        if pool.closed || pool.broken.is_some() {
+            pool.open -= 1;
+            drop(pool);
+            drop(lane);
+        } else {
+            pool.idle.push(lane);
+        }
+        self.freed.notify_one();
+    }
+
+    /// Forgets a dead lane; `broken` marks the whole link unusable.
+    fn discard(&self, broken: Option<String>) {
+        let mut pool = lock(&self.pool);
+        pool.open -= 1;
+        match broken {
+            Some(why) => self.break_locked(&mut pool, why),
+            None => self.freed.notify_one(),
+        }
+    }
+
+    /// Puts a lane back, or drops it when a failure left it out of step (see [`LaneAfter`]).
+    pub(super) fn release(&self, lane: Lane, after: LaneAfter) {
+        match after {
+            LaneAfter::Reuse => self.checkin(lane),
+            LaneAfter::Gone(why) => {
+                drop(lane);
+                self.discard(Some(why));
+            }
+            LaneAfter::Discard => {
+                drop(lane);
+                self.discard(None);
+            }
+        }
+    }
+
+    /// Takes a lane, runs `f` on it, and puts it back or drops it as its failure says; the
+    /// failure becomes the caller's error of `op`.
+    fn with_lane(
+        &self,
+        op: &'static str,
+        started: Instant,
+        deadline: Instant,
+        f: impl FnOnce(&mut Lane) -> Result<(), LaneFail>,
+    ) -> Result<(), Error> {
+        let mut lane = self.checkout(deadline, started, op)?;
+        let r = f(&mut lane);
+        let after = LaneAfter::of(r.as_ref().err());
+        let e = r
+            .err()
+            .map(|f| lane_error(f, op, self.peer(), started, false));
+        self.release(lane, after);
+        e.map_or(Ok(()), Err)
+    }
+
+    /// Runs `xds` on a lane of its own: a sync transfer's batch, or one part of it.
+    ///
+    /// # Safety
+    /// As [`Lanes::xfer`].
+    pub(super) unsafe fn transfer(
+        &self,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        self.with_lane(op.name(), started, deadline, |lane| {
+            // SAFETY: this function's contract.
+            unsafe { self.xfer(lane, op, xds, deadline) }
+        })
+    }
+
+    /// Runs `xds` on `lane`, in frames of at most 65,536 descriptors.
+    ///
+    /// # Safety
+    /// Every local range of `xds` is valid registered memory for the whole call: readable for
+    /// WRITE, writable with any bytes (and not otherwise referenced) for READ.
+    pub(super) unsafe fn xfer(
+        &self,
+        lane: &mut Lane,
+        op: TransferOp,
+        xds: &[LaneDesc],
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
+            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: the chunk's ranges are some of `xds`' (this function's contract).
+            unsafe { lane.xfer(op, req, chunk, deadline) }?;
+        }
+        Ok(())
+    }
+
+    /// Sends notification `req` and waits for its acknowledgement, by `deadline`.
+    pub(crate) fn notify(
+        &self,
+        req: u64,
+        name: &str,
+        msg: &str,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        self.with_lane("notify", started, deadline, |lane| {
+            lane.notify(req, name, msg, deadline)
+        })
+    }
+
+    /// One heartbeat: PING on an idle lane; no PONG within `timeout` breaks the link (a silent
+    /// peer: stopped, hung, or cut off). A link that is busy (no idle lane) proves itself by its
+    /// transfers.
+    pub(crate) fn heartbeat(&self, timeout: Duration) {
+        let lane = {
+            let mut pool = lock(&self.pool);
+            if pool.closed || pool.broken.is_some() {
+                return;
+            }
+            match pool.idle.pop() {
+                Some(l) => Some(l),
+                // lanes at work have their own deadlines
+                None if pool.open > 0 => return,
+                // no lane at all (the last one died with a timed-out transfer): the peer must
+                // still accept a new one
+                None => None,
+            }
+        };
+        let mut lane = match lane {
+            Some(l) => l,
+            None => {
+                let now = Instant::now();
+                match self.checkout(now + timeout, now, "heartbeat") {
+                    Ok(l) => l,
+                    Err(e) => {
+                        self.break_link(format!("no heartbeat answer: {e}"));
+                        return;
+                    }
+                }
+            }
+        };
+        match lane.ping(Instant::now() + timeout) {
+            Ok(()) => self.checkin(lane),
+            Err(f) => {
+                drop(lane);
+                let why = match f {
+                    LaneFail::Io(e) if !is_gone(&e) => {
+                        format!("no heartbeat answer within {timeout:?}")
+                    }
+                    LaneFail::Io(e) => format!("peer went away: {e}"),
+                    _ => "the heartbeat was answered wrongly".to_owned(),
+                };
+                self.discard(Some(why));
+            }
+        }
+    }
+
+    /// Closes the link's lanes: says BYE on an idle one (unless the link is broken) and waits
+    /// for the answer by `deadline`; from then on no lane is handed out, and every caller
+    /// waiting for one gets `NOT_CONNECTED`.
+    ///
+    /// # Errors
+    /// The BYE exchange's, as `disconnect`'s (the lanes are closed anyway).
+    pub(crate) fn close(&self, started: Instant, deadline: Instant) -> Result<(), Error> {
+        let (lane, broken) = {
+            let mut pool = lock(&self.pool);
+            (pool.idle.pop(), pool.broken.is_some())
+        };
+        let r = match (lane, broken) {
+            (Some(mut lane), false) => lane
+                .bye(deadline)
+                .map_err(|f| lane_error(f, "disconnect", self.peer(), started, false)),
+            _ => Ok(()),
+        };
+        {
+            let mut pool = lock(&self.pool);
+            pool.open -= pool.idle.len();
+            pool.idle.clear();
+            pool.broken.get_or_insert_with(|| "disconnected".into());
+            pool.closed = true;
+        }
+        self.freed.notify_all();
+        r
+    }
+}
+
+/// Whether an I/O error says the peer went away (rather than that it is slow).
+pub(super) fn is_gone(e: &io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof
+            | ConnectionReset
+            | ConnectionAborted
+            | BrokenPipe
+            | NotConnected
+            | ConnectionRefused
+    )
+}
+
+/// The caller's error for a lane failure during `op` (`connecting`: opening the link).
+pub(super) fn lane_error(
+    f: LaneFail,
+    op: &'static str,
+    peer: &str,
+    started: Instant,
+    connecting: bool,
+) -> Error {
+    match f {
+        LaneFail::Refused { status, reason, .. } => Error::Refused {
+            op,
+            peer: peer.to_owned(),
+            refusal: RemoteRefusal { status, reason },
+        },
+        LaneFail::Io(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            Error::Timeout {
+                op,
+                peer: peer.to_owned(),
+                elapsed: started.elapsed(),
+            }
+        }
+        LaneFail::Io(e) if connecting => Error::ConnectFailed {
+            peer: peer.to_owned(),
+            source: e,
+        },
+        LaneFail::Io(e) if is_gone(&e) => Error::NotConnected {
+            peer: peer.to_owned(),
+            why: format!("peer went away during {op}: {e}"),
+        },
+        LaneFail::Io(e) => Error::Io {
+            op,
+            peer: peer.to_owned(),
+            source: e,
+        },
+        LaneFail::Protocol(problem) => Error::Protocol {
+            peer: peer.to_owned(),
+            problem,
+        },
+        LaneFail::Auth(why) => Error::AuthFailed {
+            peer: peer.to_owned(),
+            why,
+        },
+    }
+}
+
+/// What becomes of a lane after an operation, decided from how it failed (if it did) before
+/// the failure is turned into the caller's error (which keeps the `io::Error` itself).
+pub(super) enum LaneAfter {
+    /// Back into the pool: it is still in step with the peer.
+    Reuse,
+    /// The peer went away: the link is broken, for this reason.
+    Gone(String),
+    /// Out of step: closed, the link stays usable.
+    Discard,
+}
+
+impl LaneAfter {
+    pub(super) fn of(f: Option<&LaneFail>) -> Self {
+        match f {
+            None | Some(LaneFail::Refused { usable: true, .. }) => Self::Reuse,
+            Some(LaneFail::Io(e)) if is_gone(e) => Self::Gone(format!("peer went away: {e}")),
+            Some(_) => Self::Discard,
+        }
+    }
+}
