@@ -23,7 +23,7 @@ use crate::runtime::engine::EngineInner;
 use crate::runtime::link::{LinkShared, MAX_BATCH};
 use crate::runtime::region::RegionUse;
 use crate::transfer::TransferDesc;
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
 use crate::types::{Access, MemType};
@@ -168,12 +168,12 @@ impl<'e> Link<'e> {
         }
     }
 
-    /// Checks a batch and turns it into lane descriptors; returns them and the byte count.
+    /// Checks a batch and turns it into batch descriptors; returns them and the byte count.
     fn prepare(
         &self,
         op: TransferOp,
         descs: &[TransferDesc<'_>],
-        xds: &mut Vec<LaneDesc>,
+        xds: &mut Vec<BatchDesc>,
     ) -> Result<u64, Error> {
         if descs.is_empty() {
             return Err(Error::EmptyBatch);
@@ -230,7 +230,7 @@ impl<'e> Link<'e> {
                 });
             }
             bytes += d.remote.len;
-            xds.push(LaneDesc {
+            xds.push(BatchDesc {
                 local: d.local.ptr() as usize,
                 remote: WireDesc {
                     region: d.remote.region,

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::runtime::link::LinkShared;
 use crate::sync::model::{Condvar, Mutex, lock};
 use crate::transport::Cancel;
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 use crate::types::TransferOp;
 
 /// Optional arguments of [`Link::transfer_async`](crate::Link::transfer_async) (HIXL `TransferArgs`).
@@ -128,7 +128,7 @@ pub(crate) struct ReqState {
 /// descriptors.
 pub(crate) struct Job {
     pub state: Arc<ReqState>,
-    pub xds: Vec<LaneDesc>,
+    pub xds: Vec<BatchDesc>,
 }
 
 impl ReqState {

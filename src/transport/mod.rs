@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
-use crate::types::{LaneDesc, MemType, RegionView, TransferOp};
+use crate::types::{BatchDesc, MemType, RegionView, TransferOp};
 use crate::wire::{Kind, TableEntry, WireError};
 
 /// A registered region as a transport sees it. A transport that keeps the `Arc` keeps the
@@ -211,7 +211,7 @@ pub(crate) struct Batch<'a> {
     pub(crate) peer: &'a str,
     pub(crate) op: TransferOp,
     /// Every local range lies in registered memory and every remote range in the peer's table.
-    pub(crate) descs: &'a [LaneDesc],
+    pub(crate) descs: &'a [BatchDesc],
     /// The bytes of all of them.
     pub(crate) bytes: u64,
     /// When the call (or the async request) started, for its timeout error.
@@ -271,7 +271,7 @@ pub(crate) trait DataPath: Send + Sync {
     fn kind(&self) -> TransportKind;
 
     /// Whether it moves this batch (every region of the batch is reachable by it).
-    fn covers(&self, descs: &[LaneDesc]) -> bool;
+    fn covers(&self, descs: &[BatchDesc]) -> bool;
 
     /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
     /// inside the server's fence for the link (see `runtime::revoke`), when the link has one.

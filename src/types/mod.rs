@@ -1,6 +1,6 @@
 //! The crate's plain data: what a transfer is (TransferOp), where memory lives (MemType, MemDesc,
 //! Access), who a process is (HostId), ids (random_u64), and the descriptors that go on the wire
-//! and down a data path (WireDesc, LaneDesc). A leaf: it imports nothing from the crate.
+//! and down a data path (WireDesc, BatchDesc). A leaf: it imports nothing from the crate.
 //!
 //! (The parsed engine name, which reports errors, is in [`engine_name`].)
 
@@ -199,26 +199,26 @@ pub struct WireDesc {
 /// One descriptor of a batch as a data path moves it: a local address (already resolved from a
 /// region the caller keeps alive) and the peer's range.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct LaneDesc {
+pub(crate) struct BatchDesc {
     /// Local address (inside a registered region the caller keeps alive).
     pub local: usize,
     /// The peer's region range; its `len` is the length of both sides.
     pub remote: WireDesc,
 }
 
-impl split::Cut for LaneDesc {
+impl split::Cut for BatchDesc {
     fn bytes(&self) -> u64 {
         self.remote.len
     }
     fn cut(&self, at: u64) -> (Self, Self) {
-        let head = LaneDesc {
+        let head = BatchDesc {
             local: self.local,
             remote: WireDesc {
                 len: at,
                 ..self.remote
             },
         };
-        let tail = LaneDesc {
+        let tail = BatchDesc {
             local: self.local + at as usize,
             remote: WireDesc {
                 region: self.remote.region,

@@ -13,14 +13,14 @@ use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Job, Outcome, ReqState, Started};
 use crate::sync::lock;
 use crate::transport::{Batch, PathFail};
-use crate::types::{LaneDesc, TransferOp};
+use crate::types::{BatchDesc, TransferOp};
 
 impl LinkShared {
     /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`.
     pub(crate) fn run_sync(
         &self,
         op: TransferOp,
-        xds: &[LaneDesc],
+        xds: &[BatchDesc],
         bytes: u64,
         ndescs: usize,
         started: Instant,
@@ -57,7 +57,7 @@ impl LinkShared {
     pub(crate) fn start_async(
         self: &Arc<Self>,
         op: TransferOp,
-        xds: Vec<LaneDesc>,
+        xds: Vec<BatchDesc>,
         bytes: u64,
         keep: Vec<RegionUse>,
         timeout: Duration,

@@ -27,7 +27,7 @@ use crate::error::{Error, Status};
 use crate::sync::lock;
 use crate::transport::{Batch, Control, DataPath, PathFail, Region, TransportKind};
 use crate::types::Access;
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
 
@@ -448,7 +448,7 @@ impl DeviceLink {
     pub(crate) unsafe fn transfer(
         &self,
         op: TransferOp,
-        xds: &[LaneDesc],
+        xds: &[BatchDesc],
         timeout: Duration,
     ) -> Result<(), Error> {
         let mut p = lock(&self.path);
@@ -517,7 +517,7 @@ impl DataPath for Mutex<Option<DeviceLink>> {
     /// A link with a device path moves every batch whose local ranges lie in regions bound to
     /// its communicator (all of the engine's when the link was made, and those registered
     /// since that could be bound).
-    fn covers(&self, descs: &[LaneDesc]) -> bool {
+    fn covers(&self, descs: &[BatchDesc]) -> bool {
         let guard = lock(self);
         let Some(d) = guard.as_ref() else { return true };
         let p = lock(&d.path);

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
-use crate::types::{Access, LaneDesc, TransferOp};
+use crate::types::{Access, BatchDesc, TransferOp};
 use crate::wire::{self, TableEntry};
 
 /// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
@@ -51,7 +51,7 @@ pub(crate) struct SameHostPath {
 
 impl SameHostPath {
     /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
-    fn covers(&self, xds: &[LaneDesc]) -> bool {
+    fn covers(&self, xds: &[BatchDesc]) -> bool {
         xds.iter()
             .all(|d| self.regions.contains_key(&d.remote.region))
     }
@@ -117,7 +117,7 @@ impl DataPath for SameHostPath {
         TransportKind::SameHost
     }
 
-    fn covers(&self, descs: &[LaneDesc]) -> bool {
+    fn covers(&self, descs: &[BatchDesc]) -> bool {
         SameHostPath::covers(self, descs)
     }
 

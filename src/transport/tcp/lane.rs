@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::auth::Psk;
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::wire::{self, Hello, Kind, Refuse, Welcome};
 
@@ -124,7 +124,7 @@ impl Lane {
         &mut self,
         op: TransferOp,
         req: u64,
-        descs: &[LaneDesc],
+        descs: &[BatchDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         let dl = Some(deadline);

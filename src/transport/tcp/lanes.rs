@@ -16,7 +16,7 @@ use crate::auth::Psk;
 use crate::error::{Error, RemoteRefusal, Status};
 use crate::sync::lock;
 use crate::transport::Control;
-use crate::types::{LaneDesc, TransferOp};
+use crate::types::{BatchDesc, TransferOp};
 use crate::wire::{self, Hello, Kind, LaneRole, Welcome};
 
 /// What a new lane says to JOIN its link.
@@ -305,7 +305,7 @@ impl Lanes {
     pub(super) unsafe fn transfer(
         &self,
         op: TransferOp,
-        xds: &[LaneDesc],
+        xds: &[BatchDesc],
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
@@ -324,7 +324,7 @@ impl Lanes {
         &self,
         lane: &mut Lane,
         op: TransferOp,
-        xds: &[LaneDesc],
+        xds: &[BatchDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::lanes::{LaneAfter, Lanes, lane_error};
 use crate::error::Error;
 use crate::transport::{Batch, DataPath, PathFail, TransportKind};
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 
 /// Bytes per lane below which a TCP transfer is not split across lanes.
 pub(crate) const SPLIT_MIN: u64 = 8 << 20;
@@ -32,7 +32,7 @@ impl TcpPath {
         // SAFETY: each part's local ranges are ranges of the batch's, cut where a descriptor
         // was split: valid for the whole call (this function's contract), and the scope below
         // ends every helper before it returns.
-        let run = |p: &[LaneDesc]| unsafe { self.lanes.transfer(b.op, p, b.started, b.deadline) };
+        let run = |p: &[BatchDesc]| unsafe { self.lanes.transfer(b.op, p, b.started, b.deadline) };
         if parts.len() < 2 {
             return run(b.descs);
         }
@@ -91,7 +91,7 @@ impl DataPath for TcpPath {
     }
 
     /// Every batch: the server validates each descriptor against its table.
-    fn covers(&self, _descs: &[LaneDesc]) -> bool {
+    fn covers(&self, _descs: &[BatchDesc]) -> bool {
         true
     }
 
@@ -116,7 +116,7 @@ impl DataPath for TcpPath {
 
 /// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
 /// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[LaneDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<LaneDesc>> {
+fn split(xds: &[BatchDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<BatchDesc>> {
     let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
     if parts < 2 {
         return Vec::new();
@@ -129,8 +129,8 @@ mod tests {
     use super::*;
     use crate::types::WireDesc;
 
-    fn xd(local: usize, region: u32, offset: u64, len: u64) -> LaneDesc {
-        LaneDesc {
+    fn xd(local: usize, region: u32, offset: u64, len: u64) -> BatchDesc {
+        BatchDesc {
             local,
             remote: WireDesc {
                 region,
@@ -146,7 +146,7 @@ mod tests {
         // too small to split
         assert!(split(&[xd(0, 0, 0, 15 * m)], 15 * m, 2, SPLIT_MIN).is_empty());
         assert!(split(&[xd(0, 0, 0, 64 * m)], 64 * m, 1, SPLIT_MIN).is_empty());
-        let cases: Vec<Vec<LaneDesc>> = vec![
+        let cases: Vec<Vec<BatchDesc>> = vec![
             vec![xd(0x1000, 1, 7, 64 * m)],
             vec![
                 xd(0x1000, 1, 0, 16 * m),
@@ -164,7 +164,7 @@ mod tests {
                 let want = (lanes as u64).min(bytes / SPLIT_MIN) as usize;
                 assert_eq!(parts.len(), want);
                 // parts differ by at most one share's rounding, and cover the batch in order
-                let flat: Vec<LaneDesc> = parts.iter().flatten().copied().collect();
+                let flat: Vec<BatchDesc> = parts.iter().flatten().copied().collect();
                 let mut i = 0;
                 for d in &xds {
                     let (mut local, mut off, mut left) = (d.local, d.remote.offset, d.remote.len);

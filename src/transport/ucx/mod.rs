@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::types::LaneDesc;
+use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::types::{Access, MemType, RegionView};
 use crate::wire::{TableEntry, UcxInfo};
@@ -243,7 +243,7 @@ impl UcxLink {
     }
 
     /// Whether every descriptor's region has a key (otherwise the batch goes over TCP).
-    pub(crate) fn covers(&self, xds: &[LaneDesc]) -> bool {
+    pub(crate) fn covers(&self, xds: &[BatchDesc]) -> bool {
         xds.iter().all(|d| self.keys.contains_key(&d.remote.region))
     }
 
@@ -267,7 +267,7 @@ impl UcxLink {
     pub(crate) unsafe fn run(
         &self,
         op: TransferOp,
-        xds: &[LaneDesc],
+        xds: &[BatchDesc],
         deadline: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
@@ -307,7 +307,7 @@ impl DataPath for UcxLink {
         TransportKind::Ucx
     }
 
-    fn covers(&self, descs: &[LaneDesc]) -> bool {
+    fn covers(&self, descs: &[BatchDesc]) -> bool {
         UcxLink::covers(self, descs)
     }
 
