@@ -4,7 +4,7 @@
 //! transfer that returned `Ok` has bytes missing from the memory the server got back.
 //!
 //! The client is `hixl-peer hammer`, an ordinary hixl client in its own process that WRITEs the
-//! server's regions in a loop (see `src/bin/hixl-peer.rs`).
+//! server's regions in a loop (see `src/bin/hixl-peer/`).
 
 mod common;
 
