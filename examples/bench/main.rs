@@ -27,6 +27,9 @@
 //!   (the same buffer every time)
 //! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
 
+mod anchors;
+
+use anchors::{anchor, memcpy_gbps, pvm_gbps};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -403,99 +406,6 @@ fn measure(
         calls: i,
         anchors,
     })
-}
-
-/// Single-thread memcpy in `block` chunks over the working set, best of three passes, GB/s.
-fn memcpy_gbps(block: usize) -> f64 {
-    let mut src = vec![0u8; WS];
-    let mut dst = vec![0u8; WS];
-    Rng::new(3).fill(&mut src);
-    dst.copy_from_slice(&src);
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let mut moved = 0usize;
-        for off in (0..=WS - block).step_by(block) {
-            dst[off..off + block].copy_from_slice(&src[off..off + block]);
-            moved += block;
-            if moved % (64 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
-                break;
-            }
-        }
-        std::hint::black_box(&dst);
-        best = best.max(moved as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    best
-}
-
-/// A bare `process_vm_readv` (READ) or `process_vm_writev` (WRITE) loop between `buf` and the
-/// peer's region, `block` bytes a call, over the working set, best of three passes, GB/s.
-fn pvm_gbps(
-    op: TransferOp,
-    pid: u32,
-    remote: u64,
-    block: usize,
-    buf: &hixl::Region,
-) -> Option<f64> {
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let mut moved = 0usize;
-        for off in (0..=WS - block).step_by(block) {
-            if moved % (1 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
-                break;
-            }
-            moved += block;
-            let local = libc::iovec {
-                iov_base: (buf.addr() + off) as *mut libc::c_void,
-                iov_len: block,
-            };
-            let rem = libc::iovec {
-                iov_base: (remote as usize + off) as *mut libc::c_void,
-                iov_len: block,
-            };
-            // SAFETY: the local iovec lies in `buf`, a registered region this thread owns and
-            // nothing else uses during the measurement; the kernel checks the remote one.
-            let n = unsafe {
-                match op {
-                    TransferOp::Read => {
-                        libc::process_vm_readv(pid as libc::pid_t, &local, 1, &rem, 1, 0)
-                    }
-                    TransferOp::Write => {
-                        libc::process_vm_writev(pid as libc::pid_t, &local, 1, &rem, 1, 0)
-                    }
-                }
-            };
-            if n != block as isize {
-                return None;
-            }
-        }
-        best = best.max(moved as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    Some(best)
-}
-
-fn peers_script() -> std::path::PathBuf {
-    std::env::var_os("HIXL_PEERS")
-        .map(Into::into)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/bench-anchors.sh")
-        })
-}
-
-/// Runs `bench-anchors.sh ARGS` and reads the number on its last line.
-fn anchor(args: &[&str]) -> Option<f64> {
-    let out = Command::new("bash")
-        .arg(peers_script())
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .rev()
-        .find_map(|l| l.trim().parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
 }
 
 fn human(b: usize) -> String {
