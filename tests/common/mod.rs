@@ -3,6 +3,8 @@
 
 use hixl::{Connected, Hixl, HostBuffer, Options, Region};
 
+pub mod compat;
+
 #[allow(unused_imports)]
 pub use hixl::testkit::{Rng, fnv1a};
 
