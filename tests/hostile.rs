@@ -645,3 +645,33 @@ fn a_link_whose_only_lane_closed_can_be_rejoined() {
     }
     g.check();
 }
+
+/// A HELLO, or an AUTH, longer than 4 KiB before authentication is refused from its header: the
+/// server answers `REFUSE` and closes without waiting for (or allocating) the payload.
+#[test]
+fn an_oversized_handshake_is_refused_from_its_header() {
+    let (srv, _region) = common::server(4096, Options::default());
+    for kind in [Kind::Hello, Kind::Auth] {
+        let mut s = connect_raw(srv.name());
+        // the header alone: no payload byte follows
+        s.write_all(&wire::header(kind, 4097)).unwrap();
+        match read_frame(&mut s) {
+            Some((Kind::Refuse, _)) => assert!(closed(&mut s), "{kind:?}: open after REFUSE"),
+            other => panic!("{kind:?} of 4097 bytes: expected REFUSE, got {other:?}"),
+        }
+    }
+}
+
+/// The listener binds only the address in the engine's name: another loopback address of this
+/// host (127.0.0.2) is refused on the same port.
+#[test]
+fn the_listener_binds_only_the_named_address() {
+    let (srv, _region) = common::server(4096, Options::default());
+    let port = srv.name().rsplit_once(':').unwrap().1.to_owned();
+    assert!(TcpStream::connect(format!("127.0.0.1:{port}")).is_ok());
+    let other = TcpStream::connect(format!("127.0.0.2:{port}"));
+    assert_eq!(
+        other.map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+}
