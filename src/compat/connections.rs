@@ -23,8 +23,7 @@ impl Hixl {
             self.refuse_if_linked(&key)?;
             let link = e.connect_owned(remote_engine, timeout)?;
             // a broken link under this name is superseded (and closed when dropped)
-            lock(&self.gone).remove(&key);
-            lock(&self.links).insert(key, Arc::new(link));
+            self.hold(&key, Arc::new(link));
             Ok(())
         })
     }
@@ -157,6 +156,24 @@ impl Hixl {
         Ok(())
     }
 
+    /// Holds `link` as the link to `key` (a broken one under that name is superseded, and
+    /// closed when dropped); the remote is no longer one that went away.
+    fn hold(&self, key: &str, link: Arc<Link<'static>>) {
+        lock(&self.gone).remove(key);
+        lock(&self.links).insert(key.to_owned(), link);
+    }
+
+    /// Takes a broken link out of `links` (the caller closes it outside the lock) and remembers
+    /// that its remote went away, so that its `disconnect` succeeds.
+    fn drop_broken(
+        &self,
+        links: &mut std::collections::HashMap<String, Arc<Link<'static>>>,
+        key: &str,
+    ) -> Option<Arc<Link<'static>>> {
+        lock(&self.gone).insert(key.to_owned());
+        links.remove(key)
+    }
+
     /// The link to `key`: a held one; one an async connect finished; or, with AutoConnect, a new
     /// one. A broken link is dropped first with AutoConnect.
     fn link_for(
@@ -171,10 +188,7 @@ impl Hixl {
             let mut links = lock(&self.links);
             match links.get(key) {
                 Some(l) if !(auto && l.is_broken()) => return Ok(l.clone()),
-                Some(_) => {
-                    lock(&self.gone).insert(key.to_owned());
-                    links.remove(key)
-                }
+                Some(_) => self.drop_broken(&mut links, key),
                 None => None,
             }
         };
@@ -184,8 +198,7 @@ impl Hixl {
             && let Ok(l) = e.take_link_owned(remote)
         {
             let l = Arc::new(l);
-            lock(&self.gone).remove(key);
-            lock(&self.links).insert(key.to_owned(), l.clone());
+            self.hold(key, l.clone());
             return Ok(l);
         }
         if !auto {
@@ -199,8 +212,7 @@ impl Hixl {
             return Ok(l.clone()); // another caller connected meanwhile
         }
         let l = Arc::new(e.connect_owned(remote, connect_timeout)?);
-        lock(&self.gone).remove(key);
-        lock(&self.links).insert(key.to_owned(), l.clone());
+        self.hold(key, l.clone());
         tracing::debug!(peer = key, "auto-connected");
         Ok(l)
     }
@@ -217,10 +229,7 @@ impl Hixl {
             let removed = {
                 let mut links = lock(&self.links);
                 match links.get(key) {
-                    Some(l) if Arc::ptr_eq(l, link) => {
-                        lock(&self.gone).insert(key.to_owned());
-                        links.remove(key)
-                    }
+                    Some(l) if Arc::ptr_eq(l, link) => self.drop_broken(&mut links, key),
                     _ => None,
                 }
             };

@@ -144,7 +144,7 @@ impl Runtime {
     }
 
     /// [`Runtime::start`] where CANN loads ([`AscendMode::Auto`](crate::AscendMode::Auto)):
-    /// `Ok(None)` with the reason when ACL or HCCL does not load (the engine is then host-only).
+    /// `Ok(Err(why))` when ACL or HCCL does not load (the engine is then host-only).
     ///
     /// # Errors
     /// As [`Runtime::start`], once both libraries loaded.
