@@ -96,7 +96,7 @@ fn deregistering_while_a_peer_writes_waits_for_the_write_in_flight() {
         let refused = std::sync::atomic::AtomicUsize::new(0);
         let written = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
-            s.spawn(|| {
+            let writer = s.spawn(|| {
                 let d = [desc(&cmem, 0, addr, 0, LEN)];
                 while refused.load(std::sync::atomic::Ordering::SeqCst) < 3 {
                     match c.transfer_sync(&name, TransferOp::Write, &d, 5000) {
@@ -111,7 +111,8 @@ fn deregistering_while_a_peer_writes_waits_for_the_write_in_flight() {
                 }
             });
             // deregister while writes are landing
-            while written.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            // (a writer that failed ends the scope with its panic instead of a hang here)
+            while written.load(std::sync::atomic::Ordering::SeqCst) < 2 && !writer.is_finished() {
                 std::thread::yield_now();
             }
             server.deregister_mem(h).unwrap();
