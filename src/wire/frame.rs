@@ -41,11 +41,17 @@ pub enum Kind {
     DeviceHello = 15,
     /// Server → client: the server's device, or why it has none (a status other than 0).
     DeviceWelcome = 16,
+    /// Server → client, in a new link's handshake when the client says it runs on this host:
+    /// prove you are the process you name (a 32-byte nonce to place in your own memory).
+    Prove = 17,
+    /// Client → server: where the nonce of PROVE lies in the client's memory (its address); the
+    /// server reads it there through the process it is about to pin.
+    Proof = 18,
 }
 
 impl Kind {
     /// Every frame kind.
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Hello,
         Kind::Welcome,
         Kind::Refuse,
@@ -62,6 +68,8 @@ impl Kind {
         Kind::UcxInfo,
         Kind::DeviceHello,
         Kind::DeviceWelcome,
+        Kind::Prove,
+        Kind::Proof,
     ];
 
     fn from_u16(v: u16) -> Option<Self> {
@@ -82,6 +90,8 @@ impl Kind {
             14 => Self::UcxInfo,
             15 => Self::DeviceHello,
             16 => Self::DeviceWelcome,
+            17 => Self::Prove,
+            18 => Self::Proof,
             _ => return None,
         })
     }

@@ -127,6 +127,43 @@ pub fn decode_auth(p: &[u8], n: usize) -> Result<Vec<[u8; 32]>, WireError> {
     r.finish()?;
     Ok(v)
 }
+
+/// Encodes a PROVE frame: the nonce a same-host client must place in its own memory.
+pub fn encode_prove(out: &mut Vec<u8>, nonce: &[u8; 32]) {
+    begin(out, Kind::Prove);
+    out.extend_from_slice(nonce);
+    seal(out);
+}
+
+/// Decodes a PROVE payload (the nonce).
+///
+/// # Errors
+/// A [`WireError`] if the payload is not one 32-byte nonce.
+pub fn decode_prove(p: &[u8]) -> Result<[u8; 32], WireError> {
+    let mut r = Reader::new(p);
+    let n = r.take(32, "nonce")?.try_into().expect("32 bytes");
+    r.finish()?;
+    Ok(n)
+}
+
+/// Encodes a PROOF frame: the address in the client's memory where it placed the nonce.
+pub fn encode_proof(out: &mut Vec<u8>, addr: u64) {
+    begin(out, Kind::Proof);
+    out.extend_from_slice(&addr.to_le_bytes());
+    seal(out);
+}
+
+/// Decodes a PROOF payload (the address).
+///
+/// # Errors
+/// A [`WireError`] if the payload is not one address.
+pub fn decode_proof(p: &[u8]) -> Result<u64, WireError> {
+    let mut r = Reader::new(p);
+    let a = r.u64("address")?;
+    r.finish()?;
+    Ok(a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

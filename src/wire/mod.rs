@@ -24,7 +24,10 @@ mod xfer;
 pub use codec::Reader;
 pub use device::DeviceInfo;
 pub use frame::{Header, Kind, WireError, begin, decode_header, header, seal};
-pub use handshake::{Hello, LaneRole, Refuse, decode_auth, encode_auth};
+pub use handshake::{
+    Hello, LaneRole, Refuse, decode_auth, decode_proof, decode_prove, encode_auth, encode_proof,
+    encode_prove,
+};
 pub use table::{FD_TCP_ONLY, TableEntry, Welcome};
 pub use ucx::{MAX_UCX_BLOB, UcxInfo};
 pub use xfer::{decode_done, decode_notify, decode_xfer, encode_done, encode_notify, encode_xfer};
@@ -32,7 +35,7 @@ pub use xfer::{decode_done, decode_notify, decode_xfer, encode_done, encode_noti
 /// `"HIXL"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest frame payload accepted (the bulk data that follows a frame is not limited by this).
@@ -70,6 +73,8 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
             Reader::new(p).finish()
         }
         Kind::DeviceHello | Kind::DeviceWelcome => DeviceInfo::decode(p).map(drop),
+        Kind::Prove => decode_prove(p).map(drop),
+        Kind::Proof => decode_proof(p).map(drop),
     }
 }
 #[cfg(test)]
