@@ -263,6 +263,44 @@ impl Sock {
         }
     }
 
+    /// Sends all of `b` now, without waiting (a handshake frame into a send buffer that is
+    /// empty this early); `WouldBlock` if it did not all fit.
+    pub fn send_now(&self, b: &[u8]) -> io::Result<()> {
+        let fd = self.stream.as_raw_fd();
+        loop {
+            // SAFETY: `b` is a live slice for the call; MSG_NOSIGNAL turns SIGPIPE into EPIPE.
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    b.as_ptr().cast(),
+                    b.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n as usize != b.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "the send buffer is full",
+                ));
+            }
+            return Ok(());
+        }
+    }
+
+    /// Makes closing the socket discard what it has not sent yet (`SO_LINGER` 0: the peer gets
+    /// a reset): a peer that stopped reading leaves nothing queued in the kernel once the
+    /// socket is closed.
+    pub fn discard_unsent_on_close(&self) {
+        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+    }
+
     /// Shuts a socket down in both directions (wakes any thread blocked on it). The caller
     /// makes sure `s` still names the socket it means (it is open for the whole call).
     pub fn shutdown(s: &impl AsRawFd) {
@@ -308,8 +346,69 @@ impl Inbound {
         self.buf.shrink_to_fit();
     }
 
-    fn buffered(&self) -> usize {
+    /// Bytes received and not taken yet.
+    pub fn buffered(&self) -> usize {
         self.end - self.start
+    }
+
+    /// Gives back all but `keep` bytes of buffer (and at least what is buffered): a connection
+    /// waiting for its next request holds little memory.
+    pub fn shrink_to(&mut self, keep: usize) {
+        let keep = keep.max(self.buffered()).max(crate::wire::HEADER_LEN);
+        if self.buf.len() <= keep {
+            return;
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        self.buf.truncate(keep);
+        self.buf.shrink_to_fit();
+    }
+
+    /// Reads what the socket has now, without waiting, until at least `n` bytes are buffered;
+    /// says whether they are. A closed connection is `UnexpectedEof`.
+    pub fn fill_now(&mut self, sock: &Sock, n: usize) -> io::Result<bool> {
+        if self.buffered() >= n {
+            return Ok(true);
+        }
+        if self.buf.len() - self.start < n {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let fd = sock.stream.as_raw_fd();
+        while self.buffered() < n {
+            if self.end == self.buf.len() {
+                let grown = self.buf.len().saturating_mul(2).min(self.start + n);
+                self.buf.resize(grown, 0);
+            }
+            let room = &mut self.buf[self.end..];
+            // SAFETY: `room` is a live, writable slice of `room.len()` bytes.
+            let got = unsafe {
+                libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT)
+            };
+            if got == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                ));
+            }
+            if got < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return Ok(false),
+                    _ => return Err(e),
+                }
+            }
+            self.end += got as usize;
+        }
+        Ok(true)
+    }
+
+    /// The next `n` buffered bytes, left in the buffer (`n` must be buffered).
+    pub fn peek(&self, n: usize) -> &[u8] {
+        &self.buf[self.start..self.start + n]
     }
 
     /// Makes at least `n` bytes available in the buffer.

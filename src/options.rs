@@ -24,6 +24,7 @@ pub struct Options {
     pub(crate) max_server_lanes_per_link: usize,
     pub(crate) max_server_handshakes: usize,
     pub(crate) max_server_handshakes_per_peer: usize,
+    pub(crate) max_server_threads: usize,
     pub(crate) max_pending_notifies: usize,
     pub(crate) max_pending_notify_bytes: usize,
     pub(crate) closed_link_notify_grace: Duration,
@@ -124,6 +125,7 @@ impl Default for Options {
             max_server_lanes_per_link: 64,
             max_server_handshakes: 64,
             max_server_handshakes_per_peer: 8,
+            max_server_threads: 64,
             max_pending_notifies: 16_384,
             max_pending_notify_bytes: 16 << 20,
             closed_link_notify_grace: Duration::from_secs(60),
@@ -247,17 +249,28 @@ impl Options {
         self.max_server_lanes_per_link = n.max(1);
         self
     }
-    /// Most connections a serving engine keeps in their handshake (HELLO, and the key challenge)
-    /// at once (default 64). When they are all taken, the oldest is closed to make room for a
-    /// newcomer; the whole handshake must finish within [`Options::server_io_timeout`].
+    /// Most connections a serving engine keeps in their handshake (HELLO, the key challenge,
+    /// the same-host proof) at once (default 64). When they are all taken, one makes room for a
+    /// newcomer: from the address with the most handshakes, the one that got least far, oldest
+    /// first (with a key, never one that authenticated); the whole handshake must finish within
+    /// [`Options::server_io_timeout`].
     pub fn max_server_handshakes(mut self, n: usize) -> Self {
         self.max_server_handshakes = n.max(1);
         self
     }
-    /// Most connections in their handshake from one peer IP address (default 8); more are
-    /// closed as soon as they are accepted, without a serving thread.
+    /// Most connections in their handshake from one peer IP address (default 8). A newcomer
+    /// from an address at the limit takes the place of that address's handshake that got least
+    /// far (oldest first), so clients sharing an address with idle connections still get in.
     pub fn max_server_handshakes_per_peer(mut self, n: usize) -> Self {
         self.max_server_handshakes_per_peer = n.max(1);
+        self
+    }
+    /// Most threads a serving engine uses to serve requests at once (default 64). Handshakes
+    /// and idle lanes cost no thread (one poller thread waits on them all); a thread serves a
+    /// lane while its requests keep coming, then returns to the pool, whose idle threads end
+    /// after 2 s. Requests beyond it wait for a thread.
+    pub fn max_server_threads(mut self, n: usize) -> Self {
+        self.max_server_threads = n.max(1);
         self
     }
     /// Most notifications pending on this engine, over all links (default 16,384; each link
@@ -444,6 +457,7 @@ impl Options {
             max_lanes_per_link: self.max_server_lanes_per_link,
             max_handshakes: self.max_server_handshakes,
             max_handshakes_per_peer: self.max_server_handshakes_per_peer,
+            max_threads: self.max_server_threads,
         }
     }
 }

@@ -73,6 +73,28 @@ impl Pinned {
         })
     }
 
+    /// Whether the pinned process holds `nonce` at `addr` in its memory (read with
+    /// `process_vm_readv`): the proof that a same-host client is the process it names. The read
+    /// goes by pid, so the process must still be running after it (its pidfd says so): then the
+    /// pid named this process during the read, not one that took the number later.
+    ///
+    /// # Errors
+    /// The kernel refused the read (no right to trace the process, an unmapped address).
+    pub fn holds(&self, addr: u64, nonce: &[u8; 32]) -> io::Result<bool> {
+        let mut got = [0u8; 32];
+        let mut local = [IoVec {
+            base: got.as_mut_ptr() as usize,
+            len: got.len(),
+        }];
+        let Ok(base) = usize::try_from(addr) else {
+            return Ok(false);
+        };
+        let mut remote = [IoVec { base, len: 32 }];
+        // SAFETY: `local` describes `got`, a live local array written only by this call.
+        unsafe { pvm_read(self.pid, &mut local, &mut remote) }.map_err(|(e, _)| e)?;
+        Ok(!self.exited() && &got == nonce)
+    }
+
     /// Whether the process has exited (its pidfd is readable).
     pub fn exited(&self) -> bool {
         let mut fds = [libc::pollfd {

@@ -1,25 +1,24 @@
-//! The frame dispatch of the control plane's server: one connection's life, from its handshake
-//! (HELLO, CHALLENGE/AUTH, the allow-list, WELCOME with the region table) to the frames of an
-//! established lane (NOTIFY, PING, BYE, a transport's setup request such as UCXASK or
-//! DEVICE_HELLO, and XFER, which TCP's serving half applies: `transport::tcp::serve`). The
-//! whole handshake has one deadline, and once a request's first byte arrives the whole request
-//! has `server_io_timeout`. Every descriptor is validated against the region table (region id,
-//! bounds with overflow checks, access rights) before a byte moves, and no length is trusted
-//! before it is checked.
+//! The frame dispatch of the control plane's server, on its workers: opening or joining the link
+//! of a completed handshake (WELCOME with the region table), then the frames of an established
+//! lane (NOTIFY, PING, BYE, a transport's setup request such as UCXASK or DEVICE_HELLO, and
+//! XFER, which TCP's serving half applies: `transport::tcp::serve`). A worker serves a lane
+//! while requests keep coming and hands it back to the poller when none follows. Once a
+//! request's first byte arrives the whole request has `server_io_timeout`; a lane that misses it
+//! is closed with its unsent bytes discarded. Every descriptor is validated against the region
+//! table (region id, bounds with overflow checks, access rights) before a byte moves, and no
+//! length is trusted before it is checked.
 
+use super::conn::{Job, Lane, Ready};
 use super::server::{ActiveGuard, LinkRec, ServerShared};
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
-use crate::runtime::control::limits::{self};
-use crate::runtime::revoke::fence::ServerFence;
 use crate::runtime::transports::{XferEnd, XferServer};
 use crate::sync::lock;
 use crate::transport::{Accept, AcceptFail};
-use crate::wire::{self, Hello, Kind, LaneRole, Refuse, Welcome, WireError};
+use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
 use std::collections::HashSet;
 use std::io;
-use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -30,7 +29,7 @@ pub(super) const SERVE_SPIN: Duration = Duration::from_micros(20);
 
 /// Why a serving connection ended.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ConnEnd {
+pub(crate) enum ConnEnd {
     #[error("peer closed the connection")]
     Closed,
     #[error("link closed by BYE")]
@@ -41,30 +40,6 @@ pub(super) enum ConnEnd {
     Protocol(#[from] WireError),
     #[error("refused: {0}")]
     Refused(String),
-}
-
-/// Reads one handshake frame (HELLO, AUTH) by `deadline`: a header declaring more than
-/// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
-pub(super) fn read_handshake_frame<'a>(
-    sock: &mut Sock,
-    inb: &'a mut Inbound,
-    deadline: Option<Instant>,
-) -> Result<Result<(Kind, &'a [u8]), WireError>, io::Error> {
-    inb.fill(sock, wire::HEADER_LEN, deadline)?;
-    let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
-    let h = match wire::decode_header(&h) {
-        Ok(h) if h.len > limits::MAX_HANDSHAKE_FRAME => {
-            return Ok(Err(WireError::OverLimit {
-                what: "handshake frame length",
-                got: h.len.into(),
-                limit: limits::MAX_HANDSHAKE_FRAME.into(),
-            }));
-        }
-        Ok(h) => h,
-        Err(e) => return Ok(Err(e)),
-    };
-    inb.fill(sock, h.len as usize, deadline)?;
-    Ok(Ok((h.kind, inb.take(h.len as usize))))
 }
 
 /// Reads the next request of an established connection: waits as long as it takes for its
@@ -88,60 +63,6 @@ pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) 
     xfer.trim();
     if out.capacity() > 64 << 10 {
         *out = Vec::with_capacity(256);
-    }
-}
-
-/// Ends a handshake that failed on I/O: past its deadline the client is told so (`REFUSE`
-/// `TIMEOUT`) before the connection closes.
-pub(super) fn handshake_failed(sock: &mut Sock, out: &mut Vec<u8>, e: io::Error) -> ConnEnd {
-    if e.kind() == io::ErrorKind::TimedOut {
-        // the send buffer is empty this early: the short deadline only guards a stuck peer
-        let quick = Some(Instant::now() + Duration::from_millis(100));
-        refuse(sock, out, Status::TIMEOUT, "handshake timed out", quick);
-    }
-    ConnEnd::Io(e)
-}
-
-/// Counts connection `id` as an established lane (it finished its handshake).
-pub(super) fn establish(shared: &ServerShared, id: u64) -> Result<(), limits::Refusal> {
-    lock(&shared.conns).establish(id, &shared.limits)
-}
-
-pub(super) fn serve_conn(shared: Arc<ServerShared>, id: u64, stream: TcpStream, from: SocketAddr) {
-    let mut link = None;
-    let end = serve(&shared, id, stream, &mut link);
-    if let Some(token) = link {
-        let mut links = lock(&shared.links);
-        let emptied = match links.get_mut(&token) {
-            Some(l) => {
-                l.conns.remove(&id);
-                // its last lane: the link is kept a while for its client to rejoin (a client
-                // that cancels a running request closes that request's lane, maybe its only
-                // one); its pending notifications start their grace now
-                let last = l.conns.is_empty() && !matches!(end, ConnEnd::Bye);
-                if last {
-                    l.orphaned = Some(std::time::Instant::now());
-                }
-                last
-            }
-            None => false, // closed by BYE or replaced
-        };
-        // fences of links that go are revoked as their records go
-        let gone = shared.prune_orphans(&mut links);
-        drop(links);
-        if emptied {
-            shared.notifies.link_closed(token);
-        }
-        for t in gone {
-            shared.notifies.link_closed(t);
-        }
-        shared.prune_fences();
-    }
-    match end {
-        ConnEnd::Closed | ConnEnd::Bye => {
-            tracing::trace!(parent: &shared.span, %from, reason = %end, "lane closed")
-        }
-        _ => tracing::debug!(parent: &shared.span, %from, reason = %end, "lane closed"),
     }
 }
 
@@ -170,18 +91,6 @@ fn refused(
     ConnEnd::Refused(why.into())
 }
 
-/// The random source failed in a handshake: the client is refused (`FAILED`), never given a
-/// guessable token or nonce.
-fn no_randomness(
-    sock: &mut Sock,
-    out: &mut Vec<u8>,
-    e: crate::error::Error,
-    deadline: Option<Instant>,
-) -> ConnEnd {
-    let told = "the server has no random source";
-    refused(sock, out, Status::FAILED, told, e.to_string(), deadline)
-}
-
 pub(super) fn refuse(
     sock: &mut Sock,
     out: &mut Vec<u8>,
@@ -197,134 +106,81 @@ pub(super) fn refuse(
     let _ = sock.send_bytes(out, deadline);
 }
 
-pub(super) fn serve(
-    shared: &ServerShared,
-    id: u64,
-    stream: TcpStream,
-    link: &mut Option<u64>,
-) -> ConnEnd {
-    let on_this_host = crate::io::peer_on_this_host(&stream);
-    let mut sock = Sock::adopt(stream);
-    // declared after `sock`, so the connection leaves the table before its socket closes
-    let _entry = limits::Entry {
-        table: &shared.conns,
-        id,
+
+/// Queues `job` for the server's workers (a worker starts when none is idle and fewer than
+/// `max_threads` run). When no worker can be started at all, the job's connection closes.
+pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
+    // a worker holds the server weakly: once serving stopped and no job is left, nothing of
+    // the server (its region table) outlives it in a worker that has not left yet
+    let s = Arc::downgrade(shared);
+    let mut handler = move || -> crate::runtime::executor::Handler<Job> {
+        let s = s.clone();
+        Box::new(move |job| {
+            if let Some(s) = s.upgrade() {
+                run(&s, job)
+            }
+        })
     };
-    // the whole handshake, up to the WELCOME, has one deadline
-    let handshake = Some(Instant::now() + shared.io_timeout);
-    if let Err(e) = sock.stream.set_nodelay(true) {
-        return ConnEnd::Io(e);
+    if let Err(job) = shared.queue.push(job, &mut handler) {
+        tracing::warn!(parent: &shared.span, "no thread to serve a connection; closing it");
+        if let Job::Serve(lane) = job {
+            lane_closed(shared, *lane, ConnEnd::Refused("no serving thread".into()));
+        }
     }
-    if let Err(e) = sock.set_fixed_timeout(shared.io_timeout) {
-        return ConnEnd::Io(e);
+}
+
+/// A worker's job: opens the link of a completed handshake, or serves a lane's requests.
+fn run(shared: &Arc<ServerShared>, job: Job) {
+    let lane = match job {
+        Job::Open(ready) => match open_link(shared, *ready) {
+            Some(lane) => lane,
+            None => return,
+        },
+        Job::Serve(lane) => lane,
+    };
+    serve_lane(shared, lane);
+}
+
+/// Opens (or joins) the link of a completed handshake and welcomes the client; `None` when the
+/// connection ended instead.
+pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane>> {
+    let Ready {
+        mut conn,
+        inb,
+        hello,
+        fence,
+        same_host,
+        on_this_host,
+    } = r;
+    let sock = &mut conn.sock;
+    let setup = (sock.stream.set_nodelay(true))
+        .and_then(|()| sock.set_fixed_timeout(shared.io_timeout))
+        .and_then(|()| match shared.keepalive {
+            Some(every) => sock.set_keepalive(every),
+            None => Ok(()),
+        });
+    if let Err(e) = setup {
+        tracing::debug!(parent: &shared.span, error = %e, "cannot set up a lane");
+        return None;
     }
     sock.set_spin(SERVE_SPIN);
-    if let Some(every) = shared.keepalive
-        && let Err(e) = sock.set_keepalive(every)
-    {
-        return ConnEnd::Io(e);
-    }
-    // handshake frames are small: so is the buffer until the client is welcomed
-    let mut inb = Inbound::with_capacity(limits::MAX_HANDSHAKE_FRAME as usize);
     let mut out = Vec::with_capacity(256);
     let io_deadline = || Some(Instant::now() + shared.io_timeout);
-
-    // handshake: the first frame must be HELLO, within the I/O timeout
-    let hello = match read_handshake_frame(&mut sock, &mut inb, handshake) {
-        Err(e) => return handshake_failed(&mut sock, &mut out, e),
-        Ok(Err(e)) => {
-            return violation(&mut sock, &mut out, e, io_deadline());
-        }
-        Ok(Ok((Kind::Hello, p))) => match Hello::decode(p) {
-            Ok(h) => h,
-            Err(e) => {
-                return violation(&mut sock, &mut out, e, io_deadline());
-            }
-        },
-        Ok(Ok((k, _))) => {
-            let e = WireError::Unexpected(k);
-            refuse(
-                &mut sock,
-                &mut out,
-                Status::FAILED,
-                "expected HELLO",
-                io_deadline(),
-            );
-            return ConnEnd::Protocol(e);
-        }
-    };
-    if let Some(key) = &shared.psk {
-        let sn = match crate::auth::nonce() {
-            Ok(n) => n,
-            Err(e) => return no_randomness(&mut sock, &mut out, e, io_deadline()),
-        };
-        let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
-        wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
-        if let Err(e) = sock.send_bytes(&out, handshake) {
-            return handshake_failed(&mut sock, &mut out, e);
-        }
-        let answer = match read_handshake_frame(&mut sock, &mut inb, handshake) {
-            Err(e) => return handshake_failed(&mut sock, &mut out, e),
-            Ok(Ok((Kind::Auth, p))) => wire::decode_auth(p, 1).ok().map(|f| f[0]),
-            Ok(_) => None,
-        };
-        if !answer.is_some_and(|a| key.check_client(&hello.nonce, &sn, &hello.name, &a)) {
-            let why = format!("engine {:?} failed authentication", hello.name);
-            return refused(
-                &mut sock,
-                &mut out,
-                Status::PARAM_INVALID,
-                "authentication failed",
-                why,
-                io_deadline(),
-            );
-        }
-    }
-    if let Some(allow) = &shared.allow
-        && !allow.contains(&hello.name)
-    {
-        let why = format!("engine {:?} is not on the allow-list", hello.name);
-        return refused(
-            &mut sock,
-            &mut out,
-            Status::PARAM_INVALID,
-            &why,
-            why.clone(),
-            io_deadline(),
-        );
-    }
-    if let Err(why) = establish(shared, id) {
-        return refused(
-            &mut sock,
-            &mut out,
-            Status::RESOURCE_EXHAUSTED,
-            why,
-            why,
-            io_deadline(),
-        );
-    }
-    let same_host = matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s));
+    let id = conn.id;
     let (token, live, busy, fence) = match hello.role {
         LaneRole::NewLink => {
-            // a same-host client gets a fence: one-sided access this server can revoke
-            let fence = match &hello.host {
-                Some(client) if same_host => match ServerFence::new(client) {
-                    Ok(f) => Some(Arc::new(f)),
-                    Err(e) => {
-                        tracing::debug!(parent: &shared.span, error = %e, "no fence for a same-host client; serving it over tcp");
-                        None
-                    }
-                },
-                _ => None,
-            };
             // only a fence the server will revoke and wait for is offered
-            let fence = fence.filter(|f| shared.offer_fence(f));
+            let fence = fence.map(Arc::new).filter(|f| shared.offer_fence(f));
             // the link's token is what later lanes present to JOIN it: unguessable, never 0
             let token = loop {
                 match crate::types::random_u64() {
                     Ok(0) => {}
                     Ok(t) => break t,
-                    Err(e) => return no_randomness(&mut sock, &mut out, e, io_deadline()),
+                    Err(e) => {
+                        let told = "the server has no random source";
+                        refused(&mut conn.sock, &mut out, Status::FAILED, told, e.to_string(), io_deadline());
+                        return None;
+                    }
                 }
             };
             let mut links = lock(&shared.links);
@@ -362,14 +218,16 @@ pub(super) fn serve(
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {
                 if !old.drain(shared.io_timeout) {
-                    return refused(
-                        &mut sock,
+                    refused(
+                        &mut conn.sock,
                         &mut out,
                         Status::FAILED,
                         "the previous link is still busy",
                         "the previous link did not drain",
                         io_deadline(),
                     );
+                    forget(shared, id, token, &ConnEnd::Refused(String::new()));
+                    return None;
                 }
             }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
@@ -392,30 +250,20 @@ pub(super) fn serve(
                 Some(l) if l.instance == hello.instance && l.client == hello.name => {
                     drop(links);
                     let why = "too many lanes on this link";
-                    return refused(
-                        &mut sock,
-                        &mut out,
-                        Status::RESOURCE_EXHAUSTED,
-                        why,
-                        why,
-                        io_deadline(),
-                    );
+                    let st = Status::RESOURCE_EXHAUSTED;
+                    refused(&mut conn.sock, &mut out, st, why, why, io_deadline());
+                    return None;
                 }
                 _ => {
                     drop(links);
-                    return refused(
-                        &mut sock,
-                        &mut out,
-                        Status::NOT_CONNECTED,
-                        "unknown link",
-                        "join to an unknown link",
-                        io_deadline(),
-                    );
+                    let st = Status::NOT_CONNECTED;
+                    let why = "join to an unknown link";
+                    refused(&mut conn.sock, &mut out, st, "unknown link", why, io_deadline());
+                    return None;
                 }
             }
         }
     };
-    *link = Some(token);
     Welcome {
         instance: shared.instance,
         token,
@@ -428,112 +276,161 @@ pub(super) fn serve(
         fence: fence.as_ref().map_or(-1, |f| f.fd()),
     }
     .encode(&mut out);
-    if let Err(e) = sock.send_bytes(&out, io_deadline()) {
-        return ConnEnd::Io(e);
+    let mut lane = Box::new(Lane {
+        conn,
+        inb,
+        out,
+        xfer: XferServer::default(),
+        token,
+        live,
+        busy,
+        client: hello.name.clone(),
+        new_link: hello.role == LaneRole::NewLink,
+        asked: Vec::new(),
+        on_this_host,
+    });
+    let sent = lane.conn.sock.send_bytes(&lane.out, io_deadline());
+    if let Err(e) = sent {
+        lane_closed(shared, *lane, ConnEnd::Io(e));
+        return None;
     }
+    Some(lane)
+}
 
-    // a transport's data path is set up on the lane that opened the link, once (unless the
-    // transport allows its request again)
-    let mut asked: Vec<Kind> = Vec::new();
-    let mut xfer = XferServer::default();
+/// What serving a lane came to.
+enum Next {
+    /// No request followed: the lane goes back to the poller.
+    Idle,
+    /// The lane ended.
+    End(ConnEnd),
+}
+
+/// Serves a lane's requests while they keep coming (each one's first byte within
+/// [`SERVE_SPIN`] of the last one's end), then hands it back to the poller, or closes it.
+pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
+    match serve_requests(shared, &mut lane) {
+        Next::Idle => {
+            lane.shrink();
+            shared.returns.give(lane);
+        }
+        Next::End(end) => lane_closed(shared, *lane, end),
+    }
+}
+
+fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
+    let Lane {
+        conn,
+        inb,
+        out,
+        xfer,
+        token,
+        live,
+        busy,
+        client,
+        new_link,
+        asked,
+        on_this_host,
+    } = lane;
+    let token = *token;
+    let sock = &mut conn.sock;
     loop {
         // between requests a connection keeps no more memory than a small one needs
-        trim(&mut inb, &mut xfer, &mut out);
-        // idle: wait for the next request as long as it takes (shutdown wakes us); once its
-        // first byte is in, the whole request has `io_timeout`
-        let (frame, deadline) = match read_request(&mut sock, &mut inb, shared.io_timeout) {
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ConnEnd::Closed,
-            Err(e) => return ConnEnd::Io(e),
+        trim(inb, xfer, out);
+        match request_waiting_in(inb, sock) {
+            Ok(true) => {}
+            Ok(false) => return Next::Idle,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Next::End(ConnEnd::Closed),
+            Err(e) => return Next::End(ConnEnd::Io(e)),
+        }
+        // the request's first byte is in: the whole request has `io_timeout`
+        let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Next::End(ConnEnd::Closed),
+            Err(e) => return Next::End(ConnEnd::Io(e)),
             Ok((Err(e), _)) => {
-                return violation(&mut sock, &mut out, e, io_deadline());
+                let dl = Some(Instant::now() + shared.io_timeout);
+                return Next::End(violation(sock, out, e, dl));
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
         shared.active.fetch_add(1, Ordering::SeqCst);
         let _guard = ActiveGuard(&shared.active);
         busy.fetch_add(1, Ordering::SeqCst);
-        let _busy = ActiveGuard(&busy);
+        let _busy = ActiveGuard(busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
-            return ConnEnd::Refused("request on a superseded link".into());
+            return Next::End(ConnEnd::Refused("request on a superseded link".into()));
         }
         match frame {
             (Kind::Xfer, p) => {
                 let x = match xfer.decode(p) {
                     Ok(x) => x,
-                    Err(e) => return violation(&mut sock, &mut out, e, deadline),
+                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
                 };
                 let table = &*shared.table;
-                match xfer.apply(x, &mut sock, &mut inb, &mut out, deadline, table) {
+                match xfer.apply(x, sock, inb, out, deadline, table) {
                     Ok(()) => {}
-                    Err(XferEnd::Io(e)) => return ConnEnd::Io(e),
-                    Err(XferEnd::Refused(reason)) => return ConnEnd::Refused(reason),
+                    Err(XferEnd::Io(e)) => return Next::End(ConnEnd::Io(e)),
+                    Err(XferEnd::Refused(reason)) => return Next::End(ConnEnd::Refused(reason)),
                 }
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {
                     Ok(x) => x,
-                    Err(e) => {
-                        return violation(&mut sock, &mut out, e, deadline);
-                    }
+                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
                 };
-                let from = lock(&shared.links)
-                    .get(&token)
-                    .map(|l| l.client.clone())
-                    .unwrap_or_default();
+                let from = client.clone();
                 match shared.notifies.push(token, Notify { from, name, msg }) {
-                    Ok(()) => wire::encode_done(&mut out, req, 0, ""),
+                    Ok(()) => wire::encode_done(out, req, 0, ""),
                     Err(reason) => {
-                        wire::encode_done(&mut out, req, Status::RESOURCE_EXHAUSTED.code(), &reason)
+                        wire::encode_done(out, req, Status::RESOURCE_EXHAUSTED.code(), &reason)
                     }
                 }
-                if let Err(e) = sock.send_bytes(&out, deadline) {
-                    return ConnEnd::Io(e);
+                if let Err(e) = sock.send_bytes(out, deadline) {
+                    return Next::End(ConnEnd::Io(e));
                 }
             }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
-                    return violation(&mut sock, &mut out, WireError::Trailing(p.len()), deadline);
+                    let e = WireError::Trailing(p.len());
+                    return Next::End(violation(sock, out, e, deadline));
                 }
                 if let Err(e) = sock.send_bytes(&wire::header(Kind::Pong, 0), deadline) {
-                    return ConnEnd::Io(e);
+                    return Next::End(ConnEnd::Io(e));
                 }
             }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
-                    return ConnEnd::Protocol(WireError::Trailing(p.len()));
+                    return Next::End(ConnEnd::Protocol(WireError::Trailing(p.len())));
                 }
                 let rec = lock(&shared.links).remove(&token);
                 if let Some(rec) = rec {
                     rec.live.store(false, Ordering::SeqCst);
                     let conns = lock(&shared.conns);
-                    for c in rec
-                        .conns
-                        .iter()
-                        .filter(|&&c| c != id)
+                    for c in (rec.conns.iter())
+                        .filter(|&&c| c != conn.id)
                         .filter_map(|c| conns.get(c))
                     {
                         Sock::shutdown(c);
                     }
+                    drop(conns);
                     tracing::debug!(parent: &shared.span, client = %rec.client, "link closed by client");
                     drop(rec);
                     shared.prune_fences();
                 }
                 out.clear();
                 out.extend_from_slice(&wire::header(Kind::ByeAck, 0));
-                let _ = sock.send_bytes(&out, deadline);
-                return ConnEnd::Bye;
+                let _ = sock.send_bytes(out, deadline);
+                return Next::End(ConnEnd::Bye);
             }
             // a transport's setup request, or a frame no one takes
             (k, p) => {
                 let Some(b) = shared.backends.iter().find(|b| b.request_kind() == Some(k)) else {
                     let e = WireError::Unexpected(k);
-                    return violation(&mut sock, &mut out, e, deadline);
+                    return Next::End(violation(sock, out, e, deadline));
                 };
-                let new_link = hello.role == LaneRole::NewLink;
-                if !b.repeatable() && (!new_link || asked.contains(&k)) {
+                if !b.repeatable() && (!*new_link || asked.contains(&k)) {
                     let e = WireError::Unexpected(k);
-                    return violation(&mut sock, &mut out, e, deadline);
+                    return Next::End(violation(sock, out, e, deadline));
                 }
                 asked.push(k);
                 let fenced = lock(&shared.links)
@@ -541,10 +438,10 @@ pub(super) fn serve(
                     .is_some_and(|l| l.fence.is_some());
                 let accepted = b.accept(Accept {
                     me: &shared.name,
-                    client: &hello.name,
+                    client,
                     payload: p,
                     fenced,
-                    on_this_host,
+                    on_this_host: *on_this_host,
                     send: &mut |f| sock.send_bytes(f, deadline),
                 });
                 match accepted {
@@ -555,12 +452,93 @@ pub(super) fn serve(
                         }
                     }
                     Ok(None) => {}
-                    Err(AcceptFail::Io(e)) => return ConnEnd::Io(e),
+                    Err(AcceptFail::Io(e)) => return Next::End(ConnEnd::Io(e)),
                     Err(AcceptFail::Violation(e)) => {
-                        return violation(&mut sock, &mut out, e, deadline);
+                        return Next::End(violation(sock, out, e, deadline));
                     }
                 }
             }
         }
     }
+}
+
+/// Whether a lane's next frame is all in (reading what has come, without waiting); a header
+/// that does not decode counts as in: the worker refuses it.
+pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
+    if !inb.fill_now(sock, wire::HEADER_LEN)? {
+        return Ok(false);
+    }
+    let h: [u8; wire::HEADER_LEN] = inb.peek(wire::HEADER_LEN).try_into().expect("header");
+    match wire::decode_header(&h) {
+        Ok(h) => inb.fill_now(sock, wire::HEADER_LEN + h.len as usize),
+        Err(_) => Ok(true),
+    }
+}
+
+/// Whether a request's whole frame is here (buffered, or in within [`SERVE_SPIN`]); a frame
+/// still coming after that goes back to the poller with the rest of the lane.
+fn request_waiting_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
+    let until = Instant::now() + SERVE_SPIN;
+    loop {
+        if frame_in(inb, sock)? {
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// A lane ended: it leaves its link (a link that lost its last lane is kept a while for its
+/// client to rejoin, without its fence: a same-host client proves itself again on a new link),
+/// and its socket closes; one that missed a deadline discards what it had not sent.
+pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
+    if matches!(&end, ConnEnd::Io(e) if e.kind() == io::ErrorKind::TimedOut) {
+        lane.conn.sock.discard_unsent_on_close();
+    }
+    forget(shared, lane.conn.id, lane.token, &end);
+    let from = lane.conn.from;
+    drop(lane);
+    match end {
+        ConnEnd::Closed | ConnEnd::Bye => {
+            tracing::trace!(parent: &shared.span, %from, reason = %end, "lane closed")
+        }
+        _ => tracing::debug!(parent: &shared.span, %from, reason = %end, "lane closed"),
+    }
+}
+
+/// Takes connection `id` out of link `token`.
+fn forget(shared: &ServerShared, id: u64, token: u64, end: &ConnEnd) {
+    let mut links = lock(&shared.links);
+    let mut released = None;
+    let emptied = match links.get_mut(&token) {
+        Some(l) => {
+            l.conns.remove(&id);
+            // its last lane: the link is kept a while for its client to rejoin (a client
+            // that cancels a running request closes that request's lane, maybe its only
+            // one); its pending notifications start their grace now. Its fence goes now:
+            // an orphaned link holds no descriptor
+            let last = l.conns.is_empty() && !matches!(end, ConnEnd::Bye);
+            if last {
+                l.orphaned = Some(std::time::Instant::now());
+                released = l.fence.take();
+            }
+            last
+        }
+        None => false, // closed by BYE or replaced
+    };
+    // fences of links that go are revoked as their records go
+    let gone = shared.prune_orphans(&mut links);
+    drop(links);
+    if let Some(f) = released {
+        f.revoke();
+    }
+    if emptied {
+        shared.notifies.link_closed(token);
+    }
+    for t in gone {
+        shared.notifies.link_closed(t);
+    }
+    shared.prune_fences();
 }

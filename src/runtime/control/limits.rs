@@ -1,18 +1,26 @@
 //! What a serving engine may spend on its connections, and the table that enforces it.
 //!
-//! Every accepted connection has an entry in a [`ConnTable`] from `accept` until its serving
-//! thread ends, and holds exactly one descriptor (the table keeps the descriptor's number, not a
-//! clone). A connection is first a *handshake* (HELLO, and CHALLENGE/AUTH with a key), counted
-//! against its own small budget — a total and a per-peer-address limit — then, once authenticated
-//! and allowed, an *established* lane, counted against [`Limits::max_conns`] and a per-peer-address
-//! limit. So clients that connect and say nothing can neither take the slots of established
-//! links nor keep honest newcomers out:
+//! Every accepted connection has an entry in a [`ConnTable`] from `accept` until its socket
+//! closes, and holds exactly one descriptor (the table keeps the descriptor's number, not a
+//! clone). A connection is first a *handshake* (HELLO, CHALLENGE/AUTH with a key, PROVE/PROOF for
+//! a same-host client), counted against its own small budget — a total and a per-peer-address
+//! limit — then, once authenticated and allowed, an *established* lane, counted against
+//! [`Limits::max_conns`] and a per-peer-address limit. So clients that connect and say nothing
+//! can neither take the slots of established links nor keep honest newcomers out:
 //!
-//! - a peer address over its handshake limit is closed at `accept` (no thread is started);
-//! - when the handshake budget is full, the oldest handshake is cut to make room (an honest
-//!   handshake takes a round trip or two; an idle one is what gets cut);
+//! - a newcomer always gets a handshake slot: when its address, or the whole budget, is full, a
+//!   handshake makes room ([`make_room`]): from the newcomer's address, or else from the address
+//!   with the most handshakes, the one that got least far (said nothing, then greeted), the
+//!   oldest first. An honest client answers within a round trip, so it is past the silent ones
+//!   before it could be cut; with a key, a client that authenticated is never cut for one that
+//!   did not;
 //! - the whole handshake has one deadline (`server_io_timeout`), and its frames are at most
 //!   [`MAX_HANDSHAKE_FRAME`] bytes, refused before anything is allocated for them.
+//!
+//! Descriptors: one per connection (at most `max_conns + max_handshakes`), two per same-host
+//! link's fence (its memfd and the client's pidfd, at most [`Limits::max_fenced`] such links),
+//! and a few of the server's own; [`Limits::descriptors`] is their sum, which the server raises
+//! its soft limit to.
 //!
 //! The descriptor numbers in the table are only used (to shut a connection down from another
 //! thread) under the table's lock, and an entry is removed before its descriptor is closed, so a
@@ -21,10 +29,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::sync::lock;
 
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
@@ -43,16 +49,95 @@ pub(crate) struct Limits {
     pub max_handshakes: usize,
     /// Most handshakes from one peer address ([`Options::max_server_handshakes_per_peer`](crate::Options::max_server_handshakes_per_peer)).
     pub max_handshakes_per_peer: usize,
+    /// Most threads serving requests at once ([`Options::max_server_threads`](crate::Options::max_server_threads)).
+    pub max_threads: usize,
 }
 
+/// Descriptors a server keeps besides its connections and fences: the listener, the poller's
+/// epoll and wake-up descriptors, one pidfd while a same-host proof is checked.
+pub(crate) const OWN_DESCRIPTORS: usize = 4;
+
+/// Room left in the soft limit for the rest of the process.
+pub(crate) const PROCESS_DESCRIPTORS: usize = 256;
+
 impl Limits {
-    /// Descriptors a server with these limits may hold at once (one per connection), with room
-    /// for the rest of the process.
+    /// Most same-host links with a fence at once (a quarter of [`Limits::max_conns`], at
+    /// least one); a same-host client beyond it is served over TCP.
+    pub(crate) fn max_fenced(&self) -> usize {
+        (self.max_conns / 4).max(1)
+    }
+
+    /// Descriptors a server with these limits holds at most: one per connection (established
+    /// or in its handshake), two per fenced link, and its own.
+    pub(crate) fn server_descriptors(&self) -> usize {
+        self.max_conns
+            .saturating_add(self.max_handshakes)
+            .saturating_add(self.max_fenced().saturating_mul(2))
+            .saturating_add(OWN_DESCRIPTORS)
+    }
+
+    /// The soft limit a server raises its process to: [`Limits::server_descriptors`], with
+    /// room for the rest of the process.
     pub(crate) fn descriptors(&self) -> libc::rlim_t {
-        let n = self.max_conns.saturating_add(self.max_handshakes);
-        libc::rlim_t::try_from(n)
+        libc::rlim_t::try_from(self.server_descriptors())
             .unwrap_or(libc::rlim_t::MAX)
-            .saturating_add(256)
+            .saturating_add(PROCESS_DESCRIPTORS as libc::rlim_t)
+    }
+}
+
+/// How far a handshake got: what decides which one makes room for a newcomer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Progress {
+    /// No complete HELLO yet.
+    Silent,
+    /// Its HELLO was read (and, with a key, challenged).
+    Greeted,
+    /// It proved the pre-shared key (only with one): never cut for a newcomer.
+    Authenticated,
+}
+
+/// A handshake in progress, as [`make_room`] weighs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Candidate {
+    pub id: u64,
+    pub peer: IpAddr,
+    pub progress: Progress,
+    pub since: Instant,
+}
+
+/// Which handshake goes so that a newcomer from `peer` gets a slot: `Ok(None)` when there is
+/// room, `Ok(Some(id))` to cut `id`, `Err` when every candidate authenticated (the newcomer is
+/// closed). `handshakes` are all the handshakes in progress.
+pub(crate) fn make_room(
+    handshakes: &[Candidate],
+    peer: IpAddr,
+    l: &Limits,
+) -> Result<Option<u64>, Refusal> {
+    let from = |ip: IpAddr| handshakes.iter().filter(move |c| c.peer == ip);
+    let cuttable = |c: &&Candidate| c.progress != Progress::Authenticated;
+    let least = |it: &mut dyn Iterator<Item = &Candidate>| {
+        it.filter(cuttable)
+            .min_by_key(|c| (c.progress, c.since))
+            .map(|c| c.id)
+    };
+    if from(peer).count() >= l.max_handshakes_per_peer {
+        return least(&mut from(peer))
+            .map(Some)
+            .ok_or("too many authenticated handshakes from this address");
+    }
+    if handshakes.len() < l.max_handshakes {
+        return Ok(None);
+    }
+    // the budget is full: the address holding the most handshakes gives one up (any other
+    // when all of its own authenticated)
+    let mut counts: HashMap<IpAddr, usize> = HashMap::new();
+    for c in handshakes.iter().filter(cuttable) {
+        *counts.entry(c.peer).or_default() += 1;
+    }
+    let busiest = counts.into_iter().max_by_key(|&(ip, n)| (n, ip)).map(|(ip, _)| ip);
+    match busiest {
+        Some(ip) => Ok(least(&mut from(ip))),
+        None => Err("too many authenticated handshakes"),
     }
 }
 
@@ -63,8 +148,6 @@ pub(crate) enum Stage {
     Handshake,
     /// A lane of a link.
     Established,
-    /// A handshake cut to make room; it counts against nothing while its thread winds down.
-    Evicted,
 }
 
 /// One connection of a serving engine.
@@ -72,7 +155,6 @@ pub(crate) enum Stage {
 pub(crate) struct Conn {
     fd: RawFd,
     peer: IpAddr,
-    since: Instant,
     stage: Stage,
 }
 
@@ -116,6 +198,11 @@ impl ConnTable {
         (self.handshakes, self.established)
     }
 
+    /// Connections in their handshake from `ip`.
+    pub fn handshakes_from(&self, ip: IpAddr) -> usize {
+        self.peers.get(&ip).map_or(0, |p| p.handshakes)
+    }
+
     fn peer(&mut self, ip: IpAddr) -> &mut PeerCount {
         self.peers.entry(ip).or_default()
     }
@@ -126,7 +213,6 @@ impl ConnTable {
         match stage {
             Stage::Handshake => p.handshakes -= 1,
             Stage::Established => p.established -= 1,
-            Stage::Evicted => {}
         }
         if p.handshakes == 0 && p.established == 0 {
             self.peers.remove(&peer);
@@ -134,7 +220,6 @@ impl ConnTable {
         match stage {
             Stage::Handshake => self.handshakes -= 1,
             Stage::Established => self.established -= 1,
-            Stage::Evicted => {}
         }
     }
 
@@ -145,45 +230,19 @@ impl ConnTable {
         Some(c)
     }
 
-    /// Admits a new connection `id` (socket `fd`, from `peer`) to the handshake budget. A peer
-    /// over its own limit is refused; when the budget is full, the oldest handshake is shut down
-    /// and no longer counted, to make room.
-    pub fn admit(&mut self, id: u64, fd: RawFd, peer: IpAddr, l: &Limits) -> Result<(), Refusal> {
-        if self.peers.get(&peer).map_or(0, |p| p.handshakes) >= l.max_handshakes_per_peer {
-            return Err("too many handshakes from this address");
-        }
-        if self.handshakes >= l.max_handshakes {
-            let oldest = self
-                .map
-                .iter()
-                .filter(|(_, c)| c.stage == Stage::Handshake)
-                .min_by_key(|(_, c)| c.since)
-                .map(|(id, _)| *id);
-            let Some(old) = oldest else {
-                return Err("too many handshakes");
-            };
-            let (fd, peer_old) = {
-                let c = &self.map[&old];
-                (c.fd, c.peer)
-            };
-            shutdown(fd);
-            self.uncount(peer_old, Stage::Handshake);
-            if let Some(c) = self.map.get_mut(&old) {
-                c.stage = Stage::Evicted;
-            }
-        }
+    /// Admits a new connection `id` (socket `fd`, from `peer`) to the handshake budget (the
+    /// caller made room for it: [`make_room`]).
+    pub fn admit(&mut self, id: u64, fd: RawFd, peer: IpAddr) {
         self.map.insert(
             id,
             Conn {
                 fd,
                 peer,
-                since: Instant::now(),
                 stage: Stage::Handshake,
             },
         );
         self.handshakes += 1;
         self.peer(peer).handshakes += 1;
-        Ok(())
     }
 
     /// Moves connection `id` from the handshake budget to the established lanes.
@@ -192,10 +251,8 @@ impl ConnTable {
             return Err("connection cut");
         };
         let (peer, stage) = (c.peer, c.stage);
-        match stage {
-            Stage::Handshake => {}
-            Stage::Established => return Ok(()),
-            Stage::Evicted => return Err("handshake cut to make room for others"),
+        if stage == Stage::Established {
+            return Ok(());
         }
         if self.established >= l.max_conns {
             return Err("too many connections");
@@ -210,26 +267,6 @@ impl ConnTable {
             c.stage = Stage::Established;
         }
         Ok(())
-    }
-}
-
-/// Shuts socket `fd` down in both directions (wakes a thread blocked on it).
-fn shutdown(fd: RawFd) {
-    // SAFETY: plain system call on a descriptor number; callers hold the connection table's
-    // lock, under which every number in it names its connection's open socket.
-    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-}
-
-/// Removes its connection from the table when dropped: declared after the connection's socket,
-/// it runs before the socket closes.
-pub(crate) struct Entry<'a> {
-    pub table: &'a Mutex<ConnTable>,
-    pub id: u64,
-}
-
-impl Drop for Entry<'_> {
-    fn drop(&mut self) {
-        lock(self.table).remove(&self.id);
     }
 }
 
@@ -303,6 +340,7 @@ mod tests {
             max_lanes_per_link: 8,
             max_handshakes: 3,
             max_handshakes_per_peer: 2,
+            max_threads: 4,
         }
     }
 
@@ -315,37 +353,90 @@ mod tests {
             "10.0.0.3".parse().unwrap(),
         );
         let mut t = ConnTable::default();
-        // -1: shutdown on an invalid descriptor is a harmless EBADF
-        t.admit(1, -1, a, &l).unwrap();
-        t.admit(2, -1, a, &l).unwrap();
-        assert!(t.admit(3, -1, a, &l).is_err(), "per-peer handshake limit");
-        t.admit(4, -1, b, &l).unwrap();
-        // the budget is full: the oldest handshake (1) is cut for the newcomer
-        t.admit(5, -1, c, &l).unwrap();
-        assert_eq!(t.counts(), (3, 0));
-        assert!(
-            t.establish(1, &l).is_err(),
-            "an evicted handshake is not established"
-        );
+        t.admit(1, -1, a);
+        t.admit(2, -1, a);
+        assert_eq!(t.handshakes_from(a), 2);
+        t.admit(4, -1, b);
+        t.admit(5, -1, c);
+        assert_eq!(t.counts(), (4, 0));
         t.establish(2, &l).unwrap();
         t.establish(4, &l).unwrap();
         t.establish(5, &l).unwrap();
-        assert_eq!(t.counts(), (0, 3));
-        t.admit(6, -1, a, &l).unwrap();
+        assert_eq!(t.counts(), (1, 3));
+        assert_eq!(t.handshakes_from(a), 1);
+        t.admit(6, -1, a);
         assert_eq!(t.establish(6, &l), Err("too many connections"));
         t.remove(&4);
-        t.admit(7, -1, a, &l).unwrap();
         t.establish(6, &l).unwrap();
+        t.admit(7, -1, a);
+        assert_eq!(t.establish(7, &l), Err("too many connections"));
+        t.remove(&5);
         assert_eq!(
             t.establish(7, &l),
-            Err("too many connections"),
-            "full again"
+            Err("too many connections from this address")
         );
-        for id in [1, 2, 5, 6, 7] {
+        for id in [1, 2, 6, 7] {
             t.remove(&id);
         }
         assert_eq!(t.counts(), (0, 0));
         assert!(t.peers.is_empty() && t.map.is_empty());
+    }
+
+    fn cand(id: u64, peer: IpAddr, progress: Progress, age_ms: u64) -> Candidate {
+        let now = Instant::now();
+        Candidate {
+            id,
+            peer,
+            progress,
+            since: now.checked_sub(Duration::from_millis(age_ms)).unwrap_or(now),
+        }
+    }
+
+    #[test]
+    fn a_newcomer_gets_room_from_the_least_advanced_handshake() {
+        let l = limits();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        // room left: nobody goes
+        let one = [cand(1, a, Progress::Silent, 10)];
+        assert_eq!(make_room(&one, b, &l), Ok(None));
+        // the address is at its limit: its least advanced handshake goes, not the oldest
+        let two = [
+            cand(1, a, Progress::Greeted, 50),
+            cand(2, a, Progress::Silent, 10),
+        ];
+        assert_eq!(make_room(&two, a, &l), Ok(Some(2)));
+        // ... among equals, the oldest
+        let two = [
+            cand(1, a, Progress::Silent, 50),
+            cand(2, a, Progress::Silent, 10),
+        ];
+        assert_eq!(make_room(&two, a, &l), Ok(Some(1)));
+        // the budget is full: the address with the most handshakes gives one up
+        let full = [
+            cand(1, b, Progress::Silent, 90),
+            cand(2, a, Progress::Greeted, 50),
+            cand(3, a, Progress::Greeted, 10),
+        ];
+        let c: IpAddr = "10.0.0.3".parse().unwrap();
+        assert_eq!(make_room(&full, c, &l), Ok(Some(2)));
+        // authenticated handshakes are never cut for a newcomer
+        let keyed = [
+            cand(1, a, Progress::Authenticated, 90),
+            cand(2, a, Progress::Authenticated, 50),
+        ];
+        assert!(make_room(&keyed, a, &l).is_err());
+        let keyed = [
+            cand(1, a, Progress::Authenticated, 90),
+            cand(2, a, Progress::Authenticated, 50),
+            cand(3, b, Progress::Greeted, 10),
+        ];
+        assert_eq!(make_room(&keyed, c, &l), Ok(Some(3)));
+        let all = [
+            cand(1, a, Progress::Authenticated, 90),
+            cand(2, b, Progress::Authenticated, 50),
+            cand(3, b, Progress::Authenticated, 10),
+        ];
+        assert!(make_room(&all, c, &l).is_err());
     }
 
     #[test]

@@ -1,19 +1,18 @@
-//! The control plane's server: the listener and its accept loop, admission within the bounds of
-//! [`limits`] (handshakes and established lanes counted apart, per peer address
-//! too), the region table every request is validated against (TCP's serving half reaches it as
-//! [`Served`]), and the link registry. Each
-//! admitted connection runs on its own thread in [`dispatch`](super::dispatch).
+//! The control plane's server: its state (the region table every request is validated against,
+//! which TCP's serving half reaches as [`Served`]; the link registry; the connection table that
+//! keeps the bounds of [`limits`]), its start and its stop. The listener, every handshake and
+//! every idle lane are the [`poller`](super::poller)'s, one thread; requests are served by
+//! workers in [`dispatch`](super::dispatch), at most [`Limits::max_threads`] at once.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::dispatch::serve_conn;
+use super::conn::{Job, Returns};
 use crate::auth::Psk;
 use crate::error::Status;
 use crate::io::{IoVec, Sock};
@@ -326,6 +325,12 @@ pub(crate) struct ServerShared {
     /// for) when serving stops; dropped once revoked and settled. `None` once serving stops: no
     /// fence is handed out after that.
     pub(super) fences: Mutex<Option<Vec<Arc<ServerFence>>>>,
+    /// Fences alive now (their places in the budget of [`Limits::max_fenced`]).
+    pub(super) fenced: Arc<AtomicUsize>,
+    /// The workers' queue: completed handshakes and lanes with a request.
+    pub(super) queue: Arc<crate::runtime::executor::Queue<Job>>,
+    /// Lanes on their way back to the poller, and its wake-up.
+    pub(super) returns: Returns,
     pub(super) span: tracing::Span,
 }
 
@@ -370,12 +375,10 @@ impl ServerShared {
     }
 }
 
-/// A running server: the accept thread and the serving threads.
+/// A running server: its poller thread (the workers are jobs of its queue).
 pub(crate) struct Server {
     pub(super) shared: Arc<ServerShared>,
-    pub(super) accept: Option<JoinHandle<()>>,
-    pub(super) wake: OwnedFd,
-    pub(super) handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    pub(super) poller: Option<JoinHandle<()>>,
 }
 
 /// Options for [`Server::start`].
@@ -402,13 +405,6 @@ impl Server {
         table: Arc<ServeTable>,
         cfg: ServerConfig,
     ) -> io::Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         listener.set_nonblocking(true)?;
         let nofile = limits::raise_nofile(cfg.limits.descriptors());
         tracing::debug!(parent: &cfg.span, nofile, "descriptor limit");
@@ -417,12 +413,13 @@ impl Server {
             instance: cfg.instance,
             table,
             io_timeout: cfg.io_timeout,
+            queue: crate::runtime::executor::Queue::new(cfg.limits.max_threads),
             limits: cfg.limits,
             stop: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             conns: Mutex::new(ConnTable::default()),
             links: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(super::poller::FIRST_ID),
             notifies: cfg.notifies,
             host: cfg.host,
             allow: cfg.allow,
@@ -430,18 +427,17 @@ impl Server {
             keepalive: cfg.keepalive,
             backends: cfg.backends,
             fences: Mutex::new(Some(Vec::new())),
+            fenced: Arc::new(AtomicUsize::new(0)),
+            returns: Returns::new()?,
             span: cfg.span,
         });
-        let handles = Arc::new(Mutex::new(Vec::new()));
-        let (s, h, wfd) = (shared.clone(), handles.clone(), wake.as_raw_fd());
-        let accept = std::thread::Builder::new()
-            .name("hixl-accept".into())
-            .spawn(move || accept_loop(listener, wfd, s, h))?;
+        let s = shared.clone();
+        let poller = std::thread::Builder::new()
+            .name("hixl-serve".into())
+            .spawn(move || super::poller::run(s, listener))?;
         Ok(Self {
             shared,
-            accept: Some(accept),
-            wake,
-            handles,
+            poller: Some(poller),
         })
     }
 
@@ -470,11 +466,10 @@ impl Server {
     /// client is stopped or hung), so the memory they can reach must be quarantined.
     pub fn stop(mut self, grace: Duration) -> crate::runtime::revoke::quarantine::Blockers {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
+        self.shared.returns.wake();
+        // the poller ends, closing every handshake and idle lane
+        if let Some(p) = self.poller.take() {
+            let _ = p.join();
         }
         // from here no fence is handed out: a handshake still running serves its client over TCP
         let fences = lock(&self.shared.fences).take().unwrap_or_default();
@@ -499,103 +494,13 @@ impl Server {
         for s in lock(&self.shared.conns).values() {
             Sock::shutdown(s);
         }
-        let handles = std::mem::take(&mut *lock(&self.handles));
-        for h in handles {
-            let _ = h.join();
-        }
+        // every worker ends its lane (each one's socket is shut down) and leaves
+        self.shared.queue.close();
+        self.shared.queue.wait_idle();
+        // lanes handed back after the poller ended
+        drop(self.shared.returns.take());
         tracing::debug!(parent: &self.shared.span, cut_requests = busy, "server stopped");
         stuck
-    }
-}
-
-pub(super) fn accept_loop(
-    listener: TcpListener,
-    wake: i32,
-    shared: Arc<ServerShared>,
-    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
-) {
-    let mut fds = [
-        libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: wake,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let mut backoff = limits::Backoff::default();
-    loop {
-        // SAFETY: `fds` is a live array of two pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        if r < 0 {
-            continue;
-        }
-        match listener.accept() {
-            Ok((stream, from)) => {
-                backoff.reset();
-                admit(&shared, &handles, stream, from);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if limits::wait_out(&e) => {
-                // out of descriptors (or memory): established links keep being served by their
-                // threads; wait for the stop signal or a while, longer each time, and retry
-                let wait = backoff.step();
-                tracing::debug!(parent: &shared.span, error = %e, ?wait, "accept failed; backing off");
-                let mut w = [fds[1]];
-                // SAFETY: `w` is a live array of one pollfd.
-                unsafe { libc::poll(w.as_mut_ptr(), 1, wait.as_millis() as libc::c_int) };
-            }
-            Err(e) => {
-                // about one connection (reset before it was accepted, ...): the next may work
-                tracing::debug!(parent: &shared.span, error = %e, "accept failed");
-            }
-        }
-    }
-}
-
-/// Takes an accepted connection into the handshake budget and starts its serving thread, or
-/// closes it at once (no thread) when its peer address is over its limit.
-pub(super) fn admit(
-    shared: &Arc<ServerShared>,
-    handles: &Mutex<Vec<JoinHandle<()>>>,
-    stream: TcpStream,
-    from: SocketAddr,
-) {
-    let mut hs = lock(handles);
-    // reap finished threads so handles do not pile up
-    let mut i = 0;
-    while i < hs.len() {
-        if hs[i].is_finished() {
-            let _ = hs.swap_remove(i).join();
-        } else {
-            i += 1;
-        }
-    }
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    // the table stays locked until the thread has the socket, or the socket is closed and out of
-    // the table: nobody can shut down its descriptor number after it is closed
-    let mut conns = lock(&shared.conns);
-    if let Err(why) = conns.admit(id, stream.as_raw_fd(), from.ip(), &shared.limits) {
-        let (handshakes, established) = conns.counts();
-        tracing::debug!(parent: &shared.span, %from, why, handshakes, established, "refused at accept");
-        return;
-    }
-    let s = shared.clone();
-    match std::thread::Builder::new()
-        .name("hixl-serve".into())
-        .spawn(move || serve_conn(s, id, stream, from))
-    {
-        Ok(h) => hs.push(h),
-        Err(e) => {
-            conns.remove(&id);
-            tracing::warn!(parent: &shared.span, error = %e, "cannot spawn a serving thread");
-        }
     }
 }
 

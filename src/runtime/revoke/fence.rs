@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use crate::process::{Mapping, PeerProc, Pinned, sealed_memfd};
 use crate::sync::model::{AtomicU32, AtomicU64, fence};
+#[cfg(test)]
 use crate::types::HostId;
 
 /// The words of a fence page, and the protocol on them (both sides). The loom model at the end
@@ -156,6 +157,27 @@ impl Page {
     }
 }
 
+/// A place in a server's budget of fences: taken before a fence is made, given back when the
+/// fence (its memfd and its client's pidfd) is closed.
+#[derive(Debug)]
+pub(crate) struct Slot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Slot {
+    /// Takes a place in `count` if fewer than `max` are taken.
+    pub(crate) fn take(count: &std::sync::Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Self> {
+        count
+            .fetch_update(SeqCst, SeqCst, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Slot(count.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
 /// The serving side of one same-host link's fence.
 pub(crate) struct ServerFence {
     page: Page,
@@ -163,6 +185,9 @@ pub(crate) struct ServerFence {
     fd: OwnedFd,
     /// The client process, pinned.
     client: Pinned,
+    /// Its place in the server's budget (declared last: given back once the descriptors are
+    /// closed).
+    _slot: Option<Slot>,
 }
 
 impl std::fmt::Debug for ServerFence {
@@ -178,8 +203,14 @@ impl std::fmt::Debug for ServerFence {
 
 impl ServerFence {
     /// A new fence for a link from the client process `client`.
+    #[cfg(test)]
     pub fn new(client: &HostId) -> io::Result<Self> {
-        let client = Pinned::open(client)?;
+        Self::for_pinned(Pinned::open(client)?, None)
+    }
+
+    /// A new fence for a link from the process `client` pins (one that proved who it is),
+    /// holding `slot` of the server's budget while it lives.
+    pub fn for_pinned(client: Pinned, slot: Option<Slot>) -> io::Result<Self> {
         let fd = sealed_memfd(FENCE_LEN as usize)
             .ok_or_else(|| io::Error::other("cannot create a sealed memfd for the fence"))?;
         // SAFETY: a new descriptor that nothing else owns.
@@ -189,6 +220,7 @@ impl ServerFence {
             page: Page { map },
             fd,
             client,
+            _slot: slot,
         })
     }
 

@@ -1,0 +1,288 @@
+//! A connection's handshake, as the poller runs it without a thread of its own: HELLO, then
+//! CHALLENGE/AUTH with a pre-shared key, then PROVE/PROOF for a client that says it runs on this
+//! host, each frame read as its bytes arrive (never waiting), each answer sent at once (a few
+//! dozen bytes into an empty send buffer). A handshake that completes is counted as established
+//! and handed, with its fence when it earned one, to a worker that opens or joins its link
+//! ([`dispatch::open_link`](super::dispatch::open_link)).
+//!
+//! Same-host proof: a HELLO that names a process on this host gets a fence (a memfd) and that
+//! process pinned (a pidfd) only once the client proved it is that process: the server sends a
+//! random nonce (PROVE), the client places it in its own memory and answers with its address
+//! (PROOF), and the server reads it there through the process it pins. A client that cannot
+//! prove it (or a server whose fence budget is spent) is served over TCP. With a key, the proof
+//! comes after authentication: nothing is spent on a client that did not prove the key.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::conn::{Conn, Ready};
+use super::limits::{self, Progress};
+use super::server::ServerShared;
+use crate::error::Status;
+use crate::io::Inbound;
+use crate::process::Pinned;
+use crate::runtime::revoke::fence::{ServerFence, Slot};
+use crate::sync::lock;
+use crate::wire::{self, Hello, Kind, LaneRole, Refuse, WireError};
+
+/// Where a handshake is.
+pub(super) enum Stage {
+    /// Waiting for the HELLO.
+    Hello,
+    /// CHALLENGE sent with the server's nonce `sn`; waiting for the AUTH.
+    Auth { hello: Box<Hello>, sn: [u8; 32] },
+    /// PROVE sent with `nonce`; waiting for the PROOF.
+    Prove { hello: Box<Hello>, nonce: [u8; 32] },
+}
+
+/// A connection in its handshake, owned by the poller.
+pub(super) struct Handshake {
+    pub(super) conn: Conn,
+    pub(super) inb: Inbound,
+    /// The whole handshake's deadline.
+    pub(super) deadline: Instant,
+    pub(super) since: Instant,
+    pub(super) stage: Stage,
+}
+
+/// What a handshake step came to.
+pub(super) enum Step {
+    /// Needs more bytes from the client.
+    Wait(Box<Handshake>),
+    /// Complete: a worker opens or joins the link.
+    Done(Box<Ready>),
+    /// Ended (refused, broken, closed); the connection closes.
+    End,
+}
+
+impl Handshake {
+    pub(super) fn new(conn: Conn, deadline: Instant) -> Self {
+        Self {
+            conn,
+            // handshake frames are small: so is the buffer until the client is welcomed
+            inb: Inbound::with_capacity(256),
+            deadline,
+            since: Instant::now(),
+            stage: Stage::Hello,
+        }
+    }
+
+    /// How far it got (what decides which handshake makes room for a newcomer).
+    pub(super) fn progress(&self, keyed: bool) -> Progress {
+        match self.stage {
+            Stage::Hello => Progress::Silent,
+            Stage::Auth { .. } => Progress::Greeted,
+            Stage::Prove { .. } if keyed => Progress::Authenticated,
+            Stage::Prove { .. } => Progress::Greeted,
+        }
+    }
+
+    /// Tells the client `status`/`told` (if its send buffer takes it now) before the
+    /// connection closes; the log says `why`.
+    pub(super) fn refuse(&self, shared: &ServerShared, status: Status, told: &str, why: &str) {
+        let mut out = Vec::with_capacity(64 + told.len());
+        Refuse {
+            status: status.code(),
+            reason: told.to_owned(),
+        }
+        .encode(&mut out);
+        let _ = self.conn.sock.send_now(&out);
+        tracing::debug!(parent: &shared.span, from = %self.conn.from, why, "handshake refused");
+    }
+
+    /// The next complete handshake frame, if its bytes are in: a header declaring more than
+    /// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
+    fn frame(&mut self) -> io::Result<Option<Result<(Kind, Vec<u8>), WireError>>> {
+        if !self.inb.fill_now(&self.conn.sock, wire::HEADER_LEN)? {
+            return Ok(None);
+        }
+        let h: [u8; wire::HEADER_LEN] = self.inb.peek(wire::HEADER_LEN).try_into().expect("header");
+        let h = match wire::decode_header(&h) {
+            Ok(h) if h.len > limits::MAX_HANDSHAKE_FRAME => {
+                return Ok(Some(Err(WireError::OverLimit {
+                    what: "handshake frame length",
+                    got: h.len.into(),
+                    limit: limits::MAX_HANDSHAKE_FRAME.into(),
+                })));
+            }
+            Ok(h) => h,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        let len = h.len as usize;
+        if !self.inb.fill_now(&self.conn.sock, wire::HEADER_LEN + len)? {
+            return Ok(None);
+        }
+        self.inb.take(wire::HEADER_LEN);
+        Ok(Some(Ok((h.kind, self.inb.take(len).to_vec()))))
+    }
+
+    /// Reads what the client sent and answers it, as far as it goes without waiting.
+    pub(super) fn step(mut self: Box<Self>, shared: &Arc<ServerShared>) -> Step {
+        loop {
+            let (kind, p) = match self.frame() {
+                Ok(None) => return Step::Wait(self),
+                Ok(Some(Ok(f))) => f,
+                Ok(Some(Err(e))) => {
+                    self.refuse(shared, Status::FAILED, &e.to_string(), "protocol violation");
+                    return Step::End;
+                }
+                Err(e) => {
+                    tracing::trace!(parent: &shared.span, from = %self.conn.from, error = %e, "handshake ended");
+                    return Step::End;
+                }
+            };
+            match std::mem::replace(&mut self.stage, Stage::Hello) {
+                Stage::Hello => {
+                    if kind != Kind::Hello {
+                        self.refuse(shared, Status::FAILED, "expected HELLO", "not a HELLO");
+                        return Step::End;
+                    }
+                    let hello = match Hello::decode(&p) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            self.refuse(shared, Status::FAILED, &e.to_string(), "bad HELLO");
+                            return Step::End;
+                        }
+                    };
+                    let Some(key) = &shared.psk else {
+                        return self.authenticated(shared, Box::new(hello));
+                    };
+                    let Ok(sn) = crate::auth::nonce() else {
+                        return self.no_randomness(shared);
+                    };
+                    let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
+                    let mut out = Vec::with_capacity(96);
+                    wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
+                    if self.conn.sock.send_now(&out).is_err() {
+                        return Step::End;
+                    }
+                    self.stage = Stage::Auth {
+                        hello: Box::new(hello),
+                        sn,
+                    };
+                }
+                Stage::Auth { hello, sn } => {
+                    let key = shared.psk.as_ref().expect("a challenge means a key");
+                    let answer = match kind {
+                        Kind::Auth => wire::decode_auth(&p, 1).ok().map(|f| f[0]),
+                        _ => None,
+                    };
+                    if !answer.is_some_and(|a| key.check_client(&hello.nonce, &sn, &hello.name, &a))
+                    {
+                        let why = format!("engine {:?} failed authentication", hello.name);
+                        self.refuse(shared, Status::PARAM_INVALID, "authentication failed", &why);
+                        return Step::End;
+                    }
+                    return self.authenticated(shared, hello);
+                }
+                Stage::Prove { hello, nonce } => {
+                    let addr = match (kind, wire::decode_proof(&p)) {
+                        (Kind::Proof, Ok(a)) => a,
+                        (Kind::Proof, Err(e)) => {
+                            self.refuse(shared, Status::FAILED, &e.to_string(), "bad PROOF");
+                            return Step::End;
+                        }
+                        (k, _) => {
+                            let e = WireError::Unexpected(k);
+                            self.refuse(shared, Status::FAILED, &e.to_string(), "expected PROOF");
+                            return Step::End;
+                        }
+                    };
+                    let fence = self.proven(shared, &hello, addr, &nonce);
+                    return self.finish(shared, hello, fence);
+                }
+            }
+        }
+    }
+
+    /// The client is authenticated (or no key is needed): the allow-list, then the same-host
+    /// proof for a new link from a process on this host, else the end of the handshake.
+    fn authenticated(mut self: Box<Self>, shared: &Arc<ServerShared>, hello: Box<Hello>) -> Step {
+        if let Some(allow) = &shared.allow
+            && !allow.contains(&hello.name)
+        {
+            let why = format!("engine {:?} is not on the allow-list", hello.name);
+            self.refuse(shared, Status::PARAM_INVALID, &why, &why);
+            return Step::End;
+        }
+        let room = lock(&shared.fences)
+            .as_ref()
+            .is_some_and(|_| shared.fenced.load(std::sync::atomic::Ordering::SeqCst) < shared.limits.max_fenced());
+        if hello.role == LaneRole::NewLink && same_host(shared, &hello) && room {
+            let Ok(nonce) = crate::auth::nonce() else {
+                return self.no_randomness(shared);
+            };
+            let mut out = Vec::with_capacity(48);
+            wire::encode_prove(&mut out, &nonce);
+            if self.conn.sock.send_now(&out).is_err() {
+                return Step::End;
+            }
+            self.stage = Stage::Prove { hello, nonce };
+            return Step::Wait(self);
+        }
+        self.finish(shared, hello, None)
+    }
+
+    /// The fence of a client that proved it is the process it named (`nonce` at `addr` in its
+    /// memory), if the budget has room; `None` serves it over TCP.
+    fn proven(
+        &self,
+        shared: &ServerShared,
+        hello: &Hello,
+        addr: u64,
+        nonce: &[u8; 32],
+    ) -> Option<ServerFence> {
+        let client = hello.host.as_ref()?;
+        let slot = Slot::take(&shared.fenced, shared.limits.max_fenced())?;
+        let why = match Pinned::open(client) {
+            Ok(pin) => match pin.holds(addr, nonce) {
+                Ok(true) => match ServerFence::for_pinned(pin, Some(slot)) {
+                    Ok(f) => return Some(f),
+                    Err(e) => format!("no fence: {e}"),
+                },
+                Ok(false) => "the nonce is not where the client said".to_owned(),
+                Err(e) => format!("cannot read the client's memory: {e}"),
+            },
+            Err(e) => format!("cannot pin the client process: {e}"),
+        };
+        tracing::debug!(parent: &shared.span, from = %self.conn.from, why, "same-host proof failed; serving the client over tcp");
+        None
+    }
+
+    /// The end of the handshake: counted as an established lane, handed to a worker.
+    fn finish(
+        self: Box<Self>,
+        shared: &Arc<ServerShared>,
+        hello: Box<Hello>,
+        fence: Option<ServerFence>,
+    ) -> Step {
+        if let Err(why) = lock(&shared.conns).establish(self.conn.id, &shared.limits) {
+            self.refuse(shared, Status::RESOURCE_EXHAUSTED, why, why);
+            return Step::End;
+        }
+        let same_host = same_host(shared, &hello);
+        let on_this_host = crate::io::peer_on_this_host(&self.conn.sock.stream);
+        let Handshake { conn, inb, .. } = *self;
+        Step::Done(Box::new(Ready {
+            conn,
+            inb,
+            hello,
+            fence,
+            same_host,
+            on_this_host,
+        }))
+    }
+
+    /// The random source failed: the client is refused, never given a guessable nonce.
+    fn no_randomness(&self, shared: &ServerShared) -> Step {
+        let told = "the server has no random source";
+        self.refuse(shared, Status::FAILED, told, told);
+        Step::End
+    }
+}
+
+/// Whether `hello` names a process on this server's host (boot id and pid namespace).
+fn same_host(shared: &ServerShared, hello: &Hello) -> bool {
+    matches!((&hello.host, &shared.host), (Some(c), Some(s)) if c.same_host(s))
+}

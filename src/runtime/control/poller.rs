@@ -1,0 +1,343 @@
+//! The serving engine's one poller thread: it accepts connections, runs every handshake
+//! ([`handshake`](super::handshake)) and holds every idle lane, waiting on all of them at once
+//! (`epoll`). Threads go only to work: a completed handshake, or a lane whose next request has
+//! arrived, becomes a [`Job`] on the server's worker queue (at most
+//! [`Limits::max_threads`](super::limits::Limits::max_threads) at once); a worker hands its lane
+//! back once no request follows. So a connection that says nothing, an idle lane, or a slow
+//! handshake costs a socket and a few hundred bytes, never a thread.
+//!
+//! Every connection is registered once, one-shot: an event disarms it, so the poller and a worker
+//! never both read it; re-arming a returned lane reports bytes that came meanwhile (level
+//! triggered).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::conn::{Conn, Job, Lane};
+use super::dispatch;
+use super::handshake::{Handshake, Step};
+use super::limits::{self, Candidate};
+use super::server::ServerShared;
+use crate::error::Status;
+use crate::io::Sock;
+use crate::sync::lock;
+
+const LISTENER: u64 = 0;
+const WAKE: u64 = 1;
+/// Connection ids (and epoll tokens) start here.
+pub(super) const FIRST_ID: u64 = 16;
+/// Most connections accepted per wake-up before the others get a turn.
+const ACCEPT_BURST: usize = 64;
+
+/// An epoll instance.
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> io::Result<Self> {
+        // SAFETY: epoll_create1 takes flags; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a live epoll_event; the kernel checks both descriptors.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Watches `fd` for input (and hang-ups), one event at a time.
+    fn add_oneshot(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        let ev = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, ev)
+    }
+
+    /// Re-arms a one-shot `fd` after its event was handled.
+    fn rearm(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        let ev = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, ev)
+    }
+
+    fn wait(&self, evs: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
+        let ms = timeout.map_or(-1, |t| {
+            // round up, so a deadline is not polled for again and again just before it passes
+            (t.as_micros().div_ceil(1000)).min(i32::MAX as u128) as libc::c_int
+        });
+        // SAFETY: `evs` is a live, writable array of `evs.len()` events.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.0.as_raw_fd(),
+                evs.as_mut_ptr(),
+                evs.len() as libc::c_int,
+                ms,
+            )
+        };
+        usize::try_from(n).unwrap_or(0)
+    }
+}
+
+/// The poller's state: everything it holds between events.
+struct Poller {
+    shared: Arc<ServerShared>,
+    epoll: Epoll,
+    listener: TcpListener,
+    handshakes: HashMap<u64, Box<Handshake>>,
+    idle: HashMap<u64, Box<Lane>>,
+    /// Idle lanes whose next frame has started, and when its whole frame is due.
+    started: HashMap<u64, Instant>,
+    backoff: limits::Backoff,
+    /// Accepting waits until then (out of descriptors or memory).
+    paused: Option<Instant>,
+}
+
+/// Runs the poller until the server stops; what it holds then is closed.
+pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
+    let epoll = match Epoll::new() {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(parent: &shared.span, error = %e, "no epoll: not serving");
+            return;
+        }
+    };
+    let level = libc::EPOLLIN as u32;
+    let registered = epoll
+        .ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), LISTENER, level)
+        .and_then(|()| epoll.ctl(libc::EPOLL_CTL_ADD, shared.returns.fd(), WAKE, level));
+    if let Err(e) = registered {
+        tracing::error!(parent: &shared.span, error = %e, "cannot poll the listener: not serving");
+        return;
+    }
+    let mut p = Poller {
+        shared,
+        epoll,
+        listener,
+        handshakes: HashMap::new(),
+        idle: HashMap::new(),
+        started: HashMap::new(),
+        backoff: limits::Backoff::default(),
+        paused: None,
+    };
+    let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    loop {
+        let timeout = p.next_timeout();
+        let n = p.epoll.wait(&mut evs, timeout);
+        if p.shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        for ev in &evs[..n] {
+            match ev.u64 {
+                LISTENER => p.accept(),
+                WAKE => p.returned(),
+                id => p.ready(id),
+            }
+        }
+        p.expire();
+    }
+}
+
+impl Poller {
+    /// How long to wait for events: until the first handshake deadline, or the end of an
+    /// accept pause.
+    fn next_timeout(&self) -> Option<Duration> {
+        let first = (self.handshakes.values().map(|h| h.deadline))
+            .chain(self.started.values().copied())
+            .min();
+        let until = match (first, self.paused) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        Some(until.saturating_duration_since(Instant::now()))
+    }
+
+    fn accept(&mut self) {
+        for _ in 0..ACCEPT_BURST {
+            match self.listener.accept() {
+                Ok((stream, from)) => {
+                    self.backoff.reset();
+                    self.admit(stream, from);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if limits::wait_out(&e) => {
+                    // out of descriptors (or memory): established links keep being served;
+                    // stop accepting for a while, longer each time, and retry
+                    let wait = self.backoff.step();
+                    tracing::debug!(parent: &self.shared.span, error = %e, ?wait, "accept failed; backing off");
+                    let _ = self.epoll.ctl(
+                        libc::EPOLL_CTL_MOD,
+                        self.listener.as_raw_fd(),
+                        LISTENER,
+                        0,
+                    );
+                    self.paused = Some(Instant::now() + wait);
+                    return;
+                }
+                Err(e) => {
+                    // about one connection (reset before it was accepted, ...): the next may work
+                    tracing::debug!(parent: &self.shared.span, error = %e, "accept failed");
+                }
+            }
+        }
+    }
+
+    /// Takes a new connection into the handshake budget, making room for it when its address
+    /// or the budget is full.
+    fn admit(&mut self, stream: TcpStream, from: SocketAddr) {
+        let sh = &self.shared;
+        let l = &sh.limits;
+        let full = {
+            let conns = lock(&sh.conns);
+            conns.counts().0 >= l.max_handshakes
+                || conns.handshakes_from(from.ip()) >= l.max_handshakes_per_peer
+        };
+        if full {
+            let keyed = sh.psk.is_some();
+            let cands: Vec<Candidate> = (self.handshakes.iter())
+                .map(|(&id, h)| Candidate {
+                    id,
+                    peer: h.conn.from.ip(),
+                    progress: h.progress(keyed),
+                    since: h.since,
+                })
+                .collect();
+            match limits::make_room(&cands, from.ip(), l) {
+                Ok(None) => {}
+                Ok(Some(victim)) => {
+                    if let Some(h) = self.handshakes.remove(&victim) {
+                        let told = "handshake cut to make room for others";
+                        h.refuse(sh, Status::RESOURCE_EXHAUSTED, told, told);
+                    }
+                }
+                Err(why) => {
+                    tracing::debug!(parent: &sh.span, %from, why, "refused at accept");
+                    return;
+                }
+            }
+        }
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let fd = stream.as_raw_fd();
+        lock(&sh.conns).admit(id, fd, from.ip());
+        let conn = Conn {
+            sock: Sock::adopt(stream),
+            id,
+            from,
+            shared: sh.clone(),
+        };
+        if let Err(e) = self.epoll.add_oneshot(fd, id) {
+            tracing::debug!(parent: &sh.span, error = %e, "cannot poll a connection");
+            return;
+        }
+        let deadline = Instant::now() + sh.io_timeout;
+        self.handshakes
+            .insert(id, Box::new(Handshake::new(conn, deadline)));
+    }
+
+    /// Connection `id` has input (or hung up).
+    fn ready(&mut self, id: u64) {
+        if let Some(h) = self.handshakes.remove(&id) {
+            match h.step(&self.shared) {
+                Step::Wait(h) => {
+                    if self.epoll.rearm(h.conn.as_raw_fd(), id).is_ok() {
+                        self.handshakes.insert(id, h);
+                    }
+                }
+                Step::Done(ready) => self.submit(Job::Open(ready)),
+                Step::End => {}
+            }
+        } else if let Some(mut lane) = self.idle.remove(&id) {
+            // a worker takes the lane once its next frame is in: a peer that starts a frame
+            // and stalls holds no thread, only its deadline
+            match dispatch::frame_in(&mut lane.inb, &lane.conn.sock) {
+                Ok(true) => {
+                    self.started.remove(&id);
+                    self.submit(Job::Serve(lane));
+                }
+                Ok(false) => {
+                    let due = Instant::now() + self.shared.io_timeout;
+                    self.started.entry(id).or_insert(due);
+                    match self.epoll.rearm(lane.conn.as_raw_fd(), id) {
+                        Ok(()) => {
+                            self.idle.insert(id, lane);
+                        }
+                        Err(e) => {
+                            self.started.remove(&id);
+                            dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e));
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.started.remove(&id);
+                    let end = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        dispatch::ConnEnd::Closed
+                    } else {
+                        dispatch::ConnEnd::Io(e)
+                    };
+                    dispatch::lane_closed(&self.shared, *lane, end);
+                }
+            }
+        }
+    }
+
+    /// Lanes handed back by workers: idle until their next request.
+    fn returned(&mut self) {
+        for lane in self.shared.returns.take() {
+            let id = lane.conn.id;
+            match self.epoll.rearm(lane.conn.as_raw_fd(), id) {
+                Ok(()) => {
+                    if lane.inb.buffered() > 0 {
+                        // part of its next frame came: the whole frame is due within the timeout
+                        self.started.insert(id, Instant::now() + self.shared.io_timeout);
+                    }
+                    self.idle.insert(id, lane);
+                }
+                Err(e) => dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e)),
+            }
+        }
+    }
+
+    /// Ends the handshakes past their deadline (`REFUSE` `TIMEOUT`), and a pause in accepting.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let late: Vec<u64> = (self.handshakes.iter())
+            .filter(|(_, h)| h.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            if let Some(h) = self.handshakes.remove(&id) {
+                h.refuse(&self.shared, Status::TIMEOUT, "handshake timed out", "timed out");
+            }
+        }
+        if self.started.values().any(|&t| t <= now) {
+            let late: Vec<u64> = (self.started.iter())
+                .filter(|&(_, &t)| t <= now)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in late {
+                self.started.remove(&id);
+                if let Some(lane) = self.idle.remove(&id) {
+                    let e = io::Error::new(io::ErrorKind::TimedOut, "a started frame did not finish in time");
+                    dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e));
+                }
+            }
+        }
+        if self.paused.is_some_and(|t| t <= now) {
+            self.paused = None;
+            let fd = self.listener.as_raw_fd();
+            let _ = (self.epoll).ctl(libc::EPOLL_CTL_MOD, fd, LISTENER, libc::EPOLLIN as u32);
+        }
+    }
+
+    fn submit(&self, job: Job) {
+        dispatch::submit(&self.shared, job);
+    }
+}
