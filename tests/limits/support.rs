@@ -113,6 +113,16 @@ pub(crate) fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool 
 /// A TCP connection to `to` from the loopback address `127.0.0.<src>` (all of 127/8 is local
 /// on Linux): connections from different addresses count as different peers.
 pub(crate) fn connect_from(src: u8, to: &str) -> std::io::Result<TcpStream> {
+    connect_from_within(src, to, None)
+}
+
+/// As [`connect_from`], giving up after `limit` (if given) when the server's accept queue is
+/// full and the kernel keeps retrying the connection (`SO_SNDTIMEO` bounds a blocking connect).
+pub(crate) fn connect_from_within(
+    src: u8,
+    to: &str,
+    limit: Option<Duration>,
+) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd;
     let SocketAddr::V4(to) = to.parse::<SocketAddr>().unwrap() else {
         panic!("IPv4 only")
@@ -139,10 +149,12 @@ pub(crate) fn connect_from(src: u8, to: &str) -> std::io::Result<TcpStream> {
     if unsafe { libc::bind(fd, (&from as *const libc::sockaddr_in).cast(), len) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    s.set_write_timeout(limit)?;
     // SAFETY: `dest` is a live sockaddr_in of `len` bytes.
     if unsafe { libc::connect(fd, (&dest as *const libc::sockaddr_in).cast(), len) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    s.set_write_timeout(None)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     Ok(s)
 }
