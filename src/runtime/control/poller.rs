@@ -135,12 +135,18 @@ pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
         if p.shared.stop.load(Ordering::SeqCst) {
             return;
         }
+        // connections first, then newcomers: a handshake whose next frame is in moves on
+        // before a newcomer could take its place
+        let mut accept = false;
         for ev in &evs[..n] {
             match ev.u64 {
-                LISTENER => p.accept(),
+                LISTENER => accept = true,
                 WAKE => p.returned(),
                 id => p.ready(id),
             }
+        }
+        if accept {
+            p.accept();
         }
         p.expire();
     }
@@ -238,8 +244,11 @@ impl Poller {
             return;
         }
         let deadline = Instant::now() + sh.io_timeout;
+        // an honest client's HELLO is usually in by the time its connection is accepted: taken
+        // now, before any later connection could make it give up its place
         self.handshakes
             .insert(id, Box::new(Handshake::new(conn, deadline)));
+        self.ready(id);
     }
 
     /// Connection `id` has input (or hung up).

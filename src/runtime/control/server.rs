@@ -406,6 +406,7 @@ impl Server {
         cfg: ServerConfig,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
+        defer_accept(&listener, cfg.io_timeout);
         let nofile = limits::raise_nofile(cfg.limits.descriptors());
         tracing::debug!(parent: &cfg.span, nofile, "descriptor limit");
         let shared = Arc::new(ServerShared {
@@ -501,6 +502,28 @@ impl Server {
         drop(self.shared.returns.take());
         tracing::debug!(parent: &self.shared.span, cut_requests = busy, "server stopped");
         stuck
+    }
+}
+
+/// Has the kernel hold back a connection from `accept` until its first bytes arrive (for up to
+/// about `limit`): clients speak first (HELLO), so a connection that says nothing costs the
+/// server nothing — no descriptor, no handshake slot — while an honest client's HELLO is in by
+/// the time its connection is accepted, and is taken at once (the stateless first round of
+/// admission). Where the option is missing, connections are accepted at once as before.
+fn defer_accept(listener: &TcpListener, limit: Duration) {
+    let secs = limit.as_secs().clamp(1, i32::MAX as u64) as libc::c_int;
+    // SAFETY: setsockopt reads one c_int from a live local for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(listener),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "no TCP_DEFER_ACCEPT");
     }
 }
 
