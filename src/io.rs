@@ -384,9 +384,8 @@ impl Inbound {
             }
             let room = &mut self.buf[self.end..];
             // SAFETY: `room` is a live, writable slice of `room.len()` bytes.
-            let got = unsafe {
-                libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT)
-            };
+            let got =
+                unsafe { libc::recv(fd, room.as_mut_ptr().cast(), room.len(), libc::MSG_DONTWAIT) };
             if got == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,

@@ -95,6 +95,8 @@ pub(crate) enum Job {
 }
 
 /// Lanes that went idle, on their way back to the poller, which waits on `wake` (an eventfd).
+/// (Boxed: a lane moves between threads and maps as one pointer.)
+#[allow(clippy::vec_box)]
 pub(crate) struct Returns {
     lanes: Mutex<Vec<Box<Lane>>>,
     wake: OwnedFd,
@@ -133,6 +135,7 @@ impl Returns {
     }
 
     /// The lanes handed back since the last call (clears the wake-up).
+    #[allow(clippy::vec_box)]
     pub(super) fn take(&self) -> Vec<Box<Lane>> {
         let mut n: u64 = 0;
         // SAFETY: reading 8 bytes into a live u64 from our own non-blocking eventfd.

@@ -106,7 +106,6 @@ pub(super) fn refuse(
     let _ = sock.send_bytes(out, deadline);
 }
 
-
 /// Queues `job` for the server's workers (a worker starts when none is idle and fewer than
 /// `max_threads` run). When no worker can be started at all, the job's connection closes.
 pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
@@ -178,7 +177,14 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                     Ok(t) => break t,
                     Err(e) => {
                         let told = "the server has no random source";
-                        refused(&mut conn.sock, &mut out, Status::FAILED, told, e.to_string(), io_deadline());
+                        refused(
+                            &mut conn.sock,
+                            &mut out,
+                            Status::FAILED,
+                            told,
+                            e.to_string(),
+                            io_deadline(),
+                        );
                         return None;
                     }
                 }
@@ -258,7 +264,14 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                     drop(links);
                     let st = Status::NOT_CONNECTED;
                     let why = "join to an unknown link";
-                    refused(&mut conn.sock, &mut out, st, "unknown link", why, io_deadline());
+                    refused(
+                        &mut conn.sock,
+                        &mut out,
+                        st,
+                        "unknown link",
+                        why,
+                        io_deadline(),
+                    );
                     return None;
                 }
             }
@@ -339,12 +352,16 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
         match request_waiting_in(inb, sock) {
             Ok(true) => {}
             Ok(false) => return Next::Idle,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Next::End(ConnEnd::Closed),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Next::End(ConnEnd::Closed);
+            }
             Err(e) => return Next::End(ConnEnd::Io(e)),
         }
         // the request's first byte is in: the whole request has `io_timeout`
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Next::End(ConnEnd::Closed),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Next::End(ConnEnd::Closed);
+            }
             Err(e) => return Next::End(ConnEnd::Io(e)),
             Ok((Err(e), _)) => {
                 let dl = Some(Instant::now() + shared.io_timeout);

@@ -44,7 +44,13 @@ pub(super) struct Handshake {
     pub(super) deadline: Instant,
     pub(super) since: Instant,
     pub(super) stage: Stage,
+    /// Its HELLO's nonce vouched for the key ([`Psk::vouches`](crate::auth::Psk)): never cut
+    /// for a newcomer.
+    vouched: bool,
 }
+
+/// A handshake frame read whole, or why it cannot be.
+type Frame = Result<(Kind, Vec<u8>), WireError>;
 
 /// What a handshake step came to.
 pub(super) enum Step {
@@ -65,11 +71,15 @@ impl Handshake {
             deadline,
             since: Instant::now(),
             stage: Stage::Hello,
+            vouched: false,
         }
     }
 
     /// How far it got (what decides which handshake makes room for a newcomer).
     pub(super) fn progress(&self, keyed: bool) -> Progress {
+        if self.vouched {
+            return Progress::Authenticated;
+        }
         match self.stage {
             Stage::Hello => Progress::Silent,
             Stage::Auth { .. } => Progress::Greeted,
@@ -93,7 +103,7 @@ impl Handshake {
 
     /// The next complete handshake frame, if its bytes are in: a header declaring more than
     /// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
-    fn frame(&mut self) -> io::Result<Option<Result<(Kind, Vec<u8>), WireError>>> {
+    fn frame(&mut self) -> io::Result<Option<Frame>> {
         if !self.inb.fill_now(&self.conn.sock, wire::HEADER_LEN)? {
             return Ok(None);
         }
@@ -151,6 +161,9 @@ impl Handshake {
                     let Ok(sn) = crate::auth::nonce() else {
                         return self.no_randomness(shared);
                     };
+                    let server = self.conn.sock.stream.local_addr();
+                    self.vouched = server
+                        .is_ok_and(|s| key.vouches(&hello.nonce, &hello.name, self.conn.from, s));
                     let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
                     let mut out = Vec::with_capacity(96);
                     wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
@@ -206,9 +219,9 @@ impl Handshake {
             self.refuse(shared, Status::PARAM_INVALID, &why, &why);
             return Step::End;
         }
-        let room = lock(&shared.fences)
-            .as_ref()
-            .is_some_and(|_| shared.fenced.load(std::sync::atomic::Ordering::SeqCst) < shared.limits.max_fenced());
+        let room = lock(&shared.fences).as_ref().is_some_and(|_| {
+            shared.fenced.load(std::sync::atomic::Ordering::SeqCst) < shared.limits.max_fenced()
+        });
         if hello.role == LaneRole::NewLink && same_host(shared, &hello) && room {
             let Ok(nonce) = crate::auth::nonce() else {
                 return self.no_randomness(shared);

@@ -31,7 +31,6 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
 pub(crate) const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
@@ -134,7 +133,10 @@ pub(crate) fn make_room(
     for c in handshakes.iter().filter(cuttable) {
         *counts.entry(c.peer).or_default() += 1;
     }
-    let busiest = counts.into_iter().max_by_key(|&(ip, n)| (n, ip)).map(|(ip, _)| ip);
+    let busiest = counts
+        .into_iter()
+        .max_by_key(|&(ip, n)| (n, ip))
+        .map(|(ip, _)| ip);
     match busiest {
         Some(ip) => Ok(least(&mut from(ip))),
         None => Err("too many authenticated handshakes"),
@@ -388,7 +390,9 @@ mod tests {
             id,
             peer,
             progress,
-            since: now.checked_sub(Duration::from_millis(age_ms)).unwrap_or(now),
+            since: now
+                .checked_sub(Duration::from_millis(age_ms))
+                .unwrap_or(now),
         }
     }
 

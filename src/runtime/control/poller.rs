@@ -179,12 +179,9 @@ impl Poller {
                     // stop accepting for a while, longer each time, and retry
                     let wait = self.backoff.step();
                     tracing::debug!(parent: &self.shared.span, error = %e, ?wait, "accept failed; backing off");
-                    let _ = self.epoll.ctl(
-                        libc::EPOLL_CTL_MOD,
-                        self.listener.as_raw_fd(),
-                        LISTENER,
-                        0,
-                    );
+                    let _ =
+                        self.epoll
+                            .ctl(libc::EPOLL_CTL_MOD, self.listener.as_raw_fd(), LISTENER, 0);
                     self.paused = Some(Instant::now() + wait);
                     return;
                 }
@@ -305,7 +302,8 @@ impl Poller {
                 Ok(()) => {
                     if lane.inb.buffered() > 0 {
                         // part of its next frame came: the whole frame is due within the timeout
-                        self.started.insert(id, Instant::now() + self.shared.io_timeout);
+                        self.started
+                            .insert(id, Instant::now() + self.shared.io_timeout);
                     }
                     self.idle.insert(id, lane);
                 }
@@ -323,7 +321,12 @@ impl Poller {
             .collect();
         for id in late {
             if let Some(h) = self.handshakes.remove(&id) {
-                h.refuse(&self.shared, Status::TIMEOUT, "handshake timed out", "timed out");
+                h.refuse(
+                    &self.shared,
+                    Status::TIMEOUT,
+                    "handshake timed out",
+                    "timed out",
+                );
             }
         }
         if self.started.values().any(|&t| t <= now) {
@@ -334,7 +337,10 @@ impl Poller {
             for id in late {
                 self.started.remove(&id);
                 if let Some(lane) = self.idle.remove(&id) {
-                    let e = io::Error::new(io::ErrorKind::TimedOut, "a started frame did not finish in time");
+                    let e = io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "a started frame did not finish in time",
+                    );
                     dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e));
                 }
             }

@@ -164,7 +164,10 @@ pub(crate) struct Slot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
 impl Slot {
     /// Takes a place in `count` if fewer than `max` are taken.
-    pub(crate) fn take(count: &std::sync::Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Self> {
+    pub(crate) fn take(
+        count: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        max: usize,
+    ) -> Option<Self> {
         count
             .fetch_update(SeqCst, SeqCst, |n| (n < max).then_some(n + 1))
             .ok()
