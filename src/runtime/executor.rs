@@ -225,6 +225,11 @@ impl<T: Send + 'static> Queue<T> {
         }
     }
 
+    /// Items queued and not taken by a worker yet.
+    pub(crate) fn pending(&self) -> usize {
+        lock(&self.st).items.len()
+    }
+
     /// Waits until none of the queue's items is queued or handled (idle workers may stay).
     pub(crate) fn wait_idle(&self) {
         let mut st = lock(&self.st);
