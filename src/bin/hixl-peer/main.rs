@@ -116,6 +116,9 @@ enum Cli {
         /// Options::max_server_conns
         #[arg(long)]
         max_conns: Option<usize>,
+        /// Options::max_server_threads
+        #[arg(long)]
+        max_threads: Option<usize>,
         /// The soft and hard limits on open descriptors, set before the engine starts
         #[arg(long)]
         nofile: Option<libc::rlim_t>,
@@ -235,6 +238,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             psk,
             ucx,
             max_conns,
+            max_threads,
             nofile,
         } => {
             let mut opts = Options::default();
@@ -249,6 +253,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             if let Some(n) = max_conns {
                 opts = opts.max_server_conns(n);
+            }
+            if let Some(n) = max_threads {
+                opts = opts.max_server_threads(n);
             }
             if let Some(u) = ucx {
                 opts = opts.ucx(match u {
