@@ -73,26 +73,60 @@ impl Pinned {
         })
     }
 
-    /// Whether the pinned process holds `nonce` at `addr` in its memory (read with
-    /// `process_vm_readv`): the proof that a same-host client is the process it names. The read
-    /// goes by pid, so the process must still be running after it (its pidfd says so): then the
-    /// pid named this process during the read, not one that took the number later.
+    /// Whether the pinned process holds `nonce` in its descriptor `fd`, a memfd sealed against
+    /// writes: the proof that a same-host client is the process it names. The descriptor is
+    /// taken with `pidfd_getfd` (by the pidfd: no pid can be reused under it) and read only
+    /// once its seals show it is a memfd whose bytes are fixed, so the read cannot block (no
+    /// file system, no fault handler of the client's) and no one can change it meanwhile.
     ///
     /// # Errors
-    /// The kernel refused the read (no right to trace the process, an unmapped address).
-    pub fn holds(&self, addr: u64, nonce: &[u8; 32]) -> io::Result<bool> {
-        let mut got = [0u8; 32];
-        let mut local = [IoVec {
-            base: got.as_mut_ptr() as usize,
-            len: got.len(),
-        }];
-        let Ok(base) = usize::try_from(addr) else {
+    /// The kernel refused to give the descriptor (no right to trace the process, no such
+    /// descriptor).
+    pub fn holds(&self, fd: i32, nonce: &[u8; 32]) -> io::Result<bool> {
+        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags; the result is checked.
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let theirs = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        // SAFETY: F_GET_SEALS on a descriptor we own; fails on anything but a memfd.
+        let seals = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_WRITE == 0 {
             return Ok(false);
+        }
+        let mut got = [0u8; 32];
+        // SAFETY: `got` is a live, writable array of 32 bytes.
+        let n = unsafe { libc::pread(theirs.as_raw_fd(), got.as_mut_ptr().cast(), 32, 0) };
+        Ok(n == 32 && &got == nonce)
+    }
+
+    /// A sealed memfd holding `nonce` (write-sealed): what a same-host client names in its
+    /// PROOF, for the server to take with `pidfd_getfd` and read.
+    pub fn proof_memfd(nonce: &[u8; 32]) -> io::Result<OwnedFd> {
+        // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"hixl-proof".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
         };
-        let mut remote = [IoVec { base, len: 32 }];
-        // SAFETY: `local` describes `got`, a live local array written only by this call.
-        unsafe { pvm_read(self.pid, &mut local, &mut remote) }.map_err(|(e, _)| e)?;
-        Ok(!self.exited() && &got == nonce)
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let seals =
+            libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: writing 32 bytes from a live array to our own memfd, then sealing it.
+        let ok = unsafe {
+            libc::write(fd.as_raw_fd(), nonce.as_ptr().cast(), 32) == 32
+                && libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0
+        };
+        if !ok {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
     }
 
     /// Whether the process has exited (its pidfd is readable).
@@ -429,5 +463,52 @@ impl Drop for Mapping {
         // SAFETY: unmapping exactly the mapping `new` made, once; nothing refers to it after the
         // link (its owner) is gone.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proof_is_a_write_sealed_memfd_of_the_named_process_holding_the_nonce() {
+        let me = HostId::current().expect("/proc tells who we are");
+        let pin = Pinned::open(&me).unwrap();
+        let nonce = [9u8; 32];
+        let proof = Pinned::proof_memfd(&nonce).unwrap();
+        assert!(pin.holds(proof.as_raw_fd(), &nonce).unwrap());
+        assert!(
+            !pin.holds(proof.as_raw_fd(), &[8u8; 32]).unwrap(),
+            "another nonce"
+        );
+        // the nonce in a memfd that is not sealed against writes: not a proof
+        // SAFETY: memfd_create with a static name; the result is checked.
+        let open = unsafe { libc::memfd_create(c"open".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(open >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let open = unsafe { OwnedFd::from_raw_fd(open) };
+        // SAFETY: 32 bytes from a live array into our own memfd.
+        assert_eq!(
+            unsafe { libc::write(open.as_raw_fd(), nonce.as_ptr().cast(), 32) },
+            32
+        );
+        assert!(
+            !pin.holds(open.as_raw_fd(), &nonce).unwrap(),
+            "writable memfd"
+        );
+        // a pipe holding the nonce: not a memfd
+        let mut p = [0i32; 2];
+        // SAFETY: `p` is a live array of two descriptors the call fills.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both are new descriptors nothing else owns.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        // SAFETY: 32 bytes from a live array into our own pipe.
+        assert_eq!(
+            unsafe { libc::write(w.as_raw_fd(), nonce.as_ptr().cast(), 32) },
+            32
+        );
+        assert!(!pin.holds(r.as_raw_fd(), &nonce).unwrap(), "a pipe");
+        // no such descriptor
+        assert!(pin.holds(i32::MAX, &nonce).is_err());
     }
 }

@@ -17,8 +17,8 @@
 //! "Honest success" means: at least 9 of 10 honest rounds (connect, READ 64 bytes and check
 //! them, disconnect) each succeed within 1 s. The tests run one at a time.
 //!
-//! A same-host HELLO may be answered with PROVE (a nonce the client must place in its own memory)
-//! before WELCOME; the raw clients here answer it (honestly, or with a bogus address), and also
+//! A same-host HELLO may be answered with PROVE (a nonce the client must hold in a sealed memfd)
+//! before WELCOME; the raw clients here answer it (honestly, or with a descriptor that holds no nonce), and also
 //! take a WELCOME that comes at once, so these tests run against servers with and without that
 //! step.
 
@@ -52,7 +52,7 @@ use support::{
 
 /// Finding 1: a HELLO that names a process on this host without proving it is that process
 /// costs the server no fence (memfd) and no pidfd. 500 NewLink HELLOs naming pid 1 (answering a
-/// PROVE with the address of a zeroed buffer), kept open, from 10 source addresses: the server's
+/// PROVE with descriptor 0), kept open, from 10 source addresses: the server's
 /// descriptors grow by at most 1.1 per connection still open (+ 8), not 3 (socket, memfd,
 /// pidfd), and an honest client is served meanwhile.
 #[test]
@@ -66,8 +66,8 @@ fn fake_same_host_hellos_cost_no_fence() {
     let base = usage(pid);
 
     let pid1 = pid1_host();
-    let zeros = Box::new([0u8; 32]);
-    let bogus = Proof::At(std::hint::black_box(&*zeros).as_ptr() as u64);
+    // a descriptor of the named process (its stdin), which holds no nonce
+    let bogus = Proof::At(0);
     let mut held = Vec::new();
     let (mut fenced, mut refused, mut silent, mut reasons) = (0, 0, 0, Vec::new());
     for i in 0..500u64 {
@@ -125,7 +125,7 @@ fn fake_same_host_hellos_cost_no_fence() {
 
 /// Finding 2: a same-host link whose connection closes without BYE gives its descriptors (fence
 /// memfd, pidfd) back at once, not after `server_io_timeout`. 1100 same-host links, each opened
-/// honestly (HELLO naming this process, PROVE answered with the nonce in this process's memory)
+/// honestly (HELLO naming this process, PROVE answered with a sealed memfd of it holding the nonce)
 /// and closed without BYE, one after another, from 50 source addresses, to a server whose I/O
 /// timeout is 30 s: within 2 s of the last close its descriptors are back within 8 of the
 /// baseline. Then 8 idle sockets from the honest client's own address do not keep it from being

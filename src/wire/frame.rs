@@ -42,10 +42,10 @@ pub enum Kind {
     /// Server → client: the server's device, or why it has none (a status other than 0).
     DeviceWelcome = 16,
     /// Server → client, in a new link's handshake when the client says it runs on this host:
-    /// prove you are the process you name (a 32-byte nonce to place in your own memory).
+    /// prove you are the process you name (a 32-byte nonce to hold in a descriptor of yours).
     Prove = 17,
-    /// Client → server: where the nonce of PROVE lies in the client's memory (its address); the
-    /// server reads it there through the process it is about to pin.
+    /// Client → server: the number of the client's descriptor (a write-sealed memfd) holding
+    /// the nonce of PROVE; the server takes it from the process it is about to pin.
     Proof = 18,
 }
 

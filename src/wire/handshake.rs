@@ -128,7 +128,7 @@ pub fn decode_auth(p: &[u8], n: usize) -> Result<Vec<[u8; 32]>, WireError> {
     Ok(v)
 }
 
-/// Encodes a PROVE frame: the nonce a same-host client must place in its own memory.
+/// Encodes a PROVE frame: the nonce a same-host client must hold in a descriptor of its own.
 pub fn encode_prove(out: &mut Vec<u8>, nonce: &[u8; 32]) {
     begin(out, Kind::Prove);
     out.extend_from_slice(nonce);
@@ -146,20 +146,20 @@ pub fn decode_prove(p: &[u8]) -> Result<[u8; 32], WireError> {
     Ok(n)
 }
 
-/// Encodes a PROOF frame: the address in the client's memory where it placed the nonce.
-pub fn encode_proof(out: &mut Vec<u8>, addr: u64) {
+/// Encodes a PROOF frame: the number of the client's descriptor holding the nonce.
+pub fn encode_proof(out: &mut Vec<u8>, fd: u64) {
     begin(out, Kind::Proof);
-    out.extend_from_slice(&addr.to_le_bytes());
+    out.extend_from_slice(&fd.to_le_bytes());
     seal(out);
 }
 
-/// Decodes a PROOF payload (the address).
+/// Decodes a PROOF payload (the descriptor number).
 ///
 /// # Errors
 /// A [`WireError`] if the payload is not one address.
 pub fn decode_proof(p: &[u8]) -> Result<u64, WireError> {
     let mut r = Reader::new(p);
-    let a = r.u64("address")?;
+    let a = r.u64("descriptor")?;
     r.finish()?;
     Ok(a)
 }

@@ -7,10 +7,12 @@
 //!
 //! Same-host proof: a HELLO that names a process on this host gets a fence (a memfd) and that
 //! process pinned (a pidfd) only once the client proved it is that process: the server sends a
-//! random nonce (PROVE), the client places it in its own memory and answers with its address
-//! (PROOF), and the server reads it there through the process it pins. A client that cannot
-//! prove it (or a server whose fence budget is spent) is served over TCP. With a key, the proof
-//! comes after authentication: nothing is spent on a client that did not prove the key.
+//! random nonce (PROVE), the client puts it in a write-sealed memfd of its own and answers with
+//! the descriptor's number (PROOF), and the server takes that descriptor from the process it
+//! pins (`pidfd_getfd`, which only works on a process the server may trace), checks the seals
+//! and reads the nonce (a memfd read never blocks). A client that cannot prove it (or a server
+//! whose fence budget is spent) is served over TCP. With a key, the proof comes after
+//! authentication: nothing is spent on a client that did not prove the key.
 
 use std::io;
 use std::sync::Arc;
@@ -32,7 +34,7 @@ pub(super) enum Stage {
     Hello,
     /// CHALLENGE sent with the server's nonce `sn`; waiting for the AUTH.
     Auth { hello: Box<Hello>, sn: [u8; 32] },
-    /// PROVE sent with `nonce`; waiting for the PROOF.
+    /// PROVE sent with `nonce`; waiting for the PROOF (the client's descriptor holding it).
     Prove { hello: Box<Hello>, nonce: [u8; 32] },
 }
 
@@ -190,7 +192,7 @@ impl Handshake {
                     return self.authenticated(shared, hello);
                 }
                 Stage::Prove { hello, nonce } => {
-                    let addr = match (kind, wire::decode_proof(&p)) {
+                    let fd = match (kind, wire::decode_proof(&p)) {
                         (Kind::Proof, Ok(a)) => a,
                         (Kind::Proof, Err(e)) => {
                             self.refuse(shared, Status::FAILED, &e.to_string(), "bad PROOF");
@@ -202,7 +204,7 @@ impl Handshake {
                             return Step::End;
                         }
                     };
-                    let fence = self.proven(shared, &hello, addr, &nonce);
+                    let fence = self.proven(shared, &hello, fd, &nonce);
                     return self.finish(shared, hello, fence);
                 }
             }
@@ -237,25 +239,26 @@ impl Handshake {
         self.finish(shared, hello, None)
     }
 
-    /// The fence of a client that proved it is the process it named (`nonce` at `addr` in its
-    /// memory), if the budget has room; `None` serves it over TCP.
+    /// The fence of a client that proved it is the process it named (`nonce` in its
+    /// descriptor `fd`), if the budget has room; `None` serves it over TCP.
     fn proven(
         &self,
         shared: &ServerShared,
         hello: &Hello,
-        addr: u64,
+        fd: u64,
         nonce: &[u8; 32],
     ) -> Option<ServerFence> {
         let client = hello.host.as_ref()?;
+        let fd = i32::try_from(fd).ok()?;
         let slot = Slot::take(&shared.fenced, shared.limits.max_fenced())?;
         let why = match Pinned::open(client) {
-            Ok(pin) => match pin.holds(addr, nonce) {
+            Ok(pin) => match pin.holds(fd, nonce) {
                 Ok(true) => match ServerFence::for_pinned(pin, Some(slot)) {
                     Ok(f) => return Some(f),
                     Err(e) => format!("no fence: {e}"),
                 },
-                Ok(false) => "the nonce is not where the client said".to_owned(),
-                Err(e) => format!("cannot read the client's memory: {e}"),
+                Ok(false) => "the descriptor is not a sealed memfd holding the nonce".to_owned(),
+                Err(e) => format!("cannot take the client's descriptor: {e}"),
             },
             Err(e) => format!("cannot pin the client process: {e}"),
         };

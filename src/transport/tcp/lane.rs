@@ -92,9 +92,9 @@ impl Lane {
             .map_err(LaneFail::Io)?;
         let dl = Some(deadline);
         let mut proven = false;
-        // the server's same-host nonce, placed in this process's memory, where the server reads
-        // it (PROOF says where): alive until the WELCOME, which comes after that read
-        let mut placed: Option<Box<[u8; 32]>> = None;
+        // the server's same-host nonce in a sealed memfd of this process, which the server takes
+        // (PROOF names the descriptor): open until the WELCOME, which comes after that
+        let mut placed: Option<std::os::fd::OwnedFd> = None;
         loop {
             match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
                 Ok((Kind::Challenge, p)) if !proven => {
@@ -122,10 +122,9 @@ impl Lane {
                     }
                     let nonce =
                         wire::decode_prove(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
-                    let at = placed.insert(Box::new(nonce));
-                    // the bytes must really be in memory when the server reads them
-                    let addr = std::hint::black_box(&**at).as_ptr() as u64;
-                    wire::encode_proof(&mut lane.out, addr);
+                    let fd = crate::process::Pinned::proof_memfd(&nonce).map_err(LaneFail::Io)?;
+                    let at = std::os::fd::AsRawFd::as_raw_fd(placed.insert(fd));
+                    wire::encode_proof(&mut lane.out, at as u64);
                     lane.sock.send_bytes(&lane.out, dl).map_err(LaneFail::Io)?;
                 }
                 Ok((Kind::Welcome, _)) if key.is_some() && !proven => {
