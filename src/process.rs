@@ -488,10 +488,8 @@ mod tests {
         // SAFETY: a new descriptor nothing else owns.
         let open = unsafe { OwnedFd::from_raw_fd(open) };
         // SAFETY: 32 bytes from a live array into our own memfd.
-        assert_eq!(
-            unsafe { libc::write(open.as_raw_fd(), nonce.as_ptr().cast(), 32) },
-            32
-        );
+        let n = unsafe { libc::write(open.as_raw_fd(), nonce.as_ptr().cast(), 32) };
+        assert_eq!(n, 32);
         assert!(
             !pin.holds(open.as_raw_fd(), &nonce).unwrap(),
             "writable memfd"
@@ -503,10 +501,8 @@ mod tests {
         // SAFETY: both are new descriptors nothing else owns.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         // SAFETY: 32 bytes from a live array into our own pipe.
-        assert_eq!(
-            unsafe { libc::write(w.as_raw_fd(), nonce.as_ptr().cast(), 32) },
-            32
-        );
+        let n = unsafe { libc::write(w.as_raw_fd(), nonce.as_ptr().cast(), 32) };
+        assert_eq!(n, 32);
         assert!(!pin.holds(r.as_raw_fd(), &nonce).unwrap(), "a pipe");
         // no such descriptor
         assert!(pin.holds(i32::MAX, &nonce).is_err());
