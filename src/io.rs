@@ -346,6 +346,11 @@ impl Inbound {
         self.buf.shrink_to_fit();
     }
 
+    /// Bytes of buffer it holds.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// Bytes received and not taken yet.
     pub fn buffered(&self) -> usize {
         self.end - self.start

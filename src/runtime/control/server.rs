@@ -296,7 +296,7 @@ impl LinkRec {
     }
 }
 
-/// State shared by the accept thread and every serving thread of one engine.
+/// State shared by the poller and every serving worker of one engine.
 pub(crate) struct ServerShared {
     pub(super) name: String,
     pub(super) instance: u64,

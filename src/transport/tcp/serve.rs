@@ -129,6 +129,12 @@ impl XferServer {
 
     /// Gives back what a large request made the buffers grow to (between requests a
     /// connection keeps no more memory than a small one needs).
+    /// Bytes its buffers hold now.
+    pub(crate) fn footprint(&self) -> usize {
+        self.descs.capacity() * std::mem::size_of::<WireDesc>()
+            + (self.targets.capacity() + self.iov.capacity()) * std::mem::size_of::<IoVec>()
+    }
+
     pub(crate) fn trim(&mut self) {
         for v in [&mut self.targets, &mut self.iov] {
             if v.capacity() > KEEP_DESCS {
