@@ -16,7 +16,7 @@ use crate::transport::ucx::{UcxBackend, UcxEngine};
 use crate::transport::{Backend, DataPath};
 
 /// TCP's serving half: XFER requests on the server's connections, against its region table.
-pub(crate) use crate::transport::tcp::serve::{Served, XferEnd, XferServer};
+pub(crate) use crate::transport::tcp::serve::{PATIENCE, Pending, Served, Then, XferServer};
 /// TCP, every link's: its lanes (the control plane's messages go over them too) and, last of
 /// its data paths, TCP's, which covers every batch.
 pub(crate) use crate::transport::tcp::{FirstLane, Join, Lanes};

@@ -71,6 +71,8 @@ pub(crate) struct Lane {
     /// The setup requests it made.
     pub(super) asked: Vec<Kind>,
     pub(super) on_this_host: bool,
+    /// A request waiting for the socket to take (or give) its bytes.
+    pub(super) parked: Option<super::dispatch::Parked>,
 }
 
 /// Bytes of receive buffer an idle lane keeps.
@@ -80,6 +82,9 @@ impl Lane {
     /// Gives back what the lane's buffers grew to: it waits for its next request holding
     /// little memory.
     pub(super) fn shrink(&mut self) {
+        if self.parked.is_some() {
+            return; // its request's buffers are in use
+        }
         self.inb.shrink_to(IDLE_INBOUND);
         self.xfer = XferServer::default();
         self.out = Vec::new();

@@ -9,11 +9,11 @@
 //! length is trusted before it is checked.
 
 use super::conn::{Job, Lane, Ready};
-use super::server::{ActiveGuard, LinkRec, ServerShared};
+use super::server::{Held, LinkRec, ServerShared};
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
-use crate::runtime::transports::{XferEnd, XferServer};
+use crate::runtime::transports::{Pending, Then, XferServer};
 use crate::sync::lock;
 use crate::transport::{Accept, AcceptFail};
 use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
@@ -174,7 +174,9 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
     } = r;
     let sock = &mut conn.sock;
     let setup = (sock.stream.set_nodelay(true))
-        .and_then(|()| sock.set_fixed_timeout(shared.io_timeout))
+        // blocking calls return after the patience at most: a request that stalls is parked
+        // (its own deadline is kept apart)
+        .and_then(|()| sock.set_fixed_timeout(crate::runtime::transports::PATIENCE))
         .and_then(|()| match shared.keepalive {
             Some(every) => sock.set_keepalive(every),
             None => Ok(()),
@@ -321,6 +323,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
         client: hello.name.clone(),
         new_link: hello.role == LaneRole::NewLink,
         asked: Vec::new(),
+        parked: None,
         on_this_host,
     });
     let sent = lane.conn.sock.send_bytes(&lane.out, io_deadline());
@@ -351,6 +354,45 @@ pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
     }
 }
 
+/// A request counted as being served, server-wide and on its link, for as long as it lives
+/// (parked ones included): the server's stop and a link's replacement wait for it.
+pub(crate) struct InFlight {
+    shared: Arc<ServerShared>,
+    link: Arc<AtomicUsize>,
+}
+
+impl InFlight {
+    fn new(shared: &Arc<ServerShared>, link: &Arc<AtomicUsize>) -> Self {
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        link.fetch_add(1, Ordering::SeqCst);
+        Self {
+            shared: shared.clone(),
+            link: link.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.link.fetch_sub(1, Ordering::SeqCst);
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A request parked on its lane (its socket stalled), and its count as in flight.
+pub(crate) type Parked = (Box<Pending<Held>>, InFlight);
+
+/// Moves what a request has left; what the lane does next.
+fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
+    match p.progress(sock) {
+        Ok(Some(Then::Continue)) => None,
+        Ok(Some(Then::Close(reason))) => Some(Next::End(ConnEnd::Refused(reason))),
+        Ok(None) => Some(Next::Idle),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Some(Next::End(ConnEnd::Closed)),
+        Err(e) => Some(Next::End(ConnEnd::Io(e))),
+    }
+}
+
 fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
     let Lane {
         conn,
@@ -364,9 +406,22 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
         new_link,
         asked,
         on_this_host,
+        parked,
     } = lane;
     let token = *token;
+    let owner = conn.shared.clone();
     let sock = &mut conn.sock;
+    // a request parked on a stalled socket goes on first
+    if let Some((mut p, flight)) = parked.take() {
+        match drive(sock, &mut p) {
+            None => drop((p, flight)),
+            Some(Next::Idle) => {
+                *parked = Some((p, flight));
+                return Next::Idle;
+            }
+            Some(end) => return end,
+        }
+    }
     loop {
         // between requests a connection keeps no more memory than a small one needs
         trim(inb, xfer, out);
@@ -378,7 +433,7 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
             }
             Err(e) => return Next::End(ConnEnd::Io(e)),
         }
-        // the request's first byte is in: the whole request has `io_timeout`
+        // the request's frame is in: the whole request has `io_timeout`
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 return Next::End(ConnEnd::Closed);
@@ -390,26 +445,19 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        let _guard = ActiveGuard(&shared.active);
-        busy.fetch_add(1, Ordering::SeqCst);
-        let _busy = ActiveGuard(busy);
+        let flight = InFlight::new(&owner, busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
             return Next::End(ConnEnd::Refused("request on a superseded link".into()));
         }
-        match frame {
+        // what the request has left to move, past what it does at once
+        let mut pending = match frame {
             (Kind::Xfer, p) => {
                 let x = match xfer.decode(p) {
                     Ok(x) => x,
                     Err(e) => return Next::End(violation(sock, out, e, deadline)),
                 };
-                let table = &*shared.table;
-                match xfer.apply(x, sock, inb, out, deadline, table) {
-                    Ok(()) => {}
-                    Err(XferEnd::Io(e)) => return Next::End(ConnEnd::Io(e)),
-                    Err(XferEnd::Refused(reason)) => return Next::End(ConnEnd::Refused(reason)),
-                }
+                xfer.apply(x, inb, deadline, &*shared.table)
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {
@@ -417,24 +465,25 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
                     Err(e) => return Next::End(violation(sock, out, e, deadline)),
                 };
                 let from = client.clone();
+                let mut reply = Vec::with_capacity(64);
                 match shared.notifies.push(token, Notify { from, name, msg }) {
-                    Ok(()) => wire::encode_done(out, req, 0, ""),
-                    Err(reason) => {
-                        wire::encode_done(out, req, Status::RESOURCE_EXHAUSTED.code(), &reason)
-                    }
+                    Ok(()) => wire::encode_done(&mut reply, req, 0, ""),
+                    Err(reason) => wire::encode_done(
+                        &mut reply,
+                        req,
+                        Status::RESOURCE_EXHAUSTED.code(),
+                        &reason,
+                    ),
                 }
-                if let Err(e) = sock.send_bytes(out, deadline) {
-                    return Next::End(ConnEnd::Io(e));
-                }
+                Pending::reply(reply, Then::Continue, deadline)
             }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
                     let e = WireError::Trailing(p.len());
                     return Next::End(violation(sock, out, e, deadline));
                 }
-                if let Err(e) = sock.send_bytes(&wire::header(Kind::Pong, 0), deadline) {
-                    return Next::End(ConnEnd::Io(e));
-                }
+                let pong = wire::header(Kind::Pong, 0).to_vec();
+                Pending::reply(pong, Then::Continue, deadline)
             }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
@@ -455,9 +504,8 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
                     drop(rec);
                     shared.prune_fences();
                 }
-                out.clear();
-                out.extend_from_slice(&wire::header(Kind::ByeAck, 0));
-                let _ = sock.send_bytes(out, deadline);
+                // the acknowledgement goes if the socket takes it now; the lane ends anyway
+                let _ = sock.send_now(&wire::header(Kind::ByeAck, 0));
                 return Next::End(ConnEnd::Bye);
             }
             // a transport's setup request, or a frame no one takes
@@ -495,7 +543,17 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
                         return Next::End(violation(sock, out, e, deadline));
                     }
                 }
+                continue;
             }
+        };
+        match drive(sock, &mut pending) {
+            None => {}
+            Some(Next::Idle) => {
+                // the socket stalled: the worker goes on to other work, the poller waits for it
+                *parked = Some((pending, flight));
+                return Next::Idle;
+            }
+            Some(end) => return end,
         }
     }
 }

@@ -63,9 +63,15 @@ impl Epoll {
         self.ctl(libc::EPOLL_CTL_ADD, fd, token, ev)
     }
 
-    /// Re-arms a one-shot `fd` after its event was handled.
+    /// Re-arms a one-shot `fd` after its event was handled, for input (and hang-ups).
     fn rearm(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        let ev = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+        self.rearm_for(fd, token, false)
+    }
+
+    /// Re-arms a one-shot `fd` for output (`out`) or input, and hang-ups.
+    fn rearm_for(&self, fd: RawFd, token: u64, out: bool) -> io::Result<()> {
+        let dir = if out { libc::EPOLLOUT } else { libc::EPOLLIN };
+        let ev = (dir | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
         self.ctl(libc::EPOLL_CTL_MOD, fd, token, ev)
     }
 
@@ -99,6 +105,8 @@ struct Poller {
     backoff: limits::Backoff,
     /// Accepting waits until then (out of descriptors or memory).
     paused: Option<Instant>,
+    /// Serving is stopping (see [`Poller::drain`]).
+    draining: bool,
 }
 
 /// Runs the poller until the server stops; what it holds then is closed.
@@ -127,12 +135,21 @@ pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
         started: HashMap::new(),
         backoff: limits::Backoff::default(),
         paused: None,
+        draining: false,
     };
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
+        // the flags are checked before each wait: a wake-up read while handling events (a lane
+        // coming back) may have been the stop's
+        if p.shared.halt.load(Ordering::SeqCst) {
+            return;
+        }
+        if p.shared.stop.load(Ordering::SeqCst) {
+            p.drain();
+        }
         let timeout = p.next_timeout();
         let n = p.epoll.wait(&mut evs, timeout);
-        if p.shared.stop.load(Ordering::SeqCst) {
+        if p.shared.halt.load(Ordering::SeqCst) {
             return;
         }
         // connections first, then newcomers: a handshake whose next frame is in moves on
@@ -145,7 +162,7 @@ pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
                 id => p.ready(id),
             }
         }
-        if accept {
+        if accept && !p.draining {
             p.accept();
         }
         p.expire();
@@ -260,6 +277,12 @@ impl Poller {
                 Step::Done(ready) => self.submit(Job::Open(ready)),
                 Step::End => {}
             }
+        } else if self.idle.get(&id).is_some_and(|l| l.parked.is_some()) {
+            // its parked request's socket is ready (or failed): a worker goes on with it
+            self.started.remove(&id);
+            if let Some(lane) = self.idle.remove(&id) {
+                self.submit(Job::Serve(lane));
+            }
         } else if let Some(mut lane) = self.idle.remove(&id) {
             // a worker takes the lane once its next frame is in: a peer that starts a frame
             // and stalls holds no thread, only its deadline
@@ -298,9 +321,19 @@ impl Poller {
     fn returned(&mut self) {
         for lane in self.shared.returns.take() {
             let id = lane.conn.id;
-            match self.epoll.rearm(lane.conn.as_raw_fd(), id) {
+            let (fd, out) = (
+                lane.conn.as_raw_fd(),
+                lane.parked.as_ref().map(|p| !p.0.receiving()),
+            );
+            match self.epoll.rearm_for(fd, id, out.unwrap_or(false)) {
                 Ok(()) => {
-                    if lane.inb.buffered() > 0 {
+                    if let Some((p, _)) = &lane.parked {
+                        // a parked request keeps its own deadline
+                        let due = p
+                            .deadline
+                            .unwrap_or_else(|| Instant::now() + self.shared.io_timeout);
+                        self.started.insert(id, due);
+                    } else if lane.inb.buffered() > 0 {
                         // part of its next frame came: the whole frame is due within the timeout
                         self.started
                             .insert(id, Instant::now() + self.shared.io_timeout);
@@ -350,6 +383,21 @@ impl Poller {
             let fd = self.listener.as_raw_fd();
             let _ = (self.epoll).ctl(libc::EPOLL_CTL_MOD, fd, LISTENER, libc::EPOLLIN as u32);
         }
+    }
+
+    /// Serving stops: no more connections, handshakes or idle lanes; lanes whose request is
+    /// parked stay until it finishes or the stop's grace is over.
+    fn drain(&mut self) {
+        if !self.draining {
+            self.draining = true;
+            let fd = self.listener.as_raw_fd();
+            let _ = self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, LISTENER, 0);
+            self.paused = None;
+        }
+        self.handshakes.clear();
+        self.idle.retain(|_, l| l.parked.is_some());
+        let idle = &self.idle;
+        self.started.retain(|id, _| idle.contains_key(id));
     }
 
     fn submit(&self, job: Job) {

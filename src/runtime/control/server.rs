@@ -304,6 +304,8 @@ pub(crate) struct ServerShared {
     pub(super) io_timeout: Duration,
     pub(super) limits: Limits,
     pub(super) stop: AtomicBool,
+    /// Set once the stop's grace is over: the poller ends, closing what it still holds.
+    pub(super) halt: AtomicBool,
     /// Requests being served right now.
     pub(super) active: AtomicUsize,
     /// Every connection, from accept until its thread ends, with the counts [`Limits`] bound.
@@ -417,6 +419,7 @@ impl Server {
             queue: crate::runtime::executor::Queue::new(cfg.limits.max_threads),
             limits: cfg.limits,
             stop: AtomicBool::new(false),
+            halt: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             conns: Mutex::new(ConnTable::default()),
             links: Mutex::new(HashMap::new()),
@@ -466,12 +469,10 @@ impl Server {
     /// same-host client, except those returned: their fences did not settle in time (the
     /// client is stopped or hung), so the memory they can reach must be quarantined.
     pub fn stop(mut self, grace: Duration) -> crate::runtime::revoke::quarantine::Blockers {
+        // the poller stops accepting, closes every handshake and idle lane, and keeps only the
+        // lanes whose request is parked on a stalled socket (they get the grace too)
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.returns.wake();
-        // the poller ends, closing every handshake and idle lane
-        if let Some(p) = self.poller.take() {
-            let _ = p.join();
-        }
         // from here no fence is handed out: a handshake still running serves its client over TCP
         let fences = lock(&self.shared.fences).take().unwrap_or_default();
         let until = Instant::now() + grace;
@@ -492,6 +493,12 @@ impl Server {
                 "same-host clients did not leave their fences in time; their memory will be quarantined");
         }
         let busy = self.shared.active.load(Ordering::SeqCst);
+        // the poller ends: parked requests still unfinished are dropped with their lanes
+        self.shared.halt.store(true, Ordering::SeqCst);
+        self.shared.returns.wake();
+        if let Some(p) = self.poller.take() {
+            let _ = p.join();
+        }
         for s in lock(&self.shared.conns).values() {
             Sock::shutdown(s);
         }
@@ -524,13 +531,6 @@ fn defer_accept(listener: &TcpListener, limit: Duration) {
     };
     if r != 0 {
         tracing::debug!(error = %io::Error::last_os_error(), "no TCP_DEFER_ACCEPT");
-    }
-}
-
-pub(super) struct ActiveGuard<'a>(pub(super) &'a AtomicUsize);
-impl Drop for ActiveGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

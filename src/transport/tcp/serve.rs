@@ -5,7 +5,7 @@
 //! WRITE's payload is received into it, a READ's reply is sent from it).
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock};
@@ -41,14 +41,109 @@ pub(crate) unsafe trait Served {
     ) -> Result<Self::Held, (Status, String)>;
 }
 
-/// Why an XFER request ends its connection.
+/// How long a request waits on a socket that makes no progress before it is parked: its worker
+/// goes on to other work, and the request resumes when the socket is ready. A client that reads
+/// (or sends) at any useful pace never waits that long: the kernel wakes a sender once half its
+/// buffer has drained.
+pub(crate) const PATIENCE: Duration = Duration::from_millis(5);
+
+/// What follows once a request's bytes have all moved.
 #[derive(Debug)]
-pub(crate) enum XferEnd {
-    /// The socket failed.
-    Io(io::Error),
-    /// A WRITE was refused (the client was told why): the payload that follows cannot be
-    /// skipped safely, so the connection closes.
-    Refused(String),
+pub(crate) enum Then {
+    /// The next request.
+    Continue,
+    /// The connection closes for this reason (a refused WRITE: its payload that follows
+    /// cannot be skipped safely).
+    Close(String),
+}
+
+/// A request under way: what it has left to receive (a WRITE's payload, into registered
+/// memory) and then to send (its DONE, and a READ's data, from registered memory), and the
+/// hold on the regions they move. It moves what the socket takes without waiting longer than
+/// [`PATIENCE`]; a request that cannot is parked in this state and resumed later.
+pub(crate) struct Pending<H> {
+    recv: Vec<IoVec>,
+    recv_pos: usize,
+    send: Vec<IoVec>,
+    send_pos: usize,
+    /// The frame `send[0]` points into (its heap buffer stays put when the struct moves).
+    _frame: Vec<u8>,
+    then: Then,
+    /// It was parked once: it resumes without waiting until it keeps pace again.
+    resumed: bool,
+    /// When the whole request must be done.
+    pub(crate) deadline: Option<Instant>,
+    /// Keeps the regions the iovecs point into alive and registered (`Served::Held`); dropped
+    /// once they are done with (or when the request is dropped unfinished).
+    _held: Option<H>,
+}
+
+impl<H> Pending<H> {
+    /// A frame to send (a reply), then `then`.
+    pub(crate) fn reply(frame: Vec<u8>, then: Then, deadline: Option<Instant>) -> Box<Self> {
+        let send = vec![IoVec {
+            base: frame.as_ptr() as usize,
+            len: frame.len(),
+        }];
+        Box::new(Self {
+            recv: Vec::new(),
+            recv_pos: 0,
+            send,
+            send_pos: 0,
+            _frame: frame,
+            then,
+            resumed: false,
+            deadline,
+            _held: None,
+        })
+    }
+
+    /// Whether it waits to receive (else to send).
+    pub(crate) fn receiving(&self) -> bool {
+        self.recv[self.recv_pos.min(self.recv.len())..]
+            .iter()
+            .any(|v| v.len > 0)
+    }
+
+    /// Moves what the socket takes (never waiting more than [`PATIENCE`] for it): `Some` once
+    /// every byte has moved, with what follows; `None` when the socket stalled (park it).
+    ///
+    /// # Errors
+    /// The socket failed, or the deadline passed (`TimedOut`).
+    pub(crate) fn progress(&mut self, sock: &mut Sock) -> io::Result<Option<Then>> {
+        let (dl, resumed) = (self.deadline, self.resumed);
+        // SAFETY: the receive iovecs are ranges `Served::admit` returned, valid for writes of
+        // any bytes, by anyone, while `_held` lives (it lives as long as `self`).
+        let received = unsafe {
+            sock.move_patiently(
+                false,
+                &mut self.recv,
+                &mut self.recv_pos,
+                dl,
+                PATIENCE,
+                resumed,
+            )
+        }?;
+        // SAFETY: the first send iovec is `self.frame`'s heap buffer, alive and unmoved as long
+        // as `self`; the others are ranges `Served::admit` returned, valid for reads while
+        // `_held` lives.
+        let sent = received
+            && unsafe {
+                sock.move_patiently(
+                    true,
+                    &mut self.send,
+                    &mut self.send_pos,
+                    dl,
+                    PATIENCE,
+                    resumed,
+                )
+            }?;
+        if !sent {
+            self.resumed = true;
+            return Ok(None);
+        }
+        Ok(Some(std::mem::replace(&mut self.then, Then::Continue)))
+    }
 }
 
 /// One XFER request, decoded.
@@ -63,7 +158,6 @@ pub(crate) struct Xfer {
 pub(crate) struct XferServer {
     descs: Vec<WireDesc>,
     targets: Vec<IoVec>,
-    iov: Vec<IoVec>,
 }
 
 impl XferServer {
@@ -76,70 +170,69 @@ impl XferServer {
         Ok(Xfer { op, req })
     }
 
-    /// Applies the request just decoded by `deadline`: checked against `served`, then the
-    /// WRITE's payload is received into the targets, or the READ's sent from them, and the
-    /// client gets its DONE (a refused READ gets its reason, and the connection goes on).
-    ///
-    /// # Errors
-    /// The connection ends: see [`XferEnd`].
+    /// Starts the request just decoded, due by `deadline`: checked against `served`, then the
+    /// WRITE's payload is to be received into the targets (what already came with the frame is
+    /// copied at once), or the READ's to be sent from them, with the client's DONE (a refused
+    /// READ gets its reason, and the connection goes on; a refused WRITE's connection closes).
+    /// The caller moves the rest with [`Pending::progress`].
     pub(crate) fn apply<S: Served>(
         &mut self,
         x: Xfer,
-        sock: &mut Sock,
         inb: &mut Inbound,
-        out: &mut Vec<u8>,
         deadline: Option<Instant>,
         served: &S,
-    ) -> Result<(), XferEnd> {
-        // alive until the request is done with the memory (the end of this function)
-        let _held = match served.admit(x.op, &self.descs, &mut self.targets) {
+    ) -> Box<Pending<S::Held>> {
+        let mut frame = Vec::new();
+        let held = match served.admit(x.op, &self.descs, &mut self.targets) {
             Ok(h) => h,
             Err((status, reason)) => {
-                wire::encode_done(out, x.req, status.code(), &reason);
-                let _ = sock.send_bytes(out, deadline);
-                if x.op == TransferOp::Write {
-                    // the payload that follows cannot be skipped safely: close the lane
-                    return Err(XferEnd::Refused(reason));
-                }
-                return Ok(());
+                wire::encode_done(&mut frame, x.req, status.code(), &reason);
+                let then = match x.op {
+                    TransferOp::Write => Then::Close(reason),
+                    TransferOp::Read => Then::Continue,
+                };
+                return Pending::reply(frame, then, deadline);
             }
         };
+        wire::encode_done(&mut frame, x.req, 0, "");
+        let mut p = Pending::reply(frame, Then::Continue, deadline);
         match x.op {
             TransferOp::Write => {
-                // SAFETY: `admit` put in `targets` only ranges of registered host memory valid
-                // for writes of any bytes, by anyone, while `_held` lives (`Served`'s contract).
-                unsafe { inb.recv_into(sock, &self.targets, deadline) }.map_err(XferEnd::Io)?;
-                wire::encode_done(out, x.req, 0, "");
-                sock.send_bytes(out, deadline).map_err(XferEnd::Io)
+                p.recv = self.targets.clone();
+                // the payload's first bytes may have come with the frame
+                for t in &mut p.recv {
+                    let take = t.len.min(inb.buffered());
+                    if take == 0 {
+                        break;
+                    }
+                    let from = inb.take(take);
+                    // SAFETY: `admit` put in `targets` only ranges of registered host memory
+                    // valid for writes of any bytes, by anyone, while `held` lives; `from` is
+                    // our private buffer, which cannot overlap them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(from.as_ptr(), t.base as *mut u8, take)
+                    };
+                    t.base += take;
+                    t.len -= take;
+                }
             }
-            TransferOp::Read => {
-                wire::encode_done(out, x.req, 0, "");
-                self.iov.clear();
-                self.iov.push(IoVec {
-                    base: out.as_ptr() as usize,
-                    len: out.len(),
-                });
-                self.iov.extend_from_slice(&self.targets);
-                // SAFETY: the first iovec is `out`, alive for the call; the others are valid
-                // for reads while `_held` lives (`Served`'s contract).
-                unsafe { sock.send_all(&mut self.iov, deadline) }.map_err(XferEnd::Io)
-            }
+            TransferOp::Read => p.send.extend_from_slice(&self.targets),
         }
+        p._held = Some(held);
+        p
+    }
+
+    /// Bytes its buffers hold now.
+    pub(crate) fn footprint(&self) -> usize {
+        self.descs.capacity() * std::mem::size_of::<WireDesc>()
+            + self.targets.capacity() * std::mem::size_of::<IoVec>()
     }
 
     /// Gives back what a large request made the buffers grow to (between requests a
     /// connection keeps no more memory than a small one needs).
-    /// Bytes its buffers hold now.
-    pub(crate) fn footprint(&self) -> usize {
-        self.descs.capacity() * std::mem::size_of::<WireDesc>()
-            + (self.targets.capacity() + self.iov.capacity()) * std::mem::size_of::<IoVec>()
-    }
-
     pub(crate) fn trim(&mut self) {
-        for v in [&mut self.targets, &mut self.iov] {
-            if v.capacity() > KEEP_DESCS {
-                *v = Vec::new();
-            }
+        if self.targets.capacity() > KEEP_DESCS {
+            self.targets = Vec::new();
         }
         if self.descs.capacity() > KEEP_DESCS {
             self.descs = Vec::new();
