@@ -16,11 +16,13 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use attack_support::{Proof, Reply, Stop, connect, open_link};
+use attack_support::{Proof, Reply, Stop, connect, honest_rounds, open_link};
 use common::Rng;
 use hixl::wire::HostId;
 use hixl::{Options, TransferDesc, TransferOp};
-use support::{back_to_baseline, honest_client, honest_round, serial, spawn_peer, usage, wait_for};
+use support::{
+    back_to_baseline, hello, honest_client, honest_round, serial, spawn_peer, usage, wait_for,
+};
 
 /// The threads of process `pid` named `name`.
 fn named(pid: u32, name: &str) -> usize {
@@ -194,5 +196,75 @@ fn fences_stay_within_the_descriptor_budget() {
     honest_round(&cli, &mut buf, &peer);
     back_to_baseline(pid, base, "after the same-host links");
     drop(cli);
+    peer.quit();
+}
+
+/// Peers that stall hold no serving thread: with `max_server_threads` 2 and a 3 s I/O timeout, 8
+/// lanes that send a READ of 8 × 1 MiB and never read it, and 8 that announce a 1 MiB WRITE and
+/// trickle its payload a byte every 20 ms, are parked by the server; meanwhile an honest client
+/// is served 10 times out of 10, each within 1 s (were the stalled requests to keep their
+/// threads, it would wait for their deadline).
+#[test]
+fn stalled_peers_hold_no_serving_thread() {
+    use std::io::Write;
+    let _one = serial();
+    let peer = common::Peer::spawn_in(
+        &[],
+        "127.0.0.1",
+        8 << 20,
+        1,
+        "hostbuffer",
+        &["--io-timeout-ms", "3000", "--max-threads", "2"],
+    );
+    let (cli, mut buf) = honest_client(false);
+    honest_round(&cli, &mut buf, &peer);
+    let mut region = 0;
+    let mut lanes: Vec<std::net::TcpStream> = (0..16u64)
+        .map(|i| {
+            let mut s = connect(10 + i as u8, &peer.name).unwrap();
+            region = hello(&mut s, 40_000 + i).table[0].id;
+            s
+        })
+        .collect();
+    // the WRITEs go to the region's second half: the honest client READs its first bytes
+    let xfer = |op, n: u32, first: u32| {
+        let mut req = Vec::new();
+        hixl::wire::encode_xfer(
+            &mut req,
+            op,
+            1,
+            (0..n).map(|i| hixl::wire::WireDesc {
+                region,
+                offset: u64::from(first + i) << 20,
+                len: 1 << 20,
+            }),
+        );
+        req
+    };
+    let (read, write) = (xfer(TransferOp::Read, 8, 0), xfer(TransferOp::Write, 1, 4));
+    for s in &mut lanes[..8] {
+        s.write_all(&read).unwrap();
+    }
+    for s in &mut lanes[8..] {
+        s.write_all(&write).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let honest = std::thread::scope(|sc| {
+        let stopper = Stop(&stop);
+        let trickling = &mut lanes[8..];
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for s in trickling.iter_mut() {
+                    let _ = s.write_all(&[0x5A]);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let honest = honest_rounds(&cli, &mut buf, &peer, 10, Duration::from_millis(100));
+        drop(stopper);
+        honest
+    });
+    eprintln!("16 stalled lanes, 2 serving threads: {}", honest.summary());
+    assert_eq!(honest.fast(), 10, "{}", honest.summary());
     peer.quit();
 }
