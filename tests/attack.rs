@@ -37,14 +37,14 @@ use std::time::{Duration, Instant};
 
 use attack_support::{
     Proof, Reply, Stop, connect, hello_bytes, honest_rounds, next_frame, open_link, pid1_host,
-    port_of, raise_own_nofile, reset, send_queues, threads,
+    port_of, reset, send_queues, threads,
 };
 use common::Peer;
 use hixl::TransferOp;
 use hixl::wire::{self, HostId, WireDesc};
 use support::{
-    KEY, back_to_baseline, hello, honest_client, honest_round, rss_budget, serial, spawn_peer,
-    usage, wait_for,
+    KEY, back_to_baseline, hello, honest_client, honest_round, raise_own_nofile, rss_budget,
+    serial, spawn_peer, usage, wait_for,
 };
 
 // ---------------------------------------------------------------------------------------------

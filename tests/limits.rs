@@ -19,7 +19,7 @@ use hixl::wire::{self, Hello, Kind, LaneRole, WireDesc};
 use hixl::{Options, TransferOp};
 use support::{
     KEY, back_near, back_to_baseline, closed, connect_from, hello, hello_frame, honest_client,
-    honest_round, rss_budget, serial, spawn_peer, usage, wait_for,
+    honest_round, raise_own_nofile, rss_budget, serial, spawn_peer, usage, wait_for,
 };
 
 /// Item 1: once a frame has started, the whole frame must arrive within `server_io_timeout`: 50
@@ -317,20 +317,6 @@ fn declared_lengths_cost_memory_only_as_bytes_arrive() {
     back_to_baseline(pid, base, "after the large declarations");
     drop(cli);
     peer.quit();
-}
-
-/// Raises this process's soft descriptor limit to its hard limit; returns the limit.
-fn raise_own_nofile() -> libc::rlim_t {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a live rlimit the call fills.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
-    r.rlim_cur = r.rlim_max;
-    // SAFETY: `r` is a live rlimit within the hard limit.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
-    r.rlim_max
 }
 
 /// Item 5 (and 7): one descriptor per connection. A server under `ulimit -n 1024` with 1000

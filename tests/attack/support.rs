@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::common::{self, Peer};
-use hixl::wire::{self, Hello, HostId, Kind, LaneRole};
+use hixl::wire::{self, HostId, Kind};
 use hixl::{TransferDesc, TransferOp};
 
 /// A TCP connection to `to` from `127.0.0.<src>`, given up after 2 s (a full accept queue makes
@@ -170,18 +170,7 @@ pub(crate) fn next_frame(s: &mut TcpStream) -> Next {
 
 /// A new link's HELLO from client "10.7.7.7", naming the process `host` (if any).
 pub(crate) fn hello_bytes(instance: u64, host: Option<HostId>) -> Vec<u8> {
-    let mut out = Vec::new();
-    Hello {
-        role: LaneRole::NewLink,
-        instance,
-        token: 0,
-        name: "10.7.7.7".into(),
-        target: String::new(),
-        host,
-        nonce: [7; 32],
-    }
-    .encode(&mut out);
-    out
+    super::support::hello_frame_naming(instance, host)
 }
 
 /// Opens a new link on `s` (naming the process `host`), answering a PROVE as `proof` says, and
@@ -301,20 +290,6 @@ pub(crate) fn reset(s: TcpStream) {
         )
     };
     drop(s);
-}
-
-/// Raises this process's soft descriptor limit to its hard limit; returns the limit.
-pub(crate) fn raise_own_nofile() -> libc::rlim_t {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a live rlimit the call fills.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
-    r.rlim_cur = r.rlim_max;
-    // SAFETY: `r` is a live rlimit within the hard limit.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
-    r.rlim_max
 }
 
 /// Sets a flag when dropped, however the scope that holds it ends (stops attacker threads).

@@ -160,6 +160,11 @@ pub(crate) fn connect_from_within(
 }
 
 pub(crate) fn hello_frame(instance: u64) -> Vec<u8> {
+    hello_frame_naming(instance, None)
+}
+
+/// A new link's HELLO from client "10.7.7.7", naming the process `host` (if any).
+pub(crate) fn hello_frame_naming(instance: u64, host: Option<hixl::wire::HostId>) -> Vec<u8> {
     let mut out = Vec::new();
     Hello {
         role: LaneRole::NewLink,
@@ -167,11 +172,25 @@ pub(crate) fn hello_frame(instance: u64) -> Vec<u8> {
         token: 0,
         name: "10.7.7.7".into(),
         target: String::new(),
-        host: None,
+        host,
         nonce: [7; 32],
     }
     .encode(&mut out);
     out
+}
+
+/// Raises this process's soft descriptor limit to its hard limit; returns the limit.
+pub(crate) fn raise_own_nofile() -> libc::rlim_t {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a live rlimit the call fills.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+    r.rlim_cur = r.rlim_max;
+    // SAFETY: `r` is a live rlimit within the hard limit.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    r.rlim_max
 }
 
 /// Opens a new link (client "10.7.7.7", `instance`) on `s` and reads the WELCOME.
