@@ -79,6 +79,11 @@ pub(crate) struct Lane {
 const IDLE_INBOUND: usize = 4 << 10;
 
 impl Lane {
+    /// Bytes its buffers hold.
+    pub(super) fn footprint(&self) -> usize {
+        self.inb.capacity() + self.xfer.footprint() + self.out.capacity()
+    }
+
     /// Gives back what the lane's buffers grew to: it waits for its next request holding
     /// little memory.
     pub(super) fn shrink(&mut self) {

@@ -65,8 +65,12 @@ pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) 
     if out.capacity() > 64 << 10 {
         *out = Vec::with_capacity(256);
     }
-    let after = inb.capacity() + xfer.footprint() + out.capacity();
-    if before - after.min(before) >= GIVE_BACK {
+    released(before, inb.capacity() + xfer.footprint() + out.capacity());
+}
+
+/// Buffers shrank from `before` to `after` bytes: a large drop is handed back to the system.
+pub(super) fn released(before: usize, after: usize) {
+    if before.saturating_sub(after) >= GIVE_BACK {
         give_back_freed_memory();
     }
 }
@@ -347,7 +351,9 @@ enum Next {
 pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
     match serve_requests(shared, &mut lane) {
         Next::Idle => {
+            let before = lane.footprint();
             lane.shrink();
+            released(before, lane.footprint());
             shared.returns.give(lane);
         }
         Next::End(end) => lane_closed(shared, *lane, end),
@@ -619,7 +625,9 @@ pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
     }
     forget(shared, lane.conn.id, lane.token, &end);
     let from = lane.conn.from;
+    let held = lane.footprint();
     drop(lane);
+    released(held, 0);
     match end {
         ConnEnd::Closed | ConnEnd::Bye => {
             tracing::trace!(parent: &shared.span, %from, reason = %end, "lane closed")

@@ -385,8 +385,9 @@ impl Poller {
         }
     }
 
-    /// Serving stops: no more connections, handshakes or idle lanes; lanes whose request is
-    /// parked stay until it finishes or the stop's grace is over.
+    /// Serving stops: no more connections or handshakes. Established lanes are still served
+    /// until the stop's grace is over (a request can be under way on one lane of a link while
+    /// its other lane's part is just arriving), as are requests parked on a stalled socket.
     fn drain(&mut self) {
         if !self.draining {
             self.draining = true;
@@ -395,9 +396,6 @@ impl Poller {
             self.paused = None;
         }
         self.handshakes.clear();
-        self.idle.retain(|_, l| l.parked.is_some());
-        let idle = &self.idle;
-        self.started.retain(|id, _| idle.contains_key(id));
     }
 
     fn submit(&self, job: Job) {

@@ -469,8 +469,8 @@ impl Server {
     /// same-host client, except those returned: their fences did not settle in time (the
     /// client is stopped or hung), so the memory they can reach must be quarantined.
     pub fn stop(mut self, grace: Duration) -> crate::runtime::revoke::quarantine::Blockers {
-        // the poller stops accepting, closes every handshake and idle lane, and keeps only the
-        // lanes whose request is parked on a stalled socket (they get the grace too)
+        // the poller stops accepting and closes every handshake; established lanes are served
+        // through the grace (requests parked on a stalled socket included)
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.returns.wake();
         // from here no fence is handed out: a handshake still running serves its client over TCP
@@ -487,13 +487,16 @@ impl Server {
         // inside its fence then is given up on: its batch will report failure
         let stuck = revoke_all(fences, in_grace);
         // requests being served over TCP get the rest of the grace
-        while self.shared.active.load(Ordering::SeqCst) > 0 && in_grace() {}
+        // (a lane whose request is queued for a worker counts too)
+        let busy_now =
+            || self.shared.active.load(Ordering::SeqCst) > 0 || self.shared.queue.pending() > 0;
+        while busy_now() && in_grace() {}
         if !stuck.is_empty() {
             tracing::warn!(parent: &self.shared.span, clients = stuck.len(), ?grace,
                 "same-host clients did not leave their fences in time; their memory will be quarantined");
         }
         let busy = self.shared.active.load(Ordering::SeqCst);
-        // the poller ends: parked requests still unfinished are dropped with their lanes
+        // the poller ends: idle lanes, and parked requests still unfinished, are dropped
         self.shared.halt.store(true, Ordering::SeqCst);
         self.shared.returns.wake();
         if let Some(p) = self.poller.take() {
