@@ -47,10 +47,13 @@ install() {
   echo "anchors installed"
 }
 
+# iperf [STREAMS [WRITE_LEN]]: one stream with iperf3's default 128 KiB writes, or e.g. `2 1M`
+# (two streams of 1 MiB writes: what one large batch over two lanes is measured against)
 iperf() {
+  local streams=${1:-1} len=${2:-}
   iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
   sleep 0.5
-  iperf3 -c 127.0.0.1 -p "$PORT" -t 5 -J \
+  iperf3 -c 127.0.0.1 -p "$PORT" -t 5 -J -P "$streams" ${len:+-l "$len"} \
     | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9, 3))'
   wait
 }
@@ -124,7 +127,7 @@ nixl() {
 
 case "${1:-}" in
   install) install ;;
-  iperf) iperf ;;
+  iperf) iperf "${2:-1}" "${3:-}" ;;
   memcpy) memcpy "${2:-1048576}" ;;
   ucx-tcp) ucx tcp "${2:-1048576}" ;;
   ucx-sm) ucx sm "${2:-1048576}" ;;

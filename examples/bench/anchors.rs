@@ -32,6 +32,43 @@ pub(crate) fn memcpy_gbps(block: usize) -> f64 {
     best
 }
 
+/// Two threads copying one half of the working set each, in `block` chunks, best of three
+/// passes, GB/s in all: what a transfer that runs on two cores (the caller's and a helper) can
+/// reach at most.
+pub(crate) fn memcpy2_gbps(block: usize) -> f64 {
+    let half = WS / 2;
+    if block > half {
+        return memcpy_gbps(block);
+    }
+    let mut src = vec![0u8; WS];
+    let mut dst = vec![0u8; WS];
+    Rng::new(3).fill(&mut src);
+    dst.copy_from_slice(&src);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let moved: usize = std::thread::scope(|s| {
+            let parts: Vec<_> = (src.chunks(half))
+                .zip(dst.chunks_mut(half))
+                .map(|(from, to)| {
+                    s.spawn(move || {
+                        let mut moved = 0usize;
+                        for off in (0..=from.len().saturating_sub(block)).step_by(block) {
+                            to[off..off + block].copy_from_slice(&from[off..off + block]);
+                            moved += block;
+                        }
+                        std::hint::black_box(&to);
+                        moved
+                    })
+                })
+                .collect();
+            parts.into_iter().map(|p| p.join().unwrap_or(0)).sum()
+        });
+        best = best.max(moved as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
 /// A bare `process_vm_readv` (READ) or `process_vm_writev` (WRITE) loop between `buf` and the
 /// peer's region, `block` bytes a call, over the working set, best of three passes, GB/s.
 pub(crate) fn pvm_gbps(

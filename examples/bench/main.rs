@@ -21,7 +21,10 @@
 //! - `--threads N`: callers sharing the one link (default 1)
 //! - `--json`: one JSON object per row on stdout
 //! - `--anchors`: run `tools/bench-anchors.sh` for the matching anchors (`bench-anchors.sh install`
-//!   first); `HIXL_PEERS` overrides the script's path
+//!   first); `HIXL_PEERS` overrides the script's path. Over TCP, iperf3 twice: one stream with its
+//!   default 128 KiB writes (`iperf3`), and two streams of 1 MiB writes (`iperf3_x2`: what a large
+//!   batch, which hixl splits over two lanes, is measured against). Same-host rows always carry
+//!   memcpy of the same blocks on one thread (`memcpy`) and on two (`memcpy_x2`)
 //! - `--ws BYTES`: the part of the 256 MiB region each row cycles through (default all of it, so
 //!   transfers come from memory, not caches); `--ws 0` means one block, as `ucx_perftest` does
 //!   (the same buffer every time)
@@ -29,7 +32,7 @@
 
 mod anchors;
 
-use anchors::{anchor, memcpy_gbps, pvm_gbps};
+use anchors::{anchor, memcpy_gbps, memcpy2_gbps, pvm_gbps};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -386,6 +389,8 @@ fn measure(
     if a.transport == "same-host" {
         progress(&format!("anchors: memcpy {} ...", human(block)));
         anchors.push(("memcpy".to_owned(), Some(memcpy_gbps(block))));
+        progress(&format!("anchors: memcpy x2 {} ...", human(block)));
+        anchors.push(("memcpy_x2".to_owned(), Some(memcpy2_gbps(block))));
         if a.user_memory {
             progress(&format!("anchors: process_vm {} ...", human(block)));
             anchors.push((
@@ -503,11 +508,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else if a.anchors {
         progress("anchors: iperf3 ...");
         let iperf = anchor(&["iperf"]);
+        progress("anchors: iperf3 -P 2 -l 1M ...");
+        let iperf2 = anchor(&["iperf", "2", "1M"]);
         for r in &mut rows {
             let op = r.op.to_ascii_lowercase();
             let size = r.block.to_string();
             progress(&format!("anchors: {} {} ...", r.op, human(r.block)));
             r.anchors.push(("iperf3".into(), iperf));
+            r.anchors.push(("iperf3_x2".into(), iperf2));
             r.anchors
                 .push(("mooncake".into(), anchor(&["mooncake", &op, &size])));
             r.anchors
@@ -608,13 +616,14 @@ fn connect_and_register_costs(a: &Args) -> Result<((f64, f64), f64), Box<dyn std
 fn print_rows(a: &Args, rows: &[Row]) {
     if a.json {
         for r in rows {
-            // the primary anchor: iperf3 from 1 MiB, ucx_perftest below (the targets' references)
+            // the primary anchor: iperf3 with two streams of 1 MiB writes from 1 MiB,
+            // ucx_perftest below (the targets' references)
             let primary = r
                 .anchors
                 .iter()
                 .find(|(n, _)| {
                     n == if r.block >= 1 << 20 {
-                        "iperf3"
+                        "iperf3_x2"
                     } else {
                         "ucx_perftest"
                     }
