@@ -24,6 +24,19 @@ const DIRECT_MAX: usize = 512 << 10;
 /// patience interval (64 KiB per 5 ms: about 13 MB/s); a slower one is parked between its bytes.
 pub(crate) const MIN_PACE: usize = 64 << 10;
 
+/// Consumes `n` bytes from the front of `iov[*i..]` (those a system call moved).
+pub(crate) fn advance(iov: &mut [IoVec], i: &mut usize, mut n: usize) {
+    while n > 0 {
+        let take = n.min(iov[*i].len);
+        iov[*i].base += take;
+        iov[*i].len -= take;
+        n -= take;
+        if iov[*i].len == 0 {
+            *i += 1;
+        }
+    }
+}
+
 /// Most iovecs one patient receive passes to the kernel.
 const RECV_IOVS: usize = 128;
 
@@ -184,16 +197,7 @@ impl Sock {
                     "peer closed the connection",
                 ));
             }
-            let mut n = n as usize;
-            while n > 0 {
-                let take = n.min(iov[i].len);
-                iov[i].base += take;
-                iov[i].len -= take;
-                n -= take;
-                if iov[i].len == 0 {
-                    i += 1;
-                }
-            }
+            advance(iov, &mut i, n as usize);
         }
     }
 
@@ -354,16 +358,7 @@ impl Sock {
                 unsafe { libc::recvmsg(fd, &mut msg, flags | waitall) }
             };
             if n > 0 {
-                let mut left = n as usize;
-                while left > 0 {
-                    let take = left.min(iov[*pos].len);
-                    iov[*pos].base += take;
-                    iov[*pos].len -= take;
-                    left -= take;
-                    if iov[*pos].len == 0 {
-                        *pos += 1;
-                    }
-                }
+                advance(iov, pos, n as usize);
                 paced += n as usize;
                 if probing && paced >= MIN_PACE {
                     // it keeps pace again: wait for it as for any peer

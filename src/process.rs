@@ -14,7 +14,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::io::{IOV_MAX, IoVec};
+use crate::io::{IOV_MAX, IoVec, advance};
 use crate::types::{HostId, start_time};
 
 /// A memfd of `len` bytes sealed against shrinking, growing and further sealing.
@@ -388,19 +388,6 @@ fn skip_empty(local: &[IoVec], li: &mut usize, remote: &[IoVec], ri: &mut usize)
         *ri += 1;
     }
     *li < local.len() && *ri < remote.len()
-}
-
-/// Consumes `n` bytes from the front of `iov[*i..]`.
-fn advance(iov: &mut [IoVec], i: &mut usize, mut n: usize) {
-    while n > 0 {
-        let take = n.min(iov[*i].len);
-        iov[*i].base += take;
-        iov[*i].len -= take;
-        n -= take;
-        if iov[*i].len == 0 {
-            *i += 1;
-        }
-    }
 }
 
 /// A peer's sealed memfd, mapped into this process.

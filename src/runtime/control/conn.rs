@@ -81,7 +81,7 @@ const IDLE_INBOUND: usize = 4 << 10;
 impl Lane {
     /// Bytes its buffers hold.
     pub(super) fn footprint(&self) -> usize {
-        self.inb.capacity() + self.xfer.footprint() + self.out.capacity()
+        super::dispatch::footprint(&self.inb, &self.xfer, self.out.capacity())
     }
 
     /// Gives back what the lane's buffers grew to: it waits for its next request holding

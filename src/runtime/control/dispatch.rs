@@ -42,16 +42,26 @@ pub(crate) enum ConnEnd {
     Refused(String),
 }
 
-/// Reads the next request of an established connection: waits as long as it takes for its
-/// first byte, then the whole frame must arrive within `timeout`. Returns the frame and that
-/// deadline, which also bounds the rest of the request (a WRITE's payload, the reply).
+impl ConnEnd {
+    /// How a socket error ends a connection: a close by the peer is [`ConnEnd::Closed`].
+    pub(super) fn of(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ConnEnd::Closed
+        } else {
+            ConnEnd::Io(e)
+        }
+    }
+}
+
+/// Takes the next request of an established connection, whose frame is in ([`frame_in`]).
+/// Returns the frame and its deadline, `timeout` from now, which bounds the rest of the
+/// request (a WRITE's payload, the reply).
 #[allow(clippy::type_complexity)]
 pub(super) fn read_request<'a>(
     sock: &mut Sock,
     inb: &'a mut Inbound,
     timeout: Duration,
 ) -> Result<(Result<(Kind, &'a [u8]), WireError>, Instant), io::Error> {
-    inb.fill(sock, 1, None)?;
     let deadline = Instant::now() + timeout;
     let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
     Ok((frame, deadline))
@@ -59,13 +69,18 @@ pub(super) fn read_request<'a>(
 
 /// Gives back what a large request made a connection's buffers grow to.
 pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) {
-    let before = inb.capacity() + xfer.footprint() + out.capacity();
+    let before = footprint(inb, xfer, out.capacity());
     inb.trim();
     xfer.trim();
     if out.capacity() > 64 << 10 {
         *out = Vec::with_capacity(256);
     }
-    released(before, inb.capacity() + xfer.footprint() + out.capacity());
+    released(before, footprint(inb, xfer, out.capacity()));
+}
+
+/// Bytes a lane's buffers hold (`out`: its reply buffer's capacity).
+pub(super) fn footprint(inb: &Inbound, xfer: &XferServer, out: usize) -> usize {
+    inb.capacity() + xfer.footprint() + out
 }
 
 /// Buffers shrank from `before` to `after` bytes: a large drop is handed back to the system.
@@ -346,8 +361,8 @@ enum Next {
     End(ConnEnd),
 }
 
-/// Serves a lane's requests while they keep coming (each one's first byte within
-/// [`SERVE_SPIN`] of the last one's end), then hands it back to the poller, or closes it.
+/// Serves a lane's requests while they keep coming ([`request_waiting_in`]), then hands it back
+/// to the poller, or closes it.
 pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
     match serve_requests(shared, &mut lane) {
         Next::Idle => {
@@ -394,12 +409,11 @@ fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
         Ok(Some(Then::Continue)) => None,
         Ok(Some(Then::Close(reason))) => Some(Next::End(ConnEnd::Refused(reason))),
         Ok(None) => Some(Next::Idle),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Some(Next::End(ConnEnd::Closed)),
-        Err(e) => Some(Next::End(ConnEnd::Io(e))),
+        Err(e) => Some(Next::End(ConnEnd::of(e))),
     }
 }
 
-fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
+fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
     let Lane {
         conn,
         inb,
@@ -415,7 +429,6 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
         parked,
     } = lane;
     let token = *token;
-    let owner = conn.shared.clone();
     let sock = &mut conn.sock;
     // a request parked on a stalled socket goes on first
     if let Some((mut p, flight)) = parked.take() {
@@ -434,24 +447,18 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
         match request_waiting_in(shared, inb, sock) {
             Ok(true) => {}
             Ok(false) => return Next::Idle,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Next::End(ConnEnd::Closed);
-            }
-            Err(e) => return Next::End(ConnEnd::Io(e)),
+            Err(e) => return Next::End(ConnEnd::of(e)),
         }
         // the request's frame is in: the whole request has `io_timeout`
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Next::End(ConnEnd::Closed);
-            }
-            Err(e) => return Next::End(ConnEnd::Io(e)),
+            Err(e) => return Next::End(ConnEnd::of(e)),
             Ok((Err(e), _)) => {
                 let dl = Some(Instant::now() + shared.io_timeout);
                 return Next::End(violation(sock, out, e, dl));
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
-        let flight = InFlight::new(&owner, busy);
+        let flight = InFlight::new(shared, busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
             return Next::End(ConnEnd::Refused("request on a superseded link".into()));
@@ -564,17 +571,36 @@ fn serve_requests(shared: &ServerShared, lane: &mut Lane) -> Next {
     }
 }
 
+/// The header of a connection's next frame once the whole frame is in (reading what has come,
+/// without waiting): `Ok(None)` while bytes are missing. A header that does not decode, or that
+/// declares more than `limit` bytes (`what` names the limit), is `Some(Err)` at once, before
+/// anything is allocated for its payload. The frame stays in `inb`.
+pub(super) fn whole_frame(
+    inb: &mut Inbound,
+    sock: &Sock,
+    limit: u32,
+    what: &'static str,
+) -> io::Result<Option<Result<wire::Header, WireError>>> {
+    if !inb.fill_now(sock, wire::HEADER_LEN)? {
+        return Ok(None);
+    }
+    let h: [u8; wire::HEADER_LEN] = inb.peek(wire::HEADER_LEN).try_into().expect("header");
+    let h = match wire::decode_header(&h) {
+        Ok(h) if h.len > limit => {
+            let (got, limit) = (h.len.into(), limit.into());
+            return Ok(Some(Err(WireError::OverLimit { what, got, limit })));
+        }
+        Ok(h) => h,
+        Err(e) => return Ok(Some(Err(e))),
+    };
+    let all = inb.fill_now(sock, wire::HEADER_LEN + h.len as usize)?;
+    Ok(all.then_some(Ok(h)))
+}
+
 /// Whether a lane's next frame is all in (reading what has come, without waiting); a header
 /// that does not decode counts as in: the worker refuses it.
 pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
-    if !inb.fill_now(sock, wire::HEADER_LEN)? {
-        return Ok(false);
-    }
-    let h: [u8; wire::HEADER_LEN] = inb.peek(wire::HEADER_LEN).try_into().expect("header");
-    match wire::decode_header(&h) {
-        Ok(h) => inb.fill_now(sock, wire::HEADER_LEN + h.len as usize),
-        Err(_) => Ok(true),
-    }
+    Ok(whole_frame(inb, sock, wire::MAX_FRAME, "frame length")?.is_some())
 }
 
 /// How long a worker that just served a request waits for the lane's next one (when no other

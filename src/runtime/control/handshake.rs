@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::conn::{Conn, Ready};
+use super::dispatch::whole_frame;
 use super::limits::{self, Progress};
 use super::server::ServerShared;
 use crate::error::Status;
@@ -106,27 +107,19 @@ impl Handshake {
     /// The next complete handshake frame, if its bytes are in: a header declaring more than
     /// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
     fn frame(&mut self) -> io::Result<Option<Frame>> {
-        if !self.inb.fill_now(&self.conn.sock, wire::HEADER_LEN)? {
-            return Ok(None);
-        }
-        let h: [u8; wire::HEADER_LEN] = self.inb.peek(wire::HEADER_LEN).try_into().expect("header");
-        let h = match wire::decode_header(&h) {
-            Ok(h) if h.len > limits::MAX_HANDSHAKE_FRAME => {
-                return Ok(Some(Err(WireError::OverLimit {
-                    what: "handshake frame length",
-                    got: h.len.into(),
-                    limit: limits::MAX_HANDSHAKE_FRAME.into(),
-                })));
-            }
-            Ok(h) => h,
-            Err(e) => return Ok(Some(Err(e))),
-        };
-        let len = h.len as usize;
-        if !self.inb.fill_now(&self.conn.sock, wire::HEADER_LEN + len)? {
-            return Ok(None);
-        }
-        self.inb.take(wire::HEADER_LEN);
-        Ok(Some(Ok((h.kind, self.inb.take(len).to_vec()))))
+        let what = "handshake frame length";
+        let whole = whole_frame(
+            &mut self.inb,
+            &self.conn.sock,
+            limits::MAX_HANDSHAKE_FRAME,
+            what,
+        )?;
+        Ok(whole.map(|h| {
+            h.map(|h| {
+                self.inb.take(wire::HEADER_LEN);
+                (h.kind, self.inb.take(h.len as usize).to_vec())
+            })
+        }))
     }
 
     /// Reads what the client sent and answers it, as far as it goes without waiting.

@@ -306,12 +306,7 @@ impl Poller {
                 }
                 Err(e) => {
                     self.started.remove(&id);
-                    let end = if e.kind() == io::ErrorKind::UnexpectedEof {
-                        dispatch::ConnEnd::Closed
-                    } else {
-                        dispatch::ConnEnd::Io(e)
-                    };
-                    dispatch::lane_closed(&self.shared, *lane, end);
+                    dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::of(e));
                 }
             }
         }
