@@ -160,8 +160,33 @@ impl<T: Send + 'static> Queue<T> {
         item: T,
         handler: &mut dyn FnMut() -> Handler<T>,
     ) -> Result<(), T> {
+        self.push_with(item, handler, true)
+    }
+
+    /// Queues `item` for the workers there are: no worker is started for it unless none
+    /// exists (the caller knows one of them will look soon).
+    pub(crate) fn push_to_workers(
+        self: &Arc<Self>,
+        item: T,
+        handler: &mut dyn FnMut() -> Handler<T>,
+    ) -> Result<(), T> {
+        self.push_with(item, handler, false)
+    }
+
+    fn push_with(
+        self: &Arc<Self>,
+        item: T,
+        handler: &mut dyn FnMut() -> Handler<T>,
+        start: bool,
+    ) -> Result<(), T> {
         let mut st = lock(&self.st);
         st.items.push_back(item);
+        if !start && st.workers > 0 {
+            if st.idle > 0 {
+                self.work.notify_one();
+            }
+            return Ok(());
+        }
         if st.idle > 0 {
             self.work.notify_one();
             if st.idle >= st.items.len() {

@@ -160,7 +160,14 @@ pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
             }
         })
     };
-    if let Err(job) = shared.queue.push(job, &mut handler) {
+    // a lingering worker looks at the queue every LINGER_SLICE: it takes the job, rather than
+    // a new thread (sequential requests on many lanes would each start one)
+    let queued = if shared.lingering.load(Ordering::SeqCst) > 0 {
+        shared.queue.push_to_workers(job, &mut handler)
+    } else {
+        shared.queue.push(job, &mut handler)
+    };
+    if let Err(job) = queued {
         tracing::warn!(parent: &shared.span, "no thread to serve a connection; closing it");
         if let Job::Serve(lane) = job {
             lane_closed(shared, *lane, ConnEnd::Refused("no serving thread".into()));
@@ -623,6 +630,25 @@ fn request_waiting_in(shared: &ServerShared, inb: &mut Inbound, sock: &Sock) -> 
         std::hint::spin_loop();
     }
     let until = Instant::now() + SERVE_LINGER;
+    shared.lingering.fetch_add(1, Ordering::SeqCst);
+    let waited = linger(shared, inb, sock, until);
+    shared.lingering.fetch_sub(1, Ordering::SeqCst);
+    // a job queued while this worker lingered started no thread: this worker takes it, and its
+    // lane (its next frame in, or not) goes back to the poller
+    Ok(waited? && shared.queue.pending() == 0)
+}
+
+/// How often a lingering worker looks at the queue.
+const LINGER_SLICE: Duration = Duration::from_micros(200);
+
+/// Waits until `until` for the lane's next frame, in slices of [`LINGER_SLICE`]; gives up as
+/// soon as a job waits for a worker or serving stops.
+fn linger(
+    shared: &ServerShared,
+    inb: &mut Inbound,
+    sock: &Sock,
+    until: Instant,
+) -> io::Result<bool> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() || shared.queue.pending() > 0 || shared.stop.load(Ordering::Relaxed) {
@@ -633,9 +659,13 @@ fn request_waiting_in(shared: &ServerShared, inb: &mut Inbound, sock: &Sock) -> 
             events: libc::POLLIN,
             revents: 0,
         }];
-        let ms = left.as_micros().div_ceil(1000) as libc::c_int;
-        // SAFETY: `fds` is a live array of one pollfd.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+        let slice = left.min(LINGER_SLICE);
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: slice.as_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` is a live array of one pollfd and `ts` a live timespec; no signal mask.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
         if fds[0].revents != 0 && frame_in(inb, sock)? {
             return Ok(true);
         }

@@ -314,8 +314,15 @@ impl Poller {
 
     /// Lanes handed back by workers: idle until their next request.
     fn returned(&mut self) {
-        for lane in self.shared.returns.take() {
+        for mut lane in self.shared.returns.take() {
             let id = lane.conn.id;
+            if lane.parked.is_none()
+                && matches!(dispatch::frame_in(&mut lane.inb, &lane.conn.sock), Ok(true))
+            {
+                // its next request is in already (its worker went to other work)
+                self.submit(Job::Serve(lane));
+                continue;
+            }
             let (fd, out) = (
                 lane.conn.as_raw_fd(),
                 lane.parked.as_ref().map(|p| !p.0.receiving()),

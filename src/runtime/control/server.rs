@@ -308,6 +308,9 @@ pub(crate) struct ServerShared {
     pub(super) halt: AtomicBool,
     /// Requests being served right now.
     pub(super) active: AtomicUsize,
+    /// Workers waiting a moment for their lane's next request; while one does, a new job
+    /// starts no thread: the lingering worker gives up its wait and takes it.
+    pub(super) lingering: AtomicUsize,
     /// Every connection, from accept until its thread ends, with the counts [`Limits`] bound.
     pub(super) conns: Mutex<ConnTable>,
     pub(super) links: Mutex<HashMap<u64, LinkRec>>,
@@ -421,6 +424,7 @@ impl Server {
             stop: AtomicBool::new(false),
             halt: AtomicBool::new(false),
             active: AtomicUsize::new(0),
+            lingering: AtomicUsize::new(0),
             conns: Mutex::new(ConnTable::default()),
             links: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(super::poller::FIRST_ID),
