@@ -186,19 +186,21 @@ impl<'e> Link<'e> {
         }
         let mut bytes = 0u64;
         xds.reserve(descs.len());
+        let host_only = !self.shared.has_device_path();
+        let (engine, link) = (self.shared.engine_id, self.shared.id);
         for (index, d) in descs.iter().enumerate() {
-            if d.local.core.engine != self.shared.engine_id {
+            if d.local.core.engine != engine {
                 return Err(Error::ForeignHandle {
                     what: "local region",
                     owner: d.local.core.engine,
-                    engine: self.shared.engine_id,
+                    engine,
                 });
             }
-            if d.remote.link != self.shared.id {
+            if d.remote.link != link {
                 return Err(Error::ForeignHandle {
                     what: "remote range",
                     owner: d.remote.link,
-                    engine: self.shared.id,
+                    engine: link,
                 });
             }
             if d.local.len as u64 != d.remote.len {
@@ -215,7 +217,6 @@ impl<'e> Link<'e> {
                     access: d.remote.access.name(),
                 });
             }
-            let host_only = !self.shared.has_device_path();
             if host_only && d.local.core.mem_type != MemType::Host {
                 return Err(Error::UnsupportedMemory {
                     mem_type: d.local.core.mem_type,

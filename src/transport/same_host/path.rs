@@ -1,8 +1,6 @@
 //! The same-host data path of one link: the peer's regions as this process reaches them (mapped
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
-use std::collections::HashMap;
-
 use super::{MemCopy, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
@@ -46,14 +44,39 @@ impl PeerRegion {
 pub(crate) struct SameHostPath {
     proc: PeerProc,
     watch: std::net::TcpStream,
-    regions: HashMap<u32, PeerRegion>,
+    /// Sorted by region id (the peer's table order is not assumed).
+    regions: Vec<(u32, PeerRegion)>,
+}
+
+/// Finds regions of a batch in a [`SameHostPath`]'s table: a binary search, skipped while
+/// descriptors stay in the region of the one before (the common case: a batch into one KV cache).
+struct Finder<'a> {
+    table: &'a [(u32, PeerRegion)],
+    last: Option<&'a (u32, PeerRegion)>,
+}
+
+impl<'a> Finder<'a> {
+    fn new(table: &'a [(u32, PeerRegion)]) -> Self {
+        Finder { table, last: None }
+    }
+    fn find(&mut self, id: u32) -> Option<&'a PeerRegion> {
+        match self.last {
+            Some(hit) if hit.0 == id => Some(&hit.1),
+            _ => {
+                let i = self.table.binary_search_by_key(&id, |r| r.0).ok()?;
+                let hit = &self.table[i];
+                self.last = Some(hit);
+                Some(&hit.1)
+            }
+        }
+    }
 }
 
 impl SameHostPath {
     /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
     fn covers(&self, xds: &[BatchDesc]) -> bool {
-        xds.iter()
-            .all(|d| self.regions.contains_key(&d.remote.region))
+        let mut f = Finder::new(&self.regions);
+        xds.iter().all(|d| f.find(d.remote.region).is_some())
     }
 
     pub(crate) fn setup(
@@ -61,7 +84,7 @@ impl SameHostPath {
         table: &[TableEntry],
         watch: std::net::TcpStream,
     ) -> std::io::Result<SameHostPath> {
-        let mut regions = HashMap::with_capacity(table.len());
+        let mut regions = Vec::with_capacity(table.len());
         let (mut mapped, mut probe) = (false, None);
         for e in table {
             if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
@@ -88,8 +111,11 @@ impl SameHostPath {
             if fd < 0 && e.access.permits(TransferOp::Read) && probe.is_none() {
                 probe = Some(e.addr);
             }
-            regions.insert(e.id, r);
+            regions.push((e.id, r));
         }
+        // a table naming one id twice (the peer's own never does): its first entry counts
+        regions.sort_by_key(|r| r.0);
+        regions.dedup_by_key(|r| r.0);
         // a probe read where the kernel must allow process_vm_readv
         if let Some(addr) = probe {
             let mut byte = 0u8;
@@ -142,10 +168,11 @@ impl DataPath for SameHostPath {
         if !self.proc.alive(&self.watch) {
             return Err(PathFail::Gone("the peer exited or closed the link".into()));
         }
-        let (mut lo, mut ro, mut index, mut copies) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut lo, mut ro, mut index) = (Vec::new(), Vec::new(), Vec::new());
+        let mut copies = Vec::with_capacity(xds.len());
+        let mut f = Finder::new(&self.regions);
         for (i, d) in xds.iter().enumerate() {
-            let Some(r) = self.regions.get(&d.remote.region) else {
+            let Some(r) = f.find(d.remote.region) else {
                 return Err(PathFail::Failed(Error::UnknownRemoteRegion {
                     peer: peer.to_owned(),
                     region: d.remote.region,
