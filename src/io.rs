@@ -14,10 +14,8 @@ use crate::wire::{self, WireError};
 
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
-/// Remainders at least this large are received straight into their target.
-const DIRECT_MIN: usize = 32 << 10;
-/// Most bytes one direct receive asks for. Smaller reads let the kernel keep the stream
-/// moving (measured: large READs gained about 40% at 16 MiB against unbounded reads).
+/// Most bytes one receive into registered memory asks for. Smaller reads let the kernel keep
+/// the stream moving (measured: large READs gained about 40% at 16 MiB against unbounded reads).
 const DIRECT_MAX: usize = 512 << 10;
 
 /// The pace a peer must keep to hold a serving worker: at least this many bytes in each
@@ -35,6 +33,26 @@ pub(crate) fn advance(iov: &mut [IoVec], i: &mut usize, mut n: usize) {
             *i += 1;
         }
     }
+}
+
+/// The next receive's iovecs: from `iov[pos..]`, at most [`RECV_IOVS`] of them and
+/// [`DIRECT_MAX`] bytes (the last one cut), copied into `part`; returns how many.
+///
+/// Pieces of any size go many to a call and the call waits for all of them (`MSG_WAITALL`
+/// where it may block): one wake-up and one system call per half MiB, whatever the block size
+/// (measured, 8192 pieces of 32 KiB: one `recvmsg` each had cost more than the copies it made).
+fn gather(iov: &[IoVec], pos: usize, part: &mut [IoVec; RECV_IOVS]) -> usize {
+    let (mut cnt, mut bytes) = (0, 0);
+    for v in &iov[pos..] {
+        if cnt == RECV_IOVS || bytes == DIRECT_MAX {
+            break;
+        }
+        let len = v.len.min(DIRECT_MAX - bytes);
+        part[cnt] = IoVec { base: v.base, len };
+        cnt += 1;
+        bytes += len;
+    }
+    cnt
 }
 
 /// Most iovecs one patient receive passes to the kernel.
@@ -214,6 +232,46 @@ impl Sock {
         unsafe { self.io_all(Dir::Send, iov, deadline) }
     }
 
+    /// Receives exactly the bytes described by `iov`, in calls of up to half a MiB each waited
+    /// for whole (`MSG_WAITALL`, see `gather`), by `deadline`.
+    ///
+    /// # Safety
+    /// Every iovec must describe memory valid for writes of any byte values for the whole call.
+    unsafe fn recv_all(&mut self, iov: &mut [IoVec], deadline: Option<Instant>) -> io::Result<()> {
+        let fd = self.stream.as_raw_fd();
+        let mut i = 0;
+        loop {
+            while i < iov.len() && iov[i].len == 0 {
+                i += 1;
+            }
+            if i == iov.len() {
+                return Ok(());
+            }
+            self.arm(Dir::Recv, deadline)?;
+            let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
+            let cnt = gather(iov, i, &mut part);
+            // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout of
+            // `libc::iovec` that stay alive for the call (`part`, parts of the caller's ranges).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = part.as_mut_ptr().cast::<libc::iovec>();
+            msg.msg_iovlen = cnt as _;
+            // SAFETY: `fd` is an open socket; the iovecs describe writable memory (the caller's
+            // contract). MSG_WAITALL returns early only on a timeout, a signal or the end.
+            let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_WAITALL) };
+            if n < 0 {
+                retry_or_fail(deadline)?;
+                continue;
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                ));
+            }
+            advance(iov, &mut i, n as usize);
+        }
+    }
+
     /// Sends a byte slice.
     pub fn send_bytes(&mut self, b: &[u8], deadline: Option<Instant>) -> io::Result<()> {
         let mut iov = [IoVec {
@@ -311,33 +369,16 @@ impl Sock {
             }
             let blocking = can_block && !probing;
             let flags = if blocking { 0 } else { libc::MSG_DONTWAIT };
-            // receiving, at most DIRECT_MAX bytes a call (a copy of the first iovecs, the last
-            // one cut): shorter reads let the kernel keep the stream moving. Small pieces go
-            // many to a call; a large one (DIRECT_MIN or more) alone, and whole when blocking
-            // (MSG_WAITALL; measured: 64 KiB pieces eight to a call ran at two thirds of the
-            // speed of one at a time, and 1 MiB pieces 7% slower without WAITALL)
+            // receiving, at most DIRECT_MAX bytes a call, waited for whole when blocking
+            // (`gather`; measured: 1 MiB pieces ran 7% slower without MSG_WAITALL)
             let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
             let (ptr, cnt) = if send {
                 let cnt = (iov.len() - *pos).min(IOV_MAX);
                 (iov[*pos..].as_mut_ptr(), cnt)
             } else {
-                let (mut cnt, mut bytes) = (0, 0);
-                for v in &iov[*pos..] {
-                    let large = v.len >= DIRECT_MIN;
-                    if cnt == RECV_IOVS || bytes == DIRECT_MAX || (large && cnt > 0) {
-                        break;
-                    }
-                    let len = v.len.min(DIRECT_MAX - bytes);
-                    part[cnt] = IoVec { base: v.base, len };
-                    cnt += 1;
-                    bytes += len;
-                    if large {
-                        break;
-                    }
-                }
-                (part.as_mut_ptr(), cnt)
+                (part.as_mut_ptr(), gather(iov, *pos, &mut part))
             };
-            let waitall = if !send && blocking && cnt == 1 && part[0].len >= DIRECT_MIN {
+            let waitall = if !send && blocking {
                 libc::MSG_WAITALL
             } else {
                 0
@@ -599,54 +640,35 @@ impl Inbound {
         &self.buf[s..s + n]
     }
 
-    /// Receives exactly the bytes described by `targets`, in order.
+    /// Receives exactly the bytes described by `targets`, in order (buffered bytes first, the
+    /// rest straight into the targets). Consumes `targets` (each is advanced past its bytes).
     ///
     /// # Safety
     /// Every target must describe memory valid for writes of any byte values for the whole call.
     pub unsafe fn recv_into(
         &mut self,
         sock: &mut Sock,
-        targets: &[IoVec],
+        targets: &mut [IoVec],
         deadline: Option<Instant>,
     ) -> io::Result<()> {
-        for t in targets {
-            let mut base = t.base;
-            let mut left = t.len;
-            while left > 0 {
-                if self.buffered() > 0 {
-                    let take = left.min(self.buffered());
-                    // SAFETY: the source is initialised buffer memory; the target is writable
-                    // (caller contract) and cannot overlap our private buffer.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            self.buf.as_ptr().add(self.start),
-                            base as *mut u8,
-                            take,
-                        )
-                    };
-                    self.take(take);
-                    base += take;
-                    left -= take;
-                } else if left >= DIRECT_MIN {
-                    let step = left.min(DIRECT_MAX);
-                    let mut iov = [IoVec { base, len: step }];
-                    // SAFETY: the caller's contract for this target.
-                    unsafe { sock.io_all(Dir::Recv, &mut iov, deadline)? };
-                    base += step;
-                    left -= step;
-                } else {
-                    self.start = 0;
-                    self.end = 0;
-                    if self.buf.len() < INBOUND {
-                        // a small (handshake-sized) buffer: small payload pieces come in bulk
-                        self.buf.resize(INBOUND, 0);
-                    }
-                    let got = sock.recv_some(&mut self.buf[..], deadline)?;
-                    self.end = got;
-                }
-            }
+        let mut pos = 0;
+        while pos < targets.len() && self.buffered() > 0 {
+            let t = targets[pos];
+            let take = t.len.min(self.buffered());
+            // SAFETY: the source is initialised buffer memory; the target is writable (caller
+            // contract) and cannot overlap our private buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.buf.as_ptr().add(self.start),
+                    t.base as *mut u8,
+                    take,
+                )
+            };
+            self.take(take);
+            advance(targets, &mut pos, take);
         }
-        Ok(())
+        // SAFETY: the caller's contract for the targets.
+        unsafe { sock.recv_all(&mut targets[pos..], deadline) }
     }
 }
 

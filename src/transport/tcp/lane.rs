@@ -206,7 +206,7 @@ impl Lane {
         if op == TransferOp::Read {
             // SAFETY: the targets are the local ranges, valid for writes of any bytes for the
             // whole call (this function's contract).
-            unsafe { self.inb.recv_into(&mut self.sock, &self.targets, dl) }
+            unsafe { self.inb.recv_into(&mut self.sock, &mut self.targets, dl) }
                 .map_err(LaneFail::Io)?;
         }
         Ok(())
