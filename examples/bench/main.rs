@@ -29,19 +29,50 @@
 //!   transfers come from memory, not caches); `--ws 0` means one block, as `ucx_perftest` does
 //!   (the same buffer every time)
 //! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
+//! - `--plot FILE.svg`: draw GB/s by block size (log2 axis), a solid series per op, the anchors
+//!   of the same run dashed, the transport, date, commit and machine in the title;
+//!   `--plot-from FILE.jsonl` (repeatable) draws the rows of earlier `--json` runs instead of
+//!   measuring (e.g. `--transport tcp --json > a.jsonl`, `--transport cma --json > b.jsonl`,
+//!   then `--plot-from a.jsonl --plot-from b.jsonl --plot both.svg`: both transports in one image)
+//! - `--fan in,out`, `--peers N` (default 8): many-to-many rows, each op x block (x `--batch`)
+//!   against one pair measured the same way in the same invocation. `in`: N client processes
+//!   (`bench --client`), one link each, to one serving process; `out`: one client engine with N
+//!   links to N serving processes, one caller thread per link. The working set is split
+//!   between the links (each has 1/N of it, so N links move over the same memory one pair
+//!   does), the batch is capped to fit in a link's share, and the aggregate GB/s is all links'
+//!   bytes over the time from the first link's start to the last one's end. One caller per link
+//!   (`--threads` does not apply), serving engines always in child processes
+//! - `--link-cost [1,8,64,512]`: what a link costs. For each count, a fresh serving process and a
+//!   client process (`bench --links`) with that many client engines, one link each (an engine
+//!   has one link per peer: `ALREADY_CONNECTED`), to it: resident memory (VmRSS), threads and
+//!   open descriptors of both processes before any link, after connecting, and after one 4 KiB
+//!   WRITE on each link, with the growth per link. The serving process raises
+//!   `max_server_conns` and `max_server_conns_per_peer` (1024 and 256 by default; every link
+//!   here comes from 127.0.0.1) and its handshake limits to fit; both raise RLIMIT_NOFILE
+//! - `--no-main`: skip the op x block table (and the extra rows), e.g. for `--fan` alone
+//!
+//! Every row verifies its data (one call of the row again on fresh bytes, checked by the serving
+//! process: [`verify`]); a mismatch ends the benchmark with status 1 and says which row and
+//! range. With `--json`, the first line is `{"metric":"run",...}` (date, commit, machine: what
+//! `--plot-from` titles its image with).
 
 mod anchors;
+mod many;
+mod plot;
+mod verify;
 
 use anchors::{anchor, memcpy_gbps, memcpy2_gbps, pvm_gbps};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hixl::testkit::Rng;
-use hixl::{Hixl, HostBuffer, Options, SameHost, TransferDesc, TransferOp, Ucx};
+use hixl::{Hixl, HostBuffer, Link, Options, Region, SameHost, TransferDesc, TransferOp, Ucx};
+use verify::{CALL_TIMEOUT, check_call, confirm};
 
 const WS: usize = 256 << 20; // working set per side, as the memcpy anchor uses
 
+#[derive(Clone)]
 struct Args {
     transport: String,
     ops: Vec<TransferOp>,
@@ -56,6 +87,12 @@ struct Args {
     anchors: bool,
     ws: usize,
     extras: bool,
+    plot: Option<std::path::PathBuf>,
+    plot_from: Vec<String>,
+    fan: Vec<String>,
+    peers: usize,
+    link_cost: Vec<usize>,
+    main: bool,
 }
 
 /// The command line (the module docs say more about each option).
@@ -105,6 +142,24 @@ struct Cli {
     /// Skip the 8-byte latency, connect-with-4000-regions and registration rows
     #[arg(long)]
     no_extras: bool,
+    /// Draw the rows into this SVG file
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Draw the rows of this earlier --json output (repeatable) instead of measuring
+    #[arg(long, requires = "plot")]
+    plot_from: Vec<String>,
+    /// Many-to-many rows: in (N client processes, one server), out (one client, N servers)
+    #[arg(long, value_delimiter = ',', value_parser = ["in", "out"])]
+    fan: Vec<String>,
+    /// N of the many-to-many rows
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    peers: u32,
+    /// Resident memory, threads and descriptors per link, for these link counts
+    #[arg(long, value_delimiter = ',', num_args = 0..=1, default_missing_value = "1,8,64,512")]
+    link_cost: Option<Vec<usize>>,
+    /// Skip the op x block table and the extra rows
+    #[arg(long)]
+    no_main: bool,
 }
 
 /// The transports `--transport` takes, `cma` an alias of `same-host`.
@@ -146,24 +201,33 @@ fn parse() -> Result<Args, String> {
         json: c.json,
         anchors: c.anchors,
         ws: c.ws,
-        extras: !c.no_extras,
+        extras: !c.no_extras && !c.no_main,
+        plot: c.plot,
+        plot_from: c.plot_from,
+        fan: c.fan,
+        peers: c.peers as usize,
+        link_cost: c.link_cost.unwrap_or_default(),
+        main: !c.no_main,
     };
+    if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {
+        return Err(format!("--link-cost {n}: counts must be in 1..=4096"));
+    }
     if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > WS) {
         return Err(format!("block {b} must be in 1..={WS}"));
     }
     Ok(a)
 }
 
-/// The client's options for the chosen transport: TCP only, the same-host transport required,
-/// or UCX required (naming its process, as a client on the server's host must to get UCX: its
+/// The client's options for `transport`: TCP only, the same-host transport required, or UCX
+/// required (naming its process, as a client on the server's host must to get UCX: its
 /// batches run inside the server's fence).
-fn client_options(a: &Args) -> Options {
-    let o = Options::default().same_host(match a.transport.as_str() {
+fn client_options(transport: &str) -> Options {
+    let o = Options::default().same_host(match transport {
         "same-host" => SameHost::Require,
         "ucx" => SameHost::Auto,
         _ => SameHost::Forbid,
     });
-    if a.transport == "ucx" {
+    if transport == "ucx" {
         o.psk(BENCH_KEY).ucx(Ucx::Require)
     } else {
         o
@@ -181,100 +245,233 @@ fn default_batch(block: usize) -> usize {
     }
 }
 
-/// The serving side: in this process, or a child (`bench --serve SIZE REGIONS`).
-enum Server {
-    Local(Box<Hixl<hixl::Connected>>, String),
-    Child(Child, String),
+/// What a serving engine is started with.
+#[derive(Clone, Copy)]
+struct ServeSpec {
+    /// Bytes of memory, in `regions` regions (one: filled with random bytes; more: empty)
+    size: usize,
+    regions: usize,
+    /// The region is a `Vec<u8>`, not a `HostBuffer`
+    user: bool,
+    ucx: bool,
+    /// Established connections allowed (in all and from one address; 0: the defaults)
+    conns: usize,
 }
 
-impl Server {
-    fn name(&self) -> &str {
-        match self {
-            Server::Local(_, n) | Server::Child(_, n) => n,
+impl ServeSpec {
+    fn of(a: &Args, size: usize) -> Self {
+        ServeSpec {
+            size,
+            regions: 1,
+            user: a.user_memory,
+            ucx: a.transport == "ucx",
+            conns: 0,
         }
     }
 }
 
-fn start_server(
-    processes: u32,
-    size: usize,
-    regions: usize,
-    user: bool,
-    ucx: bool,
-) -> Result<Server, Box<dyn std::error::Error>> {
-    if processes == 1 {
-        let (e, name) = serve(size, regions, user, ucx)?;
-        return Ok(Server::Local(Box::new(e), name));
+/// The serving side: in this process, or a child (`bench --serve SIZE REGIONS KIND WITH CONNS`)
+/// that answers `SUM OFFSET LEN` on its stdin with the hash of those bytes of its region.
+struct Server {
+    name: String,
+    at: ServerAt,
+}
+
+enum ServerAt {
+    Local(Box<Hixl<hixl::Connected>>, Served),
+    Child {
+        child: Child,
+        input: ChildStdin,
+        output: BufReader<ChildStdout>,
+    },
+}
+
+/// The region a server fills with data (none when it serves many empty ones).
+enum Served {
+    Host(Region<HostBuffer>),
+    User(Region<Vec<u8>>),
+    None,
+}
+
+impl Served {
+    fn sum(&mut self, off: u64, len: usize) -> Result<u64, Box<dyn std::error::Error>> {
+        let mut bytes = vec![0u8; len];
+        match self {
+            Served::Host(r) => r.read_at(off as usize, &mut bytes)?,
+            Served::User(r) => r.read_at(off as usize, &mut bytes)?,
+            Served::None => return Err("this server has no data region".into()),
+        }
+        Ok(verify::hash(&bytes))
     }
-    let kind = if user { "user" } else { "hostbuffer" };
-    let with = if ucx { "ucx" } else { "plain" };
+}
+
+impl Server {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The serving process's id.
+    fn pid(&self) -> u32 {
+        match &self.at {
+            ServerAt::Local(..) => std::process::id(),
+            ServerAt::Child { child, .. } => child.id(),
+        }
+    }
+
+    /// The hash of bytes `off..off + len` of the server's region, as the server reads them.
+    fn sum(&mut self, off: u64, len: usize) -> Result<u64, Box<dyn std::error::Error>> {
+        match &mut self.at {
+            ServerAt::Local(_, served) => served.sum(off, len),
+            ServerAt::Child { input, output, .. } => {
+                writeln!(input, "SUM {off} {len}")?;
+                input.flush()?;
+                let line = read_line(output)?;
+                let h = line
+                    .strip_prefix("SUM ")
+                    .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+                    .ok_or(format!("the server answered {line:?} to SUM"))?;
+                Ok(h)
+            }
+        }
+    }
+
+    /// Checks `checks` against the server's region (`what` names the row).
+    fn confirm(
+        &mut self,
+        checks: &[verify::Check],
+        what: &str,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        confirm(checks, what, |off, len| self.sum(off, len))
+    }
+}
+
+/// One line from a child, or an error when it has ended.
+fn read_line(from: &mut impl BufRead) -> Result<String, Box<dyn std::error::Error>> {
+    let mut line = String::new();
+    if from.read_line(&mut line)? == 0 {
+        return Err("a child process of the benchmark ended early (its error is above)".into());
+    }
+    Ok(line.trim_end().to_owned())
+}
+
+fn start_server(processes: u32, spec: ServeSpec) -> Result<Server, Box<dyn std::error::Error>> {
+    if processes == 1 {
+        let (e, served, name) = serve(spec)?;
+        return Ok(Server {
+            name,
+            at: ServerAt::Local(Box::new(e), served),
+        });
+    }
+    let kind = if spec.user { "user" } else { "hostbuffer" };
+    let with = if spec.ucx { "ucx" } else { "plain" };
     let mut child = Command::new(std::env::current_exe()?)
         .args([
             "--serve",
-            &size.to_string(),
-            &regions.to_string(),
+            &spec.size.to_string(),
+            &spec.regions.to_string(),
             kind,
             with,
+            &spec.conns.to_string(),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let input = child.stdin.take().ok_or("no stdin")?;
+    let mut output = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+    let line = read_line(&mut output)?;
     let name = line
         .strip_prefix("READY ")
         .ok_or(format!("server said {line:?}"))?
         .trim()
         .to_owned();
-    Ok(Server::Child(child, name))
+    Ok(Server {
+        name,
+        at: ServerAt::Child {
+            child,
+            input,
+            output,
+        },
+    })
 }
 
-fn serve(
-    size: usize,
-    regions: usize,
-    user: bool,
-    ucx: bool,
-) -> Result<(Hixl<hixl::Connected>, String), hixl::Error> {
+fn serve(spec: ServeSpec) -> Result<(Hixl<hixl::Connected>, Served, String), hixl::Error> {
+    let ServeSpec {
+        size,
+        regions,
+        user,
+        ucx,
+        conns,
+    } = spec;
     let mut opts = Options::default().max_regions(regions.max(1) + 1);
+    if conns > 0 {
+        // every client of the benchmark comes from 127.0.0.1
+        opts = opts
+            .max_server_conns(conns)
+            .max_server_conns_per_peer(conns)
+            .max_server_handshakes(256)
+            .max_server_handshakes_per_peer(256);
+    }
     if ucx {
         opts = opts.psk(BENCH_KEY).ucx(Ucx::Require);
     }
     let e = Hixl::initialize_ephemeral("127.0.0.1", opts)?.into_registered();
-    if regions <= 1 && user {
+    let served = if regions <= 1 && user {
         // ordinary user memory: same-host clients reach it with process_vm_readv/writev
         let mut v = vec![0u8; size];
         Rng::new(1).fill(&mut v);
-        std::mem::forget(e.register(v)?);
+        Served::User(e.register(v)?)
     } else if regions <= 1 {
         // touch every page (random bytes), as a real KV cache is
         let mut buf = HostBuffer::new(size)?;
         Rng::new(1).fill(&mut buf);
-        let r = e.register(buf)?;
-        std::mem::forget(r); // stays registered until the engine goes away
+        Served::Host(e.register(buf)?) // stays registered until the engine goes away
     } else {
         for _ in 0..regions {
             std::mem::forget(e.register(HostBuffer::new(size / regions)?)?);
         }
-    }
+        Served::None
+    };
     let e = e.activate()?;
     let name = e.name().to_owned();
-    Ok((e, name))
+    Ok((e, served, name))
 }
 
-fn serve_main(
-    size: usize,
-    regions: usize,
-    user: bool,
-    ucx: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let (e, name) = serve(size, regions, user, ucx)?;
-    println!("READY {name}");
-    std::io::stdout().flush()?;
-    // serve until the parent closes our stdin
-    let mut sink = String::new();
-    while std::io::stdin().read_line(&mut sink)? > 0 {}
+fn serve_main(spec: ServeSpec) -> Result<(), Box<dyn std::error::Error>> {
+    raise_nofile();
+    let (e, mut served, name) = serve(spec)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY {name}")?;
+    out.flush()?;
+    // answer SUM requests until the parent closes our stdin
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let mut w = line.split_whitespace();
+        if let (Some("SUM"), Some(off), Some(len)) = (
+            w.next(),
+            w.next().and_then(|o| o.parse().ok()),
+            w.next().and_then(|l| l.parse().ok()),
+        ) {
+            writeln!(out, "SUM {:016x}", served.sum(off, len)?)?;
+            out.flush()?;
+        }
+    }
+    drop(served);
     let _ = e.finalize();
     Ok(())
+}
+
+/// Raises this process's soft descriptor limit to its hard limit (hundreds of links).
+fn raise_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a live rlimit the call fills.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: `r` is a live rlimit within the hard limit.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
 }
 
 struct Row {
@@ -301,50 +498,107 @@ fn progress(msg: &str) {
     let _ = std::io::stderr().flush();
 }
 
-/// Runs one (op, block, batch) row against `server`.
+/// The calls of a row, each descriptor as (local offset, remote offset, length): `batch`
+/// blocks a call, cycling through `ws` bytes from `local` in local memory and from `remote` in
+/// the remote region (the same offsets from there).
+type Plan = Vec<Vec<(usize, u64, usize)>>;
+
+fn plan(ws: usize, block: usize, batch: usize, local: usize, remote: u64) -> Plan {
+    let slots = (ws / block).max(1);
+    (0..(slots / batch).max(1))
+        .map(|c| {
+            (0..batch)
+                .map(|j| {
+                    let off = ((c * batch + j) % slots) * block;
+                    (local + off, remote + off as u64, block)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The descriptors of `plan` between `buf` and `link`'s first remote region.
+fn descs<'a, M>(
+    buf: &'a Region<M>,
+    link: &'a Link<'_>,
+    plan: &Plan,
+) -> Result<Vec<Vec<TransferDesc<'a>>>, Box<dyn std::error::Error>> {
+    let remote = link.regions().next().ok_or("the server has no region")?;
+    Ok(plan
+        .iter()
+        .map(|call| {
+            call.iter()
+                .map(|&(l, r, len)| {
+                    Ok(TransferDesc::new(
+                        buf.range(l..l + len)?,
+                        remote.range(r..r + len as u64)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, hixl::Error>>()
+        })
+        .collect::<Result<_, _>>()?)
+}
+
+/// Warms a row up: every lane, and every page of the working set once (steady state: a
+/// long-lived link has its mappings populated; the first touch of a page costs more than its
+/// copy), for at most 3 s.
+fn warm_up(
+    link: &Link<'_>,
+    op: TransferOp,
+    descs: &[Vec<TransferDesc<'_>>],
+) -> Result<(), hixl::Error> {
+    let warm = Instant::now();
+    for d in descs {
+        link.transfer_sync(op, d, CALL_TIMEOUT)?;
+        if warm.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One caller's timed loop: calls `descs[(i * stride + first) % len]` for i = 0.. until
+/// `done(i)`; the number of calls and each one's latency.
+fn run_calls(
+    link: &Link<'_>,
+    op: TransferOp,
+    descs: &[Vec<TransferDesc<'_>>],
+    (first, stride): (usize, usize),
+    done: impl Fn(usize) -> bool,
+) -> Result<(usize, Vec<Duration>), hixl::Error> {
+    let mut lat = Vec::with_capacity(100_000);
+    let mut i = 0;
+    while !done(i) {
+        let t0 = Instant::now();
+        link.transfer_sync(op, &descs[(i * stride + first) % descs.len()], CALL_TIMEOUT)?;
+        lat.push(t0.elapsed());
+        i += 1;
+    }
+    Ok((i, lat))
+}
+
+/// Runs one (op, block, batch) row against `server`, then checks one call's data.
 fn measure(
     a: &Args,
-    server: &Server,
+    server: &mut Server,
     op: TransferOp,
     block: usize,
     batch: usize,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let mut mem = HostBuffer::new(WS)?;
     Rng::new(2).fill(&mut mem); // touch every page
-    let (client, buf) = Hixl::initialize("127.0.0.1", client_options(a))?.register(mem)?;
+    let (client, mut buf) =
+        Hixl::initialize("127.0.0.1", client_options(&a.transport))?.register(mem)?;
     let client = client.activate()?;
     let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
-    let remote = link.regions().next().ok_or("the server has no region")?;
     let ws = if a.ws == 0 {
         block
     } else {
         a.ws.clamp(block, WS)
     };
-    let slots = (ws / block).max(1);
-    let calls_in_ws = (slots / batch).max(1);
-    let descs: Vec<Vec<TransferDesc<'_>>> = (0..calls_in_ws)
-        .map(|c| {
-            (0..batch)
-                .map(|j| {
-                    let off = ((c * batch + j) % slots) * block;
-                    Ok(TransferDesc::new(
-                        buf.range(off..off + block)?,
-                        remote.range(off as u64..(off + block) as u64)?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, hixl::Error>>()
-        })
-        .collect::<Result<_, _>>()?;
-    let t = Duration::from_secs(30);
-    // warm up: every lane, and every page of the working set once (steady state: a long-lived
-    // link has its mappings populated; the first touch of a page costs more than its copy)
-    let warm = Instant::now();
-    for d in descs.iter() {
-        link.transfer_sync(op, d, t)?;
-        if warm.elapsed() > Duration::from_secs(3) {
-            break;
-        }
-    }
+    let plan = plan(ws, block, batch, 0, 0);
+    let descs = descs(&buf, &link, &plan)?;
+    warm_up(&link, op, &descs)?;
     // `threads` callers share the link, each on its own share of the working set
     let started = Instant::now();
     let per_thread: Vec<Result<(usize, Vec<Duration>), hixl::Error>> = std::thread::scope(|s| {
@@ -352,22 +606,10 @@ fn measure(
             .map(|th| {
                 let (link, descs) = (&link, &descs);
                 s.spawn(move || {
-                    let mut lat = Vec::with_capacity(100_000);
-                    let mut i = 0;
-                    loop {
-                        let done = match a.iters {
-                            Some(n) => i >= n.div_ceil(a.threads),
-                            None => started.elapsed() >= a.duration,
-                        };
-                        if done {
-                            break;
-                        }
-                        let t0 = Instant::now();
-                        link.transfer_sync(op, &descs[(i * a.threads + th) % calls_in_ws], t)?;
-                        lat.push(t0.elapsed());
-                        i += 1;
-                    }
-                    Ok((i, lat))
+                    run_calls(link, op, descs, (th, a.threads), |i| match a.iters {
+                        Some(n) => i >= n.div_ceil(a.threads),
+                        None => started.elapsed() >= a.duration,
+                    })
                 })
             })
             .collect();
@@ -393,6 +635,7 @@ fn measure(
         anchors.push(("memcpy_x2".to_owned(), Some(memcpy2_gbps(block))));
         if a.user_memory {
             progress(&format!("anchors: process_vm {} ...", human(block)));
+            let remote = link.regions().next().ok_or("the server has no region")?;
             anchors.push((
                 "process_vm".to_owned(),
                 pvm_gbps(op, link.remote_pid(), remote.addr(), block, &buf),
@@ -400,6 +643,8 @@ fn measure(
         }
     }
     drop(descs);
+    let checks = check_call(&link, &mut buf, op, &plan[0])?;
+    server.confirm(&checks, &format!("{op} {} x{batch}", human(block)))?;
     drop(link);
     Ok(Row {
         op: op.name(),
@@ -421,14 +666,30 @@ fn human(b: usize) -> String {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("\r\x1b[2Kbench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("--serve") {
-        let size = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(WS);
-        let regions = argv.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
-        let user = argv.get(4).map(String::as_str) == Some("user");
-        let ucx = argv.get(5).map(String::as_str) == Some("ucx");
-        return serve_main(size, regions, user, ucx);
+    match argv.get(1).map(String::as_str) {
+        Some("--serve") => {
+            let arg = |i: usize| argv.get(i).map(String::as_str);
+            let num = |i: usize, or: usize| arg(i).and_then(|s| s.parse().ok()).unwrap_or(or);
+            return serve_main(ServeSpec {
+                size: num(2, WS),
+                regions: num(3, 1),
+                user: arg(4) == Some("user"),
+                ucx: arg(5) == Some("ucx"),
+                conns: num(6, 0),
+            });
+        }
+        Some("--client") => return many::client_main(&argv[2..]),
+        Some("--links") => return many::links_main(&argv[2..]),
+        _ => {}
     }
     let a = match parse() {
         Ok(a) => a,
@@ -437,7 +698,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
-    let server = start_server(a.processes, WS, 1, a.user_memory, a.transport == "ucx")?;
+    if !a.plot_from.is_empty() {
+        let (rows, metas) = plot::read_jsonl(&a.plot_from)?;
+        let path = a.plot.as_deref().ok_or("--plot-from needs --plot")?;
+        plot::draw(path, &rows, &metas)?;
+        eprintln!("bench: drew {} rows into {}", rows.len(), path.display());
+        return Ok(());
+    }
+    let meta = plot::RunMeta::here();
+    if a.json {
+        println!("{}", meta.json());
+    }
+    let rows = if a.main { main_table(&a)? } else { Vec::new() };
+    if !a.fan.is_empty() {
+        many::fan_rows(&a)?;
+    }
+    if !a.link_cost.is_empty() {
+        many::link_cost(&a)?;
+    }
+    if let Some(path) = &a.plot {
+        let rows: Vec<plot::PlotRow> = rows
+            .iter()
+            .map(|r| plot::PlotRow {
+                op: r.op.to_owned(),
+                transport: a.transport.clone(),
+                block: r.block,
+                gbps: r.gbps,
+                anchors: r.anchors.clone(),
+            })
+            .collect();
+        plot::draw(path, &rows, std::slice::from_ref(&meta))?;
+        eprintln!("bench: drew {} rows into {}", rows.len(), path.display());
+    }
+    Ok(())
+}
+
+/// The op x block table (and the extra rows), printed; its rows.
+fn main_table(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let mut server = start_server(a.processes, ServeSpec::of(a, WS))?;
     let mut rows = Vec::new();
     let total = a.ops.len() * a.blocks.len();
     for (k, (&block, &op)) in a
@@ -458,7 +756,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             human(block),
             batch
         ));
-        rows.push(measure(&a, &server, op, block, batch)?);
+        rows.push(measure(a, &mut server, op, block, batch)?);
     }
     let mut extra = Vec::new();
     if a.extras {
@@ -467,9 +765,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut r = measure(
                 &Args {
                     iters: Some(20_000),
-                    ..clone_args(&a)
+                    ..a.clone()
                 },
-                &server,
+                &mut server,
                 op,
                 8,
                 1,
@@ -528,10 +826,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     progress("");
     eprint!("\r\x1b[2K");
-    print_rows(&a, &rows);
+    print_rows(a, &rows);
     if a.extras {
-        let (conn, reg) = connect_and_register_costs(&a)?;
-        print_rows(&a, &extra);
+        let (conn, reg) = connect_and_register_costs(a)?;
+        print_rows(a, &extra);
         if a.json {
             println!(
                 "{{\"metric\":\"connect_4000_regions\",\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
@@ -546,35 +844,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("registration: {reg:.2} us per region (4000 regions of 4 KiB)");
         }
     }
-    Ok(())
-}
-
-fn clone_args(a: &Args) -> Args {
-    Args {
-        transport: a.transport.clone(),
-        ops: a.ops.clone(),
-        blocks: a.blocks.clone(),
-        batch: a.batch,
-        iters: a.iters,
-        duration: a.duration,
-        processes: a.processes,
-        threads: a.threads,
-        user_memory: a.user_memory,
-        json: a.json,
-        anchors: a.anchors,
-        extras: a.extras,
-        ws: a.ws,
-    }
+    Ok(rows)
 }
 
 fn server_stop(s: Server) -> Result<(), Box<dyn std::error::Error>> {
-    match s {
-        Server::Local(e, _) => {
+    match s.at {
+        ServerAt::Local(e, served) => {
+            drop(served);
             let _ = e.finalize();
         }
-        Server::Child(mut c, _) => {
-            drop(c.stdin.take());
-            c.wait()?;
+        ServerAt::Child {
+            mut child, input, ..
+        } => {
+            drop(input);
+            child.wait()?;
         }
     }
     Ok(())
@@ -583,8 +866,15 @@ fn server_stop(s: Server) -> Result<(), Box<dyn std::error::Error>> {
 /// Connect time to a server with 4000 regions (p50/p99 ms), and registration cost per region (us).
 fn connect_and_register_costs(a: &Args) -> Result<((f64, f64), f64), Box<dyn std::error::Error>> {
     progress("connect with 4000 regions ...");
-    let server = start_server(a.processes, 4000 * 4096, 4000, false, a.transport == "ucx")?;
-    let client = Hixl::initialize("127.0.0.1", client_options(a))?
+    let server = start_server(
+        a.processes,
+        ServeSpec {
+            regions: 4000,
+            user: false,
+            ..ServeSpec::of(a, 4000 * 4096)
+        },
+    )?;
+    let client = Hixl::initialize("127.0.0.1", client_options(&a.transport))?
         .into_registered()
         .activate()?;
     let mut lat = Vec::new();
