@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use hixl::TransferOp;
 use hixl::testkit::Rng;
 
-use super::WS;
+use super::ws;
 
 /// A source and a destination of the working set's size, both written once (no page is
 /// faulted in during a measured pass).
 fn working_set() -> (Vec<u8>, Vec<u8>) {
-    let mut src = vec![0u8; WS];
-    let mut dst = vec![0u8; WS];
+    let mut src = vec![0u8; ws()];
+    let mut dst = vec![0u8; ws()];
     Rng::new(3).fill(&mut src);
     dst.copy_from_slice(&src);
     (src, dst)
@@ -26,7 +26,7 @@ pub(crate) fn memcpy_gbps(block: usize) -> f64 {
     for _ in 0..3 {
         let t0 = Instant::now();
         let mut moved = 0usize;
-        for off in (0..=WS - block).step_by(block) {
+        for off in (0..=ws() - block).step_by(block) {
             dst[off..off + block].copy_from_slice(&src[off..off + block]);
             moved += block;
             if moved % (64 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
@@ -43,7 +43,7 @@ pub(crate) fn memcpy_gbps(block: usize) -> f64 {
 /// passes, GB/s in all: what a transfer that runs on two cores (the caller's and a helper) can
 /// reach at most.
 pub(crate) fn memcpy2_gbps(block: usize) -> f64 {
-    let half = WS / 2;
+    let half = ws() / 2;
     if block > half {
         return memcpy_gbps(block);
     }
@@ -86,7 +86,7 @@ pub(crate) fn pvm_gbps(
     for _ in 0..3 {
         let t0 = Instant::now();
         let mut moved = 0usize;
-        for off in (0..=WS - block).step_by(block) {
+        for off in (0..=ws() - block).step_by(block) {
             if moved % (1 << 20) < block && t0.elapsed() > Duration::from_millis(300) {
                 break;
             }

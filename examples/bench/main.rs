@@ -25,9 +25,12 @@
 //!   default 128 KiB writes (`iperf3`), and two streams of 1 MiB writes (`iperf3_x2`: what a large
 //!   batch, which hixl splits over two lanes, is measured against). Same-host rows always carry
 //!   memcpy of the same blocks on one thread (`memcpy`) and on two (`memcpy_x2`)
-//! - `--ws BYTES`: the part of the 256 MiB region each row cycles through (default all of it, so
+//! - `--ws BYTES`: the part of the region (`--region`) each row cycles through (default all of it, so
 //!   transfers come from memory, not caches); `--ws 0` means one block, as `ucx_perftest` does
 //!   (the same buffer every time)
+//! - `--region BYTES`: memory per side (default 256 MiB, or the largest block x `--batch` asked
+//!   for, so one 16384 x 32 KiB batch moves 512 MiB of distinct memory)
+//! - `--lanes N`: lanes one large TCP batch may use at once (`Options::parallel_lanes`)
 //! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
 //! - `--plot FILE.svg`: draw GB/s by block size (log2 axis), a solid series per op, the anchors
 //!   of the same run dashed, the transport, date, commit and machine in the title;
@@ -70,7 +73,17 @@ use hixl::testkit::Rng;
 use hixl::{Hixl, HostBuffer, Link, Options, Region, SameHost, TransferDesc, TransferOp, Ucx};
 use verify::{CALL_TIMEOUT, check_call, confirm};
 
-const WS: usize = 256 << 20; // working set per side, as the memcpy anchor uses
+/// The region per side (`--region`, default 256 MiB): what the rows cycle through and the memcpy
+/// anchors copy. Set once from the command line, before any row.
+static REGION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(256 << 20);
+
+/// `--lanes`: lanes one large TCP batch may use at once (0: the engine's default).
+static LANES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The region per side (see [`REGION`]).
+fn ws() -> usize {
+    REGION.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 #[derive(Clone)]
 struct Args {
@@ -136,9 +149,17 @@ struct Cli {
     /// Run tools/bench-anchors.sh for the matching anchors
     #[arg(long)]
     anchors: bool,
-    /// Bytes of the 256 MiB region each row cycles through (0: one block)
-    #[arg(long, default_value_t = WS)]
+    /// Bytes of the region each row cycles through (0: one block; default all of it)
+    #[arg(long, default_value_t = usize::MAX)]
     ws: usize,
+    /// Bytes of memory per side (default 256 MiB, or the largest block x batch asked for):
+    /// the region the rows cycle through and the memcpy anchors copy
+    #[arg(long)]
+    region: Option<usize>,
+    /// Lanes one large TCP batch may use at once (`Options::parallel_lanes`; default the
+    /// engine's)
+    #[arg(long)]
+    lanes: Option<usize>,
     /// Skip the 8-byte latency, connect-with-4000-regions and registration rows
     #[arg(long)]
     no_extras: bool,
@@ -212,8 +233,17 @@ fn parse() -> Result<Args, String> {
     if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {
         return Err(format!("--link-cost {n}: counts must be in 1..=4096"));
     }
-    if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > WS) {
-        return Err(format!("block {b} must be in 1..={WS}"));
+    // a batch asked for gets distinct memory for every descriptor (one 16384 x 32 KiB batch:
+    // 512 MiB per side)
+    let asked = (a.batch.unwrap_or(1)).saturating_mul(a.blocks.iter().copied().max().unwrap_or(0));
+    let region = c.region.unwrap_or(asked.max(256 << 20));
+    if region == 0 || region > 1 << 36 {
+        return Err(format!("--region {region}: must be in 1..=64 GiB"));
+    }
+    REGION.store(region, std::sync::atomic::Ordering::Relaxed);
+    LANES.store(c.lanes.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > region) {
+        return Err(format!("block {b} must be in 1..={region}"));
     }
     Ok(a)
 }
@@ -227,6 +257,10 @@ fn client_options(transport: &str) -> Options {
         "ucx" => SameHost::Auto,
         _ => SameHost::Forbid,
     });
+    let o = match LANES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => o,
+        n => o.parallel_lanes(n),
+    };
     if transport == "ucx" {
         o.psk(BENCH_KEY).ucx(Ucx::Require)
     } else {
@@ -585,7 +619,7 @@ fn measure(
     block: usize,
     batch: usize,
 ) -> Result<Row, Box<dyn std::error::Error>> {
-    let mut mem = HostBuffer::new(WS)?;
+    let mut mem = HostBuffer::new(ws())?;
     Rng::new(2).fill(&mut mem); // touch every page
     let (client, mut buf) =
         Hixl::initialize("127.0.0.1", client_options(&a.transport))?.register(mem)?;
@@ -594,7 +628,7 @@ fn measure(
     let ws = if a.ws == 0 {
         block
     } else {
-        a.ws.clamp(block, WS)
+        a.ws.clamp(block, ws())
     };
     let plan = plan(ws, block, batch, 0, 0);
     let descs = descs(&buf, &link, &plan)?;
@@ -680,7 +714,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let arg = |i: usize| argv.get(i).map(String::as_str);
             let num = |i: usize, or: usize| arg(i).and_then(|s| s.parse().ok()).unwrap_or(or);
             return serve_main(ServeSpec {
-                size: num(2, WS),
+                size: num(2, ws()),
                 regions: num(3, 1),
                 user: arg(4) == Some("user"),
                 ucx: arg(5) == Some("ucx"),
@@ -735,7 +769,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
 /// The op x block table (and the extra rows), printed; its rows.
 fn main_table(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    let mut server = start_server(a.processes, ServeSpec::of(a, WS))?;
+    let mut server = start_server(a.processes, ServeSpec::of(a, ws()))?;
     let mut rows = Vec::new();
     let total = a.ops.len() * a.blocks.len();
     for (k, (&block, &op)) in a
@@ -747,7 +781,7 @@ fn main_table(a: &Args) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         let batch = a
             .batch
             .unwrap_or_else(|| default_batch(block))
-            .clamp(1, (WS / block).max(1));
+            .clamp(1, (ws() / block).max(1));
         progress(&format!(
             "[{}/{}] {} {} x{} ...",
             k + 1,

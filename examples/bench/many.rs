@@ -21,8 +21,8 @@ use hixl::{Hixl, HostBuffer, Link, TransferOp};
 
 use super::verify::{Check, check_call};
 use super::{
-    Args, Plan, ServeSpec, Server, WS, client_options, default_batch, descs, human, parse_op, plan,
-    progress, raise_nofile, read_line, run_calls, server_stop, start_server, warm_up,
+    Args, Plan, ServeSpec, Server, client_options, default_batch, descs, human, parse_op, plan,
+    progress, raise_nofile, read_line, run_calls, server_stop, start_server, warm_up, ws,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -51,17 +51,17 @@ fn aggregate(shares: &[Share]) -> f64 {
 
 /// A link's share of the working set with `n` links, and the batch that fits in it.
 fn split(a: &Args, block: usize, batch: usize, n: usize) -> Res<(usize, usize)> {
-    let ws = if a.ws == 0 {
+    let span = if a.ws == 0 {
         block
     } else {
-        a.ws.clamp(block, WS)
+        a.ws.clamp(block, ws())
     };
-    let share = (ws / n).max(block) / block * block;
-    if share * n > WS {
+    let share = (span / n).max(block) / block * block;
+    if share * n > ws() {
         return Err(format!(
             "--peers {n}: {n} links of {} blocks do not fit in the {} MiB region",
             human(block),
-            WS >> 20
+            ws() >> 20
         )
         .into());
     }
@@ -224,7 +224,7 @@ fn fan_in(a: &Args, op: TransferOp, block: usize, batch: usize, n: usize) -> Res
         2,
         ServeSpec {
             conns: 1024.max(16 * n + 64),
-            ..ServeSpec::of(a, WS)
+            ..ServeSpec::of(a, ws())
         },
     )?;
     let mut kids = (0..n)

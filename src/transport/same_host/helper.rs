@@ -1,8 +1,10 @@
-//! Large same-host batches, shared with a helper: a persistent thread copies about half the
-//! bytes (memory copies, or `process_vm_*` pairs) while the caller copies the other half.
+//! Large same-host batches, shared with a helper: a persistent thread copies parts of a batch of
+//! memory copies while the caller copies the others (whoever is free takes the next part), or
+//! half the bytes of a batch of `process_vm_*` pairs.
 
 use std::io;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::io::IoVec;
 use crate::process::{PeerProc, Target, vm_io};
@@ -58,9 +60,42 @@ impl Cut for Pair {
     }
 }
 
-/// What the helper does: memory copies, or a `process_vm_*` batch for process `pid`.
+/// A large batch of memory copies shared by the caller and the helper: both take the next
+/// unclaimed part until none is left, so a helper that is slow to wake (its core busy) costs the
+/// caller nothing: the caller then copies every part itself.
+struct Shared {
+    parts: Vec<Vec<MemCopy>>,
+    /// The next part to claim (past the end: none left).
+    next: AtomicUsize,
+    /// Parts finished (or given up unstarted, see [`SharedCopies`]'s drop).
+    finished: std::sync::Mutex<usize>,
+    all_done: std::sync::Condvar,
+}
+
+impl Shared {
+    /// Claims parts and copies them until none is left.
+    ///
+    /// # Safety
+    /// Every copy of every part must be valid ([`run_copies`]) until the part is finished.
+    unsafe fn work(&self) {
+        while let Some(part) = self.parts.get(self.next.fetch_add(1, Ordering::AcqRel)) {
+            // SAFETY: the caller's contract; the submitter waits for every claimed part.
+            unsafe { run_copies(part) };
+            self.finish(1);
+        }
+    }
+    fn finish(&self, n: usize) {
+        let mut f = lock(&self.finished);
+        *f += n;
+        if *f >= self.parts.len() {
+            self.all_done.notify_all();
+        }
+    }
+}
+
+/// What the helper does: a share of memory copies, or a `process_vm_*` batch for process `pid`.
 enum Work {
-    Copies(Vec<MemCopy>),
+    Copies(std::sync::Arc<Shared>),
     Pvm {
         target: Target,
         write: bool,
@@ -109,7 +144,7 @@ fn helper() -> Option<&'static CopyHelper> {
                     let r = unsafe {
                         match job.work {
                             Work::Copies(c) => {
-                                run_copies(&c);
+                                c.work();
                                 Ok(())
                             }
                             Work::Pvm {
@@ -156,6 +191,10 @@ impl WaitDone {
         self.taken = true;
         r
     }
+    /// Leaves the job to finish on its own (its memory is waited for some other way).
+    fn detach(mut self) {
+        self.taken = true;
+    }
     fn wait(done: &Done) -> PvmResult {
         let (m, cv) = &**done;
         let mut g = lock(m);
@@ -197,7 +236,31 @@ fn submit(work: Work) -> Result<WaitDone, Work> {
 /// Copies below this many bytes in all are not shared with the helper thread.
 const HELP_MIN: usize = 1 << 20;
 
-/// Runs the copies, sharing large batches with the helper thread (about half the bytes each).
+/// The size of the parts a shared batch of copies is claimed in: small enough to share a 1 MiB
+/// batch eight ways, large enough that claiming one (an atomic add) is nothing beside its copy.
+const PART: usize = 128 << 10;
+
+/// Waits, even while unwinding, until no part of a shared batch is being copied: parts nobody
+/// claimed yet are given up (the helper then finds none left), claimed ones are waited for.
+struct SharedCopies(std::sync::Arc<Shared>);
+
+impl Drop for SharedCopies {
+    fn drop(&mut self) {
+        let s = &self.0;
+        let n = s.parts.len();
+        let unclaimed = n.saturating_sub(s.next.swap(n, Ordering::AcqRel));
+        if unclaimed > 0 {
+            s.finish(unclaimed);
+        }
+        let mut f = lock(&s.finished);
+        while *f < n {
+            f = s.all_done.wait(f).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Runs the copies, sharing batches of 1 MiB or more with the helper thread: the two claim parts
+/// of [`PART`] bytes until none is left, and the call returns once every part is copied.
 ///
 /// # Safety
 /// As [`run_copies`], for the whole call.
@@ -207,21 +270,23 @@ pub(crate) unsafe fn copy_all(copies: &[MemCopy]) {
         // SAFETY: the caller's contract.
         return unsafe { run_copies(copies) };
     }
-    // the second half of the bytes goes to the helper, cutting a copy where needed
-    let mut halves = split(copies, 2).into_iter();
-    let mine = halves.next().unwrap_or_default();
-    let theirs = halves.next().unwrap_or_default();
-    let _wait = match submit(Work::Copies(theirs)) {
-        Ok(w) => w,
-        Err(_) => {
-            // the helper is busy with another caller's work: do it all here
-            // SAFETY: the caller's contract.
-            return unsafe { run_copies(copies) };
-        }
-    };
-    // SAFETY: the caller's contract; `_wait` keeps this call from returning before the helper
-    // has finished its half.
-    unsafe { run_copies(&mine) };
+    let shared = std::sync::Arc::new(Shared {
+        parts: split(copies, total.div_ceil(PART)),
+        next: AtomicUsize::new(0),
+        finished: std::sync::Mutex::new(0),
+        all_done: std::sync::Condvar::new(),
+    });
+    // waits for every part the helper claimed before this call returns (or unwinds)
+    let guard = SharedCopies(shared.clone());
+    // a busy or absent helper leaves every part to this thread; the job's own completion is not
+    // waited for (`guard` is): a helper that wakes after the last part finds nothing to do
+    if let Ok(job) = submit(Work::Copies(shared)) {
+        job.detach();
+    }
+    // SAFETY: the caller's contract; `guard` keeps this call from returning while the helper
+    // still copies a part.
+    unsafe { guard.0.work() };
+    drop(guard);
 }
 
 /// `process_vm_*` over pairs `(local[i], remote[i])` of equal lengths, sharing batches of 1 MiB
@@ -315,4 +380,68 @@ fn read_checked(proc: &PeerProc, write: bool, pairs: usize) -> Result<(), (io::E
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random bytes (a xorshift stream: the unit tests do not have `testkit`).
+    fn random(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Batches large enough to be shared, from several threads at once (so the helper is busy,
+    /// or wakes to a batch already done, or shares it): every byte lands where it belongs and
+    /// nothing else is written.
+    #[test]
+    fn shared_copies_move_every_byte_once() {
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                s.spawn(move || {
+                    for round in 0..12u64 {
+                        let seed = t * 100 + round;
+                        let n = (3 << 20) + (seed as usize * 4099) % (1 << 20);
+                        let src = random(seed, n);
+                        let mut dst = random(!seed, n + 64);
+                        let before = dst.clone();
+                        // pieces of odd sizes, in reverse order, 32 bytes into `dst`
+                        let step = 4096 + (seed as usize * 977) % 70_000;
+                        let (sp, dp) = (src.as_ptr() as usize, dst.as_mut_ptr() as usize + 32);
+                        let copies: Vec<MemCopy> = (0..n)
+                            .step_by(step)
+                            .rev()
+                            .map(|off| MemCopy {
+                                src: sp + off,
+                                dst: dp + off,
+                                len: step.min(n - off),
+                            })
+                            .collect();
+                        // SAFETY: every source lies in `src`, every destination in `dst`, both
+                        // alive for the call, distinct allocations.
+                        unsafe { copy_all(&copies) };
+                        assert!(dst[32..32 + n] == src[..], "seed {seed}: bytes differ");
+                        assert_eq!(
+                            dst[..32],
+                            before[..32],
+                            "seed {seed}: wrote before the range"
+                        );
+                        assert_eq!(
+                            dst[32 + n..],
+                            before[32 + n..],
+                            "seed {seed}: wrote after it"
+                        );
+                    }
+                });
+            }
+        });
+    }
 }
