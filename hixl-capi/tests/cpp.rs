@@ -16,6 +16,24 @@ fn a_hixl_style_cpp_program_runs_as_two_processes() {
         "cann_hixl",
         "cpp/hixl_style.cpp",
         3,
+        "caller",
+    );
+}
+
+/// The same program, its server serving memory of `AllocHostMem` (a hixl extension): the
+/// client maps it and moves data one-sidedly.
+#[test]
+fn a_hixl_style_cpp_program_over_engine_memory() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    common::two_processes(
+        &cxx,
+        &common::HIXL_EXAMPLE_FLAGS,
+        "cann_hixl",
+        "cpp/hixl_style.cpp",
+        3,
+        "engine",
     );
 }
 
