@@ -55,22 +55,23 @@ fn header_declares_exactly_the_exported_functions() {
     assert_eq!(exported, declared, "exports (left) vs header (right)");
 }
 
-#[test]
-fn two_c_processes_over_libhixl() {
+/// The C program as two processes, its server serving `memory` (`caller` or `engine`).
+fn two_c_processes(memory: &str) {
     let Some(cc) = common::compiler("cc") else {
         return;
     };
     let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4, "caller");
+    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4, memory);
+}
+
+#[test]
+fn two_c_processes_over_libhixl() {
+    two_c_processes("caller");
 }
 
 /// The same client against a server whose memory the engine allocated
 /// (`hixl_alloc_host_mem`): the client maps it and moves data one-sidedly.
 #[test]
 fn two_c_processes_over_engine_memory() {
-    let Some(cc) = common::compiler("cc") else {
-        return;
-    };
-    let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4, "engine");
+    two_c_processes("engine");
 }

@@ -73,6 +73,18 @@
 //!   engine's does (`UNSUPPORTED` while one exists).
 //! - `disconnect` of a peer that went away (finalized, or its process ended) succeeds.
 //!
+//! ## Engine-allocated memory (an extension)
+//!
+//! [`Hixl::alloc_host_mem`] allocates a [`HostBuffer`](crate::HostBuffer) the engine owns and
+//! registers it (live, like `register_mem`). Same-host peers map it and copy one-sidedly, while
+//! caller-managed memory is served to them over TCP only: the engine can keep its own memory
+//! from being freed or reused while a one-sided peer may still write it, not the caller's.
+//! Deregistered while linked, such a buffer leaves the table at once (TCP requests are refused),
+//! and its allocation is kept until every same-host link that got it in its table has ended and
+//! left its fence (the quarantine frees it then; [`Hixl::metrics`] counts it meanwhile). The
+//! [`HostMem`] it returns keeps the memory mapped while it lives, registration or not, which is
+//! what lets the Python package hand out views that cannot outlive the memory.
+//!
 //! ## Ascend
 //!
 //! Where CANN's ACL runtime and HCCL load, an engine uses the device `aclrtGetDevice` reports on
