@@ -132,6 +132,19 @@ hixl_status hixl_register_mem(hixl_engine *engine, const hixl_mem_desc *mem, int
                                         get, so a peer's READ or WRITE of it is refused */
 hixl_status hixl_register_mem_ex(hixl_engine *engine, const hixl_mem_desc *mem, int32_t mem_type,
                                  uint32_t flags, hixl_mem_handle *handle);
+/* hixl extension (HIXL has no such call): engine-allocated host memory, the same-host fast
+ * path. Allocates `size` zeroed, page-aligned bytes owned by the engine and registers them as
+ * HIXL_MEM_HOST (peers may READ and WRITE them, links may exist); *addr gets the address,
+ * *handle the handle. Peers on the same host map this memory and move data with a memory copy;
+ * caller-managed memory (hixl_register_mem) is served to them over TCP, since the engine cannot
+ * keep memory from its owner while a one-sided peer may still write it. hixl_deregister_mem
+ * (or hixl_finalize / hixl_destroy) ends the registration: then stop using the memory; the
+ * engine frees it once no same-host peer can touch it (it is never reused before).
+ * size 0, or addr/handle NULL: HIXL_PARAM_INVALID (nothing allocated); a size that cannot be
+ * allocated: HIXL_RESOURCE_EXHAUSTED. */
+hixl_status hixl_alloc_host_mem(hixl_engine *engine, size_t size, void **addr,
+                                hixl_mem_handle *handle);
+/* Deregisters caller-managed memory, or frees a hixl_alloc_host_mem buffer. */
 hixl_status hixl_deregister_mem(hixl_engine *engine, hixl_mem_handle handle);
 
 /* Links, by remote engine name. Timeouts in milliseconds (> 0; HIXL's default is 1000). */

@@ -439,6 +439,13 @@ impl<'l> RemoteRegion<'l> {
     pub fn access(&self) -> Access {
         self.entry.access
     }
+    /// The transport that moves this link's batches on it: the link's
+    /// [`transport`](Link::transport), except where the peer does not offer the region to it
+    /// (a same-host peer serves memory it cannot keep from its owner, caller-managed memory
+    /// registered with `register_raw`, over TCP only).
+    pub fn transport(&self) -> crate::TransportKind {
+        self.link.shared.transport_of(self.entry.id)
+    }
     /// A validated sub-range (offsets relative to the region start).
     ///
     /// # Errors

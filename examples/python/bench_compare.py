@@ -12,8 +12,11 @@ Rows:
               caller-managed as the compat engine's regions are)
 - rust compat sync / async   examples/compat_kv_pull.rs: kv_pull.py's shape and calls on the
               engine the Python package drives (`hixl::compat`, caller-managed memory), from Rust
-- python sync kv_pull.py --mode sync: one `link.read` per layer (the same calls as rust compat sync)
-- python async kv_pull.py (the example): one `transfer_async` per layer, all 32 in flight
+- python sync kv_pull.py --mode sync --memory caller: one `link.read` per layer (the same calls
+              on the same kind of memory as rust compat sync)
+- python async kv_pull.py --memory caller: one `transfer_async` per layer, all 32 in flight
+              (kv_pull.py's default, engine-allocated memory, is the same-host fast path: see
+              docs/benchmarks.md)
 - nixl        nixl_kv_pull.py: NIXL's Python API, UCX backend, one xfer per layer, all posted;
               UCX_TLS=tcp for the tcp column, UCX_TLS=sm,self,tcp for the same-host column
 
@@ -95,7 +98,7 @@ def main():
                     calls.setdefault(("rust", t), []).append(row["refused_call_ns"])
                 (row,) = run_json(
                     [sys.executable, os.path.join(HERE, "kv_pull.py"), "--mode", mode, "--transport", t,
-                     "--iters", str(a.iters), "--json"] + SHAPE + extra
+                     "--memory", "caller", "--iters", str(a.iters), "--json"] + SHAPE + extra
                 )
                 add((f"python {mode} (kv_pull)", t), row["gbps_total"], row["transport"])
                 if extra:

@@ -6,6 +6,12 @@ notification that it may free the blocks.
     python examples/python/kv_pull.py                 # both roles (prefill runs as a child)
     python examples/python/kv_pull.py --mode sync     # one blocking READ per layer instead
     python examples/python/kv_pull.py --transport tcp # hixl.SameHost=off (tcp) / require (same-host)
+    python examples/python/kv_pull.py --memory caller # numpy arrays registered, not Engine.alloc
+
+Memory (`--memory`): `engine` (the default) puts prefill's KV cache and decode's destination in
+memory the engine allocates (`Engine.alloc`, numpy views over it), which a same-host peer maps
+and copies one-sidedly; `caller` registers numpy arrays, which a same-host peer reaches over
+TCP (the engine cannot keep caller memory from its owner while a one-sided peer may write it).
 
 Shape (defaults): 32 layers x 256 blocks x 32 KiB = 256 MiB per pull. Decode's block table maps
 its block j of layer l to a random prefill block of that layer; the descriptors are built once
@@ -38,8 +44,13 @@ def same_host(transport):
 def prefill(a):
     size = a.layers * a.blocks * a.block
     with hixl.Engine("127.0.0.1:0", {"hixl.SameHost": same_host(a.transport)}) as engine:
-        kv = pattern(size).copy()  # the KV cache: layers x blocks x block bytes
-        engine.register(kv)
+        # the KV cache: layers x blocks x block bytes
+        if a.memory == "engine":
+            kv = engine.alloc(size).numpy()  # engine memory, a zero-copy numpy view
+            kv[:] = pattern(size)
+        else:
+            kv = pattern(size).copy()
+            engine.register(kv)
         print(json.dumps({"name": engine.name}), flush=True)
         # decode pulls on its own (one-sided); we only wait to be told the blocks are free
         name, msg = engine.wait_notify("free", timeout=a.timeout)
@@ -57,8 +68,12 @@ def decode(a):
     try:
         prefill_name = json.loads(child.stdout.readline())["name"]
         with hixl.Engine("127.0.0.1", {"hixl.SameHost": same_host(a.transport)}) as engine:
-            dst = np.zeros(size, np.uint8)
-            local = engine.register(dst)  # register everything first, then connect
+            if a.memory == "engine":
+                local = engine.alloc(size)  # zeroed; register everything first, then connect
+                dst = local.numpy()
+            else:
+                dst = np.zeros(size, np.uint8)
+                local = engine.register(dst)
             link = engine.connect(prefill_name, timeout=10)
             (remote,) = link.remote_regions()  # prefill's table came with the link
             assert remote.len == size
@@ -100,6 +115,7 @@ def decode(a):
             times.append(pull())
             verify()
             transport = link.transport()
+            remote_transport = link.remote_regions()[0].transport  # what moved the KV cache
             boundary = {}
             if a.boundary:
                 # the cost of one call through Python: a 256-descriptor READ refused at its last
@@ -131,6 +147,8 @@ def decode(a):
         "impl": "hixl-python",
         "mode": a.mode,
         "transport": transport,
+        "memory": a.memory,
+        "kv_transport": remote_transport,
         "layers": a.layers,
         "blocks": a.blocks,
         "block": a.block,
@@ -146,7 +164,8 @@ def decode(a):
         print(json.dumps(result))
     else:
         print(
-            f"kv_pull ({a.mode}, {transport}): {a.layers} layers x {a.blocks} blocks x "
+            f"kv_pull ({a.mode}, {transport} link, {a.memory} memory moved over {remote_transport}): "
+            f"{a.layers} layers x {a.blocks} blocks x "
             f"{a.block} B = {size / 2**20:.0f} MiB per pull, {len(times)} pulls: "
             f"median {result['gbps_median']} GB/s, best {result['gbps_best']} GB/s; data verified"
         )
@@ -165,6 +184,8 @@ def main():
     p.add_argument("--mode", choices=["async", "sync"], default="async")
     # cma: an alias of same-host
     p.add_argument("--transport", choices=["auto", "tcp", "same-host", "cma"], default="auto")
+    p.add_argument("--memory", choices=["engine", "caller"], default="engine",
+                   help="KV cache and destination in Engine.alloc memory (same-host one-sided) or registered numpy arrays")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", action="store_true")

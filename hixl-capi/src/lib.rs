@@ -15,7 +15,9 @@
 //! What cannot be checked is the caller's duty, as in HIXL: pointers that are not null point
 //! to what the header says (arrays of `count` elements, NUL-terminated strings), and memory
 //! registered with [`hixl_register_mem`] stays valid until it is deregistered or the engine is
-//! finalized (the `# Safety` contract of [`hixl_rs::compat::Hixl::register_mem`]).
+//! finalized (the `# Safety` contract of [`hixl_rs::compat::Hixl::register_mem`]). Memory from
+//! [`hixl_alloc_host_mem`] is the engine's: nothing is asked of the caller but to stop using it
+//! once it is deregistered or the engine finalized.
 
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -424,7 +426,41 @@ pub unsafe extern "C" fn hixl_register_mem_ex(
     })
 }
 
-/// HIXL `DeregisterMem`.
+/// hixl's extension (HIXL has none): allocates `size` zeroed bytes of page-aligned host memory
+/// owned by the engine and registers them (peers may READ and WRITE them); `*addr` gets the
+/// address, `*handle` a non-null handle. Same-host peers map this memory and move data with a
+/// memory copy (caller-managed memory is served to them over TCP). [`hixl_deregister_mem`]
+/// (or `hixl_finalize` / `hixl_destroy`) ends the registration; the memory is then freed by the
+/// engine once no same-host peer may still touch it, and must not be used by the caller any
+/// more. Size 0 or a null `addr`/`handle`: `PARAM_INVALID` (nothing is allocated); a size that
+/// cannot be allocated: `RESOURCE_EXHAUSTED`.
+///
+/// # Safety
+/// `addr` and `handle` are null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_alloc_host_mem(
+    engine: *mut HixlEngine,
+    size: usize,
+    addr: *mut *mut c_void,
+    handle: *mut *mut c_void,
+) -> HixlStatus {
+    entry(|| {
+        let e = self::engine(engine)?;
+        // checked before anything is allocated: a buffer the caller could not name would stay
+        // registered until finalize
+        if addr.is_null() || handle.is_null() {
+            return Err(invalid("addr or handle is null"));
+        }
+        // the keep-alive goes: the memory lives as long as its registration (and its peers)
+        let mem = e.alloc_host_mem(size).map_err(fail)?;
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(addr, mem.as_ptr().cast::<c_void>(), "addr") }?;
+        // SAFETY: as above.
+        unsafe { put(handle, mem.handle() as usize as *mut c_void, "handle") }
+    })
+}
+
+/// HIXL `DeregisterMem` (of caller-managed memory, or of a buffer of [`hixl_alloc_host_mem`]).
 ///
 /// # Safety
 /// Any handle value is accepted (it is looked up).

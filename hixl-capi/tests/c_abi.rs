@@ -1,6 +1,8 @@
 //! The C ABI from C: `include/hixl_c.h` matches the library's exports, and a two-process C
 //! program (server + client over `libhixl.so`) moves random data both ways, notifies, polls
-//! async requests, and gets the exact status for each bad input.
+//! async requests, and gets the exact status for each bad input; its server serves its own
+//! memory or memory the engine allocated (`hixl_alloc_host_mem`, which its client also tests
+//! with two engines in one process).
 
 mod common;
 
@@ -53,11 +55,23 @@ fn header_declares_exactly_the_exported_functions() {
     assert_eq!(exported, declared, "exports (left) vs header (right)");
 }
 
-#[test]
-fn two_c_processes_over_libhixl() {
+/// The C program as two processes, its server serving `memory` (`caller` or `engine`).
+fn two_c_processes(memory: &str) {
     let Some(cc) = common::compiler("cc") else {
         return;
     };
     let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4);
+    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4, memory);
+}
+
+#[test]
+fn two_c_processes_over_libhixl() {
+    two_c_processes("caller");
+}
+
+/// The same client against a server whose memory the engine allocated
+/// (`hixl_alloc_host_mem`): the client maps it and moves data one-sidedly.
+#[test]
+fn two_c_processes_over_engine_memory() {
+    two_c_processes("engine");
 }

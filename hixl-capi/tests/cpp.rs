@@ -5,8 +5,8 @@
 
 mod common;
 
-#[test]
-fn a_hixl_style_cpp_program_runs_as_two_processes() {
+/// The C++ program as two processes, its server serving `memory` (`caller` or `engine`).
+fn two_cpp_processes(memory: &str) {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
@@ -16,7 +16,20 @@ fn a_hixl_style_cpp_program_runs_as_two_processes() {
         "cann_hixl",
         "cpp/hixl_style.cpp",
         3,
+        memory,
     );
+}
+
+#[test]
+fn a_hixl_style_cpp_program_runs_as_two_processes() {
+    two_cpp_processes("caller");
+}
+
+/// The same program, its server serving memory of `AllocHostMem` (a hixl extension): the
+/// client maps it and moves data one-sidedly.
+#[test]
+fn a_hixl_style_cpp_program_over_engine_memory() {
+    two_cpp_processes("engine");
 }
 
 /// `libcann_hixl.so` is a relative symlink to `libhixl.so` beside it (made by build.rs), so the

@@ -17,7 +17,8 @@
  *
  * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
  * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers
- * get no access).
+ * get no access); AllocHostMem allocates and registers engine-owned host memory, which
+ * same-host peers reach one-sidedly (caller memory goes to them over TCP).
  */
 #ifndef HIXL_RS_HIXL_H_
 #define HIXL_RS_HIXL_H_
@@ -78,6 +79,19 @@ class ASCEND_FUNC_VISIBILITY Hixl {
     return hixl_register_mem_ex(engine_, &d, static_cast<int32_t>(type), flags, &mem_handle);
   }
 
+  /* hixl extension (beyond HIXL): engine-allocated host memory, the same-host fast path.
+   * Allocates `size` zeroed, page-aligned bytes owned by the engine and registers them as
+   * MEM_HOST (as RegisterMem would: peers may READ and WRITE them, links may exist); `addr`
+   * gets the address, `mem_handle` the handle. Same-host peers map this memory and move data
+   * with a memory copy, while memory registered with RegisterMem (the caller's) is served to
+   * them over TCP. DeregisterMem(mem_handle) (or Finalize / the destructor) ends the
+   * registration: stop using the memory then; the engine frees it once no same-host peer can
+   * touch it. size 0: PARAM_INVALID; a size that cannot be allocated: RESOURCE_EXHAUSTED. */
+  Status AllocHostMem(size_t size, void *&addr, MemHandle &mem_handle) {
+    return hixl_alloc_host_mem(engine_, size, &addr, &mem_handle);
+  }
+
+  /* Deregisters memory of RegisterMem, or frees memory of AllocHostMem. */
   Status DeregisterMem(MemHandle mem_handle) { return hixl_deregister_mem(engine_, mem_handle); }
 
   Status Connect(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {

@@ -18,6 +18,7 @@ from . import _hixl as _n
 __all__ = [
     "Engine",
     "Region",
+    "HostBuffer",
     "Link",
     "Request",
     "RemoteRegion",
@@ -164,8 +165,10 @@ def _pack(descs):
     return packed
 
 
-RemoteRegion = namedtuple("RemoteRegion", "addr len mem_type readable writable")
-RemoteRegion.__doc__ = "One region of a peer's table, as it sent it at connect."
+RemoteRegion = namedtuple("RemoteRegion", "addr len mem_type readable writable transport")
+RemoteRegion.__doc__ = """One region of a peer's table, as it sent it at connect, and the transport that moves it
+(``"same-host"`` for a same-host peer's ``Engine.alloc`` buffers, ``"tcp"`` for memory it
+registered)."""
 
 
 def _buffer_of(obj):
@@ -237,6 +240,46 @@ class Region:
 
     def __repr__(self):
         return f"<hixl.Region handle={self.handle} addr={self.addr:#x} nbytes={self.nbytes}>"
+
+
+class HostBuffer(Region):
+    """Host memory the engine allocated and registered (``Engine.alloc``): the same-host fast
+    path. A peer on this host maps it and moves data with a memory copy, while memory Python
+    allocates (``Engine.register``) is served to it over TCP.
+
+    Zero-copy views: ``buf.numpy(dtype)`` (or ``np.asarray(buf)``, ``np.frombuffer(buf.obj)``),
+    ``buf.memoryview()``; ``buf.obj`` is a ctypes ``c_char`` array over the memory. Every view
+    keeps the memory mapped, so no view can outlive it: ``deregister()`` (or closing the
+    engine) only stops serving it (this engine's transfers and peers' TCP requests refuse it;
+    a same-host peer whose link got it in its table may still reach it until that link ends),
+    and the engine frees the memory once the buffer and every view of it are gone and no
+    same-host link can reach it."""
+
+    def __init__(self, engine, mem):
+        view = (ctypes.c_char * mem.nbytes).from_address(mem.addr)
+        view._hixl_mem = mem  # every view of `view` holds it, and it holds the memory
+        super().__init__(engine, mem.handle, mem.addr, mem.nbytes, view, mem)
+
+    def numpy(self, dtype=None):
+        """A numpy array over the memory (zero copy; ``uint8`` unless ``dtype`` is given)."""
+        import numpy as np
+
+        return np.frombuffer(self.obj, dtype=np.uint8 if dtype is None else dtype)
+
+    def memoryview(self):
+        """A writable ``memoryview`` of the bytes (format ``B``)."""
+        return memoryview(self.obj).cast("B")
+
+    @property
+    def __array_interface__(self):
+        # numpy keeps this object (and with it the memory) as the array's base
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.addr, False), "version": 3}
+
+    def __buffer__(self, flags):  # Python >= 3.12 (PEP 688): np.frombuffer(buf), memoryview(buf)
+        return memoryview(self.obj).cast("B")
+
+    def __repr__(self):
+        return f"<hixl.HostBuffer handle={self.handle} addr={self.addr:#x} nbytes={self.nbytes}>"
 
 
 class Request:
@@ -423,8 +466,24 @@ class Engine:
             self._regions[handle] = region
         return region
 
+    def alloc(self, nbytes):
+        """Allocate ``nbytes`` zeroed, page-aligned bytes of host memory owned by the engine and
+        register them: a ``HostBuffer`` (a ``Region`` with zero-copy numpy and memoryview views).
+        Peers on this host reach it one-sidedly, with no work by this process (memory of
+        ``register`` goes to them over TCP). ``deregister(buf)`` or ``close()`` ends the
+        registration; views keep the memory alive after it. Links may exist."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
+        ret, mem = self._handle().alloc_host_mem(nbytes)
+        _check(ret)
+        buf = HostBuffer(self, mem)
+        with self._lock:
+            self._regions[buf.handle] = buf
+        return buf
+
     def deregister(self, region):
-        """Deregister a region; the object is released once that succeeded."""
+        """Deregister a region; the object is released once that succeeded (a ``HostBuffer``'s
+        memory lives on while the buffer or a view of it does)."""
         if not isinstance(region, Region) or region.engine is not self:
             raise TypeError("deregister() takes a Region of this engine")
         _check(self._handle().deregister_mem(region.handle))

@@ -10,7 +10,8 @@
 //!
 //! Extensions beyond CANN's surface (documented in the README): `Hixl.local_engine()`,
 //! `Hixl.wait_transfer()`, `Hixl.cancel_transfer()`, `Hixl.remote_regions()`,
-//! `Hixl.transport()`, and the packed-descriptor transfers the Pythonic layer uses.
+//! `Hixl.transport()`, `Hixl.alloc_host_mem()` (with `HostMem`), and the packed-descriptor
+//! transfers the Pythonic layer uses.
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 
 use std::cell::RefCell;
@@ -587,6 +588,45 @@ fn packed_descs(packed: &[u8]) -> PyResult<Vec<compat::TransferOpDesc>> {
         .collect()
 }
 
+/// Host memory the engine allocated (`Hixl.alloc_host_mem`, an extension): `addr`, `nbytes`
+/// (also `len()`), `handle` (for `deregister_mem`). The object keeps the memory mapped while it
+/// lives, registered or not, so a view made from it (the Pythonic layer's `HostBuffer` holds
+/// this object) never outlives the memory.
+#[pyclass(module = "hixl", frozen)]
+pub struct HostMem {
+    mem: compat::HostMem,
+}
+
+#[pymethods]
+impl HostMem {
+    /// The first byte's address (page-aligned).
+    #[getter]
+    fn addr(&self) -> usize {
+        self.mem.addr()
+    }
+    /// Length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.mem.len()
+    }
+    /// The registration's handle (`deregister_mem(handle)`).
+    #[getter]
+    fn handle(&self) -> u64 {
+        self.mem.handle()
+    }
+    fn __len__(&self) -> usize {
+        self.mem.len()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "HostMem(addr={:#x}, nbytes={}, handle={})",
+            self.mem.addr(),
+            self.mem.len(),
+            self.mem.handle()
+        )
+    }
+}
+
 /// HIXL's engine (CANN's `hixl.Hixl`). Every method returns HIXL's status int, or a
 /// `(status, value)` tuple; none raises for an engine error. `initialize` twice is `SUCCESS`
 /// (as CANN's), `finalize` is safe twice and the engine can be initialized again after it.
@@ -724,6 +764,21 @@ impl Hixl {
             unsafe { e.register_mem(desc, t) }
         });
         Ok((c, h.unwrap_or(0)))
+    }
+
+    /// An extension: `alloc_host_mem(size) -> (int, HostMem | None)`: `size` zeroed bytes of
+    /// page-aligned host memory the engine allocates and registers (peers may READ and WRITE
+    /// them); same-host peers reach it one-sidedly (caller memory goes to them over TCP).
+    /// `deregister_mem(mem.handle)` or `finalize` ends the registration; the memory lives on
+    /// while the `HostMem` does (and while a same-host link may still reach it).
+    fn alloc_host_mem(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+    ) -> PyResult<(u32, Option<HostMem>)> {
+        let n = usize_of(size, "size")?;
+        let (c, m) = call(py, self, move |e| e.alloc_host_mem(n));
+        Ok((c, m.map(|mem| HostMem { mem })))
     }
 
     /// `deregister_mem(handle) -> int`.
@@ -964,7 +1019,9 @@ impl Hixl {
     }
 
     /// An extension: `remote_regions(remote_engine) -> (int, list[tuple[addr, len, MemType,
-    /// readable, writable]])`, the table the peer sent at connect.
+    /// readable, writable, transport]])`, the table the peer sent at connect, and the transport
+    /// that moves each region (`"same-host"` for a same-host peer's `alloc_host_mem` buffers,
+    /// `"tcp"` for its own memory).
     fn remote_regions(
         &self,
         py: Python<'_>,
@@ -986,7 +1043,7 @@ impl Hixl {
                     Access::Write => (false, true),
                     Access::ReadWrite => (true, true),
                 };
-                (d.addr, d.len, t, rd, wr)
+                (d.addr, d.len, t, rd, wr, d.transport.name())
             })
             .collect();
         Ok((c, v))
@@ -1041,7 +1098,7 @@ impl Hixl {
 }
 
 /// `(addr, len, mem_type, readable, writable)` of one region of a peer's table.
-type RemoteRegionTuple = (u64, u64, MemType, bool, bool);
+type RemoteRegionTuple = (u64, u64, MemType, bool, bool, &'static str);
 
 fn remote_and_timeout(
     remote: &Bound<'_, PyAny>,
@@ -1152,6 +1209,7 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TransferResult>()?;
     m.add_class::<NotifyDesc>()?;
     m.add_class::<Hixl>()?;
+    m.add_class::<HostMem>()?;
     m.add_function(wrap_pyfunction!(get_capability, m)?)?;
     m.add_function(wrap_pyfunction!(last_error_message, m)?)?;
     Ok(())

@@ -15,12 +15,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Peer:
-    """A peer process (peer.py): a listening engine with one buffer of seeded random bytes."""
+    """A peer process (peer.py): a listening engine with one buffer of seeded random bytes, in
+    its own memory (`memory="caller"`) or the engine's (`"engine"`: `Engine.alloc`)."""
 
-    def __init__(self, size, seed, local="127.0.0.1:0", start_timeout=60.0):
+    def __init__(self, size, seed, local="127.0.0.1:0", start_timeout=60.0, memory="caller"):
         self.size, self.seed = size, seed
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "peer.py"), str(size), str(seed), local],
+            [sys.executable, os.path.join(HERE, "peer.py"), str(size), str(seed), local, memory],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -81,8 +82,8 @@ class Peer:
 def peer_factory():
     peers = []
 
-    def make(size=1 << 20, seed=1, local="127.0.0.1:0"):
-        p = Peer(size, seed, local)
+    def make(size=1 << 20, seed=1, local="127.0.0.1:0", memory="caller"):
+        p = Peer(size, seed, local, memory=memory)
         peers.append(p)
         return p
 

@@ -1,7 +1,8 @@
 """A peer process for the two-process tests: a listening engine with one registered numpy
 buffer of random bytes, driven by line commands on stdin (one reply line each on stdout).
 
-usage: python peer.py SIZE SEED [LOCAL_ENGINE]
+usage: python peer.py SIZE SEED [LOCAL_ENGINE [MEMORY]]
+MEMORY: `caller` (a numpy buffer, registered; the default) or `engine` (Engine.alloc)
 first line out: {"name": ..., "addr": ..., "len": ...}
 commands: dump PATH | wait_notify NAME OFF LEN TIMEOUT_S | notifies | quit
 """
@@ -16,12 +17,20 @@ import hixl
 
 size, seed = int(sys.argv[1]), int(sys.argv[2])
 local = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1:0"
-buf = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-h = hixl.Hixl()
-ret = h.initialize(local, {})
-assert ret == hixl.SUCCESS, (ret, hixl.last_error_message())
-ret, handle = h.register_mem(hixl.MemDesc(buf.ctypes.data, buf.nbytes), hixl.MEM_HOST)
-assert ret == hixl.SUCCESS, ret
+memory = sys.argv[4] if len(sys.argv) > 4 else "caller"
+data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+if memory == "engine":
+    engine = hixl.Engine(local)
+    h = engine.hixl
+    buf = engine.alloc(size).numpy()
+    buf[:] = data
+else:
+    buf = data
+    h = hixl.Hixl()
+    ret = h.initialize(local, {})
+    assert ret == hixl.SUCCESS, (ret, hixl.last_error_message())
+    ret, handle = h.register_mem(hixl.MemDesc(buf.ctypes.data, buf.nbytes), hixl.MEM_HOST)
+    assert ret == hixl.SUCCESS, ret
 ret, name = h.local_engine()
 print(json.dumps({"name": name, "addr": buf.ctypes.data, "len": buf.nbytes}), flush=True)
 

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Core, Error, Hixl, MemDesc, MemHandle, Result, Typed, not_initialized};
+use super::{Core, Error, Hixl, HostMem, MemDesc, MemHandle, Reg, Result, Typed, not_initialized};
 use crate::engine::{Connected, Registered};
 use crate::sync::lock;
-use crate::{Access, AsyncConnectStatus, MemType, Options, Status};
+use crate::{Access, AsyncConnectStatus, MemType, Options, Region, Status};
 
 impl Hixl {
     /// HIXL `Initialize`: `local_engine` is `"ip"` (a client only), `"ip:port"` (listens there;
@@ -62,6 +62,21 @@ impl Hixl {
         match &core.engine {
             Some(Typed::Connected(e)) => Ok(e.name().to_owned()),
             Some(Typed::Registered(e)) => Ok(e.name().to_owned()),
+            _ => Err(not_initialized()),
+        }
+    }
+
+    /// An extension: the typed engine's [`Metrics`](crate::Metrics) (regions, links, and the
+    /// memory held until same-host peers cannot reach it any more: `quarantined_regions`,
+    /// `quarantined_bytes`).
+    ///
+    /// # Errors
+    /// `FAILED` before `initialize` or after `finalize`.
+    pub fn metrics(&self) -> Result<crate::Metrics> {
+        let core = self.read();
+        match &core.engine {
+            Some(Typed::Connected(e)) => Ok(e.metrics()),
+            Some(Typed::Registered(e)) => Ok(e.metrics()),
             _ => Err(not_initialized()),
         }
     }
@@ -143,8 +158,50 @@ impl Hixl {
         };
         let handle = self.next_id.fetch_add(1, Ordering::Relaxed);
         core.handles.insert(handle, desc.addr);
-        core.regions.insert(desc.addr, Arc::new(region));
+        core.regions
+            .insert(desc.addr, Arc::new(Reg::Caller(region)));
         Ok(handle)
+    }
+
+    /// A hixl extension: allocates `len` zeroed bytes of page-aligned host memory owned by
+    /// the engine, registers them (peers may READ and WRITE them) and returns the buffer's
+    /// keep-alive ([`HostMem`]: its address and handle). As with `register_mem`, links may
+    /// exist: the buffer is usable by this engine's transfers at once and is in the table of
+    /// every peer that connects from now on.
+    ///
+    /// Unlike caller-managed memory, which same-host peers reach over TCP (the engine cannot
+    /// keep memory from its owner while a one-sided peer may still write it), the buffer lives
+    /// in a sealed memfd that same-host peers map: READ and WRITE are then a memory copy by the
+    /// peer, with no work by this engine. Safe: the engine decides when the memory is freed.
+    /// [`Hixl::deregister_mem`] with its handle (or `finalize`) ends the registration; the
+    /// memory is freed once the [`HostMem`] is dropped too and no same-host link that may
+    /// reach it remains (until then it is kept, never reused).
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized; `PARAM_INVALID` for `len == 0`; `RESOURCE_EXHAUSTED` when
+    /// the memory cannot be allocated or the region table is full.
+    pub fn alloc_host_mem(&self, len: usize) -> Result<HostMem> {
+        let mut core = self.write();
+        if core.engine.is_none() {
+            return Err(not_initialized());
+        }
+        let buf = crate::HostBuffer::new(len)?;
+        let region = match &core.engine {
+            Some(Typed::Connected(e)) => e
+                .register_live(buf, Access::ReadWrite)
+                .map_err(|h| Error::from(h.error))?,
+            _ => self.with_registered(&mut core, "allocate memory", |e| {
+                e.register(buf).map_err(|h| Error::from(h.error))
+            })?,
+        };
+        let mem = HostMem {
+            core: region.core.clone(),
+            handle: self.next_id.fetch_add(1, Ordering::Relaxed),
+        };
+        core.handles.insert(mem.handle, mem.addr());
+        core.regions
+            .insert(mem.addr(), Arc::new(Reg::Engine(region)));
+        Ok(mem)
     }
 
     /// HIXL `DeregisterMem`. As in HIXL, links may exist: peers' later requests for the region
@@ -153,6 +210,12 @@ impl Hixl {
     /// it (its HCCL communicator) is closed, so links that used one break and, with
     /// AutoConnect, connect again on their next call. Refused while an async request of this
     /// engine uses the region.
+    ///
+    /// For a buffer of [`Hixl::alloc_host_mem`], this engine's transfers and peers' TCP
+    /// requests refuse it from now on, but a same-host peer whose link got it in its table
+    /// still reaches it one-sidedly until that link ends (a link's one-sided access cannot be
+    /// taken back for one region): the memory is kept until then, and until its [`HostMem`] is
+    /// dropped, then freed.
     ///
     /// # Errors
     /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle;
@@ -173,8 +236,8 @@ impl Hixl {
             .regions
             .remove(&addr)
             .expect("handles and regions agree");
-        let region = match Arc::try_unwrap(reg) {
-            Ok(region) => region,
+        let reg = match Arc::try_unwrap(reg) {
+            Ok(reg) => reg,
             Err(shared) => {
                 core.regions.insert(addr, shared);
                 return Err(Error::new(
@@ -183,38 +246,64 @@ impl Hixl {
                 ));
             }
         };
-        // live (links stay); where a transport cannot let go of one region alone, the old way:
-        // step back with no link in either direction
+        let (r, kept) = match reg {
+            Reg::Caller(region) => {
+                let (r, kept) = self.unregister(&mut core, region, |e, region| {
+                    e.deregister(region).map(drop)
+                });
+                (r, kept.map(Reg::Caller))
+            }
+            Reg::Engine(region) => {
+                let (r, kept) = self.unregister(&mut core, region, |e, region| e.release(region));
+                (r, kept.map(Reg::Engine))
+            }
+        };
+        match kept {
+            // refused: the region stays registered under its handle
+            Some(reg) => {
+                core.regions.insert(addr, Arc::new(reg));
+            }
+            // handed back or released (an error then is serving failing to restart)
+            None => {
+                core.handles.remove(&handle);
+            }
+        }
+        r
+    }
+
+    /// Takes `region` out of the typed engine: live (links stay) where it serves; where a
+    /// transport cannot let go of one region alone (or serving is down), stepped back with no
+    /// link in either direction and handed to `quiescent`. The region comes back if it stays
+    /// registered.
+    fn unregister<M>(
+        &self,
+        core: &mut Core,
+        region: Region<M>,
+        quiescent: impl FnOnce(
+            &crate::Hixl<Registered>,
+            Region<M>,
+        ) -> std::result::Result<(), crate::HandedBack<Region<M>>>,
+    ) -> (Result<()>, Option<Region<M>>) {
         let region = match &core.engine {
             Some(Typed::Connected(e)) => match e.deregister_live(region) {
-                Ok(()) => {
-                    core.handles.remove(&handle);
-                    return Ok(());
-                }
+                Ok(()) => return (Ok(()), None),
                 Err(refused) => refused.value,
             },
             _ => region,
         };
-        // the region goes into the closure and comes back here unless it was handed back
+        // the region goes into the closure and comes back here unless it was let go
         let mut slot = Some(region);
-        let r = self.with_registered(&mut core, "deregister memory", |e| {
+        let r = self.with_registered(core, "deregister memory", |e| {
             let region = slot.take().expect("taken once");
-            e.deregister(region).map(drop).map_err(|refused| {
+            quiescent(e, region).map_err(|refused| {
                 slot = Some(refused.value);
                 Error::from(refused.error)
             })
         });
         match slot {
-            // refused: the region stays registered under its handle
-            Some(region) if r.is_err() => {
-                core.regions.insert(addr, Arc::new(region));
-            }
-            // handed back (an error then is serving failing to restart)
-            _ => {
-                core.handles.remove(&handle);
-            }
+            Some(region) if r.is_err() => (r, Some(region)),
+            _ => (r, None),
         }
-        r
     }
 
     /// Runs `f` on the engine stepped back to `Registered` (serving stopped), then activates it

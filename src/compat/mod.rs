@@ -73,6 +73,18 @@
 //!   engine's does (`UNSUPPORTED` while one exists).
 //! - `disconnect` of a peer that went away (finalized, or its process ended) succeeds.
 //!
+//! ## Engine-allocated memory (an extension)
+//!
+//! [`Hixl::alloc_host_mem`] allocates a [`HostBuffer`](crate::HostBuffer) the engine owns and
+//! registers it (live, like `register_mem`). Same-host peers map it and copy one-sidedly, while
+//! caller-managed memory is served to them over TCP only: the engine can keep its own memory
+//! from being freed or reused while a one-sided peer may still write it, not the caller's.
+//! Deregistered while linked, such a buffer leaves the table at once (TCP requests are refused),
+//! and its allocation is kept until every same-host link that got it in its table has ended and
+//! left its fence (the quarantine frees it then; [`Hixl::metrics`] counts it meanwhile). The
+//! [`HostMem`] it returns keeps the memory mapped while it lives, registration or not, which is
+//! what lets the Python package hand out views that cannot outlive the memory.
+//!
 //! ## Ascend
 //!
 //! Where CANN's ACL runtime and HCCL load, an engine uses the device `aclrtGetDevice` reports on
@@ -129,7 +141,92 @@ enum Typed {
     Connected(crate::Hixl<Connected>),
 }
 
-type Reg = Arc<Region<crate::MemDesc>>;
+/// A registered region: caller-managed memory ([`Hixl::register_mem`]) or a buffer the engine
+/// allocated ([`Hixl::alloc_host_mem`]).
+enum Reg {
+    Caller(Region<crate::MemDesc>),
+    Engine(Region<crate::HostBuffer>),
+}
+
+impl Reg {
+    fn addr(&self) -> usize {
+        match self {
+            Reg::Caller(r) => r.addr(),
+            Reg::Engine(r) => r.addr(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Reg::Caller(r) => r.len(),
+            Reg::Engine(r) => r.len(),
+        }
+    }
+    fn range(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> std::result::Result<crate::LocalRange<'_>, crate::Error> {
+        match self {
+            Reg::Caller(r) => r.range(range),
+            Reg::Engine(r) => r.range(range),
+        }
+    }
+}
+
+/// A host buffer the engine allocated and registered ([`Hixl::alloc_host_mem`]): a hixl
+/// extension, the way to get same-host peers' one-sided path (caller-managed memory is served
+/// to them over TCP, as the engine cannot keep it from its owner while a peer may still write
+/// it).
+///
+/// The value is a keep-alive, not the registration: the memory stays mapped (and its bytes
+/// readable and writable through [`HostMem::as_ptr`]) while this value or the registration
+/// lives, whichever is longer. [`Hixl::deregister_mem`] with [`HostMem::handle`] (or
+/// `finalize`) ends the registration; dropping the value does not. The memory is freed once
+/// both are gone and no peer may still touch it: a same-host peer whose link got the buffer in
+/// its region table may copy into or out of it until that link ends, so the allocation is kept
+/// (never reused) until then.
+///
+/// It never hands out `&[u8]`: peers write the memory at any time while it is registered.
+pub struct HostMem {
+    core: Arc<crate::runtime::region::RegionCore>,
+    handle: MemHandle,
+}
+
+impl HostMem {
+    /// The first byte's address (page-aligned): what `TransferOpDesc`s and the peer use.
+    pub fn addr(&self) -> usize {
+        self.core.addr
+    }
+    /// Length in bytes (as asked; the mapping is rounded up to a page).
+    pub fn len(&self) -> usize {
+        self.core.len
+    }
+    /// Always false: empty buffers are refused.
+    pub fn is_empty(&self) -> bool {
+        self.core.len == 0
+    }
+    /// The registration's handle, for [`Hixl::deregister_mem`].
+    pub fn handle(&self) -> MemHandle {
+        self.handle
+    }
+    /// The first byte as a raw pointer, valid for reads and writes of [`HostMem::len`] bytes
+    /// while `self` lives. Reading or writing through it is `unsafe` and races with peers and
+    /// transfers while the buffer is registered, as for any registered memory.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.core.ptr_at(0)
+    }
+}
+
+impl fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostMem")
+            .field("addr", &format_args!("{:#x}", self.core.addr))
+            .field("len", &self.core.len)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+static_assertions::assert_impl_all!(HostMem: Send, Sync);
 
 #[derive(Default)]
 struct Core {
@@ -138,7 +235,7 @@ struct Core {
     auto_connect: bool,
     connect_timeout: Duration,
     /// Regions by start address (disjoint: the typed engine refuses overlaps).
-    regions: BTreeMap<usize, Reg>,
+    regions: BTreeMap<usize, Arc<Reg>>,
     handles: HashMap<MemHandle, usize>,
 }
 

@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{
-    ASYNC_DEADLINE, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending,
+    ASYNC_DEADLINE, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending, Reg,
     RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
     TransferStatus, Typed, millis, not_initialized,
 };
 use crate::sync::lock;
-use crate::{Link, Region, Status, TransferOp};
+use crate::{Link, Status, TransferOp};
 
 impl Hixl {
     /// HIXL `TransferSync`: READ (remote → local) or WRITE (local → remote) a batch.
@@ -170,6 +170,7 @@ impl Hixl {
                     len: r.len(),
                     mem_type: r.mem_type(),
                     access: r.access(),
+                    transport: r.transport(),
                 })
                 .collect())
         })
@@ -255,10 +256,7 @@ fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
 }
 
 /// For each descriptor, the registered region holding its local range, and the offset in it.
-fn local_regions(
-    core: &Core,
-    descs: &[TransferOpDesc],
-) -> Result<Vec<(Arc<Region<crate::MemDesc>>, usize)>> {
+fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>, usize)>> {
     let mut out = Vec::with_capacity(descs.len());
     for (i, d) in descs.iter().enumerate() {
         let found = core
@@ -293,7 +291,7 @@ fn local_regions(
 /// the peer's table.
 fn descriptors<'a>(
     link: &'a Link<'static>,
-    regions: &'a [(Arc<Region<crate::MemDesc>>, usize)],
+    regions: &'a [(Arc<Reg>, usize)],
     descs: &[TransferOpDesc],
 ) -> Result<Vec<crate::TransferDesc<'a>>> {
     descs

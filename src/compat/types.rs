@@ -150,4 +150,8 @@ pub struct RemoteRegionDesc {
     pub mem_type: MemType,
     /// What the peer lets this engine do with it.
     pub access: Access,
+    /// The transport that moves this engine's batches on it (an extension: `SameHost` for a
+    /// same-host peer's [`alloc_host_mem`](super::Hixl::alloc_host_mem) buffers, `Tcp` for its
+    /// caller-managed memory; see [`crate::RemoteRegion::transport`]).
+    pub transport: crate::TransportKind,
 }

@@ -275,24 +275,39 @@ impl Hixl<Connected> {
         Ok(region)
     }
 
-    /// Deregisters caller-managed memory from an engine open to links (HIXL `DeregisterMem`
-    /// while linked; see [`EngineInner::withdraw`]). The caller makes sure no request of this
-    /// engine uses it. When this returns, nothing of the engine or its peers touches the memory.
+    /// Registers memory the engine takes ownership of on an engine open to links (the compat
+    /// engine's engine-allocated buffers): as [`register_raw_live`](Self::register_raw_live),
+    /// and same-host peers that connect from now on may map it (it is one-sided like any
+    /// [`HostBuffer`](crate::HostBuffer) region).
+    ///
+    /// # Errors
+    /// As [`Hixl::<Registered>::register`]; the memory comes back.
+    pub(crate) fn register_live<M: RegistrableMemory>(
+        &self,
+        mem: M,
+        access: Access,
+    ) -> Result<Region<M>, HandedBack<M>> {
+        let region = self.inner.register_owned(mem, access, false)?;
+        self.inner.publish(&region.core);
+        Ok(region)
+    }
+
+    /// Deregisters a region from an engine open to links (HIXL `DeregisterMem` while linked;
+    /// see [`EngineInner::withdraw`]) and drops it. The caller makes sure no request of this
+    /// engine uses it. When this returns, nothing of the engine or its peers touches
+    /// caller-managed memory; memory the engine owns is freed once no serving thread and no
+    /// same-host link that may reach it remains (see [`EngineInner::withdraw`]).
     ///
     /// # Errors
     /// [`Error::ForeignHandle`]; `UNSUPPORTED` as [`EngineInner::withdraw`]. The region comes
     /// back, still registered.
-    pub(crate) fn deregister_live(
+    pub(crate) fn deregister_live<M>(
         &self,
-        region: Region<MemDesc>,
-    ) -> Result<(), HandedBack<Region<MemDesc>>> {
-        if region.core.engine != self.inner.id {
+        region: Region<M>,
+    ) -> Result<(), HandedBack<Region<M>>> {
+        if let Err(error) = self.inner.check_own(&region.core) {
             return Err(HandedBack {
-                error: Error::ForeignHandle {
-                    what: "region",
-                    owner: region.core.engine,
-                    engine: self.inner.id,
-                },
+                error,
                 value: region,
             });
         }
@@ -302,18 +317,32 @@ impl Hixl<Connected> {
                 value: region,
             });
         }
-        let mut regs = lock(&self.inner.regions);
-        if regs
-            .by_addr
-            .get(&region.core.addr)
-            .is_some_and(|r| Arc::ptr_eq(r, &region.core))
-        {
-            regs.by_addr.remove(&region.core.addr);
-            regs.bytes -= region.core.len;
-        }
-        drop(regs);
+        self.inner.unlist(&region.core);
         tracing::debug!(parent: &self.inner.span, region = region.core.id, "deregistered while linked");
-        // the record owns no memory (raw); a serving thread may hold it a moment longer, inert
+        // a raw record owns no memory; an owned one frees it when its last holder (a serving
+        // thread, a `compat::HostMem`) lets go, or quarantines it while a link may reach it
+        drop(region);
+        Ok(())
+    }
+}
+
+impl<S: Quiescent> Hixl<S> {
+    /// Deregisters a region and drops it instead of handing its memory back (the compat
+    /// engine's engine-allocated buffers, when they are freed with no link): memory a
+    /// same-host client that did not confirm in time may still write is quarantined, the
+    /// rest freed once the last holder of the record lets go.
+    ///
+    /// # Errors
+    /// [`Error::ForeignHandle`]; the region comes back.
+    pub(crate) fn release<M>(&self, region: Region<M>) -> Result<(), HandedBack<Region<M>>> {
+        if let Err(error) = self.inner.check_own(&region.core) {
+            return Err(HandedBack {
+                error,
+                value: region,
+            });
+        }
+        self.inner.unlist(&region.core);
+        tracing::debug!(parent: &self.inner.span, region = region.core.id, "released");
         drop(region);
         Ok(())
     }
@@ -374,14 +403,35 @@ impl EngineInner {
         })
     }
 
+    /// [`Error::ForeignHandle`] for a region of another engine.
+    fn check_own(&self, core: &RegionCore) -> Result<(), Error> {
+        if core.engine != self.id {
+            return Err(Error::ForeignHandle {
+                what: "region",
+                owner: core.engine,
+                engine: self.id,
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the region out of the region table (if it is still there).
+    fn unlist(&self, core: &Arc<RegionCore>) {
+        let mut regs = lock(&self.regions);
+        if regs
+            .by_addr
+            .get(&core.addr)
+            .is_some_and(|r| Arc::ptr_eq(r, core))
+        {
+            regs.by_addr.remove(&core.addr);
+            regs.bytes -= core.len;
+        }
+    }
+
     fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
-        if region.core.engine != self.id {
+        if let Err(error) = self.check_own(&region.core) {
             return Err(HandedBack {
-                error: Error::ForeignHandle {
-                    what: "region",
-                    owner: region.core.engine,
-                    engine: self.id,
-                },
+                error,
                 value: region,
             });
         }

@@ -273,31 +273,38 @@ impl EngineInner {
     }
 
     /// Withdraws a region from an engine open to links (the compat engine's deregistration
-    /// while linked), before it leaves the region table: peers' later requests do not find it
-    /// (`PARAM_INVALID`), requests being applied to it are waited for, and every transport that
-    /// reached it lets go. When this returns, no peer touches the memory.
+    /// while linked), before it leaves the region table: peers' later TCP requests do not find
+    /// it (`PARAM_INVALID`), requests being applied to it are waited for, and every transport
+    /// that reached it lets go. When this returns, no peer touches caller-managed memory.
+    ///
+    /// Memory the engine owns and offers same-host peers one-sidedly ([`RegionCore::one_sided`])
+    /// cannot be taken back from one link alone (a fence guards a link, not a region): the
+    /// fences of every same-host link that may have the region in its table become the
+    /// region's blockers, so its allocation is kept (quarantined when the record is dropped)
+    /// until each of those links has ended and left its fence. Until then such a peer may
+    /// still copy into or out of it.
     ///
     /// # Errors
     /// [`Error::UnsupportedMemory`] (`UNSUPPORTED`) when a transport gave peers one-sided access
-    /// it cannot take back alone (UCX; memory same-host peers may map): nothing changed.
+    /// it cannot take back alone (UCX): nothing changed.
     pub(crate) fn withdraw(&self, core: &Arc<RegionCore>) -> Result<(), Error> {
         let refuse = |why: &'static str| Error::UnsupportedMemory {
             mem_type: core.mem_type,
             why,
         };
-        if core.one_sided() {
-            return Err(refuse(
-                "peers on this host may map the region: it can be deregistered only while no \
-                 link exists",
-            ));
-        }
         for b in &self.backends {
             b.can_withdraw(core.id).map_err(refuse)?;
         }
-        let table = lock(&self.server).as_ref().map(|s| s.table());
-        if let Some(t) = table {
-            t.remove(core.id);
+        let server = lock(&self.server);
+        if let Some(s) = server.as_ref() {
+            s.table().remove(core.id);
+            if core.one_sided() {
+                // after the removal: a link whose handshake takes the table from now on does
+                // not get the region; every one that got it recorded its fence before
+                lock(&core.blockers).extend(s.live_fences());
+            }
         }
+        drop(server);
         core.gate.close();
         for b in &self.backends {
             b.region_withdrawn(core.id);

@@ -1,6 +1,8 @@
 /* Two-process test of libhixl.so through include/hixl_c.h (driven by tests/c_abi.rs).
  *
- *   capi_test server SIZE           serves SIZE bytes of pattern(); prints READY <name> <addr>
+ *   capi_test server SIZE [MEMORY]  serves SIZE bytes of pattern(), in its own memory (MEMORY
+ *                                   `caller`, the default) or in memory the engine allocated
+ *                                   (`engine`: hixl_alloc_host_mem); prints READY <name> <addr>
  *                                   <len>, then answers `sum OFF LEN`, `notifies`, `quit`
  *   capi_test client NAME ADDR LEN  every call against that server, with its exact status;
  *                                   prints WROTE <remote off> <len> <fnv1a> for the data it
@@ -68,18 +70,31 @@ static unsigned char rnd(void) {
   return (unsigned char)(rng_state >> 24);
 }
 
-static int server(size_t size) {
+static int server(size_t size, int engine_memory) {
   hixl_engine *e = NULL;
   EXPECT(hixl_create(&e), HIXL_SUCCESS);
   EXPECT(hixl_initialize(e, "127.0.0.1:0", NULL, NULL, 0), HIXL_SUCCESS);
-  unsigned char *mem = malloc(size);
-  for (size_t i = 0; i < size; i++) mem[i] = pattern(i);
-  hixl_mem_desc d;
-  memset(&d, 0, sizeof d);
-  d.addr = (uintptr_t)mem;
-  d.len = size;
+  unsigned char *mem = NULL;
   hixl_mem_handle h = NULL;
-  EXPECT(hixl_register_mem(e, &d, HIXL_MEM_HOST, &h), HIXL_SUCCESS);
+  if (engine_memory) {
+    void *p = NULL;
+    EXPECT(hixl_alloc_host_mem(e, size, &p, &h), HIXL_SUCCESS);
+    if (p == NULL) return 1;
+    mem = p;
+    CHECK((uintptr_t)mem % 4096 == 0);
+    int zero = 1;
+    for (size_t i = 0; i < size; i++) zero &= mem[i] == 0;
+    CHECK(zero);
+  } else {
+    mem = malloc(size);
+    hixl_mem_desc d;
+    memset(&d, 0, sizeof d);
+    d.addr = (uintptr_t)mem;
+    d.len = size;
+    EXPECT(hixl_register_mem(e, &d, HIXL_MEM_HOST, &h), HIXL_SUCCESS);
+  }
+  CHECK(h != NULL);
+  for (size_t i = 0; i < size; i++) mem[i] = pattern(i);
   char name[128];
   size_t len = 0;
   EXPECT(hixl_local_engine(e, name, sizeof name, &len), HIXL_SUCCESS);
@@ -108,9 +123,11 @@ static int server(size_t size) {
     }
     fflush(stdout);
   }
+  EXPECT(hixl_deregister_mem(e, h), HIXL_SUCCESS);
+  EXPECT(hixl_deregister_mem(e, h), HIXL_PARAM_INVALID);
   EXPECT(hixl_finalize(e), HIXL_SUCCESS);
   hixl_destroy(e);
-  free(mem);
+  if (!engine_memory) free(mem); /* engine memory is the engine's: freed by it */
   return failures ? 1 : 0;
 }
 
@@ -172,6 +189,66 @@ static void local_only(void) {
   free(mine);
 }
 
+/* hixl_alloc_host_mem with two engines in this process: random data moved both ways between
+ * engine-allocated buffers (over the same-host path where the kernel allows it), the statuses
+ * of bad input, and deregistration while linked. */
+static void engine_memory(void) {
+  const size_t size = 1 << 20;
+  hixl_engine *srv = NULL, *cli = NULL;
+  void *p = NULL;
+  hixl_mem_handle hs = NULL, hc = NULL;
+  EXPECT(hixl_create(&srv), HIXL_SUCCESS);
+  EXPECT(hixl_create(&cli), HIXL_SUCCESS);
+  EXPECT(hixl_alloc_host_mem(srv, size, &p, &hs), HIXL_FAILED); /* not initialized */
+  EXPECT(hixl_alloc_host_mem((hixl_engine *)(uintptr_t)0x1234, size, &p, &hs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_alloc_host_mem(NULL, size, &p, &hs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_initialize(srv, "127.0.0.1:0", NULL, NULL, 0), HIXL_SUCCESS);
+  EXPECT(hixl_initialize(cli, "127.0.0.1", NULL, NULL, 0), HIXL_SUCCESS);
+  EXPECT(hixl_alloc_host_mem(srv, 0, &p, &hs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_alloc_host_mem(srv, size, NULL, &hs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_alloc_host_mem(srv, size, &p, NULL), HIXL_PARAM_INVALID);
+  EXPECT(hixl_alloc_host_mem(srv, SIZE_MAX, &p, &hs), HIXL_RESOURCE_EXHAUSTED);
+  CHECK(p == NULL && hs == NULL); /* nothing written on failure */
+  EXPECT(hixl_alloc_host_mem(srv, size, &p, &hs), HIXL_SUCCESS);
+  unsigned char *kv = p;
+  p = NULL;
+  EXPECT(hixl_alloc_host_mem(cli, size, &p, &hc), HIXL_SUCCESS);
+  unsigned char *mine = p;
+  if (kv == NULL || mine == NULL) return;
+  CHECK(hs != NULL && hc != NULL);
+  char name[128];
+  EXPECT(hixl_local_engine(srv, name, sizeof name, NULL), HIXL_SUCCESS);
+  EXPECT(hixl_connect(cli, name, 1000), HIXL_SUCCESS);
+  /* WRITE random bytes at odd offsets, READ them back elsewhere, compare in both buffers */
+  for (size_t i = 0; i < size / 2; i++) mine[i] = rnd();
+  hixl_transfer_op_desc w[2] = {desc(mine, 3, (uintptr_t)kv, 4099, 70001),
+                                desc(mine, 100000, (uintptr_t)kv, 300001, 200003)};
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_WRITE, w, 2, 1000), HIXL_SUCCESS);
+  CHECK(memcmp(kv + 4099, mine + 3, 70001) == 0);
+  CHECK(memcmp(kv + 300001, mine + 100000, 200003) == 0);
+  hixl_transfer_op_desc r = desc(mine, size / 2, (uintptr_t)kv, 300001, 200003);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_READ, &r, 1, 1000), HIXL_SUCCESS);
+  CHECK(memcmp(mine + size / 2, mine + 100000, 200003) == 0);
+  /* ranges are checked against the buffers like any region */
+  hixl_transfer_op_desc bad = desc(mine, size - 8, (uintptr_t)kv, 0, 64);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_WRITE, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  bad = desc(mine, 0, (uintptr_t)kv, size - 8, 64);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_READ, &bad, 1, 1000), HIXL_PARAM_INVALID);
+  /* freed while linked: fine; the client's own buffer is then no longer a local region */
+  EXPECT(hixl_deregister_mem(srv, hs), HIXL_SUCCESS);
+  EXPECT(hixl_deregister_mem(srv, hs), HIXL_PARAM_INVALID);
+  EXPECT(hixl_deregister_mem(cli, hc), HIXL_SUCCESS);
+  hixl_transfer_op_desc gone = desc(mine, 0, (uintptr_t)kv, 0, 64);
+  EXPECT(hixl_transfer_sync(cli, name, HIXL_WRITE, &gone, 1, 1000), HIXL_PARAM_INVALID);
+  /* another buffer while linked, freed by finalize */
+  EXPECT(hixl_alloc_host_mem(cli, 4096, &p, &hc), HIXL_SUCCESS);
+  EXPECT(hixl_disconnect(cli, name, 1000), HIXL_SUCCESS);
+  EXPECT(hixl_finalize(cli), HIXL_SUCCESS);
+  EXPECT(hixl_alloc_host_mem(cli, 4096, &p, &hc), HIXL_FAILED);
+  hixl_destroy(cli);
+  hixl_destroy(srv);
+}
+
 static int client(const char *name, uintptr_t raddr, size_t rlen) {
   const size_t size = 1 << 20;
   rng_state = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ 0x9e3779b97f4a7c15ull;
@@ -179,6 +256,7 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
   unsigned char *other = calloc(4096, 1);
 
   local_only();
+  engine_memory();
 
   /* handles and pointers */
   EXPECT(hixl_create(NULL), HIXL_PARAM_INVALID);
@@ -389,9 +467,10 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 3 && strcmp(argv[1], "server") == 0) return server(strtoul(argv[2], NULL, 10));
+  if ((argc == 3 || argc == 4) && strcmp(argv[1], "server") == 0)
+    return server(strtoul(argv[2], NULL, 10), argc == 4 && strcmp(argv[3], "engine") == 0);
   if (argc == 5 && strcmp(argv[1], "client") == 0)
     return client(argv[2], (uintptr_t)strtoull(argv[3], NULL, 10), strtoul(argv[4], NULL, 10));
-  fprintf(stderr, "usage: capi_test server SIZE | client NAME ADDR LEN\n");
+  fprintf(stderr, "usage: capi_test server SIZE [caller|engine] | client NAME ADDR LEN\n");
   return 2;
 }

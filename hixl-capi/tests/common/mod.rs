@@ -243,11 +243,23 @@ pub fn needed(elf: &Path) -> Option<Vec<String>> {
 }
 
 /// Builds `source` (under `tests/`) with `compiler` and `flags`, linked with `-l<lib>` (checks
-/// that the program needs `lib<lib>.so`, when `readelf` is there), runs it as `server 1048576`
-/// and `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes` lines)
-/// and the one notification `kv ready`.
-pub fn two_processes(compiler: &str, flags: &[&str], lib: &str, source: &str, writes: usize) {
-    let dir = scratch(source.rsplit('/').next().unwrap_or(source));
+/// that the program needs `lib<lib>.so`, when `readelf` is there), runs it as `server 1048576
+/// MEMORY` and `client NAME ADDR LEN`, and checks on the server what the client wrote (`writes`
+/// lines) and the one notification `kv ready`. `memory` is what the server serves: `caller`
+/// (its own memory, registered) or `engine` (allocated by the engine: the same-host peer maps
+/// it).
+pub fn two_processes(
+    compiler: &str,
+    flags: &[&str],
+    lib: &str,
+    source: &str,
+    writes: usize,
+    memory: &str,
+) {
+    let dir = scratch(&format!(
+        "{}-{memory}",
+        source.rsplit('/').next().unwrap_or(source)
+    ));
     let exe = dir.join("program");
     build(
         compiler,
@@ -265,7 +277,7 @@ pub fn two_processes(compiler: &str, flags: &[&str], lib: &str, source: &str, wr
         ),
         None => eprintln!("not checked: no working `readelf` for the program's DT_NEEDED"),
     }
-    let mut server = Server::spawn(Command::new(&exe).args(["server", "1048576"]));
+    let mut server = Server::spawn(Command::new(&exe).args(["server", "1048576", memory]));
     let wrote = run_client(Command::new(&exe).args([
         "client",
         &server.name,

@@ -3,7 +3,9 @@
 // -ftrapv -fno-common -Wfloat-equal -Wall -Werror -Wextra`), linked with `-lcann_hixl` as
 // HIXL's examples are, and run as two processes by tests/cpp.rs.
 //
-//   hixl_style server SIZE            READY <name> <addr> <len>; then sum / notifies / quit
+//   hixl_style server SIZE [MEMORY]   READY <name> <addr> <len>; then sum / notifies / quit;
+//                                     MEMORY `caller` (its own, the default) or `engine`
+//                                     (AllocHostMem, a hixl extension)
 //   hixl_style client NAME ADDR LEN   connect, WRITE and READ random data, async + polling,
 //                                     notify; prints WROTE <off> <len> <fnv1a>, then PASS
 #include "hixl/hixl.h"
@@ -128,17 +130,69 @@ void LocalOnly() {
   server.Finalize();
 }
 
-int Server(size_t size) {
+// AllocHostMem (a hixl extension) with two engines in this process: random data between
+// engine-allocated buffers both ways, bad input, freeing while linked.
+void EngineMemory() {
+  Hixl server, client;
+  std::map<AscendString, AscendString> none;
+  void *p = nullptr;
+  MemHandle hs = nullptr, hc = nullptr;
+  EXPECT(server.AllocHostMem(4096, p, hs), FAILED);  // not initialized
+  EXPECT(server.Initialize("127.0.0.1:0", none), SUCCESS);
+  EXPECT(client.Initialize("127.0.0.1", none), SUCCESS);
+  EXPECT(server.AllocHostMem(0, p, hs), PARAM_INVALID);
+  EXPECT(server.AllocHostMem(SIZE_MAX, p, hs), RESOURCE_EXHAUSTED);
+  CHECK(p == nullptr && hs == nullptr);
+  const size_t size = 1 << 20;
+  EXPECT(server.AllocHostMem(size, p, hs), SUCCESS);
+  auto *kv = static_cast<unsigned char *>(p);
+  EXPECT(client.AllocHostMem(size, p, hc), SUCCESS);
+  auto *mine = static_cast<unsigned char *>(p);
+  if (kv == nullptr || mine == nullptr) return;
+  AscendString name;
+  EXPECT(server.GetLocalEngine(name), SUCCESS);
+  EXPECT(client.Connect(name), SUCCESS);
+  std::mt19937_64 rng(std::random_device{}());
+  for (size_t i = 0; i < size / 2; i++) mine[i] = static_cast<unsigned char>(rng());
+  const auto at = [](unsigned char *b, size_t off) { return reinterpret_cast<uintptr_t>(b) + off; };
+  EXPECT(client.TransferSync(name, WRITE, {{at(mine, 1), at(kv, 8191), 300007}}), SUCCESS);
+  CHECK(std::memcmp(kv + 8191, mine + 1, 300007) == 0);
+  EXPECT(client.TransferSync(name, READ, {{at(mine, size / 2), at(kv, 8191), 300007}}), SUCCESS);
+  CHECK(std::memcmp(mine + size / 2, mine + 1, 300007) == 0);
+  EXPECT(client.TransferSync(name, READ, {{at(mine, 0), at(kv, size - 8), 64}}), PARAM_INVALID);
+  EXPECT(server.DeregisterMem(hs), SUCCESS);
+  EXPECT(server.DeregisterMem(hs), PARAM_INVALID);
+  EXPECT(client.DeregisterMem(hc), SUCCESS);
+  EXPECT(client.TransferSync(name, WRITE, {{at(mine, 0), at(kv, 0), 64}}), PARAM_INVALID);
+  EXPECT(client.Disconnect(name), SUCCESS);
+  client.Finalize();
+  server.Finalize();
+}
+
+int Server(size_t size, bool engine_memory) {
   Hixl engine;
   std::map<AscendString, AscendString> options;
   EXPECT(engine.Initialize("127.0.0.1:0", options), SUCCESS);
-  std::vector<unsigned char> mem(size);
+  std::vector<unsigned char> own;
+  unsigned char *mem = nullptr;
+  MemHandle handle = nullptr;
+  if (engine_memory) {
+    void *p = nullptr;
+    EXPECT(engine.AllocHostMem(size, p, handle), SUCCESS);
+    if (p == nullptr) return 1;
+    mem = static_cast<unsigned char *>(p);
+  } else {
+    own.resize(size);
+    mem = own.data();
+    MemDesc desc{};
+    desc.addr = reinterpret_cast<uintptr_t>(mem);
+    desc.len = size;
+    EXPECT(engine.RegisterMem(desc, MEM_HOST, handle), SUCCESS);
+  }
   for (size_t i = 0; i < size; i++) mem[i] = Pattern(i);
   MemDesc desc{};
-  desc.addr = reinterpret_cast<uintptr_t>(mem.data());
-  desc.len = mem.size();
-  MemHandle handle = nullptr;
-  EXPECT(engine.RegisterMem(desc, MEM_HOST, handle), SUCCESS);
+  desc.addr = reinterpret_cast<uintptr_t>(mem);
+  desc.len = size;
   AscendString name;
   EXPECT(engine.GetLocalEngine(name), SUCCESS);
   if (failures) return 1;
@@ -149,7 +203,7 @@ int Server(size_t size) {
     if (std::sscanf(line.c_str(), "sum %lu %lu", &off, &n) == 2 && off + n <= size) {
       char hex[32];
       std::snprintf(hex, sizeof hex, "%016llx",
-                    static_cast<unsigned long long>(Fnv1a(mem.data() + off, n)));
+                    static_cast<unsigned long long>(Fnv1a(mem + off, n)));
       std::cout << "SUM " << hex << std::endl;
     } else if (line == "notifies") {
       std::vector<NotifyDesc> notifies;
@@ -169,6 +223,7 @@ int Server(size_t size) {
 int Client(const char *remote, uintptr_t raddr, size_t rlen) {
   AscendStrings();
   LocalOnly();
+  EngineMemory();
   Hixl engine;
   std::map<AscendString, AscendString> options;
   options[OPTION_RDMA_TRAFFIC_CLASS] = "132";
@@ -266,11 +321,12 @@ int Client(const char *remote, uintptr_t raddr, size_t rlen) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc == 3 && std::strcmp(argv[1], "server") == 0)
-    return Server(std::strtoul(argv[2], nullptr, 10));
+  if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "server") == 0)
+    return Server(std::strtoul(argv[2], nullptr, 10),
+                  argc == 4 && std::strcmp(argv[3], "engine") == 0);
   if (argc == 5 && std::strcmp(argv[1], "client") == 0)
     return Client(argv[2], static_cast<uintptr_t>(std::strtoull(argv[3], nullptr, 10)),
                   std::strtoul(argv[4], nullptr, 10));
-  std::cerr << "usage: hixl_style server SIZE | client NAME ADDR LEN\n";
+  std::cerr << "usage: hixl_style server SIZE [caller|engine] | client NAME ADDR LEN\n";
   return 2;
 }

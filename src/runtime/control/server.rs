@@ -339,12 +339,6 @@ pub(crate) struct ServerShared {
     pub(super) span: tracing::Span,
 }
 
-/// A fence its client will never use again: revoked (it starts no batch) and settled (none in
-/// flight, or the client is gone).
-fn spent(f: &ServerFence) -> bool {
-    f.is_revoked() && f.settled()
-}
-
 impl ServerShared {
     /// How long a link without a lane is kept for its client to rejoin: the I/O timeout.
     pub(super) fn orphan_grace(&self) -> Duration {
@@ -361,7 +355,7 @@ impl ServerShared {
     /// none in flight.
     pub(super) fn prune_fences(&self) {
         if let Some(fences) = lock(&self.fences).as_mut() {
-            fences.retain(|f| !spent(f));
+            fences.retain(|f| !f.spent());
         }
     }
 
@@ -371,7 +365,7 @@ impl ServerShared {
         let mut fences = lock(&self.fences);
         match fences.as_mut() {
             Some(list) => {
-                list.retain(|f| !spent(f));
+                list.retain(|f| !f.spent());
                 list.push(fence.clone());
                 true
             }
@@ -459,6 +453,13 @@ impl Server {
     /// The regions served now.
     pub fn regions(&self) -> Snapshot {
         self.shared.table.snapshot()
+    }
+
+    /// The fences of every same-host link that may still reach served memory: links open or
+    /// being opened (a fence is recorded before its link takes the region table), so called
+    /// after a region left the table, these are all the links that can have it in theirs.
+    pub(crate) fn live_fences(&self) -> Vec<Arc<ServerFence>> {
+        lock(&self.shared.fences).clone().unwrap_or_default()
     }
 
     /// The table served (it changes under the compat engine's live registrations).

@@ -230,6 +230,22 @@ impl LinkShared {
         self.paths[0].kind()
     }
 
+    /// The transport that moves batches on region `id` of the peer's table (the first data
+    /// path that covers it, as for a batch).
+    pub(crate) fn transport_of(&self, id: u32) -> TransportKind {
+        let probe = [crate::types::BatchDesc {
+            local: 0,
+            remote: crate::types::WireDesc {
+                region: id,
+                offset: 0,
+                len: 1,
+            },
+        }];
+        (self.paths.iter())
+            .find(|p| p.covers(&probe))
+            .map_or(TransportKind::Tcp, |p| p.kind())
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.lanes.is_closed()
     }

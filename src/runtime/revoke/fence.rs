@@ -114,8 +114,10 @@ impl Revocable for ServerFence {
     fn revoke(&self) {
         ServerFence::revoke(self)
     }
+    /// [`ServerFence::spent`]: a fence that is not revoked belongs to a live link, whose client
+    /// may start a batch at any time (the quarantine holds memory such a link could reach).
     fn settled(&self) -> bool {
-        ServerFence::settled(self)
+        ServerFence::spent(self)
     }
     fn abandon(&self) -> bool {
         ServerFence::abandon(self)
@@ -246,6 +248,12 @@ impl ServerFence {
     /// (and, once revoked, will start none), or its process is gone.
     pub fn settled(&self) -> bool {
         self.page.words().idle() || self.client.exited()
+    }
+
+    /// Whether its client will never touch the memory again: revoked (it starts no batch) and
+    /// settled (none in flight, or the client is gone).
+    pub fn spent(&self) -> bool {
+        self.is_revoked() && self.settled()
     }
 
     /// Gives up waiting: batches still in flight will report failure. Returns whether the fence

@@ -9,8 +9,14 @@
 //! settled (the client left the fence, or its process is gone). A background thread (started on
 //! first use) frees it then.
 //!
-//! Each quarantine is reported with a `tracing` warning and counted in the engine's
-//! [`Metrics`](crate::Metrics) (`quarantined_regions`, `quarantined_bytes`, `quarantines`).
+//! The same holds memory the compat engine frees while links exist (an engine-allocated buffer
+//! deregistered while linked): it is withdrawn from the table, and its allocation is kept until
+//! every same-host link that may have it in its table has ended (its fence revoked and
+//! settled), as a link's one-sided access to it cannot be taken back alone.
+//!
+//! Each quarantine is reported with a `tracing` warning (a `debug!` event for memory held for
+//! live links) and counted in the engine's [`Metrics`](crate::Metrics) (`quarantined_regions`,
+//! `quarantined_bytes`, `quarantines`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -116,11 +122,20 @@ pub(crate) fn hold(
     stats.regions.fetch_add(1, Ordering::SeqCst);
     stats.bytes.fetch_add(raw.len(), Ordering::SeqCst);
     stats.total.fetch_add(1, Ordering::SeqCst);
-    tracing::warn!(
-        len = raw.len(),
-        clients = blockers.len(),
-        "memory quarantined: a same-host client did not confirm it stopped writing; its owner got a copy"
-    );
+    if blockers.iter().any(|f| f.is_revoked() && !f.settled()) {
+        tracing::warn!(
+            len = raw.len(),
+            clients = blockers.len(),
+            "memory quarantined: a same-host client did not confirm it stopped writing; its owner got a copy"
+        );
+    } else {
+        // withdrawn from a serving engine (the compat engine's deregistration while linked)
+        tracing::debug!(
+            len = raw.len(),
+            links = blockers.len(),
+            "memory held until the same-host links that may reach it end"
+        );
+    }
     let q = quarantine();
     lock(&q.held).push(Held {
         raw,
