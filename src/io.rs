@@ -14,9 +14,12 @@ use crate::wire::{self, WireError};
 
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
-/// Most bytes one receive into registered memory asks for. Smaller reads let the kernel keep
-/// the stream moving (measured: large READs gained about 40% at 16 MiB against unbounded reads).
-const DIRECT_MAX: usize = 512 << 10;
+/// Most bytes one receive into registered memory asks for. Shorter reads let the kernel keep
+/// the stream moving: large READs gained about 40% at 16 MiB against unbounded reads, and, with
+/// pieces gathered many to a call and waited for whole, 128 KiB a call against 512 KiB moved
+/// 4 KiB to 1 MiB blocks 5-15% faster on loopback (measured both ways, WRITE and READ rows of
+/// `examples/bench`, 2026-12-02).
+const DIRECT_MAX: usize = 128 << 10;
 
 /// The pace a peer must keep to hold a serving worker: at least this many bytes in each
 /// patience interval (64 KiB per 5 ms: about 13 MB/s); a slower one is parked between its bytes.
@@ -39,8 +42,9 @@ pub(crate) fn advance(iov: &mut [IoVec], i: &mut usize, mut n: usize) {
 /// [`DIRECT_MAX`] bytes (the last one cut), copied into `part`; returns how many.
 ///
 /// Pieces of any size go many to a call and the call waits for all of them (`MSG_WAITALL`
-/// where it may block): one wake-up and one system call per half MiB, whatever the block size
-/// (measured, 8192 pieces of 32 KiB: one `recvmsg` each had cost more than the copies it made).
+/// where it may block): one system call per [`DIRECT_MAX`] bytes, whatever the block size
+/// (measured, 8192 pieces of 32 KiB: one `recvmsg` each cost a tenth more CPU per byte, and a
+/// READ's small pieces through the lane's buffer an extra copy).
 fn gather(iov: &[IoVec], pos: usize, part: &mut [IoVec; RECV_IOVS]) -> usize {
     let (mut cnt, mut bytes) = (0, 0);
     for v in &iov[pos..] {
@@ -232,8 +236,8 @@ impl Sock {
         unsafe { self.io_all(Dir::Send, iov, deadline) }
     }
 
-    /// Receives exactly the bytes described by `iov`, in calls of up to half a MiB each waited
-    /// for whole (`MSG_WAITALL`, see `gather`), by `deadline`.
+    /// Receives exactly the bytes described by `iov`, in calls of up to [`DIRECT_MAX`] bytes
+    /// each waited for whole (`MSG_WAITALL`, see `gather`), by `deadline`.
     ///
     /// # Safety
     /// Every iovec must describe memory valid for writes of any byte values for the whole call.
@@ -780,6 +784,82 @@ mod tests {
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, Sock::new(s).unwrap())
+    }
+
+    /// A frame header and payload pieces of every size class (tiny, 4 KiB, larger than a
+    /// receive, odd): bytes already buffered go first, the rest is gathered straight into the
+    /// targets whatever the sender's chunking, and nothing lands outside them.
+    #[test]
+    fn recv_into_fills_every_target_in_order() {
+        let (mut c, mut sock) = pair();
+        let lens = [
+            8usize,
+            4096,
+            4096,
+            300_001,
+            1,
+            DIRECT_MAX,
+            65_536,
+            7,
+            3 * DIRECT_MAX + 5,
+        ];
+        let total: usize = lens.iter().sum();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let payload: Vec<u8> = (0..total)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let head = b"HEADER..".to_vec();
+        let sent = payload.clone();
+        let writer = std::thread::spawn(move || {
+            // the header and the first bytes in one write (they end up buffered), then chunks
+            // of uneven sizes
+            let first = 1000;
+            c.write_all(&[&head[..], &sent[..first]].concat()).unwrap();
+            let mut at = first;
+            let mut step = 1;
+            while at < sent.len() {
+                let n = step.min(sent.len() - at);
+                c.write_all(&sent[at..at + n]).unwrap();
+                at += n;
+                step = step * 3 % 200_003 + 1;
+            }
+            c
+        });
+        let mut inb = Inbound::new();
+        let deadline = Some(Instant::now() + Duration::from_secs(20));
+        inb.fill(&mut sock, 8, deadline).unwrap();
+        assert_eq!(inb.take(8), b"HEADER..");
+        // targets with a guard byte on each side
+        let mut dst = vec![0xA5u8; total + 2 * lens.len()];
+        let mut targets = Vec::new();
+        let mut at = 1;
+        for &l in &lens {
+            targets.push(IoVec {
+                base: dst.as_mut_ptr() as usize + at,
+                len: l,
+            });
+            at += l + 2;
+        }
+        // SAFETY: every target lies in `dst`, alive and not otherwise used for the call.
+        unsafe { inb.recv_into(&mut sock, &mut targets, deadline) }.unwrap();
+        let (mut at, mut from) = (1, 0);
+        for &l in &lens {
+            assert_eq!(dst[at - 1], 0xA5, "a byte landed before a target");
+            assert!(
+                dst[at..at + l] == payload[from..from + l],
+                "piece of {l} bytes differs"
+            );
+            assert_eq!(dst[at + l], 0xA5, "a byte landed after a target");
+            at += l + 2;
+            from += l;
+        }
+        assert_eq!(inb.buffered(), 0);
+        drop(writer.join().unwrap());
     }
 
     #[test]
