@@ -14,12 +14,17 @@ use crate::wire::{self, WireError};
 
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
-/// Most bytes one receive into registered memory asks for. Shorter reads let the kernel keep
-/// the stream moving: large READs gained about 40% at 16 MiB against unbounded reads, and, with
-/// pieces gathered many to a call and waited for whole, 128 KiB a call against 512 KiB moved
-/// 4 KiB to 1 MiB blocks 5-15% faster on loopback (measured both ways, WRITE and READ rows of
-/// `examples/bench`, 2026-12-02).
+/// Pieces at least this large are received straight into their target, several to a call,
+/// and the call waits for all of them (`MSG_WAITALL` where it may block).
+const DIRECT_MIN: usize = 32 << 10;
+/// Most bytes one receive of large pieces asks for. Shorter reads let the kernel keep the
+/// stream moving: large READs gained about 40% at 16 MiB against unbounded reads, and 128 KiB a
+/// call against 512 KiB moved 64 KiB to 1 MiB blocks up to 15% faster on loopback (WRITE and
+/// READ rows of `examples/bench`, interleaved, 2026-12-02).
 const DIRECT_MAX: usize = 128 << 10;
+/// Most bytes one receive of small pieces asks for: they go many to a call, which returns with
+/// what has arrived (waiting for all of them cost 4 KiB WRITEs 8-15%, measured the same way).
+const SMALL_MAX: usize = 512 << 10;
 
 /// The pace a peer must keep to hold a serving worker: at least this many bytes in each
 /// patience interval (64 KiB per 5 ms: about 13 MB/s); a slower one is parked between its bytes.
@@ -38,25 +43,28 @@ pub(crate) fn advance(iov: &mut [IoVec], i: &mut usize, mut n: usize) {
     }
 }
 
-/// The next receive's iovecs: from `iov[pos..]`, at most [`RECV_IOVS`] of them and
-/// [`DIRECT_MAX`] bytes (the last one cut), copied into `part`; returns how many.
+/// The next receive's iovecs from `iov[pos..]` (whose first piece is not empty), copied into
+/// `part`: a run of large pieces ([`DIRECT_MIN`] or more), at most [`DIRECT_MAX`] bytes, to be
+/// waited for whole; or a run of small ones, at most [`SMALL_MAX`] bytes; at most [`RECV_IOVS`]
+/// pieces either way, the last one cut. Returns how many, and whether to wait for all of them.
 ///
-/// Pieces of any size go many to a call and the call waits for all of them (`MSG_WAITALL`
-/// where it may block): one system call per [`DIRECT_MAX`] bytes, whatever the block size
-/// (measured, 8192 pieces of 32 KiB: one `recvmsg` each cost a tenth more CPU per byte, and a
-/// READ's small pieces through the lane's buffer an extra copy).
-fn gather(iov: &[IoVec], pos: usize, part: &mut [IoVec; RECV_IOVS]) -> usize {
+/// Gathering large pieces many to a call matters for batches of many 32 KiB blocks: one
+/// `recvmsg` per piece cost a tenth more CPU per byte (8192 pieces of 32 KiB, client and server
+/// together), and a READ's pieces through the lane's buffer an extra copy.
+fn gather(iov: &[IoVec], pos: usize, part: &mut [IoVec; RECV_IOVS]) -> (usize, bool) {
+    let large = iov[pos].len >= DIRECT_MIN;
+    let max = if large { DIRECT_MAX } else { SMALL_MAX };
     let (mut cnt, mut bytes) = (0, 0);
     for v in &iov[pos..] {
-        if cnt == RECV_IOVS || bytes == DIRECT_MAX {
+        if cnt == RECV_IOVS || bytes == max || (cnt > 0 && (v.len >= DIRECT_MIN) != large) {
             break;
         }
-        let len = v.len.min(DIRECT_MAX - bytes);
+        let len = v.len.min(max - bytes);
         part[cnt] = IoVec { base: v.base, len };
         cnt += 1;
         bytes += len;
     }
-    cnt
+    (cnt, large)
 }
 
 /// Most iovecs one patient receive passes to the kernel.
@@ -236,8 +244,8 @@ impl Sock {
         unsafe { self.io_all(Dir::Send, iov, deadline) }
     }
 
-    /// Receives exactly the bytes described by `iov`, in calls of up to [`DIRECT_MAX`] bytes
-    /// each waited for whole (`MSG_WAITALL`, see `gather`), by `deadline`.
+    /// Receives exactly the bytes described by `iov` by `deadline`, each call a run of pieces of
+    /// one size class (`gather`; large ones waited for whole with `MSG_WAITALL`).
     ///
     /// # Safety
     /// Every iovec must describe memory valid for writes of any byte values for the whole call.
@@ -253,15 +261,16 @@ impl Sock {
             }
             self.arm(Dir::Recv, deadline)?;
             let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
-            let cnt = gather(iov, i, &mut part);
+            let (cnt, whole) = gather(iov, i, &mut part);
             // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout of
             // `libc::iovec` that stay alive for the call (`part`, parts of the caller's ranges).
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = part.as_mut_ptr().cast::<libc::iovec>();
             msg.msg_iovlen = cnt as _;
+            let flags = if whole { libc::MSG_WAITALL } else { 0 };
             // SAFETY: `fd` is an open socket; the iovecs describe writable memory (the caller's
             // contract). MSG_WAITALL returns early only on a timeout, a signal or the end.
-            let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_WAITALL) };
+            let n = unsafe { libc::recvmsg(fd, &mut msg, flags) };
             if n < 0 {
                 retry_or_fail(deadline)?;
                 continue;
@@ -373,16 +382,17 @@ impl Sock {
             }
             let blocking = can_block && !probing;
             let flags = if blocking { 0 } else { libc::MSG_DONTWAIT };
-            // receiving, at most DIRECT_MAX bytes a call, waited for whole when blocking
-            // (`gather`; measured: 1 MiB pieces ran 7% slower without MSG_WAITALL)
+            // receiving, a run of pieces of one size class (`gather`), large ones waited for
+            // whole when blocking (measured: 1 MiB pieces ran 7% slower without MSG_WAITALL)
             let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
-            let (ptr, cnt) = if send {
+            let (ptr, cnt, whole) = if send {
                 let cnt = (iov.len() - *pos).min(IOV_MAX);
-                (iov[*pos..].as_mut_ptr(), cnt)
+                (iov[*pos..].as_mut_ptr(), cnt, false)
             } else {
-                (part.as_mut_ptr(), gather(iov, *pos, &mut part))
+                let (cnt, whole) = gather(iov, *pos, &mut part);
+                (part.as_mut_ptr(), cnt, whole)
             };
-            let waitall = if !send && blocking {
+            let waitall = if !send && blocking && whole {
                 libc::MSG_WAITALL
             } else {
                 0
