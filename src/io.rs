@@ -179,7 +179,9 @@ impl Sock {
         Ok(())
     }
 
-    /// Moves every byte described by `iov` (which it consumes as it goes).
+    /// Moves every byte described by `iov` (which it consumes as it goes) by `deadline`:
+    /// sending, up to [`IOV_MAX`] pieces a call; receiving, a run of pieces of one size class a
+    /// call (`gather`; large ones waited for whole with `MSG_WAITALL`).
     ///
     /// # Safety
     /// For `Send`, every iovec must describe memory valid for reads; for `Recv`, valid for
@@ -192,6 +194,7 @@ impl Sock {
     ) -> io::Result<()> {
         let fd = self.stream.as_raw_fd();
         let mut i = 0;
+        let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
         loop {
             while i < iov.len() && iov[i].len == 0 {
                 i += 1;
@@ -200,22 +203,32 @@ impl Sock {
                 return Ok(());
             }
             self.arm(dir, deadline)?;
-            let cnt = (iov.len() - i).min(IOV_MAX);
-            let p = iov[i..].as_mut_ptr().cast::<libc::iovec>();
-            let n = match dir {
-                Dir::Send => {
-                    // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout
-                    // of `libc::iovec` (asserted above) that stay alive for the call.
-                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-                    msg.msg_iov = p;
-                    msg.msg_iovlen = cnt as _;
-                    // SAFETY: `fd` is an open socket; the iovecs describe readable memory (the
-                    // caller's contract). MSG_NOSIGNAL turns SIGPIPE into EPIPE.
-                    unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) }
+            let (p, cnt, flags) = match dir {
+                Dir::Send => (
+                    iov[i..].as_mut_ptr(),
+                    (iov.len() - i).min(IOV_MAX),
+                    libc::MSG_NOSIGNAL,
+                ),
+                Dir::Recv => {
+                    let (cnt, whole) = gather(iov, i, &mut part);
+                    let flags = if whole { libc::MSG_WAITALL } else { 0 };
+                    (part.as_mut_ptr(), cnt, flags)
                 }
+            };
+            // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout of
+            // `libc::iovec` (asserted above) that stay alive for the call (`iov`, or `part`,
+            // which describes parts of the same ranges).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = p.cast::<libc::iovec>();
+            msg.msg_iovlen = cnt as _;
+            let n = match dir {
+                // SAFETY: `fd` is an open socket; the iovecs describe readable memory (the
+                // caller's contract). MSG_NOSIGNAL turns SIGPIPE into EPIPE.
+                Dir::Send => unsafe { libc::sendmsg(fd, &msg, flags) },
                 // SAFETY: `fd` is an open socket; the iovecs describe writable memory (the
-                // caller's contract) and stay alive for the call.
-                Dir::Recv => unsafe { libc::readv(fd, p, cnt as libc::c_int) },
+                // caller's contract). MSG_WAITALL returns early only on a timeout, a signal or
+                // the end.
+                Dir::Recv => unsafe { libc::recvmsg(fd, &mut msg, flags) },
             };
             if n < 0 {
                 retry_or_fail(deadline)?;
@@ -242,47 +255,6 @@ impl Sock {
     ) -> io::Result<()> {
         // SAFETY: forwarded caller contract.
         unsafe { self.io_all(Dir::Send, iov, deadline) }
-    }
-
-    /// Receives exactly the bytes described by `iov` by `deadline`, each call a run of pieces of
-    /// one size class (`gather`; large ones waited for whole with `MSG_WAITALL`).
-    ///
-    /// # Safety
-    /// Every iovec must describe memory valid for writes of any byte values for the whole call.
-    unsafe fn recv_all(&mut self, iov: &mut [IoVec], deadline: Option<Instant>) -> io::Result<()> {
-        let fd = self.stream.as_raw_fd();
-        let mut i = 0;
-        loop {
-            while i < iov.len() && iov[i].len == 0 {
-                i += 1;
-            }
-            if i == iov.len() {
-                return Ok(());
-            }
-            self.arm(Dir::Recv, deadline)?;
-            let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
-            let (cnt, whole) = gather(iov, i, &mut part);
-            // SAFETY: a zeroed msghdr is valid; it points at `cnt` iovecs with the layout of
-            // `libc::iovec` that stay alive for the call (`part`, parts of the caller's ranges).
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = part.as_mut_ptr().cast::<libc::iovec>();
-            msg.msg_iovlen = cnt as _;
-            let flags = if whole { libc::MSG_WAITALL } else { 0 };
-            // SAFETY: `fd` is an open socket; the iovecs describe writable memory (the caller's
-            // contract). MSG_WAITALL returns early only on a timeout, a signal or the end.
-            let n = unsafe { libc::recvmsg(fd, &mut msg, flags) };
-            if n < 0 {
-                retry_or_fail(deadline)?;
-                continue;
-            }
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection",
-                ));
-            }
-            advance(iov, &mut i, n as usize);
-        }
     }
 
     /// Sends a byte slice.
@@ -682,7 +654,7 @@ impl Inbound {
             advance(targets, &mut pos, take);
         }
         // SAFETY: the caller's contract for the targets.
-        unsafe { sock.recv_all(&mut targets[pos..], deadline) }
+        unsafe { sock.io_all(Dir::Recv, &mut targets[pos..], deadline) }
     }
 }
 
