@@ -639,6 +639,10 @@ impl Inbound {
     ) -> io::Result<()> {
         let mut pos = 0;
         while pos < targets.len() && self.buffered() > 0 {
+            if targets[pos].len == 0 {
+                pos += 1;
+                continue;
+            }
             let t = targets[pos];
             let take = t.len.min(self.buffered());
             // SAFETY: the source is initialised buffer memory; the target is writable (caller
@@ -768,7 +772,7 @@ mod tests {
         (c, Sock::new(s).unwrap())
     }
 
-    /// A frame header and payload pieces of every size class (tiny, 4 KiB, larger than a
+    /// A frame header and payload pieces of every size class (empty, tiny, 4 KiB, larger than a
     /// receive, odd): bytes already buffered go first, the rest is gathered straight into the
     /// targets whatever the sender's chunking, and nothing lands outside them.
     #[test]
@@ -776,10 +780,12 @@ mod tests {
         let (mut c, mut sock) = pair();
         let lens = [
             8usize,
+            0,
             4096,
             4096,
             300_001,
             1,
+            0,
             DIRECT_MAX,
             65_536,
             7,

@@ -296,6 +296,11 @@ impl EngineInner {
             b.can_withdraw(core.id).map_err(refuse)?;
         }
         let server = lock(&self.server);
+        // no server: none was started (no peer got a table), or one is being stopped, which
+        // takes its fences out of reach here. The latter cannot overlap a withdrawal: the only
+        // caller (the compat engine's deregistration) and the compat engine's stop both hold its
+        // core's write lock, and a stopped server's fences already block the regions it served
+        // (`stop`)
         if let Some(s) = server.as_ref() {
             s.table().remove(core.id);
             if core.one_sided() {

@@ -225,6 +225,11 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                     Ok(0) => {}
                     Ok(t) => break t,
                     Err(e) => {
+                        // the fence offered above is never used: revoked, so it is spent (a
+                        // fence left live would hold every region withdrawn from now on)
+                        if let Some(f) = &fence {
+                            f.revoke();
+                        }
                         let told = "the server has no random source";
                         refused(
                             &mut conn.sock,

@@ -396,8 +396,9 @@ mod loom_model {
         fn revoke(&self) {
             self.0.revoke()
         }
+        /// As [`ServerFence`]'s: revoked and idle (a fence of a live link blocks its memory).
         fn settled(&self) -> bool {
-            self.0.idle()
+            self.0.revoked.load(SeqCst) != 0 && self.0.idle()
         }
         fn abandon(&self) -> bool {
             self.0.abandon();

@@ -80,6 +80,8 @@ impl Shared {
     unsafe fn work(&self) {
         while let Some(part) = self.parts.get(self.next.fetch_add(1, Ordering::AcqRel)) {
             // SAFETY: the caller's contract; the submitter waits for every claimed part.
+            // (`run_copies` cannot unwind, so a claimed part is always finished: a part that
+            // unwound here would leave `SharedCopies` waiting for it.)
             unsafe { run_copies(part) };
             self.finish(1);
         }
@@ -139,8 +141,14 @@ fn helper() -> Option<&'static CopyHelper> {
                             q = h.cv.wait(q).unwrap_or_else(|e| e.into_inner());
                         }
                     };
-                    // SAFETY: the submitter keeps every range valid until `done` is set (it
-                    // waits for it, even while unwinding: see `WaitDone`).
+                    // SAFETY: copies: a part is copied only once claimed, and the submitter
+                    // does not return (or unwind) before every claimed part is finished
+                    // (`SharedCopies`); `process_vm_*` pairs: the submitter keeps every range
+                    // valid until `done` is set (it waits for it, even while unwinding:
+                    // `WaitDone`). The ranges are the caller's registered memory and the peer's
+                    // mapped memfd, which the peer may write at the same time: they are copied
+                    // as raw bytes, never made into Rust references, and kept mapped by the
+                    // caller's registration and the link's fence for the whole batch.
                     let r = unsafe {
                         match job.work {
                             Work::Copies(c) => {
