@@ -288,3 +288,39 @@ fn freed_with_no_link_is_released_at_once() {
     let _ = s.alloc_host_mem(8192).unwrap();
     s.finalize();
 }
+
+#[test]
+fn freed_while_linked_by_links_that_never_got_it_is_released_at_once() {
+    if !same_host() {
+        eprintln!("skipped: the same-host transport is not available here");
+        return;
+    }
+    let s = server();
+    let name = s.local_engine().unwrap();
+    let old = s.alloc_host_mem(8192).unwrap();
+    // a same-host link made before the buffer below exists: its table does not have it
+    let c = client();
+    let dst = c.alloc_host_mem(8192).unwrap();
+    c.connect(&name, 5000).unwrap();
+    assert_eq!(transport_of(&c, &name, old.addr()), TransportKind::SameHost);
+    let fresh = s.alloc_host_mem(8192).unwrap();
+    let h = fresh.handle();
+    drop(fresh);
+    s.deregister_mem(h).unwrap();
+    // no link can reach it: let go at once, not held until `c`'s link ends
+    let m = s.metrics().unwrap();
+    assert_eq!((m.quarantined_regions, m.quarantines), (0, 0));
+    // the link is untouched: it still moves data one-sidedly from the old buffer
+    let data = Rng::new(9).bytes(8192);
+    fill(&old, &data);
+    c.transfer_sync(
+        &name,
+        TransferOp::Read,
+        &[op(dst.addr(), old.addr(), 8192)],
+        10_000,
+    )
+    .unwrap();
+    assert_eq!(contents(&dst), data);
+    c.finalize();
+    s.finalize();
+}

@@ -305,8 +305,8 @@ impl EngineInner {
             s.table().remove(core.id);
             if core.one_sided() {
                 // after the removal: a link whose handshake takes the table from now on does
-                // not get the region; every one that got it recorded its fence before
-                lock(&core.blockers).extend(s.live_fences());
+                // not get the region; every one that got it listed its fence before
+                lock(&core.blockers).extend(s.fences_reaching(core.id));
             }
         }
         drop(server);

@@ -331,14 +331,25 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
             }
         }
     };
+    let table = match hello.role {
+        LaneRole::NewLink => shared.table.entries(fence.is_some()),
+        LaneRole::Join => Vec::new(),
+    };
+    if let Some(f) = &fence {
+        // what this link can reach one-sidedly, recorded after the table was taken (a region
+        // withdrawn meanwhile counts this fence until then: `ServerFence::may_reach`)
+        f.offered(
+            (table.iter())
+                .filter(|e| e.fd != wire::FD_TCP_ONLY)
+                .map(|e| e.id)
+                .collect(),
+        );
+    }
     Welcome {
         instance: shared.instance,
         token,
         pid: std::process::id(),
-        table: match hello.role {
-            LaneRole::NewLink => shared.table.entries(fence.is_some()),
-            LaneRole::Join => Vec::new(),
-        },
+        table,
         host: if same_host { shared.host } else { None },
         fence: fence.as_ref().map_or(-1, |f| f.fd()),
     }

@@ -455,11 +455,16 @@ impl Server {
         self.shared.table.snapshot()
     }
 
-    /// The fences of every same-host link that may still reach served memory: links open or
-    /// being opened (a fence is recorded before its link takes the region table), so called
-    /// after a region left the table, these are all the links that can have it in theirs.
-    pub(crate) fn live_fences(&self) -> Vec<Arc<ServerFence>> {
-        lock(&self.shared.fences).clone().unwrap_or_default()
+    /// The fences of every same-host link that may reach region `id` one-sidedly: links open
+    /// or being opened that were offered it, or whose offer is not recorded yet (a fence is
+    /// listed before its link takes the region table, and records what it got after), so called
+    /// after the region left the table, these are all the links that can have it in theirs.
+    pub(crate) fn fences_reaching(&self, id: u32) -> Vec<Arc<ServerFence>> {
+        let fences = lock(&self.shared.fences);
+        (fences.iter().flatten())
+            .filter(|f| f.may_reach(id))
+            .cloned()
+            .collect()
     }
 
     /// The table served (it changes under the compat engine's live registrations).

@@ -190,6 +190,9 @@ pub(crate) struct ServerFence {
     fd: OwnedFd,
     /// The client process, pinned.
     client: Pinned,
+    /// The ids of the regions its link was offered one-sidedly (set once, after the table it
+    /// got was taken; until then, any region may be in it).
+    offered: std::sync::OnceLock<Vec<u32>>,
     /// Its place in the server's budget (declared last: given back once the descriptors are
     /// closed).
     _slot: Option<Slot>,
@@ -225,8 +228,20 @@ impl ServerFence {
             page: Page { map },
             fd,
             client,
+            offered: std::sync::OnceLock::new(),
             _slot: slot,
         })
+    }
+
+    /// Records the regions its link was offered one-sidedly (the table it was sent).
+    pub fn offered(&self, ids: Vec<u32>) {
+        let _ = self.offered.set(ids);
+    }
+
+    /// Whether its link may reach region `id` one-sidedly: it was offered it, or what it was
+    /// offered is not recorded yet (its handshake is taking the table).
+    pub fn may_reach(&self, id: u32) -> bool {
+        self.offered.get().is_none_or(|ids| ids.contains(&id))
     }
 
     /// The descriptor the client takes (offered in WELCOME).
