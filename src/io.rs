@@ -395,7 +395,13 @@ impl Sock {
                     if paced < MIN_PACE {
                         return Ok(false);
                     }
-                    (window, paced) = (Instant::now(), 0);
+                    // a peer that keeps pace still has the request's deadline (checked once a
+                    // window, not only when a call would block)
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(timed_out());
+                    }
+                    (window, paced) = (now, 0);
                 }
                 continue;
             }
@@ -770,6 +776,52 @@ mod tests {
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, Sock::new(s).unwrap())
+    }
+
+    /// A peer that keeps pace does not keep a patient receive past its deadline: 2 GiB sent as
+    /// fast as loopback goes, a deadline 100 ms away, and the receive ends `TimedOut` with
+    /// bytes still to come (it would otherwise take the whole payload).
+    #[test]
+    fn a_paced_peer_still_meets_the_deadline() {
+        let (mut c, mut sock) = pair();
+        sock.set_fixed_timeout(Duration::from_millis(5)).unwrap();
+        const MIB: usize = 1 << 20;
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![7u8; MIB];
+            for _ in 0..2048 {
+                if c.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut sink = vec![0u8; MIB];
+        let base = sink.as_mut_ptr() as usize;
+        // every piece lands in the same MiB (its bytes are not looked at)
+        let mut iov = vec![IoVec { base, len: MIB }; 2048];
+        let (mut pos, start) = (0, Instant::now());
+        let deadline = Some(start + Duration::from_millis(100));
+        let mut resumed = false;
+        let r = loop {
+            // SAFETY: every iovec is `sink`, alive and written only through them for the call.
+            match unsafe {
+                sock.move_patiently(
+                    false,
+                    &mut iov,
+                    &mut pos,
+                    deadline,
+                    Duration::from_millis(5),
+                    resumed,
+                )
+            } {
+                Ok(false) => resumed = true, // parked and resumed, as a server does
+                r => break r,
+            }
+        };
+        let e = r.expect_err("the whole payload was taken past the deadline");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(pos < iov.len(), "every byte came in before the deadline");
+        drop(sock);
+        writer.join().unwrap();
     }
 
     /// A frame header and payload pieces of every size class (empty, tiny, 4 KiB, larger than a
