@@ -123,6 +123,58 @@ impl HostBuffer {
     pub fn is_shareable(&self) -> bool {
         self.fd >= 0
     }
+
+    /// Replaces the pages of a buffer's mapping, at their address, by private anonymous pages
+    /// holding the same bytes (`mremap` of a filled copy over it, which swaps the mapping in one
+    /// step: the address is never unmapped). A same-host peer that mapped the buffer's memfd
+    /// keeps its mapping of the memfd's pages, which this process no longer sees: what it
+    /// writes from then on lands nowhere that is read here, and it reads nothing written here.
+    /// The memfd stays open (and `raw` valid for [`RegistrableMemory::from_raw_parts`]) until
+    /// the buffer is dropped. A write by this process racing the swap may be lost (it lands
+    /// in the old pages after they were copied), never anywhere else.
+    ///
+    /// # Safety
+    /// `raw` must be the parts of a live `HostBuffer` (`into_raw_parts`) with a memfd
+    /// (`raw.fd >= 0`), which nothing else unmaps or remaps meanwhile.
+    pub(crate) unsafe fn privatize(raw: &RawMemory) -> Result<(), Error> {
+        let (addr, len, map_len) = (raw.ptr.as_ptr(), raw.len, raw.extra);
+        // SAFETY: a new private mapping of `map_len` bytes, ours alone.
+        let copy = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if copy == libc::MAP_FAILED {
+            return Err(Error::OutOfMemory { len });
+        }
+        // SAFETY: `addr` is the buffer's mapping of `map_len >= len` readable bytes (the
+        // caller's contract), which a peer may write meanwhile (read as raw bytes, never through
+        // a reference); `copy` is the fresh mapping above; they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(addr, copy.cast::<u8>(), len) };
+        // SAFETY: moves the private mapping onto the buffer's range (same length, page
+        // aligned), which atomically replaces the shared one there; the caller's contract says
+        // nothing else remaps it meanwhile.
+        let moved = unsafe {
+            libc::mremap(
+                copy,
+                map_len,
+                map_len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                addr.cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            // SAFETY: unmapping the copy made above, which nothing else refers to.
+            unsafe { libc::munmap(copy, map_len) };
+            return Err(Error::OutOfMemory { len });
+        }
+        Ok(())
+    }
 }
 
 impl Deref for HostBuffer {

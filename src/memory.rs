@@ -207,12 +207,7 @@ impl<M> Region<M> {
     /// is held borrows the region (so `&mut self` methods do not compile); one that was
     /// `mem::forget`ten no longer does, and is caught here.
     fn check_idle(&self) -> Result<(), Error> {
-        if self.core.in_use() {
-            return Err(Error::RegionBusy {
-                region: self.core.id,
-            });
-        }
-        Ok(())
+        self.core.check_idle()
     }
 
     fn check_host_span(&self, offset: usize, len: usize) -> Result<(), Error> {

@@ -324,3 +324,59 @@ fn freed_while_linked_by_links_that_never_got_it_is_released_at_once() {
     c.finalize();
     s.finalize();
 }
+
+/// Engine memory whose keep-alive outlives `finalize` is never written by a same-host peer
+/// that `finalize` gave up on: a client in another process that keeps WRITEing the buffer is
+/// stopped (SIGSTOP) in the middle of a batch, so it cannot confirm within the server's grace;
+/// after `finalize` it is resumed, the rest of its batch copies into the pages it mapped and it
+/// then learns it was given up on (`NOT_CONNECTED`, never `Ok`), and the keep-alive's bytes
+/// are those it had when `finalize` returned. (Before the keep-alive's pages were made private,
+/// the resumed batch landed in them: in every round that stopped the client inside a batch.)
+#[test]
+fn a_keep_alive_is_never_written_by_a_peer_that_finalize_gave_up_on() {
+    if !same_host() {
+        eprintln!("skipped: the same-host transport is not available here");
+        return;
+    }
+    const LEN: usize = 64 << 20;
+    let grace = Duration::from_millis(200);
+    let (mut given_up, mut written) = (0, Vec::new());
+    for round in 0..4u64 {
+        let s = Hixl::new();
+        let ms = grace.as_millis().to_string();
+        s.initialize("127.0.0.1:0", [("hixl.FinalizeTimeoutMs", ms.as_str())])
+            .unwrap();
+        let name = s.local_engine().unwrap();
+        let kv = s.alloc_host_mem(LEN).unwrap();
+        // batches of 64 MiB, each of other bytes than the one before: the client is inside
+        // one nearly all the time, and a batch resumed halfway changes what it did not write
+        let mut h = common::hammer::Hammer::spawn(&name, &["--alternate"], false);
+        h.wait_ok(1);
+        h.signal(libc::SIGSTOP);
+        h.wait_stopped();
+        let t0 = Instant::now();
+        s.finalize();
+        let gave_up = t0.elapsed() >= grace;
+        let data = contents(&kv);
+        h.signal(libc::SIGCONT);
+        let (_, code) = h.ended();
+        assert_eq!(code, 103_902, "round {round}: the client's batch is not Ok");
+        // the resumed batch has copied all it will: count the pages it changed
+        let now = contents(&kv);
+        let changed = now
+            .chunks(4096)
+            .zip(data.chunks(4096))
+            .filter(|(a, b)| a != b)
+            .count();
+        given_up += usize::from(gave_up);
+        written.push(changed);
+    }
+    eprintln!("finalize gave up on the stopped client in {given_up} of 4 rounds");
+    assert!(given_up > 0, "no round stopped the client inside a batch");
+    assert_eq!(
+        written,
+        [0; 4],
+        "pages (of {}) written after finalize returned, per round",
+        LEN / 4096
+    );
+}

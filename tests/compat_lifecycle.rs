@@ -157,3 +157,77 @@ fn disconnect_after_auto_connect_dropped_a_failed_link_succeeds() {
     assert_eq!(status(c.disconnect(&name, 1000)), Status::NOT_CONNECTED);
     c.finalize();
 }
+
+/// `DeregisterMem` while an async READ into the region is running (the C ABI and Python reach
+/// it through this call): refused with `RESOURCE_EXHAUSTED` and the region stays registered, as
+/// the READ may still be writing it; once the request has ended (here: cancelled), the call
+/// succeeds, and nothing writes the memory afterwards. Over TCP and over the same-host path,
+/// from a peer in another process. (Before the rule was one for every deregistration path,
+/// the compat engine's live deregistration returned `SUCCESS` at once and the READ went on
+/// writing: 10 of 10 rounds.)
+#[test]
+fn deregistering_memory_an_async_request_writes_is_refused_until_it_ended() {
+    const LEN: usize = 32 << 20;
+    let peer = common::Peer::spawn("127.0.0.1", LEN, 61, "hostbuffer");
+    let (mut ok_at_once, mut rounds) = (0, 0);
+    for same_host in ["off", "auto"] {
+        for round in 0..5 {
+            rounds += 1;
+            let mut mem = vec![0u8; LEN];
+            let (c, h) = client(&[("hixl.SameHost", same_host)], &mut mem);
+            c.connect(&peer.name, 5000).unwrap();
+            // the peer's region 64 times over into the same local bytes: 2 GiB, far longer
+            // than the calls below take, on any machine
+            let d = desc(&mem, 0, peer.addr, 0, LEN);
+            let req = c
+                .transfer_async(
+                    &peer.name,
+                    TransferOp::Read,
+                    &[d; 64],
+                    hixl::compat::TransferArgs { user_data: 0 },
+                )
+                .unwrap();
+            match c.deregister_mem(h) {
+                Ok(()) => {
+                    // (the old behaviour: counted; finalize waits for the READ before `mem`
+                    // goes)
+                    ok_at_once += 1;
+                    c.finalize();
+                    continue;
+                }
+                Err(e) => {
+                    assert_eq!(
+                        e.status(),
+                        Status::RESOURCE_EXHAUSTED,
+                        "{same_host} {round}: {e}"
+                    );
+                    c.cancel_transfer(req).unwrap();
+                    let st = common::compat::wait(&c, req);
+                    assert_ne!(st, hixl::compat::TransferStatus::Waiting);
+                    c.deregister_mem(h).unwrap();
+                }
+            }
+            // the memory is the caller's now: nothing of the READ lands any more
+            mem.fill(0xA5);
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_millis(100) {
+                // SAFETY: reads of live bytes of `mem`; a late write of the engine is what is
+                // looked for
+                let bad = mem
+                    .iter()
+                    .position(|b| unsafe { std::ptr::read_volatile(b) } != 0xA5);
+                assert!(
+                    bad.is_none(),
+                    "{same_host} {round}: written after deregistration"
+                );
+                std::thread::yield_now();
+            }
+            c.finalize();
+        }
+    }
+    assert_eq!(
+        ok_at_once, 0,
+        "{ok_at_once} of {rounds} deregistrations returned SUCCESS while the READ ran"
+    );
+    peer.quit();
+}

@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import threading
 import time
+import weakref
 from collections import namedtuple
 
 from . import _hixl as _n
@@ -208,15 +209,21 @@ def _buffer_of(obj):
 
 
 class Region:
-    """A registered object. ``addr`` / ``nbytes`` are its range; ``obj`` the object kept alive."""
+    """A registered object. ``addr`` / ``nbytes`` are its range; ``obj`` (read-only) the object
+    kept alive."""
 
     def __init__(self, engine, handle, addr, nbytes, obj, keep):
         self.engine = engine
         self.handle = handle
         self.addr = addr
         self.nbytes = nbytes
-        self.obj = obj
+        self._obj = obj
         self._keep = keep
+
+    @property
+    def obj(self):
+        """The registered object (for a ``HostBuffer``: the ctypes array over its memory)."""
+        return self._obj
 
     def ptr(self, offset=0):
         """The address ``offset`` bytes into the region."""
@@ -248,38 +255,54 @@ class HostBuffer(Region):
     allocates (``Engine.register``) is served to it over TCP.
 
     Zero-copy views: ``buf.numpy(dtype)`` (or ``np.asarray(buf)``, ``np.frombuffer(buf.obj)``),
-    ``buf.memoryview()``; ``buf.obj`` is a ctypes ``c_char`` array over the memory. Every view
-    keeps the memory mapped, so no view can outlive it: ``deregister()`` (or closing the
-    engine) only stops serving it (this engine's transfers and peers' TCP requests refuse it;
-    a same-host peer whose link got it in its table may still reach it until that link ends),
-    and the engine frees the memory once the buffer and every view of it are gone and no
-    same-host link can reach it."""
+    ``buf.memoryview()``; ``buf.obj`` (read-only) is a ctypes ``c_char`` array over the memory.
+    No view can outlive the memory, whatever the program does with this object: the memory is
+    kept by the ctypes array's own lifetime (a finalizer holds it until the array is
+    collected), and every numpy array, memoryview or ctypes view made from the buffer holds
+    that array through CPython's buffer exports, which Python code cannot reach.
+    ``deregister()`` (or closing the engine) only stops serving it: this engine's transfers and
+    peers' TCP requests refuse it, and if a same-host peer may have mapped it, the buffer's
+    pages are replaced in place by a private copy first, so no peer reaches what the views
+    show any more. The engine frees the memory once the buffer and every view of it are gone
+    and no same-host link can reach the pages it shared."""
 
     def __init__(self, engine, mem):
         view = (ctypes.c_char * mem.nbytes).from_address(mem.addr)
-        view._hixl_mem = mem  # every view of `view` holds it, and it holds the memory
+        # the memory lives as long as `view` does: the finalizer holds `mem` until `view` is
+        # collected, and every view made from `view` keeps `view` (a buffer export)
+        weakref.finalize(view, _keep_until_collected, mem)
         super().__init__(engine, mem.handle, mem.addr, mem.nbytes, view, mem)
 
     def numpy(self, dtype=None):
         """A numpy array over the memory (zero copy; ``uint8`` unless ``dtype`` is given)."""
         import numpy as np
 
-        return np.frombuffer(self.obj, dtype=np.uint8 if dtype is None else dtype)
+        return np.frombuffer(self._obj, dtype=np.uint8 if dtype is None else dtype)
 
     def memoryview(self):
         """A writable ``memoryview`` of the bytes (format ``B``)."""
-        return memoryview(self.obj).cast("B")
+        return memoryview(self._obj).cast("B")
 
-    @property
-    def __array_interface__(self):
-        # numpy keeps this object (and with it the memory) as the array's base
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.addr, False), "version": 3}
+    def __array__(self, dtype=None, copy=None):
+        # `np.asarray(buf)`: a view whose base is the ctypes array (through its buffer), never
+        # this object, so the array's lifetime holds the memory by itself
+        import numpy as np
+
+        a = np.frombuffer(self._obj, dtype=np.uint8)
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
 
     def __buffer__(self, flags):  # Python >= 3.12 (PEP 688): np.frombuffer(buf), memoryview(buf)
-        return memoryview(self.obj).cast("B")
+        return memoryview(self._obj).cast("B")
 
     def __repr__(self):
         return f"<hixl.HostBuffer handle={self.handle} addr={self.addr:#x} nbytes={self.nbytes}>"
+
+
+def _keep_until_collected(mem):
+    """A ``HostBuffer``'s finalizer: its only job was to hold ``mem`` until now."""
+    del mem
 
 
 class Request:

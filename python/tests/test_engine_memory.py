@@ -65,7 +65,7 @@ def test_views_outlive_deregistration_and_close():
     with hixl.Engine("127.0.0.1:0") as server, hixl.Engine("127.0.0.1") as client:
         kv = server.alloc(1 << 16)
         mine = client.alloc(1 << 16)
-        a = np.asarray(mine)  # __array_interface__: zero copy
+        a = np.asarray(mine)  # __array__: zero copy
         assert a.ctypes.data == mine.addr and a.flags.writeable
         a[:] = np.random.default_rng(34).integers(0, 256, 1 << 16, dtype=np.uint8)
         assert bytes(mine.memoryview()[:100]) == a[:100].tobytes()
@@ -132,3 +132,59 @@ def test_buffer_protocol():
         a = np.frombuffer(buf, dtype=np.uint8)
         a[5] = 3
         assert memoryview(buf)[5] == 3
+
+
+# Run in a child interpreter: a view that outlived its memory segfaults on write, which would
+# take pytest down with it.
+_CUT_VIEWS = r"""
+import gc, sys
+import numpy as np
+import hixl
+
+how = sys.argv[1]
+e = hixl.Engine("127.0.0.1")
+views = []
+for i in range(64):
+    buf = e.alloc(1 << 20)
+    # one kind of view per buffer, so no view keeps another's memory
+    views.append((np.asarray, lambda b: b.numpy(), lambda b: b.memoryview())[i % 3](buf))
+    try:
+        buf.obj = None  # what the review did: cut the attribute the view's lifetime hung on
+        reassigned = True
+    except AttributeError:
+        reassigned = False
+    for attr in ("_obj", "_keep"):
+        setattr(buf, attr, None)  # and the private ones too: the views must not care
+    if how == "deregister":
+        e.deregister(buf)
+    del buf
+if how == "close":
+    e.close()
+gc.collect()
+# other allocations now may reuse freed memory: the views must still own theirs
+junk = [bytearray(1 << 20) for _ in range(64)]
+for i, v in enumerate(views):
+    v[0] = i
+    v[len(v) - 1] = 0x5A
+for i, v in enumerate(views):
+    assert v[0] == i and v[len(v) - 1] == 0x5A, i
+assert all(j.count(0) == len(j) for j in junk), "a view wrote into another allocation"
+assert not reassigned, "buf.obj could be reassigned"
+e.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["deregister", "close"])
+def test_no_view_outlives_its_memory_whatever_the_program_cuts(how):
+    """``np.asarray(buf)``, ``buf.numpy()`` and ``buf.memoryview()`` keep their memory after
+    the program drops or overwrites every attribute of the buffer (``obj`` is read-only now;
+    the private ones are cleared too) and deregisters it or closes the engine. (Views made
+    with ``np.asarray`` hung on ``buf.obj``: setting it to None and deregistering made a write
+    through the view segfault, 10 of 10.)"""
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, "-c", _CUT_VIEWS, how], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)

@@ -260,3 +260,36 @@ def test_peer_sanity_helper():
         assert p.name.startswith("127.0.0.1:")
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("memory", ["caller", "engine"])
+def test_deregister_while_an_async_read_writes_is_refused(peer_factory, memory):
+    """Deregistering a bytearray that an async READ is still writing raises
+    ResourceExhaustedError (RESOURCE_EXHAUSTED) and keeps it registered, with Python's
+    reference to it; once the request ended it deregisters, and nothing writes it afterwards.
+    (It used to succeed at once: the READ went on writing the freed bytearray, and freeing many
+    such buffers aborted the interpreter on heap corruption, 10 of 10 runs.)"""
+    size = 8 << 20
+    peer = peer_factory(size=size, seed=41, memory=memory)
+    with hixl.Engine("127.0.0.1") as e:
+        for _ in range(3):
+            buf = bytearray(size)
+            region = e.register(buf)
+            link = e.connect(peer.name, timeout=5)
+            # the peer's buffer 256 times over into the same bytes: 2 GiB, far longer than the
+            # calls below take
+            req = link.read_async([(region.addr, peer.addr, size)] * 256)
+            with pytest.raises(hixl.ResourceExhaustedError):
+                e.deregister(region)
+            assert region._keep is not None, "still registered, still referenced"
+            req.cancel()
+            try:
+                req.wait(timeout=60)
+            except hixl.FailedError:
+                pass  # cancelled
+            e.deregister(region)
+            buf[:] = b"\xa5" * size
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.1:
+                assert buf.count(0xA5) == size, "written after deregistration"
+            link.close()

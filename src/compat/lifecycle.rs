@@ -10,6 +10,15 @@ use crate::engine::{Connected, Registered};
 use crate::sync::lock;
 use crate::{Access, AsyncConnectStatus, MemType, Options, Region, Status};
 
+/// [`RegionCore::privatize`](crate::runtime::region::RegionCore::privatize) for an
+/// engine-allocated buffer whose registration ended while its [`HostMem`] may live on.
+fn privatize(core: &crate::runtime::region::RegionCore) {
+    if let Err(e) = core.privatize() {
+        tracing::warn!(region = core.id, error = %e,
+            "an engine-allocated buffer could not be made private: a same-host peer that mapped it may still reach its pages");
+    }
+}
+
 impl Hixl {
     /// HIXL `Initialize`: `local_engine` is `"ip"` (a client only), `"ip:port"` (listens there;
     /// port 0 listens on a port the OS chooses, see [`Hixl::local_engine`]), or the IPv6 forms
@@ -111,6 +120,14 @@ impl Hixl {
             Some(Typed::Registered(e)) => drop(e.finalize()),
             _ => {}
         }
+        // engine-allocated buffers outlive the engine in their keep-alives: a same-host peer
+        // that `finalize` gave up on (stopped inside its fence) may still write the pages it
+        // mapped, so the keep-alives get private pages at the same address first
+        for reg in core.regions.values() {
+            if let Reg::Engine(r) = &**reg {
+                privatize(&r.core);
+            }
+        }
         core.regions.clear();
         core.handles.clear();
     }
@@ -173,9 +190,11 @@ impl Hixl {
     /// keep memory from its owner while a one-sided peer may still write it), the buffer lives
     /// in a sealed memfd that same-host peers map: READ and WRITE are then a memory copy by the
     /// peer, with no work by this engine. Safe: the engine decides when the memory is freed.
-    /// [`Hixl::deregister_mem`] with its handle (or `finalize`) ends the registration; the
-    /// memory is freed once the [`HostMem`] is dropped too and no same-host link that may
-    /// reach it remains (until then it is kept, never reused).
+    /// [`Hixl::deregister_mem`] with its handle (or `finalize`) ends the registration (and
+    /// gives the [`HostMem`] private pages, at the same address, where a same-host peer may
+    /// have mapped it); the memory is freed once the [`HostMem`] is dropped too and no
+    /// same-host link that may reach the pages it shared remains (until then they are kept,
+    /// never reused).
     ///
     /// # Errors
     /// `FAILED` when not initialized; `PARAM_INVALID` for `len == 0`; `RESOURCE_EXHAUSTED` when
@@ -208,14 +227,15 @@ impl Hixl {
     /// are refused (`PARAM_INVALID`) without touching it, requests being served from or into it
     /// are waited for (at most the server's I/O timeout), and every device data path that bound
     /// it (its HCCL communicator) is closed, so links that used one break and, with
-    /// AutoConnect, connect again on their next call. Refused while an async request of this
-    /// engine uses the region.
+    /// AutoConnect, connect again on their next call. Refused (`RESOURCE_EXHAUSTED`, the region
+    /// stays registered) while an async request of this engine uses the region: it may still
+    /// be copying into or out of it.
     ///
     /// For a buffer of [`Hixl::alloc_host_mem`], this engine's transfers and peers' TCP
-    /// requests refuse it from now on, but a same-host peer whose link got it in its table
-    /// still reaches it one-sidedly until that link ends (a link's one-sided access cannot be
-    /// taken back for one region): the memory is kept until then, and until its [`HostMem`] is
-    /// dropped, then freed.
+    /// requests refuse it from now on, and its [`HostMem`] gets private pages at the same
+    /// address: a same-host peer whose link got it in its table may still copy into or out of
+    /// the pages it mapped until that link ends (a link's one-sided access cannot be taken back
+    /// for one region), which are kept until then, but never again what the `HostMem` shows.
     ///
     /// # Errors
     /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle;
@@ -242,7 +262,7 @@ impl Hixl {
                 core.regions.insert(addr, shared);
                 return Err(Error::new(
                     Status::RESOURCE_EXHAUSTED,
-                    "the region is in use by an async transfer",
+                    "the region is in use by a transfer",
                 ));
             }
         };
@@ -254,7 +274,13 @@ impl Hixl {
                 (r, kept.map(Reg::Caller))
             }
             Reg::Engine(region) => {
+                let shared = region.core.clone();
                 let (r, kept) = self.unregister(&mut core, region, |e, region| e.release(region));
+                if kept.is_none() {
+                    // out of the table, its gate closed: no peer's pages are the keep-alive's
+                    // from now on, whatever a same-host link that got it still does
+                    privatize(&shared);
+                }
                 (r, kept.map(Reg::Engine))
             }
         };
@@ -287,6 +313,10 @@ impl Hixl {
         let region = match &core.engine {
             Some(Typed::Connected(e)) => match e.deregister_live(region) {
                 Ok(()) => return (Ok(()), None),
+                // an async request still uses it: stepping back would not change that
+                Err(refused) if matches!(refused.error, crate::Error::RegionBusy { .. }) => {
+                    return (Err(refused.error.into()), Some(refused.value));
+                }
                 Err(refused) => refused.value,
             },
             _ => region,

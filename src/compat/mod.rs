@@ -13,6 +13,7 @@
 //! | any call before `initialize` or after `finalize`; `initialize` twice | `FAILED` |
 //! | deregistering, while a link exists, a region UCX serves one-sided | `UNSUPPORTED` |
 //! | deregistering an unknown handle | `PARAM_INVALID` |
+//! | deregistering memory an async request still uses | `RESOURCE_EXHAUSTED` (still registered) |
 //! | a local range not inside one region this engine registered | `PARAM_INVALID` |
 //! | a remote range not inside one region of the peer's table | `PARAM_INVALID` |
 //! | a transfer or notify to a remote that is not connected (without `AutoConnect`) | `NOT_CONNECTED` |
@@ -83,7 +84,12 @@
 //! and its allocation is kept until every same-host link that got it in its table has ended and
 //! left its fence (the quarantine frees it then; [`Hixl::metrics`] counts it meanwhile). The
 //! [`HostMem`] it returns keeps the memory mapped while it lives, registration or not, which is
-//! what lets the Python package hand out views that cannot outlive the memory.
+//! what lets the Python package hand out views that cannot outlive the memory. When the
+//! registration ends (deregistration or `finalize`) while a same-host peer may have mapped the
+//! buffer, the pages the `HostMem` shows are replaced in place by a private copy first: a peer
+//! whose link is still up, or one `finalize` gave up on, copies into or out of the pages it
+//! mapped, never the keep-alive's (same-host clients reach a memfd region only through its
+//! mapping, not at its address).
 //!
 //! ## Ascend
 //!
@@ -180,10 +186,12 @@ impl Reg {
 /// The value is a keep-alive, not the registration: the memory stays mapped (and its bytes
 /// readable and writable through [`HostMem::as_ptr`]) while this value or the registration
 /// lives, whichever is longer. [`Hixl::deregister_mem`] with [`HostMem::handle`] (or
-/// `finalize`) ends the registration; dropping the value does not. The memory is freed once
-/// both are gone and no peer may still touch it: a same-host peer whose link got the buffer in
-/// its region table may copy into or out of it until that link ends, so the allocation is kept
-/// (never reused) until then.
+/// `finalize`) ends the registration; dropping the value does not. When the registration ends,
+/// pages a same-host peer may have mapped are replaced, at the same address, by a private copy:
+/// from then on no peer reaches the bytes this value shows. The memory is freed once both are
+/// gone and no peer may still touch the pages it shared: a same-host peer whose link got the
+/// buffer in its region table may copy into or out of them until that link ends, so they are
+/// kept (never reused) until then.
 ///
 /// It never hands out `&[u8]`: peers write the memory at any time while it is registered.
 pub struct HostMem {

@@ -249,7 +249,8 @@ impl<S: Quiescent> Hixl<S> {
     ///
     /// # Errors
     /// The region comes back in the [`HandedBack`] error: [`Error::ForeignHandle`] for a region of
-    /// another engine.
+    /// another engine; [`Error::RegionBusy`] (`RESOURCE_EXHAUSTED`) while an async request that
+    /// uses it (a `mem::forget`ten one) has not ended.
     pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
         self.inner.deregister(region)
     }
@@ -293,19 +294,20 @@ impl Hixl<Connected> {
     }
 
     /// Deregisters a region from an engine open to links (HIXL `DeregisterMem` while linked;
-    /// see [`EngineInner::withdraw`]) and drops it. The caller makes sure no request of this
-    /// engine uses it. When this returns, nothing of the engine or its peers touches
-    /// caller-managed memory; memory the engine owns is freed once no serving thread and no
-    /// same-host link that may reach it remains (see [`EngineInner::withdraw`]).
+    /// see [`EngineInner::withdraw`]) and drops it. When this returns, nothing of the engine
+    /// or its peers touches caller-managed memory; memory the engine owns is freed once no
+    /// serving thread and no same-host link that may reach it remains (see
+    /// [`EngineInner::withdraw`]).
     ///
     /// # Errors
-    /// [`Error::ForeignHandle`]; `UNSUPPORTED` as [`EngineInner::withdraw`]. The region comes
-    /// back, still registered.
+    /// [`Error::ForeignHandle`]; [`Error::RegionBusy`] while an async request of this engine
+    /// uses the region; `UNSUPPORTED` as [`EngineInner::withdraw`]. The region comes back, still
+    /// registered.
     pub(crate) fn deregister_live<M>(
         &self,
         region: Region<M>,
     ) -> Result<(), HandedBack<Region<M>>> {
-        if let Err(error) = self.inner.check_own(&region.core) {
+        if let Err(error) = self.inner.releasable(&region.core) {
             return Err(HandedBack {
                 error,
                 value: region,
@@ -333,9 +335,10 @@ impl<S: Quiescent> Hixl<S> {
     /// rest freed once the last holder of the record lets go.
     ///
     /// # Errors
-    /// [`Error::ForeignHandle`]; the region comes back.
+    /// [`Error::ForeignHandle`]; [`Error::RegionBusy`] while an async request uses it. The
+    /// region comes back.
     pub(crate) fn release<M>(&self, region: Region<M>) -> Result<(), HandedBack<Region<M>>> {
-        if let Err(error) = self.inner.check_own(&region.core) {
+        if let Err(error) = self.inner.releasable(&region.core) {
             return Err(HandedBack {
                 error,
                 value: region,
@@ -403,8 +406,10 @@ impl EngineInner {
         })
     }
 
-    /// [`Error::ForeignHandle`] for a region of another engine.
-    fn check_own(&self, core: &RegionCore) -> Result<(), Error> {
+    /// Whether `core` may leave this engine now: [`Error::ForeignHandle`] for a region of
+    /// another engine, [`Error::RegionBusy`] while an async request uses it
+    /// ([`RegionCore::check_idle`]). Every deregistration path asks this first.
+    fn releasable(&self, core: &RegionCore) -> Result<(), Error> {
         if core.engine != self.id {
             return Err(Error::ForeignHandle {
                 what: "region",
@@ -412,7 +417,7 @@ impl EngineInner {
                 engine: self.id,
             });
         }
-        Ok(())
+        core.check_idle()
     }
 
     /// Takes the region out of the region table (if it is still there).
@@ -429,7 +434,7 @@ impl EngineInner {
     }
 
     fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
-        if let Err(error) = self.check_own(&region.core) {
+        if let Err(error) = self.releasable(&region.core) {
             return Err(HandedBack {
                 error,
                 value: region,

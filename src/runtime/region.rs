@@ -173,6 +173,22 @@ impl RegionCore {
         self.uses.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
+    /// The rule every way memory leaves its registration goes through (the typed
+    /// `deregister`, the compat engine's live deregistration and release, and so the C ABI and
+    /// Python), and `read_at`/`write_at` too: `RegionBusy` while an async request that uses the
+    /// region has not ended, as it may still be copying into or out of the memory. A request
+    /// that is held borrows the region (the typed API's `&mut` and consuming calls do not
+    /// compile beside it); one that was `mem::forget`ten, or one the compat engine holds by id,
+    /// is caught here. No new use can start meanwhile: a use is taken from a live `Region`
+    /// (which the typed calls consume or borrow mutably) under the compat engine's read lock
+    /// (its deregistration holds the write lock).
+    pub(crate) fn check_idle(&self) -> Result<(), Error> {
+        if self.in_use() {
+            return Err(Error::RegionBusy { region: self.id });
+        }
+        Ok(())
+    }
+
     /// What a transport needs to know of the region.
     pub(crate) fn view(&self) -> RegionView {
         RegionView {
@@ -289,6 +305,42 @@ impl RegionCore {
                 Err(e)
             }
         }
+    }
+
+    /// Makes the owned memory private where a same-host peer may have mapped it (its memfd
+    /// was offered), keeping its address and bytes ([`HostBuffer::privatize`]): for engine
+    /// memory that outlives its registration at the same address (the compat engine's
+    /// [`HostMem`](crate::compat::HostMem) and the Python views over it), so that once its
+    /// registration ends no peer reaches the pages this process sees, stuck peers given up on
+    /// by `finalize` included. (Same-host clients reach a memfd region only through its
+    /// mapping, never at its address.) Nothing to do for memory never offered, or already
+    /// made private.
+    ///
+    /// The caller makes sure nothing of this engine moves the region's bytes meanwhile (it is
+    /// out of the region table and the serving gate is closed, and no request uses it).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the private copy cannot be made: the memory is left shared.
+    pub(crate) fn privatize(&self) -> Result<(), Error> {
+        let Some((raw, _)) = &self.owned else {
+            return Ok(());
+        };
+        if raw.fd < 0
+            || !self
+                .exposed
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        // SAFETY: only a `HostBuffer`'s parts carry a memfd (`RawMemory::fd` is set by its
+        // `into_raw_parts` alone); the core owns them until it drops, and nothing else maps or
+        // unmaps that range meanwhile.
+        let r = unsafe { HostBuffer::privatize(raw) };
+        if r.is_err() {
+            self.exposed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
     }
 
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {

@@ -4,6 +4,7 @@
 use hixl::{Connected, Hixl, HostBuffer, Options, Region};
 
 pub mod compat;
+pub mod hammer;
 
 #[allow(unused_imports)]
 pub use hixl::testkit::{Rng, fnv1a};

@@ -5,6 +5,8 @@
 //!   (it can neither shrink nor grow). A same-host client takes a duplicate of that descriptor
 //!   with `pidfd_getfd`, checks the seals and size, and maps it: READ and WRITE are then a plain
 //!   memory copy into or out of the peer's pages, at memory speed, no system call per descriptor.
+//!   A memfd region is reached through its mapping only: one whose memfd fails the checks goes
+//!   over TCP, never `process_vm_*` at its address (what the peer revokes is its pages).
 //! - `Vec<u8>`/`Box<[u8]>` regions are written through the peer's `/proc/PID/mem` and read with
 //!   `process_vm_readv`, batched by `IOV_MAX`, partial transfers continued. Other memory (which
 //!   the server could not quarantine) is not offered one-sidedly: it goes over TCP.

@@ -20,8 +20,14 @@ struct PeerRegion {
 }
 
 impl PeerRegion {
-    /// The region's mapping, made on first use; `None` if it has no memfd or the memfd failed
-    /// the checks (then the region is reached with `process_vm_*`, which the kernel checks).
+    /// The region's mapping, made on first use; `None` if it has no memfd (then the region is
+    /// reached with `process_vm_*`, which the kernel checks) or the memfd failed the checks.
+    ///
+    /// A region offered with a memfd is reached through its mapping or not at all (its batches
+    /// go over TCP): never with `process_vm_*` at its address. What the peer revokes of a
+    /// memfd region is then the pages it shared, whatever it does with its address later (the
+    /// compat engine's engine-allocated buffers stay at their address, made private, after
+    /// their registration ends).
     fn mapping(&self, proc: &PeerProc) -> Option<&Mapping> {
         self.map
             .get_or_init(|| {
@@ -30,7 +36,7 @@ impl PeerRegion {
                 }
                 let m = proc.getfd(self.fd).and_then(|fd| Mapping::new(&fd, self.len, self.writable));
                 if let Err(e) = &m {
-                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; using process_vm");
+                    tracing::debug!(error = %e, addr = self.addr, "not mapping a peer region; its batches go over tcp");
                 }
                 m.ok()
             })
@@ -73,10 +79,14 @@ impl<'a> Finder<'a> {
 }
 
 impl SameHostPath {
-    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP).
+    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP): a
+    /// region without a memfd through `process_vm_*`, one with a memfd through its mapping.
     fn covers(&self, xds: &[BatchDesc]) -> bool {
         let mut f = Finder::new(&self.regions);
-        xds.iter().all(|d| f.find(d.remote.region).is_some())
+        xds.iter().all(|d| {
+            f.find(d.remote.region)
+                .is_some_and(|r| r.fd < 0 || r.mapping(&self.proc).is_some())
+        })
     }
 
     pub(crate) fn setup(
@@ -181,15 +191,24 @@ impl DataPath for SameHostPath {
                 }));
             };
             let len = d.remote.len as usize;
-            match r.mapping(&self.proc) {
-                Some(m) => {
+            match (r.fd, r.mapping(&self.proc)) {
+                (_, Some(m)) => {
                     let (src, dst) = match op {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),
                         TransferOp::Read => (m.at(d.remote.offset), d.local),
                     };
                     copies.push(MemCopy { src, dst, len });
                 }
-                None => {
+                (fd, None) if fd >= 0 => {
+                    // `covers` keeps such batches off this path (never process_vm for a memfd)
+                    return Err(PathFail::Failed(Error::UnknownRemoteRegion {
+                        peer: peer.to_owned(),
+                        region: d.remote.region,
+                        offset: d.remote.offset,
+                        len: d.remote.len,
+                    }));
+                }
+                (_, None) => {
                     lo.push(IoVec { base: d.local, len });
                     ro.push(IoVec {
                         base: (r.addr + d.remote.offset) as usize,
