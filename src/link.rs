@@ -349,8 +349,9 @@ impl<'e> Link<'e> {
     /// Sends a notification to the peer and waits for its acknowledgement (HIXL `SendNotify`).
     ///
     /// It is delivered after every transfer started earlier on this link has ended: a
-    /// notification sent after a WRITE (sync, or async and still running) reaches the peer only
-    /// once that WRITE's data has landed. That makes it the KV-ready signal.
+    /// notification sent after a WRITE (sync, also one still running on another thread, or
+    /// async and still running) reaches the peer only once that WRITE's data has landed. That
+    /// makes it the KV-ready signal.
     ///
     /// # Errors
     /// - `PARAM_INVALID`: [`Error::InvalidTimeout`], [`Error::NotifyTooLong`];

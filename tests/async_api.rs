@@ -335,6 +335,62 @@ fn notify_after_write_is_ordered() {
     }
 }
 
+/// A notification sent while another thread's sync WRITE runs on the same link reaches the
+/// peer (another process, which hashes the WRITE's last block the moment the notification is
+/// delivered) only after that WRITE's data has landed: over the same-host path and over TCP.
+/// (Notifications waited for async requests only: the peer saw the last block unwritten in 10
+/// of 10 rounds.)
+#[test]
+fn notify_during_a_sync_write_follows_its_data() {
+    const MIB: usize = 1 << 20;
+    const LEN: usize = 128 * MIB;
+    let mut early = Vec::new();
+    for policy in [hixl::SameHost::Auto, hixl::SameHost::Forbid] {
+        let mut peer = common::Peer::spawn("127.0.0.1", LEN, 81, "hostbuffer");
+        let (cli, mut buf) = common::client_with(LEN, Options::default().same_host(policy));
+        let link = cli.connect(&peer.name).unwrap();
+        let mut data = Rng::new(200).bytes(LEN);
+        for round in 0..5u64 {
+            // each round's last block is new (the one the peer hashes)
+            data[LEN - MIB..].copy_from_slice(&Rng::new(201 + round).bytes(MIB));
+            buf.write_at(0, &data).unwrap();
+            // the peer's region 1 MiB a descriptor, in order: the last block lands last
+            let descs: Vec<_> = (0..LEN / MIB)
+                .map(|i| {
+                    let local = buf.range(i * MIB..(i + 1) * MIB).unwrap();
+                    let remote = link.remote(peer.addr + (i * MIB) as u64, MIB as u64);
+                    TransferDesc::new(local, remote.unwrap())
+                })
+                .collect();
+            let last = fnv1a(&data[LEN - MIB..]);
+            use std::io::Write;
+            writeln!(peer.stdin, "await-notify kv {} {MIB}", LEN - MIB).unwrap();
+            std::thread::scope(|s| {
+                let writer = s.spawn(|| link.transfer_sync(TransferOp::Write, &descs, T));
+                // the WRITE has started (it counts as in flight once it is listed)
+                while cli.metrics().links[0].write.in_flight == 0 && !writer.is_finished() {
+                    std::thread::yield_now();
+                }
+                link.send_notify("kv", "ready", T).unwrap();
+                writer.join().unwrap().unwrap();
+            });
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut peer.stdout, &mut line).unwrap();
+            let sum = line.trim().strip_prefix("NOTIFIED ").expect(&line);
+            early.push(u64::from_str_radix(sum, 16).unwrap() != last);
+        }
+        drop(link);
+        peer.quit();
+    }
+    let n = early.iter().filter(|&&e| e).count();
+    assert_eq!(
+        n,
+        0,
+        "{n} of {} notifications reached the peer before the WRITE's data: {early:?}",
+        early.len()
+    );
+}
+
 #[test]
 fn notify_limits() {
     let (srv, _cache) = server(4096, Options::default());
@@ -586,4 +642,89 @@ fn deactivate_ends_forgotten_links() {
     // finalize ends forgotten links too
     std::mem::forget(link);
     drop(cli.finalize());
+}
+
+/// Same-host batches meet their deadline and their cancel: against a peer in another process
+/// (its memory mapped, or a `Vec` reached with `process_vm_*`), a batch far longer than its
+/// deadline ends `TimedOut` (async) or `TIMEOUT` (sync) in a small part of the time it would
+/// take, a cancelled one `Cancelled`, and nothing lands in the local buffer once it ended. (The
+/// same-host copy did not look at either: the 4 GiB batch ended `Completed`.)
+#[test]
+fn same_host_batches_stop_at_their_deadline_and_cancel() {
+    if !common::same_host_available() {
+        return;
+    }
+    const LEN: usize = 64 << 20;
+    for memory in ["hostbuffer", "user"] {
+        let peer = common::Peer::spawn("127.0.0.1", LEN, 71, memory);
+        let (cli, mut buf) =
+            common::client_with(LEN, Options::default().same_host(hixl::SameHost::Require));
+        let link = cli.connect(&peer.name).unwrap();
+        let remote = link.remote(peer.addr, LEN as u64).unwrap();
+        let one = TransferDesc::new(buf.full(), remote);
+        // what one descriptor (64 MiB) takes here, now, warm (the first touches the pages):
+        // the batches below are 64 of them
+        let whole = (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                link.transfer_sync(TransferOp::Read, &[one], T).unwrap();
+                t0.elapsed()
+            })
+            .min()
+            .unwrap()
+            * 64;
+        let batch = vec![one; 64];
+        let short = Duration::from_millis(5);
+        let mut cases = Vec::new();
+        for op in [TransferOp::Read, TransferOp::Write] {
+            let t0 = Instant::now();
+            let r = link
+                .transfer_async(op, &batch, TransferArgs::default().timeout(short))
+                .unwrap();
+            let st = r.wait(T);
+            cases.push((format!("{memory} async {op}"), st, t0.elapsed()));
+            drop(r);
+            let t0 = Instant::now();
+            let st = match link.transfer_sync(op, &batch, short) {
+                Ok(()) => TransferStatus::Completed,
+                Err(Error::Timeout { .. }) => TransferStatus::TimedOut,
+                Err(e) => TransferStatus::Failed(Arc::new(e)),
+            };
+            cases.push((format!("{memory} sync {op}"), st, t0.elapsed()));
+            let long = TransferArgs::default().timeout(T);
+            let t0 = Instant::now();
+            let r = link.transfer_async(op, &batch, long).unwrap();
+            r.cancel();
+            let st = r.wait(T);
+            cases.push((format!("{memory} cancelled {op}"), st, t0.elapsed()));
+        }
+        for (what, st, took) in &cases {
+            let want = if what.contains("cancelled") {
+                matches!(st, TransferStatus::Cancelled)
+            } else {
+                matches!(st, TransferStatus::TimedOut)
+            };
+            assert!(
+                want,
+                "{what}: {st:?} after {took:?} (the whole batch: {whole:?})"
+            );
+            assert!(
+                *took < whole / 4,
+                "{what}: ended after {took:?}, the whole batch takes {whole:?}"
+            );
+        }
+        // no request runs now: nothing writes the buffer any more
+        buf.write_at(0, &vec![0xA5; 4096]).unwrap();
+        let mut got = vec![0u8; 4096];
+        for _ in 0..20 {
+            buf.read_at(0, &mut got).unwrap();
+            assert!(
+                got.iter().all(|&b| b == 0xA5),
+                "{memory}: written after the end"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(link);
+        peer.quit();
+    }
 }

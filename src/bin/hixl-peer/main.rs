@@ -40,6 +40,9 @@
 //! - `sum OFF LEN`: prints `SUM <fnv1a of those bytes, hex>`;
 //! - `notifies`: prints `NOTIFY <name> <msg>` for each notification received since the last
 //!   `notifies` (oldest first), then `END`;
+//! - `await-notify NAME OFF LEN`: waits (polling, at most 60 s) for a notification `NAME`
+//!   (dropping others), then at once prints `NOTIFIED <fnv1a of those bytes, hex>`: what had
+//!   landed when the notification was delivered (`TIMEOUT` if none came);
 //! - `quit` (or the end of input): finalizes and exits.
 //!
 //! `probe` (after dropping to `--uid`, if given) connects to `NAME`, READs the first 64 bytes of
@@ -443,6 +446,26 @@ fn answer(
                     writeln!(out, "NOTIFY {name} {msg}")?;
                 }
                 writeln!(out, "END")?;
+            }
+            ["await-notify", want, off, len] => {
+                // polls until notification `want` arrives (others are dropped), then hashes
+                // the bytes at once: what had landed when the notification was delivered
+                let (off, len): (usize, usize) = (off.parse()?, len.parse()?);
+                let until = std::time::Instant::now() + Duration::from_secs(60);
+                let mut seen = false;
+                while !seen && std::time::Instant::now() < until {
+                    seen = notifies()?.iter().any(|(name, _)| name == want);
+                    if !seen {
+                        std::thread::yield_now();
+                    }
+                }
+                if seen {
+                    let mut buf = vec![0u8; len];
+                    read(off, &mut buf)?;
+                    writeln!(out, "NOTIFIED {:016x}", fnv1a(&buf))?;
+                } else {
+                    writeln!(out, "TIMEOUT")?;
+                }
             }
             ["quit"] => break,
             _ => writeln!(out, "ERR unknown command {line:?}")?,

@@ -3,10 +3,9 @@
 //! ordered after earlier transfers.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::LinkShared;
+use super::{LinkShared, Transfer};
 use crate::error::Error;
 use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
@@ -17,6 +16,8 @@ use crate::types::{BatchDesc, TransferOp};
 
 impl LinkShared {
     /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`.
+    /// It is listed among the link's unfinished transfers while it runs, so a notification sent
+    /// meanwhile (from another thread) follows its data, and `close` waits for it.
     pub(crate) fn run_sync(
         &self,
         op: TransferOp,
@@ -26,6 +27,9 @@ impl LinkShared {
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
+        let (seq, ()) = self.begin(|_| (Transfer::Sync, ()))?;
+        // listed until it returns, or unwinds
+        let _listed = Listed(self, seq);
         self.counters.start(op);
         let r = self.run_batch(&Batch {
             peer: &self.peer,
@@ -63,18 +67,11 @@ impl LinkShared {
         timeout: Duration,
         user_data: u64,
     ) -> Result<Arc<ReqState>, Error> {
-        let seq = self.next_req.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
-        {
-            let mut u = lock(&self.unfinished);
-            if u.closed {
-                return Err(Error::NotConnected {
-                    peer: self.peer.clone(),
-                    why: "the link was closed".into(),
-                });
-            }
-            u.reqs.insert(seq, Arc::downgrade(&state));
-        }
+        let (_, state) = self.begin(|seq| {
+            let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
+            let listed = Transfer::Async(Arc::downgrade(&state));
+            (listed, state)
+        })?;
         self.counters.start(op);
         crate::runtime::request::watch(&state, self);
         self.enqueue(Job {
@@ -95,9 +92,10 @@ impl LinkShared {
     ) -> Result<(), Error> {
         let sh = self;
         let deadline = started + timeout;
-        let me = sh.next_req.fetch_add(1, Ordering::Relaxed);
-        {
+        let me = {
             let mut unfinished = lock(&sh.unfinished);
+            let me = unfinished.next;
+            unfinished.next += 1;
             while unfinished.reqs.range(..me).next().is_some() {
                 let rem = deadline.saturating_duration_since(Instant::now());
                 if rem.is_zero() {
@@ -113,7 +111,8 @@ impl LinkShared {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-        }
+            me
+        };
         sh.lanes.notify(me, name, msg, started, deadline)?;
         sh.counters.notified();
         Ok(())
@@ -213,6 +212,25 @@ impl LinkShared {
         st.finish(self, outcome);
     }
 
+    /// Lists a new transfer among the unfinished ones under the next sequence number (`make`
+    /// builds its entry, and what the caller keeps of it); `NOT_CONNECTED` once the link was
+    /// closed (a close cancels and waits for every transfer it sees, so none may start after
+    /// it).
+    fn begin<T>(&self, make: impl FnOnce(u64) -> (Transfer, T)) -> Result<(u64, T), Error> {
+        let mut u = lock(&self.unfinished);
+        if u.closed {
+            return Err(Error::NotConnected {
+                peer: self.peer.clone(),
+                why: "the link was closed".into(),
+            });
+        }
+        let seq = u.next;
+        u.next += 1;
+        let (listed, kept) = make(seq);
+        u.reqs.insert(seq, listed);
+        Ok((seq, kept))
+    }
+
     /// Bookkeeping when a request ends, whoever ended it.
     pub(crate) fn settle(
         &self,
@@ -223,6 +241,11 @@ impl LinkShared {
         err: Option<crate::error::Status>,
     ) {
         self.counters.finish(op, bytes, took, err);
+        self.unlist(seq);
+    }
+
+    /// A transfer ended: notifications and `close` waiting for it go on.
+    fn unlist(&self, seq: u64) {
         lock(&self.unfinished).reqs.remove(&seq);
         self.finished_cv.notify_all();
     }
@@ -243,5 +266,14 @@ impl LinkShared {
                 st.finish(self, Outcome::Failed(Arc::new(e)));
             }
         }
+    }
+}
+
+/// A sync batch listed among its link's unfinished transfers, until it is dropped.
+struct Listed<'a>(&'a LinkShared, u64);
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.0.unlist(self.1);
     }
 }

@@ -29,13 +29,33 @@ use crate::wire::{Hello, LaneRole, TableEntry};
 /// Most descriptors in one transfer call.
 pub const MAX_BATCH: usize = 1 << 20;
 
-/// The link's async requests that have not ended, by sequence number (notifications wait for
-/// earlier ones; `close` cancels and waits for all of them).
-#[derive(Default)]
+/// The link's transfers that have not ended, sync and async, by sequence number (a
+/// notification waits for every earlier one; `close` cancels the async ones and waits for all).
 struct Unfinished {
-    reqs: BTreeMap<u64, Weak<ReqState>>,
-    /// Set by `close`: no request starts any more.
+    /// The next sequence number, of a transfer or a notification: taken under this lock, so
+    /// one started before a notification has a lower number and is listed when it looks.
+    next: u64,
+    reqs: BTreeMap<u64, Transfer>,
+    /// Set by `close`: no transfer starts any more.
     closed: bool,
+}
+
+impl Default for Unfinished {
+    fn default() -> Self {
+        Unfinished {
+            next: 1,
+            reqs: BTreeMap::new(),
+            closed: false,
+        }
+    }
+}
+
+/// A transfer in [`Unfinished`].
+enum Transfer {
+    /// An async request (ended once its state is gone: its worker holds it while it runs).
+    Async(Weak<ReqState>),
+    /// A sync batch, running on its caller's thread until that removes it.
+    Sync,
 }
 
 /// A link's state, shared by the [`Link`](crate::Link) handle, async requests and the
@@ -48,11 +68,9 @@ pub(crate) struct LinkShared {
     /// Sorted by address, disjoint (checked when decoded).
     pub(crate) table: Vec<TableEntry>,
     pub(crate) engine_id: u64,
-    /// Sequence numbers of async requests and notifications.
-    next_req: AtomicU64,
     /// The link's async requests, taken in order, at most `max_lanes` at once.
     queue: Arc<Queue<Job>>,
-    /// Async requests not finished yet.
+    /// Transfers not finished yet.
     unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
@@ -197,7 +215,6 @@ impl LinkShared {
             remote_pid: welcome.pid,
             table: welcome.table,
             engine_id: engine.engine_id,
-            next_req: AtomicU64::new(1),
             queue: Queue::new(max_lanes),
             unfinished: Mutex::new(Unfinished::default()),
             finished_cv: Condvar::new(),
@@ -288,12 +305,14 @@ impl LinkShared {
         }
     }
 
-    /// Closes the link: no request starts on it any more, every async request still queued or
+    /// Closes the link: no transfer starts on it any more, every async request still queued or
     /// running (held, dropped or forgotten) is cancelled, and the peer is told (BYE, waiting up
-    /// to `timeout` for its answer). Returns only once every async request of the link has
-    /// ended: from then on nothing of this link touches local memory. How long that takes is
-    /// bounded by each transport's cancellation (a lane's socket is shut down; a same-host copy
-    /// finishes the batch it is in; UCX stops waiting; a device batch ends by its deadline).
+    /// to `timeout` for its answer). Returns only once every transfer of the link has ended
+    /// (sync ones on other threads too, which the compat engine's shared links can have): from
+    /// then on nothing of this link touches local memory. How long that takes is bounded by
+    /// each transport's cancellation (a lane's socket is shut down; a same-host copy stops
+    /// between parts; UCX stops waiting; a device batch ends by its deadline), and for a sync
+    /// batch by its deadline.
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
         let r = self.lanes.close(started, started + timeout);
@@ -306,13 +325,19 @@ impl LinkShared {
         r
     }
 
-    /// Refuses new async requests, cancels every one that has not ended, and waits until each
-    /// has (its worker saw the cancel, or it was still queued).
+    /// Refuses new transfers, cancels every async request that has not ended, and waits until
+    /// each transfer has ended (an async one's worker saw the cancel, or it was still queued;
+    /// a sync one returned).
     fn end_requests(&self) {
         let pending: Vec<Arc<ReqState>> = {
             let mut u = lock(&self.unfinished);
             u.closed = true;
-            u.reqs.values().filter_map(Weak::upgrade).collect()
+            (u.reqs.values())
+                .filter_map(|t| match t {
+                    Transfer::Async(w) => w.upgrade(),
+                    Transfer::Sync => None,
+                })
+                .collect()
         };
         for st in &pending {
             st.cancel(self);
@@ -321,7 +346,10 @@ impl LinkShared {
         let mut u = lock(&self.unfinished);
         loop {
             // a request whose state is gone cannot be running (its worker holds it)
-            u.reqs.retain(|_, w| w.strong_count() > 0);
+            u.reqs.retain(|_, t| match t {
+                Transfer::Async(w) => w.strong_count() > 0,
+                Transfer::Sync => true,
+            });
             if u.reqs.is_empty() {
                 return;
             }

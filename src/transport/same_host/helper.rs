@@ -1,10 +1,12 @@
-//! Large same-host batches, shared with a helper: a persistent thread copies parts of a batch of
-//! memory copies while the caller copies the others (whoever is free takes the next part), or
-//! half the bytes of a batch of `process_vm_*` pairs.
+//! How a same-host batch moves: memory copies (mapped regions) and `process_vm_*` pairs, in
+//! parts, between which the batch stops at its deadline or a cancel; large batches are shared
+//! with a helper thread (whoever is free claims the next part). A batch that stops returns only
+//! once no part of it is still moving, so its end means nothing touches its memory any more.
 
 use std::io;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use crate::io::IoVec;
 use crate::process::{PeerProc, Target, vm_io};
@@ -60,32 +62,118 @@ impl Cut for Pair {
     }
 }
 
-/// A large batch of memory copies shared by the caller and the helper: both take the next
-/// unclaimed part until none is left, so a helper that is slow to wake (its core busy) costs the
-/// caller nothing: the caller then copies every part itself.
-struct Shared {
-    parts: Vec<Vec<MemCopy>>,
-    /// The next part to claim (past the end: none left).
-    next: AtomicUsize,
-    /// Parts finished (or given up unstarted, see [`SharedCopies`]'s drop).
-    finished: std::sync::Mutex<usize>,
-    all_done: std::sync::Condvar,
+/// When a batch stops between its parts: at its deadline, or once `cancelled` says so (an async
+/// request's cancel; asked by the caller's thread only).
+pub(crate) struct Stop<'a> {
+    pub(crate) deadline: Instant,
+    pub(crate) cancelled: &'a dyn Fn() -> bool,
 }
 
-impl Shared {
-    /// Claims parts and copies them until none is left.
+/// Why a batch ended before all of it moved. Nothing of it moves any more when this is
+/// returned.
+#[derive(Debug)]
+pub(crate) enum Halt {
+    /// Its deadline passed.
+    Deadline,
+    /// It was cancelled.
+    Cancelled,
+    /// A `process_vm_*` call failed, at this pair of the batch.
+    Failed(io::Error, usize),
+}
+
+/// A part's failure: the error and how many of the part's bytes had moved.
+type PartFail = (io::Error, u64);
+
+/// The parts of a batch, claimed one at a time by the caller and (for large batches) the helper
+/// until none is left or one of them stops the batch: a helper slow to wake (its core busy)
+/// costs the caller nothing, the caller then moves every part itself.
+struct Parts<P> {
+    parts: Vec<Vec<P>>,
+    /// The next part to claim (past the end: none left).
+    next: AtomicUsize,
+    /// Parts finished, or given up unclaimed (see [`Parts::give_up`]).
+    finished: std::sync::Mutex<usize>,
+    all_done: std::sync::Condvar,
+    deadline: Instant,
+    /// Set with the first reason to stop; no part is claimed afterwards.
+    halted: AtomicBool,
+    /// The first reason, and for a failure the part it happened in.
+    why: std::sync::Mutex<Option<(Halt, usize, u64)>>,
+}
+
+impl<P> Parts<P> {
+    fn new(parts: Vec<Vec<P>>, deadline: Instant) -> Self {
+        Parts {
+            parts,
+            next: AtomicUsize::new(0),
+            finished: std::sync::Mutex::new(0),
+            all_done: std::sync::Condvar::new(),
+            deadline,
+            halted: AtomicBool::new(false),
+            why: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Claims parts and runs them with `run` (given `ctx`) until none is left or the batch
+    /// stops: before each claim the deadline and `cancelled` are checked.
     ///
     /// # Safety
-    /// Every copy of every part must be valid ([`run_copies`]) until the part is finished.
-    unsafe fn work(&self) {
-        while let Some(part) = self.parts.get(self.next.fetch_add(1, Ordering::AcqRel)) {
-            // SAFETY: the caller's contract; the submitter waits for every claimed part.
-            // (`run_copies` cannot unwind, so a claimed part is always finished: a part that
-            // unwound here would leave `SharedCopies` waiting for it.)
-            unsafe { run_copies(part) };
+    /// `run(part, ctx)` must be safe to call on every part until it is finished (its memory
+    /// valid).
+    unsafe fn work<C: Copy>(
+        &self,
+        run: unsafe fn(&[P], C) -> Result<(), PartFail>,
+        ctx: C,
+        cancelled: &dyn Fn() -> bool,
+    ) {
+        loop {
+            if self.halted.load(Ordering::Acquire) {
+                return;
+            }
+            if Instant::now() >= self.deadline {
+                return self.halt(Halt::Deadline, 0, 0);
+            }
+            if cancelled() {
+                return self.halt(Halt::Cancelled, 0, 0);
+            }
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            let Some(part) = self.parts.get(i) else {
+                return;
+            };
+            // (`run` cannot unwind past here without the part being finished: a part left
+            // unfinished would keep the submitter waiting, so both runners are unwind-free:
+            // copies and system calls)
+            // SAFETY: the caller's contract; the part is this claimant's alone.
+            let r = unsafe { run(part, ctx) };
+            if let Err((e, moved)) = r {
+                self.halt(Halt::Failed(e, 0), i, moved);
+            }
             self.finish(1);
         }
     }
+
+    /// Stops the batch for `why` (the first reason stays) and gives up the parts nobody
+    /// claimed.
+    fn halt(&self, why: Halt, part: usize, moved: u64) {
+        {
+            let mut w = lock(&self.why);
+            if w.is_none() {
+                *w = Some((why, part, moved));
+            }
+        }
+        self.halted.store(true, Ordering::Release);
+        self.give_up();
+    }
+
+    /// Counts the parts nobody claimed yet as finished; later claims find none.
+    fn give_up(&self) {
+        let n = self.parts.len();
+        let unclaimed = n.saturating_sub(self.next.swap(n, Ordering::AcqRel));
+        if unclaimed > 0 {
+            self.finish(unclaimed);
+        }
+    }
+
     fn finish(&self, n: usize) {
         let mut f = lock(&self.finished);
         *f += n;
@@ -93,38 +181,60 @@ impl Shared {
             self.all_done.notify_all();
         }
     }
+
+    /// Waits until every part is finished or given up.
+    fn wait(&self) {
+        let n = self.parts.len();
+        let mut f = lock(&self.finished);
+        while *f < n {
+            f = self.all_done.wait(f).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The reason the batch stopped, with a failure's position as its byte offset in the
+    /// batch; `None` if every part moved.
+    fn outcome(&self) -> Option<(Halt, u64)>
+    where
+        P: Cut,
+    {
+        let (why, part, moved) = lock(&self.why).take()?;
+        let before: u64 = self.parts[..part].iter().flatten().map(Cut::bytes).sum();
+        Some((why, before + moved))
+    }
 }
 
-/// What the helper does: a share of memory copies, or a `process_vm_*` batch for process `pid`.
+/// Waits, even while unwinding, until no part of a batch shared with the helper is moving:
+/// parts nobody claimed are given up, claimed ones waited for.
+struct Joined<'a, P>(&'a Parts<P>);
+
+impl<P> Drop for Joined<'_, P> {
+    fn drop(&mut self) {
+        self.0.give_up();
+        self.0.wait();
+    }
+}
+
+/// What the helper does: claim parts of a batch of copies, or of `process_vm_*` pairs.
 enum Work {
-    Copies(std::sync::Arc<Shared>),
+    Copies(std::sync::Arc<Parts<MemCopy>>),
     Pvm {
+        parts: std::sync::Arc<Parts<Pair>>,
         target: Target,
         write: bool,
-        local: Vec<IoVec>,
-        remote: Vec<IoVec>,
     },
 }
 
-type PvmResult = Result<(), (io::Error, u64)>;
-type Done = std::sync::Arc<(std::sync::Mutex<Option<PvmResult>>, std::sync::Condvar)>;
-
-struct CopyJob {
-    work: Work,
-    done: Done,
-}
-
-/// A persistent helper thread that copies part of a large same-host batch while the caller
-/// copies the rest (waking it costs far less than spawning a thread per transfer).
-struct CopyHelper {
-    queue: std::sync::Mutex<std::collections::VecDeque<CopyJob>>,
+/// A persistent helper thread that moves parts of a large same-host batch while the caller
+/// moves the others (waking it costs far less than spawning a thread per transfer).
+struct Helper {
+    queue: std::sync::Mutex<std::collections::VecDeque<Work>>,
     cv: std::sync::Condvar,
 }
 
-fn helper() -> Option<&'static CopyHelper> {
-    static H: OnceLock<Option<&'static CopyHelper>> = OnceLock::new();
+fn helper() -> Option<&'static Helper> {
+    static H: OnceLock<Option<&'static Helper>> = OnceLock::new();
     *H.get_or_init(|| {
-        let h: &'static CopyHelper = Box::leak(Box::new(CopyHelper {
+        let h: &'static Helper = Box::leak(Box::new(Helper {
             queue: std::sync::Mutex::new(std::collections::VecDeque::new()),
             cv: std::sync::Condvar::new(),
         }));
@@ -132,45 +242,53 @@ fn helper() -> Option<&'static CopyHelper> {
             .name("hixl-copy".into())
             .spawn(move || {
                 loop {
-                    let job = {
+                    let work = {
                         let mut q = lock(&h.queue);
                         loop {
-                            if let Some(j) = q.pop_front() {
-                                break j;
+                            if let Some(w) = q.pop_front() {
+                                break w;
                             }
                             q = h.cv.wait(q).unwrap_or_else(|e| e.into_inner());
                         }
                     };
-                    // SAFETY: copies: a part is copied only once claimed, and the submitter
-                    // does not return (or unwind) before every claimed part is finished
-                    // (`SharedCopies`); `process_vm_*` pairs: the submitter keeps every range
-                    // valid until `done` is set (it waits for it, even while unwinding:
-                    // `WaitDone`). The ranges are the caller's registered memory and the peer's
-                    // mapped memfd, which the peer may write at the same time: they are copied
-                    // as raw bytes, never made into Rust references, and kept mapped by the
-                    // caller's registration and the link's fence for the whole batch.
-                    let r = unsafe {
-                        match job.work {
-                            Work::Copies(c) => {
-                                c.work();
-                                Ok(())
-                            }
+                    // SAFETY: a part is moved only once claimed, and the submitter does not
+                    // return (or unwind) before every claimed part is finished (`Joined`). The
+                    // ranges are the caller's registered memory and the peer's mapped memfd (or
+                    // its address space, through the kernel), which the peer may write at the
+                    // same time: they are copied as raw bytes, never made into Rust references,
+                    // and kept mapped by the caller's registration and the link's fence for the
+                    // whole batch. The helper checks the deadline, not the cancel (the caller
+                    // does, and stops the helper's claims when it sees one).
+                    unsafe {
+                        match work {
+                            Work::Copies(p) => p.work(copy_part, (), &|| false),
                             Work::Pvm {
+                                parts,
                                 target,
                                 write,
-                                mut local,
-                                mut remote,
-                            } => vm_io(target, write, &mut local, &mut remote),
+                            } => parts.work(run_pairs, (target, write), &|| false),
                         }
-                    };
-                    let (m, cv) = &*job.done;
-                    *lock(m) = Some(r);
-                    cv.notify_all();
+                    }
                 }
             })
             .ok()
             .map(|_| h)
     })
+}
+
+/// Hands `work` to the helper if it is idle; `false` if it is busy or absent (the caller then
+/// moves every part itself).
+fn submit(work: Work) -> bool {
+    let Some(h) = helper() else { return false };
+    {
+        let mut q = lock(&h.queue);
+        if !q.is_empty() {
+            return false;
+        }
+        q.push_back(work);
+    }
+    h.cv.notify_one();
+    true
 }
 
 /// # Safety
@@ -183,123 +301,96 @@ unsafe fn run_copies(copies: &[MemCopy]) {
     }
 }
 
-/// Waits for a helper job on drop, so the borrowed memory outlives the helper's use of it even
-/// if the caller unwinds.
-struct WaitDone {
-    done: Done,
-    /// Whether [`WaitDone::result`] has taken the result (then dropping has nothing to wait for,
-    /// and only releases `done`).
-    taken: bool,
+/// One part of a batch of copies (it cannot fail).
+///
+/// # Safety
+/// As [`run_copies`].
+unsafe fn copy_part(copies: &[MemCopy], (): ()) -> Result<(), PartFail> {
+    // SAFETY: the caller's contract.
+    unsafe { run_copies(copies) };
+    Ok(())
 }
 
-impl WaitDone {
-    /// Waits for the helper and takes its result.
-    fn result(mut self) -> PvmResult {
-        let r = Self::wait(&self.done);
-        self.taken = true;
-        r
-    }
-    /// Leaves the job to finish on its own (its memory is waited for some other way).
-    fn detach(mut self) {
-        self.taken = true;
-    }
-    fn wait(done: &Done) -> PvmResult {
-        let (m, cv) = &**done;
-        let mut g = lock(m);
-        loop {
-            if let Some(r) = g.take() {
-                return r;
-            }
-            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-    }
+/// `process_vm_*` over one part's pairs.
+///
+/// # Safety
+/// As [`vm_io`] for the part's local iovecs.
+unsafe fn run_pairs(pairs: &[Pair], (target, write): (Target, bool)) -> Result<(), PartFail> {
+    let (mut local, mut remote): (Vec<IoVec>, Vec<IoVec>) =
+        pairs.iter().map(|p| (p.0, p.1)).unzip();
+    // SAFETY: the caller's contract.
+    unsafe { vm_io(target, write, &mut local, &mut remote) }
 }
 
-impl Drop for WaitDone {
-    fn drop(&mut self) {
-        if !self.taken {
-            let _ = Self::wait(&self.done);
-        }
-    }
-}
-
-/// Hands `work` to the helper if it is idle; `None` (and the work back) if it is busy or absent.
-fn submit(work: Work) -> Result<WaitDone, Work> {
-    let Some(h) = helper() else { return Err(work) };
-    let done: Done = std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
-    {
-        let mut q = lock(&h.queue);
-        if !q.is_empty() {
-            return Err(work);
-        }
-        q.push_back(CopyJob {
-            work,
-            done: done.clone(),
-        });
-    }
-    h.cv.notify_one();
-    Ok(WaitDone { done, taken: false })
-}
-
-/// Copies below this many bytes in all are not shared with the helper thread.
+/// Batches below this many bytes in all are not shared with the helper thread.
 const HELP_MIN: usize = 1 << 20;
 
-/// The size of the parts a shared batch of copies is claimed in: small enough to share a 1 MiB
-/// batch eight ways, large enough that claiming one (an atomic add) is nothing beside its copy.
+/// The parts a batch of copies is claimed in: small enough to share a 1 MiB batch eight ways
+/// and to stop within about 10 µs of a deadline, large enough that claiming one (an atomic add,
+/// a clock read) is nothing beside its copy.
 const PART: usize = 128 << 10;
 
-/// Waits, even while unwinding, until no part of a shared batch is being copied: parts nobody
-/// claimed yet are given up (the helper then finds none left), claimed ones are waited for.
-struct SharedCopies(std::sync::Arc<Shared>);
+/// The parts a `process_vm_*` batch is claimed in: each is at least one system call.
+const PVM_PART: usize = 512 << 10;
 
-impl Drop for SharedCopies {
-    fn drop(&mut self) {
-        let s = &self.0;
-        let n = s.parts.len();
-        let unclaimed = n.saturating_sub(s.next.swap(n, Ordering::AcqRel));
-        if unclaimed > 0 {
-            s.finish(unclaimed);
-        }
-        let mut f = lock(&s.finished);
-        while *f < n {
-            f = s.all_done.wait(f).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
+/// A small batch of copies (under [`HELP_MIN`] bytes) checks its deadline and cancel every
+/// this many descriptors (or [`PART`] bytes): a batch of many tiny copies stops in time too.
+const CHECK_EVERY: usize = 1024;
 
-/// Runs the copies, sharing batches of 1 MiB or more with the helper thread: the two claim parts
-/// of [`PART`] bytes until none is left, and the call returns once every part is copied.
+/// Runs the copies by `stop`, sharing batches of 1 MiB or more with the helper thread: the two
+/// claim parts of [`PART`] bytes until none is left or the batch stops; the call returns once
+/// no part is being copied.
 ///
 /// # Safety
 /// As [`run_copies`], for the whole call.
-pub(crate) unsafe fn copy_all(copies: &[MemCopy]) {
+pub(crate) unsafe fn copy_all(copies: &[MemCopy], stop: &Stop<'_>) -> Result<(), Halt> {
     let total: usize = copies.iter().map(|c| c.len).sum();
     if total < HELP_MIN {
-        // SAFETY: the caller's contract.
-        return unsafe { run_copies(copies) };
+        let (mut bytes, mut count) = (0usize, 0usize);
+        for c in copies {
+            if bytes >= PART || count >= CHECK_EVERY || (bytes == 0 && count == 0) {
+                check(stop)?;
+                (bytes, count) = (0, 0);
+            }
+            // SAFETY: the caller's contract.
+            unsafe { run_copies(std::slice::from_ref(c)) };
+            (bytes, count) = (bytes + c.len, count + 1);
+        }
+        return Ok(());
     }
-    let shared = std::sync::Arc::new(Shared {
-        parts: split(copies, total.div_ceil(PART)),
-        next: AtomicUsize::new(0),
-        finished: std::sync::Mutex::new(0),
-        all_done: std::sync::Condvar::new(),
-    });
-    // waits for every part the helper claimed before this call returns (or unwinds)
-    let guard = SharedCopies(shared.clone());
-    // a busy or absent helper leaves every part to this thread; the job's own completion is not
-    // waited for (`guard` is): a helper that wakes after the last part finds nothing to do
-    if let Ok(job) = submit(Work::Copies(shared)) {
-        job.detach();
+    let parts = std::sync::Arc::new(Parts::new(
+        split(copies, total.div_ceil(PART)),
+        stop.deadline,
+    ));
+    {
+        // waits for every part the helper claimed before this call returns (or unwinds)
+        let joined = Joined(&parts);
+        submit(Work::Copies(parts.clone()));
+        // SAFETY: the caller's contract; `joined` keeps this call from returning while the
+        // helper still copies a part.
+        unsafe { parts.work(copy_part, (), stop.cancelled) };
+        drop(joined);
     }
-    // SAFETY: the caller's contract; `guard` keeps this call from returning while the helper
-    // still copies a part.
-    unsafe { guard.0.work() };
-    drop(guard);
+    match parts.outcome() {
+        None => Ok(()),
+        Some((why, _)) => Err(why),
+    }
 }
 
-/// `process_vm_*` over pairs `(local[i], remote[i])` of equal lengths, sharing batches of 1 MiB
-/// or more with the helper thread (about half the bytes each). On failure returns the error and
-/// the index of the pair where it stopped.
+/// The deadline and cancel of `stop`, checked now.
+fn check(stop: &Stop<'_>) -> Result<(), Halt> {
+    if Instant::now() >= stop.deadline {
+        return Err(Halt::Deadline);
+    }
+    if (stop.cancelled)() {
+        return Err(Halt::Cancelled);
+    }
+    Ok(())
+}
+
+/// `process_vm_*` over pairs `(local[i], remote[i])` of equal lengths by `stop`, in parts of
+/// [`PVM_PART`] bytes, shared with the helper thread from 1 MiB on. A failure names the pair
+/// where it stopped.
 ///
 /// # Safety
 /// As `PeerProc::pvm`, for the whole call.
@@ -308,86 +399,56 @@ pub(crate) unsafe fn pvm_all(
     write: bool,
     local: &[IoVec],
     remote: &[IoVec],
-) -> Result<(), (io::Error, usize)> {
-    let where_ = |lens: &[usize], moved: u64| {
-        let (mut at, mut sum) = (0usize, 0u64);
-        while at + 1 < lens.len() && sum + lens[at] as u64 <= moved {
-            sum += lens[at] as u64;
-            at += 1;
-        }
-        at
-    };
-    let total: usize = local.iter().map(|v| v.len).sum();
-    if total < HELP_MIN {
-        let (mut l, mut r) = (local.to_vec(), remote.to_vec());
-        let lens: Vec<usize> = l.iter().map(|v| v.len).collect();
-        // SAFETY: the caller's contract.
-        return unsafe { proc.pvm(write, &mut l, &mut r) }
-            .map_err(|(e, moved)| (e, where_(&lens, moved)))
-            .and_then(|()| read_checked(proc, write, local.len()));
-    }
-    // cut at half the bytes: pairs [0, k) and the first part of pair k go here, the rest there
+    stop: &Stop<'_>,
+) -> Result<(), Halt> {
     let pairs: Vec<Pair> = local
         .iter()
         .zip(remote)
         .map(|(a, b)| Pair(*a, *b))
         .collect();
-    let mut halves = split(&pairs, 2).into_iter();
-    let (first, rest) = (
-        halves.next().unwrap_or_default(),
-        halves.next().unwrap_or_default(),
-    );
-    // the pair the second half starts in (cut or whole), for error positions
-    let first_bytes: usize = first.iter().map(|p| p.0.len).sum();
-    let k = {
-        let (mut k, mut sum) = (0, 0);
-        while k < local.len() && sum + local[k].len <= first_bytes {
-            sum += local[k].len;
-            k += 1;
+    let total: usize = local.iter().map(|v| v.len).sum();
+    let target = proc.target();
+    let parts = std::sync::Arc::new(Parts::new(
+        split(&pairs, total.div_ceil(PVM_PART)),
+        stop.deadline,
+    ));
+    {
+        let joined = Joined(&parts);
+        if total >= HELP_MIN {
+            submit(Work::Pvm {
+                parts: parts.clone(),
+                target,
+                write,
+            });
         }
-        k
-    };
-    let unzip = |v: &[Pair]| -> (Vec<IoVec>, Vec<IoVec>) { v.iter().map(|p| (p.0, p.1)).unzip() };
-    let ((mut l, mut r), (l2, r2)) = (unzip(&first), unzip(&rest));
-    let (lens1, lens2): (Vec<usize>, Vec<usize>) = (
-        l.iter().map(|v| v.len).collect(),
-        l2.iter().map(|v| v.len).collect(),
-    );
-    let theirs = Work::Pvm {
-        target: proc.target(),
-        write,
-        local: l2,
-        remote: r2,
-    };
-    let (wait, mut l2, mut r2) = match submit(theirs) {
-        Ok(w) => (Some(w), Vec::new(), Vec::new()),
-        Err(Work::Pvm { local, remote, .. }) => (None, local, remote),
-        Err(Work::Copies(_)) => unreachable!("submit hands back what it was given"),
-    };
-    // SAFETY: the caller's contract; the helper's half is waited for before returning.
-    let first =
-        unsafe { proc.pvm(write, &mut l, &mut r) }.map_err(|(e, moved)| (e, where_(&lens1, moved)));
-    let second = match wait {
-        Some(w) => w.result(),
-        // SAFETY: the caller's contract.
-        None => unsafe { proc.pvm(write, &mut l2, &mut r2) },
+        // SAFETY: the caller's contract; `joined` waits for the helper's parts.
+        unsafe { parts.work(run_pairs, (target, write), stop.cancelled) };
+        drop(joined);
     }
-    .map_err(|(e, moved)| (e, k + where_(&lens2, moved)));
-    first
-        .and(second)
-        .and_then(|()| read_checked(proc, write, local.len()))
+    match parts.outcome() {
+        None if !write && proc.exited() => {
+            // after a read: the peer must still be alive, else the bytes may come from a
+            // process that got its pid
+            Err(Halt::Failed(
+                io::Error::from_raw_os_error(libc::ESRCH),
+                local.len().saturating_sub(1),
+            ))
+        }
+        None => Ok(()),
+        Some((Halt::Failed(e, _), moved)) => Err(Halt::Failed(e, pair_at(local, moved))),
+        Some((why, _)) => Err(why),
+    }
 }
 
-/// After a read: the peer must still be alive, else the bytes may come from a process that got
-/// its pid (`ESRCH`, reported at the last pair).
-fn read_checked(proc: &PeerProc, write: bool, pairs: usize) -> Result<(), (io::Error, usize)> {
-    if !write && proc.exited() {
-        return Err((
-            io::Error::from_raw_os_error(libc::ESRCH),
-            pairs.saturating_sub(1),
-        ));
+/// The index of the pair in which byte `moved` of the batch lies (the last pair if past the
+/// end).
+fn pair_at(local: &[IoVec], moved: u64) -> usize {
+    let (mut at, mut sum) = (0usize, 0u64);
+    while at + 1 < local.len() && sum + local[at].len as u64 <= moved {
+        sum += local[at].len as u64;
+        at += 1;
     }
-    Ok(())
+    at
 }
 
 #[cfg(test)]
@@ -405,6 +466,13 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    fn no_stop() -> Stop<'static> {
+        Stop {
+            deadline: Instant::now() + std::time::Duration::from_secs(3600),
+            cancelled: &|| false,
+        }
     }
 
     /// Batches large enough to be shared, from several threads at once (so the helper is busy,
@@ -435,7 +503,7 @@ mod tests {
                             .collect();
                         // SAFETY: every source lies in `src`, every destination in `dst`, both
                         // alive for the call, distinct allocations.
-                        unsafe { copy_all(&copies) };
+                        unsafe { copy_all(&copies, &no_stop()) }.unwrap();
                         assert!(dst[32..32 + n] == src[..], "seed {seed}: bytes differ");
                         assert_eq!(
                             dst[..32],
@@ -451,5 +519,68 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// A batch stops between parts at its deadline or at a cancel, small or shared: it returns
+    /// `Deadline`/`Cancelled` long before all of it could have moved, and no byte is written
+    /// after it returned.
+    #[test]
+    fn a_batch_stops_between_parts_and_nothing_moves_afterwards() {
+        // 64 MiB copied 64 times over (4 GiB): far longer than the deadline on any machine
+        let n = 64 << 20;
+        let src = random(7, n);
+        let mut dst = vec![0u8; n];
+        let copies: Vec<MemCopy> = (0..64)
+            .map(|_| MemCopy {
+                src: src.as_ptr() as usize,
+                dst: dst.as_mut_ptr() as usize,
+                len: n,
+            })
+            .collect();
+        for cancel in [false, true] {
+            dst.fill(0);
+            let t0 = Instant::now();
+            let asked = AtomicBool::new(false);
+            let cancelled = || {
+                // a cancel asked for once the batch had started
+                cancel && (asked.load(Ordering::Relaxed) || t0.elapsed().as_millis() >= 2)
+            };
+            let stop = Stop {
+                deadline: if cancel {
+                    t0 + std::time::Duration::from_secs(3600)
+                } else {
+                    t0 + std::time::Duration::from_millis(2)
+                },
+                cancelled: &cancelled,
+            };
+            // SAFETY: as in the test above.
+            let r = unsafe { copy_all(&copies, &stop) };
+            let took = t0.elapsed();
+            match (cancel, r) {
+                (false, Err(Halt::Deadline)) | (true, Err(Halt::Cancelled)) => {}
+                (_, r) => panic!("cancel {cancel}: {r:?} after {took:?}"),
+            }
+            // nothing lands after the call returned
+            let snap = dst.clone();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(
+                dst == snap,
+                "cancel {cancel}: written after the call returned"
+            );
+            // a small batch (no helper) stops too, at its first check
+            asked.store(true, Ordering::Relaxed);
+            let small = [MemCopy {
+                src: src.as_ptr() as usize,
+                dst: dst.as_mut_ptr() as usize,
+                len: 4096,
+            }];
+            let past = Stop {
+                deadline: if cancel { stop.deadline } else { t0 },
+                cancelled: &cancelled,
+            };
+            // SAFETY: as above.
+            let r = unsafe { copy_all(&small, &past) };
+            assert!(r.is_err(), "cancel {cancel}");
+        }
     }
 }

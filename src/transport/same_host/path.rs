@@ -1,7 +1,7 @@
 //! The same-host data path of one link: the peer's regions as this process reaches them (mapped
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
-use super::{MemCopy, copy_all, pvm_all};
+use super::{Halt, MemCopy, Stop, copy_all, pvm_all};
 use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
@@ -170,8 +170,9 @@ impl DataPath for SameHostPath {
         Health::Watched
     }
 
-    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others.
-    /// A batch is not cancelled once it started (it finishes the copies it is in).
+    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others, in parts
+    /// between which the batch stops at its deadline (`TIMEOUT`) or a cancel; it returns once no
+    /// part of it is moving.
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
         let (peer, op, xds) = (batch.peer, batch.op, batch.descs);
         batch.start(None)?;
@@ -218,28 +219,39 @@ impl DataPath for SameHostPath {
                 }
             }
         }
+        let cancelled = || batch.cancel_requested();
+        let stop = Stop {
+            deadline: batch.deadline,
+            cancelled: &cancelled,
+        };
         // SAFETY: each local range lies in a registered region the caller keeps alive; each
         // remote range was validated against the peer's table, and its mapping covers the whole
         // region (the memfd is sealed against shrinking and was checked to be at least that
         // long). Local and mapped memory are distinct mappings.
-        unsafe { copy_all(&copies) };
-        if lo.is_empty() {
-            return Ok(());
+        let mut r = unsafe { copy_all(&copies, &stop) };
+        if r.is_ok() && !lo.is_empty() {
+            // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
+            r = unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro, &stop) };
         }
-        // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-        match unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro) } {
-            Ok(()) => Ok(()),
-            Err((e, at)) => {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    return Err(PathFail::Gone("the peer exited".into()));
-                }
-                Err(PathFail::Failed(Error::SameHost {
-                    op: op.name(),
-                    peer: peer.to_owned(),
-                    index: index[at],
-                    source: e,
-                }))
+        r.map_err(|halt| match halt {
+            Halt::Deadline => PathFail::Failed(Error::Timeout {
+                op: op.name(),
+                peer: peer.to_owned(),
+                elapsed: batch.started.elapsed(),
+            }),
+            Halt::Cancelled => PathFail::Failed(Error::Cancelled {
+                op: op.name(),
+                peer: peer.to_owned(),
+            }),
+            Halt::Failed(e, _) if e.raw_os_error() == Some(libc::ESRCH) => {
+                PathFail::Gone("the peer exited".into())
             }
-        }
+            Halt::Failed(e, at) => PathFail::Failed(Error::SameHost {
+                op: op.name(),
+                peer: peer.to_owned(),
+                index: index[at],
+                source: e,
+            }),
+        })
     }
 }
