@@ -156,11 +156,16 @@ impl HostBuffer {
         // caller's contract), which a peer may write meanwhile (read as raw bytes, never through
         // a reference); `copy` is the fresh mapping above; they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(addr, copy.cast::<u8>(), len) };
+        // The system call itself, not glibc's wrapper: UCX's memory hooks (libucm, loaded with
+        // UCX) replace `mremap` in the process with one that drops the fifth argument, the new
+        // address, so the call fails with EINVAL (seen with UCX 1.13). The range is never UCX's
+        // here (engine memory is mapped with UCX only while registered).
         // SAFETY: moves the private mapping onto the buffer's range (same length, page
         // aligned), which atomically replaces the shared one there; the caller's contract says
         // nothing else remaps it meanwhile.
         let moved = unsafe {
-            libc::mremap(
+            libc::syscall(
+                libc::SYS_mremap,
                 copy,
                 map_len,
                 map_len,
@@ -168,7 +173,7 @@ impl HostBuffer {
                 addr.cast::<libc::c_void>(),
             )
         };
-        if moved == libc::MAP_FAILED {
+        if moved == -1 {
             // SAFETY: unmapping the copy made above, which nothing else refers to.
             unsafe { libc::munmap(copy, map_len) };
             return Err(Error::OutOfMemory { len });

@@ -9,15 +9,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The locks and atomics of the protocols the loom models check (`cfg(loom)`: loom's, which
-/// explore every interleaving; otherwise std's): the fence's words, a request's state and a
-/// region's use count. Only code that a model runs takes them from here.
+/// explore every interleaving; otherwise std's): the fence's words, a request's state, a
+/// region's use count and serving gate, and a same-host batch's shared parts. Only code that a
+/// model runs takes them from here.
 pub(crate) mod model {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, fence};
     #[cfg(loom)]
     pub(crate) use loom::sync::{Condvar, Mutex};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, fence};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, fence};
     #[cfg(not(loom))]
     pub(crate) use std::sync::{Condvar, Mutex};
 

@@ -63,19 +63,37 @@ pub(crate) struct RegionCore {
 
 /// Counts the peer requests being applied to a region, so that withdrawing it from a serving
 /// engine (HIXL's `DeregisterMem` while linked) can wait until none touches it, and refuses
-/// every later one.
-#[derive(Debug, Default)]
+/// every later one. (Its locks are the loom model's, `loom_model` below.)
 pub(crate) struct ServeGate {
     /// Requests inside, and whether the gate is closed.
-    state: std::sync::Mutex<(usize, bool)>,
-    left: std::sync::Condvar,
+    state: crate::sync::model::Mutex<(usize, bool)>,
+    left: crate::sync::model::Condvar,
+}
+
+impl Default for ServeGate {
+    fn default() -> Self {
+        ServeGate {
+            state: crate::sync::model::Mutex::new((0, false)),
+            left: crate::sync::model::Condvar::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ServeGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = crate::sync::model::lock(&self.state);
+        f.debug_struct("ServeGate")
+            .field("inside", &s.0)
+            .field("closed", &s.1)
+            .finish()
+    }
 }
 
 impl ServeGate {
     /// A request starts applying to the region; `false` once the gate is closed (the region was
     /// withdrawn: the request must not touch it).
     pub(crate) fn enter(&self) -> bool {
-        let mut s = crate::sync::lock(&self.state);
+        let mut s = crate::sync::model::lock(&self.state);
         if s.1 {
             return false;
         }
@@ -85,7 +103,7 @@ impl ServeGate {
 
     /// A request that [`enter`](Self::enter)ed is done with the region.
     pub(crate) fn leave(&self) {
-        let mut s = crate::sync::lock(&self.state);
+        let mut s = crate::sync::model::lock(&self.state);
         s.0 -= 1;
         if s.0 == 0 {
             self.left.notify_all();
@@ -94,7 +112,7 @@ impl ServeGate {
 
     /// Closes the gate and waits until every request inside has left.
     pub(crate) fn close(&self) {
-        let mut s = crate::sync::lock(&self.state);
+        let mut s = crate::sync::model::lock(&self.state);
         s.1 = true;
         while s.0 > 0 {
             s = self.left.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -395,5 +413,50 @@ impl crate::transport::Region for RegionCore {
     }
     fn registrations(&self) -> &[Registration] {
         &self.registrations
+    }
+}
+
+/// The serving gate under loom (`RUSTFLAGS="--cfg loom" cargo test --release --lib loom`): a
+/// peer's TCP request entering a region (and, if let in, writing its memory) against the
+/// region's withdrawal (HIXL's `DeregisterMem` while linked), which closes the gate and then
+/// hands the memory back (its owner writes it). The real [`ServeGate`] with loom's lock and
+/// condition variable; the memory is a `loom::cell::UnsafeCell`, so loom reports a request's
+/// write that is not ordered before the owner's. Properties: a request either is refused or
+/// has left before `close` returns; a refused request touches nothing; nobody waits forever.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::ServeGate;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    #[test]
+    fn a_withdrawal_waits_for_the_requests_it_let_in() {
+        loom::model(|| {
+            let gate = Arc::new(ServeGate::default());
+            // the bytes each request writes (two requests may be inside at once)
+            let mem = Arc::new([UnsafeCell::new(0u8), UnsafeCell::new(0u8)]);
+            let requests: Vec<_> = (0..2usize)
+                .map(|i| {
+                    let (gate, mem) = (gate.clone(), mem.clone());
+                    loom::thread::spawn(move || {
+                        if gate.enter() {
+                            // SAFETY: loom checks that no access of another thread races it.
+                            mem[i].with_mut(|m| unsafe { *m = 1 });
+                            gate.leave();
+                        }
+                    })
+                })
+                .collect();
+            gate.close();
+            // the region is the owner's again
+            for m in mem.iter() {
+                // SAFETY: as above.
+                m.with_mut(|m| unsafe { *m = 9 });
+            }
+            assert!(!gate.enter(), "a request let in after the withdrawal");
+            for r in requests {
+                r.join().unwrap();
+            }
+        });
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{LinkShared, Transfer};
+use super::{LinkShared, Unfinished};
 use crate::error::Error;
 use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
@@ -27,7 +27,7 @@ impl LinkShared {
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let (seq, ()) = self.begin(|_| (Transfer::Sync, ()))?;
+        let seq = self.begin(|u, seq| u.syncs.push(seq))?.0;
         // listed until it returns, or unwinds
         let _listed = Listed(self, seq);
         self.counters.start(op);
@@ -67,10 +67,10 @@ impl LinkShared {
         timeout: Duration,
         user_data: u64,
     ) -> Result<Arc<ReqState>, Error> {
-        let (_, state) = self.begin(|seq| {
+        let (_, state) = self.begin(|u, seq| {
             let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
-            let listed = Transfer::Async(Arc::downgrade(&state));
-            (listed, state)
+            u.reqs.insert(seq, Arc::downgrade(&state));
+            state
         })?;
         self.counters.start(op);
         crate::runtime::request::watch(&state, self);
@@ -96,7 +96,7 @@ impl LinkShared {
             let mut unfinished = lock(&sh.unfinished);
             let me = unfinished.next;
             unfinished.next += 1;
-            while unfinished.reqs.range(..me).next().is_some() {
+            while unfinished.any_before(me) {
                 let rem = deadline.saturating_duration_since(Instant::now());
                 if rem.is_zero() {
                     return Err(Error::Timeout {
@@ -105,11 +105,13 @@ impl LinkShared {
                         elapsed: started.elapsed(),
                     });
                 }
+                unfinished.waiting += 1;
                 unfinished = sh
                     .finished_cv
                     .wait_timeout(unfinished, rem)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                unfinished.waiting -= 1;
             }
             me
         };
@@ -212,11 +214,11 @@ impl LinkShared {
         st.finish(self, outcome);
     }
 
-    /// Lists a new transfer among the unfinished ones under the next sequence number (`make`
-    /// builds its entry, and what the caller keeps of it); `NOT_CONNECTED` once the link was
+    /// Lists a new transfer among the unfinished ones under the next sequence number (`list`
+    /// enters it, and returns what the caller keeps of it); `NOT_CONNECTED` once the link was
     /// closed (a close cancels and waits for every transfer it sees, so none may start after
     /// it).
-    fn begin<T>(&self, make: impl FnOnce(u64) -> (Transfer, T)) -> Result<(u64, T), Error> {
+    fn begin<T>(&self, list: impl FnOnce(&mut Unfinished, u64) -> T) -> Result<(u64, T), Error> {
         let mut u = lock(&self.unfinished);
         if u.closed {
             return Err(Error::NotConnected {
@@ -226,8 +228,7 @@ impl LinkShared {
         }
         let seq = u.next;
         u.next += 1;
-        let (listed, kept) = make(seq);
-        u.reqs.insert(seq, listed);
+        let kept = list(&mut u, seq);
         Ok((seq, kept))
     }
 
@@ -241,13 +242,18 @@ impl LinkShared {
         err: Option<crate::error::Status>,
     ) {
         self.counters.finish(op, bytes, took, err);
-        self.unlist(seq);
+        let mut u = lock(&self.unfinished);
+        u.reqs.remove(&seq);
+        self.ended(u);
     }
 
-    /// A transfer ended: notifications and `close` waiting for it go on.
-    fn unlist(&self, seq: u64) {
-        lock(&self.unfinished).reqs.remove(&seq);
-        self.finished_cv.notify_all();
+    /// A transfer ended (it was taken out of `u`): notifications and `close` waiting go on.
+    fn ended(&self, u: std::sync::MutexGuard<'_, Unfinished>) {
+        let wake = u.waiting > 0;
+        drop(u);
+        if wake {
+            self.finished_cv.notify_all();
+        }
     }
 
     /// Queues an async request on the link's queue (a new worker of it holds the link).
@@ -274,6 +280,10 @@ struct Listed<'a>(&'a LinkShared, u64);
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
-        self.0.unlist(self.1);
+        let mut u = lock(&self.0.unfinished);
+        if let Some(i) = u.syncs.iter().position(|&s| s == self.1) {
+            u.syncs.swap_remove(i);
+        }
+        self.0.ended(u);
     }
 }

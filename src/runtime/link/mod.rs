@@ -35,9 +35,16 @@ struct Unfinished {
     /// The next sequence number, of a transfer or a notification: taken under this lock, so
     /// one started before a notification has a lower number and is listed when it looks.
     next: u64,
-    reqs: BTreeMap<u64, Transfer>,
+    /// Async requests (one has ended once its state is gone: its worker holds it while it runs).
+    reqs: BTreeMap<u64, Weak<ReqState>>,
+    /// Sync batches running on their callers' threads (a few: one per thread; a `Vec` keeps
+    /// its room, so a sync call allocates nothing here).
+    syncs: Vec<u64>,
     /// Set by `close`: no transfer starts any more.
     closed: bool,
+    /// Threads waiting on `finished_cv` (a notification, a close): an ending transfer wakes
+    /// them only when there are some, so a call costs no system call for it.
+    waiting: usize,
 }
 
 impl Default for Unfinished {
@@ -45,17 +52,18 @@ impl Default for Unfinished {
         Unfinished {
             next: 1,
             reqs: BTreeMap::new(),
+            syncs: Vec::new(),
             closed: false,
+            waiting: 0,
         }
     }
 }
 
-/// A transfer in [`Unfinished`].
-enum Transfer {
-    /// An async request (ended once its state is gone: its worker holds it while it runs).
-    Async(Weak<ReqState>),
-    /// A sync batch, running on its caller's thread until that removes it.
-    Sync,
+impl Unfinished {
+    /// Whether a transfer numbered below `seq` has not ended.
+    fn any_before(&self, seq: u64) -> bool {
+        self.reqs.range(..seq).next().is_some() || self.syncs.iter().any(|&s| s < seq)
+    }
 }
 
 /// A link's state, shared by the [`Link`](crate::Link) handle, async requests and the
@@ -332,12 +340,7 @@ impl LinkShared {
         let pending: Vec<Arc<ReqState>> = {
             let mut u = lock(&self.unfinished);
             u.closed = true;
-            (u.reqs.values())
-                .filter_map(|t| match t {
-                    Transfer::Async(w) => w.upgrade(),
-                    Transfer::Sync => None,
-                })
-                .collect()
+            u.reqs.values().filter_map(Weak::upgrade).collect()
         };
         for st in &pending {
             st.cancel(self);
@@ -346,19 +349,18 @@ impl LinkShared {
         let mut u = lock(&self.unfinished);
         loop {
             // a request whose state is gone cannot be running (its worker holds it)
-            u.reqs.retain(|_, t| match t {
-                Transfer::Async(w) => w.strong_count() > 0,
-                Transfer::Sync => true,
-            });
-            if u.reqs.is_empty() {
+            u.reqs.retain(|_, w| w.strong_count() > 0);
+            if u.reqs.is_empty() && u.syncs.is_empty() {
                 return;
             }
-            tracing::trace!(parent: &self.span, requests = u.reqs.len(), "waiting for cancelled requests to end");
+            tracing::trace!(parent: &self.span, requests = u.reqs.len(), sync = u.syncs.len(), "waiting for transfers to end");
+            u.waiting += 1;
             u = self
                 .finished_cv
                 .wait_timeout(u, Duration::from_millis(100))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            u.waiting -= 1;
         }
     }
 }
