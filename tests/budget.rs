@@ -270,3 +270,106 @@ fn stalled_peers_hold_no_serving_thread() {
     assert_eq!(honest.fast(), 10, "{}", honest.summary());
     peer.quit();
 }
+
+/// CPU time (user + system) of process `pid` so far, from /proc/PID/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // utime and stime are fields 14 and 15 (1-based), 11 and 12 after the state field
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Workers of process `pid` on a CPU or ready for one (state `R`).
+fn running_workers(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| {
+            let p = t.ok()?.path();
+            let comm = std::fs::read_to_string(p.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(p.join("stat")).ok()?;
+            let state = stat[stat.rfind(')')? + 2..].chars().next()?;
+            (comm.trim_end() == "hixl-worker" && state == 'R').then_some(())
+        })
+        .count()
+}
+
+/// Peers that move nothing are parked, not served: 100 lanes from one address each queue 8
+/// READs of 1 MiB and never read a byte (I/O timeout 3 s). The burst of requests may start many
+/// workers (up to `max_server_threads`), but once the sockets are full the server does nothing
+/// for those peers: over the second after the first 300 ms it uses at most 100 ms of CPU and at
+/// most 2 of its workers are ever seen running (sampled every 5 ms), while an honest client is
+/// served. (The workers the burst started are idle then, and leave after the executor's idle
+/// period, 2 s.)
+#[test]
+fn peers_that_move_nothing_take_no_worker() {
+    use std::io::Write;
+    let _one = serial();
+    let peer = common::Peer::spawn_in(
+        &[],
+        "127.0.0.1",
+        8 << 20,
+        1,
+        "hostbuffer",
+        &["--io-timeout-ms", "3000"],
+    );
+    let pid = peer.child.id();
+    let (cli, mut buf) = honest_client(false);
+    honest_round(&cli, &mut buf, &peer);
+    let mut region = 0;
+    let mut lanes: Vec<std::net::TcpStream> = (0..100u64)
+        .map(|i| {
+            let mut s = connect(10, &peer.name).unwrap();
+            region = hello(&mut s, 50_000 + i).table[0].id;
+            s
+        })
+        .collect();
+    let mut reads = Vec::new();
+    for i in 0..8u32 {
+        hixl::wire::encode_xfer(
+            &mut reads,
+            TransferOp::Read,
+            u64::from(i) + 1,
+            std::iter::once(hixl::wire::WireDesc {
+                region,
+                offset: u64::from(i) << 20,
+                len: 1 << 20,
+            }),
+        );
+    }
+    for s in &mut lanes {
+        s.write_all(&reads).unwrap();
+    }
+    let sent = std::time::Instant::now();
+    // the sockets fill (a few MiB each) within the first moments; then nothing moves
+    let mut burst = 0;
+    while sent.elapsed() < Duration::from_millis(300) {
+        burst = burst.max(named(pid, "hixl-worker"));
+        std::thread::yield_now();
+    }
+    let (cpu0, t0) = (cpu_time(pid), std::time::Instant::now());
+    let mut most = 0;
+    while t0.elapsed() < Duration::from_secs(1) {
+        most = most.max(running_workers(pid));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let used = cpu_time(pid).saturating_sub(cpu0);
+
+    let said = format!(
+        "100 lanes x 8 READs of 1 MiB never read: {burst} workers for the burst of requests; from \
+         {:?} on the server used {used:?} of CPU in {:?}, at most {most} workers running at once",
+        t0 - sent,
+        t0.elapsed()
+    );
+    let honest = honest_rounds(&cli, &mut buf, &peer, 10, Duration::ZERO);
+    eprintln!("{said}; {}", honest.summary());
+    assert!(used <= Duration::from_millis(100), "{said}");
+    assert!(most <= 2, "{said}");
+    assert!(honest.ok(), "{}", honest.summary());
+    drop(lanes);
+    peer.quit();
+}

@@ -282,10 +282,11 @@ fn missing_library_is_a_typed_error() {
 }
 
 /// Cancelling a running async request over UCX: the request ends `Cancelled` well before its
-/// deadline (the endpoint is force-closed, so UCX no longer touches the buffers), the link is
-/// poisoned (`NOT_CONNECTED`, as after a timeout) and a new connect works. Over shared memory
-/// a batch may finish before the cancel lands (process_vm copies are synchronous); over tcp a
-/// batch scaled to last about a second is cancelled once its first bytes have landed.
+/// deadline, between the batch's chunks (once the chunk in flight completed: UCX no longer
+/// touches the buffers, and no endpoint is torn down with operations pending), and the link
+/// stays usable; a new connect works too. Over shared memory a batch may finish before the
+/// cancel lands (process_vm copies are synchronous); over tcp a batch scaled to last about a
+/// second is cancelled once its first bytes have landed.
 #[test]
 fn cancel_a_running_request() {
     if !ucx_available("cancel_a_running_request") {
@@ -361,10 +362,8 @@ fn cancel_a_running_request() {
             drop(r);
             drop(descs);
             let d = TransferDesc::new(buf.range(0..8).unwrap(), link.remote(peer.addr, 8).unwrap());
-            let e = link
-                .transfer_sync(TransferOp::Read, &[d], T)
-                .expect_err("poisoned");
-            assert_eq!(e.status().code(), 103_902, "{e:?}");
+            link.transfer_sync(TransferOp::Read, &[d], T)
+                .expect("the link survives a cancel");
         }
         hixl::TransferStatus::Completed if !tcp_only => {
             eprintln!("cancel_a_running_request: the batch finished before the cancel landed");
@@ -373,7 +372,8 @@ fn cancel_a_running_request() {
         }
         other => panic!("{other:?} after {took:?}"),
     }
-    // a new link to the same peer works
+    // once it is closed, a new link to the same peer works
+    drop(link);
     let again = cli.connect(&peer.name).unwrap();
     let d = TransferDesc::new(
         buf.range(0..4096).unwrap(),
@@ -381,7 +381,139 @@ fn cancel_a_running_request() {
     );
     again.transfer_sync(TransferOp::Read, &[d], T).unwrap();
     drop(again);
-    drop(link);
     let mut b = buf;
     peer.check_read_back_and_quit(&mut b, 4096, 45);
+}
+
+/// Many cancels of running READs never kill the peer: UCX 1.13's tcp transport aborts a process
+/// (`uct_tcp_ep_pending_purge`, `stubs.c:102`) whose endpoint is destroyed with replies still
+/// pending, which a client force-closing its endpoint on a cancel caused in the serving peer
+/// about once in 80 to 110 cancels. Now a cancel waits for the chunk in flight and leaves the
+/// endpoint (and the link) as it was: 500 rounds under `UCX_TLS=tcp` (50 otherwise), each a
+/// 64 MiB READ cancelled at once or a moment after it started, with the link used again after
+/// every round and the peer's bytes checked at the end.
+#[test]
+fn many_cancels_never_kill_the_peer() {
+    if !ucx_available("many_cancels_never_kill_the_peer") {
+        return;
+    }
+    let tcp_only = std::env::var("UCX_TLS").is_ok_and(|t| t == "tcp");
+    let rounds = if tcp_only { 500 } else { 50 };
+    let size = 16 << 20;
+    let peer = ucx_peer(size, 46);
+    let (cli, buf) = ucx_client(size);
+    let mut link = cli.connect(&peer.name).unwrap();
+    let (mut cancelled, mut reconnects) = (0, 0);
+    let mut rng = Rng::new(47);
+    for round in 0..rounds {
+        let descs: Vec<_> = (0..4)
+            .map(|_| TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap()))
+            .collect();
+        let r = link
+            .transfer_async(TransferOp::Read, &descs, TransferArgs::default().timeout(T))
+            .unwrap();
+        // at once, or up to about 2 ms later (in the first chunk, or between chunks)
+        let spin = Duration::from_micros(u64::from(rng.bytes(1)[0]) * 8);
+        let t0 = Instant::now();
+        while t0.elapsed() < spin {
+            std::hint::spin_loop();
+        }
+        r.cancel();
+        match r.wait(T) {
+            hixl::TransferStatus::Cancelled => cancelled += 1,
+            hixl::TransferStatus::Completed => {}
+            other => panic!("round {round}: {other:?}"),
+        }
+        drop(r);
+        drop(descs);
+        // the link goes on; (a link a cancel broke would be connected again, and counted)
+        let d = TransferDesc::new(
+            buf.range(0..64).unwrap(),
+            link.remote(peer.addr, 64).unwrap(),
+        );
+        if link.transfer_sync(TransferOp::Read, &[d], T).is_err() {
+            reconnects += 1;
+            drop(link);
+            link = cli
+                .connect(&peer.name)
+                .unwrap_or_else(|e| panic!("round {round}: the peer is gone: {e}"));
+        }
+    }
+    eprintln!("{rounds} rounds: {cancelled} cancelled while running, {reconnects} reconnects");
+    assert_eq!(reconnects, 0, "a cancel broke the link");
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(peer.addr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    drop(link);
+    let mut b = buf;
+    peer.check_read_back_and_quit(&mut b, 4096, 46);
+}
+
+/// A UCX context lists the host's network devices once; when one goes away, every later worker
+/// of that context fails `UCS_ERR_NO_DEVICE`. A client (another process, `UCX_TLS=tcp` over
+/// every device, `Ucx::Require`) links over UCX, its link is dropped, a veth pair that was up
+/// when its context was made is removed, and it links again: over UCX, with the peer's bytes,
+/// and no restart (the engine made a new context on the devices there are). Before, the second
+/// link failed `UNSUPPORTED` (no UCX worker could be made) until the process restarted.
+#[test]
+fn a_lost_network_device_costs_no_restart() {
+    use std::io::{BufRead, BufReader, Write};
+    if !ucx_available("a_lost_network_device_costs_no_restart") {
+        return;
+    }
+    let ns = match common::netns::Netns::create(7) {
+        Ok((ns, _, _)) => ns,
+        Err(why) => {
+            eprintln!("a_lost_network_device_costs_no_restart: skipped: no veth pair ({why})");
+            return;
+        }
+    };
+    let size = 1 << 20;
+    // both over UCX's tcp on every device, whatever this run's UCX_TLS says
+    let peer = Peer::spawn_in(
+        &["env", "-u", "UCX_NET_DEVICES", "UCX_TLS=tcp"],
+        "127.0.0.1",
+        size,
+        48,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    );
+    let want = fnv1a(&Rng::new(48).bytes(64));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
+        .args(["ucx-client", &peer.name, "--psk", KEY])
+        .env("UCX_TLS", "tcp")
+        .env_remove("UCX_NET_DEVICES")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = child.stdin.take().unwrap();
+    let mut from = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |cmd: &str| {
+        if !cmd.is_empty() {
+            writeln!(to, "{cmd}").unwrap();
+        }
+        let mut l = String::new();
+        from.read_line(&mut l).unwrap();
+        l.trim().to_owned()
+    };
+    assert_eq!(ask(""), "READY");
+    assert_eq!(
+        ask("link"),
+        format!("LINKED ucx {want:016x}"),
+        "with the veth up"
+    );
+    assert_eq!(ask("drop"), "DROPPED");
+    drop(ns); // the veth pair goes (and the drop waits until the host no longer lists it)
+    assert_eq!(
+        ask("link"),
+        format!("LINKED ucx {want:016x}"),
+        "after the veth went"
+    );
+    assert_eq!(ask("drop"), "DROPPED");
+    ask("quit");
+    assert!(child.wait().unwrap().success());
+    peer.quit();
 }

@@ -5,6 +5,7 @@ use hixl::{Connected, Hixl, HostBuffer, Options, Region};
 
 pub mod compat;
 pub mod hammer;
+pub mod netns;
 
 #[allow(unused_imports)]
 pub use hixl::testkit::{Rng, fnv1a};

@@ -10,6 +10,7 @@
 //! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
 //! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
+//! hixl-peer ucx-client NAME --psk KEY   (a UCX client linking on command; see probes.rs)
 //! ```
 //!
 //! The command line is clap's (`hixl-peer --help`, `hixl-peer COMMAND --help`): flags in any
@@ -68,7 +69,7 @@
 
 mod probes;
 
-use probes::{hammer, norandom, pidreuse, sink};
+use probes::{hammer, norandom, pidreuse, sink, ucx_client};
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -182,6 +183,14 @@ enum Cli {
     },
     /// Initializes an engine with no OS random source (as root)
     Norandom,
+    /// A client engine that requires UCX, linking to NAME on command (`link`, `drop`, `quit`)
+    UcxClient {
+        /// The serving engine
+        name: String,
+        /// Options::psk
+        #[arg(long)]
+        psk: String,
+    },
 }
 
 /// The flags of the serving commands.
@@ -310,6 +319,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             compat_serve(common.or("127.0.0.1:0", 64 << 20), options)
         }
         Cli::Norandom => norandom(),
+        Cli::UcxClient { name, psk } => ucx_client(&name, &psk),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The soundness probes of `hixl-peer` (see `main.rs`'s docs): `norandom` (an engine without an
 //! OS random source), `sink` and `pidreuse` (a same-host write never lands in a process that took
-//! a dead peer's pid), and `hammer` (a same-host client that keeps writing).
+//! a dead peer's pid), `hammer` (a same-host client that keeps writing), and `ucx-client` (a
+//! UCX client that links on command).
 
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -276,5 +277,61 @@ pub(crate) fn hammer(
         }
         out.flush()?;
     }
+    Ok(())
+}
+
+/// `hixl-peer ucx-client NAME --psk KEY`: a client engine that requires UCX, driven by commands
+/// on standard input: `link` connects to `NAME` and READs the first 64 bytes of its first region,
+/// then prints `LINKED <transport> <fnv1a of the bytes, hex>` (or `ERR <HIXL status> <error>`);
+/// `drop` disconnects (`DROPPED`); `quit` (or the end of input) finalizes. Its UCX context is
+/// made at start, so a test can change the host's network devices between links.
+pub(crate) fn ucx_client(name: &str, psk: &str) -> Result<(), Box<dyn std::error::Error>> {
+    // (a server serves UCX to a client on its host only inside its fence: the default
+    // SameHost::Auto names this process)
+    let opts = Options::default()
+        .psk(psk.as_bytes())
+        .ucx(hixl::Ucx::Require);
+    let (engine, mut buf) = Hixl::initialize("127.0.0.1", opts)?.register(vec![0u8; 64])?;
+    let engine = engine.activate()?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY")?;
+    out.flush()?;
+    let mut link = None;
+    for line in std::io::stdin().lock().lines() {
+        match line?.trim() {
+            "link" => {
+                let read = |l: &hixl::Link<'_>| -> Result<(), hixl::Error> {
+                    let remote = l
+                        .regions()
+                        .next()
+                        .ok_or(hixl::Error::EmptyBatch)?
+                        .range(0..64)?;
+                    let d = TransferDesc::new(buf.full(), remote);
+                    l.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
+                };
+                match engine.connect(name).and_then(|l| read(&l).map(|()| l)) {
+                    Ok(l) => {
+                        let t = l.transport();
+                        link = Some(l);
+                        let mut got = [0u8; 64];
+                        buf.read_at(0, &mut got)?;
+                        writeln!(out, "LINKED {} {:016x}", t.name(), fnv1a(&got))?;
+                    }
+                    Err(e) => writeln!(out, "ERR {} {e}", e.status().code())?,
+                }
+            }
+            "drop" => {
+                if let Some(l) = link.take() {
+                    let _ = l.disconnect(Duration::from_secs(5));
+                }
+                writeln!(out, "DROPPED")?;
+            }
+            "quit" => break,
+            other => writeln!(out, "ERR 0 unknown command {other:?}")?,
+        }
+        out.flush()?;
+    }
+    drop(link);
+    let _ = engine.finalize();
     Ok(())
 }

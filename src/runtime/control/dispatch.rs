@@ -113,7 +113,13 @@ pub(super) fn violation(
     e: WireError,
     deadline: Option<Instant>,
 ) -> ConnEnd {
-    refuse(sock, out, Status::FAILED, &e.to_string(), deadline);
+    refuse(
+        sock,
+        out,
+        super::limits::PROTOCOL_VIOLATION,
+        &e.to_string(),
+        deadline,
+    );
     ConnEnd::Protocol(e)
 }
 

@@ -104,6 +104,19 @@ impl Handshake {
         tracing::debug!(parent: &shared.span, from = %self.conn.from, why, "handshake refused");
     }
 
+    /// Ends a handshake that broke the protocol (a frame that does not decode, of a kind the
+    /// stage does not expect, or with a malformed payload): `FAILED`, at every stage, as on an
+    /// established lane ([`dispatch::violation`](super::dispatch::violation)).
+    fn violation(&self, shared: &ServerShared, e: WireError) -> Step {
+        self.refuse(
+            shared,
+            limits::PROTOCOL_VIOLATION,
+            &e.to_string(),
+            "protocol violation",
+        );
+        Step::End
+    }
+
     /// The next complete handshake frame, if its bytes are in: a header declaring more than
     /// [`limits::MAX_HANDSHAKE_FRAME`] bytes is refused before anything is allocated for it.
     fn frame(&mut self) -> io::Result<Option<Frame>> {
@@ -128,10 +141,7 @@ impl Handshake {
             let (kind, p) = match self.frame() {
                 Ok(None) => return Step::Wait(self),
                 Ok(Some(Ok(f))) => f,
-                Ok(Some(Err(e))) => {
-                    self.refuse(shared, Status::FAILED, &e.to_string(), "protocol violation");
-                    return Step::End;
-                }
+                Ok(Some(Err(e))) => return self.violation(shared, e),
                 Err(e) => {
                     tracing::trace!(parent: &shared.span, from = %self.conn.from, error = %e, "handshake ended");
                     return Step::End;
@@ -140,15 +150,11 @@ impl Handshake {
             match std::mem::replace(&mut self.stage, Stage::Hello) {
                 Stage::Hello => {
                     if kind != Kind::Hello {
-                        self.refuse(shared, Status::FAILED, "expected HELLO", "not a HELLO");
-                        return Step::End;
+                        return self.violation(shared, WireError::Unexpected(kind));
                     }
                     let hello = match Hello::decode(&p) {
                         Ok(h) => h,
-                        Err(e) => {
-                            self.refuse(shared, Status::FAILED, &e.to_string(), "bad HELLO");
-                            return Step::End;
-                        }
+                        Err(e) => return self.violation(shared, e),
                     };
                     let Some(key) = &shared.psk else {
                         return self.authenticated(shared, Box::new(hello));
@@ -172,12 +178,14 @@ impl Handshake {
                 }
                 Stage::Auth { hello, sn } => {
                     let key = shared.psk.as_ref().expect("a challenge means a key");
-                    let answer = match kind {
-                        Kind::Auth => wire::decode_auth(&p, 1).ok().map(|f| f[0]),
-                        _ => None,
+                    // a frame that is not a well-formed AUTH breaks the protocol, as at any
+                    // other stage; a well-formed one with the wrong proof fails authentication
+                    let answer = match (kind, wire::decode_auth(&p, 1)) {
+                        (Kind::Auth, Ok(f)) => f[0],
+                        (Kind::Auth, Err(e)) => return self.violation(shared, e),
+                        (k, _) => return self.violation(shared, WireError::Unexpected(k)),
                     };
-                    if !answer.is_some_and(|a| key.check_client(&hello.nonce, &sn, &hello.name, &a))
-                    {
+                    if !key.check_client(&hello.nonce, &sn, &hello.name, &answer) {
                         let why = format!("engine {:?} failed authentication", hello.name);
                         self.refuse(shared, Status::PARAM_INVALID, "authentication failed", &why);
                         return Step::End;
@@ -187,15 +195,8 @@ impl Handshake {
                 Stage::Prove { hello, nonce } => {
                     let fd = match (kind, wire::decode_proof(&p)) {
                         (Kind::Proof, Ok(a)) => a,
-                        (Kind::Proof, Err(e)) => {
-                            self.refuse(shared, Status::FAILED, &e.to_string(), "bad PROOF");
-                            return Step::End;
-                        }
-                        (k, _) => {
-                            let e = WireError::Unexpected(k);
-                            self.refuse(shared, Status::FAILED, &e.to_string(), "expected PROOF");
-                            return Step::End;
-                        }
+                        (Kind::Proof, Err(e)) => return self.violation(shared, e),
+                        (k, _) => return self.violation(shared, WireError::Unexpected(k)),
                     };
                     let fence = self.proven(shared, &hello, fd, &nonce);
                     return self.finish(shared, hello, fence);

@@ -31,6 +31,13 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::error::Status;
+
+/// The status of the REFUSE that ends a connection whose input breaks the protocol (a frame
+/// that does not decode, one of a kind its stage does not expect, a malformed payload): one
+/// status for one kind of input, at every stage of the handshake and on established lanes.
+pub(crate) const PROTOCOL_VIOLATION: Status = Status::FAILED;
+
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
 pub(crate) const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;

@@ -20,10 +20,11 @@ pub(crate) struct UcxBackend {
     require: bool,
     /// The serving side while the engine serves.
     server: Mutex<Option<UcxServer>>,
-    /// This engine's regions mapped for zero-copy PUT/GET on its links, while connected.
+    /// This engine's regions mapped for zero-copy PUT/GET on its links, while connected (in
+    /// the context of the links made last: mapped again when the context is renewed).
     local: Mutex<Option<Arc<UcxLocal>>>,
     /// The regions UCX was given at `activate` (served one-sided to peers while it serves).
-    mapped: Mutex<Vec<u32>>,
+    mapped: Mutex<Vec<RegionView>>,
 }
 
 impl UcxBackend {
@@ -57,6 +58,26 @@ impl UcxBackend {
     }
 }
 
+impl UcxBackend {
+    /// The engine's regions mapped in `ctx`, mapped again there if they were mapped in another
+    /// context (one renewed after a device went away); `None` while not connected, or if they
+    /// cannot be mapped (then UCX copies).
+    fn local_in(&self, ctx: &super::ucp::Context) -> Option<Arc<UcxLocal>> {
+        let mut local = lock(&self.local);
+        if local.as_ref().is_some_and(|l| !l.of(ctx)) {
+            let views = lock(&self.mapped).clone();
+            *local = match UcxLocal::map_in(ctx, &views) {
+                Ok(l) => Some(Arc::new(l)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot map the regions in the renewed UCX context; UCX transfers will copy");
+                    None
+                }
+            };
+        }
+        local.clone()
+    }
+}
+
 /// The server's reason when it refuses UCX to a client on its host that holds no fence.
 const UNFENCED: &str = "UCX from this host is served only to a fenced client (one that names its \
                         process: SameHost::Auto or Require)";
@@ -82,7 +103,7 @@ impl Backend for UcxBackend {
         // this engine's own regions, mapped for zero-copy PUT/GET on its UCX links (a failure
         // only costs speed: UCX then copies through its own buffers)
         let views = views(regions);
-        *lock(&self.mapped) = views.iter().map(|v| v.id).collect();
+        *lock(&self.mapped) = views.clone();
         match UcxLocal::map(u, &views) {
             Ok(l) => *lock(&self.local) = Some(Arc::new(l)),
             Err(e) => tracing::warn!(parent: span, error = %e,
@@ -109,7 +130,7 @@ impl Backend for UcxBackend {
     /// was given at `activate` has keys in its clients' hands, which UCX cannot take back alone
     /// (unmapping does not stop a peer on this host, nor UCX's software RMA).
     fn can_withdraw(&self, id: u32) -> Result<(), &'static str> {
-        if lock(&self.mapped).contains(&id) {
+        if lock(&self.mapped).iter().any(|v| v.id == id) {
             Err("UCX serves the region one-sided to its peers and cannot take one region back")
         } else {
             Ok(())
@@ -118,9 +139,12 @@ impl Backend for UcxBackend {
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {
         let Some(u) = &self.eng else { return Ok(None) };
-        let local = lock(&self.local).clone();
         let got = Self::ask(setup).and_then(|info| match info {
-            Ok(info) => UcxLink::connect(u, setup.peer, &info, setup.table, local).map(Ok),
+            Ok(info) => {
+                let worker = u.worker()?;
+                let local = self.local_in(worker.context());
+                UcxLink::connect(&worker, setup.peer, &info, setup.table, local).map(Ok)
+            }
             Err(no) => Ok(Err(no)),
         });
         match got {

@@ -393,6 +393,8 @@ c_consts! {
     UCS_ERR_INVALID_PARAM: ucs_status_t = -5;
     /// `UCS_ERR_UNREACHABLE`.
     UCS_ERR_UNREACHABLE: ucs_status_t = -6;
+    /// `UCS_ERR_NO_DEVICE`.
+    UCS_ERR_NO_DEVICE: ucs_status_t = -14;
     /// `UCS_ERR_BUSY`.
     UCS_ERR_BUSY: ucs_status_t = -15;
     /// `UCS_ERR_NOT_CONNECTED`.

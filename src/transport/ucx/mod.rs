@@ -30,16 +30,26 @@ use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
-use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker};
+use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker, is_no_device};
+
+/// The bytes a batch posts before it waits for them to complete (a flush), and between which
+/// a cancel stops it: a flush round trip costs about nothing beside 16 MiB, and a cancel waits
+/// for at most that much to move.
+const CHUNK: usize = 16 << 20;
 
 /// How long the serving progress thread keeps polling after its last event before it sleeps on
 /// the worker's event descriptor (tcp needs the target to progress; polling keeps it fast).
 const SERVE_POLL: Duration = Duration::from_micros(50);
 
-/// An engine's UCX context (both sides).
-#[derive(Debug, Clone)]
+/// An engine's UCX context (both sides). A context lists the host's network devices once,
+/// when it is made; when one of them goes away (a veth removed, a NIC reset), every later
+/// worker of that context fails `UCS_ERR_NO_DEVICE`. Then a new context is made on the devices
+/// there are, and the engine's later workers (new links, a new serving worker) and memory
+/// mappings are made in it; what lived on the old one (links over the lost device) fails with
+/// its own status and goes with its last user.
+#[derive(Debug)]
 pub(crate) struct UcxEngine {
-    ctx: Context,
+    ctx: Mutex<Context>,
 }
 impl UcxEngine {
     /// Loads UCX and creates a context (the user's `UCX_*` environment applies).
@@ -49,8 +59,37 @@ impl UcxEngine {
     /// fails.
     pub(crate) fn new() -> Result<Self, Error> {
         Ok(Self {
-            ctx: Context::new()?,
+            ctx: Mutex::new(Context::new()?),
         })
+    }
+
+    /// A new worker, in the current context, or in a new one if the current one lost a device.
+    ///
+    /// # Errors
+    /// UCX failures ([`Error::Native`]).
+    fn worker(&self) -> Result<Worker, Error> {
+        let ctx = lock(&self.ctx).clone();
+        match Worker::new(&ctx, ThreadMode::Serialized) {
+            Err(e) if is_no_device(&e) => {
+                let fresh = self.renew(&ctx)?;
+                Worker::new(&fresh, ThreadMode::Serialized)
+            }
+            r => r,
+        }
+    }
+
+    /// Replaces `stale` by a new context (unless another caller did already) and returns the
+    /// current one.
+    fn renew(&self, stale: &Context) -> Result<Context, Error> {
+        let mut cur = lock(&self.ctx);
+        if cur.same(stale) {
+            *cur = Context::new()?;
+            tracing::warn!(
+                "a network device of the UCX context went away (UCS_ERR_NO_DEVICE): UCX starts \
+                 anew on the devices there are"
+            );
+        }
+        Ok(cur.clone())
     }
 }
 
@@ -79,7 +118,8 @@ impl UcxServer {
     /// # Errors
     /// UCX failures ([`Error::Native`]), or a thread that cannot be spawned ([`Error::Io`]).
     pub(crate) fn start(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
-        let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
+        let worker = eng.worker()?;
+        let ctx = worker.context().clone();
         let mut mems = Vec::new();
         let mut rkeys = Vec::new();
         for r in regions
@@ -89,7 +129,7 @@ impl UcxServer {
             // SAFETY: the region is registered host memory, valid for reads and writes by peers
             // while it is registered; the engine stops this server (dropping the handles, which
             // unmaps them) before any region can be deregistered.
-            let m = unsafe { eng.ctx.map(r.addr as *mut u8, r.len) }?;
+            let m = unsafe { ctx.map(r.addr as *mut u8, r.len) }?;
             rkeys.push((r.id, m.packed_rkey().to_vec()));
             mems.push(m);
         }
@@ -153,9 +193,11 @@ impl Drop for UcxServer {
     }
 }
 
-/// An engine's own host regions mapped with UCX (`ucp_mem_map`), for local use only (no key is
-/// handed out): passing the mapping with each PUT/GET lets UCX pick zero-copy protocols.
+/// An engine's own host regions mapped with UCX (`ucp_mem_map`) in one context, for local use
+/// only (no key is handed out): passing the mapping with each PUT/GET of a worker of that
+/// context lets UCX pick zero-copy protocols.
 pub(crate) struct UcxLocal {
+    ctx: Context,
     /// Sorted by address, disjoint (regions are).
     mems: Vec<MemHandle>,
 }
@@ -169,19 +211,33 @@ impl std::fmt::Debug for UcxLocal {
 }
 
 impl UcxLocal {
-    /// Maps every host region of the engine.
+    /// Maps every host region of the engine in the engine's current context.
     ///
     /// # Errors
     /// UCX failures ([`Error::Native`]).
     pub(crate) fn map(eng: &UcxEngine, regions: &[RegionView]) -> Result<Self, Error> {
+        let ctx = lock(&eng.ctx).clone();
+        Self::map_in(&ctx, regions)
+    }
+
+    /// Maps every host region of the engine in `ctx`.
+    fn map_in(ctx: &Context, regions: &[RegionView]) -> Result<Self, Error> {
         let mut mems = Vec::new();
         for r in regions.iter().filter(|r| r.mem_type == MemType::Host) {
             // SAFETY: registered host memory stays valid while the engine is connected; the
             // engine drops these mappings (with its links) before a region can be deregistered.
-            mems.push(unsafe { eng.ctx.map(r.addr as *mut u8, r.len) }?);
+            mems.push(unsafe { ctx.map(r.addr as *mut u8, r.len) }?);
         }
         mems.sort_by_key(|m| m.addr());
-        Ok(Self { mems })
+        Ok(Self {
+            ctx: ctx.clone(),
+            mems,
+        })
+    }
+
+    /// Whether the mappings are of `ctx` (a worker of another context cannot use them).
+    fn of(&self, ctx: &Context) -> bool {
+        self.ctx.same(ctx)
     }
 
     /// The mapping that covers `addr..addr+len`, if any.
@@ -216,14 +272,14 @@ impl UcxLink {
     /// # Errors
     /// [`Error::Protocol`] for a malformed address or key, UCX failures otherwise.
     pub(crate) fn connect(
-        eng: &UcxEngine,
+        worker: &Worker,
         peer: &str,
         info: &UcxInfo,
         table: &[TableEntry],
         local: Option<Arc<UcxLocal>>,
     ) -> Result<Self, Error> {
-        let worker = Worker::new(&eng.ctx, ThreadMode::Serialized)?;
-        let mut ep = Endpoint::connect(&worker, &info.worker, peer)?;
+        let local = local.filter(|l| l.of(worker.context()));
+        let mut ep = Endpoint::connect(worker, &info.worker, peer)?;
         let mut keys = HashMap::new();
         for (id, packed) in &info.rkeys {
             let Some(e) = table.iter().find(|e| e.id == *id) else {
@@ -252,9 +308,13 @@ impl UcxLink {
         lock(&self.ep).is_failed()
     }
 
-    /// Moves a batch and waits for it to complete at the peer, for the deadline, or for `stop`
-    /// (a cancel). When this returns, UCX no longer touches the local buffers (a timeout or a
-    /// cancel force-closes the endpoint).
+    /// Moves a batch and waits for it to complete at the peer, by the deadline, in chunks of at
+    /// most [`CHUNK`] bytes posted and then flushed; `stop` (a cancel) is looked at between
+    /// chunks, once the chunk in flight has completed, so a cancel never tears the endpoint
+    /// down with operations pending (UCX 1.13's tcp transport then aborts the process of the
+    /// side whose endpoint is destroyed with replies still pending, `uct_tcp_ep_pending_purge`,
+    /// `stubs.c:102`: the peer's, for a READ) and the link stays usable. When this returns, UCX
+    /// no longer touches the local buffers (a timeout force-closes the endpoint).
     ///
     /// # Safety
     /// Every descriptor's local range must be valid registered memory (readable for WRITE,
@@ -272,6 +332,7 @@ impl UcxLink {
         stop: &dyn Fn() -> bool,
     ) -> Result<(), Error> {
         let mut ep = lock(&self.ep);
+        let mut in_flight = 0usize;
         for d in xds {
             let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
                 let _ = ep.flush(Some(Instant::now()));
@@ -280,26 +341,45 @@ impl UcxLink {
                     problem: format!("no UCX key for region {}", d.remote.region),
                 });
             };
-            let remote = base + d.remote.offset;
             let len = d.remote.len as usize;
             // the local mapping covering the range, if any (zero-copy)
             let memh = self.local.as_deref().and_then(|l| l.find(d.local, len));
-            // SAFETY: the caller guarantees the local range (`memh` covers it, by `find`); the
-            // flush below (or a failure, which force-closes the endpoint) ends UCX's use of it
-            // before this returns.
-            let posted = unsafe {
-                match op {
-                    TransferOp::Write => ep.put_in(d.local as *const u8, len, remote, idx, memh),
-                    TransferOp::Read => ep.get_in(d.local as *mut u8, len, remote, idx, memh),
+            let mut off = 0;
+            while off < len {
+                if in_flight >= CHUNK {
+                    // the chunk posted so far completes first; a cancel then stops the batch
+                    // with nothing in flight
+                    ep.flush(Some(deadline))?;
+                    in_flight = 0;
+                    if stop() {
+                        return Err(Error::Cancelled {
+                            op: "UCX transfer",
+                            peer: ep.peer().to_owned(),
+                        });
+                    }
                 }
-            };
-            if let Err(e) = posted {
-                // earlier operations may be in flight: end them before returning
-                let _ = ep.flush(Some(Instant::now()));
-                return Err(e);
+                let piece = (len - off).min(CHUNK - in_flight);
+                let (local, remote) = (d.local + off, base + d.remote.offset + off as u64);
+                // SAFETY: the caller guarantees the local range (`memh` covers it, by `find`);
+                // the flushes (or a failure, which force-closes the endpoint) end UCX's use of
+                // it before this returns.
+                let posted = unsafe {
+                    match op {
+                        TransferOp::Write => {
+                            ep.put_in(local as *const u8, piece, remote, idx, memh)
+                        }
+                        TransferOp::Read => ep.get_in(local as *mut u8, piece, remote, idx, memh),
+                    }
+                };
+                if let Err(e) = posted {
+                    // earlier operations may be in flight: end them before returning
+                    let _ = ep.flush(Some(Instant::now()));
+                    return Err(e);
+                }
+                (off, in_flight) = (off + piece, in_flight + piece);
             }
         }
-        ep.flush_until(Some(deadline), stop)
+        ep.flush(Some(deadline))
     }
 }
 impl DataPath for UcxLink {
@@ -328,17 +408,19 @@ impl DataPath for UcxLink {
     }
 
     /// A failure or a timeout poisons the link (the endpoint is closed: HIXL's rule, reconnect
-    /// to go on).
-    /// A cancel is polled while the batch is flushed.
+    /// to go on). A cancel stops the batch between chunks and leaves the link usable.
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
         batch.start(None)?;
         let stop = || batch.cancel_requested();
         // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the
         // buffers before it returns.
         let r = unsafe { UcxLink::run(self, batch.op, batch.descs, batch.deadline, &stop) };
-        r.map_err(|e| PathFail::Poisoned {
-            why: format!("UCX transfer failed: {e}"),
-            error: e,
+        r.map_err(|e| match e {
+            Error::Cancelled { .. } => PathFail::Failed(e),
+            e => PathFail::Poisoned {
+                why: format!("UCX transfer failed: {e}"),
+                error: e,
+            },
         })
     }
 }

@@ -91,6 +91,11 @@ impl Context {
         })
     }
 
+    /// Whether `other` is this very context (not a clone of another).
+    pub(crate) fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Registers existing memory `[addr, addr + len)` for remote access (read and write) and
     /// packs its rkey.
     ///

@@ -400,19 +400,6 @@ impl Endpoint {
     /// [`Error::Timeout`] when the deadline passes, [`Error::NotConnected`] when the
     /// endpoint failed (error handler, link failure), [`Error::Native`] for other UCX errors.
     pub(crate) fn flush(&mut self, deadline: Option<Instant>) -> Result<(), Error> {
-        self.flush_until(deadline, &|| false)
-    }
-
-    /// [`flush`](Self::flush), also ended by `stop` (polled while waiting): then the endpoint
-    /// is force-closed as on a timeout, and the error is [`Error::Cancelled`].
-    ///
-    /// # Errors
-    /// As [`flush`](Self::flush), and [`Error::Cancelled`].
-    pub(crate) fn flush_until(
-        &mut self,
-        deadline: Option<Instant>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(), Error> {
         let start = Instant::now();
         let ep = self.usable()?;
         let ucp = self.worker.ucp();
@@ -434,7 +421,7 @@ impl Endpoint {
             unsafe { (ucp.ucp_ep_flush_nbx)(ep, &param) }
         };
         let status = if ffi::ptr_is_ptr(req) {
-            let (mut idle, mut spins) = (0u32, 0u32);
+            let mut idle = 0u32;
             loop {
                 let s = {
                     let _g = self.worker.enter();
@@ -447,21 +434,12 @@ impl Endpoint {
                     unsafe { (ucp.ucp_request_free)(req) };
                     break s;
                 }
-                spins = spins.wrapping_add(1);
-                let cancelled = spins.is_multiple_of(64) && stop();
-                if cancelled || deadline.is_some_and(|d| Instant::now() >= d) {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     {
                         let _g = self.worker.enter();
                         // SAFETY: freed once; UCX completes it (cancelled) when the endpoint
                         // is force-closed just below.
                         unsafe { (ucp.ucp_request_free)(req) };
-                    }
-                    if cancelled {
-                        self.close(true, FORCE_CLOSE_BOUND);
-                        return Err(Error::Cancelled {
-                            op: "UCX flush",
-                            peer: self.peer.clone(),
-                        });
                     }
                     return Err(timeout(self));
                 }

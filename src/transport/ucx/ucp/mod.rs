@@ -88,6 +88,12 @@ pub(super) fn is_link_failure(s: ucs_status_t) -> bool {
         || (ffi::UCS_ERR_LAST_ENDPOINT_FAILURE..=ffi::UCS_ERR_FIRST_ENDPOINT_FAILURE).contains(&s)
 }
 
+/// Whether `e` is UCX's `UCS_ERR_NO_DEVICE`: a context's worker cannot be made because a
+/// network device the context listed went away (it lists them once, when it is made).
+pub(crate) fn is_no_device(e: &Error) -> bool {
+    matches!(e, Error::Native { library: "ucx", code, .. } if *code == i64::from(ffi::UCS_ERR_NO_DEVICE))
+}
+
 /// `Ok` for `UCS_OK`, else the error for `call`.
 pub(super) fn check(ucp: &Ucp, call: &'static str, status: ucs_status_t) -> Result<(), Error> {
     if status == ffi::UCS_OK {

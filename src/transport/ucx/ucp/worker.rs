@@ -90,6 +90,11 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
+    /// The context it was made in (memory it moves zero-copy is mapped there).
+    pub(crate) fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
     /// Creates a worker on `ctx`.
     ///
     /// # Errors
