@@ -41,6 +41,75 @@ fn main() {
             profile.display()
         );
     }
+    if suffix == "so"
+        && let Err(e) = llm_datadist(profile, &out_dir)
+    {
+        println!("cargo::warning=libllm_datadist.so not built: {e}");
+    }
+}
+
+/// `libllm_datadist.so` in the profile directory: `adxl::AdxlEngine` and `ge::AscendString`
+/// (`cxx/`, headers in `include/adxl/`), compiled C++ over hixl's C ABI, for programs built
+/// against CANN's library that call its mangled C++ symbols. It needs `libcann_hixl.so` (its
+/// `DT_NEEDED`, found beside it through `$ORIGIN`), which is linked after this script runs: the
+/// link is made against an empty stand-in of that name, and the C ABI's symbols are left for the
+/// loader. Without a C++ compiler (`$CXX`, else `c++`) it is not built, with a warning.
+fn llm_datadist(profile: &Path, out_dir: &Path) -> Result<(), String> {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").ok_or("no manifest dir")?);
+    let include = manifest.join("../include");
+    let sources = [
+        manifest.join("cxx/ascend_string.cc"),
+        manifest.join("cxx/adxl_engine.cc"),
+    ];
+    for f in sources.iter().chain(&[
+        include.join("adxl/adxl_types.h"),
+        include.join("adxl/adxl_engine.h"),
+        include.join("hixl_c.h"),
+    ]) {
+        println!("cargo::rerun-if-changed={}", f.display());
+    }
+    println!("cargo::rerun-if-env-changed=CXX");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let run = |cmd: &mut std::process::Command| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{cxx}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    // the stand-in: an empty library named libcann_hixl.so
+    let stub = out_dir.join("stub");
+    std::fs::create_dir_all(&stub).map_err(|e| e.to_string())?;
+    let empty = stub.join("empty.cc");
+    std::fs::write(&empty, "").map_err(|e| e.to_string())?;
+    run(std::process::Command::new(&cxx)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(stub.join("libcann_hixl.so"))
+        .arg(&empty))?;
+    // built aside, then moved into place: a program never sees half a library
+    let tmp = out_dir.join("libllm_datadist.so");
+    run(std::process::Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ])
+        .arg("-I")
+        .arg(&include)
+        .args(&sources)
+        .arg("-o")
+        .arg(&tmp)
+        .arg("-L")
+        .arg(&stub)
+        .args(["-Wl,--no-as-needed", "-lcann_hixl", "-Wl,-rpath,$ORIGIN"]))?;
+    std::fs::rename(&tmp, profile.join("libllm_datadist.so"))
+        .or_else(|_| std::fs::copy(&tmp, profile.join("libllm_datadist.so")).map(drop))
+        .map_err(|e| e.to_string())
 }
 
 /// Makes `dir/name` a symlink to `target` (relative), replacing whatever else is there.

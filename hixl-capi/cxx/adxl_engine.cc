@@ -1,0 +1,245 @@
+// adxl::AdxlEngine (adxl/adxl_engine.h) over hixl's C ABI (hixl_c.h, libcann_hixl.so): the
+// compiled C++ layer of libllm_datadist.so, so that programs linked against CANN's library (its
+// mangled C++ symbols) run on hixl. Each method checks what ADXL checks itself, then forwards.
+#include "adxl/adxl_engine.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "hixl_c.h"
+
+namespace adxl {
+static_assert(sizeof(TransferOpDesc) == sizeof(hixl_transfer_op_desc) &&
+                  offsetof(TransferOpDesc, local_addr) == offsetof(hixl_transfer_op_desc, local_addr) &&
+                  offsetof(TransferOpDesc, remote_addr) == offsetof(hixl_transfer_op_desc, remote_addr) &&
+                  offsetof(TransferOpDesc, len) == offsetof(hixl_transfer_op_desc, len),
+              "ADXL's TransferOpDesc is hixl's");
+static_assert(sizeof(TransferArgs) == sizeof(hixl_transfer_args), "TransferArgs: 128 bytes");
+static_assert(MEM_DEVICE == HIXL_MEM_DEVICE && MEM_HOST == HIXL_MEM_HOST, "MemType");
+static_assert(READ == HIXL_READ && WRITE == HIXL_WRITE, "TransferOp");
+
+namespace {
+// ADXL's limit on a notification's name and message
+constexpr size_t kMaxNotifyLen = 1024;
+
+// Descriptors with a null local or remote address are refused before the engine sees them.
+bool AnyNull(const std::vector<TransferOpDesc> &descs) {
+  for (const auto &d : descs) {
+    if (d.local_addr == 0 || d.remote_addr == 0) return true;
+  }
+  return false;
+}
+
+// The host allocations of MallocMem, by address: FreeMem frees only these (with their length).
+std::mutex g_alloc_mu;
+std::map<void *, size_t> g_allocs;
+}  // namespace
+
+class AdxlEngine::AdxlEngineImpl {
+ public:
+  AdxlEngineImpl() = default;
+  ~AdxlEngineImpl() { hixl_destroy(engine_); }  // finalizes
+  AdxlEngineImpl(const AdxlEngineImpl &) = delete;
+  AdxlEngineImpl &operator=(const AdxlEngineImpl &) = delete;
+
+  Status Initialize(const AscendString &local_engine,
+                    const std::map<AscendString, AscendString> &options) {
+    Status st = hixl_create(&engine_);
+    if (st != SUCCESS) return st;
+    std::vector<const char *> keys, values;
+    keys.reserve(options.size());
+    values.reserve(options.size());
+    for (const auto &kv : options) {
+      keys.push_back(kv.first.GetString());
+      values.push_back(kv.second.GetString());
+    }
+    st = hixl_initialize(engine_, local_engine.GetString(), keys.data(), values.data(), keys.size());
+    initialized_ = st == SUCCESS;
+    return st;
+  }
+
+  bool initialized() const { return initialized_; }
+  hixl_engine *engine() const { return engine_; }
+
+  void Finalize() {
+    (void)hixl_finalize(engine_);
+    initialized_ = false;
+  }
+
+ private:
+  hixl_engine *engine_ = nullptr;
+  bool initialized_ = false;
+};
+
+AdxlEngine::AdxlEngine() = default;
+
+AdxlEngine::~AdxlEngine() { Finalize(); }
+
+Status AdxlEngine::Initialize(const AscendString &local_engine,
+                              const std::map<AscendString, AscendString> &options) {
+  // as ADXL: a new engine every time (an earlier one goes first, finalized)
+  impl_.reset();
+  impl_.reset(new (std::nothrow) AdxlEngineImpl());
+  if (impl_ == nullptr) return FAILED;
+  return impl_->Initialize(local_engine, options);
+}
+
+void AdxlEngine::Finalize() {
+  if (impl_ != nullptr) impl_->Finalize();
+}
+
+#define ADXL_ENGINE_OR_FAILED()                                \
+  if (impl_ == nullptr || !impl_->initialized()) return FAILED; \
+  hixl_engine *const e = impl_->engine()
+
+Status AdxlEngine::RegisterMem(const MemDesc &mem, MemType type, MemHandle &mem_handle) {
+  ADXL_ENGINE_OR_FAILED();
+  if (mem.addr == 0) return PARAM_INVALID;
+  hixl_mem_desc d;
+  std::memset(&d, 0, sizeof d);
+  d.addr = mem.addr;
+  d.len = mem.len;
+  return hixl_register_mem(e, &d, static_cast<int32_t>(type), &mem_handle);
+}
+
+Status AdxlEngine::DeregisterMem(MemHandle mem_handle) {
+  ADXL_ENGINE_OR_FAILED();
+  if (mem_handle == nullptr) return PARAM_INVALID;
+  return hixl_deregister_mem(e, mem_handle);
+}
+
+Status AdxlEngine::Connect(const AscendString &remote_engine, int32_t timeout_in_millis) {
+  ADXL_ENGINE_OR_FAILED();
+  if (timeout_in_millis <= 0) return PARAM_INVALID;
+  return hixl_connect(e, remote_engine.GetString(), timeout_in_millis);
+}
+
+Status AdxlEngine::Disconnect(const AscendString &remote_engine, int32_t timeout_in_millis) {
+  ADXL_ENGINE_OR_FAILED();
+  if (timeout_in_millis <= 0) return PARAM_INVALID;
+  return hixl_disconnect(e, remote_engine.GetString(), timeout_in_millis);
+}
+
+Status AdxlEngine::TransferSync(const AscendString &remote_engine, TransferOp operation,
+                                const std::vector<TransferOpDesc> &op_descs, int32_t timeout_in_millis) {
+  ADXL_ENGINE_OR_FAILED();
+  if (timeout_in_millis <= 0 || AnyNull(op_descs)) return PARAM_INVALID;
+  return hixl_transfer_sync(e, remote_engine.GetString(), static_cast<int32_t>(operation),
+                            reinterpret_cast<const hixl_transfer_op_desc *>(op_descs.data()),
+                            op_descs.size(), timeout_in_millis);
+}
+
+Status AdxlEngine::TransferAsync(const AscendString &remote_engine, TransferOp operation,
+                                 const std::vector<TransferOpDesc> &op_descs,
+                                 const TransferArgs &optional_args, TransferReq &req) {
+  ADXL_ENGINE_OR_FAILED();
+  if (AnyNull(op_descs)) return PARAM_INVALID;
+  // as ADXL: its reserved bytes become hixl's arguments (the first 8 the request's user data)
+  hixl_transfer_args args;
+  std::memcpy(&args, &optional_args, sizeof args);
+  return hixl_transfer_async(e, remote_engine.GetString(), static_cast<int32_t>(operation),
+                             reinterpret_cast<const hixl_transfer_op_desc *>(op_descs.data()),
+                             op_descs.size(), &args, &req);
+}
+
+Status AdxlEngine::GetTransferStatus(const TransferReq &req, TransferStatus &status) {
+  ADXL_ENGINE_OR_FAILED();
+  if (req == nullptr) {
+    status = TransferStatus::FAILED;
+    return FAILED;
+  }
+  int32_t st = HIXL_TRANSFER_FAILED;
+  const Status ret = hixl_get_transfer_status(e, req, &st);
+  if (ret != SUCCESS) {
+    status = TransferStatus::FAILED;
+    return ret;
+  }
+  switch (st) {
+    case HIXL_TRANSFER_WAITING: status = TransferStatus::WAITING; break;
+    case HIXL_TRANSFER_COMPLETED: status = TransferStatus::COMPLETED; break;
+    case HIXL_TRANSFER_TIMEOUT: status = TransferStatus::TIMEOUT; break;
+    default: status = TransferStatus::FAILED; break;
+  }
+  return SUCCESS;
+}
+
+Status AdxlEngine::SendNotify(const AscendString &remote_engine, const NotifyDesc &notify,
+                              int32_t timeout_in_millis) {
+  ADXL_ENGINE_OR_FAILED();
+  if (timeout_in_millis <= 0 || notify.name.GetLength() > kMaxNotifyLen ||
+      notify.notify_msg.GetLength() > kMaxNotifyLen) {
+    return PARAM_INVALID;
+  }
+  return hixl_send_notify(e, remote_engine.GetString(), notify.name.GetString(),
+                          notify.notify_msg.GetString(), timeout_in_millis);
+}
+
+Status AdxlEngine::GetNotifies(std::vector<NotifyDesc> &notifies) {
+  ADXL_ENGINE_OR_FAILED();
+  hixl_list *list = nullptr;
+  const Status ret = hixl_get_notifies(e, &list);
+  if (ret != SUCCESS) return ret;
+  const size_t n = hixl_list_len(list);
+  // as ADXL: appended to what the vector holds
+  for (size_t i = 0; i < n; i++) {
+    const char *name = nullptr, *msg = nullptr;
+    if (hixl_list_notify(list, i, &name, &msg) != SUCCESS) continue;
+    NotifyDesc d;
+    d.name = AscendString(name);
+    d.notify_msg = AscendString(msg);
+    notifies.push_back(d);
+  }
+  hixl_list_free(list);
+  return SUCCESS;
+}
+
+#undef ADXL_ENGINE_OR_FAILED
+
+Status AdxlEngine::MallocMem(MemType type, size_t size, void **ptr) {
+  if (ptr == nullptr || size == 0) return PARAM_INVALID;
+  // device memory and its shareable handles are FabricMem's (a VMM allocator), which hixl does
+  // not have yet
+  if (type != MEM_HOST) return UNSUPPORTED;
+  const long page = sysconf(_SC_PAGESIZE);
+  const size_t unit = page > 0 ? static_cast<size_t>(page) : 4096;
+  if (size > SIZE_MAX - unit) return RESOURCE_EXHAUSTED;
+  const size_t len = (size + unit - 1) / unit * unit;
+  void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return RESOURCE_EXHAUSTED;
+  {
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    g_allocs[p] = len;
+  }
+  *ptr = p;
+  return SUCCESS;
+}
+
+Status AdxlEngine::ExportToShareableHandle(void *addr, ShareableHandle &handle) {
+  (void)addr;
+  std::memset(&handle, 0, sizeof handle);
+  return UNSUPPORTED;  // FabricMem's
+}
+
+Status AdxlEngine::FreeMem(void *ptr) {
+  if (ptr == nullptr) return PARAM_INVALID;
+  size_t len = 0;
+  {
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    auto it = g_allocs.find(ptr);
+    if (it == g_allocs.end()) return PARAM_INVALID;
+    len = it->second;
+    g_allocs.erase(it);
+  }
+  (void)munmap(ptr, len);
+  return SUCCESS;
+}
+
+Status AdxlEngine::GetCapability(FeatureType feature_type, int32_t &value) {
+  return hixl_get_capability(static_cast<int32_t>(feature_type), &value);
+}
+}  // namespace adxl

@@ -1,0 +1,92 @@
+//! ADXL (`adxl::AdxlEngine`, in `libllm_datadist.so`): a program in the style of its users
+//! (Mooncake's and DLSlime's Ascend transports), built against `include/adxl/adxl_engine.h` with
+//! CANN's example flags and linked with `-lllm_datadist` alone, run as two processes: random data
+//! both ways, async with polling, notifications, each bad input's exact status, the allocator
+//! statics and `ge::AscendString`. And the library exports the symbols a program built against
+//! CANN's headers calls.
+
+mod common;
+
+/// Every method of `adxl::AdxlEngine` and of `ge::AscendString` that CANN's headers declare out
+/// of line, by its mangled name (what a prebuilt program looks up).
+const EXPORTED: &[&str] = &[
+    "_ZN4adxl10AdxlEngineC1Ev",
+    "_ZN4adxl10AdxlEngineD1Ev",
+    "_ZN4adxl10AdxlEngine10InitializeERKN2ge12AscendStringERKSt3mapIS2_S2_St4lessIS2_ESaISt4pairIS3_S2_EEE",
+    "_ZN4adxl10AdxlEngine8FinalizeEv",
+    "_ZN4adxl10AdxlEngine11RegisterMemERKNS_7MemDescENS_7MemTypeERPv",
+    "_ZN4adxl10AdxlEngine13DeregisterMemEPv",
+    "_ZN4adxl10AdxlEngine7ConnectERKN2ge12AscendStringEi",
+    "_ZN4adxl10AdxlEngine10DisconnectERKN2ge12AscendStringEi",
+    "_ZN4adxl10AdxlEngine12TransferSyncERKN2ge12AscendStringENS_10TransferOpERKSt6vectorINS_14TransferOpDescESaIS7_EEi",
+    "_ZN4adxl10AdxlEngine13TransferAsyncERKN2ge12AscendStringENS_10TransferOpERKSt6vectorINS_14TransferOpDescESaIS7_EERKNS_12TransferArgsERPv",
+    "_ZN4adxl10AdxlEngine17GetTransferStatusERKPvRNS_14TransferStatusE",
+    "_ZN4adxl10AdxlEngine10SendNotifyERKN2ge12AscendStringERKNS_10NotifyDescEi",
+    "_ZN4adxl10AdxlEngine11GetNotifiesERSt6vectorINS_10NotifyDescESaIS2_EE",
+    "_ZN4adxl10AdxlEngine9MallocMemENS_7MemTypeEmPPv",
+    "_ZN4adxl10AdxlEngine23ExportToShareableHandleEPvR20aclrtMemFabricHandle",
+    "_ZN4adxl10AdxlEngine7FreeMemEPv",
+    "_ZN4adxl10AdxlEngine13GetCapabilityENS_11FeatureTypeERi",
+    "_ZN2ge12AscendStringC1EPKc",
+    "_ZN2ge12AscendStringC1EPKcm",
+    "_ZNK2ge12AscendString9GetStringEv",
+    "_ZNK2ge12AscendString9GetLengthEv",
+    "_ZNK2ge12AscendString4FindERKS0_",
+    "_ZNK2ge12AscendString4HashEv",
+    "_ZNK2ge12AscendStringltERKS0_",
+    "_ZNK2ge12AscendStringeqERKS0_",
+    "_ZNK2ge12AscendStringeqEPKc",
+];
+
+#[test]
+fn libllm_datadist_exports_adxl_and_ascend_string() {
+    let lib = common::lib_dir().join("libllm_datadist.so");
+    if !lib.exists() {
+        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+        return;
+    }
+    let nm = match std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            eprintln!("skipped: no working `nm` to list the exports");
+            return;
+        }
+    };
+    let out = String::from_utf8_lossy(&nm.stdout);
+    let defined: std::collections::BTreeSet<&str> = out
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 3 && w[1] == "T").then_some(w[2])
+        })
+        .collect();
+    let missing: Vec<_> = EXPORTED.iter().filter(|s| !defined.contains(**s)).collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+    // it needs hixl's engine under CANN's name, found beside it
+    if let Some(n) = common::needed(&lib) {
+        assert!(n.contains(&"libcann_hixl.so".to_owned()), "{n:?}");
+    }
+}
+
+#[test]
+fn an_adxl_program_runs_as_two_processes() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    if !common::lib_dir().join("libllm_datadist.so").exists() {
+        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+        return;
+    }
+    common::two_processes(
+        &cxx,
+        &common::HIXL_EXAMPLE_FLAGS,
+        "llm_datadist",
+        "cpp/adxl_engine.cpp",
+        4,
+        "caller",
+    );
+}
