@@ -200,6 +200,12 @@ impl Hixl {
     /// `FAILED` when not initialized; `PARAM_INVALID` for `len == 0`; `RESOURCE_EXHAUSTED` when
     /// the memory cannot be allocated or the region table is full.
     pub fn alloc_host_mem(&self, len: usize) -> Result<HostMem> {
+        self.alloc_host_mem_with(len, Access::ReadWrite)
+    }
+
+    /// [`Hixl::alloc_host_mem`] with the access peers get (the LLM-DataDist layer publishes its
+    /// cache table read-only).
+    pub(crate) fn alloc_host_mem_with(&self, len: usize, access: Access) -> Result<HostMem> {
         let mut core = self.write();
         if core.engine.is_none() {
             return Err(not_initialized());
@@ -207,10 +213,11 @@ impl Hixl {
         let buf = crate::HostBuffer::new(len)?;
         let region = match &core.engine {
             Some(Typed::Connected(e)) => e
-                .register_live(buf, Access::ReadWrite)
+                .register_live(buf, access)
                 .map_err(|h| Error::from(h.error))?,
             _ => self.with_registered(&mut core, "allocate memory", |e| {
-                e.register(buf).map_err(|h| Error::from(h.error))
+                e.register_with(buf, access)
+                    .map_err(|h| Error::from(h.error))
             })?,
         };
         let mem = HostMem {

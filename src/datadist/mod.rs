@@ -1,0 +1,28 @@
+//! LLM-DataDist on hixl: the KV-cache manager of CANN's HIXL package (`llm_datadist`), whose
+//! pulls and pushes are batched one-sided READs and WRITEs of the engine.
+//!
+//! A cluster (one instance per serving process, named by a `u64` cluster id, in a
+//! [`Role`]) registers its KV tensors as caches, links to peer clusters, and pulls blocks or
+//! batches of a peer's cache into its own, or pushes its own into a peer's. Each instance
+//! publishes its caches (their geometry and tensor addresses) in a cache table that a peer
+//! fetches once per link, so a pull or push is checked against both caches and then moves as
+//! one batch of descriptors (consecutive blocks as one). Device caches move over the Ascend
+//! path where the engine has it; host caches over the same-host path or TCP, so it works
+//! without an NPU.
+//!
+//! [`DataDist`] is the runtime-checked instance, in LLM-DataDist's shape (cluster and cache
+//! ids, status codes as [`LlmStatus`]): the C ABI (`hixl_dd_*`, under `libllm_datadist.so`'s
+//! `llm_datadist::LlmDataDist`) and the Python package `llm_datadist` are layers over it.
+//!
+//! Status codes are LLM-DataDist's numeric values (`LLM_PARAM_INVALID` 0x5010B005, ...); the
+//! engine's map as upstream's `hixl` backend maps them ([`LlmStatus::of_engine`]).
+
+mod core;
+pub mod table;
+mod types;
+
+pub use self::core::{DataDist, MAX_LINKS};
+pub use types::{
+    CacheDesc, CacheKey, CacheKind, ClusterInfo, DataType, Error, IpInfo, Layers, LlmStatus,
+    Placement, RemoteCache, Result, Role,
+};

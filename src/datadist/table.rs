@@ -1,0 +1,321 @@
+//! The cache table: what an LLM-DataDist instance publishes of its caches, for peers to fetch
+//! once per link (a one-sided READ of the read-only region it lives in; see `core.rs`). Its
+//! bytes come from the peer: the decoder checks every count and length against the bytes there
+//! are before it reads them, and never panics.
+//!
+//! Layout (little-endian): a header `{u64 magic "HXLCTBL1"; u64 version (odd while it is being
+//! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload `{u32 caches;
+//! u32 keys; caches × {i64 cache_id; u32 kind; u32 placement; u32 num_tensors; u32 zero; u64
+//! tensor_size; u64 stride; u64 count; u64 address × num_tensors}; keys × {i64 cache_id; u64
+//! req_id; u64 model_id}}`.
+
+use super::types::{CacheKind, Placement};
+
+/// The table's region: at most this many bytes, header included.
+pub(crate) const TABLE_LEN: usize = 1 << 20;
+/// The header's bytes.
+pub(crate) const HEADER_LEN: usize = 32;
+/// The header's magic ("HXLCTBL1").
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"HXLCTBL1");
+/// Most tensors one cache has.
+pub(crate) const MAX_TENSORS: u32 = 1 << 16;
+
+/// One cache as the table describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub cache_id: i64,
+    pub kind: CacheKind,
+    pub placement: Placement,
+    /// Bytes of each tensor.
+    pub tensor_size: u64,
+    /// Bytes of one block or batch of each tensor.
+    pub stride: u64,
+    /// Blocks (or batches) in each tensor.
+    pub count: u64,
+    /// Each tensor's address, in the owner's address space.
+    pub addrs: Vec<u64>,
+}
+
+/// A key a cache is registered under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key {
+    pub cache_id: i64,
+    pub req_id: u64,
+    pub model_id: u64,
+}
+
+/// A decoded table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Table {
+    pub entries: Vec<Entry>,
+    pub keys: Vec<Key>,
+}
+
+/// Why a table's bytes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TableError {
+    /// Not a cache table (its magic).
+    #[error("not a cache table (magic {0:#018x})")]
+    Magic(u64),
+    /// It was being rewritten when it was read (an odd version), or changed meanwhile.
+    #[error("the table changed while it was read")]
+    Torn,
+    /// A length or count beyond the bytes, a checksum that does not match, a bad value.
+    #[error("malformed cache table: {0}")]
+    Malformed(&'static str),
+}
+
+/// FNV-1a over `bytes`.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl Table {
+    /// The payload's bytes.
+    pub(crate) fn encode_payload(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.keys.len() as u32).to_le_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&e.cache_id.to_le_bytes());
+            out.extend_from_slice(&(e.kind as u32).to_le_bytes());
+            out.extend_from_slice(&(e.placement as u32).to_le_bytes());
+            out.extend_from_slice(&(e.addrs.len() as u32).to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+            for v in [e.tensor_size, e.stride, e.count] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            for a in &e.addrs {
+                out.extend_from_slice(&a.to_le_bytes());
+            }
+        }
+        for k in &self.keys {
+            out.extend_from_slice(&k.cache_id.to_le_bytes());
+            out.extend_from_slice(&k.req_id.to_le_bytes());
+            out.extend_from_slice(&k.model_id.to_le_bytes());
+        }
+        out
+    }
+
+    /// The payload length and checksum `header` states, checked: `Err` for another magic or
+    /// a version that says it is being rewritten.
+    pub(crate) fn decode_header(header: &[u8]) -> Result<(u64, usize, u64), TableError> {
+        let w = |i: usize| -> Result<u64, TableError> {
+            let b = header
+                .get(i * 8..i * 8 + 8)
+                .ok_or(TableError::Malformed("a header of 32 bytes"))?;
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let magic = w(0)?;
+        if magic != MAGIC {
+            return Err(TableError::Magic(magic));
+        }
+        let version = w(1)?;
+        if version % 2 == 1 {
+            return Err(TableError::Torn);
+        }
+        let len = w(2)?;
+        if len > (TABLE_LEN - HEADER_LEN) as u64 {
+            return Err(TableError::Malformed("a payload longer than the table"));
+        }
+        Ok((version, len as usize, w(3)?))
+    }
+
+    /// Decodes a payload whose header said `sum`.
+    pub(crate) fn decode_payload(p: &[u8], sum: u64) -> Result<Table, TableError> {
+        if fnv1a(p) != sum {
+            return Err(TableError::Torn);
+        }
+        let mut r = Reader { p, at: 0 };
+        let caches = r.u32()?;
+        let keys = r.u32()?;
+        // every entry takes at least 48 bytes and every key 24: counts beyond the bytes fail
+        // here, before anything is allocated for them
+        if u64::from(caches) * 48 + u64::from(keys) * 24 > p.len() as u64 {
+            return Err(TableError::Malformed("more entries than bytes"));
+        }
+        let mut entries = Vec::with_capacity(caches as usize);
+        for _ in 0..caches {
+            let cache_id = r.u64()? as i64;
+            let kind =
+                CacheKind::from_value(r.u32()?).ok_or(TableError::Malformed("a cache kind"))?;
+            let placement =
+                Placement::from_value(r.u32()?).ok_or(TableError::Malformed("a placement"))?;
+            let n = r.u32()?;
+            if n == 0 || n > MAX_TENSORS {
+                return Err(TableError::Malformed("a tensor count"));
+            }
+            if r.u32()? != 0 {
+                return Err(TableError::Malformed("a reserved word"));
+            }
+            let (tensor_size, stride, count) = (r.u64()?, r.u64()?, r.u64()?);
+            if stride == 0 || stride.checked_mul(count) != Some(tensor_size) {
+                return Err(TableError::Malformed(
+                    "a stride that does not divide the tensor",
+                ));
+            }
+            if u64::from(n) * 8 > r.left() as u64 {
+                return Err(TableError::Malformed("more addresses than bytes"));
+            }
+            let mut addrs = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                addrs.push(r.u64()?);
+            }
+            entries.push(Entry {
+                cache_id,
+                kind,
+                placement,
+                tensor_size,
+                stride,
+                count,
+                addrs,
+            });
+        }
+        let mut ks = Vec::with_capacity(keys as usize);
+        for _ in 0..keys {
+            ks.push(Key {
+                cache_id: r.u64()? as i64,
+                req_id: r.u64()?,
+                model_id: r.u64()?,
+            });
+        }
+        if r.left() != 0 {
+            return Err(TableError::Malformed("bytes after the keys"));
+        }
+        Ok(Table { entries, keys: ks })
+    }
+}
+
+struct Reader<'a> {
+    p: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], TableError> {
+        let b = self
+            .p
+            .get(
+                self.at
+                    ..self
+                        .at
+                        .checked_add(n)
+                        .ok_or(TableError::Malformed("a length"))?,
+            )
+            .ok_or(TableError::Malformed("a table cut short"))?;
+        self.at += n;
+        Ok(b)
+    }
+    fn u32(&mut self) -> Result<u32, TableError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, TableError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn left(&self) -> usize {
+        self.p.len() - self.at
+    }
+}
+
+/// Decodes a whole table image (header and payload), as a fuzzer feeds it.
+pub fn decode(bytes: &[u8]) -> Result<(), String> {
+    let (_, len, sum) = Table::decode_header(bytes).map_err(|e| e.to_string())?;
+    let p = bytes
+        .get(HEADER_LEN..HEADER_LEN + len)
+        .ok_or("a payload cut short")?;
+    Table::decode_payload(p, sum)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Table {
+        Table {
+            entries: vec![
+                Entry {
+                    cache_id: 1,
+                    kind: CacheKind::Blocks,
+                    placement: Placement::Device,
+                    tensor_size: 4096,
+                    stride: 512,
+                    count: 8,
+                    addrs: vec![0x1000, 0x9000, 0x20000],
+                },
+                Entry {
+                    cache_id: 7,
+                    kind: CacheKind::Mix,
+                    placement: Placement::Host,
+                    tensor_size: 64,
+                    stride: 64,
+                    count: 1,
+                    addrs: vec![0xdead_0000],
+                },
+            ],
+            keys: vec![Key {
+                cache_id: 1,
+                req_id: u64::MAX,
+                model_id: 3,
+            }],
+        }
+    }
+
+    fn image(t: &Table, version: u64) -> Vec<u8> {
+        let p = t.encode_payload();
+        let mut out = Vec::new();
+        for w in [MAGIC, version, p.len() as u64, fnv1a(&p)] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&p);
+        out
+    }
+
+    #[test]
+    fn round_trip_and_every_truncation_or_flip_is_refused_or_decodes() {
+        let t = sample();
+        let img = image(&t, 2);
+        let (_, len, sum) = Table::decode_header(&img).unwrap();
+        assert_eq!(
+            Table::decode_payload(&img[HEADER_LEN..HEADER_LEN + len], sum),
+            Ok(t)
+        );
+        assert_eq!(
+            Table::decode_header(&image(&sample(), 3)),
+            Err(TableError::Torn)
+        );
+        for cut in 0..img.len() {
+            assert!(decode(&img[..cut]).is_err(), "cut at {cut}");
+        }
+        // a flipped byte of the payload fails the checksum; of the header, the magic or lengths
+        for i in 0..img.len() {
+            let mut bad = img.clone();
+            bad[i] ^= 0x41;
+            let _ = decode(&bad); // never panics
+            if i >= HEADER_LEN {
+                assert!(decode(&bad).is_err(), "flip at {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn counts_beyond_the_bytes_are_refused_before_allocating() {
+        let mut p = Vec::new();
+        p.extend_from_slice(&u32::MAX.to_le_bytes());
+        p.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            Table::decode_payload(&p, fnv1a(&p)),
+            Err(TableError::Malformed("more entries than bytes"))
+        );
+    }
+}
