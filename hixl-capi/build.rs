@@ -48,8 +48,9 @@ fn main() {
     }
 }
 
-/// `libllm_datadist.so` in the profile directory: `adxl::AdxlEngine` and `ge::AscendString`
-/// (`cxx/`, headers in `include/adxl/`), compiled C++ over hixl's C ABI, for programs built
+/// `libllm_datadist.so` in the profile directory: `adxl::AdxlEngine`, `llm_datadist::LlmDataDist`
+/// and `ge::AscendString` (`cxx/`, headers in `include/adxl/` and `include/llm_datadist/`),
+/// compiled C++ over hixl's C ABI (`hixl_c.h`, `hixl_dd.h`), for programs built
 /// against CANN's library that call its mangled C++ symbols. It needs `libcann_hixl.so` (its
 /// `DT_NEEDED`, found beside it through `$ORIGIN`), which is linked after this script runs: the
 /// link is made against an empty stand-in of that name, and the C ABI's symbols are left for the
@@ -60,11 +61,16 @@ fn llm_datadist(profile: &Path, out_dir: &Path) -> Result<(), String> {
     let sources = [
         manifest.join("cxx/ascend_string.cc"),
         manifest.join("cxx/adxl_engine.cc"),
+        manifest.join("cxx/llm_datadist.cc"),
     ];
     for f in sources.iter().chain(&[
         include.join("adxl/adxl_types.h"),
         include.join("adxl/adxl_engine.h"),
         include.join("hixl_c.h"),
+        include.join("hixl_dd.h"),
+        include.join("llm_datadist/llm_datadist.h"),
+        include.join("llm_datadist/llm_error_codes.h"),
+        include.join("llm_datadist/ge_compat.h"),
     ]) {
         println!("cargo::rerun-if-changed={}", f.display());
     }

@@ -18,6 +18,9 @@
 //! finalized (the `# Safety` contract of [`hixl_rs::compat::Hixl::register_mem`]). Memory from
 //! [`hixl_alloc_host_mem`] is the engine's: nothing is asked of the caller but to stop using it
 //! once it is deregistered or the engine finalized.
+//!
+//! LLM-DataDist's C ABI (`hixl_dd_*`, `include/hixl_dd.h`) is the module [`datadist`], under the
+//! same rules with LLM-DataDist's status codes.
 
 #![deny(unsafe_op_in_unsafe_fn, missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -30,6 +33,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_rs::compat::{self, Hixl};
 use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
+
+pub mod datadist;
 
 /// A status code (HIXL's values: 0 success, 103900 `PARAM_INVALID`, ...).
 pub type HixlStatus = u32;

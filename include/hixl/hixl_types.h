@@ -116,7 +116,8 @@ struct hash<ge::AscendString> {
 #endif  // INC_EXTERNAL_GRAPH_ASCEND_STRING_H_
 
 #if !defined(HIXL_RS_CANN_GE) && !defined(INC_EXTERNAL_GE_COMMON_API_ERROR_CODES_H_) && \
-    !defined(INC_EXTERNAL_GE_COMMON_GE_API_ERROR_CODES_H_)
+    !defined(INC_EXTERNAL_GE_COMMON_GE_API_ERROR_CODES_H_) && !defined(HIXL_RS_GE_STATUS)
+#define HIXL_RS_GE_STATUS 1 /* also llm_datadist/ge_compat.h's: defined once */
 namespace ge {
 /* GE's status type and its two general codes (external/ge_common/api_error_codes.h). */
 using Status = uint32_t;

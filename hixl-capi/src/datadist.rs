@@ -1,0 +1,685 @@
+//! LLM-DataDist's C ABI (`hixl_dd_*`, declared in `include/hixl_dd.h`): the runtime-checked
+//! instance [`hixl_rs::datadist::DataDist`] as C functions, for `libllm_datadist.so`'s
+//! `llm_datadist::LlmDataDist` (`cxx/llm_datadist.cc`) and any C caller.
+//!
+//! The rules are the engine ABI's (`lib.rs`), with LLM-DataDist's status codes: every entry
+//! point runs under `catch_unwind` (a panic is `LLM_FAILED`), checks its pointers (null →
+//! `LLM_PARAM_INVALID`), strings (not UTF-8 → `LLM_PARAM_INVALID`), enum values and counts,
+//! and looks its handle up in a registry (an unknown or destroyed handle is
+//! `LLM_PARAM_INVALID`, never a dereference); a failure leaves its cause for
+//! `hixl_last_error_message` (the same thread-local buffer as the engine's calls).
+
+use std::collections::HashMap;
+use std::ffi::c_char;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hixl_rs::datadist::{
+    CacheDesc, ClusterInfo, DataDist, DataType, Error, IpInfo, Layers, LlmStatus, Placement,
+    RemoteCache, Role,
+};
+
+use crate::{put, set_error, slice, string};
+
+/// A status code: LLM-DataDist's values (0 `LLM_SUCCESS`, 0x5010B005 `LLM_PARAM_INVALID`, ...).
+pub type LlmStatusCode = u32;
+
+/// An LLM-DataDist instance handle (`hixl_dd *`): opaque to C, a key in the registry, never
+/// dereferenced and never reused in a process.
+pub struct HixlDd {
+    _private: [u8; 0],
+}
+
+/// `hixl_dd_ip_info`: an address (`IpInfo`): a NUL-terminated IPv4 or IPv6 text and a port.
+#[repr(C)]
+pub struct DdIpInfo {
+    /// The address, as text.
+    pub ip: *const c_char,
+    /// The port.
+    pub port: u16,
+}
+
+/// `hixl_dd_cluster_info`: a peer cluster (`ClusterInfo`).
+#[repr(C)]
+pub struct DdClusterInfo {
+    /// The peer's cluster id.
+    pub remote_cluster_id: u64,
+    /// The peer's role (informative).
+    pub remote_role_type: i32,
+    /// This side's addresses (informative): `local_ip_count` of them.
+    pub local_ip_infos: *const DdIpInfo,
+    /// How many `local_ip_infos`.
+    pub local_ip_count: usize,
+    /// The peer's listen address(es): `remote_ip_count` of them (one to link).
+    pub remote_ip_infos: *const DdIpInfo,
+    /// How many `remote_ip_infos`.
+    pub remote_ip_count: usize,
+}
+
+/// `hixl_dd_cache_desc`: a cache's description (`CacheDesc`).
+#[repr(C)]
+pub struct DdCacheDesc {
+    /// `HIXL_DD_PLACEMENT_HOST` 0 or `HIXL_DD_PLACEMENT_DEVICE` 1.
+    pub placement: u32,
+    /// How many tensors.
+    pub num_tensors: u32,
+    /// A `ge::DataType` value.
+    pub data_type: i32,
+    /// Each tensor's shape: `shape_len` dimensions.
+    pub shape: *const i64,
+    /// How many dimensions.
+    pub shape_len: usize,
+}
+
+/// `hixl_dd_cache_index`: a peer's cache (`CacheIndex`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DdCacheIndex {
+    /// The peer's cluster id.
+    pub cluster_id: u64,
+    /// Its cache id.
+    pub cache_id: i64,
+    /// The batch (0 for blocks).
+    pub batch_index: u32,
+}
+
+/// `hixl_dd_layers`: the layers a transfer moves (`KvCacheExtParam`). A side's range is
+/// `first..=last` (layers of `tensor_num_per_layer` tensors), or `-1, -1` for every tensor;
+/// give both sides' ranges or neither.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DdLayers {
+    /// The source's first layer, or -1.
+    pub src_first: i32,
+    /// The source's last layer, or -1.
+    pub src_last: i32,
+    /// The destination's first layer, or -1.
+    pub dst_first: i32,
+    /// The destination's last layer, or -1.
+    pub dst_last: i32,
+    /// Tensors per layer (at least 1; 2 by default: K and V).
+    pub tensor_num_per_layer: u32,
+}
+
+// the header's layouts on LP64 (include/hixl_dd.h and cxx/llm_datadist.cc assert the same)
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::offset_of;
+    assert!(size_of::<DdIpInfo>() == 16 && offset_of!(DdIpInfo, port) == 8);
+    assert!(size_of::<DdClusterInfo>() == 48 && offset_of!(DdClusterInfo, local_ip_infos) == 16);
+    assert!(size_of::<DdCacheDesc>() == 32 && offset_of!(DdCacheDesc, shape) == 16);
+    assert!(size_of::<DdCacheIndex>() == 24 && offset_of!(DdCacheIndex, batch_index) == 16);
+    assert!(size_of::<DdLayers>() == 20);
+};
+
+/// The next handle value (distinct from null and from the engines' handles' start).
+static NEXT_HANDLE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0x7d00_0000);
+
+type Registry = Mutex<HashMap<usize, Arc<DataDist>>>;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// A failed call: its LLM status and its message.
+type Fail = (LlmStatus, String);
+type R<T> = Result<T, Fail>;
+
+fn invalid(msg: impl Into<String>) -> Fail {
+    (LlmStatus::LLM_PARAM_INVALID, msg.into())
+}
+
+fn fail(e: Error) -> Fail {
+    (e.status, e.message)
+}
+
+/// The engine ABI's failures (`PARAM_INVALID` of its pointer helpers) as LLM ones.
+fn of_engine((status, msg): (u32, String)) -> Fail {
+    let s = hixl_rs::Status::from_code(status).unwrap_or(hixl_rs::Status::FAILED);
+    (LlmStatus::of_engine(s), msg)
+}
+
+/// Runs an entry point: a panic becomes `LLM_FAILED`, a failure leaves its message.
+fn entry(f: impl FnOnce() -> R<()>) -> LlmStatusCode {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err((status, msg))) => {
+            set_error(&msg);
+            status.code()
+        }
+        Err(_) => {
+            set_error("internal error: a panic was caught at the C boundary");
+            LlmStatus::LLM_FAILED.code()
+        }
+    }
+}
+
+fn instance(h: *mut HixlDd) -> R<Arc<DataDist>> {
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(h as usize))
+        .cloned()
+        .ok_or_else(|| invalid(format!("{h:p} is not a live LLM-DataDist handle")))
+}
+
+fn role(v: i32) -> R<Role> {
+    Role::from_value(v).ok_or_else(|| invalid(format!("{v} is not a role (1, 2, 3)")))
+}
+
+/// # Safety
+/// `keys` and `values` are null (with `count` 0) or arrays of `count` NUL-terminated strings.
+unsafe fn options(
+    keys: *const *const c_char,
+    values: *const *const c_char,
+    count: usize,
+) -> R<Vec<(String, String)>> {
+    // SAFETY: the caller's contract.
+    let (ks, vs) = unsafe { (slice(keys, count, "keys"), slice(values, count, "values")) };
+    let (ks, vs) = (ks.map_err(of_engine)?, vs.map_err(of_engine)?);
+    let mut out = Vec::with_capacity(count);
+    for (k, v) in ks.iter().zip(vs) {
+        // SAFETY: the caller's contract: each element is a NUL-terminated string.
+        let (k, v) = unsafe { (string(*k, "option key"), string(*v, "option value")) };
+        out.push((
+            k.map_err(of_engine)?.to_owned(),
+            v.map_err(of_engine)?.to_owned(),
+        ));
+    }
+    Ok(out)
+}
+
+/// # Safety
+/// `p` is null (with `count` 0) or an array of `count` addresses whose `ip` is a
+/// NUL-terminated string.
+unsafe fn ip_infos(p: *const DdIpInfo, count: usize, what: &str) -> R<Vec<IpInfo>> {
+    // SAFETY: the caller's contract.
+    let infos = unsafe { slice(p, count, what) }.map_err(of_engine)?;
+    infos
+        .iter()
+        .map(|i| {
+            // SAFETY: the caller's contract.
+            let ip = unsafe { string(i.ip, "ip") }.map_err(of_engine)?;
+            if ip.is_empty() {
+                return Err(invalid(format!("{what}: an empty ip")));
+            }
+            let ip = ip
+                .parse()
+                .map_err(|_| invalid(format!("{what}: {ip:?} is not an IP address")))?;
+            Ok(IpInfo { ip, port: i.port })
+        })
+        .collect()
+}
+
+/// # Safety
+/// `p` is null (with `count` 0) or an array of `count` valid cluster descriptions.
+unsafe fn clusters(p: *const DdClusterInfo, count: usize) -> R<Vec<ClusterInfo>> {
+    // SAFETY: the caller's contract.
+    let cs = unsafe { slice(p, count, "clusters") }.map_err(of_engine)?;
+    cs.iter()
+        .map(|c| {
+            Ok(ClusterInfo {
+                remote_cluster_id: c.remote_cluster_id,
+                remote_role_type: c.remote_role_type,
+                // SAFETY: the caller's contract.
+                local_ip_infos: unsafe {
+                    ip_infos(c.local_ip_infos, c.local_ip_count, "local_ip_infos")
+                }?,
+                // SAFETY: the caller's contract.
+                remote_ip_infos: unsafe {
+                    ip_infos(c.remote_ip_infos, c.remote_ip_count, "remote_ip_infos")
+                }?,
+            })
+        })
+        .collect()
+}
+
+/// # Safety
+/// `rets` is null or writable for `n` statuses.
+unsafe fn put_rets(rets: *mut u32, got: &[LlmStatus]) -> R<()> {
+    if got.is_empty() {
+        return Ok(());
+    }
+    if rets.is_null() {
+        return Err(invalid("rets is null"));
+    }
+    for (i, s) in got.iter().enumerate() {
+        // SAFETY: `i < n`, the caller's array's length (its contract); no alignment assumed.
+        unsafe { rets.add(i).write_unaligned(s.code()) };
+    }
+    Ok(())
+}
+
+/// The layers of `p` (null: every tensor, two per layer).
+///
+/// # Safety
+/// `p` is null or readable.
+unsafe fn layers(p: *const DdLayers) -> R<Layers> {
+    if p.is_null() {
+        return Ok(Layers::all());
+    }
+    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
+    let l = unsafe { p.read_unaligned() };
+    if l.tensor_num_per_layer == 0 {
+        return Err(invalid("tensor_num_per_layer must be at least 1"));
+    }
+    let side = |first: i32, last: i32, what: &str| -> R<Option<(u32, u32)>> {
+        match (first, last) {
+            (-1, -1) => Ok(None),
+            (f, l) if f >= 0 && l >= f => Ok(Some((f as u32, l as u32))),
+            _ => Err(invalid(format!(
+                "{what} layer range [{first}, {last}]: -1, -1, or 0 <= first <= last"
+            ))),
+        }
+    };
+    Ok(Layers {
+        src: side(l.src_first, l.src_last, "source")?,
+        dst: side(l.dst_first, l.dst_last, "destination")?,
+        per_layer: l.tensor_num_per_layer,
+    })
+}
+
+/// # Safety
+/// `p` is null or readable.
+unsafe fn index(p: *const DdCacheIndex, what: &str) -> R<DdCacheIndex> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is null")));
+    }
+    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
+    Ok(unsafe { p.read_unaligned() })
+}
+
+fn by_id(i: &DdCacheIndex) -> RemoteCache {
+    RemoteCache::ById {
+        cluster_id: i.cluster_id,
+        cache_id: i.cache_id,
+        batch_index: i.batch_index,
+    }
+}
+
+/// # Safety
+/// `src` and `dst` are null (with `count` 0) or arrays of `count` block indices.
+unsafe fn blocks<'a>(src: *const u64, dst: *const u64, count: usize) -> R<(&'a [u64], &'a [u64])> {
+    if count == 0 {
+        return Err(invalid("no blocks: at least one"));
+    }
+    // SAFETY: the caller's contract.
+    let s = unsafe { slice(src, count, "src_blocks") }.map_err(of_engine)?;
+    // SAFETY: the caller's contract.
+    let d = unsafe { slice(dst, count, "dst_blocks") }.map_err(of_engine)?;
+    Ok((s, d))
+}
+
+/// Creates an LLM-DataDist instance for `cluster_id` in `role` (1 prompt, 2 decoder, 3 mix),
+/// not initialized yet, and stores its handle in `*out`.
+///
+/// # Safety
+/// `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_create(
+    cluster_id: u64,
+    role: i32,
+    out: *mut *mut HixlDd,
+) -> LlmStatusCode {
+    entry(|| {
+        if out.is_null() {
+            return Err(invalid("out is null"));
+        }
+        let role = self::role(role)?;
+        let key = NEXT_HANDLE.fetch_add(16, std::sync::atomic::Ordering::Relaxed);
+        registry()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Arc::new(DataDist::new(cluster_id, role)));
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(out, key as *mut HixlDd, "out") }.map_err(of_engine)
+    })
+}
+
+/// Finalizes (if needed) and destroys an instance; the handle is unknown afterwards. A null or
+/// unknown handle is ignored.
+///
+/// # Safety
+/// Any pointer value is accepted (it is looked up, not dereferenced).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_destroy(dd: *mut HixlDd) {
+    entry(|| {
+        let d = registry()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(dd as usize));
+        if let Some(d) = d {
+            d.finalize();
+        }
+        Ok(())
+    });
+}
+
+/// `Initialize(options)`: `count` option pairs by CANN's keys (`llm.ListenIpInfo`,
+/// `llm.DeviceId`, `llm.SyncKvCacheWaitTime`, `llm.TransferBackend`, ...;
+/// [`DataDist::initialize`]). A second call succeeds and changes nothing.
+///
+/// # Safety
+/// `keys` and `values` are null (with `count` 0) or arrays of `count` NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_initialize(
+    dd: *mut HixlDd,
+    keys: *const *const c_char,
+    values: *const *const c_char,
+    count: usize,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let opts = unsafe { options(keys, values, count) }?;
+        d.initialize(&opts).map_err(fail)
+    })
+}
+
+/// `Finalize()`: links go, caches are deregistered, the engine is finalized; idempotent.
+///
+/// # Safety
+/// Any pointer value is accepted.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_finalize(dd: *mut HixlDd) -> LlmStatusCode {
+    entry(|| {
+        instance(dd)?.finalize();
+        Ok(())
+    })
+}
+
+/// `SetRole(role, options)` ([`DataDist::set_role`]): with `llm.ListenIpInfo` the instance
+/// listens there from now on (`LLM_EXIST_LINK` while links exist).
+///
+/// # Safety
+/// As [`hixl_dd_initialize`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_set_role(
+    dd: *mut HixlDd,
+    role: i32,
+    keys: *const *const c_char,
+    values: *const *const c_char,
+    count: usize,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        let role = self::role(role)?;
+        // SAFETY: the caller's contract.
+        let opts = unsafe { options(keys, values, count) }?;
+        d.set_role(role, &opts).map_err(fail)
+    })
+}
+
+/// The instance's current role (1, 2, 3) in `*role`.
+///
+/// # Safety
+/// `role` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_role(dd: *mut HixlDd, role: *mut i32) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        unsafe { put(role, d.role() as i32, "role") }.map_err(of_engine)
+    })
+}
+
+/// `LinkLlmClusters`: links to each of `count` clusters by `timeout_in_millis`; `rets[i]` gets
+/// cluster `i`'s status and the call returns the last failure (or success). A malformed
+/// address fails the call (`LLM_PARAM_INVALID`) before anything is linked, and `rets` is not
+/// written then.
+///
+/// # Safety
+/// `clusters` is null (with `count` 0) or an array of `count` cluster descriptions whose
+/// arrays and strings are as documented; `rets` is null (with `count` 0) or writable for
+/// `count` statuses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_link_clusters(
+    dd: *mut HixlDd,
+    clusters: *const DdClusterInfo,
+    count: usize,
+    timeout_in_millis: i32,
+    rets: *mut u32,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let cs = unsafe { self::clusters(clusters, count) }?;
+        if rets.is_null() && count > 0 {
+            return Err(invalid("rets is null"));
+        }
+        let (last, each) = d.link_clusters(&cs, timeout_in_millis).map_err(fail)?;
+        // SAFETY: the caller's contract (`count` statuses).
+        unsafe { put_rets(rets, &each) }?;
+        if last == LlmStatus::LLM_SUCCESS {
+            Ok(())
+        } else {
+            Err((last, format!("a link failed ({last}); rets has each cluster's status")))
+        }
+    })
+}
+
+/// `UnlinkLlmClusters`: as [`hixl_dd_link_clusters`]; `force` tells the peer nothing (and
+/// then needs no address). An unlinked cluster's status is `LLM_NOT_YET_LINK`.
+///
+/// # Safety
+/// As [`hixl_dd_link_clusters`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_unlink_clusters(
+    dd: *mut HixlDd,
+    clusters: *const DdClusterInfo,
+    count: usize,
+    timeout_in_millis: i32,
+    force: bool,
+    rets: *mut u32,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let cs = unsafe { self::clusters(clusters, count) }?;
+        if rets.is_null() && count > 0 {
+            return Err(invalid("rets is null"));
+        }
+        let (last, each) = d
+            .unlink_clusters(&cs, timeout_in_millis, force)
+            .map_err(fail)?;
+        // SAFETY: the caller's contract (`count` statuses).
+        unsafe { put_rets(rets, &each) }?;
+        if last == LlmStatus::LLM_SUCCESS {
+            Ok(())
+        } else {
+            Err((last, format!("an unlink failed ({last}); rets has each cluster's status")))
+        }
+    })
+}
+
+/// `RegisterKvCache`: registers `count` tensors at `addrs` as one cache of `desc` (blocks and
+/// batches both: `shape[0]` of them) and stores its id (from 1) in `*cache_id`.
+///
+/// # Safety
+/// `desc` is null or readable (its `shape` null with `shape_len` 0, or `shape_len` dimensions);
+/// `addrs` null (with `count` 0) or `count` addresses; `cache_id` null or writable. Each
+/// tensor, `product(shape) * element size` bytes at its address, must be memory of the given
+/// placement that stays allocated and valid until the cache is unregistered or the instance
+/// finalized: peers READ and WRITE it while linked (the engine's `RegisterMem` contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_register_cache(
+    dd: *mut HixlDd,
+    desc: *const DdCacheDesc,
+    addrs: *const u64,
+    count: usize,
+    cache_id: *mut i64,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        if desc.is_null() || cache_id.is_null() {
+            return Err(invalid("desc or cache_id is null"));
+        }
+        // SAFETY: not null; readable by the caller's contract (no alignment assumed).
+        let c = unsafe { desc.read_unaligned() };
+        let placement = Placement::from_value(c.placement)
+            .ok_or_else(|| invalid(format!("{} is not a placement (0, 1)", c.placement)))?;
+        // SAFETY: the caller's contract.
+        let shape = unsafe { slice(c.shape, c.shape_len, "shape") }.map_err(of_engine)?;
+        // SAFETY: the caller's contract.
+        let addrs = unsafe { slice(addrs, count, "addrs") }.map_err(of_engine)?;
+        let desc = CacheDesc {
+            placement,
+            num_tensors: c.num_tensors,
+            data_type: DataType(c.data_type),
+            shape: shape.to_vec(),
+        };
+        // SAFETY: the caller's contract is `register_cache`'s (this function's `# Safety`).
+        let id = unsafe {
+            d.register_cache(
+                &desc,
+                addrs,
+                hixl_rs::datadist::CacheKind::Mix,
+                0,
+                &[],
+            )
+        }
+        .map_err(fail)?;
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(cache_id, id, "cache_id") }.map_err(of_engine)
+    })
+}
+
+/// `UnregisterKvCache`: the cache leaves the table and its tensors are deregistered; an
+/// unknown id succeeds.
+///
+/// # Safety
+/// Any pointer value is accepted for `dd`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_unregister_cache(dd: *mut HixlDd, cache_id: i64) -> LlmStatusCode {
+    entry(|| instance(dd)?.unregister_cache(cache_id).map_err(fail))
+}
+
+/// `PullKvCache`: batch `src->batch_index` of each tensor of the peer's cache `src->cache_id`
+/// (cluster `src->cluster_id`) into batch `dst_batch_index` of local cache `dst_cache_id`:
+/// `size` bytes (-1: a whole batch). `layers` may be null (every tensor).
+///
+/// # Safety
+/// `src` is null or readable; `layers` null or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_pull_cache(
+    dd: *mut HixlDd,
+    src: *const DdCacheIndex,
+    dst_cache_id: i64,
+    dst_batch_index: u32,
+    size: i64,
+    layers: *const DdLayers,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let (src, layers) = unsafe { (index(src, "src")?, self::layers(layers)?) };
+        d.pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &layers)
+            .map_err(fail)
+    })
+}
+
+/// `PullKvBlocks`: block `src_blocks[i]` of each tensor of the peer's cache into block
+/// `dst_blocks[i]` of local cache `dst_cache_id`, for `count` (at least one) pairs;
+/// `src->batch_index` must be 0. `layers` may be null.
+///
+/// # Safety
+/// `src` is null or readable; `src_blocks` and `dst_blocks` null or `count` indices each;
+/// `layers` null or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_pull_blocks(
+    dd: *mut HixlDd,
+    src: *const DdCacheIndex,
+    dst_cache_id: i64,
+    src_blocks: *const u64,
+    dst_blocks: *const u64,
+    count: usize,
+    layers: *const DdLayers,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let src = unsafe { index(src, "src") }?;
+        if src.batch_index != 0 {
+            return Err(invalid(format!(
+                "src batch_index {}: a pull of blocks takes 0",
+                src.batch_index
+            )));
+        }
+        // SAFETY: the caller's contract.
+        let (blocks, layers) = unsafe {
+            (
+                self::blocks(src_blocks, dst_blocks, count)?,
+                self::layers(layers)?,
+            )
+        };
+        d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(blocks), &layers)
+            .map_err(fail)
+    })
+}
+
+/// `PushKvCache`: batch `src_batch_index` of each tensor of local cache `src_cache_id` into
+/// batch `dst->batch_index` of the peer's cache, one WRITE per layer; `size` must be -1 (a
+/// whole batch). `layers` may be null.
+///
+/// # Safety
+/// `dst` is null or readable; `layers` null or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_push_cache(
+    dd: *mut HixlDd,
+    src_cache_id: i64,
+    src_batch_index: u32,
+    dst: *const DdCacheIndex,
+    size: i64,
+    layers: *const DdLayers,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let (dst, layers) = unsafe { (index(dst, "dst")?, self::layers(layers)?) };
+        if size != -1 {
+            return Err(invalid(format!("size {size}: a push moves whole batches (-1)")));
+        }
+        d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &layers)
+            .map_err(fail)
+    })
+}
+
+/// `PushKvBlocks`: block `src_blocks[i]` of each tensor of local cache `src_cache_id` into
+/// block `dst_blocks[i]` of the peer's cache, one WRITE per layer; `dst->batch_index` must be
+/// 0. `layers` may be null.
+///
+/// # Safety
+/// As [`hixl_dd_pull_blocks`], with `dst` for `src`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_push_blocks(
+    dd: *mut HixlDd,
+    src_cache_id: i64,
+    dst: *const DdCacheIndex,
+    src_blocks: *const u64,
+    dst_blocks: *const u64,
+    count: usize,
+    layers: *const DdLayers,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        // SAFETY: the caller's contract.
+        let dst = unsafe { index(dst, "dst") }?;
+        if dst.batch_index != 0 {
+            return Err(invalid(format!(
+                "dst batch_index {}: a push of blocks takes 0",
+                dst.batch_index
+            )));
+        }
+        // SAFETY: the caller's contract.
+        let (blocks, layers) = unsafe {
+            (
+                self::blocks(src_blocks, dst_blocks, count)?,
+                self::layers(layers)?,
+            )
+        };
+        d.push(src_cache_id, &by_id(&dst), 0, Some(blocks), &layers)
+            .map_err(fail)
+    })
+}
