@@ -455,7 +455,10 @@ pub unsafe extern "C" fn hixl_dd_link_clusters(
         if last == LlmStatus::LLM_SUCCESS {
             Ok(())
         } else {
-            Err((last, format!("a link failed ({last}); rets has each cluster's status")))
+            Err((
+                last,
+                format!("a link failed ({last}); rets has each cluster's status"),
+            ))
         }
     })
 }
@@ -489,7 +492,10 @@ pub unsafe extern "C" fn hixl_dd_unlink_clusters(
         if last == LlmStatus::LLM_SUCCESS {
             Ok(())
         } else {
-            Err((last, format!("an unlink failed ({last}); rets has each cluster's status")))
+            Err((
+                last,
+                format!("an unlink failed ({last}); rets has each cluster's status"),
+            ))
         }
     })
 }
@@ -531,16 +537,9 @@ pub unsafe extern "C" fn hixl_dd_register_cache(
             shape: shape.to_vec(),
         };
         // SAFETY: the caller's contract is `register_cache`'s (this function's `# Safety`).
-        let id = unsafe {
-            d.register_cache(
-                &desc,
-                addrs,
-                hixl_rs::datadist::CacheKind::Mix,
-                0,
-                &[],
-            )
-        }
-        .map_err(fail)?;
+        let id =
+            unsafe { d.register_cache(&desc, addrs, hixl_rs::datadist::CacheKind::Mix, 0, &[]) }
+                .map_err(fail)?;
         // SAFETY: checked not null; writable by the caller's contract.
         unsafe { put(cache_id, id, "cache_id") }.map_err(of_engine)
     })
@@ -575,8 +574,15 @@ pub unsafe extern "C" fn hixl_dd_pull_cache(
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
         let (src, layers) = unsafe { (index(src, "src")?, self::layers(layers)?) };
-        d.pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &layers)
-            .map_err(fail)
+        d.pull(
+            &by_id(&src),
+            dst_cache_id,
+            dst_batch_index,
+            size,
+            None,
+            &layers,
+        )
+        .map_err(fail)
     })
 }
 
@@ -639,7 +645,9 @@ pub unsafe extern "C" fn hixl_dd_push_cache(
         // SAFETY: the caller's contract.
         let (dst, layers) = unsafe { (index(dst, "dst")?, self::layers(layers)?) };
         if size != -1 {
-            return Err(invalid(format!("size {size}: a push moves whole batches (-1)")));
+            return Err(invalid(format!(
+                "size {size}: a push moves whole batches (-1)"
+            )));
         }
         d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &layers)
             .map_err(fail)

@@ -1,17 +1,20 @@
-//! The C ABI from C: `include/hixl_c.h` matches the library's exports, and a two-process C
-//! program (server + client over `libhixl.so`) moves random data both ways, notifies, polls
-//! async requests, and gets the exact status for each bad input; its server serves its own
-//! memory or memory the engine allocated (`hixl_alloc_host_mem`, which its client also tests
-//! with two engines in one process).
+//! The C ABI from C: `include/hixl_c.h` and `include/hixl_dd.h` match the library's exports,
+//! and a two-process C program (server + client over `libhixl.so`) moves random data both ways,
+//! notifies, polls async requests, and gets the exact status for each bad input; its server
+//! serves its own memory or memory the engine allocated (`hixl_alloc_host_mem`, which its client
+//! also tests with two engines in one process). LLM-DataDist's `hixl_dd_*` from C: one program,
+//! two instances.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
-/// Every `hixl_*` function the header declares.
+/// Every `hixl_*` function the headers declare (`hixl_c.h`, and `hixl_dd.h`: LLM-DataDist's).
 fn declared() -> BTreeSet<String> {
-    let h = std::fs::read_to_string(common::include_dir().join("hixl_c.h")).unwrap();
+    let h = ["hixl_c.h", "hixl_dd.h"]
+        .map(|f| std::fs::read_to_string(common::include_dir().join(f)).unwrap())
+        .join("\n");
     let mut out = BTreeSet::new();
     for line in h.lines().filter(|l| !l.starts_with('#')) {
         let mut rest = line;
@@ -74,4 +77,37 @@ fn two_c_processes_over_libhixl() {
 #[test]
 fn two_c_processes_over_engine_memory() {
     two_c_processes("engine");
+}
+
+/// LLM-DataDist's C ABI (`hixl_dd.h`) from C, one process: two instances on host memory move
+/// random blocks and batches both ways (checked byte for byte), and every bad input (null
+/// pointers, unknown and destroyed handles, unknown roles and placements, malformed layer
+/// ranges and addresses, calls before initialize) gets its exact LLM-DataDist status.
+#[test]
+fn llm_datadist_c_abi_from_c() {
+    let Some(cc) = common::compiler("cc") else {
+        return;
+    };
+    let dir = common::scratch("dd-capi");
+    let exe = dir.join("dd_capi_test");
+    let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
+    common::build(
+        &cc,
+        &flags,
+        "hixl",
+        &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/dd_capi_test.c")],
+        &exe,
+    );
+    let o = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run the program");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.lines().any(|l| l == "PASS"),
+        "{}:\n{out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -28,6 +28,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 // LLM-DataDist's status codes (llm_datadist.h)
@@ -56,11 +57,11 @@ const EXPORTED: &[&str] = &[
     "_ZN12llm_datadist11LlmDataDist13AllocateCacheERKNS_9CacheDescERNS_5CacheE",
     "_ZN12llm_datadist11LlmDataDist15DeallocateCacheEl",
     "_ZN12llm_datadist11LlmDataDist11PullKvCacheERKNS_10CacheIndexERKNS_5CacheEjlRKNS_15KvCacheExtParamE",
-    "_ZN12llm_datadist11LlmDataDist12PullKvBlocksERKNS_10CacheIndexERKNS_5CacheERKSt6vectorImSaImEESC_RKNS_15KvCacheExtParamE",
+    "_ZN12llm_datadist11LlmDataDist12PullKvBlocksERKNS_10CacheIndexERKNS_5CacheERKSt6vectorImSaImEESB_RKNS_15KvCacheExtParamE",
     "_ZN12llm_datadist11LlmDataDist11CopyKvCacheERKNS_5CacheES3_jjml",
     "_ZN12llm_datadist11LlmDataDist12CopyKvBlocksERKNS_5CacheES3_RKSt6vectorImSaImEERKS4_IS6_SaIS6_EE",
     "_ZN12llm_datadist11LlmDataDist11PushKvCacheERKNS_5CacheERKNS_10CacheIndexEjlRKNS_15KvCacheExtParamE",
-    "_ZN12llm_datadist11LlmDataDist12PushKvBlocksERKNS_5CacheERKNS_10CacheIndexERKSt6vectorImSaImEESC_RKNS_15KvCacheExtParamE",
+    "_ZN12llm_datadist11LlmDataDist12PushKvBlocksERKNS_5CacheERKNS_10CacheIndexERKSt6vectorImSaImEESB_RKNS_15KvCacheExtParamE",
     "_ZN12llm_datadist11LlmDataDist15RegisterKvCacheERKNS_9CacheDescERKSt6vectorImSaImEERKNS_11RegisterCfgERl",
     "_ZN12llm_datadist11LlmDataDist17UnregisterKvCacheEl",
 ];
@@ -164,12 +165,9 @@ impl Peer {
             .map(|w| w.parse().unwrap())
             .collect();
         assert_eq!(
-            nums,
-            want,
+            nums, want,
             "{}: `{cmd}` (got {:x?}, want {:x?})",
-            self.role,
-            nums,
-            want
+            self.role, nums, want
         );
     }
 
@@ -203,10 +201,21 @@ impl Peer {
 
     fn quit(&mut self) {
         let bye = self.ask("quit");
-        assert_eq!(bye, "BYE 0", "{}; its stderr:\n{}", self.role, self.stderr());
+        assert_eq!(
+            bye,
+            "BYE 0",
+            "{}; its stderr:\n{}",
+            self.role,
+            self.stderr()
+        );
         self.stdin = None;
         let st = self.child.wait().unwrap();
-        assert!(st.success(), "{}: {st}; its stderr:\n{}", self.role, self.stderr());
+        assert!(
+            st.success(),
+            "{}: {st}; its stderr:\n{}",
+            self.role,
+            self.stderr()
+        );
     }
 }
 
@@ -219,8 +228,23 @@ impl Drop for Peer {
     }
 }
 
-/// The program, built once per memory kind: `device` with ACL (`-DHIXL_TEST_ACL`, linked with
-/// the double), `host` with `-lllm_datadist` alone. `None`: skipped (printed why).
+/// The program and the double's directory (device memory), built once per memory kind for all
+/// the tests of this binary. `None`: skipped (printed why).
+fn program(device: bool) -> Option<(PathBuf, Option<PathBuf>)> {
+    type Built = OnceLock<Option<(PathBuf, Option<PathBuf>)>>;
+    static DEVICE: Built = OnceLock::new();
+    static HOST: Built = OnceLock::new();
+    let (cell, tag) = if device {
+        (&DEVICE, "llm-datadist-device")
+    } else {
+        (&HOST, "llm-datadist-host")
+    };
+    cell.get_or_init(|| build(&common::scratch(tag), device))
+        .clone()
+}
+
+/// Builds the program: `device` with ACL (`-DHIXL_TEST_ACL`, linked with the double), `host`
+/// with `-lllm_datadist` alone. `None`: skipped (printed why).
 fn build(dir: &Path, device: bool) -> Option<(PathBuf, Option<PathBuf>)> {
     let cxx = common::compiler("c++")?;
     if device && common::compiler("cc").is_none() {
@@ -289,7 +313,7 @@ fn build(dir: &Path, device: bool) -> Option<(PathBuf, Option<PathBuf>)> {
 fn prompt_and_decoder(memory: &str, backend: &str) {
     let dir = common::scratch(&format!("llm-datadist-{memory}-{backend}"));
     let device = memory == "device";
-    let Some((exe, double)) = build(&dir, device) else {
+    let Some((exe, double)) = program(device) else {
         return;
     };
     let tmp = dir.join("tmp");
@@ -368,7 +392,10 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     d.status(&format!("link 0 {p_port}"), &[ALREADY_LINK, ALREADY_LINK]);
 
     // pull blocks 1..3 and batch 0 (CANN's pull sample), then chosen layers
-    d.status(&format!("pull_blocks 0 1 0 1,2,3 1,2,3 {all} 1"), &[SUCCESS]);
+    d.status(
+        &format!("pull_blocks 0 1 0 1,2,3 1,2,3 {all} 1"),
+        &[SUCCESS],
+    );
     d.status(&format!("pull_cache 0 1 0 0 -1 {all} 1"), &[SUCCESS]);
     d.expect_blocks(0, 4, 0, 0);
     // the prompt's layer 1 (tensors 2, 3) of block 6 into the decoder's layer 0 of block 4
@@ -381,7 +408,14 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     d.status(&format!("pull_cache 0 1 5 6 100 0 0 1 1 2 1"), &[SUCCESS]);
     for k in 0..2 {
         d.expect(2 + k, 6 * BLOCK, 100, 0, k, 5 * BLOCK);
-        d.expect(2 + k, 6 * BLOCK + 100, BLOCK - 100, 1, 2 + k, 6 * BLOCK + 100);
+        d.expect(
+            2 + k,
+            6 * BLOCK + 100,
+            BLOCK - 100,
+            1,
+            2 + k,
+            6 * BLOCK + 100,
+        );
         d.expect(k, 6 * BLOCK, BLOCK, 1, k, 6 * BLOCK);
     }
 
@@ -389,54 +423,59 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     for (cmd, want) in [
         (format!("pull_blocks 0 9 0 7 7 {all} 1"), KV_CACHE_NOT_EXIST), // no remote cache 9
         (format!("pull_blocks 0 1 0 7 7 {all} 9"), KV_CACHE_NOT_EXIST), // no local cache 9
-        (format!("pull_blocks 0 1 0 8 7 {all} 1"), PARAM_INVALID), // remote block 8 of 8
-        (format!("pull_blocks 0 1 0 7 8 {all} 1"), PARAM_INVALID), // local block 8 of 8
-        (format!("pull_blocks 0 1 1 7 7 {all} 1"), PARAM_INVALID), // batch index for blocks
-        (format!("pull_blocks 0 1 0 6,7 7 {all} 1"), PARAM_INVALID), // lengths differ
-        (format!("pull_blocks 0 1 0 - - {all} 1"), PARAM_INVALID), // no blocks
-        (format!("pull_blocks 1 1 0 7 7 {all} 1"), PARAM_INVALID), // own cluster
-        ("pull_blocks 0 1 0 7 7 1 0 1 0 2 1".into(), PARAM_INVALID), // reversed range
-        ("pull_blocks 0 1 0 7 7 0 0 0 0 0 1".into(), PARAM_INVALID), // 0 tensors per layer
-        ("pull_blocks 0 1 0 7 7 2 2 2 2 2 1".into(), PARAM_INVALID), // layer 2 of 2
-        ("pull_blocks 0 1 0 7 7 0 1 0 0 2 1".into(), PARAM_INVALID), // spans differ
-        (format!("pull_cache 0 1 7 7 0 {all} 1"), PARAM_INVALID), // size 0
-        (format!("pull_cache 0 1 7 7 257 {all} 1"), PARAM_INVALID), // over a batch
-        (format!("pull_cache 0 1 8 7 -1 {all} 1"), PARAM_INVALID), // remote batch 8 of 8
-        (format!("pull_cache 0 1 7 8 -1 {all} 1"), PARAM_INVALID), // local batch 8 of 8
+        (format!("pull_blocks 0 1 0 8 7 {all} 1"), PARAM_INVALID),      // remote block 8 of 8
+        (format!("pull_blocks 0 1 0 7 8 {all} 1"), PARAM_INVALID),      // local block 8 of 8
+        (format!("pull_blocks 0 1 1 7 7 {all} 1"), PARAM_INVALID),      // batch index for blocks
+        (format!("pull_blocks 0 1 0 6,7 7 {all} 1"), PARAM_INVALID),    // lengths differ
+        (format!("pull_blocks 0 1 0 - - {all} 1"), PARAM_INVALID),      // no blocks
+        (format!("pull_blocks 1 1 0 7 7 {all} 1"), PARAM_INVALID),      // own cluster
+        ("pull_blocks 0 1 0 7 7 1 0 1 0 2 1".into(), PARAM_INVALID),    // reversed range
+        ("pull_blocks 0 1 0 7 7 0 0 0 0 0 1".into(), PARAM_INVALID),    // 0 tensors per layer
+        ("pull_blocks 0 1 0 7 7 2 2 2 2 2 1".into(), PARAM_INVALID),    // layer 2 of 2
+        ("pull_blocks 0 1 0 7 7 0 1 0 0 2 1".into(), PARAM_INVALID),    // spans differ
+        (format!("pull_cache 0 1 7 7 0 {all} 1"), PARAM_INVALID),       // size 0
+        (format!("pull_cache 0 1 7 7 257 {all} 1"), PARAM_INVALID),     // over a batch
+        (format!("pull_cache 0 1 8 7 -1 {all} 1"), PARAM_INVALID),      // remote batch 8 of 8
+        (format!("pull_cache 0 1 7 8 -1 {all} 1"), PARAM_INVALID),      // local batch 8 of 8
     ] {
         d.status(&cmd, &[want]);
     }
     d.expect_blocks(7, 1, 1, 7);
     // a cache registered after the link's table was fetched is not known to that link
     p.status("register", &[SUCCESS, 2]);
-    d.status(&format!("pull_blocks 0 2 0 0 0 {all} 1"), &[KV_CACHE_NOT_EXIST]);
+    d.status(
+        &format!("pull_blocks 0 2 0 0 0 {all} 1"),
+        &[KV_CACHE_NOT_EXIST],
+    );
 
-    // pushes over the decoder's link into the prompt's cache: blocks 5, 6 layer by layer (one
-    // tensor each, as CANN's push sample), batch 7 of two layers of two tensors
+    // pushes over the decoder's link into the prompt's cache: its blocks 5, 7 into blocks 5, 6
+    // layer by layer (one tensor each, as CANN's push sample), batch 7 of two layers of two
+    // tensors
     for t in 0..TENSORS {
         d.status(
-            &format!("push_blocks 0 1 0 5,6 5,6 {t} {t} {t} {t} 1 1 1 0"),
+            &format!("push_blocks 0 1 0 5,7 5,6 {t} {t} {t} {t} 1 1 1 0"),
             &[SUCCESS],
         );
     }
-    p.expect_blocks(5, 2, 1, 5);
+    p.expect_blocks(5, 1, 1, 5);
+    p.expect_blocks(6, 1, 1, 7);
     d.status("push_cache 0 1 7 7 -1 0 1 0 1 2 1 1 0", &[SUCCESS]);
     p.expect_blocks(7, 1, 1, 7);
-    // no range: every layer, as the argument's num_tensors counts them (decoder block 3 →
+    // no range: every layer, as the argument's num_tensors counts them (decoder block 5 →
     // prompt block 4)
-    d.status(&format!("push_blocks 0 1 0 3 4 {all} 1 1 4"), &[SUCCESS]);
-    p.expect_blocks(4, 1, 1, 3);
+    d.status(&format!("push_blocks 0 1 0 5 4 {all} 1 1 4"), &[SUCCESS]);
+    p.expect_blocks(4, 1, 1, 5);
     let no_range = format!("push_cache 0 1 0 0 -1 {all} 1 1 0");
     for (cmd, want) in [
         ("push_cache 0 1 0 0 100 0 0 0 0 2 1 1 0", PARAM_INVALID), // size other than -1
         ("push_cache 0 1 0 0 -1 0 0 0 0 2 1 0 0", PARAM_INVALID),  // the argument says host
-        (no_range.as_str(), PARAM_INVALID), // no range, no num_tensors
-        ("push_cache 0 1 0 0 -1 0 1 0 0 2 1 1 0", PARAM_INVALID), // spans differ
-        ("push_blocks 0 1 1 0 0 0 0 0 0 2 1 1 0", PARAM_INVALID), // batch index for blocks
-        ("push_blocks 0 1 0 0 8 0 0 0 0 2 1 1 0", PARAM_INVALID), // remote block 8 of 8
+        (no_range.as_str(), PARAM_INVALID),                        // no range, no num_tensors
+        ("push_cache 0 1 0 0 -1 0 1 0 0 2 1 1 0", PARAM_INVALID),  // spans differ
+        ("push_blocks 0 1 1 0 0 0 0 0 0 2 1 1 0", PARAM_INVALID),  // batch index for blocks
+        ("push_blocks 0 1 0 0 8 0 0 0 0 2 1 1 0", PARAM_INVALID),  // remote block 8 of 8
         ("push_blocks 0 9 0 0 0 0 0 0 0 2 1 1 0", KV_CACHE_NOT_EXIST), // no remote cache 9
         ("push_blocks 0 1 0 0 0 0 0 0 0 2 9 1 0", KV_CACHE_NOT_EXIST), // no local cache 9
-        ("push_blocks 5 1 0 0 0 0 0 0 0 2 1 1 0", NOT_YET_LINK),  // cluster 5 is not linked
+        ("push_blocks 5 1 0 0 0 0 0 0 0 2 1 1 0", NOT_YET_LINK),   // cluster 5 is not linked
     ] {
         d.status(cmd, &[want]);
     }
@@ -454,7 +493,10 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     p.status_then("set_role 2 0", SUCCESS);
     p.status(&format!("link 1 {new_port}"), &[SUCCESS, SUCCESS]);
     // the prompt's layer 0 of blocks 1, 2 into the decoder's layer 1 of blocks 2, 3
-    p.status(&format!("push_blocks 1 1 0 1,2 2,3 0 0 1 1 2 1 1 0"), &[SUCCESS]);
+    p.status(
+        &format!("push_blocks 1 1 0 1,2 2,3 0 0 1 1 2 1 1 0"),
+        &[SUCCESS],
+    );
     for k in 0..2 {
         d.expect(2 + k, 2 * BLOCK, 2 * BLOCK, 0, k, BLOCK);
     }

@@ -35,7 +35,7 @@
 
 using namespace llm_datadist;
 
-static_assert(sizeof(void *) != 8 || sizeof(IpInfo) == 144, "IpInfo: AscendString, port, reserved[128]");
+static_assert(sizeof(void *) != 8 || sizeof(IpInfo) == 152, "IpInfo: AscendString, port, reserved[128]");
 static_assert(sizeof(void *) != 8 || sizeof(CacheIndex) == 152, "CacheIndex");
 static_assert(sizeof(KvCacheExtParam) == 144, "KvCacheExtParam");
 static_assert(sizeof(RegisterCfg) == 128, "RegisterCfg");
