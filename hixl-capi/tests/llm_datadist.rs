@@ -399,13 +399,13 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     d.status(&format!("pull_cache 0 1 0 0 -1 {all} 1"), &[SUCCESS]);
     d.expect_blocks(0, 4, 0, 0);
     // the prompt's layer 1 (tensors 2, 3) of block 6 into the decoder's layer 0 of block 4
-    d.status(&format!("pull_blocks 0 1 0 6 4 1 1 0 0 2 1"), &[SUCCESS]);
+    d.status("pull_blocks 0 1 0 6 4 1 1 0 0 2 1", &[SUCCESS]);
     for k in 0..2 {
         d.expect(k, 4 * BLOCK, BLOCK, 0, 2 + k, 6 * BLOCK);
         d.expect(2 + k, 4 * BLOCK, BLOCK, 1, 2 + k, 4 * BLOCK); // untouched
     }
     // 100 bytes of the prompt's batch 5, layer 0, into the decoder's batch 6, layer 1
-    d.status(&format!("pull_cache 0 1 5 6 100 0 0 1 1 2 1"), &[SUCCESS]);
+    d.status("pull_cache 0 1 5 6 100 0 0 1 1 2 1", &[SUCCESS]);
     for k in 0..2 {
         d.expect(2 + k, 6 * BLOCK, 100, 0, k, 5 * BLOCK);
         d.expect(
@@ -493,10 +493,7 @@ fn prompt_and_decoder(memory: &str, backend: &str) {
     p.status_then("set_role 2 0", SUCCESS);
     p.status(&format!("link 1 {new_port}"), &[SUCCESS, SUCCESS]);
     // the prompt's layer 0 of blocks 1, 2 into the decoder's layer 1 of blocks 2, 3
-    p.status(
-        &format!("push_blocks 1 1 0 1,2 2,3 0 0 1 1 2 1 1 0"),
-        &[SUCCESS],
-    );
+    p.status("push_blocks 1 1 0 1,2 2,3 0 0 1 1 2 1 1 0", &[SUCCESS]);
     for k in 0..2 {
         d.expect(2 + k, 2 * BLOCK, 2 * BLOCK, 0, k, BLOCK);
     }

@@ -203,6 +203,12 @@ int main(void) {
   EXPECT(hixl_dd_initialize(decoder, dk, dv, 1), HIXL_LLM_PARAM_INVALID);
   EXPECT(hixl_dd_finalize((hixl_dd *)0x1234), HIXL_LLM_PARAM_INVALID);
 
+  for (int c = 0; c < 2; c++) {
+    for (int t = 0; t < TENSORS; t++) {
+      free(mem[c][t]);
+      free(orig[c][t]);
+    }
+  }
   if (failures != 0) {
     fprintf(stderr, "%d failures\n", failures);
     return 1;
