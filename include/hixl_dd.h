@@ -138,6 +138,9 @@ hixl_status hixl_dd_role(hixl_dd *dd, int32_t *role);
  * (HIXL_LLM_PARAM_INVALID, rets not written). */
 hixl_status hixl_dd_link_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clusters, size_t count,
                                   int32_t timeout_in_millis, uint32_t *rets);
+/* Unlinking a cluster that is not linked gives HIXL_LLM_NOT_YET_LINK in its rets entry (the C++
+ * layer reports it as LLM_SUCCESS, as CANN's does); force: the peer is not told, and no remote
+ * address is needed. */
 hixl_status hixl_dd_unlink_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clusters,
                                     size_t count, int32_t timeout_in_millis, bool force,
                                     uint32_t *rets);

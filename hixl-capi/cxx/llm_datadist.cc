@@ -158,6 +158,7 @@ class LlmDataDist::LlmDataDistImpl {
 
   Status SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
     if (!ValidRole(role)) return LLM_PARAM_INVALID;
+    std::lock_guard<std::mutex> lk(mu_);  // role_
     const Options o(options);
     const Status st = hixl_dd_set_role(dd_, static_cast<int32_t>(role), o.keys.data(), o.values.data(),
                                        o.keys.size());
