@@ -96,6 +96,16 @@ void *Alloc(size_t size) {
   return posix_memalign(&p, 4096U, size) == 0 ? p : nullptr;
 }
 
+void Free(void *p) {
+#ifdef HIXL_TEST_ACL
+  if (g_device) {
+    (void)aclrtFree(p);
+    return;
+  }
+#endif
+  free(p);
+}
+
 bool CopyIn(void *dst, const std::vector<uint8_t> &src) {
 #ifdef HIXL_TEST_ACL
   if (g_device) return aclrtMemcpy(dst, src.size(), src.data(), src.size(), ACL_MEMCPY_HOST_TO_DEVICE) == ACL_SUCCESS;
@@ -392,6 +402,9 @@ int Run(int argc, char **argv) {
   }
   ret = dd.UnregisterKvCache(cache_id);
   dd.Finalize();
+  // the memory goes once nothing is registered
+  for (void *p : tensors) Free(p);
+  for (void *p : extra) Free(p);
   std::cout << "BYE " << ret << std::endl;
   return 0;
 }
