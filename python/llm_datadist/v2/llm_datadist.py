@@ -1,0 +1,213 @@
+"""``LLMDataDist`` (CANN's ``llm_datadist.v2.llm_datadist``): one per process, a cluster in a
+role, over hixl's engine: ``init``, ``link_clusters`` / ``unlink_clusters``, ``switch_role``,
+``cache_manager``, ``finalize`` (also at interpreter exit)."""
+
+import atexit
+import copy
+from typing import Dict, List, Optional, Tuple, Union
+
+from hixl._hixl import datadist as _native
+from llm_datadist.configs import LLMClusterInfo, LLMRole
+from llm_datadist.status import (
+    LLMException,
+    LLMStatusCode,
+    code_2_status,
+    handle_llm_status,
+    raise_if_false,
+    raise_if_true,
+)
+from llm_datadist.utils import log
+from llm_datadist.utils.utils import check_dict, check_int32, check_isinstance, check_uint32, check_uint64
+from llm_datadist.v2.cache_manager import CacheManager
+from llm_datadist.v2.config import parse_listen_ip_info
+from llm_datadist.v2.llm_types import RegisterMemStatus
+
+_MAX_CLUSTER_NAME = 128
+_MAX_NODE_NUM = 4
+
+
+class LLMDataDist:
+    """A cluster: ``LLMDataDist(role, cluster_id)``, then ``init(options)``."""
+
+    llm_engine_instance = None
+
+    def __init__(self, role: LLMRole, cluster_id: int):
+        check_isinstance("role", role, LLMRole, allow_none=False)
+        check_uint64("cluster_id", cluster_id)
+        self._role = role
+        self._cluster_id = cluster_id
+        self._native = None
+        self._cache_manager = None
+        self._engine_options: Dict[str, str] = {}
+        self._is_initialized = False
+
+    def _native_options(self, options: Dict[str, str]) -> Dict[str, str]:
+        """The options as CANN's `init` rewrites them, for the native instance."""
+        o = dict(options)
+        o["llm.Role"] = {LLMRole.PROMPT: "Prompt", LLMRole.DECODER: "Decoder", LLMRole.MIX: "Mix"}[self._role]
+        if "llm.LocalCommRes" in options:
+            o.setdefault("llm.EnableCacheManager", "1")
+            o.setdefault("llm.EnableRemoteCacheAccessible", "1")
+        if "llm.TransferBackend" in options:
+            o.setdefault("llm.EnableRemoteCacheAccessible", "1")
+            raise_if_false(o["llm.EnableRemoteCacheAccessible"] == "1",
+                           "llm.TransferBackend is not supported when llm.EnableRemoteCacheAccessible is not enable.")
+            raise_if_false("llm.listenIpInfo" in options,
+                           "llm.TransferBackend is not supported when llm.listenIpInfo is not configured.")
+        if "llm.listenIpInfo" in options:
+            ip, port = parse_listen_ip_info(options["llm.listenIpInfo"])
+            o["llm.ListenIp"], o["llm.ListenPort"] = ip, str(port)
+            del o["llm.listenIpInfo"]
+        # the device: ge.session_device_id, or the first of ge.exec.deviceId ("0;1" for several)
+        dev = o.pop("ge.exec.deviceId", None)
+        dev = o.get("ge.session_device_id", dev)
+        if dev is not None and "llm.DeviceId" not in o:
+            o["llm.DeviceId"] = str(dev).split(";")[0]
+        return o
+
+    def init(self, options: Dict[str, str]) -> None:
+        """Initializes the cluster: its engine (listening on ``llm.listenIpInfo`` where given),
+        the device of ``ge.exec.deviceId`` made current. Twice: nothing happens."""
+        if self._is_initialized:
+            return
+        raise_if_false(LLMDataDist.llm_engine_instance is None, "Cannot init multiple LLMDataDists",
+                       status_code=LLMStatusCode.LLM_FAILED)
+        check_isinstance("options", options, dict, allow_none=False)
+        check_dict("options", options, str, str)
+        self._engine_options = self._native_options(options)
+        log.info("LLMDatadist init options = %s", self._engine_options)
+        native = _native.DataDist(self._cluster_id, int(self._role))
+        ret = native.initialize(self._engine_options)
+        handle_llm_status(ret, "[LLMDataDist.init]", f"Failed to initialize llm datadist, options = {options}")
+        self._native = native
+        self._cache_manager = CacheManager(native, self._engine_options)
+        LLMDataDist.llm_engine_instance = self
+        self._is_initialized = True
+
+    def _check_is_inited(self):
+        raise_if_false(self._is_initialized, "llm datadist is not initialized", status_code=LLMStatusCode.LLM_FAILED)
+
+    def finalize(self) -> None:
+        """Unlinks everything, unregisters every cache, stops the engine. Safe twice."""
+        if not self._is_initialized:
+            return
+        self._native.finalize()
+        if self._cache_manager is not None:
+            self._cache_manager._initialized = False
+        self._is_initialized = False
+        LLMDataDist.llm_engine_instance = None
+
+    @property
+    def cache_manager(self) -> CacheManager:
+        self._check_is_inited()
+        return self._cache_manager
+
+    @property
+    def kv_cache_manager(self):
+        raise LLMException("kv_cache_manager belongs to the non cache-manager mode, which this package has not",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    @property
+    def cluster_id(self):
+        return self._cluster_id
+
+    # ---- links by listen address ----
+
+    @staticmethod
+    def _check_clusters(clusters, timeout):
+        check_int32("timeout", timeout)
+        raise_if_false(timeout > 0, "Param timeout should be greater than 0.")
+        check_isinstance("clusters", clusters, [list, tuple], LLMClusterInfo, allow_none=False)
+        for c in clusters:
+            check_uint64("remote_cluster_id", c.remote_cluster_id)
+
+    def link_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo]], timeout=3000):
+        """Links to each cluster's listen address (its one remote ip info) by `timeout` ms:
+        ``(status, [status per cluster])``, the status the last failure (no exception)."""
+        self._check_is_inited()
+        self._check_clusters(clusters, timeout)
+        ret, rets = self._native.link_clusters([c._pack() for c in clusters], timeout)
+        return code_2_status(ret), [code_2_status(r) for r in rets]
+
+    def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo]], timeout=3000,
+                        force=False):
+        """Unlinks each cluster: ``(status, [status per cluster])``. A cluster not linked from
+        here is ``LLM_NOT_YET_LINK``, except with `force`, where it succeeds: the side a peer
+        linked to holds no link of its own (hixl's links are one-directional), so there is
+        nothing to tear down, as CANN's force unlink of the listening half."""
+        self._check_is_inited()
+        self._check_clusters(clusters, timeout)
+        check_isinstance("force", force, bool)
+        ret, rets = self._native.unlink_clusters([c._pack() for c in clusters], timeout, bool(force))
+        rets = [code_2_status(r) for r in rets]
+        if force:
+            rets = [LLMStatusCode.LLM_SUCCESS if r == LLMStatusCode.LLM_NOT_YET_LINK else r for r in rets]
+            failed = [r for r in rets if r != LLMStatusCode.LLM_SUCCESS]
+            ret = failed[-1] if failed else (LLMStatusCode.LLM_SUCCESS if rets else code_2_status(ret))
+        return code_2_status(ret), rets
+
+    def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None):
+        """Changes the role; with ``llm.listenIpInfo`` in `switch_options` the cluster listens
+        there from now on (refused with ``LLM_EXIST_LINK`` while links exist)."""
+        self._check_is_inited()
+        check_isinstance("role", role, LLMRole, allow_none=False)
+        check_isinstance("switch_options", switch_options, dict)
+        options = dict(switch_options) if switch_options is not None else {}
+        if "llm.listenIpInfo" in options:
+            ip, port = parse_listen_ip_info(options.pop("llm.listenIpInfo"))
+            options["llm.ListenIp"], options["llm.ListenPort"] = ip, str(port)
+        ret = self._native.set_role(int(role), options)
+        handle_llm_status(ret, "[switch_role]", f"Failed to switch role, role = {role}, options = {options}")
+        log.info("[switch_role] [%s->%s] success", self._role.name, role.name)
+        self._role = role
+
+    # ---- links by rank table (CANN's HCCL communicator mode) ----
+
+    def link(self, comm_name: str, cluster_rank_info: Dict[int, int], rank_table: str) -> int:
+        """CANN's explicit-rank-table link (an HCCL communicator from `rank_table`). Its
+        arguments are checked as CANN checks them; then ``LLM_FEATURE_NOT_ENABLED``: hixl links
+        clusters by listen address (``link_clusters``), and a rank table names devices, not the
+        engines' listen ports (CANN's ``hixl`` transfer backend refuses it the same way)."""
+        self._check_is_inited()
+        check_isinstance("comm_name", comm_name, str, allow_none=False)
+        raise_if_true(len(comm_name) == 0, "comm_name can not be empty")
+        raise_if_false(len(comm_name) < _MAX_CLUSTER_NAME, "comm_name length should be smaller than 128.")
+        check_isinstance("cluster_rank_info", cluster_rank_info, dict, allow_none=False)
+        check_dict("cluster_rank_info", cluster_rank_info, int, int)
+        raise_if_false(len(cluster_rank_info) <= _MAX_NODE_NUM, "cluster_rank_info size can not be greater than 4.")
+        for k, v in cluster_rank_info.items():
+            check_uint64("cluster_rank_info key", k)
+            check_uint32("cluster_rank_info value", v)
+        check_isinstance("rank_table", rank_table, str, allow_none=False)
+        ranks = list(cluster_rank_info.values())
+        raise_if_false(len(ranks) > 1, "cluster num must be bigger than 1.")
+        raise_if_false(ranks == sorted(copy.copy(ranks)), "rank in cluster_rank_info must be ordered")
+        raise LLMException("[link] an explicit rank table (HCCL communicator) is not supported: "
+                           "link clusters by listen address with link_clusters",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    def unlink(self, comm_id: int):
+        """See ``link``: ``LLM_FEATURE_NOT_ENABLED``."""
+        self._check_is_inited()
+        check_uint64("comm_id", comm_id)
+        raise LLMException("[unlink] communicators (explicit rank tables) are not supported",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    def query_register_mem_status(self, comm_id: int) -> RegisterMemStatus:
+        """See ``link``: ``LLM_FEATURE_NOT_ENABLED``."""
+        self._check_is_inited()
+        check_uint64("comm_id", comm_id)
+        raise LLMException("[query_register_mem_status] communicators (explicit rank tables) are not supported",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+
+def _shutdown_handler():
+    inst = LLMDataDist.llm_engine_instance
+    if inst is not None:
+        try:
+            inst.finalize()
+        except LLMException as e:
+            log.warn(f"error occurred while finalize llm datadist: {e}")
+
+
+atexit.register(_shutdown_handler)
