@@ -442,3 +442,32 @@ def test_bad_inputs_and_their_status(peers, local):
     me.dd.finalize()
     me.dd.finalize()
     assert status_of(me.cm.pull_blocks, key, me.bc, [0], [0]) == LLMStatusCode.LLM_FAILED
+
+
+def test_link_releases_the_gil(local):
+    """A link that waits (a peer that accepts the TCP connection and never answers) runs without
+    the GIL: another Python thread keeps running meanwhile; the link ends by its timeout."""
+    import threading
+
+    me = local()
+    silent = socket.create_server(("127.0.0.1", 0))  # never accepts: the handshake stalls
+    port = silent.getsockname()[1]
+    ticks = []
+    done = threading.Event()
+
+    def count():
+        while not done.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    start = time.monotonic()
+    ret, rets = me.dd.link_clusters([cluster_info(PROMPT, port)], 500)
+    elapsed = time.monotonic() - start
+    done.set()
+    t.join()
+    silent.close()
+    assert (ret, rets) == (LLMStatusCode.LLM_TIMEOUT, [LLMStatusCode.LLM_TIMEOUT])
+    assert elapsed >= 0.4, elapsed
+    assert len(ticks) > 20, len(ticks)  # the other thread ran while the link waited
