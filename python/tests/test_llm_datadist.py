@@ -470,4 +470,4 @@ def test_link_releases_the_gil(local):
     silent.close()
     assert (ret, rets) == (LLMStatusCode.LLM_TIMEOUT, [LLMStatusCode.LLM_TIMEOUT])
     assert elapsed >= 0.4, elapsed
-    assert len(ticks) > 20, len(ticks)  # the other thread ran while the link waited
+    assert len(ticks) > 5, len(ticks)  # the other thread ran while the link waited
