@@ -10,11 +10,14 @@ commands (reply "ok", or the LLMStatusCode name of the failure):
   link CLUSTER PORT | unlink CLUSTER
   pull_blocks CLUSTER SRC DST      comma-separated block lists, from BlocksCacheKey(CLUSTER, 0)
   switch ROLE PORT                 switch_role (PORT 0: no options)
+  rtlink FILE MY_RANK PEER PEER_RANK   link by the rank table in FILE, wait for OK
+  rtunlink                         unlink the last rtlink's comm
   quit
 """
 import ctypes
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -28,7 +31,9 @@ from llm_datadist import (
     LLMDataDist,
     LLMException,
     LLMRole,
+    LLMStatusCode,
     Placement,
+    RegisterMemStatus,
 )
 
 NT, BLOCKS, BLOCK_INTS = 4, 16, 32  # blocks cache: 4 tensors x 16 blocks x 128 bytes
@@ -87,6 +92,9 @@ cc = cm.register_cache(CacheDesc(NT, [BATCHES, BATCH_INTS], DataType.DT_INT32, w
 print(json.dumps({"blocks_id": bc.cache_id, "cache_id": cc.cache_id}), flush=True)
 
 
+comms = []
+
+
 def blist(s):
     return [int(x) for x in s.split(",")] if s else []
 
@@ -117,6 +125,18 @@ for line in sys.stdin:
         elif cmd[0] == "switch":
             opts = {"llm.listenIpInfo": f"127.0.0.1:{cmd[2]}"} if int(cmd[2]) else None
             dd.switch_role(LLMRole(int(cmd[1])), opts)
+        elif cmd[0] == "rtlink":  # rtlink RANK_TABLE_FILE MY_RANK PEER_CLUSTER PEER_RANK
+            with open(cmd[1]) as f:
+                table = f.read()
+            comm = dd.link("rt", dict(sorted({cluster: int(cmd[2]), int(cmd[3]): int(cmd[4])}.items(),
+                                             key=lambda kv: kv[1])), table)
+            while dd.query_register_mem_status(comm) == RegisterMemStatus.PREPARING:
+                time.sleep(0.01)
+            if dd.query_register_mem_status(comm) != RegisterMemStatus.OK:
+                raise LLMException("rtlink", status_code=LLMStatusCode.LLM_LINK_FAILED)
+            comms.append(comm)
+        elif cmd[0] == "rtunlink":
+            dd.unlink(comms.pop())
         elif cmd[0] == "quit":
             break
         print("ok", flush=True)

@@ -16,6 +16,7 @@ import pytest
 import llm_datadist as ld
 from llm_datadist import (
     BlocksCacheKey,
+    Cache,
     CacheDesc,
     CacheKey,
     CacheKeyByIdAndIndex,
@@ -429,11 +430,14 @@ def test_bad_inputs_and_their_status(peers, local):
     assert status_of(me.cm.register_cache, desc, []) == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.cm.register_cache, desc, addrs[:1]) == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.cm.register_cache, desc, [addrs[0], 0]) == LLMStatusCode.LLM_PARAM_INVALID
-    # CANN's communicator mode and memory pool: not here
-    assert status_of(me.dd.link, "comm", {PROMPT: 0, DECODER: 1}, "{}") == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    assert status_of(me.cm.register_cache, desc, addrs, [CacheKey(DECODER, 1), CacheKey(DECODER, 2)]) == \
+        LLMStatusCode.LLM_PARAM_INVALID  # a key names batch 0: one per cache
+    # rank tables: ranks out of order, not a table, unknown comm ids; the memory pool: not here
     assert status_of(me.dd.link, "comm", {PROMPT: 1, DECODER: 0}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
-    assert status_of(me.dd.query_register_mem_status, 1) == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
-    assert status_of(me.dd.unlink, 1) == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    assert status_of(me.dd.link, "comm", {PROMPT: 0, DECODER: 1}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.link, "", {PROMPT: 0, DECODER: 1}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.query_register_mem_status, 1) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.unlink, 1) == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.cm.allocate_cache, desc) == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
     # after an unlink, pulls are LLM_NOT_YET_LINK again
     assert me.dd.unlink_clusters([cluster_info(PROMPT, peer.port)])[0] == LLMStatusCode.LLM_SUCCESS
@@ -471,3 +475,70 @@ def test_link_releases_the_gil(local):
     assert (ret, rets) == (LLMStatusCode.LLM_TIMEOUT, [LLMStatusCode.LLM_TIMEOUT])
     assert elapsed >= 0.4, elapsed
     assert len(ticks) > 5, len(ticks)  # the other thread ran while the link waited
+
+
+def rank_table():
+    """A rank table (v1.2) of two devices of one server, 127.0.0.1: ranks 0 and 1 on devices 0
+    and 1 (what CANN's samples build)."""
+    return json.dumps({
+        "server_count": "1", "status": "completed", "version": "1.2",
+        "server_list": [{"server_id": "1", "host_ip": "127.0.0.1", "device": [
+            {"device_id": "0", "device_ip": "192.168.1.1", "rank_id": "0"},
+            {"device_id": "1", "device_ip": "192.168.1.2", "rank_id": "1"}]}]})
+
+
+def free_port_pair():
+    """A base port whose next port is free too (HCCL_IF_BASE_PORT for devices 0 and 1)."""
+    for _ in range(100):
+        base = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_link_by_rank_table_both_ways(peers, local, tmp_path, monkeypatch):
+    """vllm-ascend's and omni-infer's mode: both clusters call link(comm_name, {cluster: rank},
+    rank_table), poll query_register_mem_status until OK, then each pulls from the other."""
+    monkeypatch.setenv("HCCL_IF_BASE_PORT", str(free_port_pair()))
+    table = rank_table()
+    path = tmp_path / "rank_table.json"
+    path.write_text(table)
+    peer = peers(seed=16, port=0)  # no listen address: link() listens at its rank's
+    pblocks, _ = peer.initial()
+    me = local()
+    reply = {}
+    import threading
+
+    t = threading.Thread(target=lambda: reply.setdefault("r", peer.cmd(f"rtlink {path} 0 {DECODER} 1")))
+    t.start()
+    comm = me.dd.link("llm_dd", {PROMPT: 0, DECODER: 1}, table)
+    assert comm == 1
+    deadline = time.monotonic() + 30
+    while me.dd.query_register_mem_status(comm) == ld.RegisterMemStatus.PREPARING:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert me.dd.query_register_mem_status(comm) == ld.RegisterMemStatus.OK
+    t.join(60)
+    assert reply["r"] == "ok"
+    me.cm.pull_blocks(BlocksCacheKey(PROMPT, 0), me.bc, [5, 6], [0, 1])
+    assert np.array_equal(blk(me.blocks, 0, 2), blk(pblocks, 5, 2))
+    mine = np.random.default_rng(9).integers(0, 256, me.blocks.shape, dtype=np.uint8)
+    me.blocks[:] = mine
+    assert peer.cmd(f"pull_blocks {DECODER} 7 3") == "ok"  # the other way, on the peer's link
+    got_b, _ = peer.dump(tmp_path)
+    blk(pblocks, 3)[:] = blk(mine, 7)
+    assert np.array_equal(got_b, pblocks)
+    # bad comm ids; a rank table without this cluster's rank; a malformed one
+    assert status_of(me.dd.query_register_mem_status, 9) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.link, "x", {PROMPT: 0, 5: 1}, table) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.link, "x", {PROMPT: 0, DECODER: 2}, table) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.dd.link, "x", {PROMPT: 0, DECODER: 1}, "{") == LLMStatusCode.LLM_PARAM_INVALID
+    me.dd.unlink(comm)
+    assert status_of(me.dd.unlink, comm) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(me.cm.pull_blocks, BlocksCacheKey(PROMPT, 0), me.bc, [0], [0]) == \
+        LLMStatusCode.LLM_NOT_YET_LINK
+    assert peer.cmd("rtunlink") == "ok"

@@ -1,7 +1,8 @@
 """``llm_datadist`` with device memory, as a CANN program has it: the ACL/HCCL test double
 (tools/ascend-double.sh, under CANN's library names) on the loader path, caches in
 ``aclrtMalloc`` memory on the device ``LLMConfig.device_id`` names, two cluster processes; the
-pulls and pushes move over HCCL (the double's HcclBatchGet/HcclBatchPut) and are verified.
+pulls and pushes move over HCCL (the double's HcclBatchGet/HcclBatchPut) and are verified;
+``swap_blocks`` copies blocks between the device cache and a host one.
 
 Each case runs in a fresh interpreter whose ``LD_LIBRARY_PATH`` names the double (read at
 startup), as test_device.py does."""
@@ -76,6 +77,21 @@ def test_device_caches_pull_and_push_over_hccl(cann, tmp_path):
         for s, d in zip([1, 2, 3, 9], [0, 1, 2, 15]):
             blk(mine, d)[:] = blk(pblocks, s)
         assert np.array_equal(dev_read(addrs, mine), mine)
+        # swap_blocks: device → host and host → device (aclrtMemcpy), block by block
+        host = np.zeros((NT, BLOCKS * BLOCK), np.uint8)
+        cpu = Cache.create_cpu_cache(CacheDesc(NT, [BLOCKS, BLOCK // 4], DataType.DT_INT32, Placement.HOST),
+                                     [int(r.ctypes.data) for r in host])
+        cm.swap_blocks(bc, cpu, {{0: 3, 15: 4}})
+        assert np.array_equal(blk(host, 3), blk(mine, 0)) and np.array_equal(blk(host, 4), blk(mine, 15))
+        blk(host, 3)[:] = 7
+        cm.swap_blocks(cpu, bc, {{3: 5}})
+        blk(mine, 5)[:] = 7
+        assert np.array_equal(dev_read(addrs, mine), mine)
+        try:
+            cm.swap_blocks(bc, cpu, {{BLOCKS: 0}})
+            raise AssertionError("a block outside the cache was swapped")
+        except LLMException as e:
+            assert e.status_code == LLMStatusCode.LLM_PARAM_INVALID
         cm.push_blocks(BlocksCacheKey(PROMPT, 0), bc, [4, 5], [10, 11], src_layer_range=range(1, 2),
                        dst_layer_range=range(0, 1))
         blk(pblocks, 10, 2)[0:2] = blk(mine, 4, 2)[2:4]

@@ -2,6 +2,7 @@
 and pushes to linked clusters' caches. Every transfer is a batch of one-sided READs (pull) or
 WRITEs (push, one batch per layer) of hixl's engine; the native calls release the GIL."""
 
+import ctypes
 from typing import Dict, List, Optional, Tuple, Union
 
 from llm_datadist.status import (
@@ -30,6 +31,26 @@ from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, inclusive, pack_key
 _INVALID_ID = 2**64 - 1
 _KIND_CACHE = 0
 _KIND_BLOCKS = 1
+
+
+_ACL = None
+
+
+def _acl():
+    """ACL's runtime library (CANN's ``libacl_rt.so``, or ``libascendcl.so``), loaded once;
+    ``LLM_FEATURE_NOT_ENABLED`` where there is none."""
+    global _ACL
+    if _ACL is None:
+        for name in ("libacl_rt.so", "libascendcl.so"):
+            try:
+                _ACL = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            raise LLMException("ACL (libacl_rt.so) is not loadable: device memory copies need CANN",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+    return _ACL
 
 
 def _not_enabled(what):
@@ -96,6 +117,10 @@ class CacheManager:
         its id, or by one of `cache_keys`). The tensors must stay allocated until
         ``unregister_cache``."""
         check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
+        # a key names its cache in the table peers read (as CANN's remote-accessible table), not a
+        # batch of it: a pull by key reads batch 0, so a second key would name batch 0 too
+        raise_if_false(len(cache_keys) <= 1, "at most one CacheKey per cache (it names batch 0), not {0}",
+                       len(cache_keys))
         keys = [(k.req_id, k.model_id) for k in cache_keys]
         return self._register("register_cache", cache_desc, addrs, _KIND_CACHE, keys, remote_accessible, False)
 
@@ -268,7 +293,42 @@ class CacheManager:
         _not_enabled("copy_blocks")
 
     def swap_blocks(self, src_cache: Cache, dst_cache: Cache, src_to_dst: Dict[int, int]) -> None:
-        _not_enabled("swap_blocks")
+        """Copies blocks between a host and a device blocks cache of this process (block
+        `s` of each tensor of `src_cache` to block `src_to_dst[s]` of `dst_cache`'s), with ACL's
+        synchronous ``aclrtMemcpy`` on the calling thread's device, as CANN's does. Either cache
+        may be unregistered (``Cache.create_cpu_cache``)."""
+        self._check()
+        check_isinstance("src", src_cache, Cache, allow_none=False)
+        check_isinstance("dst", dst_cache, Cache, allow_none=False)
+        raise_if_false(src_cache.is_blocks_cache, "param check failed, src cache should be blocks cache.")
+        raise_if_false(dst_cache.is_blocks_cache, "param check failed, dst cache should be blocks cache.")
+        check_isinstance("src_to_dst", src_to_dst, dict, allow_none=False)
+        sd, dd = src_cache.cache_desc, dst_cache.cache_desc
+        block = sd.size // sd.shape[0]
+        raise_if_false(block == dd.size // dd.shape[0], "src block size:{0} and dst block size:{1} must be equal",
+                       block, dd.size // dd.shape[0])
+        raise_if_false(sd.num_tensors == dd.num_tensors, "src num_tensors:{0} and dst num_tensors:{1} must be equal",
+                       sd.num_tensors, dd.num_tensors)
+        for s, d in src_to_dst.items():
+            check_isinstance("src_to_dst key", s, int, allow_none=False)
+            check_isinstance("src_to_dst value", d, int, allow_none=False)
+            raise_if_false(0 <= s < sd.shape[0], "src_block_index:{0} must be in [0, {1})", s, sd.shape[0])
+            raise_if_false(0 <= d < dd.shape[0], "dst_block_index:{0} must be in [0, {1})", d, dd.shape[0])
+        if sd.placement == Placement.HOST and dd.placement == Placement.DEVICE:
+            kind = 1  # ACL_MEMCPY_HOST_TO_DEVICE
+        elif sd.placement == Placement.DEVICE and dd.placement == Placement.HOST:
+            kind = 2  # ACL_MEMCPY_DEVICE_TO_HOST
+        else:
+            raise LLMException(f"swap src placement:{sd.placement} to dst placement:{dd.placement} is not support",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        acl = _acl()
+        for src_addr, dst_addr in zip(src_cache.tensor_addrs, dst_cache.tensor_addrs):
+            for s, d in src_to_dst.items():
+                rc = acl.aclrtMemcpy(ctypes.c_void_p(dst_addr + d * block), ctypes.c_size_t(block),
+                                     ctypes.c_void_p(src_addr + s * block), ctypes.c_size_t(block), kind)
+                raise_if_false(rc == 0, "[swap_blocks] aclrtMemcpy failed: {0}", rc,
+                               status_code=LLMStatusCode.LLM_FAILED)
+        log.info("[swap_blocks] success")
 
     def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
         """HCCL's fault recovery: hixl's registrations need no remapping, so after its argument

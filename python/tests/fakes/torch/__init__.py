@@ -232,7 +232,9 @@ def _to_npu(arr, dt):
     return Tensor(None, dtype_=dt, shape=arr.shape, dev_ptr=p.value)
 
 
-def _shape(size):
+def _shape(size, kw=None):
+    if not size and kw and "size" in kw:
+        size = (kw["size"],)
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         return tuple(size[0])
     return tuple(size)
@@ -245,22 +247,34 @@ def _make(arr, dt, dev):
 
 def zeros(*size, dtype=None, device=None, **kw):
     dt = dtype or float32
-    return _make(np.zeros(_shape(size), dt.np), dt, device)
+    return _make(np.zeros(_shape(size, kw), dt.np), dt, device)
 
 
 def ones(*size, dtype=None, device=None, **kw):
     dt = dtype or float32
-    return _make(np.ones(_shape(size), dt.np), dt, device)
+    return _make(np.ones(_shape(size, kw), dt.np), dt, device)
 
 
 def empty(*size, dtype=None, device=None, **kw):
     dt = dtype or float32
-    return _make(np.zeros(_shape(size), dt.np), dt, device)
+    return _make(np.zeros(_shape(size, kw), dt.np), dt, device)
 
 
 def full(size, fill_value, dtype=None, device=None, **kw):
     dt = dtype or float32
     return _make(np.full(tuple(size), fill_value, dt.np), dt, device)
+
+
+def rand(*size, dtype=None, device=None, **kw):
+    dt = dtype or float32
+    return _make(np.random.random_sample(_shape(size, kw)).astype(dt.np), dt, device)
+
+
+def randint(low, high=None, size=(), dtype=None, device=None, **kw):
+    if high is None:
+        low, high = 0, low
+    dt = dtype or int64
+    return _make(np.random.randint(low, high, size=tuple(size)).astype(dt.np), dt, device)
 
 
 def arange(*args, dtype=None, device=None, **kw):
