@@ -257,6 +257,20 @@ def test_pull_blocks_and_cache_verified(peers, local):
     assert np.array_equal(me.cache, expect_c)
     assert np.array_equal(me.blocks, expect_b)  # untouched by the cache pulls
 
+    # a cache over ctypes buffers (any memory with an address), 8 blocks of the same size
+    import ctypes
+
+    bufs = [ctypes.create_string_buffer(8 * BLOCK) for _ in range(NT)]
+    cbc = me.cm.register_blocks_cache(CacheDesc(NT, [8, BLOCK // 4], DataType.DT_INT32, Placement.HOST),
+                                      [ctypes.addressof(b) for b in bufs], BlocksCacheKey(DECODER, 1))
+    me.cm.pull_blocks(BlocksCacheKey(PROMPT, 0), cbc, [15, 0], [7, 0])
+    for t, b in enumerate(bufs):
+        got = np.frombuffer(b.raw, np.uint8)
+        assert np.array_equal(got[7 * BLOCK:8 * BLOCK], blk(pblocks, 15)[t])
+        assert np.array_equal(got[:BLOCK], blk(pblocks, 0)[t])
+        assert not got[BLOCK:7 * BLOCK].any()
+    me.cm.unregister_cache(cbc.cache_id)
+
 
 # ---- pushes ----
 
