@@ -8,6 +8,8 @@
 //! wrong type, `None`, a negative or too large int) raises `TypeError` / `ValueError`, never
 //! reaches the engine.
 //!
+//! The submodule `datadist` (`datadist.rs`) is the native half of the package `llm_datadist`.
+//!
 //! Extensions beyond CANN's surface (documented in the README): `Hixl.local_engine()`,
 //! `Hixl.wait_transfer()`, `Hixl.cancel_transfer()`, `Hixl.remote_regions()`,
 //! `Hixl.transport()`, `Hixl.alloc_host_mem()` (with `HostMem`), and the packed-descriptor
@@ -18,6 +20,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+
+mod datadist;
 
 use hixl::compat;
 use hixl::{Access, Status};
@@ -33,7 +37,7 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-fn set_last_error(msg: String) {
+pub(crate) fn set_last_error(msg: String) {
     LAST_ERROR.with(|l| *l.borrow_mut() = msg);
 }
 
@@ -1212,5 +1216,10 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HostMem>()?;
     m.add_function(wrap_pyfunction!(get_capability, m)?)?;
     m.add_function(wrap_pyfunction!(last_error_message, m)?)?;
+
+    // `llm_datadist`'s native half (its package imports `hixl._hixl.datadist`)
+    let dd = PyModule::new(m.py(), "datadist")?;
+    datadist::register(&dd)?;
+    m.add_submodule(&dd)?;
     Ok(())
 }

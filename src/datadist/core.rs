@@ -1016,9 +1016,16 @@ fn listen_address(v: &str) -> Result<String> {
 /// current on the thread that initializes it); nothing where it does not (host caches only).
 fn set_device(id: i32) -> Result<()> {
     match crate::device::acl::Acl::load(None) {
-        Ok(acl) => acl
-            .set_device(id)
-            .map_err(|e| Error::new(LlmStatus::LLM_FAILED, e.to_string())),
+        Ok(acl) => {
+            let r = acl
+                .set_device(id)
+                .map_err(|e| Error::new(LlmStatus::LLM_FAILED, e.to_string()));
+            // the library stays loaded, as upstream's does: ACL keeps the thread's current
+            // device in it, so unloading it here (the last handle, when the caller has not
+            // loaded ACL itself) would forget the device just set before the engine reads it
+            std::mem::forget(acl);
+            r
+        }
         Err(_) => Ok(()),
     }
 }

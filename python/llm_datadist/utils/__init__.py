@@ -1,0 +1,1 @@
+"""Helpers of the package: its logger and argument checks."""

@@ -1,0 +1,339 @@
+"""The cache manager (CANN's ``llm_datadist.v2.cache_manager``): registers caches, pulls from
+and pushes to linked clusters' caches. Every transfer is a batch of one-sided READs (pull) or
+WRITEs (push, one batch per layer) of hixl's engine; the native calls release the GIL."""
+
+import ctypes
+from typing import Dict, List, Optional, Tuple, Union
+
+from llm_datadist.status import (
+    LLMException,
+    LLMStatusCode,
+    handle_llm_status,
+    raise_if_false,
+    raise_if_true,
+)
+from llm_datadist.utils import log
+from llm_datadist.utils.utils import check_int64, check_isinstance, check_list_uint64, check_uint32
+from llm_datadist.v2.llm_types import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    CacheTask,
+    LayerSynchronizer,
+    MemInfo,
+    Placement,
+    check_layer_range,
+)
+from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, inclusive, pack_key, start_transfer
+
+_INVALID_ID = 2**64 - 1
+_KIND_CACHE = 0
+_KIND_BLOCKS = 1
+
+
+_ACL = None
+
+
+def _acl():
+    """ACL's runtime library (CANN's ``libacl_rt.so``, or ``libascendcl.so``), loaded once;
+    ``LLM_FEATURE_NOT_ENABLED`` where there is none."""
+    global _ACL
+    if _ACL is None:
+        for name in ("libacl_rt.so", "libascendcl.so"):
+            try:
+                _ACL = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            raise LLMException("ACL (libacl_rt.so) is not loadable: device memory copies need CANN",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+    return _ACL
+
+
+def _not_enabled(what):
+    raise LLMException(f"{what} is not supported by hixl's llm_datadist (no memory pool): "
+                       "allocate the tensors yourself and register them",
+                       status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+
+def _check_blocks(name, blocks):
+    check_isinstance(name, blocks, [list, tuple], int, allow_none=False)
+    check_list_uint64(name, blocks)
+
+
+def _check_tnpl(func, tnpl, cache):
+    check_uint32("tensor_num_per_layer", tnpl)
+    raise_if_false(tnpl > 0, "[{0}] param check failed, tensor_num_per_layer ({1}) is invalid, should [1, {2}]",
+                   func, tnpl, cache.cache_desc.num_tensors)
+
+
+class CacheManager:
+    """The cache manager of an initialized ``LLMDataDist`` (``datadist.cache_manager``)."""
+
+    def __init__(self, native, options) -> None:
+        self._native = native
+        self._options = options
+        self._initialized = True
+        self._is_call_linked = False
+        self._caches: Dict[int, Cache] = {}
+
+    def _check(self):
+        raise_if_false(self._initialized, "the LLMDataDist of this cache manager is finalized",
+                       status_code=LLMStatusCode.LLM_FAILED)
+
+    def set_is_call_linked(self):
+        self._is_call_linked = True
+
+    # ---- registration ----
+
+    def _register(self, func, cache_desc, addrs, kind, keys, remote_accessible, is_blocks):
+        self._check()
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        check_isinstance("addrs", addrs, list, int, allow_none=False)
+        check_isinstance("remote_accessible", remote_accessible, bool)
+        raise_if_true(self._is_call_linked and remote_accessible,
+                      "you can not register remote accessible cache after link.")
+        raise_if_false(len(addrs) > 0, "addrs can not be empty.")
+        raise_if_false(len(addrs) == cache_desc.num_tensors, "addrs length should be equal to num_tensors.")
+        for a in addrs:
+            raise_if_false(0 < a < 2**64, "addr can not be zero.")
+        batch_dim = cache_desc.batch_dim if kind == _KIND_CACHE else 0
+        ret, cache_id = self._native.register_cache(int(cache_desc.placement), cache_desc.num_tensors,
+                                                    cache_desc.data_type.value, list(cache_desc.shape),
+                                                    list(addrs), kind, batch_dim, keys)
+        handle_llm_status(ret, f"[{func}]", f"cache_desc = {cache_desc}")
+        cache = Cache(cache_id, cache_desc, list(addrs), self, True, is_blocks)
+        self._caches[cache_id] = cache
+        log.info("[%s] success, cache_id = %d", func, cache_id)
+        return cache
+
+    def register_cache(self, cache_desc: CacheDesc, addrs: List[int],
+                       cache_keys: Union[Tuple[CacheKey], List[CacheKey]] = (),
+                       remote_accessible: Optional[bool] = None) -> Cache:
+        """Registers `num_tensors` tensors at `addrs` as a cache of batches (peers find it by
+        its id, or by one of `cache_keys`). The tensors must stay allocated until
+        ``unregister_cache``."""
+        check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
+        # a key names its cache in the table peers read (as CANN's remote-accessible table), not a
+        # batch of it: a pull by key reads batch 0, so a second key would name batch 0 too
+        raise_if_false(len(cache_keys) <= 1, "at most one CacheKey per cache (it names batch 0), not {0}",
+                       len(cache_keys))
+        keys = [(k.req_id, k.model_id) for k in cache_keys]
+        return self._register("register_cache", cache_desc, addrs, _KIND_CACHE, keys, remote_accessible, False)
+
+    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: List[int],
+                              blocks_cache_key: Optional[BlocksCacheKey] = None,
+                              remote_accessible: Optional[bool] = None) -> Cache:
+        """Registers `num_tensors` tensors at `addrs` as a blocks cache (`shape[0]` blocks per
+        tensor); peers find it by `blocks_cache_key` (or its id)."""
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        keys = [] if blocks_cache_key is None else [(_INVALID_ID, blocks_cache_key.model_id)]
+        cache_desc._is_blocks = True
+        return self._register("register_blocks_cache", cache_desc, addrs, _KIND_BLOCKS, keys,
+                              remote_accessible, True)
+
+    def unregister_cache(self, cache_id: int) -> None:
+        """Unregisters a cache (an unknown id is fine). When it returns, no peer reads or writes
+        its tensors."""
+        self._check()
+        check_int64("cache_id", cache_id)
+        ret = self._native.unregister_cache(cache_id)
+        handle_llm_status(ret, "[unregister_cache]", f"cache_id = {cache_id}")
+        self._caches.pop(cache_id, None)
+        log.info("[unregister_cache] success, cache_id = %d", cache_id)
+
+    # ---- pulls ----
+
+    def _pull(self, func, key, dst_cache, batch_index, size, blocks, kwargs):
+        src_layer_range = kwargs.pop("src_layer_range", None)
+        dst_layer_range = kwargs.pop("dst_layer_range", None)
+        tnpl = kwargs.pop("tensor_num_per_layer", NUM_TENSORS_PER_LAYER)
+        raise_if_true(kwargs, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
+        _check_tnpl(func, tnpl, dst_cache)
+        src, dst = inclusive(src_layer_range), inclusive(dst_layer_range)
+        raise_if_true((src is None) != (dst is None), "[{0}] give both layer ranges or neither", func)
+        ret = self._native.pull(pack_key(key), dst_cache.cache_id, batch_index, size, blocks, src, dst, tnpl)
+        handle_llm_status(ret, f"[{func}]", f"cache_key = {key}")
+        log.info("[%s] success", func)
+
+    def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], cache: Cache, batch_index: int = 0,
+                   size: int = -1, **kwargs) -> None:
+        """Pulls a peer's batch (the key's `batch_index`, or the batch its `CacheKey` names)
+        into batch `batch_index` of `cache`: `size` bytes of each tensor (`-1`: a whole batch).
+        ``src_layer_range``/``dst_layer_range``/``tensor_num_per_layer`` select layers."""
+        self._check()
+        check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        check_uint32("batch_index", batch_index)
+        check_int64("size", size)
+        raise_if_true(cache.is_blocks_cache, "param check failed, cache can not be blocks cache.")
+        raise_if_false(size == -1 or size > 0,
+                       "[pull_cache] param check failed, size ({0}) is invalid, should be = -1 or > 0", size)
+        self._pull("pull_cache", cache_key, cache, batch_index, size, None, kwargs)
+
+    def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
+                    src_blocks: Optional[Union[Tuple[int], List[int]]] = (),
+                    dst_blocks: Union[Tuple[int], List[int]] = (), **kwargs):
+        """Pulls block `src_blocks[i]` of each of a peer's blocks cache's tensors into block
+        `dst_blocks[i]` of `dst_cache`'s (consecutive runs as one descriptor)."""
+        self._check()
+        check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
+                         allow_none=False)
+        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+        _check_blocks("src_blocks", src_blocks)
+        _check_blocks("dst_blocks", dst_blocks)
+        raise_if_false(dst_cache.is_blocks_cache, "param check failed, dst_cache should be blocks cache.")
+        raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
+        if not isinstance(src_cache_key, BlocksCacheKey):
+            # CANN's cache→blocks pull (a peer's batch split into blocks): not here
+            raise_if_false(len(src_blocks) == 0,
+                           "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
+            _not_enabled("pull_blocks from a cache of batches (CacheKey / CacheKeyByIdAndIndex)")
+        raise_if_false(len(src_blocks) > 0, "src_blocks can not be empty.")
+        raise_if_false(len(src_blocks) == len(dst_blocks),
+                       "src_blocks ({0}) and dst_blocks ({1}) differ in length", len(src_blocks), len(dst_blocks))
+        self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, (list(src_blocks), list(dst_blocks)), kwargs)
+
+    # ---- pushes ----
+
+    @staticmethod
+    def _push_layers(func, src_cache, src_layer_range, dst_layer_range, tnpl):
+        _check_tnpl(func, tnpl, src_cache)
+        check_layer_range("src_layer_range", src_layer_range, True)
+        check_layer_range("dst_layer_range", dst_layer_range, True)
+        every = range(0, src_cache.cache_desc.num_tensors // tnpl)
+        src = src_layer_range if src_layer_range is not None else every
+        dst = dst_layer_range if dst_layer_range is not None else every
+        raise_if_false(len(src) > 0, "[{0}] no layer to push: {1} tensors, {2} per layer", func,
+                       src_cache.cache_desc.num_tensors, tnpl)
+        raise_if_false(len(src) == len(dst), "src_layer_range size should be equal to size of dst_layer_range size.")
+        return inclusive(src), inclusive(dst)
+
+    def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
+                   src_layer_range: range = None, dst_layer_range: range = None, size: int = -1,
+                   tensor_num_per_layer=NUM_TENSORS_PER_LAYER) -> None:
+        """Pushes batch `src_batch_index` of `src_cache` into the peer's batch the key names,
+        one WRITE batch per layer (every layer by default)."""
+        self._check()
+        check_isinstance("dst_cache_key", dst_cache_key, [CacheKeyByIdAndIndex], allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        check_uint32("src_batch_index", src_batch_index)
+        raise_if_false(not src_cache.is_blocks_cache, "param check failed, cache can not be blocks cache.")
+        check_int64("size", size)
+        raise_if_false(size == -1, "[push_cache] param check failed, size ({0}) is invalid, should be = -1.", size)
+        src, dst = self._push_layers("push_cache", src_cache, src_layer_range, dst_layer_range, tensor_num_per_layer)
+        ret = self._native.push(src_cache.cache_id, pack_key(dst_cache_key), src_batch_index, None, src, dst,
+                                tensor_num_per_layer)
+        handle_llm_status(ret, "[push_cache]", f"dst_cache_key = {dst_cache_key}")
+        log.info("[push_cache] success")
+
+    def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
+                    src_blocks: Optional[Union[Tuple[int], List[int]]] = (),
+                    dst_blocks: Union[Tuple[int], List[int]] = (), src_layer_range: range = None,
+                    dst_layer_range: range = None, tensor_num_per_layer=NUM_TENSORS_PER_LAYER):
+        """Pushes block `src_blocks[i]` of `src_cache`'s tensors into block `dst_blocks[i]` of the
+        peer's blocks cache, one WRITE batch per layer (every layer by default)."""
+        self._check()
+        check_isinstance("dst_cache_key", dst_cache_key, [BlocksCacheKey], allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        _check_blocks("src_blocks", src_blocks)
+        _check_blocks("dst_blocks", dst_blocks)
+        raise_if_false(src_cache.is_blocks_cache, "param check failed, cache should be blocks cache.")
+        raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
+        raise_if_false(len(src_blocks) == len(dst_blocks),
+                       "src_blocks ({0}) and dst_blocks ({1}) differ in length", len(src_blocks), len(dst_blocks))
+        src, dst = self._push_layers("push_blocks", src_cache, src_layer_range, dst_layer_range,
+                                     tensor_num_per_layer)
+        ret = self._native.push(src_cache.cache_id, pack_key(dst_cache_key), 0,
+                                (list(src_blocks), list(dst_blocks)), src, dst, tensor_num_per_layer)
+        handle_llm_status(ret, "[push_blocks]", f"dst_cache_key = {dst_cache_key}")
+        log.info("[push_blocks] success")
+
+    def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer, transfer_configs,
+                             src_block_indices: Optional[Union[List[int], Tuple[int]]] = None,
+                             dst_block_indices: Optional[Union[List[int], Tuple[int]]] = None,
+                             dst_block_memory_size: Optional[int] = None) -> CacheTask:
+        """Pushes `src_cache` layer by layer (two tensors a layer) to each destination of
+        `transfer_configs` (``TransferWithCacheKeyConfig``), each layer once
+        `layer_synchronizer.synchronize_layer` returns True, on a thread; the task's
+        ``synchronize()`` / ``get_results()`` wait for it."""
+        self._check()
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        # CANN refuses a host `src_cache` here (its layer pushes run on device streams); hixl's
+        # engine pushes host memory as it pushes device memory
+        log.info("[transfer_cache_async] start, cache_id = %d", src_cache.cache_id)
+        return CacheTask(start_transfer(self, src_cache, layer_synchronizer, transfer_configs, src_block_indices,
+                                        dst_block_indices, dst_block_memory_size))
+
+    # ---- CANN's memory-pool and copy calls: not here ----
+
+    def allocate_cache(self, cache_desc: CacheDesc, cache_keys=()):
+        _not_enabled("allocate_cache")
+
+    def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key=None):
+        _not_enabled("allocate_blocks_cache")
+
+    def deallocate_cache(self, cache: Cache) -> None:
+        _not_enabled("deallocate_cache")
+
+    def deallocate_blocks_cache(self, cache: Cache) -> None:
+        _not_enabled("deallocate_blocks_cache")
+
+    def remove_cache_key(self, cache_key: CacheKey) -> None:
+        _not_enabled("remove_cache_key")
+
+    def copy_cache(self, dst: Cache, src: Cache, dst_batch_index: int = 0, src_batch_index: int = 0,
+                   offset: int = 0, size: int = -1, req_id: Optional[int] = None):
+        _not_enabled("copy_cache")
+
+    def copy_blocks(self, cache: Cache, copy_block_info: Dict[int, List[int]]):
+        _not_enabled("copy_blocks")
+
+    def swap_blocks(self, src_cache: Cache, dst_cache: Cache, src_to_dst: Dict[int, int]) -> None:
+        """Copies blocks between a host and a device blocks cache of this process (block
+        `s` of each tensor of `src_cache` to block `src_to_dst[s]` of `dst_cache`'s), with ACL's
+        synchronous ``aclrtMemcpy`` on the calling thread's device, as CANN's does. Either cache
+        may be unregistered (``Cache.create_cpu_cache``)."""
+        self._check()
+        check_isinstance("src", src_cache, Cache, allow_none=False)
+        check_isinstance("dst", dst_cache, Cache, allow_none=False)
+        raise_if_false(src_cache.is_blocks_cache, "param check failed, src cache should be blocks cache.")
+        raise_if_false(dst_cache.is_blocks_cache, "param check failed, dst cache should be blocks cache.")
+        check_isinstance("src_to_dst", src_to_dst, dict, allow_none=False)
+        sd, dd = src_cache.cache_desc, dst_cache.cache_desc
+        block = sd.size // sd.shape[0]
+        raise_if_false(block == dd.size // dd.shape[0], "src block size:{0} and dst block size:{1} must be equal",
+                       block, dd.size // dd.shape[0])
+        raise_if_false(sd.num_tensors == dd.num_tensors, "src num_tensors:{0} and dst num_tensors:{1} must be equal",
+                       sd.num_tensors, dd.num_tensors)
+        for s, d in src_to_dst.items():
+            check_isinstance("src_to_dst key", s, int, allow_none=False)
+            check_isinstance("src_to_dst value", d, int, allow_none=False)
+            raise_if_false(0 <= s < sd.shape[0], "src_block_index:{0} must be in [0, {1})", s, sd.shape[0])
+            raise_if_false(0 <= d < dd.shape[0], "dst_block_index:{0} must be in [0, {1})", d, dd.shape[0])
+        if sd.placement == Placement.HOST and dd.placement == Placement.DEVICE:
+            kind = 1  # ACL_MEMCPY_HOST_TO_DEVICE
+        elif sd.placement == Placement.DEVICE and dd.placement == Placement.HOST:
+            kind = 2  # ACL_MEMCPY_DEVICE_TO_HOST
+        else:
+            raise LLMException(f"swap src placement:{sd.placement} to dst placement:{dd.placement} is not support",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        acl = _acl()
+        for src_addr, dst_addr in zip(src_cache.tensor_addrs, dst_cache.tensor_addrs):
+            for s, d in src_to_dst.items():
+                rc = acl.aclrtMemcpy(ctypes.c_void_p(dst_addr + d * block), ctypes.c_size_t(block),
+                                     ctypes.c_void_p(src_addr + s * block), ctypes.c_size_t(block), kind)
+                raise_if_false(rc == 0, "[swap_blocks] aclrtMemcpy failed: {0}", rc,
+                               status_code=LLMStatusCode.LLM_FAILED)
+        log.info("[swap_blocks] success")
+
+    def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
+        """HCCL's fault recovery: hixl's registrations need no remapping, so after its argument
+        checks this does nothing."""
+        self._check()
+        items = mem_infos if isinstance(mem_infos, (list, tuple)) else [mem_infos]
+        for m in items:
+            check_isinstance("mem_infos", m, MemInfo, allow_none=False)

@@ -1,0 +1,160 @@
+"""Helpers of the cache manager (CANN's ``llm_datadist.v2.llm_utils``): keys and layer ranges as
+the native module takes them, and ``transfer_cache_async``'s worker thread."""
+
+from threading import Thread
+from typing import Dict, List, Optional
+
+from llm_datadist.status import LLMStatusCode, code_2_status, raise_if_false, raise_if_true
+from llm_datadist.utils import log
+from llm_datadist.utils.utils import check_isinstance, check_list_uint64, check_uint32
+from llm_datadist.v2.llm_types import (
+    BlocksCacheKey,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    LayerSynchronizer,
+    TransferConfig,
+    TransferWithCacheKeyConfig,
+)
+
+NUM_TENSORS_PER_LAYER = 2
+
+
+def pack_key(key):
+    """A peer's cache as the native module names it: ``(kind, cluster, a, b)``."""
+    if isinstance(key, CacheKeyByIdAndIndex):
+        raise_if_false(key.cache_id >= 0, "cache_id ({0}) should be >= 0", key.cache_id)
+        return (0, key.cluster_id, key.cache_id, key.batch_index)
+    if isinstance(key, BlocksCacheKey):
+        return (1, key.cluster_id, key.model_id, 0)
+    return (2, key.cluster_id, key.req_id, key.model_id)
+
+
+def inclusive(layer_range: Optional[range]):
+    """A layer ``range`` as the native module's inclusive ``(first, last)``, or ``None``."""
+    if layer_range is None:
+        return None
+    check_isinstance("layer_range", layer_range, range, allow_none=False)
+    raise_if_false(layer_range.step == 1, "param check failed, layer range step must be 1.")
+    raise_if_false(0 <= layer_range.start < layer_range.stop, "layer range {0} is empty or negative", layer_range)
+    check_uint32("layer_range", layer_range.stop - 1)
+    return (layer_range.start, layer_range.stop - 1)
+
+
+def check_block_indices(arg_name, arg_value):
+    if arg_value is not None:
+        check_isinstance(arg_name, arg_value, [list, tuple], int, allow_none=False)
+        check_list_uint64(arg_name, arg_value)
+
+
+class TransferCacheJob:
+    """Pushes `src_cache` layer by layer to each destination, each layer once
+    `synchronize_layer` says it is ready."""
+
+    def __init__(self, cache_manager, src_cache, transfer_configs, layer_synchronizer, src_blocks, dst_blocks):
+        self._cm = cache_manager
+        self._cache = src_cache
+        self._configs = list(transfer_configs)
+        self._sync = layer_synchronizer
+        self._src_blocks = list(src_blocks) if src_blocks else None
+        self._dst_blocks = list(dst_blocks) if dst_blocks else None
+        self._rets: Dict[int, LLMStatusCode] = {}
+        desc = src_cache.cache_desc
+        raise_if_false(desc.num_tensors % NUM_TENSORS_PER_LAYER == 0, "cache_desc.num_tensors ({0}) is not even",
+                       desc.num_tensors)
+        self._num_layers = desc.num_tensors // NUM_TENSORS_PER_LAYER
+        for c in self._configs:
+            if c.src_layer_range is None:
+                c.src_layer_range = range(0, self._num_layers)
+            raise_if_false(0 <= c.src_layer_range.start < c.src_layer_range.stop <= self._num_layers,
+                           "src_layer_range: {0} out of range, src_layer_num = {1}", c.src_layer_range,
+                           self._num_layers)
+
+    def _push_layer(self, config, src_layer, dst_layer) -> LLMStatusCode:
+        key = config.cache_key
+        if isinstance(key, BlocksCacheKey):
+            n = self._cache.cache_desc.shape[0]
+            src = self._src_blocks if self._src_blocks is not None else list(range(n))
+            dst = self._dst_blocks if self._dst_blocks is not None else list(range(n))
+            blocks = (src, dst)
+            batch = 0
+        else:
+            blocks = None
+            batch = config.src_batch_index
+        ret = self._cm._native.push(self._cache.cache_id, pack_key(key), batch, blocks, (src_layer, src_layer),
+                                    (dst_layer, dst_layer), NUM_TENSORS_PER_LAYER)
+        return code_2_status(ret)
+
+    def run(self):
+        for src_layer in range(self._num_layers):
+            todo = [c for c in self._configs if src_layer in c.src_layer_range and c.dst_cluster_id not in self._rets]
+            if not todo:
+                continue
+            if not self._sync.synchronize_layer(src_layer, None):
+                log.error("failed to synchronize layer %d", src_layer)
+                for c in todo:
+                    self._rets[c.dst_cluster_id] = LLMStatusCode.LLM_PARAM_INVALID
+                continue
+            for c in todo:
+                offset = src_layer - c.src_layer_range.start
+                dst_layer = src_layer if c.dst_layer_range is None else c.dst_layer_range[offset]
+                ret = self._push_layer(c, src_layer, dst_layer)
+                if ret != LLMStatusCode.LLM_SUCCESS:
+                    log.error("failed to transfer layer %d to cluster %d: %s", src_layer, c.dst_cluster_id, ret)
+                    self._rets[c.dst_cluster_id] = ret
+                elif src_layer == c.src_layer_range.stop - 1:
+                    self._rets[c.dst_cluster_id] = LLMStatusCode.LLM_SUCCESS
+
+    def results(self) -> List[Optional[LLMStatusCode]]:
+        return [self._rets.get(c.dst_cluster_id) for c in self._configs]
+
+
+class TransferAsyncThread(Thread):
+    """Runs a `TransferCacheJob`; a wait that ends before it does reports `LLM_TIMEOUT`."""
+
+    def __init__(self, job: TransferCacheJob):
+        super().__init__(daemon=True)
+        self._job = job
+
+    def run(self):
+        self._job.run()
+
+    def get_results(self, timeout) -> List[LLMStatusCode]:
+        self.join(timeout)
+        if self.is_alive():
+            return [LLMStatusCode.LLM_TIMEOUT] * len(self._job.results())
+        return self._job.results()
+
+    def get(self, timeout) -> LLMStatusCode:
+        rets = self.get_results(timeout)
+        for r in rets:
+            if r is not None and r != LLMStatusCode.LLM_SUCCESS:
+                return r
+        return LLMStatusCode.LLM_SUCCESS
+
+
+def start_transfer(cache_manager, src_cache, layer_synchronizer, transfer_configs, src_blocks, dst_blocks,
+                   dst_block_memory_size):
+    """Checks `transfer_cache_async`'s arguments and starts its thread."""
+    check_block_indices("src_block_indices", src_blocks)
+    check_block_indices("dst_block_indices", dst_blocks)
+    check_isinstance("layer_synchronizer", layer_synchronizer, LayerSynchronizer, allow_none=False)
+    check_isinstance("transfer_configs", transfer_configs, [list, tuple], allow_none=False)
+    for c in transfer_configs:
+        raise_if_true(isinstance(c, TransferConfig),
+                      "TransferConfig (raw destination addresses) is not supported: use TransferWithCacheKeyConfig",
+                      status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        check_isinstance("transfer_configs item", c, TransferWithCacheKeyConfig, allow_none=False)
+    raise_if_true(dst_block_memory_size not in (None, 0),
+                  "dst_block_memory_size (a cache pushed into blocks) is not supported",
+                  status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+    if src_blocks or dst_blocks:
+        raise_if_false(src_blocks and dst_blocks and len(src_blocks) == len(dst_blocks),
+                       "num_block_indices mismatches, src_num = {0}, dst_num = {1}",
+                       len(src_blocks or []), len(dst_blocks or []))
+    job = TransferCacheJob(cache_manager, src_cache, transfer_configs, layer_synchronizer, src_blocks, dst_blocks)
+    t = TransferAsyncThread(job)
+    t.start()
+    return t
+
+
+__all__ = ["CacheKey", "pack_key", "inclusive", "start_transfer", "NUM_TENSORS_PER_LAYER"]
