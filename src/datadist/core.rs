@@ -504,6 +504,15 @@ impl DataDist {
         Ok((last_failure(&rets), rets))
     }
 
+    /// The address peers link to: the engine's listen address, with the port it got when
+    /// `llm.ListenIpInfo` asks for port 0. `None` before `initialize`, after `finalize`, or for
+    /// an instance that does not listen.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        let (engine, config) = self.live().ok()?;
+        config.listen.as_ref()?;
+        engine.local_engine().ok()?.parse().ok()
+    }
+
     /// Whether cluster `id` is linked.
     pub fn is_linked(&self, id: u64) -> bool {
         lock(&self.links).contains_key(&id)
