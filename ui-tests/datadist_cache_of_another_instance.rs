@@ -15,7 +15,7 @@ fn main() {
         let prompt_cache = prompt.register_cache(&desc, Layout::Blocks, kv, &[]).unwrap();
         let _ = Cluster::<Decoder>::scope(2, &[] as &[(&str, &str)], |decoder| {
             let link = decoder.link(3, "127.0.0.1:26000".parse().unwrap(), Duration::from_secs(1)).unwrap();
-            let _ = link.pull_blocks(PeerCache::Blocks { model_id: 1 }, &prompt_cache, &[0], &[0]); //~ ERROR lifetime
+            let _ = link.pull_blocks(PeerCache::Blocks { model_id: 1 }, &prompt_cache, &[0], &[0]); //~ ERROR E0521
         });
     });
 }
