@@ -3,6 +3,9 @@
 //! batches pulled and pushed and compared byte for byte, layer ranges, role switches, and the
 //! exact LLM status of every error only the run time can see.
 
+// tensors are compared by index on both sides
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -80,7 +83,12 @@ impl Peer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
             .args(["datadist-serve", "--cluster", &cluster.to_string()])
             .args(["--tensors", &tensors.to_string()])
-            .args(["--blocks", &blocks.to_string(), "--block", &block.to_string()])
+            .args([
+                "--blocks",
+                &blocks.to_string(),
+                "--block",
+                &block.to_string(),
+            ])
             .args(["--seed", &seed.to_string(), "--model", &model.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -165,7 +173,10 @@ fn pulls_and_pushes_blocks_with_a_prompt_in_another_process() {
             for t in 0..4 {
                 for b in 0..BLOCKS {
                     let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
-                    assert!(block(&mut cache, t, b) == ours[t][r], "round {round}: tensor {t} block {b}");
+                    assert!(
+                        block(&mut cache, t, b) == ours[t][r],
+                        "round {round}: tensor {t} block {b}"
+                    );
                 }
             }
         }
@@ -214,10 +225,22 @@ fn pulls_and_pushes_blocks_with_a_prompt_in_another_process() {
 
         // what only the run time knows, each with its status; nothing moves
         let p = LlmStatus::LLM_PARAM_INVALID;
-        assert_eq!(status(link.pull_blocks(by_model, &cache, &[0], &[BLOCKS])), p);
-        assert_eq!(status(link.pull_blocks(by_model, &cache, &[BLOCKS], &[0])), p);
-        assert_eq!(status(link.push_blocks(&cache, &[BLOCKS], by_model, &[0])), p);
-        assert_eq!(status(link.push_blocks(&cache, &[0], by_model, &[BLOCKS])), p);
+        assert_eq!(
+            status(link.pull_blocks(by_model, &cache, &[0], &[BLOCKS])),
+            p
+        );
+        assert_eq!(
+            status(link.pull_blocks(by_model, &cache, &[BLOCKS], &[0])),
+            p
+        );
+        assert_eq!(
+            status(link.push_blocks(&cache, &[BLOCKS], by_model, &[0])),
+            p
+        );
+        assert_eq!(
+            status(link.push_blocks(&cache, &[0], by_model, &[BLOCKS])),
+            p
+        );
         assert_eq!(status(link.pull_blocks(by_model, &cache, &[0, 1], &[0])), p);
         assert_eq!(status(link.pull_blocks(by_model, &cache, &[], &[])), p);
         let bad_layers = Layers {
@@ -231,7 +254,10 @@ fn pulls_and_pushes_blocks_with_a_prompt_in_another_process() {
         );
         let none = LlmStatus::LLM_KV_CACHE_NOT_EXIST;
         let other_model = PeerCache::Blocks { model_id: 10 };
-        assert_eq!(status(link.pull_blocks(other_model, &cache, &[0], &[0])), none);
+        assert_eq!(
+            status(link.pull_blocks(other_model, &cache, &[0], &[0])),
+            none
+        );
         let other_id = PeerCache::Id {
             cache_id: peer.cache_id + 1,
             batch_index: 0,
@@ -251,8 +277,16 @@ fn pulls_and_pushes_blocks_with_a_prompt_in_another_process() {
         let (src, dst) = (blocks(&mut rng, 8, BLOCKS), blocks(&mut rng, 8, BLOCKS));
         let pushed = link.push_blocks(&cache, &src, by_model, &dst);
         let pulled = link.pull_blocks(by_model, &cache, &src, &dst);
-        assert_eq!(status(pushed), LlmStatus::LLM_PARAM_INVALID, "push after unregister");
-        assert_eq!(status(pulled), LlmStatus::LLM_PARAM_INVALID, "pull after unregister");
+        assert_eq!(
+            status(pushed),
+            LlmStatus::LLM_PARAM_INVALID,
+            "push after unregister"
+        );
+        assert_eq!(
+            status(pulled),
+            LlmStatus::LLM_PARAM_INVALID,
+            "pull after unregister"
+        );
         for t in 0..4 {
             assert_eq!(peer.sum(t, 0, len as u64), fnv1a(&theirs[t]), "untouched");
             cache.read_at(t, 0, &mut ours[t][..]).unwrap();
@@ -306,7 +340,12 @@ fn two_clusters_in_one_process_batches_roles_and_statuses() {
         assert_eq!((r.status(), r.value.len()), (p, 2), "tensors too small");
         let (bufs, _) = tensors(2, 1024, 9);
         let r = prompt
-            .register_cache(&desc(2, 1, 1024), Layout::Batches { batch_dim: 2 }, bufs, &[])
+            .register_cache(
+                &desc(2, 1, 1024),
+                Layout::Batches { batch_dim: 2 },
+                bufs,
+                &[],
+            )
             .unwrap_err();
         assert_eq!(r.status(), p, "batch_dim outside the shape");
         let mut bad = desc(2, 1, 1024);
@@ -437,7 +476,10 @@ fn two_clusters_in_one_process_batches_roles_and_statuses() {
 
         let mut pcache = pcache;
         for t in 0..2 {
-            assert!(block(&mut pcache, t, 1) == pb[t][..8192], "batch 0 came back in 1");
+            assert!(
+                block(&mut pcache, t, 1) == pb[t][..8192],
+                "batch 0 came back in 1"
+            );
         }
         let mut last = vec![0u8; 8192];
         pcache.read_at(1, 3 * 8192, &mut last).unwrap();

@@ -176,7 +176,10 @@ fn measure(
                 })
             })
             .collect();
-        let typed = || link.pull_blocks(key, &cache, &src, &dst).map_err(Failure::from);
+        let typed = || {
+            link.pull_blocks(key, &cache, &src, &dst)
+                .map_err(Failure::from)
+        };
         let read = || {
             engine
                 .transfer_sync(&peer, TransferOp::Read, &descs, 60_000)
@@ -234,8 +237,12 @@ fn measure(
                 s.rounds,
                 ta * 1e6,
                 tb * 1e6,
-                a.iter().map(|x| (x * 1e7).round() / 10.0).collect::<Vec<_>>(),
-                b.iter().map(|x| (x * 1e7).round() / 10.0).collect::<Vec<_>>(),
+                a.iter()
+                    .map(|x| (x * 1e7).round() / 10.0)
+                    .collect::<Vec<_>>(),
+                b.iter()
+                    .map(|x| (x * 1e7).round() / 10.0)
+                    .collect::<Vec<_>>(),
             );
         } else {
             println!(

@@ -372,8 +372,8 @@ impl<'id, R: RoleState> Cluster<'id, R> {
             ));
             return Err(back(e, raws));
         }
-        if let Some((i, r)) = (raws.iter().enumerate())
-            .find(|(_, r)| (r.len() as u64) < geometry.tensor_size)
+        if let Some((i, r)) =
+            (raws.iter().enumerate()).find(|(_, r)| (r.len() as u64) < geometry.tensor_size)
         {
             let e = Error::param(format!(
                 "tensor {i} has {} bytes, the cache's tensors {}",
@@ -382,8 +382,8 @@ impl<'id, R: RoleState> Cluster<'id, R> {
             ));
             return Err(back(e, raws));
         }
-        if let Some((i, r)) = (raws.iter().enumerate())
-            .find(|(_, r)| r.mem_type() != desc.placement.mem_type())
+        if let Some((i, r)) =
+            (raws.iter().enumerate()).find(|(_, r)| r.mem_type() != desc.placement.mem_type())
         {
             let e = Error::param(format!(
                 "tensor {i} is {:?} memory, the cache's placement {:?}",
@@ -399,7 +399,11 @@ impl<'id, R: RoleState> Cluster<'id, R> {
         // `from_raw_parts`), and is at least `tensor_size` bytes of the placement's memory
         // (checked). It is handed back only once the cache is unregistered or the instance
         // finalized (`Cache::unregister`, `Cache`'s drop), or leaked.
-        match unsafe { self.inner.dd.register_cache(desc, &addrs, kind, batch_dim, keys) } {
+        match unsafe {
+            self.inner
+                .dd
+                .register_cache(desc, &addrs, kind, batch_dim, keys)
+        } {
             Ok(id) => Ok(Cache {
                 inner: self.inner.clone(),
                 id,
@@ -445,7 +449,11 @@ impl<'id, R: RoleState> Cluster<'id, R> {
         let geometry = Geometry::of(desc, layout)?;
         let (kind, batch_dim) = layout.kind();
         // SAFETY: the caller's contract (this function's `# Safety`) is `register_cache`'s.
-        let id = unsafe { self.inner.dd.register_cache(desc, addrs, kind, batch_dim, keys) }?;
+        let id = unsafe {
+            self.inner
+                .dd
+                .register_cache(desc, addrs, kind, batch_dim, keys)
+        }?;
         Ok(Cache {
             inner: self.inner.clone(),
             id,
@@ -951,7 +959,9 @@ impl<'id> LinkedCluster<'_, 'id> {
     pub fn unlink(self, timeout: Duration) -> Result<()> {
         let this = std::mem::ManuallyDrop::new(self);
         let r = millis(timeout).and_then(|ms| this.unlink_now(ms, false));
-        if r.as_ref().is_err_and(|e| e.status == LlmStatus::LLM_PARAM_INVALID) {
+        if r.as_ref()
+            .is_err_and(|e| e.status == LlmStatus::LLM_PARAM_INVALID)
+        {
             let _ = this.unlink_now(1000, true);
         }
         r
