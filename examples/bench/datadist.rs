@@ -13,9 +13,12 @@
 //!   (same local and remote addresses, same order), by a second engine in this process that
 //!   registers the decoder cache's memory and links to the prompt's engine,
 //!
-//! interleaved (ABBA from round to round), each a batch of calls sized to about 0.2 s; the row is
-//! the median over `--dd-rounds` rounds (default 9) of each side's mean time per call, and the
-//! overhead `typed / engine - 1`. Both sides' data is checked against the prompt's seeded bytes.
+//! interleaved (ABBA from round to round), each a batch of calls sized to about 0.2 s. The row
+//! has each side's median over `--dd-rounds` rounds (default 9) of the wall time per call and of
+//! the calling thread's CPU time per call, and the overhead: the median over the rounds of
+//! `typed / engine - 1` of the round's two samples (run back to back, so a loaded machine's
+//! drift cancels out more than in the ratio of the medians). Both sides' data is checked
+//! against the prompt's seeded bytes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -158,8 +161,17 @@ fn measure(
             s.tensors, s.block, s.rounds
         );
         println!(
-            "{:>7} {:>7} {:>10} | {:>11} {:>8} | {:>11} {:>8} | {:>8}",
-            "blocks", "descs", "bytes", "typed us", "GB/s", "engine us", "GB/s", "overhead"
+            "{:>7} {:>7} {:>10} | {:>11} {:>6} {:>9} | {:>11} {:>6} {:>9} | {:>9}",
+            "blocks",
+            "descs",
+            "bytes",
+            "typed us",
+            "GB/s",
+            "cpu us",
+            "engine us",
+            "GB/s",
+            "cpu us",
+            "overhead"
         );
     }
     for n in [64usize, 4096] {
@@ -191,14 +203,16 @@ fn measure(
         read()?;
         let per = t0.elapsed().as_secs_f64() / 2.0;
         let calls = ((0.2 / per).ceil() as usize).clamp(2, 2000);
+        // per round and side: (wall, this thread's CPU) per call
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for round in 0..s.rounds {
-            let time = |f: &dyn Fn() -> Result<(), Failure>| -> Result<f64, Failure> {
-                let t = Instant::now();
+            let time = |f: &dyn Fn() -> Result<(), Failure>| -> Result<(f64, f64), Failure> {
+                let (t, c) = (Instant::now(), cpu());
                 for _ in 0..calls {
                     f()?;
                 }
-                Ok(t.elapsed().as_secs_f64() / calls as f64)
+                let n = calls as f64;
+                Ok((t.elapsed().as_secs_f64() / n, (cpu() - c) / n))
             };
             if round % 2 == 0 {
                 a.push(time(&typed)?);
@@ -223,36 +237,46 @@ fn measure(
             }
             check(&mut cache, &src, &dst, bs)?;
         }
-        let (ta, tb) = (median(&mut a), median(&mut b));
+        let wall = |v: &[(f64, f64)]| median(&mut v.iter().map(|x| x.0).collect::<Vec<_>>());
+        let busy = |v: &[(f64, f64)]| median(&mut v.iter().map(|x| x.1).collect::<Vec<_>>());
+        let (ta, tb, ca, cb) = (wall(&a), wall(&b), busy(&a), busy(&b));
+        // the overhead: the median of each round's pair (the two samples ran back to back)
+        let mut ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x.0 / y.0 - 1.0).collect();
+        let over = median(&mut ratios) * 100.0;
         let bytes = (n as u64 * bs * u64::from(s.tensors)) as f64;
-        let over = (ta / tb - 1.0) * 100.0;
+        let us = |v: &[(f64, f64)]| {
+            v.iter()
+                .map(|x| (x.0 * 1e7).round() / 10.0)
+                .collect::<Vec<_>>()
+        };
         if s.json {
             println!(
                 "{{\"metric\":\"datadist_pull_blocks\",\"blocks\":{n},\"descs\":{},\"bytes\":{bytes},\
                  \"tensors\":{},\"block\":{bs},\"transport\":\"{transport:?}\",\"rounds\":{},\
                  \"calls\":{calls},\"typed_us\":{:.1},\"engine_us\":{:.1},\"overhead_pct\":{over:.2},\
+                 \"typed_cpu_us\":{:.1},\"engine_cpu_us\":{:.1},\
                  \"typed_samples_us\":{:?},\"engine_samples_us\":{:?}}}",
                 descs.len(),
                 s.tensors,
                 s.rounds,
                 ta * 1e6,
                 tb * 1e6,
-                a.iter()
-                    .map(|x| (x * 1e7).round() / 10.0)
-                    .collect::<Vec<_>>(),
-                b.iter()
-                    .map(|x| (x * 1e7).round() / 10.0)
-                    .collect::<Vec<_>>(),
+                ca * 1e6,
+                cb * 1e6,
+                us(&a),
+                us(&b),
             );
         } else {
             println!(
-                "{n:>7} {:>7} {:>10} | {:>11.1} {:>8.2} | {:>11.1} {:>8.2} | {:>+7.2}%",
+                "{n:>7} {:>7} {:>10} | {:>11.1} {:>6.2} {:>9.1} | {:>11.1} {:>6.2} {:>9.1} | {:>+8.2}%",
                 descs.len(),
                 bytes as u64,
                 ta * 1e6,
                 bytes / ta / 1e9,
+                ca * 1e6,
                 tb * 1e6,
                 bytes / tb / 1e9,
+                cb * 1e6,
                 over
             );
         }
@@ -286,6 +310,17 @@ fn check(cache: &mut Cache<'_>, src: &[u64], dst: &[u64], bs: u64) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// This thread's CPU time, in seconds.
+fn cpu() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write; CLOCK_THREAD_CPUTIME_ID is always there on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 fn median(v: &mut [f64]) -> f64 {
