@@ -17,8 +17,10 @@
 //! has each side's median over `--dd-rounds` rounds (default 9) of the wall time per call and of
 //! the calling thread's CPU time per call, and the overhead: the median over the rounds of
 //! `typed / engine - 1` of the round's two samples (run back to back, so a loaded machine's
-//! drift cancels out more than in the ratio of the medians). Both sides' data is checked
-//! against the prompt's seeded bytes.
+//! drift cancels out more than in the ratio of the medians). `checks us` is the typed layer's
+//! own work per call (cache table lookup, block checks, tensor pairs), timed on pulls that the
+//! last remote block check refuses (`LLM_PARAM_INVALID`), so nothing moves. Both sides' data is
+//! checked against the prompt's seeded bytes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -161,7 +163,7 @@ fn measure(
             s.tensors, s.block, s.rounds
         );
         println!(
-            "{:>7} {:>7} {:>10} | {:>11} {:>6} {:>9} | {:>11} {:>6} {:>9} | {:>9}",
+            "{:>7} {:>7} {:>10} | {:>11} {:>6} {:>9} | {:>11} {:>6} {:>9} | {:>9} | {:>9}",
             "blocks",
             "descs",
             "bytes",
@@ -171,7 +173,8 @@ fn measure(
             "engine us",
             "GB/s",
             "cpu us",
-            "overhead"
+            "overhead",
+            "checks us"
         );
     }
     for n in [64usize, 4096] {
@@ -222,6 +225,24 @@ fn measure(
                 a.push(time(&typed)?);
             }
         }
+        // the typed layer's own work (lookups, checks, pairs): a pull the peer's last block check
+        // refuses, so it goes as far as it can without moving anything
+        let mut bad = src.clone();
+        if let Some(last) = bad.last_mut() {
+            *last = BLOCKS;
+        }
+        let mut checks = Vec::new();
+        for _ in 0..s.rounds {
+            let t = Instant::now();
+            for _ in 0..100 {
+                match link.pull_blocks(key, &cache, &bad, &dst) {
+                    Err(e) if e.status == hixl::datadist::LlmStatus::LLM_PARAM_INVALID => {}
+                    other => return Err(format!("a refused pull returned {other:?}").into()),
+                }
+            }
+            checks.push(t.elapsed().as_secs_f64() / 100.0);
+        }
+        let checks = median(&mut checks);
         // both sides' data: zero the blocks, move them, compare with the prompt's bytes
         let zero = vec![0u8; bs as usize];
         for engine_side in [false, true] {
@@ -254,7 +275,7 @@ fn measure(
                 "{{\"metric\":\"datadist_pull_blocks\",\"blocks\":{n},\"descs\":{},\"bytes\":{bytes},\
                  \"tensors\":{},\"block\":{bs},\"transport\":\"{transport:?}\",\"rounds\":{},\
                  \"calls\":{calls},\"typed_us\":{:.1},\"engine_us\":{:.1},\"overhead_pct\":{over:.2},\
-                 \"typed_cpu_us\":{:.1},\"engine_cpu_us\":{:.1},\
+                 \"typed_cpu_us\":{:.1},\"engine_cpu_us\":{:.1},\"typed_checks_us\":{:.1},\
                  \"typed_samples_us\":{:?},\"engine_samples_us\":{:?}}}",
                 descs.len(),
                 s.tensors,
@@ -263,12 +284,13 @@ fn measure(
                 tb * 1e6,
                 ca * 1e6,
                 cb * 1e6,
+                checks * 1e6,
                 us(&a),
                 us(&b),
             );
         } else {
             println!(
-                "{n:>7} {:>7} {:>10} | {:>11.1} {:>6.2} {:>9.1} | {:>11.1} {:>6.2} {:>9.1} | {:>+8.2}%",
+                "{n:>7} {:>7} {:>10} | {:>11.1} {:>6.2} {:>9.1} | {:>11.1} {:>6.2} {:>9.1} | {:>+8.2}% | {:>9.1}",
                 descs.len(),
                 bytes as u64,
                 ta * 1e6,
@@ -277,7 +299,8 @@ fn measure(
                 tb * 1e6,
                 bytes / tb / 1e9,
                 cb * 1e6,
-                over
+                over,
+                checks * 1e6
             );
         }
     }

@@ -328,7 +328,11 @@ impl<'id, R: RoleState> Cluster<'id, R> {
         self.inner.dd.listen_addr()
     }
 
-    /// The runtime-checked instance underneath (its links and caches are this cluster's).
+    /// The runtime-checked instance underneath: its links and caches are this cluster's. The
+    /// escape hatch (a leaked link can be unlinked through it, for example): what it does to
+    /// the typed links and caches is checked at run time only (a cache unregistered through it
+    /// is `LLM_KV_CACHE_NOT_EXIST` to the typed calls; its memory is still freed only when the
+    /// [`Cache`] goes).
     pub fn as_runtime(&self) -> &DataDist {
         &self.inner.dd
     }
