@@ -420,6 +420,48 @@ fn two_clusters_in_one_process_batches_roles_and_statuses() {
             let mut got = block(&mut dcache, 0, 2);
             let want = Rng::new(2).bytes(16 * 1024);
             assert!(got[..] == want[8192..]);
+            // caller-managed memory (the unsafe registration), pulled into from two threads
+            // through one link at once
+            let mut raw_mem: Vec<Vec<u8>> = vec![vec![0u8; 16 * 1024]; 2];
+            let addrs: Vec<u64> = raw_mem.iter_mut().map(|m| m.as_mut_ptr() as u64).collect();
+            // SAFETY: `raw_mem` is neither touched nor dropped until after the cache is
+            // unregistered below.
+            let rcache = unsafe {
+                decoder.register_cache_raw(&desc(2, 16, 1024), Layout::Blocks, &addrs, &[])
+            }
+            .unwrap();
+            assert_eq!((rcache.block_count(), rcache.block_size()), (16, 1024));
+            std::thread::scope(|s| {
+                for half in 0..2u64 {
+                    let (link, rcache) = (&link, &rcache);
+                    s.spawn(move || {
+                        let src: Vec<u64> = (half * 8..half * 8 + 8).collect();
+                        let dst: Vec<u64> = src.iter().map(|b| 15 - b).collect();
+                        link.pull_blocks(blocks_id, rcache, &src, &dst).unwrap();
+                    });
+                }
+            });
+            let descs = rcache.unregister().unwrap();
+            assert_eq!(descs.len(), 2);
+            assert_eq!(
+                (descs[1].addr, descs[1].len),
+                (addrs[1] as usize, 16 * 1024)
+            );
+            for t in 0..2 {
+                let want = Rng::new(2 + t as u64).bytes(16 * 1024);
+                for b in 0..16 {
+                    let d = 15 - b;
+                    assert!(raw_mem[t][d * 1024..(d + 1) * 1024] == want[b * 1024..(b + 1) * 1024]);
+                }
+            }
+            // the prompt unregisters its blocks cache: from then on nothing reaches that memory
+            let kept = pblocks.unregister().unwrap();
+            let before: Vec<Vec<u8>> = kept.iter().map(|b| b.to_vec()).collect();
+            assert_eq!(status(link.pull_blocks(blocks_id, &dcache, &[0], &[0])), p);
+            assert_eq!(status(link.push_blocks(&dcache, &[0], blocks_id, &[1])), p);
+            for (k, b) in kept.iter().zip(&before) {
+                assert!(k[..] == b[..], "untouched after unregister");
+            }
             // reads and writes outside the cache
             assert_eq!(status(dcache.read_at(2, 0, &mut got)), p);
             assert_eq!(status(dcache.read_at(0, 4 * 8192 - 10, &mut got)), p);
@@ -484,7 +526,6 @@ fn two_clusters_in_one_process_batches_roles_and_statuses() {
         let mut last = vec![0u8; 8192];
         pcache.read_at(1, 3 * 8192, &mut last).unwrap();
         assert!(last == Rng::new(77).bytes(8192), "the pushed batch");
-        drop(pblocks);
         let kv = pcache.unregister().unwrap();
         assert_eq!(kv.len(), 2);
     })
