@@ -541,3 +541,40 @@ fn scope_reports_initialize_errors() {
     let r = Cluster::<Decoder>::scope(1, &bad, |_| ());
     assert_eq!(status(r), LlmStatus::LLM_PARAM_INVALID);
 }
+
+#[test]
+fn a_cache_the_table_cannot_hold_is_not_registered() {
+    // two caches of 65,536 tensors (one 1 KiB buffer each, named 65,536 times) need more than
+    // the 1 MiB cache table: the second is refused, and its memory is not left registered
+    Cluster::<Prompt>::scope(1, &LISTEN, |prompt| {
+        let n = 1u32 << 16;
+        let mut a = vec![0u8; 1024];
+        let mut b = Rng::new(4).bytes(1024);
+        let desc = |tensors: u32| CacheDesc {
+            placement: Placement::Host,
+            num_tensors: tensors,
+            data_type: DataType::UINT8,
+            shape: vec![1, 1024],
+        };
+        let (pa, pb) = (a.as_mut_ptr() as u64, b.as_mut_ptr() as u64);
+        // SAFETY: `a` and `b` are neither touched nor dropped until after the caches are
+        // unregistered (or refused) below.
+        let big = unsafe {
+            prompt.register_cache_raw(&desc(n), Layout::Blocks, &vec![pa; n as usize], &[])
+        }
+        .unwrap();
+        assert_eq!(big.num_tensors(), n as usize);
+        // SAFETY: as above.
+        let r = unsafe {
+            prompt.register_cache_raw(&desc(n), Layout::Blocks, &vec![pb; n as usize], &[])
+        };
+        assert_eq!(status(r), LlmStatus::LLM_OUT_OF_MEMORY);
+        // `b` is free: it registers again, as a small cache
+        // SAFETY: as above.
+        let small =
+            unsafe { prompt.register_cache_raw(&desc(1), Layout::Blocks, &[pb], &[]) }.unwrap();
+        assert_eq!(small.unregister().unwrap().len(), 1);
+        assert_eq!(big.unregister().unwrap().len(), n as usize);
+    })
+    .unwrap();
+}
