@@ -228,8 +228,21 @@ impl DataDist {
         config.listen = Some(addr);
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);
-        for c in caches.by_id.values_mut() {
-            c.handles = register_tensors(&live.engine, &c.entry)?;
+        // the new engine's handles replace the old ones only once every cache is registered
+        // there: on failure the old engine (and its handles) stays, the new one goes
+        let mut handles = Vec::with_capacity(caches.by_id.len());
+        for c in caches.by_id.values() {
+            match register_tensors(&live.engine, &c.entry) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    drop(caches);
+                    live.engine.finalize();
+                    return Err(e);
+                }
+            }
+        }
+        for (c, h) in caches.by_id.values_mut().zip(handles) {
+            c.handles = h;
         }
         drop(caches);
         let old = lock(&self.state).replace(live);
