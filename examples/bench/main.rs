@@ -53,6 +53,11 @@
 //!   `max_server_conns` and `max_server_conns_per_peer` (1024 and 256 by default; every link
 //!   here comes from 127.0.0.1) and its handshake limits to fit; both raise RLIMIT_NOFILE
 //! - `--no-main`: skip the op x block table (and the extra rows), e.g. for `--fan` alone
+//! - `--datadist`: LLM-DataDist rows: `pull_blocks` of 64 and 4096 blocks (the typed layer)
+//!   against the engine's own READ of the same descriptors, interleaved, the median of
+//!   `--dd-rounds` rounds (default 9), with the overhead; `--dd-tensors` (4) tensors of 4096
+//!   blocks of `--dd-block` bytes (16384) per side, the prompt in a child process
+//!   ([`datadist`]). `--no-main --datadist` for these rows alone
 //!
 //! Every row verifies its data (one call of the row again on fresh bytes, checked by the serving
 //! process: [`verify`]); a mismatch ends the benchmark with status 1 and says which row and
@@ -60,6 +65,7 @@
 //! `--plot-from` titles its image with).
 
 mod anchors;
+mod datadist;
 mod many;
 mod plot;
 mod verify;
@@ -106,6 +112,7 @@ struct Args {
     peers: usize,
     link_cost: Vec<usize>,
     main: bool,
+    datadist: Option<datadist::Spec>,
 }
 
 /// The command line (the module docs say more about each option).
@@ -181,6 +188,18 @@ struct Cli {
     /// Skip the op x block table and the extra rows
     #[arg(long)]
     no_main: bool,
+    /// LLM-DataDist rows: pull_blocks of 64 and 4096 blocks against the engine's READ
+    #[arg(long)]
+    datadist: bool,
+    /// Tensors per cache of the --datadist rows
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    dd_tensors: u32,
+    /// Bytes per block of the --datadist rows
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(2..=1 << 20))]
+    dd_block: u64,
+    /// Rounds of the --datadist rows (the median is over them)
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    dd_rounds: u64,
 }
 
 /// The transports `--transport` takes, `cma` an alias of `same-host`.
@@ -229,6 +248,12 @@ fn parse() -> Result<Args, String> {
         peers: c.peers as usize,
         link_cost: c.link_cost.unwrap_or_default(),
         main: !c.no_main,
+        datadist: c.datadist.then_some(datadist::Spec {
+            tensors: c.dd_tensors,
+            block: c.dd_block,
+            rounds: c.dd_rounds as usize,
+            json: c.json,
+        }),
     };
     if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {
         return Err(format!("--link-cost {n}: counts must be in 1..=4096"));
@@ -723,6 +748,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Some("--client") => return many::client_main(&argv[2..]),
         Some("--links") => return many::links_main(&argv[2..]),
+        Some("--datadist-serve") => return datadist::serve_main(&argv[2..]),
         _ => {}
     }
     let a = match parse() {
@@ -749,6 +775,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     if !a.link_cost.is_empty() {
         many::link_cost(&a)?;
+    }
+    if let Some(s) = &a.datadist {
+        datadist::rows(s)?;
     }
     if let Some(path) = &a.plot {
         let rows: Vec<plot::PlotRow> = rows

@@ -228,8 +228,21 @@ impl DataDist {
         config.listen = Some(addr);
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);
-        for c in caches.by_id.values_mut() {
-            c.handles = register_tensors(&live.engine, &c.entry)?;
+        // the new engine's handles replace the old ones only once every cache is registered
+        // there: on failure the old engine (and its handles) stays, the new one goes
+        let mut handles = Vec::with_capacity(caches.by_id.len());
+        for c in caches.by_id.values() {
+            match register_tensors(&live.engine, &c.entry) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    drop(caches);
+                    live.engine.finalize();
+                    return Err(e);
+                }
+            }
+        }
+        for (c, h) in caches.by_id.values_mut().zip(handles) {
+            c.handles = h;
         }
         drop(caches);
         let old = lock(&self.state).replace(live);
@@ -301,6 +314,8 @@ impl DataDist {
             count,
             addrs: addrs.to_vec(),
         };
+        // a cache the table cannot hold is refused before anything is registered
+        self.check_fits(&entry, keys)?;
         let handles = register_tensors(&engine, &entry)?;
         let id = entry.cache_id;
         lock(&self.caches).by_id.insert(
@@ -311,8 +326,56 @@ impl DataDist {
                 keys: keys.to_vec(),
             },
         );
-        self.publish()?;
+        if let Err(e) = self.publish() {
+            // (a concurrent registration filled the table first) the error says the memory is
+            // not registered: undo it, so the caller may free it
+            self.undo(&engine, id);
+            return Err(e);
+        }
         Ok(id)
+    }
+
+    /// `LLM_OUT_OF_MEMORY` when the cache table cannot hold the caches and `new`.
+    fn check_fits(&self, new: &Entry, keys: &[CacheKey]) -> Result<()> {
+        let caches = lock(&self.caches);
+        let key = |cache_id: i64, k: &CacheKey| Key {
+            cache_id,
+            req_id: k.req_id,
+            model_id: k.model_id,
+        };
+        let t = Table {
+            entries: (caches.by_id.values().map(|c| c.entry.clone()))
+                .chain([new.clone()])
+                .collect(),
+            keys: (caches.by_id.values())
+                .flat_map(|c| c.keys.iter().map(|k| key(c.entry.cache_id, k)))
+                .chain(keys.iter().map(|k| key(new.cache_id, k)))
+                .collect(),
+        };
+        if t.encode_payload().len() > TABLE_LEN - HEADER_LEN {
+            return Err(Error::new(
+                LlmStatus::LLM_OUT_OF_MEMORY,
+                "the caches do not fit the cache table (1 MiB)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes cache `id` out again and deregisters its tensors; a tensor the engine keeps
+    /// (it refused to let go) stays registered under `id`, for `unregister_cache` to retry.
+    fn undo(&self, engine: &compat::Hixl, id: i64) {
+        let mut caches = lock(&self.caches);
+        let Some(mut c) = caches.by_id.remove(&id) else {
+            return;
+        };
+        c.handles.retain(|h| engine.deregister_mem(*h).is_err());
+        if !c.handles.is_empty() {
+            tracing::warn!(
+                cache = id,
+                "a refused cache's tensors could not all be deregistered"
+            );
+            caches.by_id.insert(id, c);
+        }
     }
 
     /// Unregisters cache `cache_id` (`UnregisterKvCache`): it leaves the table and its tensors
@@ -502,6 +565,15 @@ impl DataDist {
             });
         }
         Ok((last_failure(&rets), rets))
+    }
+
+    /// The address peers link to: the engine's listen address, with the port it got when
+    /// `llm.ListenIpInfo` asks for port 0. `None` before `initialize`, after `finalize`, or for
+    /// an instance that does not listen.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        let (engine, config) = self.live().ok()?;
+        config.listen.as_ref()?;
+        engine.local_engine().ok()?.parse().ok()
     }
 
     /// Whether cluster `id` is linked.

@@ -14,14 +14,22 @@
 //! ids, status codes as [`LlmStatus`]): the C ABI (`hixl_dd_*`, under `libllm_datadist.so`'s
 //! `llm_datadist::LlmDataDist`) and the Python package `llm_datadist` are layers over it.
 //!
+//! [`typed`] is the same instance with its lifecycle in the types ([`Cluster`]: the role as a
+//! type state, pulls and pushes only on a [`LinkedCluster`], caches as [`Cache`] capabilities
+//! that carry their geometry).
+//!
 //! Status codes are LLM-DataDist's numeric values (`LLM_PARAM_INVALID` 0x5010B005, ...); the
 //! engine's map as upstream's `hixl` backend maps them ([`LlmStatus::of_engine`]).
 
 mod core;
 pub mod table;
+pub mod typed;
 mod types;
 
 pub use self::core::{DataDist, MAX_LINKS};
+pub use typed::{
+    Cache, Cluster, Decoder, Layout, LinkedCluster, Mix, PeerCache, Prompt, Rejected, RoleState,
+};
 pub use types::{
     CacheDesc, CacheKey, CacheKind, ClusterInfo, DataType, Error, IpInfo, Layers, LlmStatus,
     Placement, RemoteCache, Result, Role,

@@ -11,6 +11,8 @@
 //! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
 //! hixl-peer ucx-client NAME --psk KEY   (a UCX client linking on command; see probes.rs)
+//! hixl-peer datadist-serve [--cluster ID] [--tensors N] [--blocks N] [--block BYTES] [--seed N] [--model ID]
+//!                          (an LLM-DataDist prompt cluster with one blocks cache; see datadist.rs)
 //! ```
 //!
 //! The command line is clap's (`hixl-peer --help`, `hixl-peer COMMAND --help`): flags in any
@@ -67,6 +69,7 @@
 //! do), and prints `PIDREUSE <write result> <decoy unchanged after it> <pid write reached the
 //! decoy>`, or `SKIP <why>` when the kernel would not reuse the pid.
 
+mod datadist;
 mod probes;
 
 use probes::{hammer, norandom, pidreuse, sink, ucx_client};
@@ -183,6 +186,8 @@ enum Cli {
     },
     /// Initializes an engine with no OS random source (as root)
     Norandom,
+    /// An LLM-DataDist prompt cluster (the typed layer) with one seeded blocks cache
+    DatadistServe(datadist::Args),
     /// A client engine that requires UCX, linking to NAME on command (`link`, `drop`, `quit`)
     UcxClient {
         /// The serving engine
@@ -319,6 +324,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             compat_serve(common.or("127.0.0.1:0", 64 << 20), options)
         }
         Cli::Norandom => norandom(),
+        Cli::DatadistServe(a) => datadist::datadist_serve(a),
         Cli::UcxClient { name, psk } => ucx_client(&name, &psk),
     }
 }
