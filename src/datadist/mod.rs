@@ -21,7 +21,7 @@ mod core;
 pub mod table;
 mod types;
 
-pub use self::core::{DataDist, MAX_LINKS};
+pub use self::core::{DataDist, MAX_COMMS, MAX_LINKS, RegisterMemStatus};
 pub use types::{
     CacheDesc, CacheKey, CacheKind, ClusterInfo, DataType, Error, IpInfo, Layers, LlmStatus,
     Placement, RemoteCache, Result, Role,
