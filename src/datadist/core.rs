@@ -183,6 +183,11 @@ impl DataDist {
         let name = config.listen.clone().unwrap_or_else(|| "127.0.0.1".into());
         let mut opts = config.engine_options.clone();
         opts.push(("AutoConnect".into(), "0".into()));
+        if let Some(dev) = config.device_id {
+            // the engine takes its device on a thread of its own: name it (else it takes the
+            // device current there, none, and falls back to device 0)
+            opts.push(("hixl.ascend.device_id".into(), dev.to_string()));
+        }
         engine.initialize(&name, opts)?;
         let table = engine.alloc_host_mem_with(TABLE_LEN, Access::Read)?;
         let download = engine.alloc_host_mem_with(TABLE_LEN, Access::None)?;

@@ -84,7 +84,8 @@
  *     (".desc.<comm name in hex>.<from rank>.<to rank>", with its pid and start time) and waits
  *     up to its timeout for the other's, which it takes (renames, reads, removes). Only a post of
  *     the process that announced the remote rank's key, alive, counts. Unread posts go when their
- *     comm is destroyed or the double unloads. HcclMemDesc is HIXL's 512-byte layout (see
+ *     comm is destroyed or the double unloads; without a directory, ranks of one process post in
+ *     memory. HcclMemDesc is HIXL's 512-byte layout (see
  *     there); HcclRemapRegistedMemory is a stub (fault recovery).
  * and what real HCCL checks (each a rule hixl once broke):
  *   - HcclCommInitClusterInfoMemConfig: the rank table's device_id of the caller's rank must be
@@ -2158,11 +2159,72 @@ static int take_descs(const char *dir, const Comm *c, uint32_t from, HcclMemDesc
     return 1;
 }
 
+/* Without an announce directory, the ranks of one process post in memory. */
+typedef struct Post {
+    struct Post *next;
+    char name[128];
+    uint32_t from, to, n;
+    HcclMemDesc d[MAX_MEM_DESCS];
+} Post;
+static Post *posts;
+
+static int post_mem(const Comm *c, uint32_t to, const HcclMemDesc *d, uint32_t n) {
+    Post *p = calloc(1, sizeof *p), **pp;
+    if (p == NULL) return -1;
+    snprintf(p->name, sizeof p->name, "%s", c->name);
+    p->from = c->rank;
+    p->to = to;
+    p->n = n;
+    memcpy(p->d, d, (size_t)n * sizeof *d);
+    pthread_mutex_lock(&mu);
+    for (pp = &posts; *pp != NULL; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, p->name) == 0 && (*pp)->from == p->from && (*pp)->to == to) {
+            Post *old = *pp;
+            *pp = old->next;
+            free(old);
+            break;
+        }
+    p->next = posts;
+    posts = p;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+static int take_mem(const Comm *c, uint32_t from, HcclMemDescs *remote, uint32_t *got) {
+    Post **pp, *p = NULL;
+    uint32_t used = 0;
+    pthread_mutex_lock(&mu);
+    for (pp = &posts; *pp != NULL; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, c->name) == 0 && (*pp)->from == from && (*pp)->to == c->rank) {
+            p = *pp;
+            *pp = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    if (p == NULL) return 0;
+    for (; used < p->n && used < remote->arrayLength; used++) remote->array[used] = p->d[used];
+    *got = used;
+    free(p);
+    return 1;
+}
+
 /* Removes the descriptors this process posted for comm `c` that no peer took. */
 static void drop_descs(const Comm *c) {
     char dir[4096], path[4400], head[64];
     int fd, pid;
     ssize_t n;
+    Post **pp = &posts;
+    pthread_mutex_lock(&mu);
+    while (*pp != NULL) {
+        if (strcmp((*pp)->name, c->name) == 0 && (*pp)->from == c->rank) {
+            Post *old = *pp;
+            *pp = old->next;
+            free(old);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+    pthread_mutex_unlock(&mu);
     if (dir_of(dir, sizeof dir, 0) != 0) return;
     for (uint32_t r = 0; r < c->nranks; r++) {
         desc_path(path, sizeof path, dir, c->name, c->rank, r);
@@ -2184,13 +2246,15 @@ static void drop_descs(const Comm *c) {
  * was). Checks: a live comm (else HCCL_E_PARA), remoteRank below the comm's rank count
  * (HCCL_E_PARA), non-null pointers (HCCL_E_PTR), at most 64 local descriptors, each naming
  * this rank as localRank and remoteRank as remoteRank (HCCL_E_PARA); HCCL_E_TIMEOUT when the
- * remote rank posts nothing in time, HCCL_E_INTERNAL without an announce directory. */
+ * remote rank posts nothing in time. Without an announce directory (the "dir" setting ""), the
+ * ranks of one process find each other in memory. */
 EXPORT HcclResult HcclExchangeMemDesc(void *comm, uint32_t remoteRank, HcclMemDescs *local, int timeout,
                                       HcclMemDescs *remote, uint32_t *actualNum) {
     Comm *c;
     Comm snap;
     char dir[4096];
     uint32_t got = 0;
+    int use_dir;
     struct timespec t0, now, nap = {0, 5 * 1000 * 1000};
     long limit_ms = (long)(timeout > 0 ? timeout : EXCHANGE_DEFAULT_S) * 1000;
     HCCL_FAIL_POINT("HcclExchangeMemDesc", "comm=%p remote=%u", comm, remoteRank);
@@ -2227,13 +2291,15 @@ EXPORT HcclResult HcclExchangeMemDesc(void *comm, uint32_t remoteRank, HcclMemDe
                   remoteRank, local->array[i].localRank, local->array[i].remoteRank, HCCL_E_PARA);
             return HCCL_E_PARA;
         }
-    if (dir_of(dir, sizeof dir, 1) != 0 || post_descs(dir, &snap, remoteRank, local->array, local->arrayLength) != 0) {
-        set_err("double: HcclExchangeMemDesc: no announce directory to post the descriptors in");
+    use_dir = dir_of(dir, sizeof dir, 1) == 0;
+    if (use_dir ? post_descs(dir, &snap, remoteRank, local->array, local->arrayLength)
+                : post_mem(&snap, remoteRank, local->array, local->arrayLength)) {
+        set_err("double: HcclExchangeMemDesc: cannot post the descriptors in %s", use_dir ? dir : "memory");
         logf_("HcclExchangeMemDesc comm=%p remote=%u rc=%d", comm, remoteRank, HCCL_E_INTERNAL);
         return HCCL_E_INTERNAL;
     }
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    while (!take_descs(dir, &snap, remoteRank, remote, &got)) {
+    while (!(use_dir ? take_descs(dir, &snap, remoteRank, remote, &got) : take_mem(&snap, remoteRank, remote, &got))) {
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= limit_ms) {
             set_err("double: HcclExchangeMemDesc: rank %u of comm \"%s\" posted nothing within %ld s", remoteRank,
