@@ -159,8 +159,14 @@ fn two_processes_link_by_rank_table_and_move_device_blocks() {
     let mut a = Peer::spawn(&d, 0, 0, None, 10);
     let mut b = Peer::spawn(&d, 1, 1, Some("127.0.0.1:0"), 10);
     let start = Instant::now();
-    assert_eq!(a.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")), ["0", "1"]);
-    assert_eq!(b.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")), ["0", "1"]);
+    assert_eq!(
+        a.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")),
+        ["0", "1"]
+    );
+    assert_eq!(
+        b.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")),
+        ["0", "1"]
+    );
     assert_eq!(a.ask("wait 1")[..2], ["0", "0"], "OK");
     assert_eq!(b.ask("wait 1")[..2], ["0", "0"], "OK");
     let linked = start.elapsed();
@@ -169,7 +175,11 @@ fn two_processes_link_by_rank_table_and_move_device_blocks() {
     // the decoder pulls blocks 1..=3 of the prompt's (one run) and 6 into 0
     assert_eq!(b.status("pull 0 1,2,3,6 1,2,3,0"), SUCCESS);
     assert_eq!(b.ask("check 0 1,2,3,6 1,2,3,0"), ["OK"]);
-    assert_eq!(b.ask("check 1 4,5,6,7 4,5,6,7"), ["OK"], "the others unchanged");
+    assert_eq!(
+        b.ask("check 1 4,5,6,7 4,5,6,7"),
+        ["OK"],
+        "the others unchanged"
+    );
     // the prompt pushes its blocks 5..=7 into the decoder's 4..=6
     assert_eq!(a.status("push 1 5,6,7 4,5,6"), SUCCESS);
     assert_eq!(b.ask("check 0 5,6,7 4,5,6"), ["OK"]);
@@ -188,8 +198,14 @@ fn two_processes_link_by_rank_table_and_move_device_blocks() {
     assert_eq!(b.status("push 0 0 0"), not_yet);
 
     // linked again under the same name, after the unlink: a new comm, id 2
-    assert_eq!(a.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")), ["0", "2"]);
-    assert_eq!(b.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")), ["0", "2"]);
+    assert_eq!(
+        a.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")),
+        ["0", "2"]
+    );
+    assert_eq!(
+        b.ask(&format!("link vllm_p0_d1 0:0,1:1 {table}")),
+        ["0", "2"]
+    );
     assert_eq!(a.ask("wait 2")[..2], ["0", "0"]);
     assert_eq!(b.ask("wait 2")[..2], ["0", "0"]);
     assert_eq!(b.status("pull 0 2 7"), SUCCESS);
@@ -214,7 +230,10 @@ fn two_processes_link_by_rank_table_and_move_device_blocks() {
         .collect();
     assert_eq!(ours.len(), 2, "{log}");
     for c in ours {
-        assert!(has(&format!("HcclCommDestroy comm={c} bound=0 rc=0")), "{c}: {log}");
+        assert!(
+            has(&format!("HcclCommDestroy comm={c} bound=0 rc=0")),
+            "{c}: {log}"
+        );
     }
     eprintln!("linked by the rank table in {linked:?}");
 }
@@ -226,7 +245,12 @@ fn bad_inputs_a_peer_that_never_joins_and_the_comm_limit() {
     // before initialize: LLM_FAILED, as every call
     let dd = DataDist::new(0, Role::Prompt);
     let failed = LlmStatus::LLM_FAILED;
-    assert_eq!(dd.link_comm("x", &[(0, 0), (1, 1)], "{}").unwrap_err().status, failed);
+    assert_eq!(
+        dd.link_comm("x", &[(0, 0), (1, 1)], "{}")
+            .unwrap_err()
+            .status,
+        failed
+    );
     assert_eq!(dd.query_register_mem_status(1).unwrap_err().status, failed);
     assert_eq!(dd.unlink_comm(1).unwrap_err().status, failed);
 
@@ -240,11 +264,23 @@ fn bad_inputs_a_peer_that_never_joins_and_the_comm_limit() {
     let not_yet = LlmStatus::LLM_NOT_YET_LINK.code();
     assert_eq!(c.status("query 99"), not_yet);
     assert_eq!(c.status("unlink 99"), not_yet);
-    assert_eq!(c.status(&format!("link - 0:0,1:1 {table}")), param, "empty name");
+    assert_eq!(
+        c.status(&format!("link - 0:0,1:1 {table}")),
+        param,
+        "empty name"
+    );
     let long = "n".repeat(128);
     assert_eq!(c.status(&format!("link {long} 0:0,1:1 {table}")), param);
-    assert_eq!(c.status(&format!("link x 1:0,2:1 {table}")), param, "own cluster missing");
-    assert_eq!(c.status(&format!("link x 0:0,0:1 {table}")), param, "a cluster twice");
+    assert_eq!(
+        c.status(&format!("link x 1:0,2:1 {table}")),
+        param,
+        "own cluster missing"
+    );
+    assert_eq!(
+        c.status(&format!("link x 0:0,0:1 {table}")),
+        param,
+        "a cluster twice"
+    );
 
     // a peer that never joins: PREPARING, then FAILED once llm.LinkTotalTime (1 s) passed
     let a = c.ask(&format!("link lonely 0:0,1:1 {table}"));
@@ -255,7 +291,10 @@ fn bad_inputs_a_peer_that_never_joins_and_the_comm_limit() {
     assert!((900..8000).contains(&waited), "FAILED after {waited} ms");
     assert_eq!(c.status("pull 1 0 0"), not_yet);
     // the name of a live comm: HCCL refuses it
-    assert_eq!(c.status(&format!("link lonely 0:0,1:1 {table}")), link_failed);
+    assert_eq!(
+        c.status(&format!("link lonely 0:0,1:1 {table}")),
+        link_failed
+    );
     assert_eq!(c.status("unlink 1"), SUCCESS);
 
     // this cluster's rank not in the table, a table HCCL cannot read: LLM_LINK_FAILED now
@@ -267,12 +306,18 @@ fn bad_inputs_a_peer_that_never_joins_and_the_comm_limit() {
         assert_eq!(a, ["0", &id.to_string()]);
         let w = c.ask(&format!("wait {id}"));
         assert_eq!(w[..2], ["0", "2"], "{map}: FAILED");
-        assert!(w[2].parse::<u64>().unwrap() < 900, "{map}: FAILED at once, not by the timeout");
+        assert!(
+            w[2].parse::<u64>().unwrap() < 900,
+            "{map}: FAILED at once, not by the timeout"
+        );
         assert_eq!(c.status(&format!("unlink {id}")), SUCCESS);
     }
 
     // 512 communicators at most: the 513th is LLM_PARAM_INVALID
-    assert_eq!(c.ask(&format!("many 512 {table}")), ["512", &param.to_string()]);
+    assert_eq!(
+        c.ask(&format!("many 512 {table}")),
+        ["512", &param.to_string()]
+    );
     c.quit();
 }
 
@@ -287,10 +332,13 @@ fn block_of(cluster: u64, t: usize, b: usize) -> Vec<u8> {
     all[b * BLOCK..(b + 1) * BLOCK].to_vec()
 }
 
+type MallocFn = unsafe extern "C" fn(*mut *mut u8, usize, u32) -> i32;
+type MemcpyFn = unsafe extern "C" fn(*mut u8, usize, *const u8, usize, i32) -> i32;
+
 /// The double's ACL calls the child uses for device memory.
 struct Acl {
-    malloc: unsafe extern "C" fn(*mut *mut u8, usize, u32) -> i32,
-    memcpy: unsafe extern "C" fn(*mut u8, usize, *const u8, usize, i32) -> i32,
+    malloc: MallocFn,
+    memcpy: MemcpyFn,
 }
 
 const H2D: i32 = 1;
@@ -312,8 +360,8 @@ impl Acl {
             let c = libc::dlsym(h, c"aclrtMemcpy".as_ptr());
             assert!(!m.is_null() && !c.is_null());
             Acl {
-                malloc: std::mem::transmute::<*mut libc::c_void, _>(m),
-                memcpy: std::mem::transmute::<*mut libc::c_void, _>(c),
+                malloc: std::mem::transmute::<*mut libc::c_void, MallocFn>(m),
+                memcpy: std::mem::transmute::<*mut libc::c_void, MemcpyFn>(c),
             }
         }
     }
@@ -349,7 +397,10 @@ fn child() {
         assert_eq!(unsafe { (acl.malloc)(&mut p, size, 0) }, 0);
         let data: Vec<u8> = (0..BLOCKS).flat_map(|b| block_of(cluster, t, b)).collect();
         // SAFETY: `p` holds `size` bytes, `data` as many.
-        assert_eq!(unsafe { (acl.memcpy)(p, size, data.as_ptr(), size, H2D) }, 0);
+        assert_eq!(
+            unsafe { (acl.memcpy)(p, size, data.as_ptr(), size, H2D) },
+            0
+        );
         addrs.push(p as u64);
     }
     let desc = CacheDesc {
@@ -402,11 +453,19 @@ fn child() {
                 let start = Instant::now();
                 loop {
                     match dd.query_register_mem_status(id) {
-                        Ok(RegisterMemStatus::Preparing) if start.elapsed() < Duration::from_secs(30) => {
+                        Ok(RegisterMemStatus::Preparing)
+                            if start.elapsed() < Duration::from_secs(30) =>
+                        {
                             // polled, as the connectors do (they poll every few seconds)
                             std::thread::sleep(Duration::from_millis(5));
                         }
-                        Ok(s) => break format!("{SUCCESS} {} {}", s.value(), start.elapsed().as_millis()),
+                        Ok(s) => {
+                            break format!(
+                                "{SUCCESS} {} {}",
+                                s.value(),
+                                start.elapsed().as_millis()
+                            );
+                        }
                         Err(e) => break e.status.code().to_string(),
                     }
                 }

@@ -1026,9 +1026,7 @@ fn parse_options(options: &[(String, String)]) -> Result<Config> {
                     .parse()
                     .ok()
                     .filter(|n| (1..=100).contains(n))
-                    .ok_or_else(|| {
-                        Error::param(format!("llm.LinkRetryCount {v:?}: 1 to 100"))
-                    })?
+                    .ok_or_else(|| Error::param(format!("llm.LinkRetryCount {v:?}: 1 to 100")))?
             }
             "llm.GlobalResourceConfig" if !v.is_empty() => c
                 .engine_options

@@ -267,7 +267,12 @@ impl DataDist {
                 linked: Vec::new(),
             },
         );
-        tracing::debug!(cluster = self.cluster_id, comm_id = id, comm_name, "rank-table link started");
+        tracing::debug!(
+            cluster = self.cluster_id,
+            comm_id = id,
+            comm_name,
+            "rank-table link started"
+        );
         Ok(id)
     }
 
@@ -535,7 +540,9 @@ fn connect_all(
     linked: &mut Vec<(u64, String)>,
     go_on: impl Fn() -> Result<()>,
 ) -> Result<()> {
-    let timeout_ms = i32::try_from(job.total.as_millis()).unwrap_or(i32::MAX).max(1);
+    let timeout_ms = i32::try_from(job.total.as_millis())
+        .unwrap_or(i32::MAX)
+        .max(1);
     for (cluster, d) in descs {
         go_on()?;
         job.engine.connect(&d.engine, timeout_ms).map_err(|e| {

@@ -73,7 +73,8 @@ impl RankComm {
     /// # Errors
     /// [`Error::Timeout`] when peers do not come in time; [`Error::Native`].
     pub(crate) fn prepare(&self, timeout: Duration) -> Result<(), Error> {
-        self.hccl.prepare(&self.comm, timeout, "the rank table's ranks")
+        self.hccl
+            .prepare(&self.comm, timeout, "the rank table's ranks")
     }
 
     /// Posts `text` for `remote_rank` and returns what that rank posted for this one (`None`:

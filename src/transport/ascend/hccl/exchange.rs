@@ -148,7 +148,10 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Error::Timeout { op: "connect", .. }), "{e:?}");
         let waited = start.elapsed();
-        assert!(waited >= Duration::from_millis(990) && waited < Duration::from_secs(8), "{waited:?}");
+        assert!(
+            waited >= Duration::from_millis(990) && waited < Duration::from_secs(8),
+            "{waited:?}"
+        );
         let long = "x".repeat(MAX_DESC_TEXT + 1);
         let e = hccl
             .exchange_mem_desc(&c0, 0, 1, &long, Duration::from_secs(1), "r1")
