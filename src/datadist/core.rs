@@ -185,8 +185,10 @@ impl DataDist {
         opts.push(("AutoConnect".into(), "0".into()));
         if let Some(dev) = config.device_id {
             // the engine takes its device on a thread of its own: name it (else it takes the
-            // device current there, none, and falls back to device 0)
+            // device current there, none, and falls back to device 0); Ascend stays where CANN
+            // loads (a `hixl.ascend.*` key alone would require it)
             opts.push(("hixl.ascend.device_id".into(), dev.to_string()));
+            opts.push(("hixl.ascend.enable".into(), "auto".into()));
         }
         engine.initialize(&name, opts)?;
         let table = engine.alloc_host_mem_with(TABLE_LEN, Access::Read)?;
