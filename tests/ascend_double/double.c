@@ -1,7 +1,7 @@
 /*
  * ABI test double for the ACL runtime and HCCL one-sided symbols hixl's Ascend backend uses.
  *
- * Built by src/device/double.rs with `cc -shared -fPIC -O1` into libascend_double.so,
+ * Built by src/device/double.rs with `cc -shared -fPIC -O1` into libascend_double-<source hash>.so,
  * and by tools/ascend-double.sh DIR under CANN's library names (libacl_rt.so, with
  * libascendcl.so, libhcomm.so, libhccl.so and libascend_hal.so as symlinks to it: one object,
  * so ACL and HCCL share state), so that programs built against CANN's headers run on it
