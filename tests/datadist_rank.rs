@@ -282,6 +282,10 @@ fn bad_inputs_a_peer_that_never_joins_and_the_comm_limit() {
         "a cluster twice"
     );
 
+    // without llm.ListenIpInfo the instance listens on its rank's server_id: not an address
+    let by_name = table.replace("\"127.0.0.1\"", "\"node-a\"");
+    assert_eq!(c.status(&format!("link x 0:0,1:1 {by_name}")), link_failed);
+
     // a peer that never joins: PREPARING, then FAILED once llm.LinkTotalTime (1 s) passed
     let a = c.ask(&format!("link lonely 0:0,1:1 {table}"));
     assert_eq!(a, ["0", "1"]);

@@ -234,7 +234,8 @@ impl DataDist {
         if let Some(addr) = listen
             && config.listen.as_deref() != Some(addr.as_str())
         {
-            if !lock(&self.links).is_empty() || self.comms.any() {
+            let linked = !lock(&self.links).is_empty();
+            if linked || self.comms.any() {
                 return Err(Error::new(
                     LlmStatus::LLM_EXIST_LINK,
                     "cannot listen elsewhere while links exist: unlink them first",

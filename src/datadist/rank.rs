@@ -60,7 +60,8 @@ impl RegisterMemStatus {
 /// The default of `llm.LinkTotalTime` (s): upstream's wait for the descriptor exchange.
 const DEFAULT_TOTAL_S: u32 = 30;
 
-/// The instance's communicators.
+/// The instance's communicators. Lock order: `serial`, then `by_id`, then the instance's
+/// `links` (never `by_id` while holding `links`).
 #[derive(Default)]
 pub(super) struct Comms {
     by_id: Mutex<BTreeMap<i64, CommLink>>,
