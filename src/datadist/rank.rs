@@ -208,9 +208,17 @@ impl DataDist {
             let s = lock(&self.state);
             s.as_ref().map(|l| l.table.addr() as u64).unwrap_or(0)
         };
+        let mut name = engine.local_engine()?;
+        // a wildcard listen address is no name to reach: the rank's host address is
+        if let Ok(sa) = name.parse::<std::net::SocketAddr>()
+            && sa.ip().is_unspecified()
+            && let Some(ip) = rank_server_ip(rank_table, own_rank)
+        {
+            name = std::net::SocketAddr::new(ip, sa.port()).to_string();
+        }
         let desc = Desc {
             cluster_id: self.cluster_id,
-            engine: engine.local_engine()?,
+            engine: name,
             cache_table_addr: table_addr,
             cache_table_size: TABLE_LEN as u64,
         }
