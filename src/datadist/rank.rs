@@ -17,6 +17,10 @@
 //! `FAILED` (a peer that never joins: `FAILED` once `llm.LinkTotalTime` has passed, 30 s by
 //! default; a peer rank that is this instance's own or not in the table: `FAILED`).
 //!
+//! [`DataDist::unlink_comm`] (and `finalize`, for every communicator) stops a task still
+//! preparing at its next step, waiting for an HCCL call under way (at most
+//! `llm.LinkTotalTime`), as upstream's `Unlink` does.
+//!
 //! An instance with no `llm.ListenIpInfo` listens for this mode on an ephemeral port of its
 //! rank's `server_id` (the rank table's host address), made when it first links this way (the
 //! engine is made anew, as `SetRole` with a listen address does: not while other links exist).
