@@ -123,6 +123,7 @@ void hixl_dd_destroy(hixl_dd *dd); /* finalizes; null or unknown handles are ign
 /* `count` option pairs by CANN's keys: llm.ListenIpInfo "ip:port" (listens there; without it
  * the instance only links out), llm.DeviceId (made current on this thread where ACL loads),
  * llm.SyncKvCacheWaitTime (ms), llm.TransferBackend ("hixl" or absent: the same engine),
+ * llm.LinkTotalTime (s) and llm.LinkRetryCount (1..100: for hixl_dd_link_comm),
  * llm.RdmaTrafficClass, llm.RdmaServiceLevel, llm.GlobalResourceConfig (to the engine); other
  * keys are accepted and not used. A second call succeeds and changes nothing. */
 hixl_status hixl_dd_initialize(hixl_dd *dd, const char *const *keys, const char *const *values,
@@ -144,6 +145,27 @@ hixl_status hixl_dd_link_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clust
 hixl_status hixl_dd_unlink_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clusters,
                                     size_t count, int32_t timeout_in_millis, bool force,
                                     uint32_t *rets);
+
+/* Links by an explicit rank table (the Python package's link / query_register_mem_status /
+ * unlink, as vllm-ascend's and omni-infer's connectors use them): cluster_ids[i] is rank
+ * ranks[i] of rank_table (HCCL's rank-table JSON, version 1.0 or 1.2), this instance's own
+ * cluster among them. The communicator comm_name (1 to 127 bytes) is made by the call; the
+ * peers are linked in the background (HCCL's rendezvous, then the engines link): poll the
+ * status until it is not PREPARING. Comm ids count from 1, at most 512 communicators at a
+ * time (then HIXL_LLM_PARAM_INVALID). An instance without llm.ListenIpInfo listens for this
+ * on an ephemeral port of its rank's server_id. HCCL refusing the table or this cluster's rank
+ * in it: HIXL_LLM_LINK_FAILED; HCCL without HcclExchangeMemDesc: HIXL_LLM_FEATURE_NOT_ENABLED.
+ * A peer that does not join within llm.LinkTotalTime (s, 30 by default), a peer given this
+ * cluster's rank or a rank not in the table: status FAILED. An unknown comm id:
+ * HIXL_LLM_NOT_YET_LINK. */
+#define HIXL_DD_REGISTER_MEM_OK 0
+#define HIXL_DD_REGISTER_MEM_PREPARING 1
+#define HIXL_DD_REGISTER_MEM_FAILED 2
+hixl_status hixl_dd_link_comm(hixl_dd *dd, const char *comm_name, const uint64_t *cluster_ids,
+                              const uint32_t *ranks, size_t count, const char *rank_table,
+                              int64_t *comm_id);
+hixl_status hixl_dd_query_register_mem_status(hixl_dd *dd, int64_t comm_id, int32_t *status);
+hixl_status hixl_dd_unlink_comm(hixl_dd *dd, int64_t comm_id);
 
 /* Caches. Each tensor (product(shape) * element size bytes) must stay allocated until the cache
  * is unregistered or the instance finalized: peers READ and WRITE it while linked. Ids count

@@ -500,6 +500,78 @@ pub unsafe extern "C" fn hixl_dd_unlink_clusters(
     })
 }
 
+/// The Python package's `link(comm_name, {cluster_id: rank}, rank_table)`
+/// ([`DataDist::link_comm`]): links to the clusters `cluster_ids[i]` (rank `ranks[i]` of
+/// `rank_table`, HCCL's rank-table JSON; this instance's own cluster among them) over the
+/// communicator `comm_name`, and stores its id (from 1) in `*comm_id`. The peers are linked
+/// in the background: poll [`hixl_dd_query_register_mem_status`].
+///
+/// # Safety
+/// `comm_name` and `rank_table` are null or NUL-terminated strings; `cluster_ids` and `ranks`
+/// null (with `count` 0) or arrays of `count`; `comm_id` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_link_comm(
+    dd: *mut HixlDd,
+    comm_name: *const c_char,
+    cluster_ids: *const u64,
+    ranks: *const u32,
+    count: usize,
+    rank_table: *const c_char,
+    comm_id: *mut i64,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        if comm_id.is_null() {
+            return Err(invalid("comm_id is null"));
+        }
+        // SAFETY: the caller's contract.
+        let name = unsafe { string(comm_name, "comm_name") }.map_err(of_engine)?;
+        // SAFETY: the caller's contract.
+        let table = unsafe { string(rank_table, "rank_table") }.map_err(of_engine)?;
+        // SAFETY: the caller's contract.
+        let ids = unsafe { slice(cluster_ids, count, "cluster_ids") }.map_err(of_engine)?;
+        // SAFETY: the caller's contract.
+        let rs = unsafe { slice(ranks, count, "ranks") }.map_err(of_engine)?;
+        let map: Vec<(u64, u32)> = ids.iter().copied().zip(rs.iter().copied()).collect();
+        let id = d.link_comm(name, &map, table).map_err(fail)?;
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(comm_id, id, "comm_id") }.map_err(of_engine)
+    })
+}
+
+/// `query_register_mem_status(comm_id)` ([`DataDist::query_register_mem_status`]): stores
+/// `HIXL_DD_REGISTER_MEM_OK` 0, `_PREPARING` 1 or `_FAILED` 2 in `*status`; an unknown id is
+/// `LLM_NOT_YET_LINK`.
+///
+/// # Safety
+/// `status` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_query_register_mem_status(
+    dd: *mut HixlDd,
+    comm_id: i64,
+    status: *mut i32,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        if status.is_null() {
+            return Err(invalid("status is null"));
+        }
+        let s = d.query_register_mem_status(comm_id).map_err(fail)?;
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(status, s.value(), "status") }.map_err(of_engine)
+    })
+}
+
+/// `unlink(comm_id)` ([`DataDist::unlink_comm`]): the clusters it linked are unlinked and the
+/// communicator destroyed; an unknown id is `LLM_NOT_YET_LINK`.
+///
+/// # Safety
+/// Any pointer value is accepted.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_dd_unlink_comm(dd: *mut HixlDd, comm_id: i64) -> LlmStatusCode {
+    entry(|| instance(dd)?.unlink_comm(comm_id).map_err(fail))
+}
+
 /// `RegisterKvCache`: registers `count` tensors at `addrs` as one cache of `desc` (blocks and
 /// batches both: `shape[0]` of them) and stores its id (from 1) in `*cache_id`.
 ///

@@ -75,6 +75,20 @@ impl Hixl {
         }
     }
 
+    /// The engine's device context, detached (to bind it on another thread): what
+    /// LLM-DataDist's rank-table link runs HCCL under.
+    ///
+    /// # Errors
+    /// `FAILED` before `initialize` or after `finalize`.
+    pub(crate) fn detach_context(&self) -> Result<crate::DetachedContext> {
+        let core = self.read();
+        match &core.engine {
+            Some(Typed::Connected(e)) => Ok(e.detach_context()),
+            Some(Typed::Registered(e)) => Ok(e.detach_context()),
+            _ => Err(not_initialized()),
+        }
+    }
+
     /// An extension: the typed engine's [`Metrics`](crate::Metrics) (regions, links, and the
     /// memory held until same-host peers cannot reach it any more: `quarantined_regions`,
     /// `quarantined_bytes`).

@@ -27,6 +27,11 @@ use crate::compat::{self, HostMem, TransferOpDesc};
 use crate::sync::lock;
 use crate::{Access, MemType, TransferOp};
 
+// links by an explicit rank table (`link_comm`): a child module, for the instance's fields
+#[path = "rank.rs"]
+mod rank;
+pub use rank::{MAX_COMMS, RegisterMemStatus};
+
 /// Most links one instance holds (upstream's `kMaxLinkNum`).
 pub const MAX_LINKS: usize = 512;
 
@@ -55,6 +60,10 @@ struct Config {
     sync_timeout_ms: i32,
     device_id: Option<i32>,
     engine_options: Vec<(String, String)>,
+    /// `llm.LinkTotalTime` (s; `None` for 0 or absent): rank-table links' wait for peers.
+    link_total_time_s: Option<u32>,
+    /// `llm.LinkRetryCount` (1..=100; 0 stands for the default, 1).
+    link_retry_count: u32,
 }
 
 #[derive(Default)]
@@ -74,6 +83,8 @@ pub struct DataDist {
     /// Serializes table fetches (they share the download buffer).
     fetch: Mutex<()>,
     next_id: AtomicI64,
+    /// The communicators of links by an explicit rank table (`rank.rs`).
+    comms: rank::Comms,
 }
 
 /// An initialized instance's engine and buffers.
@@ -114,6 +125,7 @@ impl DataDist {
             links: Mutex::new(HashMap::new()),
             fetch: Mutex::new(()),
             next_id: AtomicI64::new(1),
+            comms: rank::Comms::default(),
         }
     }
 
@@ -136,6 +148,9 @@ impl DataDist {
     ///   placed on the device need it), as upstream's `aclrtSetDevice`;
     /// - `llm.SyncKvCacheWaitTime`: a pull's or push's timeout in ms (a positive integer,
     ///   1000 by default);
+    /// - `llm.LinkTotalTime` (s, 0 to 2^32-1; 0 or absent: 30) and `llm.LinkRetryCount` (1 to
+    ///   100): how long a link by an explicit rank table ([`DataDist::link_comm`]) waits for
+    ///   its peers, in how many `HcclCommPrepare` attempts;
     /// - `llm.TransferBackend`: `hixl` (the engine), or absent (the same engine here);
     /// - `llm.RdmaTrafficClass`, `llm.RdmaServiceLevel`, `llm.LocalCommRes`,
     ///   `llm.GlobalResourceConfig`: passed to the engine under HIXL's keys;
@@ -168,6 +183,13 @@ impl DataDist {
         let name = config.listen.clone().unwrap_or_else(|| "127.0.0.1".into());
         let mut opts = config.engine_options.clone();
         opts.push(("AutoConnect".into(), "0".into()));
+        if let Some(dev) = config.device_id {
+            // the engine takes its device on a thread of its own: name it (else it takes the
+            // device current there, none, and falls back to device 0); Ascend stays where CANN
+            // loads (a `hixl.ascend.*` key alone would require it)
+            opts.push(("hixl.ascend.device_id".into(), dev.to_string()));
+            opts.push(("hixl.ascend.enable".into(), "auto".into()));
+        }
         engine.initialize(&name, opts)?;
         let table = engine.alloc_host_mem_with(TABLE_LEN, Access::Read)?;
         let download = engine.alloc_host_mem_with(TABLE_LEN, Access::None)?;
@@ -189,6 +211,7 @@ impl DataDist {
     /// Finalizes (`Finalize`): every link goes, the caches' memory is deregistered, the engine
     /// finalized. Calling it again, or before `initialize`, does nothing.
     pub fn finalize(&self) {
+        self.unlink_all_comms();
         let live = lock(&self.state).take();
         lock(&self.links).clear();
         lock(&self.caches).by_id.clear();
@@ -211,7 +234,8 @@ impl DataDist {
         if let Some(addr) = listen
             && config.listen.as_deref() != Some(addr.as_str())
         {
-            if !lock(&self.links).is_empty() {
+            let linked = !lock(&self.links).is_empty();
+            if linked || self.comms.any() {
                 return Err(Error::new(
                     LlmStatus::LLM_EXIST_LINK,
                     "cannot listen elsewhere while links exist: unlink them first",
@@ -583,6 +607,10 @@ impl DataDist {
 
     /// The peer's engine name and table (fetched now if it was not yet).
     fn peer(&self, engine: &compat::Hixl, cluster: u64) -> Result<(String, Arc<Table>)> {
+        if !self.is_linked(cluster) {
+            // a rank-table link may have linked it since the last status query
+            self.settle_comms();
+        }
         let remote = {
             let links = lock(&self.links);
             let l = links.get(&cluster).ok_or_else(|| {
@@ -1062,6 +1090,19 @@ fn parse_options(options: &[(String, String)]) -> Result<Config> {
             "llm.RdmaServiceLevel" => c
                 .engine_options
                 .push(("RdmaServiceLevel".into(), v.clone())),
+            "llm.LinkTotalTime" => {
+                let t: u32 = v.parse().map_err(|_| {
+                    Error::param(format!("llm.LinkTotalTime {v:?}: 0 to 2^32-1 (s)"))
+                })?;
+                c.link_total_time_s = (t > 0).then_some(t);
+            }
+            "llm.LinkRetryCount" => {
+                c.link_retry_count = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| Error::param(format!("llm.LinkRetryCount {v:?}: 1 to 100")))?
+            }
             "llm.GlobalResourceConfig" if !v.is_empty() => c
                 .engine_options
                 .push(("GlobalResourceConfig".into(), v.clone())),

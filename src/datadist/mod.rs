@@ -10,6 +10,11 @@
 //! path where the engine has it; host caches over the same-host path or TCP, so it works
 //! without an NPU.
 //!
+//! Clusters link by their listen addresses ([`DataDist::link_clusters`], `LinkLlmClusters`) or
+//! by an explicit rank table ([`DataDist::link_comm`], the Python package's `link`, which
+//! vllm-ascend's and omni-infer's connectors use: HCCL's rendezvous swaps the engines' names,
+//! then the engines link).
+//!
 //! [`DataDist`] is the runtime-checked instance, in LLM-DataDist's shape (cluster and cache
 //! ids, status codes as [`LlmStatus`]): the C ABI (`hixl_dd_*`, under `libllm_datadist.so`'s
 //! `llm_datadist::LlmDataDist`) and the Python package `llm_datadist` are layers over it.
@@ -26,7 +31,7 @@ pub mod table;
 pub mod typed;
 mod types;
 
-pub use self::core::{DataDist, MAX_LINKS};
+pub use self::core::{DataDist, MAX_COMMS, MAX_LINKS, RegisterMemStatus};
 pub use typed::{
     Cache, Cluster, Decoder, Layout, LinkedCluster, Mix, PeerCache, Prompt, Rejected, RoleState,
 };

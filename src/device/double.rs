@@ -17,8 +17,18 @@ use std::time::SystemTime;
 /// The C source of the double.
 pub(crate) const SOURCE: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ascend_double/double.c");
-/// The file name `build` produces.
+/// The file name `build` produces, before the source's hash.
 pub(crate) const LIB_NAME: &str = "libascend_double.so";
+
+/// `libascend_double-<FNV-1a of the source>.so`: trees with different sources (worktrees,
+/// branches) that share a build directory never load each other's double.
+fn lib_name(src: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in src {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{}-{h:016x}.so", LIB_NAME.trim_end_matches(".so"))
+}
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
@@ -26,7 +36,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
-/// Compiles the double into `out_dir/libascend_double.so` with `cc -shared -fPIC -O1`, unless
+/// Compiles the double into `out_dir/libascend_double-<source hash>.so` with `cc -shared -fPIC -O1`, unless
 /// that file is already newer than the source, and returns its path.
 ///
 /// Safe to call from parallel tests and processes: the library is built under a temporary name
@@ -37,7 +47,8 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 pub(crate) fn build(out_dir: &Path) -> Result<PathBuf, String> {
     let _guard = lock(&BUILD_LOCK);
     let src = Path::new(SOURCE);
-    let out = out_dir.join(LIB_NAME);
+    let text = std::fs::read(src).map_err(|e| format!("cannot read {}: {e}", src.display()))?;
+    let out = out_dir.join(lib_name(&text));
     let src_time = mtime(src).ok_or_else(|| format!("cannot stat {}", src.display()))?;
     if mtime(&out).is_some_and(|t| t >= src_time) {
         return Ok(out);
@@ -121,6 +132,16 @@ mod tests {
         let b = build(&dir).expect("build again");
         assert_eq!(a, b);
         assert_eq!(mtime(&b), Some(t), "not rebuilt when up to date");
-        assert!(a.ends_with(LIB_NAME));
+        let name = a.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("libascend_double-") && name.ends_with(".so"),
+            "{name}"
+        );
+        assert_eq!(name, lib_name(&std::fs::read(SOURCE).unwrap()));
+        assert_ne!(
+            lib_name(b"a"),
+            lib_name(b"b"),
+            "another source, another file"
+        );
     }
 }

@@ -21,6 +21,11 @@ pub(crate) use crate::transport::tcp::serve::{PATIENCE, Pending, Served, Then, X
 /// its data paths, TCP's, which covers every batch.
 pub(crate) use crate::transport::tcp::{FirstLane, Join, Lanes};
 
+/// LLM-DataDist's link by an explicit rank table, HCCL's half (the Ascend transport's): the
+/// communicator over the caller's rank table and its descriptor rendezvous
+/// (`HcclExchangeMemDesc`); `datadist` links the engines by what the descriptors carry.
+pub(crate) use crate::transport::ascend::rank_link::{RankComm, rank_server_ip};
+
 /// TCP's data path over a link's `lanes`; a large sync batch takes up to `parallel` of them.
 pub(crate) fn tcp_path(lanes: Arc<Lanes>, parallel: usize) -> Box<dyn DataPath> {
     Box::new(TcpPath::new(lanes, parallel))

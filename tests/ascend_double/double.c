@@ -1,7 +1,7 @@
 /*
  * ABI test double for the ACL runtime and HCCL one-sided symbols hixl's Ascend backend uses.
  *
- * Built by src/device/double.rs with `cc -shared -fPIC -O1` into libascend_double.so,
+ * Built by src/device/double.rs with `cc -shared -fPIC -O1` into libascend_double-<source hash>.so,
  * and by tools/ascend-double.sh DIR under CANN's library names (libacl_rt.so, with
  * libascendcl.so, libhcomm.so, libhccl.so and libascend_hal.so as symlinks to it: one object,
  * so ACL and HCCL share state), so that programs built against CANN's headers run on it
@@ -78,6 +78,15 @@
  *     bound after the prepare is reachable once HcclCommPrepare runs again. Each copy is
  *     checked again when aclrtSynchronizeStreamWithTimeout runs it (see "Remote ranges");
  *   - deregistering memory still bound to a comm is HCCL_E_PARA.
+ *   - HcclExchangeMemDesc (LLM-DataDist's explicit-rank-table link swaps a descriptor with each
+ *     peer rank through it) is a rendezvous with the remote rank of the same comm name, in this
+ *     process or another: each side posts its descriptors in HIXL_ASCEND_DOUBLE_DIR
+ *     (".desc.<comm name in hex>.<from rank>.<to rank>", with its pid and start time) and waits
+ *     up to its timeout for the other's, which it takes (renames, reads, removes). Only a post of
+ *     the process that announced the remote rank's key, alive, counts. Unread posts go when their
+ *     comm is destroyed or the double unloads; without a directory, ranks of one process post in
+ *     memory. HcclMemDesc is HIXL's 512-byte layout (see
+ *     there); HcclRemapRegistedMemory is a stub (fault recovery).
  * and what real HCCL checks (each a rule hixl once broke):
  *   - HcclCommInitClusterInfoMemConfig: the rank table's device_id of the caller's rank must be
  *     the physical id of the current device (else 7 HCCL_E_UNAVAIL); the comm name must be
@@ -329,6 +338,7 @@ static void remote_init(Remote *rm);
 static void remote_drop(Remote *rm);
 static int remote_load(Remote *rm, pid_t pid, const char *key, const char *name, uint32_t rank, int hold);
 static int remote_has(const Remote *rm, uintptr_t a, uint64_t len);
+static void drop_descs(const Comm *c);
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration, log, failure injection                                                       */
@@ -1192,6 +1202,7 @@ __attribute__((destructor)) static void unannounce(void) {
     char path[8300], buf[32];
     int fd, i;
     ssize_t n;
+    for (Comm *c = comms; c != NULL; c = c->next) drop_descs(c);
     if (announced_dir[0] == 0) return;
     for (i = 0; i < n_own_ips; i++) {
         snprintf(path, sizeof path, "%s/%s", announced_dir, own_ips[i]);
@@ -2049,6 +2060,278 @@ EXPORT HcclResult HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDes
     return batch("HcclBatchGet", 0, comm, remoteRank, desc, descNum, stream);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* HcclExchangeMemDesc, HcclRemapRegistedMemory (LLM-DataDist's explicit-rank-table link)      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* HcclMemDesc is 512 bytes in both published declarations: hcomm's public header has an opaque
+ * `char desc[HCCL_MEM_DESC_LENGTH + 1]` with HCCL_MEM_DESC_LENGTH 511, and HIXL's private copy
+ * (src/llm_datadist/comm_adapter/comm_types.h) `{u32 localRank; u32 remoteRank; char
+ * desc[504]}` with HCCL_MEM_DESC_LENGTH 504. The two agree on the size (and so on the stride
+ * of an array of them): hcomm reads the opaque bytes as its internal HcclMemDescData {u32
+ * localRankId; u32 remoteRankId; char memDesc[511 + 1 - 8 = 504]}, HIXL's layout. The double
+ * takes HIXL's (the one a caller fills) and checks its two rank fields. */
+#define MEM_DESC_TEXT 504
+typedef struct {
+    uint32_t localRank;
+    uint32_t remoteRank;
+    char desc[MEM_DESC_TEXT];
+} HcclMemDesc;
+
+typedef struct {
+    HcclMemDesc *array;
+    uint32_t arrayLength;
+} HcclMemDescs;
+
+_Static_assert(sizeof(HcclMemDesc) == 512, "HcclMemDesc is 512 bytes");
+
+#define MAX_MEM_DESCS 64
+/* HCCL's own wait when the caller passes no timeout (hcomm ignores the argument and uses its
+ * connect timeout, HCCL_CONNECT_TIMEOUT, 120 s by default) */
+#define EXCHANGE_DEFAULT_S 120
+
+/* "<dir>/.desc.<comm name in hex>.<from>.<to>": the descriptors rank `from` of the comm posted
+ * for rank `to`. */
+static void desc_path(char *out, size_t cap, const char *dir, const char *name, uint32_t from, uint32_t to) {
+    char hex[260];
+    hexname(name, hex, sizeof hex);
+    snprintf(out, cap, "%s/.desc.%s.%u.%u", dir, hex, from, to);
+}
+
+/* Posts `n` descriptors for rank `to`: "pid <pid> start <ticks> n <n>\n" and the raw structs,
+ * written to a temporary file and renamed, so a reader sees all of it or nothing. */
+static int post_descs(const char *dir, const Comm *c, uint32_t to, const HcclMemDesc *d, uint32_t n) {
+    char tmp[4400], path[4400], head[96];
+    unsigned long long start = 0;
+    int fd, len, ok;
+    if (proc_start(getpid(), &start) != 0) return -1;
+    desc_path(path, sizeof path, dir, c->name, c->rank, to);
+    snprintf(tmp, sizeof tmp, "%s/.tmp.desc.%d.%p", dir, (int)getpid(), (const void *)c);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    len = snprintf(head, sizeof head, "pid %d start %llu n %u\n", (int)getpid(), start, n);
+    ok = write(fd, head, (size_t)len) == len &&
+         write(fd, d, (size_t)n * sizeof *d) == (ssize_t)((size_t)n * sizeof *d);
+    close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Takes the descriptors rank `from` posted for this rank, if there are any from the process
+ * that serves `from` now (the pid its announcement names, alive with the start time written):
+ * the file is claimed by renaming it (so it is read once), read, and removed. A file of another
+ * process (a dead one, or one that served that rank before) is removed and ignored.
+ * Returns 1 with the descriptors copied (*got of them), 0 when there are none yet. */
+static int take_descs(const char *dir, const Comm *c, uint32_t from, HcclMemDescs *remote, uint32_t *got) {
+    char path[4400], claimed[4500], buf[96 + MAX_MEM_DESCS * sizeof(HcclMemDesc)];
+    unsigned long long start = 0, now = 0;
+    unsigned n = 0;
+    int pid = 0, fd, used = 0;
+    ssize_t len;
+    pid_t want;
+    char *nl;
+    desc_path(path, sizeof path, dir, c->name, from, c->rank);
+    snprintf(claimed, sizeof claimed, "%s.taken.%d.%p", path, (int)getpid(), (void *)remote);
+    if (rename(path, claimed) != 0) return 0;
+    fd = open(claimed, O_RDONLY | O_CLOEXEC);
+    unlink(claimed);
+    if (fd < 0) return 0;
+    len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0) return 0;
+    buf[len] = 0;
+    nl = memchr(buf, '\n', (size_t)len);
+    if (nl == NULL || sscanf(buf, "pid %d start %llu n %u", &pid, &start, &n) != 3 || n > MAX_MEM_DESCS ||
+        (size_t)(buf + len - (nl + 1)) != (size_t)n * sizeof(HcclMemDesc))
+        return 0;
+    want = resolve(c->ips[from]);
+    if (want == 0) want = getpid();
+    if (want < 0 || pid != (int)want || proc_start((pid_t)pid, &now) != 0 || now != start) {
+        logf_("HcclExchangeMemDesc name=%s rank=%u remote=%u stale_pid=%d", c->name, c->rank, from, pid);
+        return 0;
+    }
+    for (unsigned i = 0; i < n && i < remote->arrayLength; i++, used++)
+        memcpy(&remote->array[i], nl + 1 + (size_t)i * sizeof(HcclMemDesc), sizeof(HcclMemDesc));
+    *got = (uint32_t)used;
+    return 1;
+}
+
+/* Without an announce directory, the ranks of one process post in memory. */
+typedef struct Post {
+    struct Post *next;
+    char name[128];
+    uint32_t from, to, n;
+    HcclMemDesc d[MAX_MEM_DESCS];
+} Post;
+static Post *posts;
+
+static int post_mem(const Comm *c, uint32_t to, const HcclMemDesc *d, uint32_t n) {
+    Post *p = calloc(1, sizeof *p), **pp;
+    if (p == NULL) return -1;
+    snprintf(p->name, sizeof p->name, "%s", c->name);
+    p->from = c->rank;
+    p->to = to;
+    p->n = n;
+    memcpy(p->d, d, (size_t)n * sizeof *d);
+    pthread_mutex_lock(&mu);
+    for (pp = &posts; *pp != NULL; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, p->name) == 0 && (*pp)->from == p->from && (*pp)->to == to) {
+            Post *old = *pp;
+            *pp = old->next;
+            free(old);
+            break;
+        }
+    p->next = posts;
+    posts = p;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+static int take_mem(const Comm *c, uint32_t from, HcclMemDescs *remote, uint32_t *got) {
+    Post **pp, *p = NULL;
+    uint32_t used = 0;
+    pthread_mutex_lock(&mu);
+    for (pp = &posts; *pp != NULL; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, c->name) == 0 && (*pp)->from == from && (*pp)->to == c->rank) {
+            p = *pp;
+            *pp = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    if (p == NULL) return 0;
+    for (; used < p->n && used < remote->arrayLength; used++) remote->array[used] = p->d[used];
+    *got = used;
+    free(p);
+    return 1;
+}
+
+/* Removes the descriptors this process posted for comm `c` that no peer took. */
+static void drop_descs(const Comm *c) {
+    char dir[4096], path[4400], head[64];
+    int fd, pid;
+    ssize_t n;
+    Post **pp = &posts;
+    pthread_mutex_lock(&mu);
+    while (*pp != NULL) {
+        if (strcmp((*pp)->name, c->name) == 0 && (*pp)->from == c->rank) {
+            Post *old = *pp;
+            *pp = old->next;
+            free(old);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (dir_of(dir, sizeof dir, 0) != 0) return;
+    for (uint32_t r = 0; r < c->nranks; r++) {
+        desc_path(path, sizeof path, dir, c->name, c->rank, r);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        n = read(fd, head, sizeof head - 1);
+        close(fd);
+        if (n <= 0) continue;
+        head[n] = 0;
+        if (sscanf(head, "pid %d", &pid) == 1 && pid == (int)getpid()) unlink(path);
+    }
+}
+
+/* Swaps descriptors with rank `remoteRank` of the same comm name (in this process or another):
+ * posts `local` for it in the announce directory, waits (polling every 5 ms) up to `timeout`
+ * seconds (EXCHANGE_DEFAULT_S when it is not positive) for what the remote rank posted for this
+ * one, and copies at most remote->arrayLength of them into remote->array (*actualNum: how
+ * many). As hcomm's: the own rank is HCCL_SUCCESS with nothing exchanged (*actualNum left as it
+ * was). Checks: a live comm (else HCCL_E_PARA), remoteRank below the comm's rank count
+ * (HCCL_E_PARA), non-null pointers (HCCL_E_PTR), at most 64 local descriptors, each naming
+ * this rank as localRank and remoteRank as remoteRank (HCCL_E_PARA); HCCL_E_TIMEOUT when the
+ * remote rank posts nothing in time. Without an announce directory (the "dir" setting ""), the
+ * ranks of one process find each other in memory. */
+EXPORT HcclResult HcclExchangeMemDesc(void *comm, uint32_t remoteRank, HcclMemDescs *local, int timeout,
+                                      HcclMemDescs *remote, uint32_t *actualNum) {
+    Comm *c;
+    Comm snap;
+    char dir[4096];
+    uint32_t got = 0;
+    int use_dir;
+    struct timespec t0, now, nap = {0, 5 * 1000 * 1000};
+    long limit_ms = (long)(timeout > 0 ? timeout : EXCHANGE_DEFAULT_S) * 1000;
+    HCCL_FAIL_POINT("HcclExchangeMemDesc", "comm=%p remote=%u", comm, remoteRank);
+    if (local == NULL || remote == NULL || actualNum == NULL ||
+        (local->arrayLength > 0 && local->array == NULL) || (remote->arrayLength > 0 && remote->array == NULL)) {
+        set_err("double: HcclExchangeMemDesc: null argument");
+        logf_("HcclExchangeMemDesc comm=%p remote=%u rc=%d", comm, remoteRank, HCCL_E_PTR);
+        return HCCL_E_PTR;
+    }
+    pthread_mutex_lock(&mu);
+    c = find_comm(comm);
+    if (c != NULL) memcpy(&snap, c, sizeof snap);
+    pthread_mutex_unlock(&mu);
+    if (c == NULL || remoteRank >= snap.nranks) {
+        set_err("double: HcclExchangeMemDesc: %s", c == NULL ? "unknown comm" : "remote rank outside the comm");
+        logf_("HcclExchangeMemDesc comm=%p remote=%u rc=%d", comm, remoteRank, HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    if (remoteRank == snap.rank) {
+        logf_("HcclExchangeMemDesc comm=%p rank=%u remote=%u self=1 rc=0", comm, snap.rank, remoteRank);
+        return HCCL_OK;
+    }
+    if (local->arrayLength > MAX_MEM_DESCS) {
+        set_err("double: HcclExchangeMemDesc: %u descriptors (at most %d)", local->arrayLength, MAX_MEM_DESCS);
+        logf_("HcclExchangeMemDesc comm=%p remote=%u num=%u rc=%d", comm, remoteRank, local->arrayLength,
+              HCCL_E_PARA);
+        return HCCL_E_PARA;
+    }
+    for (uint32_t i = 0; i < local->arrayLength; i++)
+        if (local->array[i].localRank != snap.rank || local->array[i].remoteRank != remoteRank) {
+            set_err("double: HcclExchangeMemDesc: descriptor %u names ranks %u -> %u, not %u -> %u", i,
+                    local->array[i].localRank, local->array[i].remoteRank, snap.rank, remoteRank);
+            logf_("HcclExchangeMemDesc comm=%p rank=%u remote=%u desc_ranks=%u,%u rc=%d", comm, snap.rank,
+                  remoteRank, local->array[i].localRank, local->array[i].remoteRank, HCCL_E_PARA);
+            return HCCL_E_PARA;
+        }
+    use_dir = dir_of(dir, sizeof dir, 1) == 0;
+    if (use_dir ? post_descs(dir, &snap, remoteRank, local->array, local->arrayLength)
+                : post_mem(&snap, remoteRank, local->array, local->arrayLength)) {
+        set_err("double: HcclExchangeMemDesc: cannot post the descriptors in %s", use_dir ? dir : "memory");
+        logf_("HcclExchangeMemDesc comm=%p remote=%u rc=%d", comm, remoteRank, HCCL_E_INTERNAL);
+        return HCCL_E_INTERNAL;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!(use_dir ? take_descs(dir, &snap, remoteRank, remote, &got) : take_mem(&snap, remoteRank, remote, &got))) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= limit_ms) {
+            set_err("double: HcclExchangeMemDesc: rank %u of comm \"%s\" posted nothing within %ld s", remoteRank,
+                    snap.name, limit_ms / 1000);
+            logf_("HcclExchangeMemDesc comm=%p rank=%u remote=%u timeout=%d rc=%d", comm, snap.rank, remoteRank,
+                  timeout, HCCL_E_TIMEOUT);
+            return HCCL_E_TIMEOUT;
+        }
+        nanosleep(&nap, NULL);
+    }
+    *actualNum = got;
+    logf_("HcclExchangeMemDesc comm=%p rank=%u remote=%u num=%u got=%u timeout=%d rc=0", comm, snap.rank,
+          remoteRank, local->arrayLength, got, timeout);
+    return HCCL_OK;
+}
+
+/* Fault recovery (re-maps registered memory after a device reset): nothing to do on host
+ * memory. Null arrays with non-zero sizes are HCCL_E_PTR; otherwise HCCL_SUCCESS. */
+EXPORT HcclResult HcclRemapRegistedMemory(void **comm, CommMem *memInfoArray, uint64_t commSize, uint64_t arraySize) {
+    HCCL_FAIL_POINT("HcclRemapRegistedMemory", "comms=%llu mems=%llu", (unsigned long long)commSize,
+                    (unsigned long long)arraySize);
+    if ((commSize > 0 && comm == NULL) || (arraySize > 0 && memInfoArray == NULL)) {
+        set_err("double: HcclRemapRegistedMemory: null array");
+        logf_("HcclRemapRegistedMemory comms=%llu mems=%llu rc=%d", (unsigned long long)commSize,
+              (unsigned long long)arraySize, HCCL_E_PTR);
+        return HCCL_E_PTR;
+    }
+    logf_("HcclRemapRegistedMemory comms=%llu mems=%llu rc=0", (unsigned long long)commSize,
+          (unsigned long long)arraySize);
+    return HCCL_OK;
+}
+
 EXPORT HcclResult HcclCommDestroy(void *comm) {
     Comm **pp, *c = NULL;
     Pub pub;
@@ -2077,6 +2360,7 @@ EXPORT HcclResult HcclCommDestroy(void *comm) {
         logf_("HcclCommDestroy comm=%p rc=%d", comm, HCCL_E_PARA);
         return HCCL_E_PARA;
     }
+    drop_descs(c);
     logf_("HcclCommDestroy comm=%p bound=%zu rc=0", comm, c->nbound);
     free(c);
     return HCCL_OK;

@@ -146,6 +146,50 @@ pub(crate) struct HcclPrepareConfig {
     pub(crate) rsvd2: u64,
 }
 
+/// The text bytes of an [`HcclMemDesc`] (HIXL's `HCCL_MEM_DESC_LENGTH`, 504).
+pub(crate) const HCCL_MEM_DESC_TEXT: usize = 504;
+
+/// `HcclMemDesc`, as LLM-DataDist fills it: `{u32 localRank; u32 remoteRank; char desc[504];}`,
+/// 512 bytes.
+///
+/// Documented twice, with different spellings of the same 512 bytes: HIXL's
+/// `src/llm_datadist/comm_adapter/comm_types.h` declares this layout with
+/// `HCCL_MEM_DESC_LENGTH = 504`; hcomm's public `hccl_one_sided_services.h` declares
+/// `{char desc[HCCL_MEM_DESC_LENGTH + 1];}` with `HCCL_MEM_DESC_LENGTH = 511` (opaque to the
+/// caller), and reads it internally as `HcclMemDescData {u32 localRankId; u32 remoteRankId;
+/// char memDesc[511 + 1 - 8]}`, this layout. Same size, so arrays of them agree too.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct HcclMemDesc {
+    /// The rank that posts the descriptor.
+    pub(crate) local_rank: u32,
+    /// The rank it is for.
+    pub(crate) remote_rank: u32,
+    /// NUL-terminated text (LLM-DataDist writes JSON).
+    pub(crate) desc: [c_char; HCCL_MEM_DESC_TEXT],
+}
+
+/// `HcclMemDescs`: `{HcclMemDesc *array; u32 arrayLength;}`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HcclMemDescs {
+    /// The descriptors.
+    pub(crate) array: *mut HcclMemDesc,
+    /// How many (in: the array's capacity for the remote side).
+    pub(crate) array_length: u32,
+}
+
+/// `HcclResult HcclExchangeMemDesc(HcclComm comm, u32 remoteRank, HcclMemDescs *local,
+/// int timeout, HcclMemDescs *remote, u32 *actualNum)`.
+pub(crate) type ExchangeMemDescFn = unsafe extern "C" fn(
+    HcclComm,
+    u32,
+    *mut HcclMemDescs,
+    c_int,
+    *mut HcclMemDescs,
+    *mut u32,
+) -> HcclResult;
+
 /// The 24 reserved leading bytes of `HcclCommConfig` as `HcclCommConfigInit` fills them
 /// (`{size_t configSize; uint32_t magicWord; uint32_t version; uint64_t reserved;}`).
 ///
@@ -246,6 +290,11 @@ const _: () = {
     assert!(offset_of!(HcclCommConfig, rdma_service_level) == 296);
     assert!(offset_of!(HcclCommConfig, tail) == 300);
     assert!(HCCL_COMM_CONFIG_V5_SIZE == 304);
+    assert!(size_of::<HcclMemDesc>() == 512);
+    assert!(offset_of!(HcclMemDesc, remote_rank) == 4);
+    assert!(offset_of!(HcclMemDesc, desc) == 8);
+    assert!(size_of::<HcclMemDescs>() == 16);
+    assert!(offset_of!(HcclMemDescs, array_length) == 8);
     assert!(size_of::<usize>() == 8);
 };
 
@@ -283,6 +332,10 @@ pub(crate) struct HcclApi {
         unsafe extern "C" fn(HcclComm, u32, *mut HcclOneSideOpDesc, u32, AclrtStream) -> HcclResult,
     /// `HcclResult HcclCommDestroy(HcclComm comm)`.
     pub(crate) comm_destroy: unsafe extern "C" fn(HcclComm) -> HcclResult,
+    /// `HcclExchangeMemDesc` (LLM-DataDist's explicit-rank-table link), where the library has
+    /// it: optional, so that an HCCL without it still serves the engine; calling it without is
+    /// [`Error::LibraryUnavailable`] (see [`HcclApi::exchange_mem_desc`]).
+    exchange_mem_desc: Option<ExchangeMemDescFn>,
     lib: Library,
 }
 
@@ -314,6 +367,9 @@ impl HcclApi {
             batch_get = "HcclBatchGet",
             comm_destroy = "HcclCommDestroy",
         );
+        // SAFETY: `ExchangeMemDescFn` is spelled from the C declaration of the symbol (see the
+        // type), and the pointer is stored next to the `Library` that keeps it valid.
+        let exchange_mem_desc = unsafe { lib.sym::<ExchangeMemDescFn>("HcclExchangeMemDesc") }.ok();
         Ok(Self {
             register_global_mem,
             deregister_global_mem,
@@ -324,8 +380,24 @@ impl HcclApi {
             batch_put,
             batch_get,
             comm_destroy,
+            exchange_mem_desc,
             lib,
         })
+    }
+
+    /// `HcclExchangeMemDesc`, or [`Error::LibraryUnavailable`] naming it when the library has
+    /// none (CANN before hcomm's one-sided descriptor exchange).
+    ///
+    /// # Errors
+    /// As said.
+    pub(crate) fn exchange_mem_desc(&self) -> Result<ExchangeMemDescFn, Error> {
+        self.exchange_mem_desc
+            .ok_or_else(|| Error::LibraryUnavailable {
+                library: self.lib.name().to_owned(),
+                why: "missing symbol HcclExchangeMemDesc (LLM-DataDist's explicit-rank-table link \
+                      needs it)"
+                    .into(),
+            })
     }
 
     /// The name the library was opened by.
@@ -379,6 +451,25 @@ mod tests {
         let acl = crate::device::ffi::AclApi::load(Some(&so)).expect("ACL symbols");
         let hccl = HcclApi::load(Some(&so)).expect("HCCL symbols");
         assert_eq!(acl.library(), hccl.library());
+        let _ = std::fs::remove_file(so);
+    }
+
+    #[test]
+    fn exchange_mem_desc_is_optional_and_typed_when_missing() {
+        // libc has none of HCCL's symbols: the table does not load at all
+        assert!(HcclApi::load(Some(Path::new("libc.so.6"))).is_err());
+        let so = crate::device::double::test_instance("ffi-exchange");
+        let mut hccl = HcclApi::load(Some(&so)).expect("HCCL symbols");
+        assert!(hccl.exchange_mem_desc().is_ok(), "the double has it");
+        // an HCCL without it (as CANN before hcomm's descriptor exchange) still loads; the
+        // call is a typed error, never a panic
+        hccl.exchange_mem_desc = None;
+        let e = hccl.exchange_mem_desc().unwrap_err();
+        assert!(
+            matches!(&e, Error::LibraryUnavailable { why, .. } if why.contains("HcclExchangeMemDesc")),
+            "{e:?}"
+        );
+        assert_eq!(e.status(), Status::UNSUPPORTED);
         let _ = std::fs::remove_file(so);
     }
 

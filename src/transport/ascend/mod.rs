@@ -13,6 +13,7 @@ pub(crate) mod ffi;
 pub(crate) mod hccl;
 pub(crate) mod link;
 pub(crate) mod options;
+pub(crate) mod rank_link;
 mod rank_table;
 
 pub(crate) use backend::AscendBackend;

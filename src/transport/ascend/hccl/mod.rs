@@ -14,10 +14,11 @@
 //! with the last one.
 //!
 //! Files: `mem` (the per-process registry of global memory, [`GlobalMem`]), `comm`
-//! (communicators, [`Comm`] and [`CommConfig`]); this file has the loaded library, the error
-//! mapping and the batched transfer.
+//! (communicators, [`Comm`] and [`CommConfig`]), `exchange` (`HcclExchangeMemDesc`); this file
+//! has the loaded library, the error mapping and the batched transfer.
 
 mod comm;
+mod exchange;
 mod mem;
 
 use std::ffi::c_void;
