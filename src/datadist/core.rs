@@ -1135,8 +1135,11 @@ fn set_device(id: i32) -> Result<()> {
                 .map_err(|e| Error::new(LlmStatus::LLM_FAILED, e.to_string()));
             // the library stays loaded, as upstream's does: ACL keeps the thread's current
             // device in it, so unloading it here (the last handle, when the caller has not
-            // loaded ACL itself) would forget the device just set before the engine reads it
-            std::mem::forget(acl);
+            // loaded ACL itself) would forget the device just set before the engine reads it.
+            // Kept in a static (reachable, so not a leak to LeakSanitizer): later loads of the
+            // same library share its handle
+            static KEPT: std::sync::OnceLock<crate::device::acl::Acl> = std::sync::OnceLock::new();
+            let _ = KEPT.get_or_init(|| acl);
             r
         }
         Err(_) => Ok(()),
