@@ -587,6 +587,32 @@ impl Inbound {
         Ok(true)
     }
 
+    /// The header of the next frame once the whole frame is in (reading what `sock` has now,
+    /// without waiting): `Ok(None)` while bytes are missing. A header that does not decode, or
+    /// that declares more than `limit` bytes (`what` names the limit), is `Some(Err)` at once,
+    /// before anything is allocated for its payload. The frame stays in the buffer.
+    pub fn frame_ready(
+        &mut self,
+        sock: &Sock,
+        limit: u32,
+        what: &'static str,
+    ) -> io::Result<Option<Result<wire::Header, WireError>>> {
+        if !self.fill_now(sock, wire::HEADER_LEN)? {
+            return Ok(None);
+        }
+        let h: [u8; wire::HEADER_LEN] = self.peek(wire::HEADER_LEN).try_into().expect("header");
+        let h = match wire::decode_header(&h) {
+            Ok(h) if h.len > limit => {
+                let (got, limit) = (h.len.into(), limit.into());
+                return Ok(Some(Err(WireError::OverLimit { what, got, limit })));
+            }
+            Ok(h) => h,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        let all = self.fill_now(sock, wire::HEADER_LEN + h.len as usize)?;
+        Ok(all.then_some(Ok(h)))
+    }
+
     /// The next `n` buffered bytes, left in the buffer (`n` must be buffered).
     pub fn peek(&self, n: usize) -> &[u8] {
         &self.buf[self.start..self.start + n]

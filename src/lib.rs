@@ -159,6 +159,18 @@ pub mod testkit;
 mod transfer;
 mod transport;
 mod types;
+// The serving engine's handshake, a state machine that owns no socket: public for its fuzz
+// target over whole frame sequences, hidden from the docs and not part of the semver surface.
+#[doc(hidden)]
+pub mod handshake {
+    pub use crate::runtime::control::handshake::{Admission, Handshake, Refusal, Step};
+    pub use crate::runtime::control::limits::MAX_HANDSHAKE_FRAME;
+
+    /// A client's AUTH proof (what an honest client answers a CHALLENGE with).
+    pub fn client_proof(key: &crate::Psk, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
+        key.client_proof(cn, sn, name)
+    }
+}
 // The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
 // from the docs and not part of the semver surface (the protocol is versioned on the wire).
 #[doc(hidden)]

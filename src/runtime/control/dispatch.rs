@@ -600,36 +600,12 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
     }
 }
 
-/// The header of a connection's next frame once the whole frame is in (reading what has come,
-/// without waiting): `Ok(None)` while bytes are missing. A header that does not decode, or that
-/// declares more than `limit` bytes (`what` names the limit), is `Some(Err)` at once, before
-/// anything is allocated for its payload. The frame stays in `inb`.
-pub(super) fn whole_frame(
-    inb: &mut Inbound,
-    sock: &Sock,
-    limit: u32,
-    what: &'static str,
-) -> io::Result<Option<Result<wire::Header, WireError>>> {
-    if !inb.fill_now(sock, wire::HEADER_LEN)? {
-        return Ok(None);
-    }
-    let h: [u8; wire::HEADER_LEN] = inb.peek(wire::HEADER_LEN).try_into().expect("header");
-    let h = match wire::decode_header(&h) {
-        Ok(h) if h.len > limit => {
-            let (got, limit) = (h.len.into(), limit.into());
-            return Ok(Some(Err(WireError::OverLimit { what, got, limit })));
-        }
-        Ok(h) => h,
-        Err(e) => return Ok(Some(Err(e))),
-    };
-    let all = inb.fill_now(sock, wire::HEADER_LEN + h.len as usize)?;
-    Ok(all.then_some(Ok(h)))
-}
-
 /// Whether a lane's next frame is all in (reading what has come, without waiting); a header
 /// that does not decode counts as in: the worker refuses it.
 pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
-    Ok(whole_frame(inb, sock, wire::MAX_FRAME, "frame length")?.is_some())
+    Ok(inb
+        .frame_ready(sock, wire::MAX_FRAME, "frame length")?
+        .is_some())
 }
 
 /// How long a worker that just served a request waits for the lane's next one (when no other

@@ -40,7 +40,7 @@ pub(crate) const PROTOCOL_VIOLATION: Status = Status::FAILED;
 
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
-pub(crate) const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
+pub const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
 
 /// The bounds a serving engine keeps (see [`Options`](crate::Options) for each default).
 #[derive(Debug, Clone, Copy)]

@@ -18,14 +18,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, Job, Lane};
+use super::conn::{Conn, Job, Lane, Ready};
 use super::dispatch;
-use super::handshake::{Handshake, Step};
+use super::handshake::{Admission, Handshake, Refusal, Step};
 use super::limits::{self, Candidate};
 use super::server::ServerShared;
 use crate::error::Status;
-use crate::io::Sock;
+use crate::io::{Inbound, Sock};
+use crate::process::Pinned;
+use crate::runtime::revoke::fence::{ServerFence, Slot};
 use crate::sync::lock;
+use crate::wire::{self, Hello};
 
 const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
@@ -93,12 +96,20 @@ impl Epoll {
     }
 }
 
+/// A connection in its handshake: the socket the poller reads and answers, what came of the
+/// client's next frame, and the handshake's state.
+struct Greeting {
+    conn: Conn,
+    inb: Inbound,
+    hs: Box<Handshake>,
+}
+
 /// The poller's state: everything it holds between events.
 struct Poller {
     shared: Arc<ServerShared>,
     epoll: Epoll,
     listener: TcpListener,
-    handshakes: HashMap<u64, Box<Handshake>>,
+    handshakes: HashMap<u64, Box<Greeting>>,
     idle: HashMap<u64, Box<Lane>>,
     /// Idle lanes whose next frame has started, and when its whole frame is due.
     started: HashMap<u64, Instant>,
@@ -173,7 +184,7 @@ impl Poller {
     /// How long to wait for events: until the first handshake deadline, or the end of an
     /// accept pause.
     fn next_timeout(&self) -> Option<Duration> {
-        let first = (self.handshakes.values().map(|h| h.deadline))
+        let first = (self.handshakes.values().map(|g| g.hs.deadline))
             .chain(self.started.values().copied())
             .min();
         let until = match (first, self.paused) {
@@ -223,19 +234,20 @@ impl Poller {
         if full {
             let keyed = sh.psk.is_some();
             let cands: Vec<Candidate> = (self.handshakes.iter())
-                .map(|(&id, h)| Candidate {
+                .map(|(&id, g)| Candidate {
                     id,
-                    peer: h.conn.from.ip(),
-                    progress: h.progress(keyed),
-                    since: h.since,
+                    peer: g.conn.from.ip(),
+                    progress: g.hs.progress(keyed),
+                    since: g.hs.since,
                 })
                 .collect();
             match limits::make_room(&cands, from.ip(), l) {
                 Ok(None) => {}
                 Ok(Some(victim)) => {
-                    if let Some(h) = self.handshakes.remove(&victim) {
+                    if let Some(g) = self.handshakes.remove(&victim) {
                         let told = "handshake cut to make room for others";
-                        h.refuse(sh, Status::RESOURCE_EXHAUSTED, told, told);
+                        let r = Refusal::new(Status::RESOURCE_EXHAUSTED, told, told);
+                        refuse(sh, &g.conn, &r);
                     }
                 }
                 Err(why) => {
@@ -257,26 +269,22 @@ impl Poller {
             tracing::debug!(parent: &sh.span, error = %e, "cannot poll a connection");
             return;
         }
-        let deadline = Instant::now() + sh.io_timeout;
+        let now = Instant::now();
+        let g = Greeting {
+            conn,
+            // handshake frames are small: so is the buffer until the client is welcomed
+            inb: Inbound::with_capacity(256),
+            hs: Box::new(Handshake::new(now, now + sh.io_timeout)),
+        };
         // an honest client's HELLO is usually in by the time its connection is accepted: taken
         // now, before any later connection could make it give up its place
-        self.handshakes
-            .insert(id, Box::new(Handshake::new(conn, deadline)));
-        self.ready(id);
+        self.greet(id, g);
     }
 
     /// Connection `id` has input (or hung up).
     fn ready(&mut self, id: u64) {
-        if let Some(h) = self.handshakes.remove(&id) {
-            match h.step(&self.shared) {
-                Step::Wait(h) => {
-                    if self.epoll.rearm(h.conn.as_raw_fd(), id).is_ok() {
-                        self.handshakes.insert(id, h);
-                    }
-                }
-                Step::Done(ready) => self.submit(Job::Open(ready)),
-                Step::End => {}
-            }
+        if let Some(g) = self.handshakes.remove(&id) {
+            self.greet(id, *g);
         } else if self.idle.get(&id).is_some_and(|l| l.parked.is_some()) {
             // its parked request's socket is ready (or failed): a worker goes on with it
             self.started.remove(&id);
@@ -351,17 +359,13 @@ impl Poller {
     fn expire(&mut self) {
         let now = Instant::now();
         let late: Vec<u64> = (self.handshakes.iter())
-            .filter(|(_, h)| h.deadline <= now)
+            .filter(|(_, g)| g.hs.deadline <= now)
             .map(|(&id, _)| id)
             .collect();
         for id in late {
-            if let Some(h) = self.handshakes.remove(&id) {
-                h.refuse(
-                    &self.shared,
-                    Status::TIMEOUT,
-                    "handshake timed out",
-                    "timed out",
-                );
+            if let Some(g) = self.handshakes.remove(&id) {
+                let r = Refusal::new(Status::TIMEOUT, "handshake timed out", "timed out");
+                refuse(&self.shared, &g.conn, &r);
             }
         }
         if self.started.values().any(|&t| t <= now) {
@@ -403,4 +407,122 @@ impl Poller {
     fn submit(&self, job: Job) {
         dispatch::submit(&self.shared, job);
     }
+
+    /// Reads what a handshake's client sent and answers it, as far as it goes without waiting:
+    /// the handshake decides ([`Handshake::on_frame`]), the poller moves the bytes and runs the
+    /// same-host proof.
+    fn greet(&mut self, id: u64, g: Greeting) {
+        let Greeting {
+            conn,
+            mut inb,
+            mut hs,
+        } = g;
+        let what = "handshake frame length";
+        loop {
+            let len = match inb.frame_ready(&conn.sock, limits::MAX_HANDSHAKE_FRAME, what) {
+                Ok(None) => {
+                    if self.epoll.rearm(conn.as_raw_fd(), id).is_ok() {
+                        self.handshakes
+                            .insert(id, Box::new(Greeting { conn, inb, hs }));
+                    }
+                    return;
+                }
+                Ok(Some(Ok(h))) => h,
+                Ok(Some(Err(e))) => return refuse(&self.shared, &conn, &Refusal::violation(&e)),
+                Err(e) => {
+                    tracing::trace!(parent: &self.shared.span, from = %conn.from, error = %e, "handshake ended");
+                    return;
+                }
+            };
+            inb.take(wire::HEADER_LEN);
+            let adm = self.admission(&conn);
+            match hs.on_frame(len.kind, inb.take(len.len as usize), &adm) {
+                Step::Send(frame, next) => {
+                    // a few dozen bytes into a send buffer that is empty this early
+                    if conn.sock.send_now(&frame).is_err() {
+                        return;
+                    }
+                    hs = next;
+                }
+                Step::Prove { hello, fd, nonce } => {
+                    let fence = self.proven(&conn, &hello, fd, &nonce);
+                    return self.finish(conn, inb, hello, fence);
+                }
+                Step::Done(hello) => return self.finish(conn, inb, hello, None),
+                Step::Refuse(r) => return refuse(&self.shared, &conn, &r),
+            }
+        }
+    }
+
+    /// What a handshake on `conn` is checked against now.
+    fn admission<'a>(&'a self, conn: &Conn) -> Admission<'a> {
+        let sh = &self.shared;
+        let fence_room = lock(&sh.fences)
+            .as_ref()
+            .is_some_and(|_| sh.fenced.load(Ordering::SeqCst) < sh.limits.max_fenced());
+        Admission {
+            psk: sh.psk.as_ref(),
+            allow: sh.allow.as_deref(),
+            host: sh.host,
+            fence_room,
+            client: conn.from,
+            // what a keyed HELLO's nonce vouches for (a system call, only with a key)
+            server: sh
+                .psk
+                .as_ref()
+                .and_then(|_| conn.sock.stream.local_addr().ok()),
+        }
+    }
+
+    /// The fence of a client that proved it is the process it named (`nonce` in its
+    /// descriptor `fd`), if the budget has room; `None` serves it over TCP.
+    fn proven(&self, conn: &Conn, hello: &Hello, fd: u64, nonce: &[u8; 32]) -> Option<ServerFence> {
+        let sh = &self.shared;
+        let client = hello.host.as_ref()?;
+        let fd = i32::try_from(fd).ok()?;
+        let slot = Slot::take(&sh.fenced, sh.limits.max_fenced())?;
+        let why = match Pinned::open(client) {
+            Ok(pin) => match pin.holds(fd, nonce) {
+                Ok(true) => match ServerFence::for_pinned(pin, Some(slot)) {
+                    Ok(f) => return Some(f),
+                    Err(e) => format!("no fence: {e}"),
+                },
+                Ok(false) => "the descriptor is not a sealed memfd holding the nonce".to_owned(),
+                Err(e) => format!("cannot take the client's descriptor: {e}"),
+            },
+            Err(e) => format!("cannot pin the client process: {e}"),
+        };
+        tracing::debug!(parent: &sh.span, from = %conn.from, why, "same-host proof failed; serving the client over tcp");
+        None
+    }
+
+    /// The end of a handshake: counted as an established lane, handed to a worker that opens
+    /// or joins its link.
+    fn finish(&self, conn: Conn, inb: Inbound, hello: Box<Hello>, fence: Option<ServerFence>) {
+        let sh = &self.shared;
+        if let Err(why) = lock(&sh.conns).establish(conn.id, &sh.limits) {
+            return refuse(
+                sh,
+                &conn,
+                &Refusal::new(Status::RESOURCE_EXHAUSTED, why, why),
+            );
+        }
+        let same_host = matches!((&hello.host, &sh.host), (Some(c), Some(s)) if c.same_host(s));
+        let on_this_host = crate::io::peer_on_this_host(&conn.sock.stream);
+        self.submit(Job::Open(Box::new(Ready {
+            conn,
+            inb,
+            hello,
+            fence,
+            same_host,
+            on_this_host,
+        })));
+    }
+}
+
+/// Tells a handshake's client why it is refused (if its send buffer takes it now) before the
+/// connection closes; the log says why.
+fn refuse(shared: &ServerShared, conn: &Conn, r: &Refusal) {
+    let _ = conn.sock.send_now(&r.frame());
+    tracing::debug!(parent: &shared.span, from = %conn.from, why = %r.why, "handshake refused");
 }
