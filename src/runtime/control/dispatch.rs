@@ -9,18 +9,16 @@
 //! length is trusted before it is checked.
 
 use super::conn::{Job, Lane, Ready};
-use super::server::{Held, LinkRec, ServerShared};
+use super::server::{Held, JoinFail, ServerShared};
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
 use crate::runtime::transports::{Pending, Then, XferServer};
-use crate::sync::lock;
 use crate::transport::{Accept, AcceptFail};
 use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
-use std::collections::HashSet;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a serving thread polls for the next request before sleeping: back-to-back small
@@ -249,37 +247,16 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                     }
                 }
             };
-            let mut links = lock(&shared.links);
             // a new link from the same client engine (name and instance) replaces its old one,
-            // whose lanes may linger; clients are told apart by name *and* instance, since many
-            // client-only engines on one host share the name of its address
-            let stale: Vec<u64> = links
-                .iter()
-                .filter(|(_, l)| l.client == hello.name && l.instance == hello.instance)
-                .map(|(t, _)| *t)
-                .collect();
-            let mut retired = Vec::new();
-            for t in stale {
-                if let Some(old) = links.remove(&t) {
-                    tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
-                        instance = old.instance, "replacing the old link of a reconnecting client");
-                    old.retire(shared);
-                    retired.push(old);
-                }
+            // whose lanes may linger
+            let (member, retired) =
+                shared
+                    .links
+                    .open(token, &hello, id, fence.clone(), &shared.conns);
+            for old in &retired {
+                tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
+                    instance = old.instance, "replacing the old link of a reconnecting client");
             }
-            let rec = LinkRec {
-                client: hello.name.clone(),
-                instance: hello.instance,
-                conns: HashSet::from([id]),
-                live: Arc::new(AtomicBool::new(true)),
-                busy: Arc::new(AtomicUsize::new(0)),
-                paths: Vec::new(),
-                fence: fence.clone(),
-                orphaned: None,
-            };
-            let (live, busy) = (rec.live.clone(), rec.busy.clone());
-            links.insert(token, rec);
-            drop(links);
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {
@@ -297,31 +274,20 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                 }
             }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
-            (token, live, busy, fence)
+            (token, member.live, member.busy, fence)
         }
         LaneRole::Join => {
-            let mut links = lock(&shared.links);
-            match links.get_mut(&hello.token) {
-                Some(l)
-                    if l.instance == hello.instance
-                        && l.client == hello.name
-                        && l.conns.len() < shared.limits.max_lanes_per_link =>
-                {
-                    l.conns.insert(id);
-                    if l.orphaned.take().is_some() {
-                        shared.notifies.link_reopened(hello.token);
-                    }
-                    (hello.token, l.live.clone(), l.busy.clone(), None)
-                }
-                Some(l) if l.instance == hello.instance && l.client == hello.name => {
-                    drop(links);
+            let reopened = || shared.notifies.link_reopened(hello.token);
+            let max = shared.limits.max_lanes_per_link;
+            match shared.links.join(&hello, id, max, reopened) {
+                Ok(m) => (hello.token, m.live, m.busy, None),
+                Err(JoinFail::Full) => {
                     let why = "too many lanes on this link";
                     let st = Status::RESOURCE_EXHAUSTED;
                     refused(&mut conn.sock, &mut out, st, why, why, io_deadline());
                     return None;
                 }
-                _ => {
-                    drop(links);
+                Err(JoinFail::Unknown) => {
                     let st = Status::NOT_CONNECTED;
                     let why = "join to an unknown link";
                     refused(
@@ -531,19 +497,8 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
                 if !p.is_empty() {
                     return Next::End(ConnEnd::Protocol(WireError::Trailing(p.len())));
                 }
-                let rec = lock(&shared.links).remove(&token);
-                if let Some(rec) = rec {
-                    rec.live.store(false, Ordering::SeqCst);
-                    let conns = lock(&shared.conns);
-                    for c in (rec.conns.iter())
-                        .filter(|&&c| c != conn.id)
-                        .filter_map(|c| conns.get(c))
-                    {
-                        Sock::shutdown(c);
-                    }
-                    drop(conns);
-                    tracing::debug!(parent: &shared.span, client = %rec.client, "link closed by client");
-                    drop(rec);
+                if let Some(client) = shared.links.close(token, conn.id, &shared.conns) {
+                    tracing::debug!(parent: &shared.span, %client, "link closed by client");
                     shared.prune_fences();
                 }
                 // the acknowledgement goes if the socket takes it now; the lane ends anyway
@@ -561,9 +516,7 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
                     return Next::End(violation(sock, out, e, deadline));
                 }
                 asked.push(k);
-                let fenced = lock(&shared.links)
-                    .get(&token)
-                    .is_some_and(|l| l.fence.is_some());
+                let fenced = shared.links.fenced(token);
                 let accepted = b.accept(Accept {
                     me: &shared.name,
                     client,
@@ -573,12 +526,7 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
                     send: &mut |f| sock.send_bytes(f, deadline),
                 });
                 match accepted {
-                    Ok(Some(side)) => {
-                        let mut links = lock(&shared.links);
-                        if let Some(l) = links.get_mut(&token) {
-                            l.paths.push(side);
-                        }
-                    }
+                    Ok(Some(side)) => shared.links.add_path(token, side),
                     Ok(None) => {}
                     Err(AcceptFail::Io(e)) => return Next::End(ConnEnd::Io(e)),
                     Err(AcceptFail::Violation(e)) => {
@@ -692,34 +640,15 @@ pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
 
 /// Takes connection `id` out of link `token`.
 fn forget(shared: &ServerShared, id: u64, token: u64, end: &ConnEnd) {
-    let mut links = lock(&shared.links);
-    let mut released = None;
-    let emptied = match links.get_mut(&token) {
-        Some(l) => {
-            l.conns.remove(&id);
-            // its last lane: the link is kept a while for its client to rejoin (a client
-            // that cancels a running request closes that request's lane, maybe its only
-            // one); its pending notifications start their grace now. Its fence goes now:
-            // an orphaned link holds no descriptor
-            let last = l.conns.is_empty() && !matches!(end, ConnEnd::Bye);
-            if last {
-                l.orphaned = Some(std::time::Instant::now());
-                released = l.fence.take();
-            }
-            last
-        }
-        None => false, // closed by BYE or replaced
-    };
-    // fences of links that go are revoked as their records go
-    let gone = shared.prune_orphans(&mut links);
-    drop(links);
-    if let Some(f) = released {
+    let bye = matches!(end, ConnEnd::Bye);
+    let left = shared.links.leave(id, token, bye, shared.orphan_grace());
+    if let Some(f) = left.fence {
         f.revoke();
     }
-    if emptied {
+    if left.emptied {
         shared.notifies.link_closed(token);
     }
-    for t in gone {
+    for t in left.gone {
         shared.notifies.link_closed(t);
     }
     shared.prune_fences();

@@ -25,7 +25,7 @@ use crate::sync::lock;
 use crate::types::HostId;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
-use crate::wire::{self, TableEntry};
+use crate::wire::{self, Hello, TableEntry};
 
 /// The region table a serving engine exposes, sorted by region id. Regions come and go while it
 /// serves only through the compat engine (HIXL registers and deregisters while linked): each
@@ -241,7 +241,7 @@ pub(super) struct LinkRec {
 
 /// At most this many links without a lane are kept for their client to rejoin; beyond it the
 /// oldest go first.
-pub(super) const MAX_ORPHANS: usize = 1024;
+const MAX_ORPHANS: usize = 1024;
 
 /// Removes the links without a lane that have had none for `grace`, and the oldest beyond `max`;
 /// returns their tokens. Links with a lane are never removed.
@@ -276,9 +276,9 @@ impl Drop for LinkRec {
 impl LinkRec {
     /// Stops the link's lanes: they apply no request after this returns, except those already
     /// being applied, which [`LinkRec::drain`] waits for.
-    pub(super) fn retire(&self, shared: &ServerShared) {
+    fn retire(&self, conns: &Mutex<ConnTable>) {
         self.live.store(false, Ordering::SeqCst);
-        let conns = lock(&shared.conns);
+        let conns = lock(conns);
         for c in self.conns.iter().filter_map(|c| conns.get(c)) {
             Sock::shutdown(c);
         }
@@ -293,6 +293,173 @@ impl LinkRec {
             std::thread::sleep(Duration::from_micros(200));
         }
         true
+    }
+}
+
+/// What a lane holds of its link: the flag that says the link is live, and the count of its
+/// requests being applied.
+pub(super) struct Member {
+    pub(super) live: Arc<AtomicBool>,
+    pub(super) busy: Arc<AtomicUsize>,
+}
+
+impl Member {
+    fn of(l: &LinkRec) -> Self {
+        Self {
+            live: l.live.clone(),
+            busy: l.busy.clone(),
+        }
+    }
+}
+
+/// Why a lane cannot join a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum JoinFail {
+    /// No link of this client has the token.
+    Unknown,
+    /// The link has its most lanes.
+    Full,
+}
+
+/// What a lane's leaving did to the registry.
+#[derive(Default)]
+pub(super) struct Left {
+    /// The fence of a link that lost its last lane: the caller revokes it (outside the lock).
+    pub(super) fence: Option<Arc<ServerFence>>,
+    /// The lane was its link's last: the link is kept a while for its client to rejoin.
+    pub(super) emptied: bool,
+    /// Links forgotten (orphaned past the grace, or beyond [`MAX_ORPHANS`]).
+    pub(super) gone: Vec<u64>,
+}
+
+/// The link registry: every link a server serves (or keeps for its client to rejoin), by
+/// token. Its methods are the only place it is edited, and the only place it is locked.
+#[derive(Default)]
+pub(crate) struct Links(Mutex<HashMap<u64, LinkRec>>);
+
+impl Links {
+    /// Opens link `token` for `hello`'s client, with lane `id` and `fence`. The client's old
+    /// links (same name *and* instance: many client-only engines on one host share the name
+    /// of its address) are taken out and retired first (their lanes shut through `conns`):
+    /// returned, for the caller to drain before it welcomes the new link.
+    pub(super) fn open(
+        &self,
+        token: u64,
+        hello: &Hello,
+        id: u64,
+        fence: Option<Arc<ServerFence>>,
+        conns: &Mutex<ConnTable>,
+    ) -> (Member, Vec<LinkRec>) {
+        let mut links = lock(&self.0);
+        let stale: Vec<u64> = (links.iter())
+            .filter(|(_, l)| l.client == hello.name && l.instance == hello.instance)
+            .map(|(t, _)| *t)
+            .collect();
+        let mut retired = Vec::new();
+        for t in stale {
+            if let Some(old) = links.remove(&t) {
+                old.retire(conns);
+                retired.push(old);
+            }
+        }
+        let rec = LinkRec {
+            client: hello.name.clone(),
+            instance: hello.instance,
+            conns: HashSet::from([id]),
+            live: Arc::new(AtomicBool::new(true)),
+            busy: Arc::new(AtomicUsize::new(0)),
+            paths: Vec::new(),
+            fence,
+            orphaned: None,
+        };
+        let member = Member::of(&rec);
+        links.insert(token, rec);
+        (member, retired)
+    }
+
+    /// Joins lane `id` to the link `hello` names (its token, client name and instance), if it
+    /// has fewer than `max_lanes`; `reopened` runs (under the registry's lock) when the link had
+    /// no lane and its client is back.
+    pub(super) fn join(
+        &self,
+        hello: &Hello,
+        id: u64,
+        max_lanes: usize,
+        reopened: impl FnOnce(),
+    ) -> Result<Member, JoinFail> {
+        let mut links = lock(&self.0);
+        match links.get_mut(&hello.token) {
+            Some(l) if l.instance == hello.instance && l.client == hello.name => {
+                if l.conns.len() >= max_lanes {
+                    return Err(JoinFail::Full);
+                }
+                l.conns.insert(id);
+                if l.orphaned.take().is_some() {
+                    reopened();
+                }
+                Ok(Member::of(l))
+            }
+            _ => Err(JoinFail::Unknown),
+        }
+    }
+
+    /// Closes link `token` (its client said BYE on lane `id`): it applies nothing more, its
+    /// other lanes are shut (through `conns`), its fence is revoked. Returns its client's name.
+    pub(super) fn close(&self, token: u64, id: u64, conns: &Mutex<ConnTable>) -> Option<String> {
+        let rec = lock(&self.0).remove(&token)?;
+        rec.live.store(false, Ordering::SeqCst);
+        let conns = lock(conns);
+        for c in (rec.conns.iter())
+            .filter(|&&c| c != id)
+            .filter_map(|c| conns.get(c))
+        {
+            Sock::shutdown(c);
+        }
+        drop(conns);
+        Some(rec.client.clone())
+    }
+
+    /// Whether link `token` has a fence (its client proved it is on this host).
+    pub(super) fn fenced(&self, token: u64) -> bool {
+        lock(&self.0).get(&token).is_some_and(|l| l.fence.is_some())
+    }
+
+    /// Keeps a transport's server side of link `token` (dropped with the link).
+    pub(super) fn add_path(&self, token: u64, side: Box<dyn std::any::Any + Send>) {
+        if let Some(l) = lock(&self.0).get_mut(&token) {
+            l.paths.push(side);
+        }
+    }
+
+    /// Takes lane `id` out of link `token`. A link that lost its last lane (not by BYE) is
+    /// kept for `grace` for its client to rejoin, without its fence (returned, for the caller
+    /// to revoke); orphans past the grace, and the oldest beyond [`MAX_ORPHANS`], are forgotten.
+    pub(super) fn leave(&self, id: u64, token: u64, bye: bool, grace: Duration) -> Left {
+        let mut links = lock(&self.0);
+        let mut left = Left::default();
+        if let Some(l) = links.get_mut(&token) {
+            l.conns.remove(&id);
+            // its last lane: the link is kept a while for its client to rejoin (a client
+            // that cancels a running request closes that request's lane, maybe its only
+            // one); its pending notifications start their grace now. Its fence goes now:
+            // an orphaned link holds no descriptor
+            if l.conns.is_empty() && !bye {
+                l.orphaned = Some(Instant::now());
+                left.fence = l.fence.take();
+                left.emptied = true;
+            }
+        } // else: closed by BYE or replaced
+        // fences of links that go are revoked as their records go
+        left.gone = prune_orphans(&mut links, grace, MAX_ORPHANS);
+        left
+    }
+
+    /// How many links have a lane now.
+    pub(super) fn served(&self) -> usize {
+        lock(&self.0)
+            .values()
+            .filter(|l| l.orphaned.is_none())
+            .count()
     }
 }
 
@@ -313,7 +480,7 @@ pub(crate) struct ServerShared {
     pub(super) lingering: AtomicUsize,
     /// Every connection, from accept until its thread ends, with the counts [`Limits`] bound.
     pub(super) conns: Mutex<ConnTable>,
-    pub(super) links: Mutex<HashMap<u64, LinkRec>>,
+    pub(super) links: Links,
     pub(super) next_id: AtomicU64,
     pub(super) notifies: Arc<NotifyQueue>,
     /// This process, offered to same-host clients (`None`: same-host transfers are off).
@@ -343,12 +510,6 @@ impl ServerShared {
     /// How long a link without a lane is kept for its client to rejoin: the I/O timeout.
     pub(super) fn orphan_grace(&self) -> Duration {
         self.io_timeout
-    }
-
-    /// Forgets links that have had no lane for longer than the grace, and the oldest ones
-    /// beyond [`MAX_ORPHANS`]; returns their tokens.
-    pub(super) fn prune_orphans(&self, links: &mut HashMap<u64, LinkRec>) -> Vec<u64> {
-        prune_orphans(links, self.orphan_grace(), MAX_ORPHANS)
     }
 
     /// Forgets fences that are revoked and settled: their clients start no batch and have
@@ -420,7 +581,7 @@ impl Server {
             active: AtomicUsize::new(0),
             lingering: AtomicUsize::new(0),
             conns: Mutex::new(ConnTable::default()),
-            links: Mutex::new(HashMap::new()),
+            links: Links::default(),
             next_id: AtomicU64::new(super::poller::FIRST_ID),
             notifies: cfg.notifies,
             host: cfg.host,
@@ -446,8 +607,7 @@ impl Server {
     /// How many client links are being served right now (links without a lane, kept for
     /// their client to rejoin, do not count).
     pub fn served_links(&self) -> usize {
-        let links = lock(&self.shared.links);
-        links.values().filter(|l| l.orphaned.is_none()).count()
+        self.shared.links.served()
     }
 
     /// The regions served now.
