@@ -163,8 +163,8 @@ mod types;
 // target over whole frame sequences, hidden from the docs and not part of the semver surface.
 #[doc(hidden)]
 pub mod handshake {
-    pub use crate::runtime::control::handshake::{Admission, Handshake, Refusal, Step};
-    pub use crate::runtime::control::limits::MAX_HANDSHAKE_FRAME;
+    pub use crate::runtime::serve::handshake::{Admission, Handshake, Refusal, Step};
+    pub use crate::runtime::serve::limits::MAX_HANDSHAKE_FRAME;
 
     /// A client's AUTH proof (what an honest client answers a CHALLENGE with).
     pub fn client_proof(key: &crate::Psk, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {

@@ -1,5 +1,5 @@
-//! TCP's serving half: XFER requests on a server's connection. The control plane's server
-//! (`runtime/control`) admits the connection, reads each frame and hands an XFER here: its
+//! TCP's serving half: XFER requests on a server's connection. The serving engine
+//! (`runtime/serve/`) admits the connection, reads each frame and hands an XFER here: its
 //! descriptors are checked against the served regions ([`Served`], the server's region table)
 //! before a byte moves, then the bytes go straight between the socket and registered memory (a
 //! WRITE's payload is received into it, a READ's reply is sent from it).

@@ -1,7 +1,7 @@
 //! The serving engine's one poller thread: it accepts connections, runs every handshake
 //! ([`handshake`](super::handshake)) and holds every idle lane, waiting on all of them at once
 //! (`epoll`). Threads go only to work: a completed handshake, or a lane whose next request has
-//! arrived, becomes a [`Job`] on the server's worker queue (at most
+//! arrived, becomes a [`Work`] on the server's worker queue (at most
 //! [`Limits::max_threads`](super::limits::Limits::max_threads) at once); a worker hands its lane
 //! back once no request follows. So a connection that says nothing, an idle lane, or a slow
 //! handshake costs a socket and a few hundred bytes, never a thread.
@@ -13,16 +13,17 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, Job, Lane, Ready};
-use super::dispatch;
+use super::conn::{Conn, ConnEnd, Established, Ready, Work, frame_in};
+use super::epoll::{Epoll, Token};
 use super::handshake::{Admission, Handshake, Refusal, Step};
 use super::limits::{self, Candidate};
-use super::server::ServerShared;
+use super::state::Shared;
+use super::worker;
 use crate::error::Status;
 use crate::io::{Inbound, Sock};
 use crate::process::Pinned;
@@ -30,71 +31,8 @@ use crate::runtime::revoke::fence::{ServerFence, Slot};
 use crate::sync::lock;
 use crate::wire::{self, Hello};
 
-const LISTENER: u64 = 0;
-const WAKE: u64 = 1;
-/// Connection ids (and epoll tokens) start here.
-pub(super) const FIRST_ID: u64 = 16;
 /// Most connections accepted per wake-up before the others get a turn.
 const ACCEPT_BURST: usize = 64;
-
-/// An epoll instance.
-struct Epoll(OwnedFd);
-
-impl Epoll {
-    fn new() -> io::Result<Self> {
-        // SAFETY: epoll_create1 takes flags; the result is checked.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a live epoll_event; the kernel checks both descriptors.
-        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// Watches `fd` for input (and hang-ups), one event at a time.
-    fn add_oneshot(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        let ev = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
-        self.ctl(libc::EPOLL_CTL_ADD, fd, token, ev)
-    }
-
-    /// Re-arms a one-shot `fd` after its event was handled, for input (and hang-ups).
-    fn rearm(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        self.rearm_for(fd, token, false)
-    }
-
-    /// Re-arms a one-shot `fd` for output (`out`) or input, and hang-ups.
-    fn rearm_for(&self, fd: RawFd, token: u64, out: bool) -> io::Result<()> {
-        let dir = if out { libc::EPOLLOUT } else { libc::EPOLLIN };
-        let ev = (dir | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
-        self.ctl(libc::EPOLL_CTL_MOD, fd, token, ev)
-    }
-
-    fn wait(&self, evs: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
-        let ms = timeout.map_or(-1, |t| {
-            // round up, so a deadline is not polled for again and again just before it passes
-            (t.as_micros().div_ceil(1000)).min(i32::MAX as u128) as libc::c_int
-        });
-        // SAFETY: `evs` is a live, writable array of `evs.len()` events.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.0.as_raw_fd(),
-                evs.as_mut_ptr(),
-                evs.len() as libc::c_int,
-                ms,
-            )
-        };
-        usize::try_from(n).unwrap_or(0)
-    }
-}
 
 /// A connection in its handshake: the socket the poller reads and answers, what came of the
 /// client's next frame, and the handshake's state.
@@ -106,11 +44,11 @@ struct Greeting {
 
 /// The poller's state: everything it holds between events.
 struct Poller {
-    shared: Arc<ServerShared>,
+    shared: Arc<Shared>,
     epoll: Epoll,
     listener: TcpListener,
     handshakes: HashMap<u64, Box<Greeting>>,
-    idle: HashMap<u64, Box<Lane>>,
+    idle: HashMap<u64, Box<Established>>,
     /// Idle lanes whose next frame has started, and when its whole frame is due.
     started: HashMap<u64, Instant>,
     backoff: limits::Backoff,
@@ -121,7 +59,7 @@ struct Poller {
 }
 
 /// Runs the poller until the server stops; what it holds then is closed.
-pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
+pub(super) fn run(shared: Arc<Shared>, listener: TcpListener) {
     let epoll = match Epoll::new() {
         Ok(e) => e,
         Err(e) => {
@@ -131,8 +69,13 @@ pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
     };
     let level = libc::EPOLLIN as u32;
     let registered = epoll
-        .ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), LISTENER, level)
-        .and_then(|()| epoll.ctl(libc::EPOLL_CTL_ADD, shared.returns.fd(), WAKE, level));
+        .ctl(
+            libc::EPOLL_CTL_ADD,
+            listener.as_raw_fd(),
+            Token::LISTENER,
+            level,
+        )
+        .and_then(|()| epoll.ctl(libc::EPOLL_CTL_ADD, shared.returns.fd(), Token::WAKE, level));
     if let Err(e) = registered {
         tracing::error!(parent: &shared.span, error = %e, "cannot poll the listener: not serving");
         return;
@@ -167,10 +110,10 @@ pub(super) fn run(shared: Arc<ServerShared>, listener: TcpListener) {
         // before a newcomer could take its place
         let mut accept = false;
         for ev in &evs[..n] {
-            match ev.u64 {
-                LISTENER => accept = true,
-                WAKE => p.returned(),
-                id => p.ready(id),
+            match Token(ev.u64) {
+                Token::LISTENER => accept = true,
+                Token::WAKE => p.returned(),
+                Token(id) => p.ready(id),
             }
         }
         if accept && !p.draining {
@@ -207,9 +150,12 @@ impl Poller {
                     // stop accepting for a while, longer each time, and retry
                     let wait = self.backoff.step();
                     tracing::debug!(parent: &self.shared.span, error = %e, ?wait, "accept failed; backing off");
-                    let _ =
-                        self.epoll
-                            .ctl(libc::EPOLL_CTL_MOD, self.listener.as_raw_fd(), LISTENER, 0);
+                    let _ = self.epoll.ctl(
+                        libc::EPOLL_CTL_MOD,
+                        self.listener.as_raw_fd(),
+                        Token::LISTENER,
+                        0,
+                    );
                     self.paused = Some(Instant::now() + wait);
                     return;
                 }
@@ -263,9 +209,9 @@ impl Poller {
             sock: Sock::adopt(stream),
             id,
             from,
-            shared: sh.clone(),
+            table: sh.conns.clone(),
         };
-        if let Err(e) = self.epoll.add_oneshot(fd, id) {
+        if let Err(e) = self.epoll.add_oneshot(fd, Token(id)) {
             tracing::debug!(parent: &sh.span, error = %e, "cannot poll a connection");
             return;
         }
@@ -289,32 +235,32 @@ impl Poller {
             // its parked request's socket is ready (or failed): a worker goes on with it
             self.started.remove(&id);
             if let Some(lane) = self.idle.remove(&id) {
-                self.submit(Job::Serve(lane));
+                self.submit(Work::Serve(lane));
             }
         } else if let Some(mut lane) = self.idle.remove(&id) {
             // a worker takes the lane once its next frame is in: a peer that starts a frame
             // and stalls holds no thread, only its deadline
-            match dispatch::frame_in(&mut lane.inb, &lane.conn.sock) {
+            match frame_in(&mut lane.inb, &lane.conn.sock) {
                 Ok(true) => {
                     self.started.remove(&id);
-                    self.submit(Job::Serve(lane));
+                    self.submit(Work::Serve(lane));
                 }
                 Ok(false) => {
                     let due = Instant::now() + self.shared.io_timeout;
                     self.started.entry(id).or_insert(due);
-                    match self.epoll.rearm(lane.conn.as_raw_fd(), id) {
+                    match self.epoll.rearm(lane.conn.as_raw_fd(), Token(id)) {
                         Ok(()) => {
                             self.idle.insert(id, lane);
                         }
                         Err(e) => {
                             self.started.remove(&id);
-                            dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e));
+                            worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e));
                         }
                     }
                 }
                 Err(e) => {
                     self.started.remove(&id);
-                    dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::of(e));
+                    worker::lane_closed(&self.shared, *lane, ConnEnd::of(e));
                 }
             }
         }
@@ -324,18 +270,17 @@ impl Poller {
     fn returned(&mut self) {
         for mut lane in self.shared.returns.take() {
             let id = lane.conn.id;
-            if lane.parked.is_none()
-                && matches!(dispatch::frame_in(&mut lane.inb, &lane.conn.sock), Ok(true))
+            if lane.parked.is_none() && matches!(frame_in(&mut lane.inb, &lane.conn.sock), Ok(true))
             {
                 // its next request is in already (its worker went to other work)
-                self.submit(Job::Serve(lane));
+                self.submit(Work::Serve(lane));
                 continue;
             }
             let (fd, out) = (
                 lane.conn.as_raw_fd(),
                 lane.parked.as_ref().map(|p| !p.0.receiving()),
             );
-            match self.epoll.rearm_for(fd, id, out.unwrap_or(false)) {
+            match self.epoll.rearm_for(fd, Token(id), out.unwrap_or(false)) {
                 Ok(()) => {
                     if let Some((p, _)) = &lane.parked {
                         // a parked request keeps its own deadline
@@ -350,7 +295,7 @@ impl Poller {
                     }
                     self.idle.insert(id, lane);
                 }
-                Err(e) => dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e)),
+                Err(e) => worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e)),
             }
         }
     }
@@ -380,14 +325,19 @@ impl Poller {
                         io::ErrorKind::TimedOut,
                         "a started frame did not finish in time",
                     );
-                    dispatch::lane_closed(&self.shared, *lane, dispatch::ConnEnd::Io(e));
+                    worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e));
                 }
             }
         }
         if self.paused.is_some_and(|t| t <= now) {
             self.paused = None;
             let fd = self.listener.as_raw_fd();
-            let _ = (self.epoll).ctl(libc::EPOLL_CTL_MOD, fd, LISTENER, libc::EPOLLIN as u32);
+            let _ = (self.epoll).ctl(
+                libc::EPOLL_CTL_MOD,
+                fd,
+                Token::LISTENER,
+                libc::EPOLLIN as u32,
+            );
         }
     }
 
@@ -398,14 +348,14 @@ impl Poller {
         if !self.draining {
             self.draining = true;
             let fd = self.listener.as_raw_fd();
-            let _ = self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, LISTENER, 0);
+            let _ = self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, Token::LISTENER, 0);
             self.paused = None;
         }
         self.handshakes.clear();
     }
 
-    fn submit(&self, job: Job) {
-        dispatch::submit(&self.shared, job);
+    fn submit(&self, job: Work) {
+        worker::submit(&self.shared, job);
     }
 
     /// Reads what a handshake's client sent and answers it, as far as it goes without waiting:
@@ -421,7 +371,7 @@ impl Poller {
         loop {
             let len = match inb.frame_ready(&conn.sock, limits::MAX_HANDSHAKE_FRAME, what) {
                 Ok(None) => {
-                    if self.epoll.rearm(conn.as_raw_fd(), id).is_ok() {
+                    if self.epoll.rearm(conn.as_raw_fd(), Token(id)).is_ok() {
                         self.handshakes
                             .insert(id, Box::new(Greeting { conn, inb, hs }));
                     }
@@ -509,7 +459,7 @@ impl Poller {
         }
         let same_host = matches!((&hello.host, &sh.host), (Some(c), Some(s)) if c.same_host(s));
         let on_this_host = crate::io::peer_on_this_host(&conn.sock.stream);
-        self.submit(Job::Open(Box::new(Ready {
+        self.submit(Work::Open(Box::new(Ready {
             conn,
             inb,
             hello,
@@ -522,7 +472,7 @@ impl Poller {
 
 /// Tells a handshake's client why it is refused (if its send buffer takes it now) before the
 /// connection closes; the log says why.
-fn refuse(shared: &ServerShared, conn: &Conn, r: &Refusal) {
+fn refuse(shared: &Shared, conn: &Conn, r: &Refusal) {
     let _ = conn.sock.send_now(&r.frame());
     tracing::debug!(parent: &shared.span, from = %conn.from, why = %r.why, "handshake refused");
 }

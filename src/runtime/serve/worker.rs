@@ -1,55 +1,30 @@
-//! The frame dispatch of the control plane's server, on its workers: opening or joining the link
-//! of a completed handshake (WELCOME with the region table), then the frames of an established
-//! lane (NOTIFY, PING, BYE, a transport's setup request such as UCXASK or DEVICE_HELLO, and
-//! XFER, which TCP's serving half applies: `transport::tcp::serve`). A worker serves a lane
-//! while requests keep coming and hands it back to the poller when none follows. Once a
-//! request's first byte arrives the whole request has `server_io_timeout`; a lane that misses it
-//! is closed with its unsent bytes discarded. Every descriptor is validated against the region
-//! table (region id, bounds with overflow checks, access rights) before a byte moves, and no
-//! length is trusted before it is checked.
+//! A serving worker: it opens (or joins) the link of a completed handshake (WELCOME with the
+//! region table), then serves the frames of an established lane (NOTIFY, PING, BYE, a
+//! transport's setup request such as UCXASK or DEVICE_HELLO, and XFER, which TCP's serving half
+//! applies: `transport::tcp::serve`) while requests keep coming, and hands the lane back to the
+//! poller when none follows. Once a request's first byte arrives the whole request has
+//! `server_io_timeout`; a lane that misses it is closed with its unsent bytes discarded. Every
+//! descriptor is validated against the region table (region id, bounds with overflow checks,
+//! access rights) before a byte moves, and no length is trusted before it is checked.
 
-use super::conn::{Job, Lane, Ready};
-use super::server::{Held, JoinFail, ServerShared};
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::conn::{ConnEnd, Established, InFlight, Ready, Work, frame_in, released, trim};
+use super::state::{JoinFail, Shared};
+use super::table::Held;
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
-use crate::runtime::transports::{Pending, Then, XferServer};
+use crate::transport::tcp::serve::{PATIENCE, Pending, Then, XferServer};
 use crate::transport::{Accept, AcceptFail};
 use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
-use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 /// How long a serving thread polls for the next request before sleeping: back-to-back small
 /// requests skip a wake-up.
 pub(super) const SERVE_SPIN: Duration = Duration::from_micros(20);
-
-/// Why a serving connection ended.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnEnd {
-    #[error("peer closed the connection")]
-    Closed,
-    #[error("link closed by BYE")]
-    Bye,
-    #[error("i/o error: {0}")]
-    Io(#[from] io::Error),
-    #[error("protocol violation: {0}")]
-    Protocol(#[from] WireError),
-    #[error("refused: {0}")]
-    Refused(String),
-}
-
-impl ConnEnd {
-    /// How a socket error ends a connection: a close by the peer is [`ConnEnd::Closed`].
-    pub(super) fn of(e: io::Error) -> Self {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            ConnEnd::Closed
-        } else {
-            ConnEnd::Io(e)
-        }
-    }
-}
 
 /// Takes the next request of an established connection, whose frame is in ([`frame_in`]).
 /// Returns the frame and its deadline, `timeout` from now, which bounds the rest of the
@@ -63,45 +38,6 @@ pub(super) fn read_request<'a>(
     let deadline = Instant::now() + timeout;
     let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
     Ok((frame, deadline))
-}
-
-/// Gives back what a large request made a connection's buffers grow to.
-pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) {
-    let before = footprint(inb, xfer, out.capacity());
-    inb.trim();
-    xfer.trim();
-    if out.capacity() > 64 << 10 {
-        *out = Vec::with_capacity(256);
-    }
-    released(before, footprint(inb, xfer, out.capacity()));
-}
-
-/// Bytes a lane's buffers hold (`out`: its reply buffer's capacity).
-pub(super) fn footprint(inb: &Inbound, xfer: &XferServer, out: usize) -> usize {
-    inb.capacity() + xfer.footprint() + out
-}
-
-/// Buffers shrank from `before` to `after` bytes: a large drop is handed back to the system.
-pub(super) fn released(before: usize, after: usize) {
-    if before.saturating_sub(after) >= GIVE_BACK {
-        give_back_freed_memory();
-    }
-}
-
-/// Freed request buffers at least this large are handed back to the operating system at once.
-const GIVE_BACK: usize = 1 << 20;
-
-/// Hands memory the allocator keeps after frees back to the operating system. Requests are
-/// served by whichever worker is free, and glibc keeps each thread's freed memory in that
-/// thread's arena: after a few large requests (a frame of 65,536 descriptors takes about 4 MiB
-/// of buffers) on different workers, megabytes would stay resident. Called only after a request
-/// freed at least [`GIVE_BACK`] bytes, so its cost (a walk over the arenas) is paid rarely.
-fn give_back_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim has no preconditions; it only returns free memory to the system.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Ends a connection that broke the protocol: tells the peer why, then closes.
@@ -152,11 +88,11 @@ pub(super) fn refuse(
 
 /// Queues `job` for the server's workers (a worker starts when none is idle and fewer than
 /// `max_threads` run). When no worker can be started at all, the job's connection closes.
-pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
+pub(super) fn submit(shared: &Arc<Shared>, job: Work) {
     // a worker holds the server weakly: once serving stopped and no job is left, nothing of
     // the server (its region table) outlives it in a worker that has not left yet
     let s = Arc::downgrade(shared);
-    let mut handler = move || -> crate::runtime::executor::Handler<Job> {
+    let mut handler = move || -> crate::runtime::executor::Handler<Work> {
         let s = s.clone();
         Box::new(move |job| {
             if let Some(s) = s.upgrade() {
@@ -173,27 +109,27 @@ pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
     };
     if let Err(job) = queued {
         tracing::warn!(parent: &shared.span, "no thread to serve a connection; closing it");
-        if let Job::Serve(lane) = job {
+        if let Work::Serve(lane) = job {
             lane_closed(shared, *lane, ConnEnd::Refused("no serving thread".into()));
         }
     }
 }
 
 /// A worker's job: opens the link of a completed handshake, or serves a lane's requests.
-fn run(shared: &Arc<ServerShared>, job: Job) {
+fn run(shared: &Arc<Shared>, job: Work) {
     let lane = match job {
-        Job::Open(ready) => match open_link(shared, *ready) {
+        Work::Open(ready) => match open_link(shared, *ready) {
             Some(lane) => lane,
             None => return,
         },
-        Job::Serve(lane) => lane,
+        Work::Serve(lane) => lane,
     };
     serve_lane(shared, lane);
 }
 
 /// Opens (or joins) the link of a completed handshake and welcomes the client; `None` when the
 /// connection ended instead.
-pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane>> {
+pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Established>> {
     let Ready {
         mut conn,
         inb,
@@ -206,7 +142,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
     let setup = (sock.stream.set_nodelay(true))
         // blocking calls return after the patience at most: a request that stalls is parked
         // (its own deadline is kept apart)
-        .and_then(|()| sock.set_fixed_timeout(crate::runtime::transports::PATIENCE))
+        .and_then(|()| sock.set_fixed_timeout(PATIENCE))
         .and_then(|()| match shared.keepalive {
             Some(every) => sock.set_keepalive(every),
             None => Ok(()),
@@ -326,7 +262,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
         fence: fence.as_ref().map_or(-1, |f| f.fd()),
     }
     .encode(&mut out);
-    let mut lane = Box::new(Lane {
+    let mut lane = Box::new(Established {
         conn,
         inb,
         out,
@@ -358,7 +294,7 @@ enum Next {
 
 /// Serves a lane's requests while they keep coming ([`request_waiting_in`]), then hands it back
 /// to the poller, or closes it.
-pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
+pub(super) fn serve_lane(shared: &Arc<Shared>, mut lane: Box<Established>) {
     match serve_requests(shared, &mut lane) {
         Next::Idle => {
             let before = lane.footprint();
@@ -370,34 +306,6 @@ pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
     }
 }
 
-/// A request counted as being served, server-wide and on its link, for as long as it lives
-/// (parked ones included): the server's stop and a link's replacement wait for it.
-pub(crate) struct InFlight {
-    shared: Arc<ServerShared>,
-    link: Arc<AtomicUsize>,
-}
-
-impl InFlight {
-    fn new(shared: &Arc<ServerShared>, link: &Arc<AtomicUsize>) -> Self {
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        link.fetch_add(1, Ordering::SeqCst);
-        Self {
-            shared: shared.clone(),
-            link: link.clone(),
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.link.fetch_sub(1, Ordering::SeqCst);
-        self.shared.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A request parked on its lane (its socket stalled), and its count as in flight.
-pub(crate) type Parked = (Box<Pending<Held>>, InFlight);
-
 /// Moves what a request has left; what the lane does next.
 fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
     match p.progress(sock) {
@@ -408,8 +316,8 @@ fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
     }
 }
 
-fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
-    let Lane {
+fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
+    let Established {
         conn,
         inb,
         out,
@@ -453,7 +361,7 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
-        let flight = InFlight::new(shared, busy);
+        let flight = InFlight::new(&shared.active, busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
             return Next::End(ConnEnd::Refused("request on a superseded link".into()));
@@ -548,14 +456,6 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
     }
 }
 
-/// Whether a lane's next frame is all in (reading what has come, without waiting); a header
-/// that does not decode counts as in: the worker refuses it.
-pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
-    Ok(inb
-        .frame_ready(sock, wire::MAX_FRAME, "frame length")?
-        .is_some())
-}
-
 /// How long a worker that just served a request waits for the lane's next one (when no other
 /// work is queued) before handing the lane back to the poller: a lane moving data keeps its
 /// thread, and spares each request the poller's wake-up and the hand-over.
@@ -564,7 +464,7 @@ pub(super) const SERVE_LINGER: Duration = Duration::from_millis(2);
 /// Whether a request's whole frame is here: buffered, in within [`SERVE_SPIN`], or — when
 /// nothing else waits for a worker — within [`SERVE_LINGER`]. A lane whose next frame is not in
 /// by then goes back to the poller (with whatever part of it came).
-fn request_waiting_in(shared: &ServerShared, inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
+fn request_waiting_in(shared: &Shared, inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
     let spin = Instant::now() + SERVE_SPIN;
     loop {
         if frame_in(inb, sock)? {
@@ -589,12 +489,7 @@ const LINGER_SLICE: Duration = Duration::from_micros(200);
 
 /// Waits until `until` for the lane's next frame, in slices of [`LINGER_SLICE`]; gives up as
 /// soon as a job waits for a worker or serving stops.
-fn linger(
-    shared: &ServerShared,
-    inb: &mut Inbound,
-    sock: &Sock,
-    until: Instant,
-) -> io::Result<bool> {
+fn linger(shared: &Shared, inb: &mut Inbound, sock: &Sock, until: Instant) -> io::Result<bool> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() || shared.queue.pending() > 0 || shared.stop.load(Ordering::Relaxed) {
@@ -621,7 +516,7 @@ fn linger(
 /// A lane ended: it leaves its link (a link that lost its last lane is kept a while for its
 /// client to rejoin, without its fence: a same-host client proves itself again on a new link),
 /// and its socket closes; one that missed a deadline discards what it had not sent.
-pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
+pub(super) fn lane_closed(shared: &Shared, lane: Established, end: ConnEnd) {
     if matches!(&end, ConnEnd::Io(e) if e.kind() == io::ErrorKind::TimedOut) {
         lane.conn.sock.discard_unsent_on_close();
     }
@@ -639,7 +534,7 @@ pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
 }
 
 /// Takes connection `id` out of link `token`.
-fn forget(shared: &ServerShared, id: u64, token: u64, end: &ConnEnd) {
+fn forget(shared: &Shared, id: u64, token: u64, end: &ConnEnd) {
     let bye = matches!(end, ConnEnd::Bye);
     let left = shared.links.leave(id, token, bye, shared.orphan_grace());
     if let Some(f) = left.fence {
