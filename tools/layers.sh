@@ -5,7 +5,7 @@
 #
 # 1. layers: a file imports only from its own layer and the ones below it. Layers, lowest first:
 #    0 leaf       src/types/, src/error.rs, src/sync.rs (lock helper, loom switch), src/wire/
-#                 (the protocol's codec), src/io.rs (deadline socket I/O), src/dl.rs (run-time
+#                 (the protocol's codec), src/io/ (deadline socket I/O), src/dl.rs (run-time
 #                 loading), src/auth.rs, src/process.rs (other processes of this host, shared
 #                 memory), src/device/ (ACL device memory, pinned host memory, device contexts)
 #    1 transport  src/transport/mod.rs (the Backend and DataPath traits, probe) and one folder
@@ -49,7 +49,7 @@ allow=tools/layers.allow
 # layer of a source file: "<rank> <name>" (name: the transport, for layer 1), or "- none"
 file_layer() {
   case "$1" in
-    src/types/* | src/error.rs | src/sync.rs | src/wire/* | src/io.rs | src/dl.rs | src/auth.rs \
+    src/types/* | src/error.rs | src/sync.rs | src/wire/* | src/io/* | src/dl.rs | src/auth.rs \
       | src/process.rs | src/device/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
@@ -288,8 +288,8 @@ self_test() {
   expect_ok "the tree as it is"
 
   # rule 1, from a leaf and from the transport layer
-  fresh; plant src/io.rs 'use crate::runtime::region::RegionCore;'
-  expect_fail "rule 1: a leaf importing the runtime" "src/io.rs -> crate::runtime"
+  fresh; plant src/io/mod.rs 'use crate::runtime::region::RegionCore;'
+  expect_fail "rule 1: a leaf importing the runtime" "src/io/mod.rs -> crate::runtime"
   fresh; plant src/transport/mod.rs 'fn planted(_: &crate::options::Options) {}'
   expect_fail "rule 1: the transport layer importing the runtime" \
     "src/transport/mod.rs -> crate::options"
@@ -328,13 +328,13 @@ self_test() {
   fresh; plant src/lib.rs 'mod planted;'; plant src/memory.rs 'use crate::planted::Thing;'
   expect_fail "a module in no layer" "crate::planted (in src/memory.rs): in no layer"
   # the allow list: a listed violation passes, a listed one that is gone fails
-  fresh; plant src/io.rs 'use crate::runtime::region::RegionCore;'
-  plant tools/layers.allow 'src/io.rs -> crate::runtime'
+  fresh; plant src/io/mod.rs 'use crate::runtime::region::RegionCore;'
+  plant tools/layers.allow 'src/io/mod.rs -> crate::runtime'
   expect_ok "a violation listed in layers.allow"
-  fresh; plant tools/layers.allow 'src/io.rs -> crate::runtime'
+  fresh; plant tools/layers.allow 'src/io/mod.rs -> crate::runtime'
   expect_fail "a listed violation that is gone" "delete them from tools/layers.allow"
   # what is not read
-  fresh; plant src/io.rs $'#[cfg(test)]\nmod planted_tests {\n    use super::*;\n    use crate::runtime::region::RegionCore;\n}'
+  fresh; plant src/io/mod.rs $'#[cfg(test)]\nmod planted_tests {\n    use super::*;\n    use crate::runtime::region::RegionCore;\n}'
   expect_ok "an inline test module"
   fresh; plant src/memory.rs '// crate::transport::ucx::UcxBackend in a comment'
   expect_ok "a comment"

@@ -458,7 +458,7 @@ impl Poller {
             );
         }
         let same_host = matches!((&hello.host, &sh.host), (Some(c), Some(s)) if c.same_host(s));
-        let on_this_host = crate::io::peer_on_this_host(&conn.sock.stream);
+        let on_this_host = crate::process::peer_on_this_host(&conn.sock.stream);
         self.submit(Work::Open(Box::new(Ready {
             conn,
             inb,
