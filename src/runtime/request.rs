@@ -126,7 +126,7 @@ pub(crate) struct ReqState {
 
 /// A queued async request: its state (which keeps its regions alive until it ends) and its
 /// descriptors.
-pub(crate) struct Job {
+pub(crate) struct QueuedBatch {
     pub state: Arc<ReqState>,
     pub xds: Vec<BatchDesc>,
 }

@@ -9,7 +9,7 @@ use super::{LinkShared, Unfinished};
 use crate::error::Error;
 use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
-use crate::runtime::request::{Job, Outcome, ReqState, Started};
+use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Started};
 use crate::sync::lock;
 use crate::transport::{Batch, PathFail};
 use crate::types::{BatchDesc, TransferOp};
@@ -74,7 +74,7 @@ impl LinkShared {
         })?;
         self.counters.start(op);
         crate::runtime::request::watch(&state, self);
-        self.enqueue(Job {
+        self.enqueue(QueuedBatch {
             state: state.clone(),
             xds,
         });
@@ -189,7 +189,7 @@ impl LinkShared {
     }
 
     /// Runs one async request (on a worker of the executor).
-    fn execute(self: &Arc<Self>, job: Job) {
+    fn execute(self: &Arc<Self>, job: QueuedBatch) {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
@@ -257,12 +257,12 @@ impl LinkShared {
     }
 
     /// Queues an async request on the link's queue (a new worker of it holds the link).
-    fn enqueue(self: &Arc<Self>, job: Job) {
-        let worker = &mut || -> Handler<Job> {
+    fn enqueue(self: &Arc<Self>, job: QueuedBatch) {
+        let worker = &mut || -> Handler<QueuedBatch> {
             let me = self.clone();
             Box::new(move |job| me.execute(job))
         };
-        if let Err(Job { state: st, .. }) = self.queue.push(job, worker) {
+        if let Err(QueuedBatch { state: st, .. }) = self.queue.push(job, worker) {
             // nobody can run it: fail it rather than leave it waiting
             if st.claim_queued() {
                 let e = Error::LanesExhausted {

@@ -18,7 +18,7 @@ use super::table::Held;
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
-use crate::transport::tcp::serve::{PATIENCE, Pending, Then, XferServer};
+use crate::transport::tcp::serve::{After, PATIENCE, Pending, XferServer};
 use crate::transport::{Accept, AcceptFail};
 use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
 
@@ -284,39 +284,35 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
     Some(lane)
 }
 
-/// What serving a lane came to.
-enum Next {
-    /// No request followed: the lane goes back to the poller.
-    Idle,
-    /// The lane ended.
-    End(ConnEnd),
-}
-
 /// Serves a lane's requests while they keep coming ([`request_waiting_in`]), then hands it back
 /// to the poller, or closes it.
 pub(super) fn serve_lane(shared: &Arc<Shared>, mut lane: Box<Established>) {
     match serve_requests(shared, &mut lane) {
-        Next::Idle => {
+        Ok(()) => {
             let before = lane.footprint();
             lane.shrink();
             released(before, lane.footprint());
             shared.returns.give(lane);
         }
-        Next::End(end) => lane_closed(shared, *lane, end),
+        Err(end) => lane_closed(shared, *lane, end),
     }
 }
 
-/// Moves what a request has left; what the lane does next.
-fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
+/// Moves what a request has left: `Ok(true)` when it is done (the next request follows),
+/// `Ok(false)` when its socket stalled (it is parked, the lane goes back to the poller), or
+/// why the lane ends.
+fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Result<bool, ConnEnd> {
     match p.progress(sock) {
-        Ok(Some(Then::Continue)) => None,
-        Ok(Some(Then::Close(reason))) => Some(Next::End(ConnEnd::Refused(reason))),
-        Ok(None) => Some(Next::Idle),
-        Err(e) => Some(Next::End(ConnEnd::of(e))),
+        Ok(After::NextRequest) => Ok(true),
+        Ok(After::Park) => Ok(false),
+        Ok(After::Close(reason)) => Err(ConnEnd::Refused(reason)),
+        Err(e) => Err(ConnEnd::of(e)),
     }
 }
 
-fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
+/// Serves a lane's requests while they come: `Ok` when the lane goes back to the poller (no
+/// request followed, or one is parked on its stalled socket), else why it ends.
+fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), ConnEnd> {
     let Established {
         conn,
         inb,
@@ -334,51 +330,47 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
     let token = *token;
     let sock = &mut conn.sock;
     // a request parked on a stalled socket goes on first
-    if let Some((mut p, flight)) = parked.take() {
-        match drive(sock, &mut p) {
-            None => drop((p, flight)),
-            Some(Next::Idle) => {
-                *parked = Some((p, flight));
-                return Next::Idle;
-            }
-            Some(end) => return end,
-        }
+    if let Some((mut p, flight)) = parked.take()
+        && !drive(sock, &mut p)?
+    {
+        *parked = Some((p, flight));
+        return Ok(());
     }
     loop {
         // between requests a connection keeps no more memory than a small one needs
         trim(inb, xfer, out);
         match request_waiting_in(shared, inb, sock) {
             Ok(true) => {}
-            Ok(false) => return Next::Idle,
-            Err(e) => return Next::End(ConnEnd::of(e)),
+            Ok(false) => return Ok(()),
+            Err(e) => return Err(ConnEnd::of(e)),
         }
         // the request's frame is in: the whole request has `io_timeout`
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
-            Err(e) => return Next::End(ConnEnd::of(e)),
+            Err(e) => return Err(ConnEnd::of(e)),
             Ok((Err(e), _)) => {
                 let dl = Some(Instant::now() + shared.io_timeout);
-                return Next::End(violation(sock, out, e, dl));
+                return Err(violation(sock, out, e, dl));
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
         let flight = InFlight::new(&shared.active, busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
-            return Next::End(ConnEnd::Refused("request on a superseded link".into()));
+            return Err(ConnEnd::Refused("request on a superseded link".into()));
         }
         // what the request has left to move, past what it does at once
         let mut pending = match frame {
             (Kind::Xfer, p) => {
                 let x = match xfer.decode(p) {
                     Ok(x) => x,
-                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
+                    Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
                 xfer.apply(x, inb, deadline, &*shared.table)
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {
                     Ok(x) => x,
-                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
+                    Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
                 let from = client.clone();
                 let mut reply = Vec::with_capacity(64);
@@ -391,19 +383,19 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
                         &reason,
                     ),
                 }
-                Pending::reply(reply, Then::Continue, deadline)
+                Pending::reply(reply, After::NextRequest, deadline)
             }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
                     let e = WireError::Trailing(p.len());
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 }
                 let pong = wire::header(Kind::Pong, 0).to_vec();
-                Pending::reply(pong, Then::Continue, deadline)
+                Pending::reply(pong, After::NextRequest, deadline)
             }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
-                    return Next::End(ConnEnd::Protocol(WireError::Trailing(p.len())));
+                    return Err(ConnEnd::Protocol(WireError::Trailing(p.len())));
                 }
                 if let Some(client) = shared.links.close(token, conn.id, &shared.conns) {
                     tracing::debug!(parent: &shared.span, %client, "link closed by client");
@@ -411,17 +403,17 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
                 }
                 // the acknowledgement goes if the socket takes it now; the lane ends anyway
                 let _ = sock.send_now(&wire::header(Kind::ByeAck, 0));
-                return Next::End(ConnEnd::Bye);
+                return Err(ConnEnd::Bye);
             }
             // a transport's setup request, or a frame no one takes
             (k, p) => {
                 let Some(b) = shared.backends.iter().find(|b| b.request_kind() == Some(k)) else {
                     let e = WireError::Unexpected(k);
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 };
                 if !b.repeatable() && (!*new_link || asked.contains(&k)) {
                     let e = WireError::Unexpected(k);
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 }
                 asked.push(k);
                 let fenced = shared.links.fenced(token);
@@ -436,22 +428,18 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Next {
                 match accepted {
                     Ok(Some(side)) => shared.links.add_path(token, side),
                     Ok(None) => {}
-                    Err(AcceptFail::Io(e)) => return Next::End(ConnEnd::Io(e)),
+                    Err(AcceptFail::Io(e)) => return Err(ConnEnd::Io(e)),
                     Err(AcceptFail::Violation(e)) => {
-                        return Next::End(violation(sock, out, e, deadline));
+                        return Err(violation(sock, out, e, deadline));
                     }
                 }
                 continue;
             }
         };
-        match drive(sock, &mut pending) {
-            None => {}
-            Some(Next::Idle) => {
-                // the socket stalled: the worker goes on to other work, the poller waits for it
-                *parked = Some((pending, flight));
-                return Next::Idle;
-            }
-            Some(end) => return end,
+        if !drive(sock, &mut pending)? {
+            // the socket stalled: the worker goes on to other work, the poller waits for it
+            *parked = Some((pending, flight));
+            return Ok(());
         }
     }
 }
