@@ -156,7 +156,6 @@ mod sync;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
-mod transfer;
 mod transport;
 mod types;
 // The serving engine's handshake, a state machine that owns no socket: public for its fuzz
@@ -184,7 +183,7 @@ pub use engine::{
     TransitionError,
 };
 pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
-pub use link::{Link, RemoteRange, RemoteRegion};
+pub use link::{Link, RemoteRange, RemoteRegion, TransferDesc};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
@@ -192,7 +191,6 @@ pub use options::{AscendConfig, AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
-pub use transfer::TransferDesc;
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};

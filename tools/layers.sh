@@ -13,7 +13,7 @@
 #    2 runtime    src/runtime/ (engine core, link core, executor, region records, requests,
 #                 connects, serve/, revoke/, transports.rs), src/options.rs (the engine's
 #                 configuration), src/buffers.rs (HostBuffer), src/metrics.rs, src/notify.rs
-#    3 api        src/lib.rs, src/engine/, src/link.rs, src/memory.rs, src/transfer.rs,
+#    3 api        src/lib.rs, src/engine/, src/link.rs, src/memory.rs,
 #                 src/request.rs, src/compat/, src/datadist/ (LLM-DataDist, over compat),
 #                 src/spec.rs, src/testkit.rs, src/bin/
 #    A root path (`crate::Name`, `crate::function`: a re-export of lib.rs) is api. A file, or a
@@ -59,7 +59,7 @@ file_layer() {
     src/transport/ascend/*) echo "1 ascend" ;;
     src/runtime/* | src/options.rs | src/buffers.rs | src/metrics.rs | src/notify.rs)
       echo "2 runtime" ;;
-    src/lib.rs | src/engine/* | src/link.rs | src/memory.rs | src/transfer.rs | src/request.rs \
+    src/lib.rs | src/engine/* | src/link.rs | src/memory.rs | src/request.rs \
       | src/compat/* | src/datadist/* | src/spec.rs | src/testkit.rs | src/bin/*)
       echo "3 api" ;;
     *) echo "- none" ;;
@@ -80,7 +80,7 @@ path_layer() {
         *) echo "1 transport" ;;
       esac ;;
     runtime | options | buffers | metrics | notify) echo "2 runtime" ;;
-    engine | link | memory | transfer | request | compat | datadist | spec | testkit) echo "3 api" ;;
+    engine | link | memory | request | compat | datadist | spec | testkit) echo "3 api" ;;
     *)
       # a module of lib.rs this list does not place; anything else is a root item (api)
       if grep -qxE "(pub(\([a-z]+\))? )?mod $a;" src/lib.rs; then echo "- none"; else echo "3 api"; fi ;;

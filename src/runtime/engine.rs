@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::auth::random_u64;
 use crate::device::Device;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -21,8 +22,8 @@ use crate::runtime::serve::{ServeTable, Server, ServerConfig};
 use crate::runtime::transports::{self, Transports};
 use crate::sync::lock;
 use crate::transport::{Backend, Region, Regions};
+use crate::types::MemType;
 use crate::types::engine_name::EngineName;
-use crate::types::{MemType, random_u64};
 
 #[derive(Default)]
 pub(crate) struct RegionTable {

@@ -161,7 +161,7 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
             let fence = fence.map(Arc::new).filter(|f| shared.offer_fence(f));
             // the link's token is what later lanes present to JOIN it: unguessable, never 0
             let token = loop {
-                match crate::types::random_u64() {
+                match crate::auth::random_u64() {
                     Ok(0) => {}
                     Ok(t) => break t,
                     Err(e) => {
