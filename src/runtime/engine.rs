@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::notify::NotifyQueue;
 use crate::options::Options;
-use crate::runtime::connect::ConnectPool;
+use crate::runtime::connect::{ConnectPool, Opener};
 use crate::runtime::link::{LinkConfig, LinkShared};
 use crate::runtime::region::RegionCore;
 use crate::runtime::serve::{ServeTable, Server, ServerConfig};
@@ -548,4 +548,19 @@ fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
             heartbeat_after(me, every);
         }
     });
+}
+
+impl Opener for EngineInner {
+    fn open_link(
+        &self,
+        key: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<LinkShared>, Error> {
+        EngineInner::open_link(self, key, addr, timeout)
+    }
+
+    fn forget_link(&self, link: &LinkShared) {
+        EngineInner::forget_link(self, link);
+    }
 }

@@ -9,7 +9,7 @@ use super::{LinkShared, Unfinished};
 use crate::error::Error;
 use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
-use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Started};
+use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Settle, Started};
 use crate::sync::lock;
 use crate::transport::{Batch, PathFail};
 use crate::types::{BatchDesc, TransferOp};
@@ -232,21 +232,6 @@ impl LinkShared {
         Ok((seq, kept))
     }
 
-    /// Bookkeeping when a request ends, whoever ended it.
-    pub(crate) fn settle(
-        &self,
-        seq: u64,
-        op: TransferOp,
-        bytes: u64,
-        took: Duration,
-        err: Option<crate::error::Status>,
-    ) {
-        self.counters.finish(op, bytes, took, err);
-        let mut u = lock(&self.unfinished);
-        u.reqs.remove(&seq);
-        self.ended(u);
-    }
-
     /// A transfer ended (it was taken out of `u`): notifications and `close` waiting go on.
     fn ended(&self, u: std::sync::MutexGuard<'_, Unfinished>) {
         let wake = u.waiting > 0;
@@ -285,5 +270,21 @@ impl Drop for Listed<'_> {
             u.syncs.swap_remove(i);
         }
         self.0.ended(u);
+    }
+}
+
+impl Settle for LinkShared {
+    fn settle(
+        &self,
+        seq: u64,
+        op: TransferOp,
+        bytes: u64,
+        took: Duration,
+        err: Option<crate::error::Status>,
+    ) {
+        self.counters.finish(op, bytes, took, err);
+        let mut u = lock(&self.unfinished);
+        u.reqs.remove(&seq);
+        self.ended(u);
     }
 }
