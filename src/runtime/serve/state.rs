@@ -21,21 +21,23 @@ use crate::wire::Hello;
 /// One link a server serves: its client, its lanes (connection ids), and what its lanes and
 /// transports hold of it.
 pub(super) struct LinkRec {
+    /// The client engine's name and instance (read by the worker's log).
     pub(super) client: String,
     pub(super) instance: u64,
-    pub(super) conns: HashSet<u64>,
+    /// Its lanes (connection ids).
+    conns: HashSet<u64>,
     /// Cleared when the link is superseded or closed: its lanes apply nothing more.
-    pub(super) live: Arc<AtomicBool>,
+    live: Arc<AtomicBool>,
     /// Requests of this link being applied right now.
-    pub(super) busy: Arc<AtomicUsize>,
+    busy: Arc<AtomicUsize>,
     /// The server's side of the link's data paths (what its transports' `accept` returned),
     /// dropped with the link.
-    pub(super) paths: Vec<Box<dyn std::any::Any + Send>>,
+    paths: Vec<Box<dyn std::any::Any + Send>>,
     /// The link's fence, when its client is on this host: revoked when the link ends.
-    pub(super) fence: Option<Arc<ServerFence>>,
+    fence: Option<Arc<ServerFence>>,
     /// Since when the link has no lane (a client that cancelled a running request closed its
-    /// only one): its client may join it again for [`ORPHAN_GRACE`](Shared::orphan_grace).
-    pub(super) orphaned: Option<std::time::Instant>,
+    /// only one): its client may join it again for [`Shared::orphan_grace`].
+    orphaned: Option<std::time::Instant>,
 }
 
 /// At most this many links without a lane are kept for their client to rejoin; beyond it the
