@@ -49,8 +49,9 @@ struct Poller {
     listener: TcpListener,
     handshakes: HashMap<u64, Box<Greeting>>,
     idle: HashMap<u64, Box<Established>>,
-    /// Idle lanes whose next frame has started, and when its whole frame is due.
-    started: HashMap<u64, Instant>,
+    /// When an idle lane is due: its next frame has started (the whole frame is due within the
+    /// I/O timeout), or its parked request has this deadline.
+    due: HashMap<u64, Instant>,
     backoff: limits::Backoff,
     /// Accepting waits until then (out of descriptors or memory).
     paused: Option<Instant>,
@@ -86,7 +87,7 @@ pub(super) fn run(shared: Arc<Shared>, listener: TcpListener) {
         listener,
         handshakes: HashMap::new(),
         idle: HashMap::new(),
-        started: HashMap::new(),
+        due: HashMap::new(),
         backoff: limits::Backoff::default(),
         paused: None,
         draining: false,
@@ -128,7 +129,7 @@ impl Poller {
     /// accept pause.
     fn next_timeout(&self) -> Option<Duration> {
         let first = (self.handshakes.values().map(|g| g.hs.deadline))
-            .chain(self.started.values().copied())
+            .chain(self.due.values().copied())
             .min();
         let until = match (first, self.paused) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -233,7 +234,7 @@ impl Poller {
             self.greet(id, *g);
         } else if self.idle.get(&id).is_some_and(|l| l.parked.is_some()) {
             // its parked request's socket is ready (or failed): a worker goes on with it
-            self.started.remove(&id);
+            self.due.remove(&id);
             if let Some(lane) = self.idle.remove(&id) {
                 self.submit(Work::Serve(lane));
             }
@@ -242,24 +243,24 @@ impl Poller {
             // and stalls holds no thread, only its deadline
             match frame_in(&mut lane.inb, &lane.conn.sock) {
                 Ok(true) => {
-                    self.started.remove(&id);
+                    self.due.remove(&id);
                     self.submit(Work::Serve(lane));
                 }
                 Ok(false) => {
                     let due = Instant::now() + self.shared.io_timeout;
-                    self.started.entry(id).or_insert(due);
+                    self.due.entry(id).or_insert(due);
                     match self.epoll.rearm(lane.conn.as_raw_fd(), Token(id)) {
                         Ok(()) => {
                             self.idle.insert(id, lane);
                         }
                         Err(e) => {
-                            self.started.remove(&id);
+                            self.due.remove(&id);
                             worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e));
                         }
                     }
                 }
                 Err(e) => {
-                    self.started.remove(&id);
+                    self.due.remove(&id);
                     worker::lane_closed(&self.shared, *lane, ConnEnd::of(e));
                 }
             }
@@ -287,11 +288,10 @@ impl Poller {
                         let due = p
                             .deadline
                             .unwrap_or_else(|| Instant::now() + self.shared.io_timeout);
-                        self.started.insert(id, due);
+                        self.due.insert(id, due);
                     } else if lane.inb.buffered() > 0 {
                         // part of its next frame came: the whole frame is due within the timeout
-                        self.started
-                            .insert(id, Instant::now() + self.shared.io_timeout);
+                        self.due.insert(id, Instant::now() + self.shared.io_timeout);
                     }
                     self.idle.insert(id, lane);
                 }
@@ -313,13 +313,13 @@ impl Poller {
                 refuse(&self.shared, &g.conn, &r);
             }
         }
-        if self.started.values().any(|&t| t <= now) {
-            let late: Vec<u64> = (self.started.iter())
+        if self.due.values().any(|&t| t <= now) {
+            let late: Vec<u64> = (self.due.iter())
                 .filter(|&(_, &t)| t <= now)
                 .map(|(&id, _)| id)
                 .collect();
             for id in late {
-                self.started.remove(&id);
+                self.due.remove(&id);
                 if let Some(lane) = self.idle.remove(&id) {
                     let e = io::Error::new(
                         io::ErrorKind::TimedOut,
