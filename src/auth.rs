@@ -175,7 +175,14 @@ impl fmt::Debug for Psk {
     }
 }
 
-/// 32 random bytes from the operating system (no fallback: see [`crate::types::random_u64`]).
+/// A random 64-bit value from the operating system (instance ids, link tokens). There is no
+/// fallback: a value a peer could guess (time, pid, a counter) would let it forge a link token
+/// or replay a handshake, so a failing source is an error.
+pub(crate) fn random_u64() -> Result<u64, crate::error::Error> {
+    getrandom::u64().map_err(|e| crate::error::Error::NoRandomness { source: e.into() })
+}
+
+/// 32 random bytes from the operating system (no fallback, as [`random_u64`]).
 pub(crate) fn nonce() -> Result<[u8; 32], crate::error::Error> {
     let mut n = [0u8; 32];
     getrandom::fill(&mut n).map_err(|e| crate::error::Error::NoRandomness { source: e.into() })?;

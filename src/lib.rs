@@ -156,9 +156,20 @@ mod sync;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
-mod transfer;
 mod transport;
 mod types;
+// The serving engine's handshake, a state machine that owns no socket: public for its fuzz
+// target over whole frame sequences, hidden from the docs and not part of the semver surface.
+#[doc(hidden)]
+pub mod handshake {
+    pub use crate::runtime::serve::handshake::{Admission, Handshake, Refusal, Step};
+    pub use crate::runtime::serve::limits::MAX_HANDSHAKE_FRAME;
+
+    /// A client's AUTH proof (what an honest client answers a CHALLENGE with).
+    pub fn client_proof(key: &crate::Psk, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
+        key.client_proof(cn, sn, name)
+    }
+}
 // The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden
 // from the docs and not part of the semver surface (the protocol is versioned on the wire).
 #[doc(hidden)]
@@ -172,7 +183,7 @@ pub use engine::{
     TransitionError,
 };
 pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
-pub use link::{Link, RemoteRange, RemoteRegion};
+pub use link::{Link, RemoteRange, RemoteRegion, TransferDesc};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
@@ -180,7 +191,6 @@ pub use options::{AscendConfig, AscendMode, HIXL_KEYS, Options, SameHost, Ucx};
 pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
-pub use transfer::TransferDesc;
 pub use transport::{TransportInfo, TransportKind, probe};
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};

@@ -9,6 +9,11 @@
 //!
 //! The peer's region table arrives with the link. [`Link::remote`] and [`RemoteRegion::range`]
 //! validate remote ranges against it locally; the serving side validates every range again.
+//!
+//! A [`TransferDesc`] pairs a [`LocalRange`] (a sub-range of a region registered with this
+//! engine) with a [`RemoteRange`]. Both are capabilities that borrow what they came from, so a
+//! descriptor cannot be built from a raw address, cannot outlive its region or link, and cannot
+//! name memory that was never registered.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -17,12 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, check_timeout};
+use crate::memory::LocalRange;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::request::{TransferArgs, TransferReq};
 use crate::runtime::engine::EngineInner;
 use crate::runtime::link::{LinkShared, MAX_BATCH};
 use crate::runtime::region::RegionUse;
-use crate::transfer::TransferDesc;
 use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
@@ -534,6 +539,40 @@ impl fmt::Debug for RemoteRange<'_> {
             .field("region", &self.region)
             .field("offset", &self.offset)
             .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// One `{local, remote, len}` descriptor (HIXL `TransferOpDesc`), built from capabilities.
+///
+/// The lengths of both sides must match; the transfer checks it and reports the index of a
+/// descriptor that does not ([`Error::LengthMismatch`](crate::Error::LengthMismatch)).
+#[derive(Clone, Copy)]
+pub struct TransferDesc<'a> {
+    pub(crate) local: LocalRange<'a>,
+    pub(crate) remote: RemoteRange<'a>,
+}
+
+impl<'a> TransferDesc<'a> {
+    /// Pairs a local and a remote range.
+    pub fn new(local: LocalRange<'a>, remote: RemoteRange<'a>) -> Self {
+        Self { local, remote }
+    }
+    /// The local side.
+    pub fn local(&self) -> LocalRange<'a> {
+        self.local
+    }
+    /// The remote side.
+    pub fn remote(&self) -> RemoteRange<'a> {
+        self.remote
+    }
+}
+
+impl fmt::Debug for TransferDesc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransferDesc")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
             .finish()
     }
 }

@@ -450,8 +450,8 @@ impl Options {
     }
 
     /// The bounds a serving engine keeps, as these options set them.
-    pub(crate) fn server_limits(&self) -> crate::runtime::control::limits::Limits {
-        crate::runtime::control::limits::Limits {
+    pub(crate) fn server_limits(&self) -> crate::runtime::serve::limits::Limits {
+        crate::runtime::serve::limits::Limits {
             max_conns: self.max_server_conns,
             max_conns_per_peer: self.max_server_conns_per_peer,
             max_lanes_per_link: self.max_server_lanes_per_link,

@@ -9,6 +9,7 @@
 //!   `process_vm_readv`, and `pidfd_getfd` to take one of its descriptors.
 //! - [`sealed_memfd`] and [`Mapping`]: memory in a memfd sealed against shrinking and growing,
 //!   and a shared mapping of one (checked first: sealed, large enough, so no access can fault).
+//! - [`peer_on_this_host`]: whether a TCP peer connects from one of this host's addresses.
 
 use std::io;
 use std::net::TcpStream;
@@ -451,6 +452,69 @@ impl Drop for Mapping {
         // link (its owner) is gone.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
+}
+
+/// Whether the peer of `stream` may be a process on this host, whatever it says about itself:
+/// it connects from a loopback address, from the address it reached, or from any address of
+/// this host's interfaces (as `getifaddrs` lists them). Not knowing counts as yes.
+pub(crate) fn peer_on_this_host(stream: &TcpStream) -> bool {
+    let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+        return true;
+    };
+    let ip = canonical(peer.ip());
+    if ip.is_loopback() || ip == canonical(local.ip()) {
+        return true;
+    }
+    match interface_addresses() {
+        Some(all) => all.contains(&ip),
+        None => true,
+    }
+}
+
+/// An IPv4-mapped IPv6 address as IPv4; others unchanged.
+fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Every IPv4 and IPv6 address of this host's interfaces (in this network namespace), or
+/// `None` if the kernel will not say.
+fn interface_addresses() -> Option<Vec<std::net::IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `head`, which is freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null `ifa_addr` points to a sockaddr whose family says its type.
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET: the sockaddr is a sockaddr_in.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                out.push(std::net::IpAddr::V4(ip));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: AF_INET6: the sockaddr is a sockaddr_in6.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                )));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no node is used after this.
+    unsafe { libc::freeifaddrs(head) };
+    Some(out)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rounds, client, exercise_peer};
+use common::{Peer, client, exercise_peer, kill_during_rounds};
 use hixl::{Error, TransferDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(20);
@@ -36,42 +36,12 @@ fn peer_killed_mid_transfer_then_restarted() {
     let link = cli.connect(&name).unwrap();
     let timeout = Duration::from_secs(3);
     let mut child = peer.child;
-    let progress = Rounds::default();
-    let outcome = std::thread::scope(|s| {
-        let worker = s.spawn(|| {
-            let _end = progress.ender();
-            let d = TransferDesc::new(
-                buf.range(..).unwrap(),
-                link.remote(peer.addr, size as u64).unwrap(),
-            );
-            let mut rounds = 0u32;
-            loop {
-                let op = if rounds.is_multiple_of(2) {
-                    TransferOp::Write
-                } else {
-                    TransferOp::Read
-                };
-                let t0 = Instant::now();
-                progress.start();
-                match link.transfer_sync(op, &[d], timeout) {
-                    Ok(()) => rounds += 1,
-                    Err(e) => return (rounds, e, t0.elapsed()),
-                }
-                progress.complete();
-            }
-        });
-        // kill once a round completed and the next one started, however fast the machine
-        let at_kill = progress.wait_running_after_one(T);
-        child.kill().unwrap();
-        let r = worker.join().unwrap();
-        eprintln!(
-            "the peer was killed in round {} ({at_kill:?}); round {} failed",
-            at_kill.started,
-            r.0 + 1
-        );
-        r
-    });
-    let (rounds, err, took) = outcome;
+    let d = TransferDesc::new(
+        buf.range(..).unwrap(),
+        link.remote(peer.addr, size as u64).unwrap(),
+    );
+    let ops = [TransferOp::Write, TransferOp::Read];
+    let (rounds, err, took) = kill_during_rounds(&link, d, &ops, timeout, &mut child, T);
     let _ = child.wait();
     drop((peer.stdin, peer.stdout));
     assert!(rounds > 0, "no transfer completed before the kill");

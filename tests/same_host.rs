@@ -8,7 +8,9 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, Rounds, client_with, exercise_peer, fnv1a, same_host_available, server};
+use common::{
+    Peer, Rng, client_with, exercise_peer, fnv1a, kill_during_rounds, same_host_available, server,
+};
 use hixl::wire::HostId;
 use hixl::{Access, Error, Options, SameHost, TransferDesc, TransferOp, TransportKind};
 
@@ -86,32 +88,8 @@ fn killed_peer_over_same_host() {
     let (cli, buf) = client_with(size, Options::default().same_host(SameHost::Require));
     let link = cli.connect(&peer.name).unwrap();
     let mut child = peer.child;
-    let progress = Rounds::default();
-    let (rounds, err) = std::thread::scope(|s| {
-        let w = s.spawn(|| {
-            let _end = progress.ender();
-            let d = TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap());
-            let mut rounds = 0;
-            loop {
-                progress.start();
-                match link.transfer_sync(TransferOp::Write, &[d], T) {
-                    Ok(()) => rounds += 1,
-                    Err(e) => return (rounds, e),
-                }
-                progress.complete();
-            }
-        });
-        // kill once a round completed and the next one started, however fast the machine
-        let at_kill = progress.wait_running_after_one(T);
-        child.kill().unwrap();
-        let r = w.join().unwrap();
-        eprintln!(
-            "the peer was killed in round {} ({at_kill:?}); round {} failed",
-            at_kill.started,
-            r.0 + 1
-        );
-        r
-    });
+    let d = TransferDesc::new(buf.full(), link.remote(peer.addr, size as u64).unwrap());
+    let (rounds, err, _) = kill_during_rounds(&link, d, &[TransferOp::Write], T, &mut child, T);
     let _ = child.wait();
     assert!(rounds > 0);
     assert_eq!(err.status().code(), 103_902, "{err:?}");

@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Peer, Rng, Rounds, exercise_peer, fnv1a, ucx_available};
+use common::{Peer, Rng, exercise_peer, fnv1a, kill_during_rounds, ucx_available};
 use hixl::{
     Access, Error, Hixl, HostBuffer, Options, SameHost, TransferArgs, TransferDesc, TransferOp,
     TransportKind, Ucx,
@@ -149,41 +149,12 @@ fn peer_killed_then_restarted() {
     let link = cli.connect(&name).unwrap();
     let deadline = Duration::from_secs(3);
     let mut child = peer.child;
-    let progress = Rounds::default();
-    let (rounds, err, took) = std::thread::scope(|s| {
-        let w = s.spawn(|| {
-            let _end = progress.ender();
-            let d = TransferDesc::new(
-                buf.range(..).unwrap(),
-                link.remote(peer.addr, size as u64).unwrap(),
-            );
-            let mut rounds = 0u32;
-            loop {
-                let op = if rounds.is_multiple_of(2) {
-                    TransferOp::Write
-                } else {
-                    TransferOp::Read
-                };
-                let t0 = Instant::now();
-                progress.start();
-                if let Err(e) = link.transfer_sync(op, &[d], deadline) {
-                    return (rounds, e, t0.elapsed());
-                }
-                rounds += 1;
-                progress.complete();
-            }
-        });
-        // kill once a round completed and the next one started, however fast the machine
-        let at_kill = progress.wait_running_after_one(T);
-        child.kill().unwrap();
-        let r = w.join().unwrap();
-        eprintln!(
-            "the peer was killed in round {} ({at_kill:?}); round {} failed",
-            at_kill.started,
-            r.0 + 1
-        );
-        r
-    });
+    let d = TransferDesc::new(
+        buf.range(..).unwrap(),
+        link.remote(peer.addr, size as u64).unwrap(),
+    );
+    let ops = [TransferOp::Write, TransferOp::Read];
+    let (rounds, err, took) = kill_during_rounds(&link, d, &ops, deadline, &mut child, T);
     let _ = child.wait();
     drop((peer.stdin, peer.stdout));
     assert!(rounds > 0);

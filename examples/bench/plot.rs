@@ -229,7 +229,8 @@ fn series(rows: &[PlotRow]) -> Vec<Series> {
     out
 }
 
-/// Draws `rows` into the SVG file `path`; `metas` are the runs they come from.
+/// Draws `rows` into the SVG file `path` (its folder is made if it is missing); `metas` are the
+/// runs they come from.
 pub(crate) fn draw(
     path: &Path,
     rows: &[PlotRow],
@@ -237,6 +238,15 @@ pub(crate) fn draw(
 ) -> Result<(), Box<dyn std::error::Error>> {
     if rows.is_empty() {
         return Err("--plot: no rows to draw".into());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "--plot {}: cannot make its folder {}: {e}",
+                path.display(),
+                dir.display()
+            )
+        })?;
     }
     let series = series(rows);
     let transports: Vec<&str> = rows

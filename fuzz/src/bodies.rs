@@ -21,6 +21,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("device", device),
     ("ucx_info", ucx_info),
     ("options", options),
+    ("serve_handshake", serve_handshake),
 ];
 
 /// Frames as they arrive: a header, then the payload it announces; and the bytes as the payload
@@ -158,5 +159,205 @@ pub fn options(data: &[u8]) {
     {
         let key = KEYS[first as usize % KEYS.len()];
         let _ = hixl::Options::from_pairs([(key, value)]);
+    }
+}
+
+/// The serving engine's handshake machine (`hixl::handshake`), driven as the poller drives it
+/// over whole frame sequences: the first byte picks the server (a key, an allow-list, same-host
+/// transfers, room for a fence), then each op appends to the client's byte stream raw bytes, a
+/// HELLO, the honest (or a corrupted) AUTH for the last CHALLENGE, or a PROOF. Whole frames are
+/// cut from the stream as the poller cuts them (a header past the handshake limit is a protocol
+/// violation) and fed to the machine until it ends. Checked: a keyed server completes only
+/// after an honest AUTH, an allow-listed one only for a listed name, a PROVE only for a new
+/// link from this host with room for a fence, each frame is sent at most once and in order,
+/// and every refusal is a REFUSE with the status of its cause.
+pub fn serve_handshake(data: &[u8]) {
+    use hixl::handshake::{Admission, Handshake, MAX_HANDSHAKE_FRAME, Refusal, Step, client_proof};
+    use hixl::wire::{HostId, LaneRole};
+    use hixl::{Psk, Status};
+    use std::time::{Duration, Instant};
+
+    let Some((&flags, mut ops)) = data.split_first() else {
+        return;
+    };
+    let me = HostId {
+        boot: [1; 16],
+        pidns: 7,
+        pid: 100,
+        start: 1,
+    };
+    let elsewhere = HostId {
+        boot: [2; 16],
+        ..me
+    };
+    let key = Psk::new("fuzz key");
+    let names = ["a", "b", "10.0.0.7"];
+    let allow = vec!["a".to_owned()];
+    let adm = Admission {
+        psk: (flags & 1 != 0).then_some(&key),
+        allow: (flags & 2 != 0).then_some(allow.as_slice()),
+        host: (flags & 4 != 0).then_some(me),
+        fence_room: flags & 8 != 0,
+        client: "10.0.0.7:4000".parse().expect("an address"),
+        server: Some("10.0.0.1:5000".parse().expect("an address")),
+    };
+    let now = Instant::now();
+    let mut hs = Some(Box::new(Handshake::new(now, now + Duration::from_secs(1))));
+    let mut stream: Vec<u8> = Vec::new();
+    // what the client side knows: its last HELLO, the CHALLENGE's nonce, the PROVE's nonce;
+    // and what the server was sent
+    let mut last_hello: Option<Hello> = None;
+    let mut fed_hello: Option<Hello> = None;
+    let mut sn: Option<[u8; 32]> = None;
+    let mut honest_auth_fed = false;
+    let mut prove_nonce: Option<[u8; 32]> = None;
+    fn next(ops: &mut &[u8]) -> u8 {
+        let (b, rest) = ops.split_first().map_or((0, &[][..]), |(b, r)| (*b, r));
+        *ops = rest;
+        b
+    }
+    while !ops.is_empty() {
+        let op = next(&mut ops);
+        match op % 4 {
+            0 => {
+                let n = usize::from(next(&mut ops)).min(ops.len());
+                stream.extend_from_slice(&ops[..n]);
+                ops = &ops[n..];
+            }
+            1 => {
+                let c = next(&mut ops);
+                let h = Hello {
+                    role: if c & 1 == 0 {
+                        LaneRole::NewLink
+                    } else {
+                        LaneRole::Join
+                    },
+                    instance: 1,
+                    token: u64::from(c >> 6),
+                    name: names[usize::from(c >> 1) % names.len()].into(),
+                    target: String::new(),
+                    host: match (c >> 3) & 3 {
+                        0 => None,
+                        1 => Some(me),
+                        _ => Some(elsewhere),
+                    },
+                    nonce: [c; 32],
+                };
+                h.encode(&mut stream);
+                last_hello = Some(h);
+            }
+            2 => {
+                let corrupt = next(&mut ops) & 1 != 0;
+                let (cn, name) = last_hello
+                    .as_ref()
+                    .map_or(([0; 32], ""), |h| (h.nonce, h.name.as_str()));
+                let mut proof = client_proof(&key, &cn, &sn.unwrap_or([0; 32]), name);
+                if corrupt {
+                    proof[0] ^= 1;
+                }
+                wire::encode_auth(&mut stream, Kind::Auth, &[&proof]);
+            }
+            _ => wire::encode_proof(&mut stream, u64::from(next(&mut ops))),
+        }
+        // the poller's part: cut whole frames and feed them
+        let mut at = 0;
+        let step = loop {
+            let Some(h) = stream.get(at..at + wire::HEADER_LEN) else {
+                break None;
+            };
+            let h: [u8; wire::HEADER_LEN] = h.try_into().expect("a header");
+            let h = match wire::decode_header(&h) {
+                Ok(h) if h.len > MAX_HANDSHAKE_FRAME => {
+                    break Some(Step::Refuse(Refusal::violation(
+                        &wire::WireError::OverLimit {
+                            what: "handshake frame length",
+                            got: h.len.into(),
+                            limit: MAX_HANDSHAKE_FRAME.into(),
+                        },
+                    )));
+                }
+                Ok(h) => h,
+                Err(e) => break Some(Step::Refuse(Refusal::violation(&e))),
+            };
+            let end = at + wire::HEADER_LEN + h.len as usize;
+            let Some(p) = stream.get(at + wire::HEADER_LEN..end) else {
+                break None;
+            };
+            if h.kind == Kind::Hello {
+                fed_hello = Hello::decode(p).ok();
+            }
+            // an AUTH that proves the key for the HELLO fed and the CHALLENGE sent
+            if h.kind == Kind::Auth
+                && let (Some(hello), Some(sn)) = (&fed_hello, &sn)
+                && wire::decode_auth(p, 1)
+                    .is_ok_and(|f| f[0] == client_proof(&key, &hello.nonce, sn, &hello.name))
+            {
+                honest_auth_fed = true;
+            }
+            let step = (hs.take().expect("a handshake in progress")).on_frame(h.kind, p, &adm);
+            at = end;
+            match step {
+                Step::Send(f, more) => {
+                    let fh: [u8; wire::HEADER_LEN] =
+                        f[..wire::HEADER_LEN].try_into().expect("a header");
+                    let k = wire::decode_header(&fh)
+                        .expect("a sent header decodes")
+                        .kind;
+                    let fp = payload(&f);
+                    if k == Kind::Challenge {
+                        assert!(adm.psk.is_some(), "a CHALLENGE without a key");
+                        assert!(sn.is_none(), "a second CHALLENGE");
+                        let fields = wire::decode_auth(fp, 2).expect("a CHALLENGE decodes");
+                        sn = Some(fields[0]);
+                    } else {
+                        assert_eq!(k, Kind::Prove, "an unexpected frame");
+                        assert!(prove_nonce.is_none(), "a second PROVE");
+                        assert!(
+                            adm.psk.is_none() || honest_auth_fed,
+                            "a PROVE before the key"
+                        );
+                        prove_nonce = Some(fp.try_into().expect("a PROVE holds its nonce"));
+                    }
+                    hs = Some(more);
+                }
+                other => break Some(other),
+            }
+        };
+        stream.drain(..at.min(stream.len()));
+        let Some(step) = step else { continue };
+        let completed = |h: &Hello| {
+            assert_eq!(Some(h), fed_hello.as_ref(), "completed with another HELLO");
+            assert!(
+                adm.psk.is_none() || honest_auth_fed,
+                "completed without the key"
+            );
+            if let Some(allow) = adm.allow {
+                assert!(allow.contains(&h.name), "completed for a name not allowed");
+            }
+        };
+        match step {
+            Step::Done(h) => completed(&h),
+            Step::Prove { hello, nonce, .. } => {
+                completed(&hello);
+                assert_eq!(Some(nonce), prove_nonce, "proved another nonce");
+                assert!(hello.role == LaneRole::NewLink && adm.fence_room);
+                assert!(adm.same_host(&hello), "a proof asked of another host");
+            }
+            Step::Refuse(r) => {
+                let f = r.frame();
+                let back = Refuse::decode(payload(&f)).expect("a REFUSE decodes");
+                assert_eq!(
+                    (back.status, back.reason.as_str()),
+                    (r.status.code(), r.told.as_str())
+                );
+                assert!(
+                    [Status::FAILED, Status::PARAM_INVALID].contains(&r.status),
+                    "refused with {:?}",
+                    r.status
+                );
+            }
+            Step::Send(..) => unreachable!("sends are handled in the loop"),
+        }
+        return;
     }
 }

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::runtime::engine::EngineInner;
 use crate::runtime::executor::{Handler, Queue};
 use crate::runtime::link::LinkShared;
 use crate::sync::lock;
@@ -63,6 +62,20 @@ struct State {
     stop: bool,
 }
 
+/// What the connect queue needs of its engine (the engine core implements it): the queue holds
+/// its engine weakly and names no type of it.
+pub(crate) trait Opener: Send + Sync + 'static {
+    /// Opens a link to `key` at `addr` within `timeout`.
+    fn open_link(
+        &self,
+        key: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<LinkShared>, Error>;
+    /// A link it opened was closed: its name is free again.
+    fn forget_link(&self, link: &LinkShared);
+}
+
 /// The engine's async connect queue.
 pub(crate) struct ConnectPool {
     st: Mutex<State>,
@@ -81,9 +94,9 @@ impl Default for ConnectPool {
 
 impl ConnectPool {
     /// Queues a task for `key`; gives the remote a turn if none of its tasks runs.
-    fn push(
+    fn push<E: Opener>(
         self: &Arc<Self>,
-        engine: &Weak<EngineInner>,
+        engine: &Weak<E>,
         key: &str,
         task: Task,
     ) -> Result<(), Error> {
@@ -111,7 +124,7 @@ impl ConnectPool {
 
     /// Queues a turn for remote `key` on the executor. A turn that finds one of the remote's
     /// tasks running, or none queued, does nothing, so a turn too many is harmless.
-    fn give_turn(self: &Arc<Self>, engine: &Weak<EngineInner>, key: &str) {
+    fn give_turn<E: Opener>(self: &Arc<Self>, engine: &Weak<E>, key: &str) {
         let worker = &mut || -> Handler<String> {
             let (pool, e) = (self.clone(), engine.clone());
             Box::new(move |k| turn(&pool, &e, k))
@@ -124,9 +137,9 @@ impl ConnectPool {
         }
     }
 
-    pub fn connect(
+    pub fn connect<E: Opener>(
         self: &Arc<Self>,
-        engine: &Weak<EngineInner>,
+        engine: &Weak<E>,
         key: &str,
         addr: SocketAddr,
         timeout: Duration,
@@ -134,9 +147,9 @@ impl ConnectPool {
         self.push(engine, key, Task::Connect(addr, timeout))
     }
 
-    pub fn disconnect(
+    pub fn disconnect<E: Opener>(
         self: &Arc<Self>,
-        engine: &Weak<EngineInner>,
+        engine: &Weak<E>,
         key: &str,
         timeout: Duration,
     ) -> Result<(), Error> {
@@ -227,7 +240,7 @@ fn pending(t: Task) -> AsyncConnectStatus {
 }
 
 /// One turn of remote `key`: runs its next task, then queues its next turn if it has more.
-fn turn(pool: &Arc<ConnectPool>, engine: &Weak<EngineInner>, key: String) {
+fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
     let task = {
         let mut st = lock(&pool.st);
         if st.stop {

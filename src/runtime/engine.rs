@@ -9,20 +9,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::auth::random_u64;
 use crate::device::Device;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::notify::NotifyQueue;
 use crate::options::Options;
-use crate::runtime::connect::ConnectPool;
-use crate::runtime::control::server::{ServeTable, Server, ServerConfig};
+use crate::runtime::connect::{ConnectPool, Opener};
 use crate::runtime::link::{LinkConfig, LinkShared};
 use crate::runtime::region::RegionCore;
+use crate::runtime::serve::{ServeTable, Server, ServerConfig};
 use crate::runtime::transports::{self, Transports};
 use crate::sync::lock;
 use crate::transport::{Backend, Region, Regions};
+use crate::types::MemType;
 use crate::types::engine_name::EngineName;
-use crate::types::{MemType, random_u64};
 
 #[derive(Default)]
 pub(crate) struct RegionTable {
@@ -547,4 +548,19 @@ fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
             heartbeat_after(me, every);
         }
     });
+}
+
+impl Opener for EngineInner {
+    fn open_link(
+        &self,
+        key: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Arc<LinkShared>, Error> {
+        EngineInner::open_link(self, key, addr, timeout)
+    }
+
+    fn forget_link(&self, link: &LinkShared) {
+        EngineInner::forget_link(self, link);
+    }
 }

@@ -22,12 +22,12 @@ use crate::sync::lock;
 /// How long a worker waits for a job before it leaves.
 pub(crate) const IDLE: Duration = Duration::from_secs(2);
 
-type Job = Box<dyn FnOnce() + Send>;
+type Task = Box<dyn FnOnce() + Send>;
 
 struct Timed {
     at: Instant,
     seq: u64,
-    job: Job,
+    job: Task,
 }
 impl PartialEq for Timed {
     fn eq(&self, o: &Self) -> bool {
@@ -56,7 +56,7 @@ struct Timers {
 
 struct Executor {
     /// The executor's own queue: its workers are threads, its items jobs.
-    jobs: Arc<Queue<Job>>,
+    jobs: Arc<Queue<Task>>,
     timers: Mutex<Timers>,
     tick: Condvar,
 }
@@ -79,8 +79,8 @@ pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Result<(), NoWorker>
     spawn_job(Box::new(job))
 }
 
-fn spawn_job(job: Job) -> Result<(), NoWorker> {
-    let handler = &mut || -> Handler<Job> { Box::new(|job: Job| job()) };
+fn spawn_job(job: Task) -> Result<(), NoWorker> {
+    let handler = &mut || -> Handler<Task> { Box::new(|job: Task| job()) };
     executor().jobs.push(job, handler).map_err(|_| NoWorker)
 }
 
@@ -373,30 +373,30 @@ mod tests {
     #[test]
     fn a_queue_keeps_its_bound_and_one_at_a_time_its_order() {
         // 40 jobs, at most 3 at once; each of them runs
-        let q: Arc<Queue<Job>> = Queue::new(3);
+        let q: Arc<Queue<Task>> = Queue::new(3);
         let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let ran = Arc::new(AtomicUsize::new(0));
         for _ in 0..40 {
             let (now, most, ran) = (now.clone(), most.clone(), ran.clone());
-            let job: Job = Box::new(move || {
+            let job: Task = Box::new(move || {
                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(n, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(2));
                 now.fetch_sub(1, Ordering::SeqCst);
                 ran.fetch_add(1, Ordering::SeqCst);
             });
-            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
+            assert!(q.push(job, &mut || Box::new(|job: Task| job())).is_ok());
         }
         q.wait_idle();
         assert_eq!(ran.load(Ordering::SeqCst), 40);
         assert!(most.load(Ordering::SeqCst) <= 3, "{most:?}");
         // one at a time: strictly one after the other
-        let q: Arc<Queue<Job>> = Queue::new(1);
+        let q: Arc<Queue<Task>> = Queue::new(1);
         let (tx, rx) = mpsc::channel();
         for i in 0..5 {
             let tx = tx.clone();
-            let job: Job = Box::new(move || tx.send(i).unwrap());
-            assert!(q.push(job, &mut || Box::new(|job: Job| job())).is_ok());
+            let job: Task = Box::new(move || tx.send(i).unwrap());
+            assert!(q.push(job, &mut || Box::new(|job: Task| job())).is_ok());
         }
         let got: Vec<i32> = (0..5)
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())

@@ -9,7 +9,6 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::runtime::link::LinkShared;
 use crate::sync::model::{Condvar, Mutex, lock};
 use crate::transport::Cancel;
 use crate::types::BatchDesc;
@@ -124,9 +123,36 @@ pub(crate) struct ReqState {
     pub(crate) deadline: Instant,
 }
 
+/// Where a request's end is accounted (the link core implements it: its counters and its set of
+/// unfinished requests), so that a request names no type of its link.
+pub(crate) trait Settle: Send + Sync + 'static {
+    /// Bookkeeping when request `seq` ends, whoever ended it (`err`: how it failed).
+    fn settle(
+        &self,
+        seq: u64,
+        op: TransferOp,
+        bytes: u64,
+        took: std::time::Duration,
+        err: Option<crate::error::Status>,
+    );
+}
+
+impl<T: Settle> Settle for Arc<T> {
+    fn settle(
+        &self,
+        seq: u64,
+        op: TransferOp,
+        bytes: u64,
+        took: std::time::Duration,
+        err: Option<crate::error::Status>,
+    ) {
+        T::settle(self, seq, op, bytes, took, err);
+    }
+}
+
 /// A queued async request: its state (which keeps its regions alive until it ends) and its
 /// descriptors.
-pub(crate) struct Job {
+pub(crate) struct QueuedBatch {
     pub state: Arc<ReqState>,
     pub xds: Vec<BatchDesc>,
 }
@@ -224,7 +250,7 @@ impl ReqState {
     /// Ends the request with `outcome` unless it has ended already; settles the link's
     /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
     /// not started is ended. Returns whether this call ended it.
-    fn end(&self, link: &LinkShared, outcome: Outcome, only_queued: bool) -> bool {
+    fn end(&self, link: &impl Settle, outcome: Outcome, only_queued: bool) -> bool {
         let Some((outcome, waker)) = self.release(outcome, only_queued) else {
             return false;
         };
@@ -243,19 +269,19 @@ impl ReqState {
     }
 
     /// The worker ends the request it ran (or could not run).
-    pub(crate) fn finish(&self, link: &LinkShared, outcome: Outcome) {
+    pub(crate) fn finish(&self, link: &impl Settle, outcome: Outcome) {
         self.end(link, outcome, false);
     }
 
     /// Ends a request that has not started (deadline, cancel, drop) without touching memory.
-    pub(crate) fn resolve_queued(&self, link: &LinkShared, outcome: Outcome) -> bool {
+    pub(crate) fn resolve_queued(&self, link: &impl Settle, outcome: Outcome) -> bool {
         self.end(link, outcome, true)
     }
 
     /// Stops the request: one still queued ends `Cancelled` at once; one running is marked
     /// cancelled (a data path polls that between its steps) and its lane's socket, if it runs on
     /// one, is shut down, so the worker's I/O returns and it ends the request.
-    pub(crate) fn cancel(&self, link: &LinkShared) {
+    pub(crate) fn cancel(&self, link: &impl Settle) {
         if self.resolve_queued(link, Outcome::Cancelled) {
             return;
         }
@@ -332,7 +358,7 @@ pub(crate) fn to_status(o: &Outcome) -> TransferStatus {
 
 /// Watches a new request's deadline: on the executor's timer, a request still queued then ends
 /// `TimedOut` (and its future is woken), even when every worker of its link is busy.
-pub(crate) fn watch(st: &Arc<ReqState>, link: &Arc<LinkShared>) {
+pub(crate) fn watch<L: Settle>(st: &Arc<ReqState>, link: &Arc<L>) {
     let (st_w, link_w) = (Arc::downgrade(st), Arc::downgrade(link));
     crate::runtime::executor::at(st.deadline, move || {
         if let (Some(st), Some(link)) = (st_w.upgrade(), link_w.upgrade()) {

@@ -11,22 +11,17 @@ use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
-use crate::transport::tcp::TcpPath;
+use crate::transport::tcp::{Lanes, TcpPath};
 use crate::transport::ucx::{UcxBackend, UcxEngine};
 use crate::transport::{Backend, DataPath};
-
-/// TCP's serving half: XFER requests on the server's connections, against its region table.
-pub(crate) use crate::transport::tcp::serve::{PATIENCE, Pending, Served, Then, XferServer};
-/// TCP, every link's: its lanes (the control plane's messages go over them too) and, last of
-/// its data paths, TCP's, which covers every batch.
-pub(crate) use crate::transport::tcp::{FirstLane, Join, Lanes};
 
 /// LLM-DataDist's link by an explicit rank table, HCCL's half (the Ascend transport's): the
 /// communicator over the caller's rank table and its descriptor rendezvous
 /// (`HcclExchangeMemDesc`); `datadist` links the engines by what the descriptors carry.
 pub(crate) use crate::transport::ascend::rank_link::{RankComm, rank_server_ip};
 
-/// TCP's data path over a link's `lanes`; a large sync batch takes up to `parallel` of them.
+/// TCP's data path over a link's `lanes` (last of a link's data paths: it covers every batch);
+/// a large sync batch takes up to `parallel` of them.
 pub(crate) fn tcp_path(lanes: Arc<Lanes>, parallel: usize) -> Box<dyn DataPath> {
     Box::new(TcpPath::new(lanes, parallel))
 }

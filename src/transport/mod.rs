@@ -1,7 +1,7 @@
 //! Transports: how bytes move once a link exists, and the two traits a transport implements.
 //!
 //! The control plane (handshake, region tables, notifications, heartbeat, disconnect;
-//! `runtime/control/`) is common to all transports and speaks the [`wire`](crate::wire)
+//! `runtime/serve/`) is common to all transports and speaks the [`wire`](crate::wire)
 //! protocol over TCP: every link has TCP lanes, and TCP (`tcp/`) is also the `DataPath` of
 //! last resort, which covers every batch. A transport adds a `DataPath` (how a link moves a
 //! batch with it) and, but for TCP, a `Backend` (its engine-wide part: what it keeps while the

@@ -1,5 +1,5 @@
 //! The crate's plain data: what a transfer is (TransferOp), where memory lives (MemType, MemDesc,
-//! Access), who a process is (HostId), ids (random_u64), and the descriptors that go on the wire
+//! Access), who a process is (HostId), and the descriptors that go on the wire
 //! and down a data path (WireDesc, BatchDesc). A leaf: it imports nothing from the crate.
 //!
 //! (The parsed engine name, which reports errors, is in [`engine_name`].)
@@ -176,13 +176,6 @@ pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &s[s.rfind(')')? + 1..];
     after.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// A random 64-bit value from the operating system (instance ids, link tokens, nonces). There is
-/// no fallback: a value a peer could guess (time, pid, a counter) would let it forge a link
-/// token or replay a handshake, so a failing source is an error.
-pub(crate) fn random_u64() -> Result<u64, crate::error::Error> {
-    getrandom::u64().map_err(|e| crate::error::Error::NoRandomness { source: e.into() })
 }
 
 /// One descriptor on the wire: a range of a region of the serving engine.

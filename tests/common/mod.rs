@@ -454,3 +454,43 @@ impl Rounds {
         *g
     }
 }
+
+/// Kills a peer in the middle of a transfer: on another thread, rounds of `ops` (taken in turn)
+/// over `d` on `link`, each within `timeout`, until one fails; `child` (the peer) is killed once
+/// a round completed and the next one started, however fast the machine (waiting at most
+/// `wait`). Returns the rounds completed, the error of the one that failed and how long it took.
+pub fn kill_during_rounds(
+    link: &hixl::Link<'_>,
+    d: hixl::TransferDesc<'_>,
+    ops: &[hixl::TransferOp],
+    timeout: std::time::Duration,
+    child: &mut std::process::Child,
+    wait: std::time::Duration,
+) -> (u32, hixl::Error, std::time::Duration) {
+    let progress = Rounds::default();
+    std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let _end = progress.ender();
+            let mut rounds = 0u32;
+            loop {
+                let op = ops[rounds as usize % ops.len()];
+                let t0 = std::time::Instant::now();
+                progress.start();
+                match link.transfer_sync(op, &[d], timeout) {
+                    Ok(()) => rounds += 1,
+                    Err(e) => return (rounds, e, t0.elapsed()),
+                }
+                progress.complete();
+            }
+        });
+        let at_kill = progress.wait_running_after_one(wait);
+        child.kill().unwrap();
+        let r = w.join().unwrap();
+        eprintln!(
+            "the peer was killed in round {} ({at_kill:?}); round {} failed",
+            at_kill.started,
+            r.0 + 1
+        );
+        r
+    })
+}

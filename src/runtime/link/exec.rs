@@ -9,7 +9,7 @@ use super::{LinkShared, Unfinished};
 use crate::error::Error;
 use crate::runtime::executor::Handler;
 use crate::runtime::region::RegionUse;
-use crate::runtime::request::{Job, Outcome, ReqState, Started};
+use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Settle, Started};
 use crate::sync::lock;
 use crate::transport::{Batch, PathFail};
 use crate::types::{BatchDesc, TransferOp};
@@ -74,7 +74,7 @@ impl LinkShared {
         })?;
         self.counters.start(op);
         crate::runtime::request::watch(&state, self);
-        self.enqueue(Job {
+        self.enqueue(QueuedBatch {
             state: state.clone(),
             xds,
         });
@@ -189,7 +189,7 @@ impl LinkShared {
     }
 
     /// Runs one async request (on a worker of the executor).
-    fn execute(self: &Arc<Self>, job: Job) {
+    fn execute(self: &Arc<Self>, job: QueuedBatch) {
         let st = &job.state;
         if !st.claim_queued() {
             return; // resolved while queued (deadline, cancel)
@@ -232,21 +232,6 @@ impl LinkShared {
         Ok((seq, kept))
     }
 
-    /// Bookkeeping when a request ends, whoever ended it.
-    pub(crate) fn settle(
-        &self,
-        seq: u64,
-        op: TransferOp,
-        bytes: u64,
-        took: Duration,
-        err: Option<crate::error::Status>,
-    ) {
-        self.counters.finish(op, bytes, took, err);
-        let mut u = lock(&self.unfinished);
-        u.reqs.remove(&seq);
-        self.ended(u);
-    }
-
     /// A transfer ended (it was taken out of `u`): notifications and `close` waiting go on.
     fn ended(&self, u: std::sync::MutexGuard<'_, Unfinished>) {
         let wake = u.waiting > 0;
@@ -257,12 +242,12 @@ impl LinkShared {
     }
 
     /// Queues an async request on the link's queue (a new worker of it holds the link).
-    fn enqueue(self: &Arc<Self>, job: Job) {
-        let worker = &mut || -> Handler<Job> {
+    fn enqueue(self: &Arc<Self>, job: QueuedBatch) {
+        let worker = &mut || -> Handler<QueuedBatch> {
             let me = self.clone();
             Box::new(move |job| me.execute(job))
         };
-        if let Err(Job { state: st, .. }) = self.queue.push(job, worker) {
+        if let Err(QueuedBatch { state: st, .. }) = self.queue.push(job, worker) {
             // nobody can run it: fail it rather than leave it waiting
             if st.claim_queued() {
                 let e = Error::LanesExhausted {
@@ -285,5 +270,21 @@ impl Drop for Listed<'_> {
             u.syncs.swap_remove(i);
         }
         self.0.ended(u);
+    }
+}
+
+impl Settle for LinkShared {
+    fn settle(
+        &self,
+        seq: u64,
+        op: TransferOp,
+        bytes: u64,
+        took: Duration,
+        err: Option<crate::error::Status>,
+    ) {
+        self.counters.finish(op, bytes, took, err);
+        let mut u = lock(&self.unfinished);
+        u.reqs.remove(&seq);
+        self.ended(u);
     }
 }

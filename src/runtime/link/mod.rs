@@ -18,10 +18,11 @@ use crate::metrics::LinkCounters;
 use crate::options::SameHost;
 use crate::process::PeerProc;
 use crate::runtime::executor::Queue;
-use crate::runtime::request::{Job, ReqState};
+use crate::runtime::request::{QueuedBatch, ReqState};
 use crate::runtime::revoke::fence::ClientFence;
-use crate::runtime::transports::{FirstLane, Join, Lanes, tcp_path};
+use crate::runtime::transports::tcp_path;
 use crate::sync::lock;
+use crate::transport::tcp::{FirstLane, Join, Lanes};
 use crate::transport::{Backend, DataPath, Health, Setup, TransportKind};
 use crate::types::HostId;
 use crate::wire::{Hello, LaneRole, TableEntry};
@@ -77,7 +78,7 @@ pub(crate) struct LinkShared {
     pub(crate) table: Vec<TableEntry>,
     pub(crate) engine_id: u64,
     /// The link's async requests, taken in order, at most `max_lanes` at once.
-    queue: Arc<Queue<Job>>,
+    queue: Arc<Queue<QueuedBatch>>,
     /// Transfers not finished yet.
     unfinished: Mutex<Unfinished>,
     finished_cv: Condvar,

@@ -5,8 +5,8 @@
 //! memory with no work by the server, so the server cannot see a copy in flight. Every such
 //! link holds a [`fence`] the server can revoke and wait for; a client that does not confirm in
 //! time leaves the memory it could reach in [`quarantine`] until it cannot touch it any more.
-//! Both are the runtime's, whichever transport moves the bytes: the control plane hands out the
-//! fences (`control/`), the link core enters them around every fenced batch (`link/`), and the
+//! Both are the runtime's, whichever transport moves the bytes: the serving engine hands out the
+//! fences (`serve/`), the link core enters them around every fenced batch (`link/`), and the
 //! region records quarantine memory (`region.rs`).
 
 pub(crate) mod fence;

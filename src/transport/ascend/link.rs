@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::hccl::{Comm, Direction, OneSideDesc};
-use super::rank_table::{comm_name, my_dev, my_info, parse_dev, rank_table};
+use super::rank_table::{
+    CLIENT_RANK, SERVER_RANK, comm_name, my_dev, my_info, parse_dev, rank_table,
+};
 use super::{Runtime, hccl_mem};
 use crate::device::acl::Stream;
 use crate::error::{Error, Status};
@@ -31,10 +33,6 @@ use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::wire::{DeviceInfo, Kind, TableEntry};
 
-/// The server's rank in a link's communicator.
-pub(crate) const SERVER_RANK: u32 = 0;
-/// The client's rank.
-pub(crate) const CLIENT_RANK: u32 = 1;
 /// How long a failed link waits after `aclrtStreamAbort` before it destroys the communicator:
 /// the abort cannot stop tasks the AI CPU is already unfolding (HIXL's `kAicpuUnfoldGuardMs`).
 pub(crate) const ABORT_GUARD: Duration = Duration::from_millis(100);

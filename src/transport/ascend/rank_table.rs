@@ -12,7 +12,10 @@ use super::{Runtime, SuperIds};
 use crate::error::Error;
 use crate::wire::DeviceInfo;
 
-use super::link::{CLIENT_RANK, SERVER_RANK};
+/// The server's rank in a link's communicator.
+pub(crate) const SERVER_RANK: u32 = 0;
+/// The client's rank.
+pub(crate) const CLIENT_RANK: u32 = 1;
 
 fn ip_of_name(name: &str) -> String {
     crate::types::engine_name::EngineName::parse(name)

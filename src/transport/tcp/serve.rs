@@ -1,5 +1,5 @@
-//! TCP's serving half: XFER requests on a server's connection. The control plane's server
-//! (`runtime/control`) admits the connection, reads each frame and hands an XFER here: its
+//! TCP's serving half: XFER requests on a server's connection. The serving engine
+//! (`runtime/serve/`) admits the connection, reads each frame and hands an XFER here: its
 //! descriptors are checked against the served regions ([`Served`], the server's region table)
 //! before a byte moves, then the bytes go straight between the socket and registered memory (a
 //! WRITE's payload is received into it, a READ's reply is sent from it).
@@ -47,13 +47,15 @@ pub(crate) unsafe trait Served {
 /// buffer has drained.
 pub(crate) const PATIENCE: Duration = Duration::from_millis(5);
 
-/// What follows once a request's bytes have all moved.
+/// What a lane does after a request moved what it could.
 #[derive(Debug)]
-pub(crate) enum Then {
-    /// The next request.
-    Continue,
-    /// The connection closes for this reason (a refused WRITE: its payload that follows
-    /// cannot be skipped safely).
+pub(crate) enum After {
+    /// Its next request: this one's bytes have all moved.
+    NextRequest,
+    /// Waits for its socket: the request is parked with what it has left.
+    Park,
+    /// Closes, for this reason (a refused WRITE: its payload that follows cannot be skipped
+    /// safely).
     Close(String),
 }
 
@@ -68,7 +70,8 @@ pub(crate) struct Pending<H> {
     send_pos: usize,
     /// The frame `send[0]` points into (its heap buffer stays put when the struct moves).
     _frame: Vec<u8>,
-    then: Then,
+    /// What follows once every byte has moved ([`After::NextRequest`] or [`After::Close`]).
+    then: After,
     /// It was parked once: it resumes without waiting until it keeps pace again.
     resumed: bool,
     /// When the whole request must be done.
@@ -80,7 +83,7 @@ pub(crate) struct Pending<H> {
 
 impl<H> Pending<H> {
     /// A frame to send (a reply), then `then`.
-    pub(crate) fn reply(frame: Vec<u8>, then: Then, deadline: Option<Instant>) -> Box<Self> {
+    pub(crate) fn reply(frame: Vec<u8>, then: After, deadline: Option<Instant>) -> Box<Self> {
         let send = vec![IoVec {
             base: frame.as_ptr() as usize,
             len: frame.len(),
@@ -105,12 +108,12 @@ impl<H> Pending<H> {
             .any(|v| v.len > 0)
     }
 
-    /// Moves what the socket takes (never waiting more than [`PATIENCE`] for it): `Some` once
-    /// every byte has moved, with what follows; `None` when the socket stalled (park it).
+    /// Moves what the socket takes (never waiting more than [`PATIENCE`] for it): once every
+    /// byte has moved, what follows; [`After::Park`] when the socket stalled.
     ///
     /// # Errors
     /// The socket failed, or the deadline passed (`TimedOut`).
-    pub(crate) fn progress(&mut self, sock: &mut Sock) -> io::Result<Option<Then>> {
+    pub(crate) fn progress(&mut self, sock: &mut Sock) -> io::Result<After> {
         let (dl, resumed) = (self.deadline, self.resumed);
         // SAFETY: the receive iovecs are ranges `Served::admit` returned, valid for writes of
         // any bytes, by anyone, while `_held` lives (it lives as long as `self`).
@@ -140,9 +143,9 @@ impl<H> Pending<H> {
             }?;
         if !sent {
             self.resumed = true;
-            return Ok(None);
+            return Ok(After::Park);
         }
-        Ok(Some(std::mem::replace(&mut self.then, Then::Continue)))
+        Ok(std::mem::replace(&mut self.then, After::NextRequest))
     }
 }
 
@@ -188,14 +191,14 @@ impl XferServer {
             Err((status, reason)) => {
                 wire::encode_done(&mut frame, x.req, status.code(), &reason);
                 let then = match x.op {
-                    TransferOp::Write => Then::Close(reason),
-                    TransferOp::Read => Then::Continue,
+                    TransferOp::Write => After::Close(reason),
+                    TransferOp::Read => After::NextRequest,
                 };
                 return Pending::reply(frame, then, deadline);
             }
         };
         wire::encode_done(&mut frame, x.req, 0, "");
-        let mut p = Pending::reply(frame, Then::Continue, deadline);
+        let mut p = Pending::reply(frame, After::NextRequest, deadline);
         match x.op {
             TransferOp::Write => {
                 p.recv = self.targets.clone();

@@ -40,7 +40,7 @@ pub(crate) const PROTOCOL_VIOLATION: Status = Status::FAILED;
 
 /// Largest HELLO or AUTH payload a serving engine reads before a client is authenticated; a
 /// longer frame is refused from its header (an honest HELLO is at most about 2.2 KiB).
-pub(crate) const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
+pub const MAX_HANDSHAKE_FRAME: u32 = 4 << 10;
 
 /// The bounds a serving engine keeps (see [`Options`](crate::Options) for each default).
 #[derive(Debug, Clone, Copy)]
@@ -152,7 +152,7 @@ pub(crate) fn make_room(
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
+pub(crate) enum Phase {
     /// Accepted, handshake not finished.
     Handshake,
     /// A lane of a link.
@@ -161,13 +161,13 @@ pub(crate) enum Stage {
 
 /// One connection of a serving engine.
 #[derive(Debug)]
-pub(crate) struct Conn {
+pub(crate) struct Entry {
     fd: RawFd,
     peer: IpAddr,
-    stage: Stage,
+    phase: Phase,
 }
 
-impl AsRawFd for Conn {
+impl AsRawFd for Entry {
     fn as_raw_fd(&self) -> RawFd {
         self.fd
     }
@@ -185,7 +185,7 @@ pub(crate) type Refusal = &'static str;
 /// The connections of one serving engine, with their counts.
 #[derive(Debug, Default)]
 pub(crate) struct ConnTable {
-    map: HashMap<u64, Conn>,
+    map: HashMap<u64, Entry>,
     handshakes: usize,
     established: usize,
     peers: HashMap<IpAddr, PeerCount>,
@@ -193,12 +193,12 @@ pub(crate) struct ConnTable {
 
 impl ConnTable {
     /// The connection `id`.
-    pub fn get(&self, id: &u64) -> Option<&Conn> {
+    pub fn get(&self, id: &u64) -> Option<&Entry> {
         self.map.get(id)
     }
 
     /// Every connection.
-    pub fn values(&self) -> impl Iterator<Item = &Conn> {
+    pub fn values(&self) -> impl Iterator<Item = &Entry> {
         self.map.values()
     }
 
@@ -217,25 +217,25 @@ impl ConnTable {
     }
 
     /// Takes `c` out of the counts.
-    fn uncount(&mut self, peer: IpAddr, stage: Stage) {
+    fn uncount(&mut self, peer: IpAddr, phase: Phase) {
         let p = self.peer(peer);
-        match stage {
-            Stage::Handshake => p.handshakes -= 1,
-            Stage::Established => p.established -= 1,
+        match phase {
+            Phase::Handshake => p.handshakes -= 1,
+            Phase::Established => p.established -= 1,
         }
         if p.handshakes == 0 && p.established == 0 {
             self.peers.remove(&peer);
         }
-        match stage {
-            Stage::Handshake => self.handshakes -= 1,
-            Stage::Established => self.established -= 1,
+        match phase {
+            Phase::Handshake => self.handshakes -= 1,
+            Phase::Established => self.established -= 1,
         }
     }
 
     /// Forgets connection `id` (before its descriptor is closed).
-    pub fn remove(&mut self, id: &u64) -> Option<Conn> {
+    pub fn remove(&mut self, id: &u64) -> Option<Entry> {
         let c = self.map.remove(id)?;
-        self.uncount(c.peer, c.stage);
+        self.uncount(c.peer, c.phase);
         Some(c)
     }
 
@@ -244,10 +244,10 @@ impl ConnTable {
     pub fn admit(&mut self, id: u64, fd: RawFd, peer: IpAddr) {
         self.map.insert(
             id,
-            Conn {
+            Entry {
                 fd,
                 peer,
-                stage: Stage::Handshake,
+                phase: Phase::Handshake,
             },
         );
         self.handshakes += 1;
@@ -259,8 +259,8 @@ impl ConnTable {
         let Some(c) = self.map.get(&id) else {
             return Err("connection cut");
         };
-        let (peer, stage) = (c.peer, c.stage);
-        if stage == Stage::Established {
+        let (peer, phase) = (c.peer, c.phase);
+        if phase == Phase::Established {
             return Ok(());
         }
         if self.established >= l.max_conns {
@@ -269,11 +269,11 @@ impl ConnTable {
         if self.peers.get(&peer).map_or(0, |p| p.established) >= l.max_conns_per_peer {
             return Err("too many connections from this address");
         }
-        self.uncount(peer, Stage::Handshake);
+        self.uncount(peer, Phase::Handshake);
         self.established += 1;
         self.peer(peer).established += 1;
         if let Some(c) = self.map.get_mut(&id) {
-            c.stage = Stage::Established;
+            c.phase = Phase::Established;
         }
         Ok(())
     }

@@ -1,57 +1,30 @@
-//! The frame dispatch of the control plane's server, on its workers: opening or joining the link
-//! of a completed handshake (WELCOME with the region table), then the frames of an established
-//! lane (NOTIFY, PING, BYE, a transport's setup request such as UCXASK or DEVICE_HELLO, and
-//! XFER, which TCP's serving half applies: `transport::tcp::serve`). A worker serves a lane
-//! while requests keep coming and hands it back to the poller when none follows. Once a
-//! request's first byte arrives the whole request has `server_io_timeout`; a lane that misses it
-//! is closed with its unsent bytes discarded. Every descriptor is validated against the region
-//! table (region id, bounds with overflow checks, access rights) before a byte moves, and no
-//! length is trusted before it is checked.
+//! A serving worker: it opens (or joins) the link of a completed handshake (WELCOME with the
+//! region table), then serves the frames of an established lane (NOTIFY, PING, BYE, a
+//! transport's setup request such as UCXASK or DEVICE_HELLO, and XFER, which TCP's serving half
+//! applies: `transport::tcp::serve`) while requests keep coming, and hands the lane back to the
+//! poller when none follows. Once a request's first byte arrives the whole request has
+//! `server_io_timeout`; a lane that misses it is closed with its unsent bytes discarded. Every
+//! descriptor is validated against the region table (region id, bounds with overflow checks,
+//! access rights) before a byte moves, and no length is trusted before it is checked.
 
-use super::conn::{Job, Lane, Ready};
-use super::server::{Held, LinkRec, ServerShared};
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::conn::{ConnEnd, Established, InFlight, Ready, Work, frame_in, released, trim};
+use super::state::{JoinFail, Shared};
+use super::table::Held;
 use crate::error::Status;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
-use crate::runtime::transports::{Pending, Then, XferServer};
-use crate::sync::lock;
+use crate::transport::tcp::serve::{After, PATIENCE, Pending, XferServer};
 use crate::transport::{Accept, AcceptFail};
 use crate::wire::{self, Kind, LaneRole, Refuse, Welcome, WireError};
-use std::collections::HashSet;
-use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 /// How long a serving thread polls for the next request before sleeping: back-to-back small
 /// requests skip a wake-up.
 pub(super) const SERVE_SPIN: Duration = Duration::from_micros(20);
-
-/// Why a serving connection ended.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnEnd {
-    #[error("peer closed the connection")]
-    Closed,
-    #[error("link closed by BYE")]
-    Bye,
-    #[error("i/o error: {0}")]
-    Io(#[from] io::Error),
-    #[error("protocol violation: {0}")]
-    Protocol(#[from] WireError),
-    #[error("refused: {0}")]
-    Refused(String),
-}
-
-impl ConnEnd {
-    /// How a socket error ends a connection: a close by the peer is [`ConnEnd::Closed`].
-    pub(super) fn of(e: io::Error) -> Self {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            ConnEnd::Closed
-        } else {
-            ConnEnd::Io(e)
-        }
-    }
-}
 
 /// Takes the next request of an established connection, whose frame is in ([`frame_in`]).
 /// Returns the frame and its deadline, `timeout` from now, which bounds the rest of the
@@ -65,45 +38,6 @@ pub(super) fn read_request<'a>(
     let deadline = Instant::now() + timeout;
     let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
     Ok((frame, deadline))
-}
-
-/// Gives back what a large request made a connection's buffers grow to.
-pub(super) fn trim(inb: &mut Inbound, xfer: &mut XferServer, out: &mut Vec<u8>) {
-    let before = footprint(inb, xfer, out.capacity());
-    inb.trim();
-    xfer.trim();
-    if out.capacity() > 64 << 10 {
-        *out = Vec::with_capacity(256);
-    }
-    released(before, footprint(inb, xfer, out.capacity()));
-}
-
-/// Bytes a lane's buffers hold (`out`: its reply buffer's capacity).
-pub(super) fn footprint(inb: &Inbound, xfer: &XferServer, out: usize) -> usize {
-    inb.capacity() + xfer.footprint() + out
-}
-
-/// Buffers shrank from `before` to `after` bytes: a large drop is handed back to the system.
-pub(super) fn released(before: usize, after: usize) {
-    if before.saturating_sub(after) >= GIVE_BACK {
-        give_back_freed_memory();
-    }
-}
-
-/// Freed request buffers at least this large are handed back to the operating system at once.
-const GIVE_BACK: usize = 1 << 20;
-
-/// Hands memory the allocator keeps after frees back to the operating system. Requests are
-/// served by whichever worker is free, and glibc keeps each thread's freed memory in that
-/// thread's arena: after a few large requests (a frame of 65,536 descriptors takes about 4 MiB
-/// of buffers) on different workers, megabytes would stay resident. Called only after a request
-/// freed at least [`GIVE_BACK`] bytes, so its cost (a walk over the arenas) is paid rarely.
-fn give_back_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim has no preconditions; it only returns free memory to the system.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Ends a connection that broke the protocol: tells the peer why, then closes.
@@ -154,11 +88,11 @@ pub(super) fn refuse(
 
 /// Queues `job` for the server's workers (a worker starts when none is idle and fewer than
 /// `max_threads` run). When no worker can be started at all, the job's connection closes.
-pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
+pub(super) fn submit(shared: &Arc<Shared>, job: Work) {
     // a worker holds the server weakly: once serving stopped and no job is left, nothing of
     // the server (its region table) outlives it in a worker that has not left yet
     let s = Arc::downgrade(shared);
-    let mut handler = move || -> crate::runtime::executor::Handler<Job> {
+    let mut handler = move || -> crate::runtime::executor::Handler<Work> {
         let s = s.clone();
         Box::new(move |job| {
             if let Some(s) = s.upgrade() {
@@ -175,27 +109,27 @@ pub(super) fn submit(shared: &Arc<ServerShared>, job: Job) {
     };
     if let Err(job) = queued {
         tracing::warn!(parent: &shared.span, "no thread to serve a connection; closing it");
-        if let Job::Serve(lane) = job {
+        if let Work::Serve(lane) = job {
             lane_closed(shared, *lane, ConnEnd::Refused("no serving thread".into()));
         }
     }
 }
 
 /// A worker's job: opens the link of a completed handshake, or serves a lane's requests.
-fn run(shared: &Arc<ServerShared>, job: Job) {
+fn run(shared: &Arc<Shared>, job: Work) {
     let lane = match job {
-        Job::Open(ready) => match open_link(shared, *ready) {
+        Work::Open(ready) => match open_link(shared, *ready) {
             Some(lane) => lane,
             None => return,
         },
-        Job::Serve(lane) => lane,
+        Work::Serve(lane) => lane,
     };
     serve_lane(shared, lane);
 }
 
 /// Opens (or joins) the link of a completed handshake and welcomes the client; `None` when the
 /// connection ended instead.
-pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane>> {
+pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Established>> {
     let Ready {
         mut conn,
         inb,
@@ -208,7 +142,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
     let setup = (sock.stream.set_nodelay(true))
         // blocking calls return after the patience at most: a request that stalls is parked
         // (its own deadline is kept apart)
-        .and_then(|()| sock.set_fixed_timeout(crate::runtime::transports::PATIENCE))
+        .and_then(|()| sock.set_fixed_timeout(PATIENCE))
         .and_then(|()| match shared.keepalive {
             Some(every) => sock.set_keepalive(every),
             None => Ok(()),
@@ -227,7 +161,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
             let fence = fence.map(Arc::new).filter(|f| shared.offer_fence(f));
             // the link's token is what later lanes present to JOIN it: unguessable, never 0
             let token = loop {
-                match crate::types::random_u64() {
+                match crate::auth::random_u64() {
                     Ok(0) => {}
                     Ok(t) => break t,
                     Err(e) => {
@@ -249,37 +183,16 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                     }
                 }
             };
-            let mut links = lock(&shared.links);
             // a new link from the same client engine (name and instance) replaces its old one,
-            // whose lanes may linger; clients are told apart by name *and* instance, since many
-            // client-only engines on one host share the name of its address
-            let stale: Vec<u64> = links
-                .iter()
-                .filter(|(_, l)| l.client == hello.name && l.instance == hello.instance)
-                .map(|(t, _)| *t)
-                .collect();
-            let mut retired = Vec::new();
-            for t in stale {
-                if let Some(old) = links.remove(&t) {
-                    tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
-                        instance = old.instance, "replacing the old link of a reconnecting client");
-                    old.retire(shared);
-                    retired.push(old);
-                }
+            // whose lanes may linger
+            let (member, retired) =
+                shared
+                    .links
+                    .open(token, &hello, id, fence.clone(), &shared.conns);
+            for old in &retired {
+                tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
+                    instance = old.instance, "replacing the old link of a reconnecting client");
             }
-            let rec = LinkRec {
-                client: hello.name.clone(),
-                instance: hello.instance,
-                conns: HashSet::from([id]),
-                live: Arc::new(AtomicBool::new(true)),
-                busy: Arc::new(AtomicUsize::new(0)),
-                paths: Vec::new(),
-                fence: fence.clone(),
-                orphaned: None,
-            };
-            let (live, busy) = (rec.live.clone(), rec.busy.clone());
-            links.insert(token, rec);
-            drop(links);
             // nothing of the old link is applied once the new one exists: wait for requests
             // it was applying (each is bounded by the I/O timeout) before welcoming the new one
             for old in retired {
@@ -297,31 +210,20 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
                 }
             }
             tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
-            (token, live, busy, fence)
+            (token, member.live, member.busy, fence)
         }
         LaneRole::Join => {
-            let mut links = lock(&shared.links);
-            match links.get_mut(&hello.token) {
-                Some(l)
-                    if l.instance == hello.instance
-                        && l.client == hello.name
-                        && l.conns.len() < shared.limits.max_lanes_per_link =>
-                {
-                    l.conns.insert(id);
-                    if l.orphaned.take().is_some() {
-                        shared.notifies.link_reopened(hello.token);
-                    }
-                    (hello.token, l.live.clone(), l.busy.clone(), None)
-                }
-                Some(l) if l.instance == hello.instance && l.client == hello.name => {
-                    drop(links);
+            let reopened = || shared.notifies.link_reopened(hello.token);
+            let max = shared.limits.max_lanes_per_link;
+            match shared.links.join(&hello, id, max, reopened) {
+                Ok(m) => (hello.token, m.live, m.busy, None),
+                Err(JoinFail::Full) => {
                     let why = "too many lanes on this link";
                     let st = Status::RESOURCE_EXHAUSTED;
                     refused(&mut conn.sock, &mut out, st, why, why, io_deadline());
                     return None;
                 }
-                _ => {
-                    drop(links);
+                Err(JoinFail::Unknown) => {
                     let st = Status::NOT_CONNECTED;
                     let why = "join to an unknown link";
                     refused(
@@ -360,7 +262,7 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
         fence: fence.as_ref().map_or(-1, |f| f.fd()),
     }
     .encode(&mut out);
-    let mut lane = Box::new(Lane {
+    let mut lane = Box::new(Established {
         conn,
         inb,
         out,
@@ -382,68 +284,36 @@ pub(super) fn open_link(shared: &Arc<ServerShared>, r: Ready) -> Option<Box<Lane
     Some(lane)
 }
 
-/// What serving a lane came to.
-enum Next {
-    /// No request followed: the lane goes back to the poller.
-    Idle,
-    /// The lane ended.
-    End(ConnEnd),
-}
-
 /// Serves a lane's requests while they keep coming ([`request_waiting_in`]), then hands it back
 /// to the poller, or closes it.
-pub(super) fn serve_lane(shared: &Arc<ServerShared>, mut lane: Box<Lane>) {
+pub(super) fn serve_lane(shared: &Arc<Shared>, mut lane: Box<Established>) {
     match serve_requests(shared, &mut lane) {
-        Next::Idle => {
+        Ok(()) => {
             let before = lane.footprint();
             lane.shrink();
             released(before, lane.footprint());
             shared.returns.give(lane);
         }
-        Next::End(end) => lane_closed(shared, *lane, end),
+        Err(end) => lane_closed(shared, *lane, end),
     }
 }
 
-/// A request counted as being served, server-wide and on its link, for as long as it lives
-/// (parked ones included): the server's stop and a link's replacement wait for it.
-pub(crate) struct InFlight {
-    shared: Arc<ServerShared>,
-    link: Arc<AtomicUsize>,
-}
-
-impl InFlight {
-    fn new(shared: &Arc<ServerShared>, link: &Arc<AtomicUsize>) -> Self {
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        link.fetch_add(1, Ordering::SeqCst);
-        Self {
-            shared: shared.clone(),
-            link: link.clone(),
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.link.fetch_sub(1, Ordering::SeqCst);
-        self.shared.active.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A request parked on its lane (its socket stalled), and its count as in flight.
-pub(crate) type Parked = (Box<Pending<Held>>, InFlight);
-
-/// Moves what a request has left; what the lane does next.
-fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Option<Next> {
+/// Moves what a request has left: `Ok(true)` when it is done (the next request follows),
+/// `Ok(false)` when its socket stalled (it is parked, the lane goes back to the poller), or
+/// why the lane ends.
+fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Result<bool, ConnEnd> {
     match p.progress(sock) {
-        Ok(Some(Then::Continue)) => None,
-        Ok(Some(Then::Close(reason))) => Some(Next::End(ConnEnd::Refused(reason))),
-        Ok(None) => Some(Next::Idle),
-        Err(e) => Some(Next::End(ConnEnd::of(e))),
+        Ok(After::NextRequest) => Ok(true),
+        Ok(After::Park) => Ok(false),
+        Ok(After::Close(reason)) => Err(ConnEnd::Refused(reason)),
+        Err(e) => Err(ConnEnd::of(e)),
     }
 }
 
-fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
-    let Lane {
+/// Serves a lane's requests while they come: `Ok` when the lane goes back to the poller (no
+/// request followed, or one is parked on its stalled socket), else why it ends.
+fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), ConnEnd> {
+    let Established {
         conn,
         inb,
         out,
@@ -460,51 +330,47 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
     let token = *token;
     let sock = &mut conn.sock;
     // a request parked on a stalled socket goes on first
-    if let Some((mut p, flight)) = parked.take() {
-        match drive(sock, &mut p) {
-            None => drop((p, flight)),
-            Some(Next::Idle) => {
-                *parked = Some((p, flight));
-                return Next::Idle;
-            }
-            Some(end) => return end,
-        }
+    if let Some((mut p, flight)) = parked.take()
+        && !drive(sock, &mut p)?
+    {
+        *parked = Some((p, flight));
+        return Ok(());
     }
     loop {
         // between requests a connection keeps no more memory than a small one needs
         trim(inb, xfer, out);
         match request_waiting_in(shared, inb, sock) {
             Ok(true) => {}
-            Ok(false) => return Next::Idle,
-            Err(e) => return Next::End(ConnEnd::of(e)),
+            Ok(false) => return Ok(()),
+            Err(e) => return Err(ConnEnd::of(e)),
         }
         // the request's frame is in: the whole request has `io_timeout`
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
-            Err(e) => return Next::End(ConnEnd::of(e)),
+            Err(e) => return Err(ConnEnd::of(e)),
             Ok((Err(e), _)) => {
                 let dl = Some(Instant::now() + shared.io_timeout);
-                return Next::End(violation(sock, out, e, dl));
+                return Err(violation(sock, out, e, dl));
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),
         };
-        let flight = InFlight::new(shared, busy);
+        let flight = InFlight::new(&shared.active, busy);
         if !live.load(Ordering::SeqCst) {
             // superseded (or closed) while this request was on its way: apply nothing
-            return Next::End(ConnEnd::Refused("request on a superseded link".into()));
+            return Err(ConnEnd::Refused("request on a superseded link".into()));
         }
         // what the request has left to move, past what it does at once
         let mut pending = match frame {
             (Kind::Xfer, p) => {
                 let x = match xfer.decode(p) {
                     Ok(x) => x,
-                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
+                    Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
                 xfer.apply(x, inb, deadline, &*shared.table)
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {
                     Ok(x) => x,
-                    Err(e) => return Next::End(violation(sock, out, e, deadline)),
+                    Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
                 let from = client.clone();
                 let mut reply = Vec::with_capacity(64);
@@ -517,53 +383,40 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
                         &reason,
                     ),
                 }
-                Pending::reply(reply, Then::Continue, deadline)
+                Pending::reply(reply, After::NextRequest, deadline)
             }
             (Kind::Ping, p) => {
                 if !p.is_empty() {
                     let e = WireError::Trailing(p.len());
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 }
                 let pong = wire::header(Kind::Pong, 0).to_vec();
-                Pending::reply(pong, Then::Continue, deadline)
+                Pending::reply(pong, After::NextRequest, deadline)
             }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
-                    return Next::End(ConnEnd::Protocol(WireError::Trailing(p.len())));
+                    return Err(ConnEnd::Protocol(WireError::Trailing(p.len())));
                 }
-                let rec = lock(&shared.links).remove(&token);
-                if let Some(rec) = rec {
-                    rec.live.store(false, Ordering::SeqCst);
-                    let conns = lock(&shared.conns);
-                    for c in (rec.conns.iter())
-                        .filter(|&&c| c != conn.id)
-                        .filter_map(|c| conns.get(c))
-                    {
-                        Sock::shutdown(c);
-                    }
-                    drop(conns);
-                    tracing::debug!(parent: &shared.span, client = %rec.client, "link closed by client");
-                    drop(rec);
+                if let Some(client) = shared.links.close(token, conn.id, &shared.conns) {
+                    tracing::debug!(parent: &shared.span, %client, "link closed by client");
                     shared.prune_fences();
                 }
                 // the acknowledgement goes if the socket takes it now; the lane ends anyway
                 let _ = sock.send_now(&wire::header(Kind::ByeAck, 0));
-                return Next::End(ConnEnd::Bye);
+                return Err(ConnEnd::Bye);
             }
             // a transport's setup request, or a frame no one takes
             (k, p) => {
                 let Some(b) = shared.backends.iter().find(|b| b.request_kind() == Some(k)) else {
                     let e = WireError::Unexpected(k);
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 };
                 if !b.repeatable() && (!*new_link || asked.contains(&k)) {
                     let e = WireError::Unexpected(k);
-                    return Next::End(violation(sock, out, e, deadline));
+                    return Err(violation(sock, out, e, deadline));
                 }
                 asked.push(k);
-                let fenced = lock(&shared.links)
-                    .get(&token)
-                    .is_some_and(|l| l.fence.is_some());
+                let fenced = shared.links.fenced(token);
                 let accepted = b.accept(Accept {
                     me: &shared.name,
                     client,
@@ -573,63 +426,22 @@ fn serve_requests(shared: &Arc<ServerShared>, lane: &mut Lane) -> Next {
                     send: &mut |f| sock.send_bytes(f, deadline),
                 });
                 match accepted {
-                    Ok(Some(side)) => {
-                        let mut links = lock(&shared.links);
-                        if let Some(l) = links.get_mut(&token) {
-                            l.paths.push(side);
-                        }
-                    }
+                    Ok(Some(side)) => shared.links.add_path(token, side),
                     Ok(None) => {}
-                    Err(AcceptFail::Io(e)) => return Next::End(ConnEnd::Io(e)),
+                    Err(AcceptFail::Io(e)) => return Err(ConnEnd::Io(e)),
                     Err(AcceptFail::Violation(e)) => {
-                        return Next::End(violation(sock, out, e, deadline));
+                        return Err(violation(sock, out, e, deadline));
                     }
                 }
                 continue;
             }
         };
-        match drive(sock, &mut pending) {
-            None => {}
-            Some(Next::Idle) => {
-                // the socket stalled: the worker goes on to other work, the poller waits for it
-                *parked = Some((pending, flight));
-                return Next::Idle;
-            }
-            Some(end) => return end,
+        if !drive(sock, &mut pending)? {
+            // the socket stalled: the worker goes on to other work, the poller waits for it
+            *parked = Some((pending, flight));
+            return Ok(());
         }
     }
-}
-
-/// The header of a connection's next frame once the whole frame is in (reading what has come,
-/// without waiting): `Ok(None)` while bytes are missing. A header that does not decode, or that
-/// declares more than `limit` bytes (`what` names the limit), is `Some(Err)` at once, before
-/// anything is allocated for its payload. The frame stays in `inb`.
-pub(super) fn whole_frame(
-    inb: &mut Inbound,
-    sock: &Sock,
-    limit: u32,
-    what: &'static str,
-) -> io::Result<Option<Result<wire::Header, WireError>>> {
-    if !inb.fill_now(sock, wire::HEADER_LEN)? {
-        return Ok(None);
-    }
-    let h: [u8; wire::HEADER_LEN] = inb.peek(wire::HEADER_LEN).try_into().expect("header");
-    let h = match wire::decode_header(&h) {
-        Ok(h) if h.len > limit => {
-            let (got, limit) = (h.len.into(), limit.into());
-            return Ok(Some(Err(WireError::OverLimit { what, got, limit })));
-        }
-        Ok(h) => h,
-        Err(e) => return Ok(Some(Err(e))),
-    };
-    let all = inb.fill_now(sock, wire::HEADER_LEN + h.len as usize)?;
-    Ok(all.then_some(Ok(h)))
-}
-
-/// Whether a lane's next frame is all in (reading what has come, without waiting); a header
-/// that does not decode counts as in: the worker refuses it.
-pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
-    Ok(whole_frame(inb, sock, wire::MAX_FRAME, "frame length")?.is_some())
 }
 
 /// How long a worker that just served a request waits for the lane's next one (when no other
@@ -640,7 +452,7 @@ pub(super) const SERVE_LINGER: Duration = Duration::from_millis(2);
 /// Whether a request's whole frame is here: buffered, in within [`SERVE_SPIN`], or — when
 /// nothing else waits for a worker — within [`SERVE_LINGER`]. A lane whose next frame is not in
 /// by then goes back to the poller (with whatever part of it came).
-fn request_waiting_in(shared: &ServerShared, inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
+fn request_waiting_in(shared: &Shared, inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
     let spin = Instant::now() + SERVE_SPIN;
     loop {
         if frame_in(inb, sock)? {
@@ -665,12 +477,7 @@ const LINGER_SLICE: Duration = Duration::from_micros(200);
 
 /// Waits until `until` for the lane's next frame, in slices of [`LINGER_SLICE`]; gives up as
 /// soon as a job waits for a worker or serving stops.
-fn linger(
-    shared: &ServerShared,
-    inb: &mut Inbound,
-    sock: &Sock,
-    until: Instant,
-) -> io::Result<bool> {
+fn linger(shared: &Shared, inb: &mut Inbound, sock: &Sock, until: Instant) -> io::Result<bool> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() || shared.queue.pending() > 0 || shared.stop.load(Ordering::Relaxed) {
@@ -697,7 +504,7 @@ fn linger(
 /// A lane ended: it leaves its link (a link that lost its last lane is kept a while for its
 /// client to rejoin, without its fence: a same-host client proves itself again on a new link),
 /// and its socket closes; one that missed a deadline discards what it had not sent.
-pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
+pub(super) fn lane_closed(shared: &Shared, lane: Established, end: ConnEnd) {
     if matches!(&end, ConnEnd::Io(e) if e.kind() == io::ErrorKind::TimedOut) {
         lane.conn.sock.discard_unsent_on_close();
     }
@@ -715,35 +522,16 @@ pub(super) fn lane_closed(shared: &ServerShared, lane: Lane, end: ConnEnd) {
 }
 
 /// Takes connection `id` out of link `token`.
-fn forget(shared: &ServerShared, id: u64, token: u64, end: &ConnEnd) {
-    let mut links = lock(&shared.links);
-    let mut released = None;
-    let emptied = match links.get_mut(&token) {
-        Some(l) => {
-            l.conns.remove(&id);
-            // its last lane: the link is kept a while for its client to rejoin (a client
-            // that cancels a running request closes that request's lane, maybe its only
-            // one); its pending notifications start their grace now. Its fence goes now:
-            // an orphaned link holds no descriptor
-            let last = l.conns.is_empty() && !matches!(end, ConnEnd::Bye);
-            if last {
-                l.orphaned = Some(std::time::Instant::now());
-                released = l.fence.take();
-            }
-            last
-        }
-        None => false, // closed by BYE or replaced
-    };
-    // fences of links that go are revoked as their records go
-    let gone = shared.prune_orphans(&mut links);
-    drop(links);
-    if let Some(f) = released {
+fn forget(shared: &Shared, id: u64, token: u64, end: &ConnEnd) {
+    let bye = matches!(end, ConnEnd::Bye);
+    let left = shared.links.leave(id, token, bye, shared.orphan_grace());
+    if let Some(f) = left.fence {
         f.revoke();
     }
-    if emptied {
+    if left.emptied {
         shared.notifies.link_closed(token);
     }
-    for t in gone {
+    for t in left.gone {
         shared.notifies.link_closed(t);
     }
     shared.prune_fences();
