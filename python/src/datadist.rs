@@ -220,6 +220,36 @@ impl PyDataDist {
         })
     }
 
+    /// `link_comm(comm_name, [(cluster_id, rank)], rank_table) -> (int, comm_id)`: CANN's
+    /// explicit-rank-table link (HCCL's rendezvous, then engine links by what it exchanged);
+    /// comm id -1 on failure.
+    fn link_comm(
+        &self,
+        py: Python<'_>,
+        comm_name: String,
+        clusters: Vec<(u64, u32)>,
+        rank_table: String,
+    ) -> (u32, i64) {
+        let dd = self.dd.clone();
+        let r = py.allow_threads(move || dd.link_comm(&comm_name, &clusters, &rank_table));
+        (status(&r), r.unwrap_or(-1))
+    }
+
+    /// `query_register_mem_status(comm_id) -> (int, 0 OK / 1 PREPARING / 2 FAILED)` (-1 on
+    /// failure).
+    fn query_register_mem_status(&self, py: Python<'_>, comm_id: i64) -> (u32, i32) {
+        let dd = self.dd.clone();
+        let r = py.allow_threads(move || dd.query_register_mem_status(comm_id));
+        (status(&r), r.map(|s| s.value()).unwrap_or(-1))
+    }
+
+    /// `unlink_comm(comm_id) -> int`: waits for a link still being made to give up (at most
+    /// `llm.LinkTotalTime`), without the GIL.
+    fn unlink_comm(&self, py: Python<'_>, comm_id: i64) -> u32 {
+        let dd = self.dd.clone();
+        status(&py.allow_threads(move || dd.unlink_comm(comm_id)))
+    }
+
     /// Whether cluster `cluster_id` is linked.
     fn is_linked(&self, cluster_id: u64) -> bool {
         self.dd.is_linked(cluster_id)

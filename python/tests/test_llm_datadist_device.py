@@ -105,3 +105,71 @@ def test_device_caches_pull_and_push_over_hccl(cann, tmp_path):
         """,
     )
     assert "HcclBatchGet" in calls and "HcclBatchPut" in calls, sorted(set(calls))
+
+
+def test_link_by_rank_table_both_ways(cann, tmp_path):
+    """vllm-ascend's and omni-infer's mode: both clusters call link(comm_name, {cluster: rank},
+    rank_table) with one rank table, poll query_register_mem_status until OK (HCCL's rendezvous:
+    the communicator, then HcclExchangeMemDesc swapping the engines' names), then each pulls
+    from the other over its own link; the bad inputs with their status."""
+    calls = run(
+        cann,
+        tmp_path,
+        f"""
+        import json, threading, time
+        tmp = {str(tmp_path)!r}
+        table = json.dumps({{
+            "server_count": "1", "status": "completed", "version": "1.0",
+            "server_list": [{{"server_id": "127.0.0.1", "device": [
+                {{"device_id": "11", "device_ip": "192.168.1.1", "rank_id": "0"}},
+                {{"device_id": "10", "device_ip": "192.168.1.2", "rank_id": "1"}}]}}]}})
+        path = tmp + "/rank_table.json"
+        with open(path, "w") as f:
+            f.write(table)
+        peer = DDPeer(placement="device", seed=31, port=0)  # the prompt, device 1, no listen address
+        pblocks, _ = peer.initial()
+        cfg = LLMConfig()
+        cfg.device_id = 0
+        cfg.local_comm_res = ""
+        dd = LLMDataDist(LLMRole.DECODER, DECODER)
+        dd.init(cfg.generate_options())
+        cm = dd.cache_manager
+        mine = np.random.default_rng(32).integers(0, 256, (NT, BLOCKS * BLOCK), dtype=np.uint8)
+        addrs = dev_alloc(mine)
+        bc = cm.register_blocks_cache(CacheDesc(NT, [BLOCKS, BLOCK // 4], DataType.DT_INT32, Placement.DEVICE),
+                                      addrs, BlocksCacheKey(DECODER, 0))
+        reply = {{}}
+        t = threading.Thread(target=lambda: reply.setdefault("r", peer.cmd(f"rtlink {{path}} 0 {{DECODER}} 1")))
+        t.start()
+        comm = dd.link("rt", {{PROMPT: 0, DECODER: 1}}, table)  # the name dd_peer.py links under
+        assert comm == 1, comm
+        deadline = time.monotonic() + 30
+        while dd.query_register_mem_status(comm) == ld.RegisterMemStatus.PREPARING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert dd.query_register_mem_status(comm) == ld.RegisterMemStatus.OK
+        t.join(60)
+        assert reply["r"] == "ok", reply
+        cm.pull_blocks(BlocksCacheKey(PROMPT, 0), bc, [5, 6], [0, 1])
+        blk(mine, 0, 2)[:] = blk(pblocks, 5, 2)
+        assert np.array_equal(dev_read(addrs, mine), mine)
+        assert peer.cmd(f"pull_blocks {{DECODER}} 7 3") == "ok"  # the other way, on the peer's link
+        got_b, _ = peer.dump(tmp)
+        blk(pblocks, 3)[:] = blk(mine, 7)
+        assert np.array_equal(got_b, pblocks)
+        # bad comm ids; a rank table without this cluster's rank; a malformed one
+        assert status_of(dd.query_register_mem_status, 9) == LLMStatusCode.LLM_PARAM_INVALID
+        assert status_of(dd.link, "x", {{PROMPT: 0, 5: 1}}, table) == LLMStatusCode.LLM_PARAM_INVALID
+        assert status_of(dd.link, "x", {{PROMPT: 0, DECODER: 2}}, table) == LLMStatusCode.LLM_PARAM_INVALID
+        assert status_of(dd.link, "x", {{PROMPT: 0, DECODER: 1}}, "{{") == LLMStatusCode.LLM_PARAM_INVALID
+        dd.unlink(comm)
+        assert status_of(dd.unlink, comm) == LLMStatusCode.LLM_PARAM_INVALID
+        assert status_of(cm.pull_blocks, BlocksCacheKey(PROMPT, 0), bc, [0], [0]) == LLMStatusCode.LLM_NOT_YET_LINK
+        assert peer.cmd("rtunlink") == "ok"
+        cm.unregister_cache(bc.cache_id)
+        dd.finalize()
+        peer.close()
+        print("OK")
+        """,
+    )
+    assert "HcclExchangeMemDesc" in calls, sorted(set(calls))

@@ -6,9 +6,6 @@ address), ``link`` / ``query_register_mem_status`` / ``unlink`` (by rank table),
 import atexit
 import copy
 import json
-import os
-import threading
-import time
 from typing import Dict, List, Optional, Tuple, Union
 
 from hixl._hixl import datadist as _native
@@ -30,7 +27,6 @@ from llm_datadist.v2.llm_types import RegisterMemStatus
 _MAX_CLUSTER_NAME = 128
 _MAX_NODE_NUM = 4
 _MAX_COMMS = 512
-_HCCL_IF_BASE_PORT = 60000
 
 
 class LLMDataDist:
@@ -47,8 +43,7 @@ class LLMDataDist:
         self._cache_manager = None
         self._engine_options: Dict[str, str] = {}
         self._is_initialized = False
-        self._comms = {}
-        self._next_comm = 0
+        self._comms = set()
 
     def _native_options(self, options: Dict[str, str]) -> Dict[str, str]:
         """The options as CANN's `init` rewrites them, for the native instance."""
@@ -100,9 +95,7 @@ class LLMDataDist:
         """Unlinks everything, unregisters every cache, stops the engine. Safe twice."""
         if not self._is_initialized:
             return
-        for comm in self._comms.values():
-            comm.stop()
-        self._comms.clear()
+        self._comms.clear()  # the native finalize unlinks every communicator
         self._native.finalize()
         if self._cache_manager is not None:
             self._cache_manager._initialized = False
@@ -175,23 +168,16 @@ class LLMDataDist:
 
     # ---- links by rank table (CANN's HCCL communicator mode) ----
 
-    def _listen_address(self):
-        o = self._engine_options
-        if "llm.ListenIp" in o and "llm.ListenPort" in o:
-            return (o["llm.ListenIp"], int(o["llm.ListenPort"]))
-        return None
-
     def link(self, comm_name: str, cluster_rank_info: Dict[int, int], rank_table: str) -> int:
-        """CANN's explicit-rank-table link, on engine links: rank `r`'s cluster is reached at
-        its server's ``host_ip`` (``server_id`` without one) and port ``HCCL_IF_BASE_PORT``
-        (60000 by default) + its ``device_id``, where HCCL's own host-NIC sockets of that device
-        listen. This cluster listens at its own rank's address from now on (made anew there if
-        it listened elsewhere: ``LLM_EXIST_LINK`` while linked), and links to every other
-        cluster of `cluster_rank_info` in the background, retrying until they listen, for
-        ``llm.LinkTotalTime`` seconds (30 by default); ``query_register_mem_status(comm_id)``
-        says ``PREPARING`` until all are linked, then ``OK`` (or ``FAILED``). Every cluster
-        calls ``link`` with the same table, so each links to each: pulls and pushes work from
-        every side, as on CANN's communicator. Returns the comm id (from 1)."""
+        """CANN's explicit-rank-table link: the communicator the rank table describes for this
+        cluster's rank is made now (HCCL's ``HcclCommInitClusterInfoMemConfig``), then, in the
+        background, ``HcclCommPrepare`` and, with each peer rank, ``HcclExchangeMemDesc`` swap
+        each side's engine address and cache table; the engines then link to each other, so
+        pulls and pushes work from every side, as on CANN's communicator. A cluster without
+        ``listen_ip_info`` listens on an ephemeral port of its rank's server from its first such
+        link. ``query_register_mem_status(comm_id)`` says ``PREPARING``, then ``OK`` (or
+        ``FAILED``: a peer that never joins within ``llm.LinkTotalTime`` seconds, 30 by
+        default). Returns the comm id (from 1)."""
         self._check_is_inited()
         check_isinstance("comm_name", comm_name, str, allow_none=False)
         raise_if_true(len(comm_name) == 0, "comm_name can not be empty")
@@ -211,112 +197,47 @@ class LLMDataDist:
                       status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
         raise_if_false(self._cluster_id in cluster_rank_info, "[link] cluster {0} is not in cluster_rank_info",
                        self._cluster_id)
-        addrs = _rank_addresses(rank_table)
+        in_table = _rank_ids(rank_table)
         for cid, rank in cluster_rank_info.items():
-            raise_if_false(rank in addrs, "[link] rank {0} (cluster {1}) is not in the rank table", rank, cid)
-        raise_if_false(len(self._comms) < _MAX_COMMS, "[link] at most {0} communicators", _MAX_COMMS)
-        me = addrs[cluster_rank_info[self._cluster_id]]
-        if self._listen_address() != me:
-            ret = self._native.set_role(int(self._role), {"llm.ListenIp": me[0], "llm.ListenPort": str(me[1])})
-            handle_llm_status(ret, "[link]", f"cannot listen at this rank's address {me[0]}:{me[1]}")
-            self._engine_options["llm.ListenIp"], self._engine_options["llm.ListenPort"] = me[0], str(me[1])
-        peers = [(cid, addrs[rank]) for cid, rank in cluster_rank_info.items() if cid != self._cluster_id]
-        total = int(self._engine_options.get("llm.LinkTotalTime", "0") or "0")
-        comm = _Comm(self._native, peers, total if total > 0 else 30)
-        self._next_comm += 1
-        self._comms[self._next_comm] = comm
+            raise_if_false(rank in in_table, "[link] rank {0} (cluster {1}) is not in the rank table", rank, cid)
+        ret, comm_id = self._native.link_comm(comm_name, sorted(cluster_rank_info.items(), key=lambda kv: kv[1]),
+                                              rank_table)
+        handle_llm_status(ret, "[link]", f"comm {comm_name}, clusters {cluster_rank_info}")
+        self._comms.add(comm_id)
         self._cache_manager.set_is_call_linked()
-        comm.start()
-        log.info("[link] comm %s, id %d: linking to %s", comm_name, self._next_comm, peers)
-        return self._next_comm
+        log.info("[link] comm %s, id %d", comm_name, comm_id)
+        return comm_id
 
     def _comm(self, comm_id):
         self._check_is_inited()
         check_isinstance("comm_id", comm_id, int, allow_none=False)
         check_uint64("comm_id", comm_id)
-        comm = self._comms.get(comm_id)
-        raise_if_true(comm is None, "comm_id {0} is not a communicator of this LLMDataDist", comm_id)
-        return comm
+        raise_if_false(comm_id in self._comms, "comm_id {0} is not a communicator of this LLMDataDist", comm_id)
+        return comm_id
 
     def unlink(self, comm_id: int):
-        """Unlinks the clusters ``link`` linked for `comm_id` (waiting for a link still being
-        made to give up)."""
-        comm = self._comm(comm_id)
-        comm.stop()
-        rets = [r for r in comm.unlink() if r not in (LLMStatusCode.LLM_SUCCESS, LLMStatusCode.LLM_NOT_YET_LINK)]
-        del self._comms[comm_id]
-        if rets:
-            raise LLMException(f"[unlink] comm_id {comm_id}: {rets}", status_code=rets[-1])
+        """Unlinks the clusters ``link`` linked for `comm_id` and destroys its communicator
+        (waiting for a link still being made to give up)."""
+        self._comm(comm_id)
+        ret = self._native.unlink_comm(comm_id)
+        self._comms.discard(comm_id)
+        handle_llm_status(ret, "[unlink]", f"comm_id {comm_id}")
 
     def query_register_mem_status(self, comm_id: int) -> RegisterMemStatus:
         """``PREPARING`` while the links of `comm_id` are being made, then ``OK`` or ``FAILED``."""
-        return self._comm(comm_id).status
+        self._comm(comm_id)
+        ret, value = self._native.query_register_mem_status(comm_id)
+        handle_llm_status(ret, "[query_register_mem_status]", f"comm_id {comm_id}")
+        return RegisterMemStatus(value)
 
 
-class _Comm(threading.Thread):
-    """The links of one ``link`` call, made in the background."""
-
-    def __init__(self, native, peers, total_seconds):
-        super().__init__(daemon=True)
-        self._native, self._peers = native, peers
-        self._deadline = time.monotonic() + total_seconds
-        self._cancel = threading.Event()
-        self._linked = []
-        self.status = RegisterMemStatus.PREPARING
-
-    def _link_one(self, cid, host, port):
-        while not self._cancel.is_set():
-            left = int((self._deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                return False
-            ret, rets = self._native.link_clusters([(cid, 0, [], [(host, port)])], min(left, 1000))
-            r = code_2_status(rets[0]) if rets else code_2_status(ret)
-            if r in (LLMStatusCode.LLM_SUCCESS, LLMStatusCode.LLM_ALREADY_LINK):
-                return True
-            if r not in (LLMStatusCode.LLM_LINK_FAILED, LLMStatusCode.LLM_TIMEOUT):
-                log.error("[link] cluster %d at %s:%d: %s", cid, host, port, r)
-                return False
-            self._cancel.wait(0.02)  # the peer does not listen yet: again
-        return False
-
-    def run(self):
-        for cid, (host, port) in self._peers:
-            if not self._link_one(cid, host, port):
-                self.status = RegisterMemStatus.FAILED
-                return
-            self._linked.append(cid)
-        self.status = RegisterMemStatus.OK
-
-    def stop(self):
-        self._cancel.set()
-        self.join()
-
-    def unlink(self):
-        if not self._linked:
-            return []
-        ret, rets = self._native.unlink_clusters([(cid, 0, [], []) for cid in self._linked], 5000, True)
-        return [code_2_status(r) for r in rets]
-
-
-def _rank_addresses(rank_table: str):
-    """rank → (host, port) of a rank table (versions 1.0 and 1.2): the server's ``host_ip``
-    (``server_id`` without one), port ``HCCL_IF_BASE_PORT`` (60000) + the device's ``device_id``."""
-    base = os.environ.get("HCCL_IF_BASE_PORT", "")
-    raise_if_false(base == "" or base.isdigit(), "HCCL_IF_BASE_PORT {0!r} is not a port", base)
-    base = int(base) if base else _HCCL_IF_BASE_PORT
+def _rank_ids(rank_table: str):
+    """The rank ids of a rank table (versions 1.0 and 1.2)."""
     try:
         table = json.loads(rank_table)
-        out = {}
-        for server in table["server_list"]:
-            host = server.get("host_ip") or server["server_id"]
-            for dev in server["device"]:
-                port = base + int(dev["device_id"])
-                if not 0 < port < 65536:
-                    raise ValueError(f"port {port}")
-                out[int(dev["rank_id"])] = (str(host), port)
+        return {int(dev["rank_id"]) for server in table["server_list"] for dev in server["device"]}
     except (ValueError, KeyError, TypeError) as e:
         raise LLMException(f"[link] rank_table is not a rank table: {e}", status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    return out
 
 
 def _shutdown_handler():
