@@ -52,46 +52,7 @@
 #include <utility>
 #include <vector>
 
-#ifndef INC_EXTERNAL_GRAPH_ASCEND_STRING_H_
-#define INC_EXTERNAL_GRAPH_ASCEND_STRING_H_  // GE's guard: this is ge::AscendString
-namespace ge {
-using char_t = char;
-class AscendStringImpl;
-
-/* GE's string type, declared as GE declares it: an immutable, shared string whose methods are
- * defined out of line (in libllm_datadist.so here, or CANN's libmetadef.so). */
-class AscendString {
- public:
-  AscendString() = default;
-  ~AscendString() = default;
-  AscendString(const char_t *const name);  // NOLINT: implicit, as GE's
-  AscendString(const char_t *const name, size_t length);
-  const char_t *GetString() const;
-  size_t GetLength() const;
-  size_t Find(const AscendString &ascend_string) const;
-  size_t Hash() const;
-  bool operator<(const AscendString &d) const;
-  bool operator>(const AscendString &d) const;
-  bool operator<=(const AscendString &d) const;
-  bool operator>=(const AscendString &d) const;
-  bool operator==(const AscendString &d) const;
-  bool operator!=(const AscendString &d) const;
-  bool operator==(const char_t *const d) const;
-  bool operator!=(const char_t *const d) const;
-
- private:
-  std::shared_ptr<std::string> name_;
-  friend class AscendStringImpl;
-};
-}  // namespace ge
-
-namespace std {
-template <>
-struct hash<ge::AscendString> {
-  size_t operator()(const ge::AscendString &name) const { return name.Hash(); }
-};
-}  // namespace std
-#endif  // INC_EXTERNAL_GRAPH_ASCEND_STRING_H_
+#include "../hixl/ge_ascend_string.h"  // ge::AscendString, unless GE's header came first
 
 #if !defined(HIXL_RS_CANN_GE_ERRORS) && !defined(INC_EXTERNAL_GE_COMMON_API_ERROR_CODES_H_) && \
     !defined(INC_EXTERNAL_GE_COMMON_GE_API_ERROR_CODES_H_) && !defined(HIXL_RS_GE_STATUS)
