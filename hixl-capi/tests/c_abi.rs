@@ -98,17 +98,7 @@ fn llm_datadist_c_abi_from_c() {
         &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/dd_capi_test.c")],
         &exe,
     );
-    let o = Command::new(&exe)
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .expect("run the program");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.lines().any(|l| l == "PASS"),
-        "{}:\n{out}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
-    );
+    common::run_client(Command::new(&exe).env_remove("LD_LIBRARY_PATH"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -144,19 +134,12 @@ fn llm_datadist_rank_table_link_from_c() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&ranks, std::fs::Permissions::from_mode(0o700)).unwrap();
     let so = cann.join("libacl_rt.so");
-    let o = Command::new(&exe)
-        .env_remove("LD_LIBRARY_PATH")
-        .env("HIXL_ACL_LIB", &so)
-        .env("HIXL_HCCL_LIB", &so)
-        .env("HIXL_ASCEND_DOUBLE_DIR", &ranks)
-        .output()
-        .expect("run the program");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.lines().any(|l| l == "PASS"),
-        "{}:\n{out}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
+    common::run_client(
+        Command::new(&exe)
+            .env_remove("LD_LIBRARY_PATH")
+            .env("HIXL_ACL_LIB", &so)
+            .env("HIXL_HCCL_LIB", &so)
+            .env("HIXL_ASCEND_DOUBLE_DIR", &ranks),
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -201,8 +201,8 @@ impl Server {
     }
 }
 
-/// Runs a client to completion: checks it exited 0 and printed `PASS`; returns its `WROTE
-/// <remote off> <len> <fnv1a hex>` lines as numbers.
+/// Runs a program (a client, or a test program on its own) to completion: checks it exited 0
+/// and printed `PASS`; returns its `WROTE <remote off> <len> <fnv1a hex>` lines as numbers.
 pub fn run_client(cmd: &mut Command) -> Vec<(u64, u64, u64)> {
     let o = cmd.output().expect("run the client");
     let out = String::from_utf8_lossy(&o.stdout);
