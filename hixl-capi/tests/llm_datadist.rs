@@ -69,30 +69,9 @@ const EXPORTED: &[&str] = &[
 #[test]
 fn libllm_datadist_exports_llm_datadist() {
     let lib = common::lib_dir().join("libllm_datadist.so");
-    if !lib.exists() {
-        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    let Some(missing) = common::missing_exports(&lib, EXPORTED) else {
         return;
-    }
-    let nm = match Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(&lib)
-        .output()
-    {
-        Ok(o) if o.status.success() => o,
-        _ => {
-            eprintln!("skipped: no working `nm` to list the exports");
-            return;
-        }
     };
-    let out = String::from_utf8_lossy(&nm.stdout);
-    let defined: std::collections::BTreeSet<&str> = out
-        .lines()
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w.len() == 3 && w[1] == "T").then_some(w[2])
-        })
-        .collect();
-    let missing: Vec<_> = EXPORTED.iter().filter(|s| !defined.contains(**s)).collect();
     assert!(missing.is_empty(), "not exported: {missing:?}");
 }
 

@@ -225,6 +225,45 @@ pub fn run_client(cmd: &mut Command) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
+/// Which of `wanted` (mangled names) `lib` does not export as defined text symbols (`nm -D
+/// --defined-only`); `None`, with the reason printed, where the library was not built (no C++
+/// compiler) or there is no working `nm`.
+pub fn missing_exports(lib: &Path, wanted: &[&str]) -> Option<Vec<String>> {
+    if !lib.exists() {
+        eprintln!(
+            "skipped: no {} (built only where a C++ compiler is)",
+            lib.display()
+        );
+        return None;
+    }
+    let nm = match Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            eprintln!("skipped: no working `nm` to list the exports");
+            return None;
+        }
+    };
+    let out = String::from_utf8_lossy(&nm.stdout);
+    let defined: std::collections::BTreeSet<&str> = out
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 3 && w[1] == "T").then_some(w[2])
+        })
+        .collect();
+    Some(
+        wanted
+            .iter()
+            .filter(|s| !defined.contains(**s))
+            .map(|s| s.to_string())
+            .collect(),
+    )
+}
+
 /// The `DT_NEEDED` entries of an ELF file (`readelf -d`), or `None` without a working
 /// `readelf`.
 pub fn needed(elf: &Path) -> Option<Vec<String>> {
