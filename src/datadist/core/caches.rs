@@ -1,0 +1,251 @@
+//! Registering and unregistering caches, and publishing them in the cache table peers fetch.
+
+use std::sync::atomic::Ordering;
+
+use super::{DataDist, LocalCache};
+use crate::compat;
+use crate::datadist::table::{self, Entry, HEADER_LEN, Key, TABLE_LEN, Table};
+use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Result};
+use crate::sync::lock;
+
+impl DataDist {
+    /// Registers a cache of `desc` over the tensors at `addrs` (`RegisterKvCache`, the Python
+    /// package's `register_cache` / `register_blocks_cache`): each tensor is registered with
+    /// the engine (device or host memory, as `desc.placement` says), and the cache is in the
+    /// table peers fetch. Returns its id (from 1).
+    ///
+    /// Geometry: `tensor_size = product(shape) * element size`; a blocks (or mix) cache has
+    /// `shape[0]` blocks of `tensor_size / shape[0]` bytes, a cache of batches `shape[batch_dim]`
+    /// batches of `tensor_size / shape[batch_dim]` (batch_dim 0 for the others).
+    ///
+    /// # Safety
+    /// Each `addrs[i]..addrs[i] + tensor_size` must be memory of `desc.placement` that stays
+    /// allocated and valid for reads and writes of any bytes until the cache is unregistered
+    /// (or the instance finalized), and nothing else may access it in a way that conflicts
+    /// with transfers: peers READ and WRITE it while they are linked, and this instance's pulls
+    /// write it. (The engine's `register_mem` contract, for each tensor.)
+    ///
+    /// # Errors
+    /// `LLM_PARAM_INVALID`: no address, more or fewer than `num_tensors`, a null one, a bad
+    /// shape or element type, `batch_dim` outside the shape; the engine's errors (device memory
+    /// without Ascend: `LLM_FEATURE_NOT_ENABLED`).
+    pub unsafe fn register_cache(
+        &self,
+        desc: &CacheDesc,
+        addrs: &[u64],
+        kind: CacheKind,
+        batch_dim: usize,
+        keys: &[CacheKey],
+    ) -> Result<i64> {
+        let (engine, _) = self.live()?;
+        if addrs.is_empty() || addrs.len() != desc.num_tensors as usize {
+            return Err(Error::param(format!(
+                "{} addresses for a cache of {} tensors",
+                addrs.len(),
+                desc.num_tensors
+            )));
+        }
+        if addrs.len() > table::MAX_TENSORS as usize {
+            return Err(Error::param("more tensors than a cache holds (65,536)"));
+        }
+        if addrs.contains(&0) {
+            return Err(Error::param("a tensor address is 0"));
+        }
+        let tensor_size = desc.tensor_size()?;
+        let dim = if kind == CacheKind::Cache {
+            batch_dim
+        } else {
+            0
+        };
+        let count = *desc
+            .shape
+            .get(dim)
+            .ok_or_else(|| Error::param(format!("batch dimension {dim} is not in the shape")))?
+            as u64;
+        let entry = Entry {
+            cache_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind,
+            placement: desc.placement,
+            tensor_size,
+            stride: tensor_size / count,
+            count,
+            addrs: addrs.to_vec(),
+        };
+        // a cache the table cannot hold is refused before anything is registered
+        self.check_fits(&entry, keys)?;
+        let handles = register_tensors(&engine, &entry)?;
+        let id = entry.cache_id;
+        lock(&self.caches).by_id.insert(
+            id,
+            LocalCache {
+                entry,
+                handles,
+                keys: keys.to_vec(),
+            },
+        );
+        if let Err(e) = self.publish() {
+            // (a concurrent registration filled the table first) the error says the memory is
+            // not registered: undo it, so the caller may free it
+            self.undo(&engine, id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// `LLM_OUT_OF_MEMORY` when the cache table cannot hold the caches and `new`.
+    fn check_fits(&self, new: &Entry, keys: &[CacheKey]) -> Result<()> {
+        let caches = lock(&self.caches);
+        let key = |cache_id: i64, k: &CacheKey| Key {
+            cache_id,
+            req_id: k.req_id,
+            model_id: k.model_id,
+        };
+        let t = Table {
+            entries: (caches.by_id.values().map(|c| c.entry.clone()))
+                .chain([new.clone()])
+                .collect(),
+            keys: (caches.by_id.values())
+                .flat_map(|c| c.keys.iter().map(|k| key(c.entry.cache_id, k)))
+                .chain(keys.iter().map(|k| key(new.cache_id, k)))
+                .collect(),
+        };
+        if t.encode_payload().len() > TABLE_LEN - HEADER_LEN {
+            return Err(Error::new(
+                LlmStatus::LLM_OUT_OF_MEMORY,
+                "the caches do not fit the cache table (1 MiB)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes cache `id` out again and deregisters its tensors; a tensor the engine keeps
+    /// (it refused to let go) stays registered under `id`, for `unregister_cache` to retry.
+    fn undo(&self, engine: &compat::Hixl, id: i64) {
+        let mut caches = lock(&self.caches);
+        let Some(mut c) = caches.by_id.remove(&id) else {
+            return;
+        };
+        c.handles.retain(|h| engine.deregister_mem(*h).is_err());
+        if !c.handles.is_empty() {
+            tracing::warn!(
+                cache = id,
+                "a refused cache's tensors could not all be deregistered"
+            );
+            caches.by_id.insert(id, c);
+        }
+    }
+
+    /// Unregisters cache `cache_id` (`UnregisterKvCache`): it leaves the table and its tensors
+    /// are deregistered; when this returns, no peer reads or writes them (the engine's
+    /// deregistration rule: refused while one of this instance's transfers uses them). An
+    /// unknown id succeeds, as upstream's.
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before `initialize`; the engine's errors (the cache stays registered).
+    pub fn unregister_cache(&self, cache_id: i64) -> Result<()> {
+        let (engine, _) = self.live()?;
+        let mut caches = lock(&self.caches);
+        let Some(c) = caches.by_id.get(&cache_id).cloned() else {
+            return Ok(());
+        };
+        for h in &c.handles {
+            engine.deregister_mem(*h)?;
+        }
+        caches.by_id.remove(&cache_id);
+        drop(caches);
+        self.publish()
+    }
+
+    /// The local cache `cache_id`'s entry.
+    pub(super) fn local(&self, cache_id: i64) -> Result<Entry> {
+        lock(&self.caches)
+            .by_id
+            .get(&cache_id)
+            .map(|c| c.entry.clone())
+            .ok_or_else(|| {
+                Error::new(
+                    LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+                    format!("no local cache {cache_id}"),
+                )
+            })
+    }
+
+    /// Rewrites the published table (odd version while it is written, then even).
+    pub(super) fn publish(&self) -> Result<()> {
+        let s = lock(&self.state);
+        let Some(live) = s.as_ref() else {
+            return Ok(());
+        };
+        let mut caches = lock(&self.caches);
+        let t = Table {
+            entries: caches.by_id.values().map(|c| c.entry.clone()).collect(),
+            keys: (caches.by_id.values())
+                .flat_map(|c| {
+                    c.keys.iter().map(|k| Key {
+                        cache_id: c.entry.cache_id,
+                        req_id: k.req_id,
+                        model_id: k.model_id,
+                    })
+                })
+                .collect(),
+        };
+        let payload = t.encode_payload();
+        if payload.len() > TABLE_LEN - HEADER_LEN {
+            return Err(Error::new(
+                LlmStatus::LLM_OUT_OF_MEMORY,
+                "the caches do not fit the cache table (1 MiB)",
+            ));
+        }
+        let base = live.table.as_ptr();
+        let word = |i: usize, v: u64| {
+            // SAFETY: the table's region is TABLE_LEN bytes, alive while `live` is (the state
+            // lock is held); peers READ it meanwhile (raw bytes, never a reference), which the
+            // odd version and the checksum make them retry.
+            unsafe { std::ptr::write_volatile(base.add(i * 8).cast::<[u8; 8]>(), v.to_le_bytes()) }
+        };
+        caches.version += 1;
+        word(1, caches.version); // odd: being written
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: as above; the payload fits the region (checked).
+        unsafe {
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.add(HEADER_LEN), payload.len())
+        };
+        word(0, table::MAGIC);
+        word(2, payload.len() as u64);
+        word(3, table::fnv1a(&payload));
+        std::sync::atomic::fence(Ordering::SeqCst);
+        caches.version += 1;
+        word(1, caches.version);
+        Ok(())
+    }
+}
+
+/// Registers each distinct tensor of `e` with `engine`; on failure the ones registered go.
+pub(super) fn register_tensors(engine: &compat::Hixl, e: &Entry) -> Result<Vec<compat::MemHandle>> {
+    let mut handles = Vec::new();
+    let mut seen = Vec::new();
+    for &a in &e.addrs {
+        if seen.contains(&a) {
+            continue;
+        }
+        seen.push(a);
+        let desc = compat::MemDesc {
+            addr: a as usize,
+            len: e.tensor_size as usize,
+            local_only: false,
+        };
+        // SAFETY: the caller of `register_cache` promised this for each tensor (its `# Safety`),
+        // for as long as the cache is registered; the handles go before the memory may
+        let r = unsafe { engine.register_mem(desc, e.placement.mem_type()) };
+        match r {
+            Ok(h) => handles.push(h),
+            Err(err) => {
+                for h in handles {
+                    let _ = engine.deregister_mem(h);
+                }
+                return Err(err.into());
+            }
+        }
+    }
+    Ok(handles)
+}

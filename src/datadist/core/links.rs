@@ -1,0 +1,224 @@
+//! Links to peer clusters by their listen addresses, and the peer's cache table, fetched once per link.
+
+use std::sync::Arc;
+
+use super::{DataDist, MAX_LINKS, PeerLink, last_failure, not_initialized};
+use crate::compat::{self, TransferOpDesc};
+use crate::datadist::table::{self, HEADER_LEN, TABLE_LEN, Table};
+use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
+use crate::sync::lock;
+use crate::{Access, MemType, TransferOp};
+
+impl DataDist {
+    /// Links to each cluster (`LinkLlmClusters`): the engine connects to its one
+    /// `remote_ip_infos` address by `timeout_ms`. Returns the last failure (or success) and
+    /// each cluster's status.
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before `initialize`; `LLM_PARAM_INVALID` for `timeout_ms <= 0`.
+    pub fn link_clusters(
+        &self,
+        clusters: &[ClusterInfo],
+        timeout_ms: i32,
+    ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
+        let (engine, _) = self.live()?;
+        if timeout_ms <= 0 {
+            return Err(Error::param("the timeout must be positive"));
+        }
+        let mut rets = Vec::with_capacity(clusters.len());
+        for c in clusters {
+            rets.push(match self.link_one(&engine, c, timeout_ms) {
+                Ok(()) => LlmStatus::LLM_SUCCESS,
+                Err(e) => {
+                    tracing::debug!(cluster = c.remote_cluster_id, error = %e, "link failed");
+                    e.status
+                }
+            });
+        }
+        Ok((last_failure(&rets), rets))
+    }
+
+    fn link_one(&self, engine: &compat::Hixl, c: &ClusterInfo, timeout_ms: i32) -> Result<()> {
+        let [ip] = c.remote_ip_infos.as_slice() else {
+            return Err(Error::param(format!(
+                "cluster {}: link to exactly one remote address, not {}",
+                c.remote_cluster_id,
+                c.remote_ip_infos.len()
+            )));
+        };
+        if c.remote_cluster_id == self.cluster_id {
+            return Err(Error::param("a cluster does not link to itself"));
+        }
+        let remote = std::net::SocketAddr::new(ip.ip, ip.port).to_string();
+        {
+            let links = lock(&self.links);
+            if links.contains_key(&c.remote_cluster_id) {
+                return Err(Error::new(
+                    LlmStatus::LLM_ALREADY_LINK,
+                    format!("cluster {} is linked already", c.remote_cluster_id),
+                ));
+            }
+            if links.len() >= MAX_LINKS {
+                return Err(Error::new(
+                    LlmStatus::LLM_CLUSTER_NUM_EXCEED_LIMIT,
+                    format!("at most {MAX_LINKS} linked clusters"),
+                ));
+            }
+        }
+        engine.connect(&remote, timeout_ms).map_err(|e| {
+            let mut e = Error::from(e);
+            if e.status == LlmStatus::LLM_FAILED {
+                e.status = LlmStatus::LLM_LINK_FAILED;
+            }
+            e
+        })?;
+        lock(&self.links).insert(
+            c.remote_cluster_id,
+            PeerLink {
+                remote,
+                table: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Unlinks each cluster (`UnlinkLlmClusters`); `force` needs no address. An unknown
+    /// cluster is `LLM_NOT_YET_LINK` in its status.
+    ///
+    /// # Errors
+    /// As [`DataDist::link_clusters`].
+    pub fn unlink_clusters(
+        &self,
+        clusters: &[ClusterInfo],
+        timeout_ms: i32,
+        force: bool,
+    ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
+        let (engine, _) = self.live()?;
+        if timeout_ms <= 0 {
+            return Err(Error::param("the timeout must be positive"));
+        }
+        let mut rets = Vec::with_capacity(clusters.len());
+        for c in clusters {
+            let link = lock(&self.links).remove(&c.remote_cluster_id);
+            rets.push(match link {
+                None => LlmStatus::LLM_NOT_YET_LINK,
+                Some(l) => match engine.disconnect(&l.remote, timeout_ms) {
+                    Ok(()) => LlmStatus::LLM_SUCCESS,
+                    // the peer went away first: unlinked all the same
+                    Err(e) if force || e.status() == crate::Status::NOT_CONNECTED => {
+                        LlmStatus::LLM_SUCCESS
+                    }
+                    Err(_) => LlmStatus::LLM_UNLINK_FAILED,
+                },
+            });
+        }
+        Ok((last_failure(&rets), rets))
+    }
+
+    /// The address peers link to: the engine's listen address, with the port it got when
+    /// `llm.ListenIpInfo` asks for port 0. `None` before `initialize`, after `finalize`, or for
+    /// an instance that does not listen.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        let (engine, config) = self.live().ok()?;
+        config.listen.as_ref()?;
+        engine.local_engine().ok()?.parse().ok()
+    }
+
+    /// Whether cluster `id` is linked.
+    pub fn is_linked(&self, id: u64) -> bool {
+        lock(&self.links).contains_key(&id)
+    }
+
+    /// The peer's engine name and table (fetched now if it was not yet).
+    pub(super) fn peer(&self, engine: &compat::Hixl, cluster: u64) -> Result<(String, Arc<Table>)> {
+        if !self.is_linked(cluster) {
+            // a rank-table link may have linked it since the last status query
+            self.settle_comms();
+        }
+        let remote = {
+            let links = lock(&self.links);
+            let l = links.get(&cluster).ok_or_else(|| {
+                Error::new(
+                    LlmStatus::LLM_NOT_YET_LINK,
+                    format!("cluster {cluster} is not linked"),
+                )
+            })?;
+            if let Some(t) = &l.table {
+                return Ok((l.remote.clone(), t.clone()));
+            }
+            l.remote.clone()
+        };
+        let t = Arc::new(self.fetch_table(engine, &remote)?);
+        if let Some(l) = lock(&self.links).get_mut(&cluster) {
+            l.table = Some(t.clone());
+        }
+        Ok((remote, t))
+    }
+
+    /// READs `remote`'s cache table: its header, then the whole table; retried while it is
+    /// being rewritten.
+    fn fetch_table(&self, engine: &compat::Hixl, remote: &str) -> Result<Table> {
+        let regions = engine.remote_regions(remote)?;
+        let candidates: Vec<_> = regions
+            .iter()
+            .filter(|r| {
+                r.access == Access::Read && r.mem_type == MemType::Host && r.len == TABLE_LEN as u64
+            })
+            .collect();
+        let (timeout, download) = {
+            let s = lock(&self.state);
+            let l = s.as_ref().ok_or_else(not_initialized)?;
+            (
+                l.config.sync_timeout_ms,
+                (l.download.addr(), l.download.as_ptr()),
+            )
+        };
+        let _one = lock(&self.fetch);
+        let read = |addr: u64, len: usize| -> Result<Vec<u8>> {
+            let d = TransferOpDesc {
+                local_addr: download.0,
+                remote_addr: addr as usize,
+                len,
+            };
+            engine.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;
+            let mut v = vec![0u8; len];
+            // SAFETY: the download buffer holds TABLE_LEN >= len bytes and is alive while the
+            // instance is (this call holds the engine); only this instance's READs write it,
+            // one at a time (`fetch`), and that READ returned.
+            unsafe { std::ptr::copy_nonoverlapping(download.1, v.as_mut_ptr(), len) };
+            Ok(v)
+        };
+        let mut why = String::from("the peer publishes no cache table");
+        for r in candidates {
+            for _ in 0..8 {
+                let header = read(r.addr, HEADER_LEN)?;
+                let (version, len, _) = match Table::decode_header(&header) {
+                    Ok(h) => h,
+                    Err(table::TableError::Torn) => continue,
+                    Err(e) => {
+                        why = e.to_string();
+                        break;
+                    }
+                };
+                let img = read(r.addr, HEADER_LEN + len)?;
+                match Table::decode_header(&img) {
+                    Ok((v, l, sum)) if v == version && l == len => {
+                        match Table::decode_payload(&img[HEADER_LEN..], sum) {
+                            Ok(t) => return Ok(t),
+                            Err(table::TableError::Torn) => continue,
+                            Err(e) => {
+                                why = e.to_string();
+                                break;
+                            }
+                        }
+                    }
+                    _ => continue,
+                }
+            }
+        }
+        Err(Error::new(
+            LlmStatus::LLM_FAILED,
+            format!("cannot read {remote}'s cache table: {why}"),
+        ))
+    }
+}

@@ -1,0 +1,378 @@
+//! The LLM-DataDist instance, checked at run time ([`DataDist`]): one cluster, its caches and
+//! its links to other clusters, over one [`compat::Hixl`](crate::compat::Hixl) engine. The C
+//! ABI (and through it the C++ class), the Python package and the typed layer sit on it.
+//!
+//! - The engine listens on `llm.ListenIpInfo` (a client only without it) and links are its
+//!   links, one per peer cluster, made by [`DataDist::link_clusters`] to each peer's listen
+//!   address.
+//! - Each instance publishes its caches in a cache table (`table.rs`) kept in a read-only
+//!   region of its engine, rewritten on every registration; a peer READs it once per link, at
+//!   its first pull or push there, and finds it in the link's region table (the read-only host
+//!   region of that size whose bytes say they are a cache table). Caches registered after that
+//!   are not known to that link (`LLM_KV_CACHE_NOT_EXIST`), as upstream's table is not
+//!   refreshed either.
+//! - A pull is one batch READ of the engine, a push one batch WRITE per layer, with the
+//!   addresses upstream computes (below), by `llm.SyncKvCacheWaitTime` (1000 ms by default).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex};
+
+use super::table::{Entry, TABLE_LEN, Table};
+use super::types::{CacheKey, Error, LlmStatus, Result, Role};
+use crate::Access;
+use crate::compat::{self, HostMem};
+use crate::sync::lock;
+
+// the instance's methods by job, as child modules (they see its private fields): caches and
+// the table peers fetch, links by listen address, pulls and pushes, links by a rank table
+mod caches;
+mod links;
+mod moves;
+mod rank;
+use caches::register_tensors;
+use moves::last_failure;
+pub use rank::{MAX_COMMS, RegisterMemStatus};
+
+/// Most links one instance holds (upstream's `kMaxLinkNum`).
+pub const MAX_LINKS: usize = 512;
+
+/// A local cache: its geometry, its tensors and their registrations.
+#[derive(Debug, Clone)]
+struct LocalCache {
+    entry: Entry,
+    /// The engine handles of its tensors (one per distinct tensor).
+    handles: Vec<compat::MemHandle>,
+    keys: Vec<CacheKey>,
+}
+
+/// A link to a peer cluster.
+#[derive(Debug)]
+struct PeerLink {
+    /// The peer engine's name, `ip:port`.
+    remote: String,
+    /// The peer's cache table, fetched at the first pull or push.
+    table: Option<Arc<Table>>,
+}
+
+/// What `initialize` read of its options.
+#[derive(Debug, Clone, Default)]
+struct Config {
+    listen: Option<String>,
+    sync_timeout_ms: i32,
+    device_id: Option<i32>,
+    engine_options: Vec<(String, String)>,
+    /// `llm.LinkTotalTime` (s; `None` for 0 or absent): rank-table links' wait for peers.
+    link_total_time_s: Option<u32>,
+    /// `llm.LinkRetryCount` (1..=100; 0 stands for the default, 1).
+    link_retry_count: u32,
+}
+
+#[derive(Default)]
+struct Caches {
+    by_id: BTreeMap<i64, LocalCache>,
+    /// The table's version (even: complete).
+    version: u64,
+}
+
+/// An LLM-DataDist instance (the runtime-checked form): `Send + Sync`.
+pub struct DataDist {
+    cluster_id: u64,
+    role: Mutex<Role>,
+    state: Mutex<Option<Live>>,
+    caches: Mutex<Caches>,
+    links: Mutex<HashMap<u64, PeerLink>>,
+    /// Serializes table fetches (they share the download buffer).
+    fetch: Mutex<()>,
+    next_id: AtomicI64,
+    /// The communicators of links by an explicit rank table (`rank.rs`).
+    comms: rank::Comms,
+}
+
+/// An initialized instance's engine and buffers.
+struct Live {
+    engine: Arc<compat::Hixl>,
+    config: Config,
+    /// The published cache table (read-only for peers).
+    table: HostMem,
+    /// Where peers' tables are READ into (not in peers' view).
+    download: HostMem,
+}
+
+fn not_initialized() -> Error {
+    Error::new(
+        LlmStatus::LLM_FAILED,
+        "the LLM-DataDist instance is not initialized (or was finalized)",
+    )
+}
+
+impl std::fmt::Debug for DataDist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataDist")
+            .field("cluster_id", &self.cluster_id)
+            .field("role", &*lock(&self.role))
+            .finish_non_exhaustive()
+    }
+}
+
+impl DataDist {
+    /// An instance for `cluster_id` in `role` (nothing else happens until
+    /// [`initialize`](DataDist::initialize)).
+    pub fn new(cluster_id: u64, role: Role) -> Self {
+        DataDist {
+            cluster_id,
+            role: Mutex::new(role),
+            state: Mutex::new(None),
+            caches: Mutex::new(Caches::default()),
+            links: Mutex::new(HashMap::new()),
+            fetch: Mutex::new(()),
+            next_id: AtomicI64::new(1),
+            comms: rank::Comms::default(),
+        }
+    }
+
+    /// The cluster id.
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    /// The current role.
+    pub fn role(&self) -> Role {
+        *lock(&self.role)
+    }
+
+    /// Initializes the instance (`Initialize(options)`); a second call succeeds and changes
+    /// nothing. Options, by their CANN keys:
+    /// - `llm.ListenIpInfo` `"ip:port"` (or `llm.ListenIp` + `llm.ListenPort`, the Python
+    ///   package's form): the engine listens there and peers link to it; without it the
+    ///   instance only links out;
+    /// - `llm.DeviceId`: the device made current on this thread where ACL loads (caches
+    ///   placed on the device need it), as upstream's `aclrtSetDevice`;
+    /// - `llm.SyncKvCacheWaitTime`: a pull's or push's timeout in ms (a positive integer,
+    ///   1000 by default);
+    /// - `llm.LinkTotalTime` (s, 0 to 2^32-1; 0 or absent: 30) and `llm.LinkRetryCount` (1 to
+    ///   100): how long a link by an explicit rank table ([`DataDist::link_comm`]) waits for
+    ///   its peers, in how many `HcclCommPrepare` attempts;
+    /// - `llm.TransferBackend`: `hixl` (the engine), or absent (the same engine here);
+    /// - `llm.RdmaTrafficClass`, `llm.RdmaServiceLevel`, `llm.LocalCommRes`,
+    ///   `llm.GlobalResourceConfig`: passed to the engine under HIXL's keys;
+    /// - every other key (GE's `ge.*`, `llm.EnableSwitchRole`, `llm.BufPoolCfg`, ...) is
+    ///   accepted and not used.
+    ///
+    /// # Errors
+    /// `LLM_PARAM_INVALID` for a malformed listen address, device id or wait time; the
+    /// engine's errors (a port in use: `LLM_FAILED`).
+    pub fn initialize(&self, options: &[(String, String)]) -> Result<()> {
+        let mut state = lock(&self.state);
+        if state.is_some() {
+            return Ok(());
+        }
+        let config = parse_options(options)?;
+        if let Some(dev) = config.device_id {
+            set_device(dev)?;
+        }
+        let live = Self::start(&config)?;
+        *state = Some(live);
+        drop(state);
+        self.publish()?;
+        tracing::debug!(cluster = self.cluster_id, listen = ?config.listen, "LLM-DataDist initialized");
+        Ok(())
+    }
+
+    /// The engine and buffers of `config`.
+    fn start(config: &Config) -> Result<Live> {
+        let engine = compat::Hixl::new();
+        let name = config.listen.clone().unwrap_or_else(|| "127.0.0.1".into());
+        let mut opts = config.engine_options.clone();
+        opts.push(("AutoConnect".into(), "0".into()));
+        if let Some(dev) = config.device_id {
+            // the engine takes its device on a thread of its own: name it (else it takes the
+            // device current there, none, and falls back to device 0); Ascend stays where CANN
+            // loads (a `hixl.ascend.*` key alone would require it)
+            opts.push(("hixl.ascend.device_id".into(), dev.to_string()));
+            opts.push(("hixl.ascend.enable".into(), "auto".into()));
+        }
+        engine.initialize(&name, opts)?;
+        let table = engine.alloc_host_mem_with(TABLE_LEN, Access::Read)?;
+        let download = engine.alloc_host_mem_with(TABLE_LEN, Access::None)?;
+        Ok(Live {
+            engine: Arc::new(engine),
+            config: config.clone(),
+            table,
+            download,
+        })
+    }
+
+    /// The engine, its configuration and the download buffer's address, or `FAILED`.
+    fn live(&self) -> Result<(Arc<compat::Hixl>, Config)> {
+        let s = lock(&self.state);
+        let l = s.as_ref().ok_or_else(not_initialized)?;
+        Ok((l.engine.clone(), l.config.clone()))
+    }
+
+    /// Finalizes (`Finalize`): every link goes, the caches' memory is deregistered, the engine
+    /// finalized. Calling it again, or before `initialize`, does nothing.
+    pub fn finalize(&self) {
+        self.unlink_all_comms();
+        let live = lock(&self.state).take();
+        lock(&self.links).clear();
+        lock(&self.caches).by_id.clear();
+        if let Some(l) = live {
+            l.engine.finalize();
+        }
+    }
+
+    /// Changes the role (`SetRole`). With `llm.ListenIpInfo` in `options` the instance
+    /// listens there from now on: while links exist that is `LLM_EXIST_LINK`; otherwise the
+    /// engine is made anew on that address and every cache registered again in it (same ids,
+    /// same table). Without it the listen address stays as it was.
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before `initialize`; `LLM_EXIST_LINK`; `LLM_PARAM_INVALID` for a malformed
+    /// address; the engine's errors.
+    pub fn set_role(&self, role: Role, options: &[(String, String)]) -> Result<()> {
+        let (_, config) = self.live()?;
+        let listen = parse_options(options)?.listen;
+        if let Some(addr) = listen
+            && config.listen.as_deref() != Some(addr.as_str())
+        {
+            let linked = !lock(&self.links).is_empty();
+            if linked || self.comms.any() {
+                return Err(Error::new(
+                    LlmStatus::LLM_EXIST_LINK,
+                    "cannot listen elsewhere while links exist: unlink them first",
+                ));
+            }
+            self.relisten(config, addr)?;
+        }
+        *lock(&self.role) = role;
+        Ok(())
+    }
+
+    /// A new engine listening on `addr`, with every cache registered again.
+    fn relisten(&self, mut config: Config, addr: String) -> Result<()> {
+        config.listen = Some(addr);
+        let live = Self::start(&config)?;
+        let mut caches = lock(&self.caches);
+        // the new engine's handles replace the old ones only once every cache is registered
+        // there: on failure the old engine (and its handles) stays, the new one goes
+        let mut handles = Vec::with_capacity(caches.by_id.len());
+        for c in caches.by_id.values() {
+            match register_tensors(&live.engine, &c.entry) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    drop(caches);
+                    live.engine.finalize();
+                    return Err(e);
+                }
+            }
+        }
+        for (c, h) in caches.by_id.values_mut().zip(handles) {
+            c.handles = h;
+        }
+        drop(caches);
+        let old = lock(&self.state).replace(live);
+        if let Some(old) = old {
+            old.engine.finalize();
+        }
+        self.publish()
+    }
+}
+
+impl Drop for DataDist {
+    fn drop(&mut self) {
+        self.finalize();
+    }
+}
+
+/// Reads the options `initialize` uses (the others are accepted and not used).
+fn parse_options(options: &[(String, String)]) -> Result<Config> {
+    let mut c = Config {
+        sync_timeout_ms: 1000,
+        ..Config::default()
+    };
+    let (mut ip, mut port) = (None, None);
+    for (k, v) in options {
+        match k.as_str() {
+            "llm.ListenIpInfo" | "llm.listenIpInfo" => c.listen = Some(listen_address(v)?),
+            "llm.ListenIp" => ip = Some(v.clone()),
+            "llm.ListenPort" => port = Some(v.clone()),
+            "llm.DeviceId" | "ge.exec.deviceId" => {
+                let d: i32 = v
+                    .parse()
+                    .ok()
+                    .filter(|d| *d >= 0)
+                    .ok_or_else(|| Error::param(format!("device id {v:?}")))?;
+                c.device_id.get_or_insert(d);
+            }
+            "llm.SyncKvCacheWaitTime" => {
+                c.sync_timeout_ms = v.parse().ok().filter(|t| *t > 0).ok_or_else(|| {
+                    Error::param(format!("llm.SyncKvCacheWaitTime {v:?}: a positive integer"))
+                })?
+            }
+            "llm.TransferBackend" if !v.is_empty() && v != "hixl" => {
+                return Err(Error::param(format!(
+                    "llm.TransferBackend {v:?}: only \"hixl\""
+                )));
+            }
+            "llm.RdmaTrafficClass" => c
+                .engine_options
+                .push(("RdmaTrafficClass".into(), v.clone())),
+            "llm.RdmaServiceLevel" => c
+                .engine_options
+                .push(("RdmaServiceLevel".into(), v.clone())),
+            "llm.LinkTotalTime" => {
+                let t: u32 = v.parse().map_err(|_| {
+                    Error::param(format!("llm.LinkTotalTime {v:?}: 0 to 2^32-1 (s)"))
+                })?;
+                c.link_total_time_s = (t > 0).then_some(t);
+            }
+            "llm.LinkRetryCount" => {
+                c.link_retry_count = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| Error::param(format!("llm.LinkRetryCount {v:?}: 1 to 100")))?
+            }
+            "llm.GlobalResourceConfig" if !v.is_empty() => c
+                .engine_options
+                .push(("GlobalResourceConfig".into(), v.clone())),
+            _ => {}
+        }
+    }
+    if let (Some(ip), Some(port)) = (ip, port)
+        && c.listen.is_none()
+    {
+        c.listen = Some(listen_address(&format!("{ip}:{port}"))?);
+    }
+    Ok(c)
+}
+
+/// `"ip:port"` (or `"[ipv6]:port"`) as the engine's name, checked.
+fn listen_address(v: &str) -> Result<String> {
+    let a: std::net::SocketAddr = v
+        .parse()
+        .map_err(|_| Error::param(format!("listen address {v:?}: \"ip:port\"")))?;
+    Ok(a.to_string())
+}
+
+/// Makes device `id` current on this thread where ACL loads (the engine uses the device
+/// current on the thread that initializes it); nothing where it does not (host caches only).
+fn set_device(id: i32) -> Result<()> {
+    match crate::device::acl::Acl::load(None) {
+        Ok(acl) => {
+            let r = acl
+                .set_device(id)
+                .map_err(|e| Error::new(LlmStatus::LLM_FAILED, e.to_string()));
+            // the library stays loaded, as upstream's does: ACL keeps the thread's current
+            // device in it, so unloading it here (the last handle, when the caller has not
+            // loaded ACL itself) would forget the device just set before the engine reads it.
+            // Kept in a static (reachable, so not a leak to LeakSanitizer): later loads of the
+            // same library share its handle
+            static KEPT: std::sync::OnceLock<crate::device::acl::Acl> = std::sync::OnceLock::new();
+            let _ = KEPT.get_or_init(|| acl);
+            r
+        }
+        Err(_) => Ok(()),
+    }
+}

@@ -1,0 +1,328 @@
+//! Pulls and pushes: a peer's cache entry found, the descriptors of blocks or batches built, one engine batch moved.
+
+use super::DataDist;
+use crate::TransferOp;
+use crate::compat::TransferOpDesc;
+use crate::datadist::table::{Entry, Table};
+use crate::datadist::types::{Error, Layers, LlmStatus, RemoteCache, Result};
+
+impl DataDist {
+    /// Pulls from a peer's cache into local cache `dst_cache` (`PullKvCache`, `PullKvBlocks`).
+    /// With `blocks` (`(src_blocks, dst_blocks)`, the same length, not empty) block
+    /// `src_blocks[i]` of each tensor lands in block `dst_blocks[i]`, consecutive runs as one
+    /// descriptor (a block is the local cache's stride). Without, batch
+    /// `src.batch_index` of each tensor lands in batch `dst_batch` (`size` bytes, or the local
+    /// stride for `-1`; the remote offset uses the local stride, as upstream's).
+    ///
+    /// # Errors
+    /// `LLM_NOT_YET_LINK` (no link to the cluster), `LLM_KV_CACHE_NOT_EXIST` (no such local or
+    /// remote cache), `LLM_PARAM_INVALID` (a block or batch outside a cache, mismatched lists
+    /// or tensor counts, a bad size or layer range, the own cluster), `LLM_TIMEOUT`, the
+    /// engine's other errors.
+    pub fn pull(
+        &self,
+        src: &RemoteCache,
+        dst_cache: i64,
+        dst_batch: u32,
+        size: i64,
+        blocks: Option<(&[u64], &[u64])>,
+        layers: &Layers,
+    ) -> Result<()> {
+        let (engine, config) = self.live()?;
+        if src.cluster_id() == self.cluster_id {
+            return Err(Error::param("a pull from this instance's own cluster"));
+        }
+        let local = self.local(dst_cache)?;
+        let (remote, table) = self.peer(&engine, src.cluster_id())?;
+        let r = find(&table, src)?;
+        let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
+        let ops = match blocks {
+            Some((s, d)) => block_ops(&r, &local, &ri, &li, s, d, TransferOp::Read)?,
+            None => {
+                let src_batch = match *src {
+                    RemoteCache::ById { batch_index, .. } => batch_index,
+                    _ => 0,
+                };
+                batch_ops(
+                    &r,
+                    &local,
+                    &ri,
+                    &li,
+                    src_batch,
+                    dst_batch,
+                    size,
+                    TransferOp::Read,
+                )?
+            }
+        };
+        engine.transfer_sync(&remote, TransferOp::Read, &ops, config.sync_timeout_ms)?;
+        Ok(())
+    }
+
+    /// Pushes local cache `src_cache` into a peer's cache (`PushKvCache`, `PushKvBlocks`), one
+    /// batch WRITE per layer: with `blocks` block `src_blocks[i]` of each tensor goes to block
+    /// `dst_blocks[i]` of the peer's; without, batch `src_batch` to the peer's batch
+    /// `dst.batch_index` (a whole stride).
+    ///
+    /// # Errors
+    /// As [`DataDist::pull`].
+    pub fn push(
+        &self,
+        src_cache: i64,
+        dst: &RemoteCache,
+        src_batch: u32,
+        blocks: Option<(&[u64], &[u64])>,
+        layers: &Layers,
+    ) -> Result<()> {
+        let (engine, config) = self.live()?;
+        if dst.cluster_id() == self.cluster_id {
+            return Err(Error::param("a push to this instance's own cluster"));
+        }
+        let local = self.local(src_cache)?;
+        let (remote, table) = self.peer(&engine, dst.cluster_id())?;
+        let r = find(&table, dst)?;
+        let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), false)?;
+        let per = layers.per_layer.max(1) as usize;
+        // one WRITE per layer: the pairs `per` at a time
+        for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
+            let ops = match blocks {
+                Some((s, d)) => block_ops(&local, &r, ls, rs, s, d, TransferOp::Write)?,
+                None => {
+                    let dst_batch = match *dst {
+                        RemoteCache::ById { batch_index, .. } => batch_index,
+                        _ => 0,
+                    };
+                    batch_ops(
+                        &local,
+                        &r,
+                        ls,
+                        rs,
+                        src_batch,
+                        dst_batch,
+                        -1,
+                        TransferOp::Write,
+                    )?
+                }
+            };
+            engine.transfer_sync(&remote, TransferOp::Write, &ops, config.sync_timeout_ms)?;
+        }
+        Ok(())
+    }
+}
+
+/// The peer's entry `key` names.
+fn find(t: &Table, key: &RemoteCache) -> Result<Entry> {
+    let id = match *key {
+        RemoteCache::ById { cache_id, .. } => Some(cache_id),
+        RemoteCache::Blocks { model_id, .. } => t
+            .keys
+            .iter()
+            .find(|k| k.req_id == u64::MAX && k.model_id == model_id)
+            .map(|k| k.cache_id),
+        RemoteCache::Request {
+            req_id, model_id, ..
+        } => t
+            .keys
+            .iter()
+            .find(|k| k.req_id == req_id && k.model_id == model_id)
+            .map(|k| k.cache_id),
+    };
+    id.and_then(|id| t.entries.iter().find(|e| e.cache_id == id).cloned())
+        .ok_or_else(|| {
+            Error::new(
+                LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+                format!("the peer has no cache {key:?} (in the table it published at the link's first use)"),
+            )
+        })
+}
+
+/// The tensor indices of each side (`local`, `remote`) a transfer pairs, from its layer
+/// ranges. `pull`: the remote side is the source.
+fn tensor_pairs(
+    layers: &Layers,
+    local_n: usize,
+    remote_n: usize,
+    pull: bool,
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    if layers.per_layer == 0 {
+        return Err(Error::param("tensor_num_per_layer must be at least 1"));
+    }
+    let per = layers.per_layer as usize;
+    let (src_n, dst_n) = if pull {
+        (remote_n, local_n)
+    } else {
+        (local_n, remote_n)
+    };
+    let range = |r: (u32, u32), n: usize, what: &str| -> Result<Vec<usize>> {
+        if r.0 > r.1 {
+            return Err(Error::param(format!(
+                "{what} layer range {r:?} is reversed"
+            )));
+        }
+        let (a, b) = (r.0 as usize * per, (r.1 as usize + 1) * per);
+        if b > n {
+            return Err(Error::param(format!(
+                "{what} layers {r:?} ({per} tensors each) beyond the cache's {n} tensors"
+            )));
+        }
+        Ok((a..b).collect())
+    };
+    let (s, d) = match (layers.src, layers.dst) {
+        (None, None) => {
+            if src_n != dst_n {
+                return Err(Error::param(format!(
+                    "the caches have {src_n} and {dst_n} tensors"
+                )));
+            }
+            ((0..src_n).collect(), (0..dst_n).collect())
+        }
+        (Some(sr), Some(dr)) => {
+            let (s, d) = (
+                range(sr, src_n, "source")?,
+                range(dr, dst_n, "destination")?,
+            );
+            if s.len() != d.len() {
+                return Err(Error::param("the layer ranges differ in length"));
+            }
+            (s, d)
+        }
+        _ => return Err(Error::param("give both layer ranges or neither")),
+    };
+    Ok(if pull { (d, s) } else { (s, d) })
+}
+
+/// One descriptor per tensor pair: batch `src_batch` of the source, `dst_batch` of the
+/// destination, `size` bytes (`-1`: the local cache's stride). `src`/`dst` are the entries;
+/// the local side's addresses are this process's.
+#[allow(clippy::too_many_arguments)]
+fn batch_ops(
+    src: &Entry,
+    dst: &Entry,
+    src_tensors: &[usize],
+    dst_tensors: &[usize],
+    src_batch: u32,
+    dst_batch: u32,
+    size: i64,
+    op: TransferOp,
+) -> Result<Vec<TransferOpDesc>> {
+    // a pull offsets both sides by the local (destination) cache's stride, as upstream's; a
+    // push each side by its own
+    let (src_stride, dst_stride) = match op {
+        TransferOp::Read => (dst.stride, dst.stride),
+        TransferOp::Write => (src.stride, dst.stride),
+    };
+    let stride = if op == TransferOp::Read {
+        dst.stride
+    } else {
+        src.stride
+    };
+    if size == 0 || size < -1 {
+        return Err(Error::param(format!(
+            "size {size}: -1, or a positive number"
+        )));
+    }
+    let len = if size == -1 { stride } else { size as u64 };
+    if len > src.stride || len > dst.stride {
+        return Err(Error::param(format!(
+            "{len} bytes exceed a batch ({} and {} bytes)",
+            src.stride, dst.stride
+        )));
+    }
+    for (b, e, what) in [(src_batch, src, "source"), (dst_batch, dst, "destination")] {
+        if u64::from(b) >= e.count {
+            return Err(Error::param(format!(
+                "{what} batch {b} outside its cache's {} batches",
+                e.count
+            )));
+        }
+    }
+    let ops = src_tensors
+        .iter()
+        .zip(dst_tensors)
+        .map(|(&s, &d)| {
+            let sa = src.addrs[s] + u64::from(src_batch) * src_stride;
+            let da = dst.addrs[d] + u64::from(dst_batch) * dst_stride;
+            desc(op, sa, da, len)
+        })
+        .collect();
+    Ok(ops)
+}
+
+/// Descriptors of block runs: for each run of pairs consecutive on both sides, one per tensor
+/// pair. The block size is the local cache's stride.
+fn block_ops(
+    src: &Entry,
+    dst: &Entry,
+    src_tensors: &[usize],
+    dst_tensors: &[usize],
+    src_blocks: &[u64],
+    dst_blocks: &[u64],
+    op: TransferOp,
+) -> Result<Vec<TransferOpDesc>> {
+    if src_blocks.is_empty() || src_blocks.len() != dst_blocks.len() {
+        return Err(Error::param(format!(
+            "{} source and {} destination blocks: the same number, at least one",
+            src_blocks.len(),
+            dst_blocks.len()
+        )));
+    }
+    let bs = if op == TransferOp::Read {
+        dst.stride
+    } else {
+        src.stride
+    };
+    for (blocks, e, what) in [
+        (src_blocks, src, "source"),
+        (dst_blocks, dst, "destination"),
+    ] {
+        // the remote side's blocks are counted in the local block size
+        let count = e.tensor_size / bs;
+        if let Some(b) = blocks.iter().find(|&&b| b >= count) {
+            return Err(Error::param(format!(
+                "{what} block {b} outside its cache's {count} blocks"
+            )));
+        }
+    }
+    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+    for (&s, &d) in src_blocks.iter().zip(dst_blocks) {
+        match runs.last_mut() {
+            Some((rs, rd, n)) if *rs + *n == s && *rd + *n == d => *n += 1,
+            _ => runs.push((s, d, 1)),
+        }
+    }
+    let mut ops = Vec::with_capacity(runs.len() * src_tensors.len());
+    for (&st, &dt) in src_tensors.iter().zip(dst_tensors) {
+        for &(s, d, n) in &runs {
+            ops.push(desc(
+                op,
+                src.addrs[st] + s * bs,
+                dst.addrs[dt] + d * bs,
+                n * bs,
+            ));
+        }
+    }
+    Ok(ops)
+}
+
+/// The engine descriptor moving `len` bytes from `src` to `dst`: for a READ the local side is
+/// the destination, for a WRITE the source.
+fn desc(op: TransferOp, src: u64, dst: u64, len: u64) -> TransferOpDesc {
+    let (local, remote) = match op {
+        TransferOp::Read => (dst, src),
+        TransferOp::Write => (src, dst),
+    };
+    TransferOpDesc {
+        local_addr: local as usize,
+        remote_addr: remote as usize,
+        len: len as usize,
+    }
+}
+
+/// The last failure of `rets`, or success.
+pub(super) fn last_failure(rets: &[LlmStatus]) -> LlmStatus {
+    rets.iter()
+        .rev()
+        .find(|s| **s != LlmStatus::LLM_SUCCESS)
+        .copied()
+        .unwrap_or(LlmStatus::LLM_SUCCESS)
+}
