@@ -42,16 +42,41 @@ struct Greeting {
     hs: Box<Handshake>,
 }
 
+/// What the poller holds for one connection between its events.
+enum Held {
+    /// In its handshake (due at the handshake's deadline).
+    Greeting(Box<Greeting>),
+    /// An established lane waiting for its next request; due once that frame has started (the
+    /// whole frame is due within the I/O timeout).
+    Idle {
+        lane: Box<Established>,
+        due: Option<Instant>,
+    },
+    /// A lane whose request is parked on a stalled socket, due at the request's deadline.
+    Parked {
+        lane: Box<Established>,
+        due: Instant,
+    },
+}
+
+impl Held {
+    /// When the poller must act on it without an event.
+    fn due(&self) -> Option<Instant> {
+        match self {
+            Held::Greeting(g) => Some(g.hs.deadline),
+            Held::Idle { due, .. } => *due,
+            Held::Parked { due, .. } => Some(*due),
+        }
+    }
+}
+
 /// The poller's state: everything it holds between events.
 struct Poller {
     shared: Arc<Shared>,
     epoll: Epoll,
     listener: TcpListener,
-    handshakes: HashMap<u64, Box<Greeting>>,
-    idle: HashMap<u64, Box<Established>>,
-    /// When an idle lane is due: its next frame has started (the whole frame is due within the
-    /// I/O timeout), or its parked request has this deadline.
-    due: HashMap<u64, Instant>,
+    /// Every connection the poller holds, by its token: one map, one state per connection.
+    held: HashMap<u64, Held>,
     backoff: limits::Backoff,
     /// Accepting waits until then (out of descriptors or memory).
     paused: Option<Instant>,
@@ -85,9 +110,7 @@ pub(super) fn run(shared: Arc<Shared>, listener: TcpListener) {
         shared,
         epoll,
         listener,
-        handshakes: HashMap::new(),
-        idle: HashMap::new(),
-        due: HashMap::new(),
+        held: HashMap::new(),
         backoff: limits::Backoff::default(),
         paused: None,
         draining: false,
@@ -125,12 +148,10 @@ pub(super) fn run(shared: Arc<Shared>, listener: TcpListener) {
 }
 
 impl Poller {
-    /// How long to wait for events: until the first handshake deadline, or the end of an
+    /// How long to wait for events: until the first deadline of a connection, or the end of an
     /// accept pause.
     fn next_timeout(&self) -> Option<Duration> {
-        let first = (self.handshakes.values().map(|g| g.hs.deadline))
-            .chain(self.due.values().copied())
-            .min();
+        let first = self.held.values().filter_map(Held::due).min();
         let until = match (first, self.paused) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -180,18 +201,21 @@ impl Poller {
         };
         if full {
             let keyed = sh.psk.is_some();
-            let cands: Vec<Candidate> = (self.handshakes.iter())
-                .map(|(&id, g)| Candidate {
-                    id,
-                    peer: g.conn.from.ip(),
-                    progress: g.hs.progress(keyed),
-                    since: g.hs.since,
+            let cands: Vec<Candidate> = (self.held.iter())
+                .filter_map(|(&id, s)| match s {
+                    Held::Greeting(g) => Some(Candidate {
+                        id,
+                        peer: g.conn.from.ip(),
+                        progress: g.hs.progress(keyed),
+                        since: g.hs.since,
+                    }),
+                    _ => None,
                 })
                 .collect();
             match limits::make_room(&cands, from.ip(), l) {
                 Ok(None) => {}
                 Ok(Some(victim)) => {
-                    if let Some(g) = self.handshakes.remove(&victim) {
+                    if let Some(Held::Greeting(g)) = self.held.remove(&victim) {
                         let told = "handshake cut to make room for others";
                         let r = Refusal::new(Status::RESOURCE_EXHAUSTED, told, told);
                         refuse(sh, &g.conn, &r);
@@ -230,38 +254,27 @@ impl Poller {
 
     /// Connection `id` has input (or hung up).
     fn ready(&mut self, id: u64) {
-        if let Some(g) = self.handshakes.remove(&id) {
-            self.greet(id, *g);
-        } else if self.idle.get(&id).is_some_and(|l| l.parked.is_some()) {
+        match self.held.remove(&id) {
+            None => {}
+            Some(Held::Greeting(g)) => self.greet(id, *g),
             // its parked request's socket is ready (or failed): a worker goes on with it
-            self.due.remove(&id);
-            if let Some(lane) = self.idle.remove(&id) {
-                self.submit(Work::Serve(lane));
-            }
-        } else if let Some(mut lane) = self.idle.remove(&id) {
-            // a worker takes the lane once its next frame is in: a peer that starts a frame
-            // and stalls holds no thread, only its deadline
-            match frame_in(&mut lane.inb, &lane.conn.sock) {
-                Ok(true) => {
-                    self.due.remove(&id);
-                    self.submit(Work::Serve(lane));
-                }
-                Ok(false) => {
-                    let due = Instant::now() + self.shared.io_timeout;
-                    self.due.entry(id).or_insert(due);
-                    match self.epoll.rearm(lane.conn.as_raw_fd(), Token(id)) {
-                        Ok(()) => {
-                            self.idle.insert(id, lane);
-                        }
-                        Err(e) => {
-                            self.due.remove(&id);
-                            worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e));
+            Some(Held::Parked { lane, .. }) => self.submit(Work::Serve(lane)),
+            Some(Held::Idle { mut lane, due }) => {
+                // a worker takes the lane once its next frame is in: a peer that starts a frame
+                // and stalls holds no thread, only its deadline
+                match frame_in(&mut lane.inb, &lane.conn.sock) {
+                    Ok(true) => self.submit(Work::Serve(lane)),
+                    Ok(false) => {
+                        let due = due.unwrap_or_else(|| Instant::now() + self.shared.io_timeout);
+                        match self.epoll.rearm(lane.conn.as_raw_fd(), Token(id)) {
+                            Ok(()) => {
+                                let due = Some(due);
+                                self.held.insert(id, Held::Idle { lane, due });
+                            }
+                            Err(e) => worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e)),
                         }
                     }
-                }
-                Err(e) => {
-                    self.due.remove(&id);
-                    worker::lane_closed(&self.shared, *lane, ConnEnd::of(e));
+                    Err(e) => worker::lane_closed(&self.shared, *lane, ConnEnd::of(e)),
                 }
             }
         }
@@ -283,44 +296,39 @@ impl Poller {
             );
             match self.epoll.rearm_for(fd, Token(id), out.unwrap_or(false)) {
                 Ok(()) => {
-                    if let Some((p, _)) = &lane.parked {
+                    let timeout = Instant::now() + self.shared.io_timeout;
+                    let slot = if let Some((p, _)) = &lane.parked {
                         // a parked request keeps its own deadline
-                        let due = p
-                            .deadline
-                            .unwrap_or_else(|| Instant::now() + self.shared.io_timeout);
-                        self.due.insert(id, due);
-                    } else if lane.inb.buffered() > 0 {
+                        let due = p.deadline.unwrap_or(timeout);
+                        Held::Parked { lane, due }
+                    } else {
                         // part of its next frame came: the whole frame is due within the timeout
-                        self.due.insert(id, Instant::now() + self.shared.io_timeout);
-                    }
-                    self.idle.insert(id, lane);
+                        let due = (lane.inb.buffered() > 0).then_some(timeout);
+                        Held::Idle { lane, due }
+                    };
+                    self.held.insert(id, slot);
                 }
                 Err(e) => worker::lane_closed(&self.shared, *lane, ConnEnd::Io(e)),
             }
         }
     }
 
-    /// Ends the handshakes past their deadline (`REFUSE` `TIMEOUT`), and a pause in accepting.
+    /// Ends the handshakes past their deadline (`REFUSE` `TIMEOUT`) and the lanes past theirs,
+    /// and a pause in accepting.
     fn expire(&mut self) {
         let now = Instant::now();
-        let late: Vec<u64> = (self.handshakes.iter())
-            .filter(|(_, g)| g.hs.deadline <= now)
+        let late: Vec<u64> = (self.held.iter())
+            .filter(|(_, s)| s.due().is_some_and(|t| t <= now))
             .map(|(&id, _)| id)
             .collect();
         for id in late {
-            if let Some(g) = self.handshakes.remove(&id) {
-                let r = Refusal::new(Status::TIMEOUT, "handshake timed out", "timed out");
-                refuse(&self.shared, &g.conn, &r);
-            }
-        }
-        if self.due.values().any(|&t| t <= now) {
-            let late: Vec<u64> = (self.due.iter())
-                .filter(|&(_, &t)| t <= now)
-                .map(|(&id, _)| id)
-                .collect();
-            for id in late {
-                self.due.remove(&id);
-                if let Some(lane) = self.idle.remove(&id) {
+            match self.held.remove(&id) {
+                None => {}
+                Some(Held::Greeting(g)) => {
+                    let r = Refusal::new(Status::TIMEOUT, "handshake timed out", "timed out");
+                    refuse(&self.shared, &g.conn, &r);
+                }
+                Some(Held::Idle { lane, .. } | Held::Parked { lane, .. }) => {
                     let e = io::Error::new(
                         io::ErrorKind::TimedOut,
                         "a started frame did not finish in time",
@@ -351,7 +359,7 @@ impl Poller {
             let _ = self.epoll.ctl(libc::EPOLL_CTL_DEL, fd, Token::LISTENER, 0);
             self.paused = None;
         }
-        self.handshakes.clear();
+        self.held.retain(|_, s| !matches!(s, Held::Greeting(_)));
     }
 
     fn submit(&self, job: Work) {
@@ -372,8 +380,8 @@ impl Poller {
             let len = match inb.frame_ready(&conn.sock, limits::MAX_HANDSHAKE_FRAME, what) {
                 Ok(None) => {
                     if self.epoll.rearm(conn.as_raw_fd(), Token(id)).is_ok() {
-                        self.handshakes
-                            .insert(id, Box::new(Greeting { conn, inb, hs }));
+                        let g = Box::new(Greeting { conn, inb, hs });
+                        self.held.insert(id, Held::Greeting(g));
                     }
                     return;
                 }
