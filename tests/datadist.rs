@@ -448,3 +448,175 @@ fn calls_before_initialize_and_bad_registrations() {
     );
     let _ = Duration::ZERO;
 }
+
+/// An instance that does not listen (upstream's decoder), with `llm.SyncKvCacheWaitTime` 5 s.
+fn client_instance(cluster: u64, role: Role) -> DataDist {
+    let dd = DataDist::new(cluster, role);
+    let opts = [
+        ("llm.DeviceId".to_owned(), "0".to_owned()),
+        ("llm.SyncKvCacheWaitTime".to_owned(), "5000".to_owned()),
+    ];
+    dd.initialize(&opts).unwrap();
+    dd
+}
+
+#[test]
+fn a_link_serves_both_sides_until_either_unlinks() {
+    // upstream's switch_role_sample: the cluster that listens pushes into (and pulls from) the
+    // one that linked to it, over that link, without linking itself
+    let (prompt, pport) = instance(PROMPT, Role::Prompt);
+    let decoder = client_instance(DECODER, Role::Decoder);
+    assert_eq!(decoder.listen_addr(), None, "a decoder does not listen");
+    let mut pk = Tensors::new(2, 4, 4096, 11);
+    let mut dk = Tensors::new(2, 4, 4096, 12);
+    let key = |cluster_id| RemoteCache::Blocks {
+        cluster_id,
+        model_id: 0,
+    };
+    let k0 = CacheKey {
+        req_id: u64::MAX,
+        model_id: 0,
+    };
+    let pid = register(&prompt, &mut pk, CacheKind::Blocks, &[k0]);
+    let did = register(&decoder, &mut dk, CacheKind::Blocks, &[k0]);
+    let push =
+        |blocks: (&[u64], &[u64])| prompt.push(pid, &key(DECODER), 0, Some(blocks), &Layers::all());
+    assert_eq!(
+        status(push((&[0], &[0]))),
+        LlmStatus::LLM_NOT_YET_LINK,
+        "nobody linked yet"
+    );
+
+    // the decoder links, naming its own address: it listens from now on, for the way back
+    let mut to_prompt = cluster(PROMPT, pport);
+    to_prompt.local_ip_infos = vec![IpInfo {
+        ip: "127.0.0.1".parse().unwrap(),
+        port: 0,
+    }];
+    let (ret, _) = decoder.link_clusters(&[to_prompt.clone()], 5000).unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    assert!(decoder.listen_addr().is_some());
+    assert!(!prompt.is_linked(DECODER), "the prompt made no link");
+
+    // the prompt pushes its blocks 0, 1 into the decoder's 2, 3 and pulls the decoder's 3 into
+    // its own 0: over the link the decoder made, linked back on first use
+    push((&[0, 1], &[2, 3])).unwrap();
+    for t in 0..2 {
+        assert_eq!(dk.block(t, 2), pk.block(t, 0));
+        assert_eq!(dk.block(t, 3), pk.block(t, 1));
+    }
+    let by_id = RemoteCache::ById {
+        cluster_id: DECODER,
+        cache_id: did,
+        batch_index: 0,
+    };
+    prompt
+        .pull(&by_id, pid, 0, -1, Some((&[3], &[0])), &Layers::all())
+        .unwrap();
+    for t in 0..2 {
+        assert_eq!(pk.block(t, 0), dk.block(t, 3));
+    }
+
+    // the decoder unlinks: the prompt's way back goes with it
+    let (ret, _) = decoder
+        .unlink_clusters(&[to_prompt.clone()], 5000, false)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    let before = dk.mem.clone();
+    assert_eq!(status(push((&[0], &[0]))), LlmStatus::LLM_NOT_YET_LINK);
+    assert_eq!(dk.mem, before, "nothing pushed after the unlink");
+
+    // linked again: the prompt unlinks a cluster it never linked itself (the sample's last
+    // step), which ends the way back as well
+    let (ret, _) = decoder.link_clusters(&[to_prompt.clone()], 5000).unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    push((&[2], &[1])).unwrap();
+    assert_eq!(dk.block(0, 1), pk.block(0, 2));
+    let (ret, rets) = prompt
+        .unlink_clusters(&[cluster(DECODER, 0)], 5000, true)
+        .unwrap();
+    assert_eq!(
+        (ret, rets),
+        (LlmStatus::LLM_SUCCESS, vec![LlmStatus::LLM_SUCCESS])
+    );
+    assert_eq!(status(push((&[0], &[0]))), LlmStatus::LLM_NOT_YET_LINK);
+    decoder.finalize();
+    prompt.finalize();
+}
+
+#[test]
+fn link_notifications_a_peer_forges_are_typed_errors() {
+    // any engine connected to a cluster can send it notifications: a malformed one is
+    // ignored, one naming an address nobody serves fails the push with a link error, and
+    // one naming the cluster itself is ignored
+    let (prompt, pport) = instance(PROMPT, Role::Prompt);
+    let mut pk = Tensors::new(1, 2, 4096, 21);
+    let k0 = CacheKey {
+        req_id: u64::MAX,
+        model_id: 0,
+    };
+    let pid = register(&prompt, &mut pk, CacheKind::Blocks, &[k0]);
+    let forger = hixl::compat::Hixl::new();
+    forger
+        .initialize("127.0.0.1", Vec::<(String, String)>::new())
+        .unwrap();
+    let remote = format!("127.0.0.1:{pport}");
+    forger.connect(&remote, 5000).unwrap();
+    let nobody = free_port();
+    for msg in [
+        "".to_owned(),
+        "x 127.0.0.1:1".to_owned(),
+        "5".to_owned(),
+        "6 not-an-address".to_owned(),
+        format!("{PROMPT} 127.0.0.1:{pport}"),
+        format!("7 127.0.0.1:{nobody}"),
+        "\u{0}\u{ffff} \u{0}".to_owned(),
+    ] {
+        let note = hixl::compat::NotifyDesc {
+            name: "hixl.datadist.link".into(),
+            notify_msg: msg,
+        };
+        forger.send_notify(&remote, &note, 5000).unwrap();
+    }
+    let push_to = |cluster_id| {
+        let key = RemoteCache::Blocks {
+            cluster_id,
+            model_id: 0,
+        };
+        status(prompt.push(pid, &key, 0, Some((&[0], &[0])), &Layers::all()))
+    };
+    assert_eq!(push_to(5), LlmStatus::LLM_NOT_YET_LINK, "malformed");
+    assert_eq!(push_to(6), LlmStatus::LLM_NOT_YET_LINK, "malformed");
+    assert_eq!(push_to(7), LlmStatus::LLM_LINK_FAILED, "nobody serves it");
+    assert_eq!(
+        status(prompt.push(
+            pid,
+            &RemoteCache::Blocks {
+                cluster_id: PROMPT,
+                model_id: 0
+            },
+            0,
+            Some((&[0], &[0])),
+            &Layers::all()
+        )),
+        LlmStatus::LLM_PARAM_INVALID,
+        "its own cluster"
+    );
+    forger.finalize();
+    prompt.finalize();
+}
+
+#[test]
+fn a_switch_to_decoder_closes_the_listener() {
+    // upstream's switch_role_sample on one host: the prompt's port is free for the other side
+    // once it switched to decoder
+    let (prompt, pport) = instance(PROMPT, Role::Prompt);
+    prompt.set_role(Role::Decoder, &[]).unwrap();
+    assert_eq!(prompt.role(), Role::Decoder);
+    assert_eq!(prompt.listen_addr(), None);
+    std::net::TcpListener::bind(("127.0.0.1", pport)).expect("the port is free again");
+    let opts = [("llm.ListenIpInfo".to_owned(), format!("127.0.0.1:{pport}"))];
+    prompt.set_role(Role::Prompt, &opts).unwrap();
+    assert_eq!(prompt.listen_addr().map(|a| a.port()), Some(pport));
+    prompt.finalize();
+}

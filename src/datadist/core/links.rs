@@ -1,18 +1,33 @@
 //! Links to peer clusters by their listen addresses, and the peer's cache table, fetched once per link.
+//!
+//! A link serves both sides, as upstream's does: the cluster that links tells the other, by a
+//! notification on the new link ([`LINK_NOTE`]: its cluster id and the address it listens on),
+//! where to link back; the other's first pull or push there makes that link (an instance
+//! without `llm.ListenIpInfo` listens for it on an ephemeral port of its `local_ip_infos`
+//! address, made when it links first). Unlinking tells the other side too ([`UNLINK_NOTE`]),
+//! which then drops its link back.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{DataDist, MAX_LINKS, PeerLink, last_failure, not_initialized};
-use crate::compat::{self, TransferOpDesc};
+use super::{DataDist, MAX_LINKS, PeerLink, last_failure, not_initialized, set_device};
+use crate::compat::{self, NotifyDesc, TransferOpDesc};
 use crate::datadist::table::{self, HEADER_LEN, TABLE_LEN, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
 use crate::sync::lock;
 use crate::{Access, MemType, TransferOp};
 
+/// The notification a cluster sends on a link it made: `"<its cluster id> <ip:port it listens on>"`.
+pub(super) const LINK_NOTE: &str = "hixl.datadist.link";
+/// The notification a cluster sends before it unlinks: `"<its cluster id>"`.
+pub(super) const UNLINK_NOTE: &str = "hixl.datadist.unlink";
+/// How long a link-back notification may take to be acknowledged (ms).
+const NOTE_MS: i32 = 1000;
+
 impl DataDist {
     /// Links to each cluster (`LinkLlmClusters`): the engine connects to its one
-    /// `remote_ip_infos` address by `timeout_ms`. Returns the last failure (or success) and
-    /// each cluster's status.
+    /// `remote_ip_infos` address by `timeout_ms`, and tells the peer where to link back (see
+    /// the module's header). Returns the last failure (or success) and each cluster's status.
     ///
     /// # Errors
     /// `LLM_FAILED` before `initialize`; `LLM_PARAM_INVALID` for `timeout_ms <= 0`.
@@ -21,9 +36,27 @@ impl DataDist {
         clusters: &[ClusterInfo],
         timeout_ms: i32,
     ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
-        let (engine, _) = self.live()?;
+        let (mut engine, config) = self.live()?;
         if timeout_ms <= 0 {
             return Err(Error::param("the timeout must be positive"));
+        }
+        if config.listen.is_none() && lock(&self.links).is_empty() && !self.comms.any() {
+            // a cluster that does not listen starts to, so that its peers can link back
+            let ip = clusters
+                .iter()
+                .find_map(|c| c.local_ip_infos.first().map(|i| i.ip));
+            if let Some(ip) = ip {
+                if let Some(dev) = config.device_id {
+                    set_device(dev)?;
+                }
+                match self.relisten(config, Some(SocketAddr::new(ip, 0).to_string())) {
+                    Ok(()) => engine = self.live()?.0,
+                    Err(e) => tracing::debug!(
+                        error = %e,
+                        "cannot listen for links back: peers cannot pull from or push to this cluster"
+                    ),
+                }
+            }
         }
         let mut rets = Vec::with_capacity(clusters.len());
         for c in clusters {
@@ -72,11 +105,110 @@ impl DataDist {
             }
             e
         })?;
+        self.announce(engine, c, &remote);
         lock(&self.links).insert(
             c.remote_cluster_id,
             PeerLink {
                 remote,
                 table: None,
+                back: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Tells the cluster at `remote` where it can link back to this one (best effort: a peer
+    /// that does not take it cannot pull from or push to this cluster, nothing else).
+    fn announce(&self, engine: &compat::Hixl, c: &ClusterInfo, remote: &str) {
+        let Some(mut me) = self.listen_addr() else {
+            return;
+        };
+        if me.ip().is_unspecified() {
+            // a wildcard is no address to reach: this side's address as the link names it
+            match c.local_ip_infos.first() {
+                Some(ip) => me.set_ip(ip.ip),
+                None => return,
+            }
+        }
+        let note = NotifyDesc {
+            name: LINK_NOTE.into(),
+            notify_msg: format!("{} {me}", self.cluster_id),
+        };
+        if let Err(e) = engine.send_notify(remote, &note, NOTE_MS) {
+            tracing::debug!(remote, error = %e, "the peer did not take where to link back");
+        }
+    }
+
+    /// Takes the link notifications peers sent: where clusters that linked here listen, and
+    /// which of them unlinked (their links back go). Anything else is not this layer's.
+    pub(super) fn take_notes(&self, engine: &compat::Hixl) {
+        let Ok(notes) = engine.get_notifies() else {
+            return;
+        };
+        for n in notes {
+            match n.name.as_str() {
+                LINK_NOTE => {
+                    let parsed = n.notify_msg.split_once(' ').and_then(|(id, addr)| {
+                        Some((id.parse::<u64>().ok()?, addr.parse::<SocketAddr>().ok()?))
+                    });
+                    let Some((id, addr)) = parsed else {
+                        tracing::debug!(msg = n.notify_msg, "a malformed link notification");
+                        continue;
+                    };
+                    let mut inbound = lock(&self.inbound);
+                    if id != self.cluster_id
+                        && (inbound.len() < MAX_LINKS || inbound.contains_key(&id))
+                    {
+                        inbound.insert(id, addr.to_string());
+                    }
+                }
+                UNLINK_NOTE => {
+                    let Ok(id) = n.notify_msg.parse::<u64>() else {
+                        continue;
+                    };
+                    lock(&self.inbound).remove(&id);
+                    let mut links = lock(&self.links);
+                    if links.get(&id).is_some_and(|l| l.back)
+                        && let Some(l) = links.remove(&id)
+                    {
+                        drop(links);
+                        let _ = engine.disconnect(&l.remote, NOTE_MS);
+                    }
+                }
+                _ => tracing::debug!(name = n.name, "a notification that is not a link's"),
+            }
+        }
+    }
+
+    /// Links back to cluster `id` if it linked to this one and said where it listens.
+    fn link_back(&self, engine: &compat::Hixl, id: u64, timeout_ms: i32) -> Result<()> {
+        let Some(remote) = lock(&self.inbound).get(&id).cloned() else {
+            return Err(Error::new(
+                LlmStatus::LLM_NOT_YET_LINK,
+                format!("cluster {id} is not linked"),
+            ));
+        };
+        engine.connect(&remote, timeout_ms).map_err(|e| {
+            let mut e = Error::from(e);
+            if e.status == LlmStatus::LLM_FAILED {
+                e.status = LlmStatus::LLM_LINK_FAILED;
+            }
+            e
+        })?;
+        let mut links = lock(&self.links);
+        if links.contains_key(&id) {
+            // linked meanwhile (by another call): that link serves
+            drop(links);
+            let _ = engine.disconnect(&remote, NOTE_MS);
+            return Ok(());
+        }
+        lock(&self.inbound).remove(&id);
+        links.insert(
+            id,
+            PeerLink {
+                remote,
+                table: None,
+                back: true,
             },
         );
         Ok(())
@@ -97,10 +229,23 @@ impl DataDist {
         if timeout_ms <= 0 {
             return Err(Error::param("the timeout must be positive"));
         }
+        self.take_notes(&engine);
         let mut rets = Vec::with_capacity(clusters.len());
         for c in clusters {
             let link = lock(&self.links).remove(&c.remote_cluster_id);
+            // one link between two clusters, as upstream's: the peer's way back goes too
+            let inbound = lock(&self.inbound).remove(&c.remote_cluster_id).is_some();
+            if let Some(l) = &link {
+                // the peer drops its link back (best effort: it may be gone)
+                let note = NotifyDesc {
+                    name: UNLINK_NOTE.into(),
+                    notify_msg: self.cluster_id.to_string(),
+                };
+                let _ = engine.send_notify(&l.remote, &note, timeout_ms.min(NOTE_MS));
+            }
             rets.push(match link {
+                // a cluster that linked here, and was never linked back to
+                None if inbound => LlmStatus::LLM_SUCCESS,
                 None => LlmStatus::LLM_NOT_YET_LINK,
                 Some(l) => match engine.disconnect(&l.remote, timeout_ms) {
                     Ok(()) => LlmStatus::LLM_SUCCESS,
@@ -131,9 +276,15 @@ impl DataDist {
 
     /// The peer's engine name and table (fetched now if it was not yet).
     pub(super) fn peer(&self, engine: &compat::Hixl, cluster: u64) -> Result<(String, Arc<Table>)> {
+        // a peer that unlinked, or linked here, said so
+        self.take_notes(engine);
         if !self.is_linked(cluster) {
             // a rank-table link may have linked it since the last status query
             self.settle_comms();
+        }
+        if !self.is_linked(cluster) {
+            let (_, config) = self.live()?;
+            self.link_back(engine, cluster, config.sync_timeout_ms)?;
         }
         let remote = {
             let links = lock(&self.links);

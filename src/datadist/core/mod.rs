@@ -53,6 +53,8 @@ struct PeerLink {
     remote: String,
     /// The peer's cache table, fetched at the first pull or push.
     table: Option<Arc<Table>>,
+    /// Made back to a cluster that linked to this one (it goes when that cluster unlinks).
+    back: bool,
 }
 
 /// What `initialize` read of its options.
@@ -87,6 +89,9 @@ pub struct DataDist {
     next_id: AtomicI64,
     /// The communicators of links by an explicit rank table (`rank.rs`).
     comms: rank::Comms,
+    /// Clusters that linked to this one and said where they listen (`links.rs`): a pull or
+    /// push there links back on first use.
+    inbound: Mutex<HashMap<u64, String>>,
 }
 
 /// An initialized instance's engine and buffers.
@@ -128,6 +133,7 @@ impl DataDist {
             fetch: Mutex::new(()),
             next_id: AtomicI64::new(1),
             comms: rank::Comms::default(),
+            inbound: Mutex::new(HashMap::new()),
         }
     }
 
@@ -216,6 +222,7 @@ impl DataDist {
         self.unlink_all_comms();
         let live = lock(&self.state).take();
         lock(&self.links).clear();
+        lock(&self.inbound).clear();
         lock(&self.caches).by_id.clear();
         if let Some(l) = live {
             l.engine.finalize();
@@ -225,7 +232,8 @@ impl DataDist {
     /// Changes the role (`SetRole`). With `llm.ListenIpInfo` in `options` the instance
     /// listens there from now on: while links exist that is `LLM_EXIST_LINK`; otherwise the
     /// engine is made anew on that address and every cache registered again in it (same ids,
-    /// same table). Without it the listen address stays as it was.
+    /// same table). Without it, a switch to the decoder role closes the listener (upstream's
+    /// decoder does not listen) when no link exists, and the listen address stays otherwise.
     ///
     /// # Errors
     /// `LLM_FAILED` before `initialize`; `LLM_EXIST_LINK`; `LLM_PARAM_INVALID` for a malformed
@@ -233,7 +241,7 @@ impl DataDist {
     pub fn set_role(&self, role: Role, options: &[(String, String)]) -> Result<()> {
         let (_, config) = self.live()?;
         let listen = parse_options(options)?.listen;
-        if let Some(addr) = listen
+        if let Some(addr) = listen.clone()
             && config.listen.as_deref() != Some(addr.as_str())
         {
             let linked = !lock(&self.links).is_empty();
@@ -243,15 +251,23 @@ impl DataDist {
                     "cannot listen elsewhere while links exist: unlink them first",
                 ));
             }
-            self.relisten(config, addr)?;
+            self.relisten(config, Some(addr))?;
+        } else if listen.is_none()
+            && role == Role::Decoder
+            && config.listen.is_some()
+            && lock(&self.links).is_empty()
+            && !self.comms.any()
+        {
+            self.relisten(config, None)?;
         }
         *lock(&self.role) = role;
         Ok(())
     }
 
-    /// A new engine listening on `addr`, with every cache registered again.
-    fn relisten(&self, mut config: Config, addr: String) -> Result<()> {
-        config.listen = Some(addr);
+    /// A new engine listening on `addr` (or a client only, for `None`), with every cache
+    /// registered again. Clusters that linked to the old engine have lost their links.
+    fn relisten(&self, mut config: Config, addr: Option<String>) -> Result<()> {
+        config.listen = addr;
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);
         // the new engine's handles replace the old ones only once every cache is registered
@@ -271,6 +287,7 @@ impl DataDist {
             c.handles = h;
         }
         drop(caches);
+        lock(&self.inbound).clear();
         let old = lock(&self.state).replace(live);
         if let Some(old) = old {
             old.engine.finalize();

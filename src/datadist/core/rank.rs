@@ -443,6 +443,7 @@ impl DataDist {
                 PeerLink {
                     remote: name.clone(),
                     table: None,
+                    back: false,
                 },
             );
         }
@@ -469,7 +470,7 @@ impl DataDist {
             set_device(dev)?;
         }
         let addr = std::net::SocketAddr::new(ip, 0).to_string();
-        self.relisten(config, addr)
+        self.relisten(config, Some(addr))
     }
 }
 
