@@ -620,3 +620,148 @@ fn a_switch_to_decoder_closes_the_listener() {
     assert_eq!(prompt.listen_addr().map(|a| a.port()), Some(pport));
     prompt.finalize();
 }
+
+#[test]
+fn caches_of_requests_one_key_a_batch_found_after_the_link_and_cut_into_blocks() {
+    // upstream's pull_cache_sample and pull_from_cache_to_blocks shape: the prompt's cache of
+    // batches holds one request a batch, each under its CacheKey
+    let (prompt, pport) = instance(PROMPT, Role::Prompt);
+    let decoder = client_instance(DECODER, Role::Decoder);
+    let req = |req_id| CacheKey {
+        req_id,
+        model_id: 0,
+    };
+    let by_req = |req_id| RemoteCache::Request {
+        cluster_id: PROMPT,
+        req_id,
+        model_id: 0,
+    };
+    // 2 tensors of 4 batches of 4 KiB; requests 10, 11, 12 in batches 0, 1, 2
+    let mut pk = Tensors::new(2, 4, 4096, 31);
+    let pid = register(
+        &prompt,
+        &mut pk,
+        CacheKind::Cache,
+        &[req(10), req(11), req(12)],
+    );
+    // a pool registered before the link: caches carved from it later are reachable over it
+    let mut pool = Rng::new(30).bytes(4 * 4096);
+    let base = pool.as_mut_ptr() as u64;
+    // SAFETY: `pool` outlives the instance (finalized below) and is read only after the
+    // transfers into it returned
+    unsafe { prompt.register_pool(Placement::Host, base, pool.len() as u64) }.unwrap();
+    for (addr, len) in [(0, 16), (base + 4096, 16), (base, 0), (u64::MAX - 8, 16)] {
+        // SAFETY: refused before anything is registered
+        let r = unsafe { prompt.register_pool(Placement::Host, addr, len) };
+        assert_eq!(
+            status(r),
+            LlmStatus::LLM_PARAM_INVALID,
+            "a pool at {addr:#x} of {len}"
+        );
+    }
+    let mut too_many = Tensors::new(2, 4, 4096, 32);
+    let (desc, addrs) = (too_many.desc(), too_many.addrs());
+    let keys: Vec<CacheKey> = (0..5).map(req).collect();
+    // SAFETY: refused before anything is registered
+    let r = unsafe { prompt.register_cache(&desc, &addrs, CacheKind::Cache, 0, &keys) };
+    assert_eq!(status(r), LlmStatus::LLM_PARAM_INVALID, "5 keys, 4 batches");
+    // SAFETY: as above
+    let r = unsafe { prompt.register_cache(&desc, &addrs, CacheKind::Blocks, 0, &keys[..2]) };
+    assert_eq!(
+        status(r),
+        LlmStatus::LLM_PARAM_INVALID,
+        "2 keys, a blocks cache"
+    );
+
+    let (ret, _) = decoder
+        .link_clusters(&[cluster(PROMPT, pport)], 5000)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    let mut dk = Tensors::new(2, 4, 4096, 33);
+    let did = register(&decoder, &mut dk, CacheKind::Cache, &[]);
+    // request 11 (the prompt's batch 1) into the decoder's batch 3
+    decoder
+        .pull(&by_req(11), did, 3, -1, None, &Layers::all())
+        .unwrap();
+    for t in 0..2 {
+        assert_eq!(dk.block(t, 3), pk.block(t, 1), "tensor {t}");
+    }
+    assert_eq!(
+        status(decoder.pull(&by_req(13), did, 0, -1, None, &Layers::all())),
+        LlmStatus::LLM_KV_CACHE_NOT_EXIST
+    );
+
+    // a cache the prompt carves from its pool after the decoder fetched its table: found by
+    // its key all the same (the table is fetched again on a CacheKey it lacks); 2 tensors of
+    // 2 batches of 4 KiB
+    let late = Tensors::new(2, 2, 4096, 34);
+    let addrs = [base, base + 8192];
+    let keys = [req(20), req(21)];
+    // SAFETY: inside the pool, which outlives the instance
+    unsafe { prompt.register_cache(&late.desc(), &addrs, CacheKind::Cache, 0, &keys) }.unwrap();
+    decoder
+        .pull(&by_req(21), did, 0, -1, None, &Layers::all())
+        .unwrap();
+    for t in 0..2 {
+        let at = t * 8192 + 4096;
+        assert_eq!(dk.block(t, 0), &pool[at..at + 4096], "tensor {t}");
+    }
+
+    // request 12's batch (4 KiB) cut into two blocks of 2 KiB: its first half into block 5,
+    // its second into block 2
+    let mut blocks = Tensors::new(2, 8, 2048, 35);
+    let bid = register(&decoder, &mut blocks, CacheKind::Blocks, &[]);
+    decoder
+        .pull(
+            &by_req(12),
+            bid,
+            0,
+            -1,
+            Some((&[], &[5, 2])),
+            &Layers::all(),
+        )
+        .unwrap();
+    for t in 0..2 {
+        assert_eq!(blocks.block(t, 5), &pk.block(t, 2)[..2048]);
+        assert_eq!(blocks.block(t, 2), &pk.block(t, 2)[2048..]);
+    }
+    let before = blocks.mem.clone();
+    for (dst, why) in [
+        (&[5u64][..], "one block for two pieces"),
+        (&[5, 8], "block 8 of 8"),
+        (&[1, 2, 3], "three blocks for two pieces"),
+    ] {
+        assert_eq!(
+            status(decoder.pull(&by_req(12), bid, 0, -1, Some((&[], dst)), &Layers::all())),
+            LlmStatus::LLM_PARAM_INVALID,
+            "{why}"
+        );
+    }
+    assert_eq!(blocks.mem, before, "nothing moved by a refused pull");
+
+    // the prompt removes request 11's key: a cluster that fetches its table from now on does
+    // not find it; the others stay; a key nobody has is fine
+    prompt.remove_cache_key(&req(11)).unwrap();
+    prompt.remove_cache_key(&req(99)).unwrap();
+    let other = client_instance(7, Role::Decoder);
+    let (ret, _) = other
+        .link_clusters(&[cluster(PROMPT, pport)], 5000)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    let mut ok = Tensors::new(2, 4, 4096, 36);
+    let oid = register(&other, &mut ok, CacheKind::Cache, &[]);
+    assert_eq!(
+        status(other.pull(&by_req(11), oid, 0, -1, None, &Layers::all())),
+        LlmStatus::LLM_KV_CACHE_NOT_EXIST
+    );
+    other
+        .pull(&by_req(12), oid, 0, -1, None, &Layers::all())
+        .unwrap();
+    for t in 0..2 {
+        assert_eq!(ok.block(t, 0), pk.block(t, 2));
+    }
+    prompt.unregister_cache(pid).unwrap();
+    other.finalize();
+    decoder.finalize();
+    prompt.finalize();
+}

@@ -3,11 +3,12 @@
 //! bytes come from the peer: the decoder checks every count and length against the bytes there
 //! are before it reads them, and never panics.
 //!
-//! Layout (little-endian): a header `{u64 magic "HXLCTBL1"; u64 version (odd while it is being
+//! Layout (little-endian): a header `{u64 magic "HXLCTBL2"; u64 version (odd while it is being
 //! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload `{u32 caches;
 //! u32 keys; caches × {i64 cache_id; u32 kind; u32 placement; u32 num_tensors; u32 zero; u64
 //! tensor_size; u64 stride; u64 count; u64 address × num_tensors}; keys × {i64 cache_id; u64
-//! req_id; u64 model_id}}`.
+//! req_id; u64 model_id; u64 batch}}` (a key names one batch of its cache: several keys, one per
+//! request, share a cache of batches).
 
 use super::types::{CacheKind, Placement};
 
@@ -15,8 +16,8 @@ use super::types::{CacheKind, Placement};
 pub(crate) const TABLE_LEN: usize = 1 << 20;
 /// The header's bytes.
 pub(crate) const HEADER_LEN: usize = 32;
-/// The header's magic ("HXLCTBL1").
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"HXLCTBL1");
+/// The header's magic ("HXLCTBL2": keys carry their batch).
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"HXLCTBL2");
 /// Most tensors one cache has.
 pub(crate) const MAX_TENSORS: u32 = 1 << 16;
 
@@ -42,6 +43,8 @@ pub(crate) struct Key {
     pub cache_id: i64,
     pub req_id: u64,
     pub model_id: u64,
+    /// The batch of the cache the key names (0 for a blocks cache's key).
+    pub batch: u64,
 }
 
 /// A decoded table.
@@ -98,6 +101,7 @@ impl Table {
             out.extend_from_slice(&k.cache_id.to_le_bytes());
             out.extend_from_slice(&k.req_id.to_le_bytes());
             out.extend_from_slice(&k.model_id.to_le_bytes());
+            out.extend_from_slice(&k.batch.to_le_bytes());
         }
         out
     }
@@ -134,9 +138,9 @@ impl Table {
         let mut r = Reader { p, at: 0 };
         let caches = r.u32()?;
         let keys = r.u32()?;
-        // every entry takes at least 48 bytes and every key 24: counts beyond the bytes fail
+        // every entry takes at least 48 bytes and every key 32: counts beyond the bytes fail
         // here, before anything is allocated for them
-        if u64::from(caches) * 48 + u64::from(keys) * 24 > p.len() as u64 {
+        if u64::from(caches) * 48 + u64::from(keys) * 32 > p.len() as u64 {
             return Err(TableError::Malformed("more entries than bytes"));
         }
         let mut entries = Vec::with_capacity(caches as usize);
@@ -164,7 +168,13 @@ impl Table {
             }
             let mut addrs = Vec::with_capacity(n as usize);
             for _ in 0..n {
-                addrs.push(r.u64()?);
+                // every offset into a tensor is then below u64::MAX: no arithmetic on a peer's
+                // addresses overflows
+                let a = r.u64()?;
+                if a.checked_add(tensor_size).is_none() {
+                    return Err(TableError::Malformed("a tensor past the end of memory"));
+                }
+                addrs.push(a);
             }
             entries.push(Entry {
                 cache_id,
@@ -182,6 +192,7 @@ impl Table {
                 cache_id: r.u64()? as i64,
                 req_id: r.u64()?,
                 model_id: r.u64()?,
+                batch: r.u64()?,
             });
         }
         if r.left() != 0 {
@@ -267,6 +278,7 @@ mod tests {
                 cache_id: 1,
                 req_id: u64::MAX,
                 model_id: 3,
+                batch: 0,
             }],
         }
     }
@@ -306,6 +318,20 @@ mod tests {
                 assert!(decode(&bad).is_err(), "flip at {i}");
             }
         }
+    }
+
+    #[test]
+    fn a_tensor_past_the_end_of_memory_is_refused() {
+        // offsets into a peer's tensors are added to its addresses: none may overflow
+        let mut t = sample();
+        t.entries[1].addrs = vec![u64::MAX - 63];
+        let img = image(&t, 2);
+        assert_eq!(
+            decode(&img),
+            Err("malformed cache table: a tensor past the end of memory".to_owned())
+        );
+        t.entries[1].addrs = vec![u64::MAX - 64];
+        assert_eq!(decode(&image(&t, 2)), Ok(()));
     }
 
     #[test]

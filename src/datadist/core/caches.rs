@@ -2,10 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{DataDist, LocalCache};
+use super::{DataDist, LocalCache, Pool};
 use crate::compat;
 use crate::datadist::table::{self, Entry, HEADER_LEN, Key, TABLE_LEN, Table};
-use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Result};
+use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Placement, Result};
 use crate::sync::lock;
 
 impl DataDist {
@@ -18,6 +18,9 @@ impl DataDist {
     /// `shape[0]` blocks of `tensor_size / shape[0]` bytes, a cache of batches `shape[batch_dim]`
     /// batches of `tensor_size / shape[batch_dim]` (batch_dim 0 for the others).
     ///
+    /// Keys: key `i` of a cache of batches names its batch `i` (one key per request, as
+    /// upstream's `allocate_cache(desc, cache_keys)`); a blocks cache's key names the cache.
+    ///
     /// # Safety
     /// Each `addrs[i]..addrs[i] + tensor_size` must be memory of `desc.placement` that stays
     /// allocated and valid for reads and writes of any bytes until the cache is unregistered
@@ -27,8 +30,9 @@ impl DataDist {
     ///
     /// # Errors
     /// `LLM_PARAM_INVALID`: no address, more or fewer than `num_tensors`, a null one, a bad
-    /// shape or element type, `batch_dim` outside the shape; the engine's errors (device memory
-    /// without Ascend: `LLM_FEATURE_NOT_ENABLED`).
+    /// shape or element type, `batch_dim` outside the shape, more keys than batches (or more
+    /// than one for a blocks cache); the engine's errors (device memory without Ascend:
+    /// `LLM_FEATURE_NOT_ENABLED`).
     pub unsafe fn register_cache(
         &self,
         desc: &CacheDesc,
@@ -52,6 +56,9 @@ impl DataDist {
             return Err(Error::param("a tensor address is 0"));
         }
         let tensor_size = desc.tensor_size()?;
+        if addrs.iter().any(|a| a.checked_add(tensor_size).is_none()) {
+            return Err(Error::param("a tensor past the end of memory"));
+        }
         let dim = if kind == CacheKind::Cache {
             batch_dim
         } else {
@@ -71,16 +78,34 @@ impl DataDist {
             count,
             addrs: addrs.to_vec(),
         };
+        let most = if kind == CacheKind::Cache { count } else { 1 };
+        if keys.len() as u64 > most {
+            return Err(Error::param(format!(
+                "{} keys for a cache of {most} batches (one key names one batch)",
+                keys.len()
+            )));
+        }
+        let batch = |i: usize| {
+            if kind == CacheKind::Cache {
+                i as u64
+            } else {
+                0
+            }
+        };
+        let keys: Vec<(CacheKey, u64)> = (keys.iter().enumerate())
+            .map(|(i, k)| (*k, batch(i)))
+            .collect();
         // a cache the table cannot hold is refused before anything is registered
-        self.check_fits(&entry, keys)?;
-        let handles = register_tensors(&engine, &entry)?;
+        self.check_fits(&entry, &keys)?;
+        let pools = lock(&self.caches).pools.clone();
+        let handles = register_tensors(&engine, &entry, &pools)?;
         let id = entry.cache_id;
         lock(&self.caches).by_id.insert(
             id,
             LocalCache {
                 entry,
                 handles,
-                keys: keys.to_vec(),
+                keys,
             },
         );
         if let Err(e) = self.publish() {
@@ -93,12 +118,13 @@ impl DataDist {
     }
 
     /// `LLM_OUT_OF_MEMORY` when the cache table cannot hold the caches and `new`.
-    fn check_fits(&self, new: &Entry, keys: &[CacheKey]) -> Result<()> {
+    fn check_fits(&self, new: &Entry, keys: &[(CacheKey, u64)]) -> Result<()> {
         let caches = lock(&self.caches);
-        let key = |cache_id: i64, k: &CacheKey| Key {
+        let key = |cache_id: i64, (k, batch): &(CacheKey, u64)| Key {
             cache_id,
             req_id: k.req_id,
             model_id: k.model_id,
+            batch: *batch,
         };
         let t = Table {
             entries: (caches.by_id.values().map(|c| c.entry.clone()))
@@ -156,6 +182,78 @@ impl DataDist {
         self.publish()
     }
 
+    /// Registers `len` bytes at `addr` of `placement` as a memory pool (upstream's
+    /// `llm.MemPoolConfig` / `llm.HostMemPoolConfig`, whose memory the Python package's
+    /// `allocate_cache` carves caches from): one engine registration, kept until `finalize`.
+    /// A cache whose tensors lie inside a pool registers nothing more, so a cache carved from
+    /// a pool registered before a link is reachable over that link (an engine link knows the
+    /// regions registered when it was made).
+    ///
+    /// Unregistering a cache inside a pool leaves its memory registered with the pool: peers
+    /// that kept its address can still reach it until `finalize` (upstream's pools behave so).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be memory of `placement` that stays allocated and valid for
+    /// reads and writes of any bytes until the instance is finalized, and nothing else may
+    /// access it in a way that conflicts with transfers (the engine's `register_mem` contract).
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before `initialize`; `LLM_PARAM_INVALID` for a null address, no length, a
+    /// range past the end of memory or one that overlaps another pool; the engine's errors.
+    pub unsafe fn register_pool(&self, placement: Placement, addr: u64, len: u64) -> Result<()> {
+        let (engine, _) = self.live()?;
+        if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
+            return Err(Error::param(format!(
+                "a pool of {len} bytes at {addr:#x}: a non-null address, a length, inside memory"
+            )));
+        }
+        let mut caches = lock(&self.caches);
+        if caches
+            .pools
+            .iter()
+            .any(|p| addr < p.addr + p.len && p.addr < addr + len)
+        {
+            return Err(Error::param("a pool that overlaps another"));
+        }
+        let desc = compat::MemDesc {
+            addr: addr as usize,
+            len: len as usize,
+            local_only: false,
+        };
+        // SAFETY: the caller promised the engine's contract for the range until finalize (the
+        // pool is deregistered with the engine then, before the memory may go)
+        unsafe { engine.register_mem(desc, placement.mem_type()) }?;
+        caches.pools.push(Pool {
+            addr,
+            len,
+            placement,
+        });
+        Ok(())
+    }
+
+    /// Removes `key` from the cache it names (`remove_cache_key`): peers that fetch the table
+    /// from now on no longer find it; the cache stays registered. A key no cache has is fine
+    /// (upstream's call is then a no-op too).
+    ///
+    /// A peer that fetched the table before still finds the key in its copy: until the cache
+    /// is unregistered its pulls by that key read the batch, afterwards they fail (the memory
+    /// is no longer registered), never reach other memory.
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before `initialize`.
+    pub fn remove_cache_key(&self, key: &CacheKey) -> Result<()> {
+        self.live()?;
+        let mut caches = lock(&self.caches);
+        let mut removed = false;
+        for c in caches.by_id.values_mut() {
+            let before = c.keys.len();
+            c.keys.retain(|(k, _)| k != key);
+            removed |= c.keys.len() != before;
+        }
+        drop(caches);
+        if removed { self.publish() } else { Ok(()) }
+    }
+
     /// The local cache `cache_id`'s entry.
     pub(super) fn local(&self, cache_id: i64) -> Result<Entry> {
         lock(&self.caches)
@@ -181,10 +279,11 @@ impl DataDist {
             entries: caches.by_id.values().map(|c| c.entry.clone()).collect(),
             keys: (caches.by_id.values())
                 .flat_map(|c| {
-                    c.keys.iter().map(|k| Key {
+                    c.keys.iter().map(|(k, batch)| Key {
                         cache_id: c.entry.cache_id,
                         req_id: k.req_id,
                         model_id: k.model_id,
+                        batch: *batch,
                     })
                 })
                 .collect(),
@@ -220,12 +319,17 @@ impl DataDist {
     }
 }
 
-/// Registers each distinct tensor of `e` with `engine`; on failure the ones registered go.
-pub(super) fn register_tensors(engine: &compat::Hixl, e: &Entry) -> Result<Vec<compat::MemHandle>> {
+/// Registers each distinct tensor of `e` with `engine`, but those inside one of `pools`
+/// (registered already); on failure the ones registered go.
+pub(super) fn register_tensors(
+    engine: &compat::Hixl,
+    e: &Entry,
+    pools: &[Pool],
+) -> Result<Vec<compat::MemHandle>> {
     let mut handles = Vec::new();
     let mut seen = Vec::new();
     for &a in &e.addrs {
-        if seen.contains(&a) {
+        if seen.contains(&a) || pools.iter().any(|p| p.holds(e.placement, a, e.tensor_size)) {
             continue;
         }
         seen.push(a);

@@ -306,6 +306,18 @@ impl DataDist {
         Ok((remote, t))
     }
 
+    /// The peer's engine name and its table fetched anew.
+    pub(super) fn refetch(
+        &self,
+        engine: &compat::Hixl,
+        cluster: u64,
+    ) -> Result<(String, Arc<Table>)> {
+        if let Some(l) = lock(&self.links).get_mut(&cluster) {
+            l.table = None;
+        }
+        self.peer(engine, cluster)
+    }
+
     /// READs `remote`'s cache table: its header, then the whole table; retried while it is
     /// being rewritten.
     fn fetch_table(&self, engine: &compat::Hixl, remote: &str) -> Result<Table> {

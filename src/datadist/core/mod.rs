@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 
 use super::table::{Entry, TABLE_LEN, Table};
-use super::types::{CacheKey, Error, LlmStatus, Result, Role};
+use super::types::{CacheKey, Error, LlmStatus, Placement, Result, Role};
 use crate::Access;
 use crate::compat::{self, HostMem};
 use crate::sync::lock;
@@ -43,7 +43,8 @@ struct LocalCache {
     entry: Entry,
     /// The engine handles of its tensors (one per distinct tensor).
     handles: Vec<compat::MemHandle>,
-    keys: Vec<CacheKey>,
+    /// Its keys, each with the batch it names.
+    keys: Vec<(CacheKey, u64)>,
 }
 
 /// A link to a peer cluster.
@@ -73,8 +74,29 @@ struct Config {
 #[derive(Default)]
 struct Caches {
     by_id: BTreeMap<i64, LocalCache>,
+    /// The memory pools (`register_pool`): registered once, for caches carved from them.
+    pools: Vec<Pool>,
     /// The table's version (even: complete).
     version: u64,
+}
+
+/// A memory pool: one engine registration that caches inside it share.
+#[derive(Debug, Clone, Copy)]
+struct Pool {
+    addr: u64,
+    len: u64,
+    placement: Placement,
+}
+
+impl Pool {
+    /// Whether `len` bytes at `addr` of `placement` lie inside this pool.
+    fn holds(&self, placement: Placement, addr: u64, len: u64) -> bool {
+        self.placement == placement
+            && addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
 }
 
 /// An LLM-DataDist instance (the runtime-checked form): `Send + Sync`.
@@ -223,7 +245,12 @@ impl DataDist {
         let live = lock(&self.state).take();
         lock(&self.links).clear();
         lock(&self.inbound).clear();
-        lock(&self.caches).by_id.clear();
+        {
+            let mut caches = lock(&self.caches);
+            caches.by_id.clear();
+            // (the engine's finalize below deregisters them with everything else)
+            caches.pools.clear();
+        }
         if let Some(l) = live {
             l.engine.finalize();
         }
@@ -270,11 +297,28 @@ impl DataDist {
         config.listen = addr;
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);
-        // the new engine's handles replace the old ones only once every cache is registered
-        // there: on failure the old engine (and its handles) stays, the new one goes
+        // the new engine's handles replace the old ones only once every pool and cache is
+        // registered there: on failure the old engine (and its handles) stays, the new one goes
+        let mut pools = Vec::with_capacity(caches.pools.len());
+        for p in &caches.pools {
+            let desc = compat::MemDesc {
+                addr: p.addr as usize,
+                len: p.len as usize,
+                local_only: false,
+            };
+            // SAFETY: the caller of `register_pool` promised this for the pool until finalize
+            match unsafe { live.engine.register_mem(desc, p.placement.mem_type()) } {
+                Ok(_) => pools.push(*p),
+                Err(e) => {
+                    drop(caches);
+                    live.engine.finalize();
+                    return Err(e.into());
+                }
+            }
+        }
         let mut handles = Vec::with_capacity(caches.by_id.len());
         for c in caches.by_id.values() {
-            match register_tensors(&live.engine, &c.entry) {
+            match register_tensors(&live.engine, &c.entry, &pools) {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     drop(caches);
@@ -286,6 +330,7 @@ impl DataDist {
         for (c, h) in caches.by_id.values_mut().zip(handles) {
             c.handles = h;
         }
+        caches.pools = pools;
         drop(caches);
         lock(&self.inbound).clear();
         let old = lock(&self.state).replace(live);

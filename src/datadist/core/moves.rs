@@ -4,15 +4,21 @@ use super::DataDist;
 use crate::TransferOp;
 use crate::compat::TransferOpDesc;
 use crate::datadist::table::{Entry, Table};
-use crate::datadist::types::{Error, Layers, LlmStatus, RemoteCache, Result};
+use crate::datadist::types::{CacheKind, Error, Layers, LlmStatus, RemoteCache, Result};
 
 impl DataDist {
     /// Pulls from a peer's cache into local cache `dst_cache` (`PullKvCache`, `PullKvBlocks`).
     /// With `blocks` (`(src_blocks, dst_blocks)`, the same length, not empty) block
     /// `src_blocks[i]` of each tensor lands in block `dst_blocks[i]`, consecutive runs as one
-    /// descriptor (a block is the local cache's stride). Without, batch
-    /// `src.batch_index` of each tensor lands in batch `dst_batch` (`size` bytes, or the local
-    /// stride for `-1`; the remote offset uses the local stride, as upstream's).
+    /// descriptor (a block is the local cache's stride). With no `src_blocks` from a peer's
+    /// cache of batches (upstream's cache-to-blocks pull), the batch the key names is cut into
+    /// pieces of a local block, piece `j` landing in block `dst_blocks[j]` (as many blocks as
+    /// pieces). Without `blocks`, the batch the key names (`src.batch_index`, or its
+    /// `CacheKey`'s batch) of each tensor lands in batch `dst_batch` (`size` bytes, or the
+    /// local stride for `-1`; the remote offset uses the local stride, as upstream's).
+    ///
+    /// A `CacheKey` the peer's table (fetched at the link's first use) does not have makes
+    /// this fetch the table again, once: caches of requests come and go after a link.
     ///
     /// # Errors
     /// `LLM_NOT_YET_LINK` (no link to the cluster), `LLM_KV_CACHE_NOT_EXIST` (no such local or
@@ -33,16 +39,16 @@ impl DataDist {
             return Err(Error::param("a pull from this instance's own cluster"));
         }
         let local = self.local(dst_cache)?;
-        let (remote, table) = self.peer(&engine, src.cluster_id())?;
-        let r = find(&table, src)?;
+        let (remote, r, src_batch) = self.find_remote(&engine, src)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
         let ops = match blocks {
+            Some(([], d)) if r.kind == CacheKind::Cache => {
+                batch_to_block_ops(&r, &local, &ri, &li, src_batch, d)?
+            }
             Some((s, d)) => block_ops(&r, &local, &ri, &li, s, d, TransferOp::Read)?,
             None => {
-                let src_batch = match *src {
-                    RemoteCache::ById { batch_index, .. } => batch_index,
-                    _ => 0,
-                };
+                let src_batch = u32::try_from(src_batch)
+                    .map_err(|_| Error::param("a batch index beyond u32"))?;
                 batch_ops(
                     &r,
                     &local,
@@ -79,61 +85,86 @@ impl DataDist {
             return Err(Error::param("a push to this instance's own cluster"));
         }
         let local = self.local(src_cache)?;
-        let (remote, table) = self.peer(&engine, dst.cluster_id())?;
-        let r = find(&table, dst)?;
+        let (remote, r, dst_batch) = self.find_remote(&engine, dst)?;
+        let dst_batch =
+            u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), false)?;
         let per = layers.per_layer.max(1) as usize;
         // one WRITE per layer: the pairs `per` at a time
         for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
             let ops = match blocks {
                 Some((s, d)) => block_ops(&local, &r, ls, rs, s, d, TransferOp::Write)?,
-                None => {
-                    let dst_batch = match *dst {
-                        RemoteCache::ById { batch_index, .. } => batch_index,
-                        _ => 0,
-                    };
-                    batch_ops(
-                        &local,
-                        &r,
-                        ls,
-                        rs,
-                        src_batch,
-                        dst_batch,
-                        -1,
-                        TransferOp::Write,
-                    )?
-                }
+                None => batch_ops(
+                    &local,
+                    &r,
+                    ls,
+                    rs,
+                    src_batch,
+                    dst_batch,
+                    -1,
+                    TransferOp::Write,
+                )?,
             };
             engine.transfer_sync(&remote, TransferOp::Write, &ops, config.sync_timeout_ms)?;
         }
         Ok(())
     }
+
+    /// The peer's engine name, the entry `key` names in its table and the batch the key names;
+    /// a `CacheKey` the table lacks fetches it again, once.
+    fn find_remote(
+        &self,
+        engine: &crate::compat::Hixl,
+        key: &RemoteCache,
+    ) -> Result<(String, Entry, u64)> {
+        let (remote, table) = self.peer(engine, key.cluster_id())?;
+        match find(&table, key) {
+            Err(e)
+                if e.status == LlmStatus::LLM_KV_CACHE_NOT_EXIST
+                    && matches!(key, RemoteCache::Request { .. }) =>
+            {
+                let (remote, table) = self.refetch(engine, key.cluster_id())?;
+                let (entry, batch) = find(&table, key)?;
+                Ok((remote, entry, batch))
+            }
+            r => r.map(|(entry, batch)| (remote, entry, batch)),
+        }
+    }
 }
 
-/// The peer's entry `key` names.
-fn find(t: &Table, key: &RemoteCache) -> Result<Entry> {
+/// The peer's entry `key` names, and the batch of it the key names.
+fn find(t: &Table, key: &RemoteCache) -> Result<(Entry, u64)> {
     let id = match *key {
-        RemoteCache::ById { cache_id, .. } => Some(cache_id),
+        RemoteCache::ById {
+            cache_id,
+            batch_index,
+            ..
+        } => Some((cache_id, u64::from(batch_index))),
         RemoteCache::Blocks { model_id, .. } => t
             .keys
             .iter()
             .find(|k| k.req_id == u64::MAX && k.model_id == model_id)
-            .map(|k| k.cache_id),
+            .map(|k| (k.cache_id, 0)),
         RemoteCache::Request {
             req_id, model_id, ..
         } => t
             .keys
             .iter()
             .find(|k| k.req_id == req_id && k.model_id == model_id)
-            .map(|k| k.cache_id),
+            .map(|k| (k.cache_id, k.batch)),
     };
-    id.and_then(|id| t.entries.iter().find(|e| e.cache_id == id).cloned())
-        .ok_or_else(|| {
-            Error::new(
-                LlmStatus::LLM_KV_CACHE_NOT_EXIST,
-                format!("the peer has no cache {key:?} (in the table it published at the link's first use)"),
-            )
-        })
+    id.and_then(|(id, batch)| {
+        let e = t.entries.iter().find(|e| e.cache_id == id)?;
+        Some((e.clone(), batch))
+    })
+    .ok_or_else(|| {
+        Error::new(
+            LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+            format!(
+                "the peer has no cache {key:?} (in the table it published at the link's first use)"
+            ),
+        )
+    })
 }
 
 /// The tensor indices of each side (`local`, `remote`) a transfer pairs, from its layer
@@ -298,6 +329,54 @@ fn block_ops(
                 src.addrs[st] + s * bs,
                 dst.addrs[dt] + d * bs,
                 n * bs,
+            ));
+        }
+    }
+    Ok(ops)
+}
+
+/// A READ of batch `batch` of each of the peer's tensors (`src`, a cache of batches) cut into
+/// pieces of a local block (`dst`'s stride), piece `j` into block `dst_blocks[j]`: upstream's
+/// cache-to-blocks pull. As many blocks as pieces (the last piece may be short).
+fn batch_to_block_ops(
+    src: &Entry,
+    dst: &Entry,
+    src_tensors: &[usize],
+    dst_tensors: &[usize],
+    batch: u64,
+    dst_blocks: &[u64],
+) -> Result<Vec<TransferOpDesc>> {
+    if batch >= src.count {
+        return Err(Error::param(format!(
+            "batch {batch} outside the peer's cache of {} batches",
+            src.count
+        )));
+    }
+    let bs = dst.stride;
+    let pieces = src.stride.div_ceil(bs);
+    if dst_blocks.len() as u64 != pieces {
+        return Err(Error::param(format!(
+            "a batch of {} bytes fills {pieces} blocks of {bs}, not {}",
+            src.stride,
+            dst_blocks.len()
+        )));
+    }
+    if let Some(b) = dst_blocks.iter().find(|&&b| b >= dst.count) {
+        return Err(Error::param(format!(
+            "destination block {b} outside its cache's {} blocks",
+            dst.count
+        )));
+    }
+    let mut ops = Vec::with_capacity(dst_blocks.len() * src_tensors.len());
+    for (&st, &dt) in src_tensors.iter().zip(dst_tensors) {
+        let base = src.addrs[st] + batch * src.stride;
+        for (j, &d) in (0u64..).zip(dst_blocks) {
+            let len = bs.min(src.stride - j * bs);
+            ops.push(desc(
+                TransferOp::Read,
+                base + j * bs,
+                dst.addrs[dt] + d * bs,
+                len,
             ));
         }
     }

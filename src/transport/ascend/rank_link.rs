@@ -103,10 +103,30 @@ impl RankComm {
     }
 }
 
-/// The `server_id` of `rank` in `rank_table`, where it is an IP address (HIXL's generators and
-/// the downstream connectors write the host's address there).
+/// The host address of `rank` in `rank_table`: its server's `server_id` where that is an IP
+/// address (HIXL's generators and the downstream connectors write the host's address there),
+/// else its server's `host_ip` (version 1.2 tables, as CANN's samples write them, name
+/// servers "1", "2", ... and give the address there).
 pub(crate) fn rank_server_ip(rank_table: &str, rank: u32) -> Option<IpAddr> {
-    ranks_of(rank_table)?.get(&rank)?.parse().ok()
+    if let Some(ip) = ranks_of(rank_table)?
+        .get(&rank)
+        .and_then(|id| id.parse().ok())
+    {
+        return Some(ip);
+    }
+    let v: Value = serde_json::from_str(rank_table).ok()?;
+    let server = v.get("server_list")?.as_array()?.iter().find(|s| {
+        (s.get("device")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten())
+        .any(|d| match d.get("rank_id") {
+            Some(Value::String(r)) => r.parse() == Ok(rank),
+            Some(Value::Number(n)) => n.as_u64() == Some(u64::from(rank)),
+            _ => false,
+        })
+    })?;
+    server.get("host_ip")?.as_str()?.parse().ok()
 }
 
 /// Each rank's `server_id` (`server_list[].device[].rank_id`, a string or a number), or `None`
@@ -150,5 +170,17 @@ mod tests {
         assert_eq!(ranks_of("{}"), None);
         assert_eq!(ranks_of("not json"), None);
         assert_eq!(rank_server_ip("[]", 0), None);
+        // version 1.2, as CANN's samples write it: the address is the server's host_ip
+        let t = serde_json::json!({"version": "1.2", "server_count": "1", "status": "completed",
+            "server_list": [{"server_id": "1", "host_ip": "10.2.0.7", "device": [
+                {"device_id": "0", "device_ip": "1.1.1.1", "rank_id": "0"},
+                {"device_id": "1", "device_ip": "1.1.1.2", "rank_id": 1}]},
+                {"server_id": "2", "host_ip": "not-an-ip", "device": [
+                {"device_id": "0", "device_ip": "1.1.1.3", "rank_id": "2"}]}]})
+        .to_string();
+        assert_eq!(rank_server_ip(&t, 0), Some("10.2.0.7".parse().unwrap()));
+        assert_eq!(rank_server_ip(&t, 1), Some("10.2.0.7".parse().unwrap()));
+        assert_eq!(rank_server_ip(&t, 2), None, "host_ip not an address");
+        assert_eq!(rank_server_ip(&t, 3), None, "no such rank");
     }
 }
