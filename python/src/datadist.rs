@@ -298,6 +298,27 @@ impl PyDataDist {
         Ok((c, r.unwrap_or(-1)))
     }
 
+    /// `register_pool(placement, addr, size) -> int`: the package's memory pool (its own ACL
+    /// allocation, kept until it finalized the instance), registered once.
+    fn register_pool(&self, py: Python<'_>, placement: u32, addr: u64, size: u64) -> PyResult<u32> {
+        let placement = Placement::from_value(placement)
+            .ok_or_else(|| PyValueError::new_err(format!("placement {placement}: 0 or 1")))?;
+        let dd = self.dd.clone();
+        Ok(py.allow_threads(move || {
+            // SAFETY: the package allocates the pool itself (`aclrtMalloc` / `aclrtMallocHost`)
+            // and frees it only after it finalized this instance; transfers touch it only as
+            // the caches carved from it allow
+            status(&unsafe { dd.register_pool(placement, addr, size) })
+        }))
+    }
+
+    /// `remove_cache_key(req_id, model_id) -> int` (a key no cache has succeeds, as CANN's).
+    fn remove_cache_key(&self, py: Python<'_>, req_id: u64, model_id: u64) -> u32 {
+        let dd = self.dd.clone();
+        let key = CacheKey { req_id, model_id };
+        py.allow_threads(move || status(&dd.remove_cache_key(&key)))
+    }
+
     /// `unregister_cache(cache_id) -> int` (an unknown id succeeds, as CANN's).
     fn unregister_cache(&self, py: Python<'_>, cache_id: i64) -> u32 {
         let dd = self.dd.clone();

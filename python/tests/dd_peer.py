@@ -12,10 +12,15 @@ commands (reply "ok", or the LLMStatusCode name of the failure):
   switch ROLE PORT                 switch_role (PORT 0: no options)
   rtlink FILE MY_RANK PEER PEER_RANK   link by the rank table in FILE, wait for OK
   rtunlink                         unlink the last rtlink's comm
+  alloc PATH REQS                  allocate_cache (host pool: DD_HOST_POOL bytes in the environment)
+                                   of 4 tensors x 2 batches x 256 bytes under CacheKey(CLUSTER, req)
+                                   for each comma-separated req, filled with seeded bytes, np.save'd
+  rmkey REQ | dealloc              remove_cache_key(CacheKey(CLUSTER, REQ)); deallocate_cache (last)
   quit
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -51,6 +56,8 @@ if port:
     cfg.listen_ip_info = f"127.0.0.1:{port}"
 if placement == "device":
     cfg.device_id = 1 if role == LLMRole.PROMPT else 0
+if os.environ.get("DD_HOST_POOL"):
+    cfg.host_mem_pool_cfg = json.dumps({"memory_size": int(os.environ["DD_HOST_POOL"])})
 dd = LLMDataDist(role, cluster)
 dd.init(cfg.generate_options())
 cm = dd.cache_manager
@@ -93,6 +100,7 @@ print(json.dumps({"blocks_id": bc.cache_id, "cache_id": cc.cache_id}), flush=Tru
 
 
 comms = []
+allocated = []
 
 
 def blist(s):
@@ -137,6 +145,18 @@ for line in sys.stdin:
             comms.append(comm)
         elif cmd[0] == "rtunlink":
             dd.unlink(comms.pop())
+        elif cmd[0] == "alloc":
+            desc = CacheDesc(NT, [2, 64], DataType.DT_INT32, Placement.HOST)
+            c = cm.allocate_cache(desc, [CacheKey(cluster, int(r)) for r in cmd[2].split(",")])
+            rows = rng.integers(0, 256, (NT, 512), dtype=np.uint8)
+            for a, row in zip(c.tensor_addrs, rows):
+                ctypes.memmove(a, row.ctypes.data, row.nbytes)
+            np.save(cmd[1], rows)
+            allocated.append(c)
+        elif cmd[0] == "rmkey":
+            cm.remove_cache_key(CacheKey(cluster, int(cmd[1])))
+        elif cmd[0] == "dealloc":
+            cm.deallocate_cache(allocated.pop())
         elif cmd[0] == "quit":
             break
         print("ok", flush=True)

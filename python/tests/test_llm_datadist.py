@@ -2,6 +2,7 @@
 process and a peer process (dd_peer.py), with caches of seeded random bytes in host memory;
 every pull and push is verified byte for byte against a model of both sides, every bad input
 against its exact ``LLMStatusCode``. Device memory (through the ACL double): test_llm_datadist_device.py."""
+import ctypes
 import json
 import os
 import select
@@ -114,11 +115,13 @@ def peers():
 class Local:
     """This process's cluster (decoder): a blocks cache and a cache of batches, numpy, zeroed."""
 
-    def __init__(self, listen_port=None, cluster=DECODER, role=LLMRole.DECODER):
+    def __init__(self, listen_port=None, cluster=DECODER, role=LLMRole.DECODER, host_pool=None):
         cfg = LLMConfig()
         cfg.local_comm_res = ""
         if listen_port:
             cfg.listen_ip_info = f"127.0.0.1:{listen_port}"
+        if host_pool:
+            cfg.host_mem_pool_cfg = json.dumps({"memory_size": host_pool})
         self.dd = LLMDataDist(role, cluster)
         self.dd.init(cfg.generate_options())
         self.cm = self.dd.cache_manager
@@ -444,9 +447,9 @@ def test_bad_inputs_and_their_status(peers, local):
     assert status_of(me.cm.register_cache, desc, []) == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.cm.register_cache, desc, addrs[:1]) == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.cm.register_cache, desc, [addrs[0], 0]) == LLMStatusCode.LLM_PARAM_INVALID
-    assert status_of(me.cm.register_cache, desc, addrs, [CacheKey(DECODER, 1), CacheKey(DECODER, 2)]) == \
-        LLMStatusCode.LLM_PARAM_INVALID  # a key names batch 0: one per cache
-    # rank tables: ranks out of order, not a table, unknown comm ids; the memory pool: not here
+    assert status_of(me.cm.register_cache, desc, addrs, [CacheKey(DECODER, r) for r in range(5)]) == \
+        LLMStatusCode.LLM_PARAM_INVALID  # key i names batch i: five keys, four batches
+    # rank tables: ranks out of order, not a table, unknown comm ids; no memory pool configured
     assert status_of(me.dd.link, "comm", {PROMPT: 1, DECODER: 0}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.dd.link, "comm", {PROMPT: 0, DECODER: 1}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
     assert status_of(me.dd.link, "", {PROMPT: 0, DECODER: 1}, "{}") == LLMStatusCode.LLM_PARAM_INVALID
@@ -489,3 +492,64 @@ def test_link_releases_the_gil(local):
     assert (ret, rets) == (LLMStatusCode.LLM_TIMEOUT, [LLMStatusCode.LLM_TIMEOUT])
     assert elapsed >= 0.4, elapsed
     assert len(ticks) > 5, len(ticks)  # the other thread ran while the link waited
+
+
+def test_memory_pool_caches_of_requests_and_a_pull_into_blocks(peers, local, tmp_path):
+    """CANN's pull_cache_sample / pull_from_cache_to_blocks shape on host pools: the prompt
+    allocates a cache of two requests after the link, the decoder pulls each by its CacheKey,
+    one into a pooled cache of batches, one cut into two blocks of a pooled blocks cache."""
+    env = dict(os.environ, DD_HOST_POOL=str(1 << 20))
+    p = peers(env=env)
+    lc = local(host_pool=1 << 16)
+    assert lc.link(p)[0] == LLMStatusCode.LLM_SUCCESS
+    path = os.path.join(str(tmp_path), "alloc.npy")
+    assert p.cmd(f"alloc {path} 10,11") == "ok"
+    rows = np.load(path)  # 4 tensors x (2 batches x 256 bytes)
+
+    def mem(cache, n):
+        return np.stack([np.frombuffer(ctypes.string_at(a, n), np.uint8) for a in cache.tensor_addrs])
+
+    desc = CacheDesc(NT, [2, 64], DataType.DT_INT32, Placement.HOST)
+    c = lc.cm.allocate_cache(desc)
+    lc.cm.pull_cache(CacheKey(PROMPT, 11), c, batch_index=0)
+    assert np.array_equal(mem(c, 512)[:, :256], rows[:, 256:])
+    bdesc = CacheDesc(NT, [4, 32], DataType.DT_INT32, Placement.HOST)  # blocks of 128 bytes
+    b = lc.cm.allocate_blocks_cache(bdesc)
+    lc.cm.pull_blocks(CacheKey(PROMPT, 10), b, src_blocks=[], dst_blocks=[3, 1])
+    got = mem(b, 512)
+    assert np.array_equal(got[:, 384:512], rows[:, 0:128])
+    assert np.array_equal(got[:, 128:256], rows[:, 128:256])
+    assert status_of(lc.cm.pull_blocks, CacheKey(PROMPT, 10), b, [], [3]) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(lc.cm.pull_cache, CacheKey(PROMPT, 12), c) == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+
+    # the pool: full, given back, none for device memory; caches not from it are not its
+    big = CacheDesc(NT, [64, 64], DataType.DT_INT32, Placement.HOST)  # 4 x 16 KiB: the 64 KiB pool is taken
+    assert status_of(lc.cm.allocate_cache, big) == LLMStatusCode.LLM_OUT_OF_MEMORY
+    lc.cm.deallocate_cache(c)
+    lc.cm.deallocate_blocks_cache(b)
+    lc.cm.deallocate_cache(lc.cm.allocate_cache(big))
+    dev = CacheDesc(NT, [2, 64], DataType.DT_INT32, Placement.DEVICE)
+    assert status_of(lc.cm.allocate_cache, dev) == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    assert status_of(lc.cm.deallocate_cache, lc.cc) == LLMStatusCode.LLM_PARAM_INVALID
+    assert status_of(lc.cm.allocate_cache, desc, [CacheKey(DECODER, r) for r in range(3)]) == \
+        LLMStatusCode.LLM_PARAM_INVALID  # three keys for two batches
+
+    # the prompt removes request 11's key: a link made afterwards does not find it
+    assert p.cmd("rmkey 11") == "ok"
+    assert p.cmd("rmkey 99") == "ok"
+    c = lc.cm.allocate_cache(desc)
+    assert lc.dd.unlink_clusters([cluster_info(PROMPT, p.port)], 5000, force=True)[0] == LLMStatusCode.LLM_SUCCESS
+    assert lc.link(p)[0] == LLMStatusCode.LLM_SUCCESS
+    assert status_of(lc.cm.pull_cache, CacheKey(PROMPT, 11), c) == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    lc.cm.pull_cache(CacheKey(PROMPT, 10), c, batch_index=1)
+    assert np.array_equal(mem(c, 512)[:, 256:], rows[:, :256])
+    assert p.cmd("dealloc") == "ok"
+
+
+def test_a_bad_pool_configuration_fails_init():
+    for bad in ['{"memory_size": 0}', '{"memory_size": "1"}', "not json", "{}", '{"memory_size": true}']:
+        cfg = LLMConfig()
+        cfg.local_comm_res = ""
+        cfg.host_mem_pool_cfg = bad
+        dd = LLMDataDist(LLMRole.DECODER, DECODER)
+        assert status_of(dd.init, cfg.generate_options()) == LLMStatusCode.LLM_PARAM_INVALID, bad

@@ -3,6 +3,7 @@ and pushes to linked clusters' caches. Every transfer is a batch of one-sided RE
 WRITEs (push, one batch per layer) of hixl's engine; the native calls release the GIL."""
 
 import ctypes
+import json
 from typing import Dict, List, Optional, Tuple, Union
 
 from llm_datadist.status import (
@@ -54,9 +55,85 @@ def _acl():
 
 
 def _not_enabled(what):
-    raise LLMException(f"{what} is not supported by hixl's llm_datadist (no memory pool): "
-                       "allocate the tensors yourself and register them",
+    raise LLMException(f"{what} is not supported by hixl's llm_datadist",
                        status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+
+_ALIGN = 512
+
+
+class _Pool:
+    """A memory pool (``llm.MemPoolConfig`` for device memory, ``llm.HostMemPoolConfig`` for
+    host memory): one allocation made at ``init`` and registered with the engine once, before
+    any link, so that caches carved from it later are reachable over links made before them.
+    Freed after the instance is finalized. First fit over a free list, 512-byte aligned."""
+
+    def __init__(self, placement, size):
+        self.placement = placement
+        self.size = size
+        if placement == Placement.DEVICE:
+            ptr = ctypes.c_void_p()
+            rc = _acl().aclrtMalloc(ctypes.byref(ptr), ctypes.c_size_t(size), 0)  # ACL_MEM_MALLOC_HUGE_FIRST
+            raise_if_false(rc == 0 and ptr.value, "aclrtMalloc of the memory pool ({0} bytes) failed: {1}", size, rc,
+                           status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
+            self.base = ptr.value
+        else:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+            addr = libc.mmap(None, size, 0x3, 0x22, -1, 0)
+            raise_if_false(addr not in (None, ctypes.c_void_p(-1).value), "mmap of the host memory pool ({0} bytes) "
+                           "failed: errno {1}", size, ctypes.get_errno(), status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
+            self.base = addr
+        self._free = [(0, size)]  # (offset, length), sorted, not adjacent
+
+    def alloc(self, n):
+        n = (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        for i, (off, length) in enumerate(self._free):
+            if length >= n:
+                self._free[i:i + 1] = [(off + n, length - n)] if length > n else []
+                return self.base + off
+        return None
+
+    def free(self, addr, n):
+        n = (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        off = addr - self.base
+        self._free.append((off, n))
+        self._free.sort()
+        merged = []
+        for o, length in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((o, length))
+        self._free = merged
+
+    def close(self):
+        if self.base is None:
+            return
+        if self.placement == Placement.DEVICE:
+            _acl().aclrtFree(ctypes.c_void_p(self.base))
+        else:
+            libc = ctypes.CDLL(None)
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            libc.munmap(ctypes.c_void_p(self.base), ctypes.c_size_t(self.size))
+        self.base = None
+
+
+def _pool_size(name, text):
+    """``memory_size`` of a pool configuration (``'{"memory_size": N}'``)."""
+    try:
+        cfg = json.loads(text)
+        size = cfg["memory_size"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise LLMException(f"{name} {text!r}: a JSON object with memory_size ({e})",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+    raise_if_false(isinstance(size, int) and not isinstance(size, bool) and 0 < size < 2**63,
+                   "{0} memory_size {1!r}: a positive integer", name, size,
+                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    return size
 
 
 def _check_blocks(name, blocks):
@@ -79,6 +156,30 @@ class CacheManager:
         self._initialized = True
         self._is_call_linked = False
         self._caches: Dict[int, Cache] = {}
+        self._pools: Dict[Placement, _Pool] = {}
+        # caches carved from a pool: cache id -> (pool, tensor addresses, bytes each)
+        self._allocated: Dict[int, Tuple[_Pool, List[int], int]] = {}
+
+    def _open_pools(self):
+        """The pools ``init``'s options ask for, made and registered before any link."""
+        for key, placement in (("llm.MemPoolConfig", Placement.DEVICE), ("llm.HostMemPoolConfig", Placement.HOST)):
+            if key not in self._options:
+                continue
+            size = _pool_size(key, self._options[key])
+            pool = _Pool(placement, size)
+            ret = self._native.register_pool(int(placement), pool.base, size)
+            if ret != LLMStatusCode.LLM_SUCCESS:
+                pool.close()
+                handle_llm_status(ret, "[LLMDataDist.init]", f"memory pool {key}")
+            self._pools[placement] = pool
+            log.info("[memory pool] %s: %d bytes", key, size)
+
+    def _close_pools(self):
+        """Frees the pools (the instance is finalized: nothing reaches them any more)."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        self._allocated.clear()
 
     def _check(self):
         raise_if_false(self._initialized, "the LLMDataDist of this cache manager is finalized",
@@ -117,10 +218,7 @@ class CacheManager:
         its id, or by one of `cache_keys`). The tensors must stay allocated until
         ``unregister_cache``."""
         check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
-        # a key names its cache in the table peers read (as CANN's remote-accessible table), not a
-        # batch of it: a pull by key reads batch 0, so a second key would name batch 0 too
-        raise_if_false(len(cache_keys) <= 1, "at most one CacheKey per cache (it names batch 0), not {0}",
-                       len(cache_keys))
+        # key i names batch i (one request a batch): at most one key a batch
         keys = [(k.req_id, k.model_id) for k in cache_keys]
         return self._register("register_cache", cache_desc, addrs, _KIND_CACHE, keys, remote_accessible, False)
 
@@ -188,10 +286,12 @@ class CacheManager:
         raise_if_false(dst_cache.is_blocks_cache, "param check failed, dst_cache should be blocks cache.")
         raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
         if not isinstance(src_cache_key, BlocksCacheKey):
-            # CANN's cache→blocks pull (a peer's batch split into blocks): not here
+            # CANN's cache→blocks pull: the peer's batch cut into blocks of dst_cache, piece j
+            # into dst_blocks[j]
             raise_if_false(len(src_blocks) == 0,
                            "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
-            _not_enabled("pull_blocks from a cache of batches (CacheKey / CacheKeyByIdAndIndex)")
+            self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, ([], list(dst_blocks)), kwargs)
+            return
         raise_if_false(len(src_blocks) > 0, "src_blocks can not be empty.")
         raise_if_false(len(src_blocks) == len(dst_blocks),
                        "src_blocks ({0}) and dst_blocks ({1}) differ in length", len(src_blocks), len(dst_blocks))
@@ -268,22 +368,81 @@ class CacheManager:
         return CacheTask(start_transfer(self, src_cache, layer_synchronizer, transfer_configs, src_block_indices,
                                         dst_block_indices, dst_block_memory_size))
 
-    # ---- CANN's memory-pool and copy calls: not here ----
+    # ---- the memory pools ----
 
-    def allocate_cache(self, cache_desc: CacheDesc, cache_keys=()):
-        _not_enabled("allocate_cache")
+    def _allocate(self, func, cache_desc, kind, keys, is_blocks):
+        self._check()
+        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+        pool = self._pools.get(cache_desc.placement)
+        if pool is None:
+            cfg = "mem_pool_cfg" if cache_desc.placement == Placement.DEVICE else "host_mem_pool_cfg"
+            raise LLMException(f"[{func}] no memory pool for {cache_desc.placement}: set LLMConfig.{cfg}",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        size = cache_desc.size
+        raise_if_false(size > 0, "[{0}] a tensor of {1} bytes", func, size)
+        addrs = []
+        for _ in range(cache_desc.num_tensors):
+            a = pool.alloc(size)
+            if a is None:
+                for x in addrs:
+                    pool.free(x, size)
+                raise LLMException(f"[{func}] the memory pool ({pool.size} bytes) has no room for "
+                                   f"{cache_desc.num_tensors} tensors of {size} bytes",
+                                   status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
+            addrs.append(a)
+        try:
+            cache = self._register(func, cache_desc, addrs, kind, keys, None, is_blocks)
+        except BaseException:
+            for x in addrs:
+                pool.free(x, size)
+            raise
+        self._allocated[cache.cache_id] = (pool, addrs, size)
+        return cache
 
-    def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key=None):
-        _not_enabled("allocate_blocks_cache")
+    def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Union[Tuple[CacheKey], List[CacheKey]] = ()) -> Cache:
+        """Allocates a cache of batches from the memory pool of its placement (``mem_pool_cfg``
+        or ``host_mem_pool_cfg``) and registers it; key i names batch i."""
+        check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
+        keys = [(k.req_id, k.model_id) for k in cache_keys]
+        return self._allocate("allocate_cache", cache_desc, _KIND_CACHE, keys, False)
+
+    def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
+        """Allocates a blocks cache from the memory pool of its placement and registers it."""
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        keys = [] if blocks_cache_key is None else [(_INVALID_ID, blocks_cache_key.model_id)]
+        cache_desc._is_blocks = True
+        return self._allocate("allocate_blocks_cache", cache_desc, _KIND_BLOCKS, keys, True)
+
+    def _deallocate(self, func, cache):
+        self._check()
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        got = self._allocated.get(cache.cache_id)
+        raise_if_true(got is None, "[{0}] cache {1} was not allocated from a memory pool", func, cache.cache_id,
+                      status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        self.unregister_cache(cache.cache_id)
+        pool, addrs, size = self._allocated.pop(cache.cache_id)
+        for a in addrs:
+            pool.free(a, size)
+        log.info("[%s] success, cache_id = %d", func, cache.cache_id)
 
     def deallocate_cache(self, cache: Cache) -> None:
-        _not_enabled("deallocate_cache")
+        """Unregisters a cache ``allocate_cache`` made and gives its memory back to the pool."""
+        self._deallocate("deallocate_cache", cache)
 
     def deallocate_blocks_cache(self, cache: Cache) -> None:
-        _not_enabled("deallocate_blocks_cache")
+        """Unregisters a cache ``allocate_blocks_cache`` made and gives its memory back."""
+        self._deallocate("deallocate_blocks_cache", cache)
 
     def remove_cache_key(self, cache_key: CacheKey) -> None:
-        _not_enabled("remove_cache_key")
+        """Removes a key from the cache it names: a peer that fetches this cluster's cache table
+        from now on does not find it (a key no cache has: nothing happens)."""
+        self._check()
+        check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
+        ret = self._native.remove_cache_key(cache_key.req_id, cache_key.model_id)
+        handle_llm_status(ret, "[remove_cache_key]", f"cache_key = {cache_key}")
+        log.info("[remove_cache_key] success")
+
+    # ---- CANN's copy calls: not here ----
 
     def copy_cache(self, dst: Cache, src: Cache, dst_batch_index: int = 0, src_batch_index: int = 0,
                    offset: int = 0, size: int = -1, req_id: Optional[int] = None):

@@ -85,6 +85,13 @@ class LLMDataDist:
         handle_llm_status(ret, "[LLMDataDist.init]", f"Failed to initialize llm datadist, options = {options}")
         self._native = native
         self._cache_manager = CacheManager(native, self._engine_options)
+        try:
+            self._cache_manager._open_pools()
+        except BaseException:
+            native.finalize()
+            self._cache_manager._close_pools()
+            self._native = None
+            raise
         LLMDataDist.llm_engine_instance = self
         self._is_initialized = True
 
@@ -99,6 +106,8 @@ class LLMDataDist:
         self._native.finalize()
         if self._cache_manager is not None:
             self._cache_manager._initialized = False
+            # after the native finalize: no peer reaches the pools any more
+            self._cache_manager._close_pools()
         self._is_initialized = False
         LLMDataDist.llm_engine_instance = None
 
