@@ -6,7 +6,7 @@
 //! arguments, length 0, addresses outside every range, partial overlaps, a completion handle
 //! queried twice, 4097 outstanding handles, calls after destroy, the failure latch (a batch
 //! timed out while the server process was stopped). The server checks the bytes the client
-//! left in its memory.
+//! left in its memory. The same program with device memory runs on the ACL/HCCL test double.
 
 mod common;
 
@@ -136,5 +136,106 @@ fn two_c_processes_over_hixl_cs() {
         assert_eq!(server.sum(off, len), sum, "kv0 {off}+{len}");
     }
     server.quit();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The same program built with `-DCS_DEVICE` and HIXL's example link line (`-lcann_hixl
+/// -lacl_rt`), run as two processes on the ACL/HCCL test double (`tools/ascend-double.sh`):
+/// the server's kv0 and the client's memory are device memory (`aclrtMalloc`), moved sync and
+/// async, device to device and device to the server's host memory, compared after a device to
+/// host copy; the server checks what the client left in kv0, and the double's log shows the
+/// batches went over HCCL (`HcclBatchPut`/`HcclBatchGet`). The processes get nothing
+/// hixl-specific: hixl uses Ascend because ACL and HCCL load.
+#[test]
+fn two_c_processes_over_hixl_cs_device_memory() {
+    let Some(cc) = common::compiler("cc") else {
+        return;
+    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = common::scratch("cs-device");
+    let double = dir.join("cann");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new("bash")
+        .arg(manifest.join("../tools/ascend-double.sh"))
+        .arg(&double)
+        .output()
+        .expect("run tools/ascend-double.sh");
+    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+    assert!(double.join("include/securec.h").exists());
+
+    let lib = common::lib_dir();
+    let exe = dir.join("cs_dev");
+    let asan: &[&str] = if cfg!(hixl_asan) {
+        &["-fsanitize=address"]
+    } else {
+        &[]
+    };
+    let out = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-O1",
+            "-DCS_DEVICE",
+        ])
+        .args(asan)
+        .arg("-I")
+        .arg(common::include_dir())
+        .arg("-I")
+        .arg(double.join("include"))
+        .arg(manifest.join("tests/c/cs_test.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-L")
+        .arg(&double)
+        .args(["-lcann_hixl", "-lacl_rt"])
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ld_path = std::env::join_paths([&lib, &double]).unwrap();
+    let command = |log: &Path| {
+        let mut cmd = Command::new(&exe);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("HIXL") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", &ld_path)
+            .env("TMPDIR", &tmp)
+            .env("HIXL_ASCEND_DOUBLE_LOG", log);
+        cmd
+    };
+    let size = 1u64 << 20;
+    let (server_log, client_log) = (dir.join("server.log"), dir.join("client.log"));
+    let mut server =
+        common::Server::spawn(command(&server_log).args(["server", &size.to_string(), "2"]));
+    let wrote = common::run_client(command(&client_log).args([
+        "client",
+        &server.name,
+        &server.addr.to_string(),
+        &size.to_string(),
+        &server.pid().to_string(),
+        "0",
+    ]));
+    assert_eq!(wrote.len(), 3, "{wrote:?}");
+    for (off, len, sum) in wrote {
+        assert_eq!(server.sum(off, len), sum, "kv0 {off}+{len}");
+    }
+    server.quit();
+    let log = std::fs::read_to_string(&client_log).unwrap_or_default();
+    for call in ["HcclBatchPut", "HcclBatchGet"] {
+        assert!(
+            log.contains(call),
+            "the client's double log has no {call}:\n{log}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -35,6 +35,21 @@ const char *hixl_last_error_message(void);
 
 #define RESOURCE_EXHAUSTED 203900u
 
+#ifdef CS_DEVICE
+/* built with -DCS_DEVICE -lacl_rt: kv0 and the client's memory are device memory (aclrtMalloc on
+ * the ACL/HCCL test double), the endpoints device endpoints. CANN's ACL declarations (ABI only;
+ * CI has no CANN headers): */
+typedef int aclError;
+aclError aclrtSetDevice(int32_t deviceId);
+aclError aclrtMalloc(void **devPtr, size_t size, int policy); /* aclrtMemMallocPolicy */
+aclError aclrtFree(void *devPtr);
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind);
+#define ACL_MEM_MALLOC_HUGE_ONLY 1
+#define ACL_MEMCPY_HOST_TO_DEVICE 1
+#define ACL_MEMCPY_DEVICE_TO_HOST 2
+static int32_t device_id = 0;
+#endif
+
 _Static_assert(sizeof(EndpointDesc) == 160, "EndpointDesc");
 _Static_assert(sizeof(CommMem) == 24, "CommMem");
 _Static_assert(sizeof(HixlClientDesc) == 128, "HixlClientDesc");
@@ -203,6 +218,21 @@ static int server(size_t size) {
   EndpointDesc ep = endpoint("127.0.0.1");
   unsigned char *kv0 = malloc(size), *kv1 = malloc(size);
   for (size_t i = 0; i < size; i++) kv0[i] = pattern(i);
+#ifdef CS_DEVICE
+  CommMemType kv0_type = COMM_MEM_TYPE_DEVICE;
+  ep.loc.locType = ENDPOINT_LOC_TYPE_DEVICE;
+  ep.loc.device.devPhyId = (uint32_t)device_id;
+  CHECK(aclrtSetDevice(device_id) == 0);
+  {
+    void *dev = NULL;
+    CHECK(aclrtMalloc(&dev, size, ACL_MEM_MALLOC_HUGE_ONLY) == 0);
+    CHECK(aclrtMemcpy(dev, size, kv0, size, ACL_MEMCPY_HOST_TO_DEVICE) == 0);
+    free(kv0);
+    kv0 = dev;
+  }
+#else
+  CommMemType kv0_type = COMM_MEM_TYPE_HOST;
+#endif
   memset(kv1, 0, size);
   uint32_t port = 0;
   /* kv0 before Listen needs a server that is not listening yet: register on a fresh one */
@@ -217,7 +247,7 @@ static int server(size_t size) {
     HixlServerConfig c;
     memset(&c, 0, sizeof c);
     EXPECT(HixlCSServerCreate(&d, &c, &s), HIXL_SUCCESS);
-    CommMem m0 = {COMM_MEM_TYPE_HOST, kv0, size};
+    CommMem m0 = {kv0_type, kv0, size};
     MemHandle h0 = NULL;
     EXPECT(HixlCSServerRegMem(s, "kv0", &m0, &h0), HIXL_SUCCESS);
     if (HixlCSServerListen(s, 64) != HIXL_SUCCESS) {
@@ -241,7 +271,14 @@ static int server(size_t size) {
   while (fgets(line, sizeof line, stdin)) {
     unsigned long off, len;
     if (sscanf(line, "sum %lu %lu", &off, &len) == 2 && off + len <= size) {
+#ifdef CS_DEVICE
+      unsigned char *tmp = malloc(len + 1);
+      CHECK(aclrtMemcpy(tmp, len + 1, kv0 + off, len, ACL_MEMCPY_DEVICE_TO_HOST) == 0);
+      printf("SUM %016llx\n", (unsigned long long)fnv1a(tmp, len));
+      free(tmp);
+#else
       printf("SUM %016llx\n", (unsigned long long)fnv1a(kv0 + off, len));
+#endif
     } else if (strncmp(line, "quit", 4) == 0) {
       break;
     } else {
@@ -251,7 +288,11 @@ static int server(size_t size) {
   }
   EXPECT(HixlCSServerUnregMem(s, h1), HIXL_SUCCESS);
   EXPECT(HixlCSServerDestroy(s), HIXL_SUCCESS);
+#ifdef CS_DEVICE
+  CHECK(aclrtFree(kv0) == 0);
+#else
   free(kv0);
+#endif
   free(kv1);
   return failures ? 1 : 0;
 }
@@ -319,6 +360,7 @@ static void client_create_bad_inputs(uint32_t port) {
   EXPECT(HixlCSClientCreate(&d, &c, &h), HIXL_PARAM_INVALID);
 }
 
+#ifndef CS_DEVICE
 /* waits until every thread of process `pid` is stopped (SIGSTOP takes effect when a thread
  * next leaves the kernel): /proc/PID/task/TID/stat says 'T' for each, or 20 s passed */
 static int all_stopped(pid_t pid) {
@@ -350,6 +392,7 @@ static int all_stopped(pid_t pid) {
     sched_yield();
   }
 }
+#endif
 
 /* waits for an async batch: COMPLETED expected, within 20 s */
 static void wait_complete(HixlClientHandle c, CompleteHandle h) {
@@ -407,8 +450,66 @@ static void late_registration(void) {
   EXPECT(HixlCSClientDestroy(c), HIXL_SUCCESS);
 }
 
+#ifdef CS_DEVICE
+/* device memory: random data PUT into the server's device kv0 and GET back, sync and async,
+ * compared after a device-to-host copy; device to the server's host kv1 too */
+static void device_section(HixlClientHandle c, unsigned char *kv0, unsigned char *kv1, size_t size) {
+  const size_t dsize = 2u << 20, half = 1u << 20;
+  unsigned char *dl = NULL;
+  CHECK(aclrtMalloc((void **)&dl, dsize, ACL_MEM_MALLOC_HUGE_ONLY) == 0);
+  CommMem dm = {COMM_MEM_TYPE_DEVICE, dl, dsize};
+  MemHandle dh = NULL;
+  EXPECT(HixlCSClientRegMem(c, "dev", &dm, &dh), HIXL_SUCCESS);
+  unsigned char *src = malloc(half), *back = malloc(half);
+  fill_random(src, half);
+  CHECK(aclrtMemcpy(dl, half, src, half, ACL_MEMCPY_HOST_TO_DEVICE) == 0);
+  const size_t offs[3] = {0, 12345, size / 2 + 7};
+  const size_t lens[3] = {4096, 65536 + 3, size / 4};
+  HixlOneSideOpDesc put[3], get[3];
+  size_t at = 0;
+  for (int i = 0; i < 3; i++) {
+    put[i] = (HixlOneSideOpDesc){kv0 + offs[i], dl + at, lens[i]};
+    get[i] = (HixlOneSideOpDesc){kv0 + offs[i], dl + half + at, lens[i]};
+    at += lens[i];
+  }
+  EXPECT(HixlCSClientBatchPutSync(c, 3, put, 10000), HIXL_SUCCESS);
+  EXPECT(HixlCSClientBatchGetSync(c, 3, get, 10000), HIXL_SUCCESS);
+  CHECK(aclrtMemcpy(back, half, dl + half, at, ACL_MEMCPY_DEVICE_TO_HOST) == 0);
+  CHECK(memcmp(src, back, at) == 0);
+  for (int i = 0; i < 3; i++) {
+    printf("WROTE %zu %zu %016llx\n", offs[i], lens[i],
+           (unsigned long long)fnv1a(src + ((unsigned char *)put[i].local_buf - dl), lens[i]));
+  }
+  /* async, device to device (kv0 beyond what the WROTE lines cover) and device to host (kv1) */
+  unsigned char *targets[2] = {kv0 + size / 4, kv1 + 999};
+  for (int t = 0; t < 2; t++) {
+    fill_random(src, 100000);
+    CHECK(aclrtMemcpy(dl, half, src, 100000, ACL_MEMCPY_HOST_TO_DEVICE) == 0);
+    HixlOneSideOpDesc ap = {targets[t], dl, 100000}, ag = {targets[t], dl + half, 100000};
+    CompleteHandle ch = NULL;
+    EXPECT(HixlCSClientBatchPutAsync(c, 1, &ap, &ch), HIXL_SUCCESS);
+    wait_complete(c, ch);
+    EXPECT(HixlCSClientBatchGetAsync(c, 1, &ag, &ch), HIXL_SUCCESS);
+    wait_complete(c, ch);
+    CHECK(aclrtMemcpy(back, half, dl + half, 100000, ACL_MEMCPY_DEVICE_TO_HOST) == 0);
+    CHECK(memcmp(src, back, 100000) == 0);
+  }
+  /* a device range past its end */
+  HixlOneSideOpDesc bad = {kv0, dl + dsize - 8, 16};
+  EXPECT(HixlCSClientBatchPutSync(c, 1, &bad, 1000), HIXL_PARAM_INVALID);
+  EXPECT(HixlCSClientUnregMem(c, dh), HIXL_SUCCESS);
+  EXPECT(HixlCSClientBatchPutSync(c, 1, put, 1000), HIXL_PARAM_INVALID);
+  CHECK(aclrtFree(dl) == 0);
+  free(src);
+  free(back);
+}
+#endif
+
 static int client(uint32_t port, uintptr_t kv0_addr, size_t size, pid_t server_pid) {
   rng_state = 0x2545f4914f6cdd1dull ^ (uint64_t)getpid() ^ (uint64_t)time(NULL);
+#ifdef CS_DEVICE
+  CHECK(aclrtSetDevice(device_id) == 0);
+#endif
   client_create_bad_inputs(port);
 
   HixlClientHandle c = make_client(port, "127.0.0.1");
@@ -430,12 +531,30 @@ static int client(uint32_t port, uintptr_t kv0_addr, size_t size, pid_t server_p
     if (strcmp(tags[i], "kv0") == 0) kv0 = mems[i].addr;
     if (strcmp(tags[i], "kv1") == 0) kv1 = mems[i].addr;
     if (strcmp(tags[i], "_hixl_builtin_host_trans_flag") == 0) builtin = mems[i].addr;
+#ifndef CS_DEVICE
     CHECK(mems[i].type == COMM_MEM_TYPE_HOST);
+#endif
     if (strncmp(tags[i], "kv", 2) == 0) CHECK(mems[i].size == size);
   }
   CHECK(kv0 != NULL && kv1 != NULL && builtin != NULL);
   CHECK((uintptr_t)kv0 == kv0_addr);
   if (kv0 == NULL || kv1 == NULL || builtin == NULL) return 1;
+#ifdef CS_DEVICE
+  (void)server_pid;
+  for (uint32_t i = 0; i < n; i++) {
+    if (strcmp(tags[i], "kv0") == 0) CHECK(mems[i].type == COMM_MEM_TYPE_DEVICE);
+  }
+  device_section(c, kv0, kv1, size);
+  EXPECT(HixlCSClientDestroy(c), HIXL_SUCCESS);
+  EXPECT(HixlCSClientDestroy(c), HIXL_PARAM_INVALID);
+  late_registration();
+  if (failures) {
+    fprintf(stderr, "client: %d failures\n", failures);
+    return 1;
+  }
+  printf("PASS\n");
+  return 0;
+#else
 
   /* local memory: 4 MiB */
   size_t lsize = 4u << 20;
@@ -609,9 +728,17 @@ static int client(uint32_t port, uintptr_t kv0_addr, size_t size, pid_t server_p
   }
   printf("PASS\n");
   return 0;
+#endif
 }
 
 int main(int argc, char **argv) {
+#ifdef CS_DEVICE
+  /* the device: the last argument */
+  if (argc >= 3) {
+    device_id = (int32_t)strtol(argv[argc - 1], NULL, 10);
+    argc--;
+  }
+#endif
   if (argc == 3 && strcmp(argv[1], "server") == 0) {
     return server((size_t)strtoull(argv[2], NULL, 10));
   }
