@@ -311,6 +311,29 @@ fn endpoint_matches(a: &[u8; ENDPOINT_LEN], b: &[u8; ENDPOINT_LEN]) -> bool {
     }
 }
 
+/// The server's ranges (the built-in one, then its list) by start address, with their ends;
+/// `Err` when two overlap (the list comes from the peer).
+fn disjoint(builtin: (u64, u64), mems: &[table::Mem]) -> Result<BTreeMap<u64, u64>, String> {
+    let mut ranges = BTreeMap::new();
+    for (addr, size) in std::iter::once(builtin).chain(mems.iter().map(|m| (m.addr, m.size))) {
+        let end = addr
+            .checked_add(size)
+            .filter(|_| size > 0)
+            .ok_or_else(|| format!("the server's region {addr:#x}+{size} is empty or wraps"))?;
+        // the range starting last before `end` is the one that would overlap, if any does
+        if let Some((&a, &e)) = ranges.range(..end).next_back()
+            && e > addr
+        {
+            return Err(format!(
+                "the server's region {addr:#x}+{size} overlaps its region {a:#x}+{}",
+                e - a
+            ));
+        }
+        ranges.insert(addr, end);
+    }
+    Ok(ranges)
+}
+
 /// The location of an endpoint: 0 device, 1 host (`EndpointLoc.locType` at 44).
 fn endpoint_loc(e: &[u8; ENDPOINT_LEN]) -> i32 {
     i32::from_ne_bytes([e[44], e[45], e[46], e[47]])
@@ -768,27 +791,14 @@ impl ClientState {
 
     /// Records the list (and what GetRemoteMem hands out).
     fn import(&mut self, t: &Table, builtin: compat::RemoteRegionDesc) -> R<()> {
-        let mut ranges = BTreeMap::new();
         let mut mems = vec![CommMem {
             typ: 1,
             addr: builtin.addr as usize,
             size: builtin.len,
         }];
         let mut tags = vec![CString::new(BUILTIN_TAG).unwrap_or_default()];
-        ranges.insert(builtin.addr, builtin.addr + builtin.len);
+        let ranges = disjoint((builtin.addr, builtin.len), &t.mems).map_err(invalid)?;
         for m in &t.mems {
-            let end = m.addr + m.size; // decode_payload checked it does not wrap
-            if let Some((&a, &e)) = ranges.range(..end).next_back()
-                && e > m.addr
-            {
-                return Err(invalid(format!(
-                    "the server's region {:#x}+{} overlaps its region {a:#x}+{}",
-                    m.addr,
-                    m.size,
-                    e - a
-                )));
-            }
-            ranges.insert(m.addr, end);
             mems.push(CommMem {
                 typ: m.typ,
                 addr: m.addr as usize,
@@ -1419,6 +1429,32 @@ mod tests {
         e[8..8 + addr.len()].copy_from_slice(addr);
         e[44..48].copy_from_slice(&1i32.to_ne_bytes());
         e
+    }
+
+    #[test]
+    fn server_ranges_must_be_disjoint() {
+        let m = |addr, size| table::Mem {
+            typ: 1,
+            addr,
+            size,
+            tag: Vec::new(),
+        };
+        let ok = disjoint(
+            (0x1000, 0x100),
+            &[m(0x2000, 0x100), m(0x1100, 0xf00), m(0x3000, 1)],
+        );
+        assert_eq!(ok.unwrap().len(), 4);
+        for bad in [
+            vec![m(0x1000, 0x100)],                  // the built-in one again
+            vec![m(0x10ff, 2)],                      // straddles its end
+            vec![m(0x800, 0x900)],                   // straddles its start
+            vec![m(0x2000, 0x100), m(0x2010, 0x10)], // inside another
+            vec![m(0x2010, 0x10), m(0x2000, 0x100)], // around another
+            vec![m(0x3000, 0)],                      // empty
+            vec![m(u64::MAX - 1, 4)],                // wraps
+        ] {
+            assert!(disjoint((0x1000, 0x100), &bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
