@@ -36,3 +36,10 @@ for name in libascendcl.so libhcomm.so libhccl.so libascend_hal.so; do
   ln -sfn libacl_rt.so "$dir/$name"
   echo "linked $dir/$name -> libacl_rt.so"
 done
+# securec.h, which CANN's headers include (hcomm/hcomm_res_defs.h among them), in DIR/include:
+# hixl's minimal stand-in (tools/securec.h), only where DIR has none yet
+if [[ ! -e $dir/include/securec.h ]]; then
+  mkdir -p "$dir/include"
+  cp "$(dirname "$src")/../../tools/securec.h" "$dir/include/securec.h"
+  echo "copied $dir/include/securec.h (a minimal stand-in for CANN's bounds-checked C library)"
+fi

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hixl_rs::compat::{self, Hixl};
 use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
 
+pub mod cs;
 pub mod datadist;
 
 /// A status code (HIXL's values: 0 success, 103900 `PARAM_INVALID`, ...).

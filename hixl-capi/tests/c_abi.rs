@@ -52,6 +52,8 @@ fn header_declares_exactly_the_exported_functions() {
             let w: Vec<&str> = l.split_whitespace().collect();
             (w.len() == 3 && w[1] == "T").then(|| w[2].to_owned())
         })
+        // HIXL-CS's functions: include/cs/hixl_cs.h, checked by tests/cs.rs
+        .filter(|n| !n.starts_with("HixlCS"))
         .collect();
     let declared = declared();
     assert!(declared.len() >= 25, "{declared:?}");

@@ -218,8 +218,12 @@ impl Hixl {
     }
 
     /// [`Hixl::alloc_host_mem`] with the access peers get (the LLM-DataDist layer publishes its
-    /// cache table read-only).
-    pub(crate) fn alloc_host_mem_with(&self, len: usize, access: Access) -> Result<HostMem> {
+    /// cache table read-only, HIXL-CS servers their memory list; [`Access::None`]: a buffer
+    /// only this engine's own transfers use, left out of peers' tables).
+    ///
+    /// # Errors
+    /// As [`Hixl::alloc_host_mem`].
+    pub fn alloc_host_mem_with(&self, len: usize, access: Access) -> Result<HostMem> {
         let mut core = self.write();
         if core.engine.is_none() {
             return Err(not_initialized());

@@ -168,6 +168,11 @@ impl Server {
         line.trim_end().to_owned()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The FNV-1a of `len` bytes at `off` of the server's region.
     pub fn sum(&mut self, off: u64, len: u64) -> u64 {
         let line = self.ask(&format!("sum {off} {len}"));
