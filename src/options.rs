@@ -382,14 +382,6 @@ impl Options {
             }
             // HIXL's Ascend keys and hixl's own `hixl.ascend.*`: the Ascend backend validates
             _ if crate::transport::ascend::options::is_ascend_key(k) => {
-                // refuse the unsupported value before it is stored
-                if k == "EnableUseFabricMem" && value == "1" {
-                    return Err(Error::UnsupportedOption {
-                        key: k.to_owned(),
-                        value: value.to_owned(),
-                        why: "fabric memory is not implemented by the Ascend backend yet",
-                    });
-                }
                 self.ascend.set(key, value)?;
                 if k.starts_with("hixl.ascend.") {
                     self.ascend_mode = AscendMode::On;

@@ -219,6 +219,12 @@ impl<S: State> Hixl<S> {
         &self.inner.options
     }
 
+    /// Why the engine's memory may not be deregistered now (a fabric-memory engine with a peer
+    /// connected), or `None`.
+    pub(crate) fn deregistration_blocked(&self) -> Option<&'static str> {
+        self.inner.deregistration_blocked()
+    }
+
     /// A snapshot of the engine's metrics: registered regions and bytes, and per link and
     /// operation the bytes, operations, errors by status, requests in flight and latency
     /// percentiles.

@@ -44,6 +44,21 @@ pub(crate) struct Transports {
 /// [`AscendMode::On`] (a missing library, a bad device, ACL's errors), UCX without a pre-shared
 /// key, or missing with `Ucx::Require`.
 pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
+    if options.ascend.enable_fabric_mem {
+        // HIXL's FabricMem engine: ACL's VMM and async copies, no HCCL
+        crate::transport::ascend::fabric::check_options(options.hixl_options(), &options.ascend)?;
+        let rt = crate::transport::ascend::fabric::FabricRt::start(&options.ascend)?;
+        let device = Some(rt.device.clone());
+        let backends: Vec<Arc<dyn Backend>> = vec![
+            Arc::new(crate::transport::ascend::fabric::FabricBackend::new(rt)),
+            Arc::new(AscendBackend::new(None)),
+        ];
+        return Ok(Transports {
+            backends,
+            device,
+            no_device: "",
+        });
+    }
     let (ascend, no_device) = match options.ascend_mode {
         AscendMode::On => (Some(Runtime::start(&options.ascend)?), ""),
         AscendMode::Off => (None, "Ascend is off for this engine (hixl.ascend.enable=0)"),
