@@ -32,6 +32,13 @@ chmod 0755 "$tmp"
 mv -f "$tmp" "$dir/libacl_rt.so"
 trap - EXIT
 echo "built $dir/libacl_rt.so (the ACL/HCCL test double, from $src)"
+# CANN's samples include securec.h (Huawei's bounds-checked C library, on a CANN install's
+# include path): a minimal stand-in in DIR/include, unless one is there already
+mkdir -p "$dir/include"
+if [[ ! -e $dir/include/securec.h ]]; then
+  cp "$(dirname "$src")/../../tools/securec.h" "$dir/include/securec.h"
+  echo "installed $dir/include/securec.h (a minimal stand-in for CANN's securec.h)"
+fi
 for name in libascendcl.so libhcomm.so libhccl.so libascend_hal.so; do
   ln -sfn libacl_rt.so "$dir/$name"
   echo "linked $dir/$name -> libacl_rt.so"
