@@ -17,16 +17,12 @@ fn alloc(api: &FabricApi) -> (usize, usize) {
     };
     let mut h: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer and a valid property struct.
-    assert_eq!(
-        unsafe { (api.malloc_physical)(&mut h, super::GRANULE, &prop, 0) },
-        0
-    );
+    let rc = unsafe { (api.malloc_physical)(&mut h, super::GRANULE, &prop, 0) };
+    assert_eq!(rc, 0);
     let mut va: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer; one granule.
-    assert_eq!(
-        unsafe { (api.reserve)(&mut va, super::GRANULE, 0, std::ptr::null_mut(), 1) },
-        0
-    );
+    let rc = unsafe { (api.reserve)(&mut va, super::GRANULE, 0, std::ptr::null_mut(), 1) };
+    assert_eq!(rc, 0);
     // SAFETY: a fresh reservation and a live handle.
     assert_eq!(unsafe { (api.map)(va, super::GRANULE, 0, h, 0) }, 0);
     (va as usize, h as usize)
