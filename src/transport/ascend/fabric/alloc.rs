@@ -155,10 +155,11 @@ pub fn malloc_mem(mem_type: MemType, size: usize) -> Result<usize, Error> {
 /// `PARAM_INVALID` for an address [`malloc_mem`] did not return (or already freed);
 /// [`Error::Native`] from ACL.
 pub fn free_mem(addr: usize) -> Result<(), Error> {
-    let (acl, api) = api()?;
     let a = lock(&ALLOCS)
         .remove(&addr)
         .ok_or_else(|| param(format!("{addr:#x}")))?;
+    // loaded: it made the allocation
+    let (acl, api) = api()?;
     let _ = a.len;
     // SAFETY: what malloc_mem made, released once in its order.
     unsafe {
@@ -183,11 +184,12 @@ pub fn free_mem(addr: usize) -> Result<(), Error> {
 /// # Errors
 /// `PARAM_INVALID` for an address [`malloc_mem`] did not return; [`Error::Native`] from ACL.
 pub fn export_to_shareable_handle(addr: usize) -> Result<[u8; FABRIC_HANDLE_LEN], Error> {
-    let (acl, api) = api()?;
     let mut allocs = lock(&ALLOCS);
     let a = allocs
         .get_mut(&addr)
         .ok_or_else(|| param(format!("{addr:#x}")))?;
+    // loaded: it made the allocation
+    let (acl, api) = api()?;
     if let Some(h) = a.handle {
         return Ok(h);
     }
