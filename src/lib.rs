@@ -179,7 +179,10 @@ pub mod wire;
 /// allocator statics (HIXL's `MallocMem`, `FreeMem`, `ExportToShareableHandle`) over ACL's
 /// virtual memory. See `docs/ascend.md` ("Fabric memory").
 pub mod fabric {
-    pub use crate::transport::ascend::fabric::{export_to_shareable_handle, free_mem, malloc_mem};
+    pub use crate::options::FabricConfig;
+    pub use crate::transport::ascend::fabric::{
+        FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
+    };
 }
 
 pub use auth::Psk;

@@ -313,3 +313,118 @@ fn scenario() {
     let err = hixl::fabric::free_mem(s_mem).unwrap_err();
     assert_eq!(err.status(), Status::PARAM_INVALID);
 }
+
+/// The typed API: `Options::fabric_mem` and its memory kind, `FabricBuffer`, allocated with
+/// the engine's own ACL (no `$HIXL_ACL_LIB` needed), registered, moved sync and async, and
+/// refused on an engine that is not a fabric-memory one.
+#[test]
+fn typed_fabric_engines_move_random_data() {
+    use hixl::fabric::FabricConfig;
+    use hixl::{Hixl, Options, TransferArgs as TArgs, TransferDesc, TransferStatus as TStatus};
+    use std::time::Duration;
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-fabric-typed-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    // a private copy: its own globals
+    let so = base.join("typed.so");
+    std::fs::copy(&lib, &so).unwrap();
+    let opts = || {
+        Options::default().fabric_mem(FabricConfig {
+            acl_lib: Some(so.clone()),
+            device_id: Some(0),
+            task_streams: 3,
+        })
+    };
+    let t = Duration::from_secs(10);
+    let mut rng = Rng::new(0x7FAB);
+    let seeded = rng.bytes(2 * MIB);
+
+    let server = Hixl::initialize_ephemeral("127.0.0.1", opts())
+        .unwrap()
+        .into_registered();
+    let sreg = server
+        .with_context(|ctx| {
+            let mut b = server.alloc_fabric(ctx, MemType::Device, 2 * MIB).unwrap();
+            b.write(ctx, 0, &seeded).unwrap();
+            server.register_device(ctx, b).unwrap()
+        })
+        .unwrap();
+    let saddr = sreg.addr() as u64;
+    let client = Hixl::initialize("127.0.0.1", opts())
+        .unwrap()
+        .into_registered();
+    let mut creg = client
+        .with_context(|ctx| {
+            let b = client.alloc_fabric(ctx, MemType::Host, MIB).unwrap();
+            assert_eq!(b.mem_type(), MemType::Host);
+            client.register_device(ctx, b).unwrap()
+        })
+        .unwrap();
+    let server = server.activate().unwrap();
+    let client = client.activate().unwrap();
+    let link = client.connect(&server.name()).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ascend);
+
+    // READ 7 descriptors of the server's seeded memory (spread over the 3 streams)
+    let descs: Vec<TransferDesc<'_>> = (0..7u64)
+        .map(|i| {
+            TransferDesc::new(
+                creg.range((i as usize) * 100_000..(i as usize) * 100_000 + 90_000)
+                    .unwrap(),
+                link.remote(saddr + 1000 + i * 200_000, 90_000).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Read, &descs, t).unwrap();
+    drop(descs);
+    let mut got = vec![0u8; MIB];
+    client
+        .with_context(|ctx| creg.read_device(ctx, 0, &mut got))
+        .unwrap()
+        .unwrap();
+    for i in 0..7usize {
+        let off = 1000 + i * 200_000;
+        assert_eq!(
+            got[i * 100_000..i * 100_000 + 90_000],
+            seeded[off..off + 90_000],
+            "desc {i}"
+        );
+    }
+
+    // async WRITE of random data, checked on the server through its region
+    let data = rng.bytes(MIB);
+    client
+        .with_context(|ctx| creg.write_device(ctx, 0, &data))
+        .unwrap()
+        .unwrap();
+    let d = [TransferDesc::new(
+        creg.full(),
+        link.remote(saddr + MIB as u64, MIB as u64).unwrap(),
+    )];
+    let req = link
+        .transfer_async(TransferOp::Write, &d, TArgs::default())
+        .unwrap();
+    let st = req.wait(t);
+    assert!(matches!(st, TStatus::Completed), "{st:?}");
+    drop(req);
+    let mut sreg = sreg;
+    let mut back = vec![0u8; MIB];
+    server
+        .with_context(|ctx| sreg.read_device(ctx, MIB, &mut back))
+        .unwrap()
+        .unwrap();
+    assert_eq!(fnv1a(&back), fnv1a(&data));
+    drop(link);
+
+    // an engine that is not a fabric-memory one has no fabric memory
+    let plain = Hixl::initialize("127.0.0.1", Options::default()).unwrap();
+    let err = plain
+        .with_context(|ctx| plain.alloc_fabric(ctx, MemType::Device, MIB))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    let _ = std::fs::remove_dir_all(&base);
+}

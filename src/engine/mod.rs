@@ -266,6 +266,33 @@ impl<S: State> Hixl<S> {
         crate::DeviceBuffer::alloc(self.device()?, self.inner.id, ctx, len)
     }
 
+    /// Allocates `len` bytes of fabric memory (ACL virtual memory, HIXL's `MallocMem`) of
+    /// `mem_type` on a fabric-memory engine's device ([`Options::fabric_mem`]).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedMemory`] on an engine that is not a fabric-memory engine;
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::ZeroLengthRegion`];
+    /// [`Error::LibraryUnavailable`] for an ACL runtime without the VMM calls;
+    /// [`Error::Native`] from ACL.
+    pub fn alloc_fabric(
+        &self,
+        ctx: &ContextToken<'_>,
+        mem_type: MemType,
+        len: usize,
+    ) -> Result<crate::fabric::FabricBuffer, Error> {
+        let device = match &self.inner.device {
+            Some(d) if self.inner.options.uses_fabric_mem() => d,
+            _ => {
+                return Err(Error::UnsupportedMemory {
+                    mem_type,
+                    why: "fabric memory needs a fabric-memory engine (Options::fabric_mem, or \
+                          EnableUseFabricMem=1)",
+                });
+            }
+        };
+        crate::fabric::FabricBuffer::alloc(device, self.inner.id, ctx, mem_type, len)
+    }
+
     /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).
     ///
     /// # Errors

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::GRANULE;
 use super::ffi::{self, FabricApi, MemAccessDesc, MemLocation, PhysicalMemProp};
@@ -16,24 +16,27 @@ use crate::sync::lock;
 use crate::types::MemType;
 use crate::wire::FABRIC_HANDLE_LEN;
 
+/// An ACL runtime with its VMM entry points.
+pub(crate) type Lib = Arc<(Acl, FabricApi)>;
+
 struct Alloc {
-    len: usize,
+    lib: Lib,
     phys: usize,
     /// Exported once, then cached (upstream: "ACL export runs at most once per allocation").
     handle: Option<[u8; FABRIC_HANDLE_LEN]>,
 }
 
 static ALLOCS: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
-static API: OnceLock<Result<(Acl, FabricApi), Error>> = OnceLock::new();
+static API: OnceLock<Result<Lib, Error>> = OnceLock::new();
 
-fn api() -> Result<&'static (Acl, FabricApi), Error> {
+fn api() -> Result<Lib, Error> {
     let r = API.get_or_init(|| {
         let acl = Acl::load(None)?;
         let api = FabricApi::load(acl.library())?;
-        Ok((acl, api))
+        Ok(Arc::new((acl, api)))
     });
     match r {
-        Ok(a) => Ok(a),
+        Ok(a) => Ok(a.clone()),
         Err(e) => Err(Error::LibraryUnavailable {
             library: "libacl_rt.so or libascendcl.so (with ACL's VMM calls)".into(),
             why: e.to_string(),
@@ -67,7 +70,12 @@ fn param(why: String) -> Error {
 /// [`Error::InvalidOption`] (`PARAM_INVALID`) for a zero size; [`Error::Native`] from ACL (no
 /// device on this thread: `ACL_ERROR_RT_CONTEXT_NULL`).
 pub fn malloc_mem(mem_type: MemType, size: usize) -> Result<usize, Error> {
-    let (acl, api) = api()?;
+    malloc_with(&api()?, mem_type, size)
+}
+
+/// [`malloc_mem`] with the given ACL runtime (a typed engine's own).
+pub(crate) fn malloc_with(lib: &Lib, mem_type: MemType, size: usize) -> Result<usize, Error> {
+    let (acl, api) = &**lib;
     if size == 0 {
         return Err(Error::InvalidOption {
             key: "size".into(),
@@ -140,7 +148,7 @@ pub fn malloc_mem(mem_type: MemType, size: usize) -> Result<usize, Error> {
     lock(&ALLOCS).insert(
         va as usize,
         Alloc {
-            len,
+            lib: lib.clone(),
             phys: h as usize,
             handle: None,
         },
@@ -158,9 +166,7 @@ pub fn free_mem(addr: usize) -> Result<(), Error> {
     let a = lock(&ALLOCS)
         .remove(&addr)
         .ok_or_else(|| param(format!("{addr:#x}")))?;
-    // loaded: it made the allocation
-    let (acl, api) = api()?;
-    let _ = a.len;
+    let (acl, api) = &*a.lib;
     // SAFETY: what malloc_mem made, released once in its order.
     unsafe {
         check(acl, "aclrtUnmapMem", (api.unmap)(addr as *mut c_void))?;
@@ -188,8 +194,8 @@ pub fn export_to_shareable_handle(addr: usize) -> Result<[u8; FABRIC_HANDLE_LEN]
     let a = allocs
         .get_mut(&addr)
         .ok_or_else(|| param(format!("{addr:#x}")))?;
-    // loaded: it made the allocation
-    let (acl, api) = api()?;
+    let lib = a.lib.clone();
+    let (acl, api) = &*lib;
     if let Some(h) = a.handle {
         return Ok(h);
     }

@@ -23,9 +23,11 @@
 //! kernel in `libcann_hixl_kernel.so`) is not implemented: asking for it is `UNSUPPORTED`.
 
 mod alloc;
+mod buffer;
 pub(crate) mod ffi;
 
 pub use alloc::{export_to_shareable_handle, free_mem, malloc_mem};
+pub use buffer::FabricBuffer;
 
 use std::any::Any;
 use std::collections::HashMap;

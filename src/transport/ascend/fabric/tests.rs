@@ -91,3 +91,73 @@ fn handles_round_trip_and_a_gone_exporter_is_an_acl_error() {
         assert_eq!((api.free_physical)(h as *mut c_void), 0);
     }
 }
+
+/// Foreign VMM memory (mapped by the caller, not by `malloc_mem`): one reservation holding two
+/// physical allocations is registered as two blocks, each retained and exported; memory that is
+/// not VMM memory is `UNSUPPORTED`; the retained handles go with the registration.
+#[test]
+fn foreign_vmm_memory_registers_block_by_block() {
+    let f = Fixture::on_device("fabric-foreign");
+    let api = FabricApi::load(f.acl.library()).unwrap();
+    let device = crate::device::Device::open(f.acl.clone(), Some(0)).unwrap();
+    let rt = std::sync::Arc::new(super::FabricRt {
+        device: std::sync::Arc::new(device),
+        api,
+        streams: 1,
+    });
+    let g = super::GRANULE;
+    let api = &rt.api;
+    let mut va: *mut c_void = std::ptr::null_mut();
+    // SAFETY: out-pointer; two granules.
+    let rc = unsafe { (api.reserve)(&mut va, 2 * g, 0, std::ptr::null_mut(), 1) };
+    assert_eq!(rc, 0);
+    let prop = PhysicalMemProp {
+        mem_attr: ffi::ACL_HBM_MEM_HUGE,
+        location: ffi::MemLocation {
+            id: 0,
+            kind: ffi::LOCATION_DEVICE,
+        },
+        ..PhysicalMemProp::default()
+    };
+    let mut hs = [std::ptr::null_mut::<c_void>(); 2];
+    for (i, h) in hs.iter_mut().enumerate() {
+        // SAFETY: out-pointer, valid property struct; then a range of our own reservation.
+        unsafe {
+            assert_eq!((api.malloc_physical)(h, g, &prop, 0), 0);
+            assert_eq!((api.map)(va.cast::<u8>().add(i * g).cast(), g, 0, *h, 0), 0);
+        }
+    }
+    let reg = rt
+        .export_range(va as usize + 4096, 2 * g - 8192, crate::MemType::Device)
+        .expect("two blocks");
+    assert_eq!(reg.blocks.len(), 2);
+    assert_eq!(reg.blocks[0].base, va as usize);
+    assert_eq!(reg.blocks[1].base, va as usize + g);
+    assert!(
+        reg.blocks
+            .iter()
+            .all(|b| b.len == g && b.handle != [0; 128])
+    );
+    let mut plain = vec![0u8; 4096];
+    let e = rt
+        .export_range(
+            plain.as_mut_ptr() as usize,
+            plain.len(),
+            crate::MemType::Host,
+        )
+        .err()
+        .expect("not VMM memory");
+    assert_eq!(e.status(), crate::Status::UNSUPPORTED);
+    drop(reg); // releases the retained handles
+    // SAFETY: teardown of what this test made, once each.
+    unsafe {
+        for (i, h) in hs.iter().enumerate() {
+            assert_eq!((api.unmap)(va.cast::<u8>().add(i * g).cast()), 0);
+            assert_eq!((api.free_physical)(*h), 0);
+        }
+        assert_eq!((api.release)(va), 0);
+    }
+    // a handle freed once more is refused: the retained references were released
+    // SAFETY: a stale handle is looked up by the double, never dereferenced.
+    assert_ne!(unsafe { (api.free_physical)(hs[0]) }, 0);
+}
