@@ -180,7 +180,7 @@ pub mod wire;
 /// virtual memory. See `docs/ascend.md` ("Fabric memory").
 pub mod fabric {
     pub use crate::options::FabricConfig;
-    pub use crate::transport::ascend::fabric::{
+    pub use crate::runtime::transports::{
         FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
     };
 }

@@ -365,7 +365,7 @@ fn typed_fabric_engines_move_random_data() {
         .unwrap();
     let server = server.activate().unwrap();
     let client = client.activate().unwrap();
-    let link = client.connect(&server.name()).unwrap();
+    let link = client.connect(server.name()).unwrap();
     assert_eq!(link.transport(), TransportKind::Ascend);
 
     // READ 7 descriptors of the server's seeded memory (spread over the 3 streams)

@@ -20,6 +20,12 @@ use crate::transport::{Backend, DataPath};
 /// (`HcclExchangeMemDesc`); `datadist` links the engines by what the descriptors carry.
 pub(crate) use crate::transport::ascend::rank_link::{RankComm, rank_server_ip};
 
+/// Fabric memory's allocator statics and memory kind (the Ascend transport's fabric path), which
+/// the crate exports as `hixl::fabric`.
+pub use crate::transport::ascend::fabric::{
+    FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
+};
+
 /// TCP's data path over a link's `lanes` (last of a link's data paths: it covers every batch);
 /// a large sync batch takes up to `parallel` of them.
 pub(crate) fn tcp_path(lanes: Arc<Lanes>, parallel: usize) -> Box<dyn DataPath> {

@@ -128,7 +128,11 @@ fn foreign_vmm_memory_registers_block_by_block() {
         }
     }
     let reg = rt
-        .export_range(va as usize + 4096, 2 * g - 8192, crate::MemType::Device)
+        .export_range(
+            va as usize + 4096,
+            2 * g - 8192,
+            crate::types::MemType::Device,
+        )
         .expect("two blocks");
     assert_eq!(reg.blocks.len(), 2);
     assert_eq!(reg.blocks[0].base, va as usize);
@@ -143,11 +147,11 @@ fn foreign_vmm_memory_registers_block_by_block() {
         .export_range(
             plain.as_mut_ptr() as usize,
             plain.len(),
-            crate::MemType::Host,
+            crate::types::MemType::Host,
         )
         .err()
         .expect("not VMM memory");
-    assert_eq!(e.status(), crate::Status::UNSUPPORTED);
+    assert_eq!(e.status(), crate::error::Status::UNSUPPORTED);
     drop(reg); // releases the retained handles
     // SAFETY: teardown of what this test made, once each.
     unsafe {
