@@ -391,8 +391,9 @@ impl Options {
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
     /// - [`Error::InvalidOption`] (`PARAM_INVALID`) for a value outside its documented range;
-    /// - [`Error::UnsupportedOption`] (`UNSUPPORTED`) for a valid value this build cannot honour
-    ///   (`EnableUseFabricMem=1`). `AutoConnect=1` is accepted here and honoured by
+    /// - `EnableUseFabricMem=1` makes a fabric-memory engine ([`Options::fabric_mem`]); HIXL's
+    ///   rules for its other options (and the AICPU path, `UNSUPPORTED`) are checked when the
+    ///   engine is initialized. `AutoConnect=1` is accepted here and honoured by
     ///   [`crate::compat::Hixl`]; [`Hixl::initialize`](crate::Hixl::initialize) refuses it
     ///   (`UNSUPPORTED`): typed links are explicit.
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(

@@ -180,6 +180,17 @@ fn scenario() {
     .unwrap_err();
     assert_eq!(err.status(), Status::UNSUPPORTED, "{err:?}");
 
+    // an engine that is not a fabric-memory one refuses a fabric client: UNSUPPORTED
+    let plain = Hixl::new();
+    plain
+        .initialize("127.0.0.1:0", [("hixl.ascend.enable", "0")])
+        .unwrap();
+    let err = client
+        .connect(&plain.local_engine().unwrap(), 10_000)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED, "{err:?}");
+    plain.finalize();
+
     client.connect(&server_name, 10_000).expect("connect");
     assert_eq!(
         client.transport(&server_name).unwrap(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
+use crate::transport::ascend::fabric::FabricBackend;
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
 use crate::transport::tcp::{Lanes, TcpPath};
@@ -56,7 +57,7 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         let rt = crate::transport::ascend::fabric::FabricRt::start(&options.ascend)?;
         let device = Some(rt.device.clone());
         let backends: Vec<Arc<dyn Backend>> = vec![
-            Arc::new(crate::transport::ascend::fabric::FabricBackend::new(rt)),
+            Arc::new(FabricBackend::new(rt)),
             Arc::new(AscendBackend::new(None)),
         ];
         return Ok(Transports {
@@ -79,6 +80,8 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         Arc::new(UcxBackend::new(ucx(options)?, options.ucx == Ucx::Require)),
         // a link sets it up only when the peer is on this host (`Options::same_host`)
         Arc::new(SameHostBackend),
+        // answers a fabric-memory client: this engine is not one
+        Arc::new(FabricBackend::refuser()),
     ];
     Ok(Transports {
         backends,

@@ -280,9 +280,10 @@ impl Drop for LiveLink {
     }
 }
 
-/// Fabric memory for one engine.
+/// Fabric memory for one engine; without a runtime (an engine that is not a fabric-memory one)
+/// it only answers a fabric client's FABRIC_HELLO with a refusal that says why.
 pub(crate) struct FabricBackend {
-    rt: Arc<FabricRt>,
+    rt: Option<Arc<FabricRt>>,
     regions: Mutex<Regions>,
     live: Arc<AtomicUsize>,
 }
@@ -291,7 +292,16 @@ impl FabricBackend {
     /// The backend of a fabric-memory engine.
     pub(crate) fn new(rt: Arc<FabricRt>) -> Self {
         Self {
-            rt,
+            rt: Some(rt),
+            regions: Mutex::new(Vec::new()),
+            live: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The backend of an engine that is not a fabric-memory one.
+    pub(crate) fn refuser() -> Self {
+        Self {
+            rt: None,
             regions: Mutex::new(Vec::new()),
             live: Arc::new(AtomicUsize::new(0)),
         }
@@ -309,12 +319,15 @@ impl Backend for FabricBackend {
         len: usize,
         mem_type: MemType,
     ) -> Result<Option<Registration>, Error> {
-        let reg = self.rt.export_range(addr, len, mem_type)?;
+        let Some(rt) = &self.rt else { return Ok(None) };
+        let reg = rt.export_range(addr, len, mem_type)?;
         Ok(Some(Box::new(reg)))
     }
 
     fn activate(&self, regions: &Regions, _serving: bool, _span: &tracing::Span) {
-        *lock(&self.regions) = regions.clone();
+        if self.rt.is_some() {
+            *lock(&self.regions) = regions.clone();
+        }
     }
 
     fn deactivate(&self) {
@@ -322,7 +335,9 @@ impl Backend for FabricBackend {
     }
 
     fn region_added(&self, region: &Arc<dyn Region>) {
-        lock(&self.regions).push(region.clone());
+        if self.rt.is_some() {
+            lock(&self.regions).push(region.clone());
+        }
     }
 
     fn region_withdrawn(&self, id: u32) {
@@ -335,6 +350,7 @@ impl Backend for FabricBackend {
     }
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {
+        let Some(rt) = &self.rt else { return Ok(None) };
         let deadline = setup.deadline;
         let mut out = Vec::new();
         FabricInfo::default().encode(Kind::FabricHello, &mut out);
@@ -354,13 +370,7 @@ impl Backend for FabricBackend {
                 .ctl
                 .refused(Status::from_peer(theirs.status), theirs.reason));
         }
-        let link = FabricLink::import(
-            &self.rt,
-            setup.peer,
-            &theirs.blocks,
-            setup.table,
-            &self.live,
-        )?;
+        let link = FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
         Ok(Some(Box::new(Mutex::new(Some(link)))))
     }
 
@@ -371,7 +381,12 @@ impl Backend for FabricBackend {
     fn accept(&self, req: Accept<'_>) -> Result<Option<Box<dyn Any + Send>>, AcceptFail> {
         let hello = FabricInfo::decode(req.payload).map_err(AcceptFail::Violation)?;
         let mut info = FabricInfo::default();
-        if hello.status != 0 || !hello.blocks.is_empty() {
+        if self.rt.is_none() {
+            info.status = Status::UNSUPPORTED.code();
+            info.reason = "this engine does not use fabric memory (EnableUseFabricMem=1 on both \
+                           sides)"
+                .into();
+        } else if hello.status != 0 || !hello.blocks.is_empty() {
             info.status = Status::PARAM_INVALID.code();
             info.reason = "FABRIC_HELLO carries neither a status nor blocks".into();
         } else {
