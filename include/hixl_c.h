@@ -196,6 +196,15 @@ void hixl_list_free(hixl_list *list);
 /* HIXL GetCapability: *value HIXL_FEATURE_SUPPORTED or HIXL_FEATURE_NOT_SUPPORTED. */
 hixl_status hixl_get_capability(int32_t feature, int32_t *value);
 
+/* Fabric memory's allocator statics (HIXL MallocMem / FreeMem / ExportToShareableHandle), for
+ * engines with EnableUseFabricMem=1: ACL virtual memory on the calling thread's device
+ * (mem_type HIXL_MEM_DEVICE or HIXL_MEM_HOST), sizes rounded up to 2 MiB; the handle is the
+ * 128-byte aclrtMemFabricHandle. UNSUPPORTED without an ACL runtime with the VMM calls;
+ * PARAM_INVALID for an address hixl_malloc_mem did not return. */
+hixl_status hixl_malloc_mem(int32_t mem_type, size_t size, void **ptr);
+hixl_status hixl_free_mem(void *ptr);
+hixl_status hixl_export_to_shareable_handle(void *addr, uint8_t handle[128]);
+
 /* The cause of the last failed call on this thread ("" if none). */
 const char *hixl_last_error_message(void);
 

@@ -175,6 +175,16 @@ pub mod handshake {
 #[doc(hidden)]
 pub mod wire;
 
+/// Fabric memory (`EnableUseFabricMem=1`, HIXL's FabricMem engine on its host-copy path): the
+/// allocator statics (HIXL's `MallocMem`, `FreeMem`, `ExportToShareableHandle`) over ACL's
+/// virtual memory. See `docs/ascend.md` ("Fabric memory").
+pub mod fabric {
+    pub use crate::options::FabricConfig;
+    pub use crate::runtime::transports::{
+        FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
+    };
+}
+
 pub use auth::Psk;
 pub use buffers::HostBuffer;
 pub use device::{ContextToken, DetachedContext, DeviceBuffer, PinnedHostBuffer};

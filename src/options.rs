@@ -60,6 +60,30 @@ pub enum AscendMode {
     Off,
 }
 
+/// Fabric memory (HIXL's `EnableUseFabricMem=1`, on its host-copy path), for
+/// [`Options::fabric_mem`]: ACL only (no HCCL), memory as ACL virtual memory
+/// ([`FabricBuffer`](crate::fabric::FabricBuffer)) that peers map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricConfig {
+    /// The ACL runtime library; `None`: `$HIXL_ACL_LIB`, then `libacl_rt.so`, `libascendcl.so`.
+    pub acl_lib: Option<PathBuf>,
+    /// The logical device id (`aclrtSetDevice`); `None`: the device of the initializing thread,
+    /// as HIXL takes it.
+    pub device_id: Option<u32>,
+    /// Streams a link's copies are spread over (`fabric_memory.task_stream_num`, 1..=8).
+    pub task_streams: u32,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        Self {
+            acl_lib: None,
+            device_id: None,
+            task_streams: 1,
+        }
+    }
+}
+
 /// Where to find CANN and which device to use, for [`Options::ascend`].
 ///
 /// The same settings are available as string options: `hixl.ascend.acl_lib`,
@@ -310,6 +334,31 @@ impl Options {
         self
     }
 
+    /// A fabric-memory engine (HIXL's `EnableUseFabricMem=1`, host-copy path): ACL without HCCL,
+    /// regions of ACL virtual memory ([`Hixl::alloc_fabric`](crate::Hixl::alloc_fabric), or
+    /// memory the caller mapped with ACL's VMM calls) whose physical memory peers map at
+    /// connect, and copies with `aclrtMemcpyAsync`. See `docs/ascend.md`.
+    pub fn fabric_mem(mut self, cfg: FabricConfig) -> Self {
+        self.ascend.enable_fabric_mem = true;
+        self.ascend.acl_lib = cfg.acl_lib;
+        self.ascend.device_id = cfg.device_id;
+        let mut g = self
+            .ascend
+            .global_resource_config
+            .take()
+            .unwrap_or_default();
+        g.fabric_task_stream_num = Some(u64::from(cfg.task_streams.clamp(1, 8)));
+        self.ascend.global_resource_config = Some(g);
+        self.ascend_mode = AscendMode::On;
+        self
+    }
+
+    /// Whether the engine is a fabric-memory engine ([`Options::fabric_mem`], or
+    /// `EnableUseFabricMem=1`).
+    pub fn uses_fabric_mem(&self) -> bool {
+        self.ascend.enable_fabric_mem
+    }
+
     /// Whether the engine uses Ascend (default [`AscendMode::Auto`]; also the string option
     /// `hixl.ascend.enable`: `"auto"`, `"1"`, `"0"`).
     pub fn ascend_mode(mut self, mode: AscendMode) -> Self {
@@ -342,8 +391,9 @@ impl Options {
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
     /// - [`Error::InvalidOption`] (`PARAM_INVALID`) for a value outside its documented range;
-    /// - [`Error::UnsupportedOption`] (`UNSUPPORTED`) for a valid value this build cannot honour
-    ///   (`EnableUseFabricMem=1`). `AutoConnect=1` is accepted here and honoured by
+    /// - `EnableUseFabricMem=1` makes a fabric-memory engine ([`Options::fabric_mem`]); HIXL's
+    ///   rules for its other options (and the AICPU path, `UNSUPPORTED`) are checked when the
+    ///   engine is initialized. `AutoConnect=1` is accepted here and honoured by
     ///   [`crate::compat::Hixl`]; [`Hixl::initialize`](crate::Hixl::initialize) refuses it
     ///   (`UNSUPPORTED`): typed links are explicit.
     pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
@@ -382,14 +432,6 @@ impl Options {
             }
             // HIXL's Ascend keys and hixl's own `hixl.ascend.*`: the Ascend backend validates
             _ if crate::transport::ascend::options::is_ascend_key(k) => {
-                // refuse the unsupported value before it is stored
-                if k == "EnableUseFabricMem" && value == "1" {
-                    return Err(Error::UnsupportedOption {
-                        key: k.to_owned(),
-                        value: value.to_owned(),
-                        why: "fabric memory is not implemented by the Ascend backend yet",
-                    });
-                }
                 self.ascend.set(key, value)?;
                 if k.starts_with("hixl.ascend.") {
                     self.ascend_mode = AscendMode::On;

@@ -32,14 +32,15 @@ chmod 0755 "$tmp"
 mv -f "$tmp" "$dir/libacl_rt.so"
 trap - EXIT
 echo "built $dir/libacl_rt.so (the ACL/HCCL test double, from $src)"
+# CANN's samples and headers include securec.h (Huawei's bounds-checked C library, on a CANN
+# install's include path; hcomm/hcomm_res_defs.h among them): hixl's minimal stand-in
+# (tools/securec.h) in DIR/include, unless one is there already
+mkdir -p "$dir/include"
+if [[ ! -e $dir/include/securec.h ]]; then
+  cp "$(dirname "$src")/../../tools/securec.h" "$dir/include/securec.h"
+  echo "installed $dir/include/securec.h (a minimal stand-in for CANN's securec.h)"
+fi
 for name in libascendcl.so libhcomm.so libhccl.so libascend_hal.so; do
   ln -sfn libacl_rt.so "$dir/$name"
   echo "linked $dir/$name -> libacl_rt.so"
 done
-# securec.h, which CANN's headers include (hcomm/hcomm_res_defs.h among them), in DIR/include:
-# hixl's minimal stand-in (tools/securec.h), only where DIR has none yet
-if [[ ! -e $dir/include/securec.h ]]; then
-  mkdir -p "$dir/include"
-  cp "$(dirname "$src")/../../tools/securec.h" "$dir/include/securec.h"
-  echo "copied $dir/include/securec.h (a minimal stand-in for CANN's bounds-checked C library)"
-fi

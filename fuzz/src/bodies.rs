@@ -7,7 +7,7 @@
 //! main crate, run by `cargo test`): an input a fuzzer found goes into `fuzz/corpus/<target>/` and
 //! is a regression test from then on. Only `hixl`'s public API is used.
 
-use hixl::wire::{self, DeviceInfo, Hello, Kind, Refuse, UcxInfo, Welcome};
+use hixl::wire::{self, DeviceInfo, FabricInfo, Hello, Kind, Refuse, UcxInfo, Welcome};
 
 /// A target's body.
 pub type Body = fn(&[u8]);
@@ -22,6 +22,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("ucx_info", ucx_info),
     ("options", options),
     ("serve_handshake", serve_handshake),
+    ("fabric", fabric),
 ];
 
 /// Frames as they arrive: a header, then the payload it announces; and the bytes as the payload
@@ -112,6 +113,19 @@ pub fn device(data: &[u8]) {
     if let Ok(d) = DeviceInfo::decode(data) {
         let mut out = Vec::new();
         d.encode(Kind::DeviceHello, &mut out);
+        assert_eq!(payload(&out), data);
+    }
+}
+
+/// FABRIC_HELLO / FABRIC_WELCOME: a peer's VMM blocks and fabric handles. What decodes has
+/// non-empty blocks without overflow, and re-encodes to the same bytes.
+pub fn fabric(data: &[u8]) {
+    if let Ok(f) = FabricInfo::decode(data) {
+        for b in &f.blocks {
+            assert!(b.len > 0 && b.base.checked_add(b.len).is_some());
+        }
+        let mut out = Vec::new();
+        f.encode(Kind::FabricWelcome, &mut out);
         assert_eq!(payload(&out), data);
     }
 }

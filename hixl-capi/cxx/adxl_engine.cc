@@ -202,9 +202,9 @@ Status AdxlEngine::GetNotifies(std::vector<NotifyDesc> &notifies) {
 
 Status AdxlEngine::MallocMem(MemType type, size_t size, void **ptr) {
   if (ptr == nullptr || size == 0) return PARAM_INVALID;
-  // device memory and its shareable handles are FabricMem's (a VMM allocator), which hixl does
-  // not have yet
-  if (type != MEM_HOST) return UNSUPPORTED;
+  // FabricMem's VMM allocator where ACL has it; else host memory only
+  const Status vmm = hixl_malloc_mem(static_cast<int32_t>(type), size, ptr);
+  if (vmm != UNSUPPORTED || type != MEM_HOST) return vmm;
   const long page = sysconf(_SC_PAGESIZE);
   const size_t unit = page > 0 ? static_cast<size_t>(page) : 4096;
   if (size > SIZE_MAX - unit) return RESOURCE_EXHAUSTED;
@@ -220,9 +220,15 @@ Status AdxlEngine::MallocMem(MemType type, size_t size, void **ptr) {
 }
 
 Status AdxlEngine::ExportToShareableHandle(void *addr, ShareableHandle &handle) {
-  (void)addr;
-  std::memset(&handle, 0, sizeof handle);
-  return UNSUPPORTED;  // FabricMem's
+  static_assert(sizeof(ShareableHandle) == 128, "aclrtMemFabricHandle");
+  {
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    if (g_allocs.count(addr) != 0) {  // host memory of the fallback: no VMM handle
+      std::memset(&handle, 0, sizeof handle);
+      return UNSUPPORTED;
+    }
+  }
+  return hixl_export_to_shareable_handle(addr, reinterpret_cast<uint8_t *>(&handle));
 }
 
 Status AdxlEngine::FreeMem(void *ptr) {
@@ -231,7 +237,7 @@ Status AdxlEngine::FreeMem(void *ptr) {
   {
     std::lock_guard<std::mutex> g(g_alloc_mu);
     auto it = g_allocs.find(ptr);
-    if (it == g_allocs.end()) return PARAM_INVALID;
+    if (it == g_allocs.end()) return hixl_free_mem(ptr);  // VMM memory, or PARAM_INVALID
     len = it->second;
     g_allocs.erase(it);
   }

@@ -920,3 +920,69 @@ pub unsafe extern "C" fn hixl_get_capability(feature: i32, value: *mut i32) -> H
 pub extern "C" fn hixl_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
+
+/// Fabric memory's allocator statics (HIXL's `MallocMem`, `FreeMem`, `ExportToShareableHandle`;
+/// `hixl::fabric`): a failure of the Rust API as this ABI reports it.
+fn fabric_fail(e: hixl_rs::Error) -> Fail {
+    (e.status().code(), e.to_string())
+}
+
+/// HIXL `MallocMem(type, size, &ptr)`: `size` bytes (rounded up to 2 MiB) of ACL virtual
+/// memory on the calling thread's device (`type` 0: device memory, 1: host memory the device
+/// may access), for an engine with `EnableUseFabricMem=1`. `UNSUPPORTED` without an ACL runtime
+/// that has the VMM calls; `PARAM_INVALID` for a zero size or a null `ptr`.
+///
+/// # Safety
+/// `ptr` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_malloc_mem(
+    mem_type: i32,
+    size: usize,
+    ptr: *mut *mut c_void,
+) -> HixlStatus {
+    entry(|| {
+        if ptr.is_null() {
+            return Err(invalid("ptr is null"));
+        }
+        let t = match mem_type {
+            0 => MemType::Device,
+            1 => MemType::Host,
+            v => return Err(invalid(format!("mem_type {v} (0: device, 1: host)"))),
+        };
+        let addr = hixl_rs::fabric::malloc_mem(t, size).map_err(fabric_fail)?;
+        // SAFETY: not null and writable by the caller's contract.
+        unsafe { put(ptr, addr as *mut c_void, "ptr") }
+    })
+}
+
+/// HIXL `FreeMem(ptr)`: frees a [`hixl_malloc_mem`] allocation (`PARAM_INVALID` for any other
+/// address, or one freed already).
+///
+/// # Safety
+/// Nothing else uses the memory any more (no engine has it registered).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_free_mem(ptr: *mut c_void) -> HixlStatus {
+    entry(|| hixl_rs::fabric::free_mem(ptr as usize).map_err(fabric_fail))
+}
+
+/// HIXL `ExportToShareableHandle(addr, handle)`: the 128-byte fabric shareable handle
+/// (`aclrtMemFabricHandle`) of a [`hixl_malloc_mem`] allocation, exported once and then the
+/// cached one; `PARAM_INVALID` for any other address.
+///
+/// # Safety
+/// `handle` is null or 128 writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hixl_export_to_shareable_handle(
+    addr: *mut c_void,
+    handle: *mut u8,
+) -> HixlStatus {
+    entry(|| {
+        if handle.is_null() {
+            return Err(invalid("handle is null"));
+        }
+        let h = hixl_rs::fabric::export_to_shareable_handle(addr as usize).map_err(fabric_fail)?;
+        // SAFETY: 128 writable bytes by the caller's contract; `h` is 128 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), handle, h.len()) };
+        Ok(())
+    })
+}

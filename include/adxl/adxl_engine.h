@@ -8,9 +8,12 @@
  * or handle, a timeout <= 0, a descriptor with a null local or remote address, or a notification
  * name or message over 1024 bytes is PARAM_INVALID; Initialize again replaces the engine;
  * GetNotifies appends to the vector it is given; TransferArgs' first 8 bytes are the request's
- * user data. The allocator statics: MallocMem(MEM_HOST) allocates zeroed, page-aligned host memory
- * (FreeMem frees it); MEM_DEVICE and ExportToShareableHandle are FabricMem's, which hixl does not
- * have yet: UNSUPPORTED.
+ * user data. The allocator statics are FabricMem's (EnableUseFabricMem=1): MallocMem allocates
+ * ACL virtual memory (hixl_malloc_mem) on the calling thread's device, ExportToShareableHandle
+ * gives its fabric handle (exported once, then cached; PARAM_INVALID for another address) and
+ * FreeMem frees it. Where ACL (with its VMM calls) does not load, MallocMem(MEM_HOST) allocates
+ * zeroed, page-aligned host memory instead (FreeMem frees it; it has no shareable handle:
+ * UNSUPPORTED) and MEM_DEVICE is UNSUPPORTED.
  */
 #ifndef CANN_HIXL_INCLUDE_ADXL_ADXL_ENGINE_H_
 #define CANN_HIXL_INCLUDE_ADXL_ADXL_ENGINE_H_

@@ -277,6 +277,15 @@ impl Hixl {
                 format!("no memory is registered with handle {handle:#x}"),
             ));
         };
+        // fabric memory (EnableUseFabricMem=1): upstream refuses while any peer is connected
+        let blocked = match &core.engine {
+            Some(Typed::Connected(e)) => e.deregistration_blocked(),
+            Some(Typed::Registered(e)) => e.deregistration_blocked(),
+            None => None,
+        };
+        if let Some(why) = blocked {
+            return Err(Error::new(Status::FAILED, why));
+        }
         let reg = core
             .regions
             .remove(&addr)

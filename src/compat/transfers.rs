@@ -94,8 +94,22 @@ impl Hixl {
         &self,
         args: GetTransferStatusArgs,
     ) -> Result<Vec<TransferResult>> {
-        if self.read().engine.is_none() {
-            return Err(not_initialized());
+        match &self.read().engine {
+            None => return Err(not_initialized()),
+            // upstream's FabricMem engine answers the many-request form with UNSUPPORTED
+            Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem => {
+                return Err(Error::new(
+                    Status::UNSUPPORTED,
+                    "GetTransferStatus(args, results) is not supported with EnableUseFabricMem=1",
+                ));
+            }
+            Some(Typed::Registered(e)) if e.options().ascend.enable_fabric_mem => {
+                return Err(Error::new(
+                    Status::UNSUPPORTED,
+                    "GetTransferStatus(args, results) is not supported with EnableUseFabricMem=1",
+                ));
+            }
+            Some(_) => {}
         }
         let mut reqs = lock(&self.reqs);
         let mut out = Vec::new();

@@ -219,6 +219,12 @@ impl<S: State> Hixl<S> {
         &self.inner.options
     }
 
+    /// Why the engine's memory may not be deregistered now (a fabric-memory engine with a peer
+    /// connected), or `None`.
+    pub(crate) fn deregistration_blocked(&self) -> Option<&'static str> {
+        self.inner.deregistration_blocked()
+    }
+
     /// A snapshot of the engine's metrics: registered regions and bytes, and per link and
     /// operation the bytes, operations, errors by status, requests in flight and latency
     /// percentiles.
@@ -258,6 +264,33 @@ impl<S: State> Hixl<S> {
         len: usize,
     ) -> Result<crate::DeviceBuffer, Error> {
         crate::DeviceBuffer::alloc(self.device()?, self.inner.id, ctx, len)
+    }
+
+    /// Allocates `len` bytes of fabric memory (ACL virtual memory, HIXL's `MallocMem`) of
+    /// `mem_type` on a fabric-memory engine's device ([`Options::fabric_mem`]).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedMemory`] on an engine that is not a fabric-memory engine;
+    /// [`Error::ForeignHandle`] for a token of another engine; [`Error::ZeroLengthRegion`];
+    /// [`Error::LibraryUnavailable`] for an ACL runtime without the VMM calls;
+    /// [`Error::Native`] from ACL.
+    pub fn alloc_fabric(
+        &self,
+        ctx: &ContextToken<'_>,
+        mem_type: MemType,
+        len: usize,
+    ) -> Result<crate::fabric::FabricBuffer, Error> {
+        let device = match &self.inner.device {
+            Some(d) if self.inner.options.uses_fabric_mem() => d,
+            _ => {
+                return Err(Error::UnsupportedMemory {
+                    mem_type,
+                    why: "fabric memory needs a fabric-memory engine (Options::fabric_mem, or \
+                          EnableUseFabricMem=1)",
+                });
+            }
+        };
+        crate::fabric::FabricBuffer::alloc(device, self.inner.id, ctx, mem_type, len)
     }
 
     /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).

@@ -473,6 +473,14 @@ impl EngineInner {
         (regs.by_addr.len(), regs.bytes)
     }
 
+    /// Why the engine's memory may not be deregistered now (a transport's rule: a fabric-memory
+    /// engine with a peer connected), or `None`.
+    pub(crate) fn deregistration_blocked(&self) -> Option<&'static str> {
+        self.backends
+            .iter()
+            .find_map(|b| b.deregistration_blocked())
+    }
+
     /// How many peers hold a link to this engine right now (links it serves).
     pub(crate) fn served_links(&self) -> usize {
         lock(&self.server).as_ref().map_or(0, |s| s.served_links())

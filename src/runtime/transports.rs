@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
+use crate::transport::ascend::fabric::FabricBackend;
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
 use crate::transport::tcp::{Lanes, TcpPath};
@@ -19,6 +20,12 @@ use crate::transport::{Backend, DataPath};
 /// communicator over the caller's rank table and its descriptor rendezvous
 /// (`HcclExchangeMemDesc`); `datadist` links the engines by what the descriptors carry.
 pub(crate) use crate::transport::ascend::rank_link::{RankComm, rank_server_ip};
+
+/// Fabric memory's allocator statics and memory kind (the Ascend transport's fabric path), which
+/// the crate exports as `hixl::fabric`.
+pub use crate::transport::ascend::fabric::{
+    FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
+};
 
 /// TCP's data path over a link's `lanes` (last of a link's data paths: it covers every batch);
 /// a large sync batch takes up to `parallel` of them.
@@ -44,6 +51,21 @@ pub(crate) struct Transports {
 /// [`AscendMode::On`] (a missing library, a bad device, ACL's errors), UCX without a pre-shared
 /// key, or missing with `Ucx::Require`.
 pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
+    if options.ascend.enable_fabric_mem {
+        // HIXL's FabricMem engine: ACL's VMM and async copies, no HCCL
+        crate::transport::ascend::fabric::check_options(options.hixl_options(), &options.ascend)?;
+        let rt = crate::transport::ascend::fabric::FabricRt::start(&options.ascend)?;
+        let device = Some(rt.device.clone());
+        let backends: Vec<Arc<dyn Backend>> = vec![
+            Arc::new(FabricBackend::new(rt)),
+            Arc::new(AscendBackend::new(None)),
+        ];
+        return Ok(Transports {
+            backends,
+            device,
+            no_device: "",
+        });
+    }
     let (ascend, no_device) = match options.ascend_mode {
         AscendMode::On => (Some(Runtime::start(&options.ascend)?), ""),
         AscendMode::Off => (None, "Ascend is off for this engine (hixl.ascend.enable=0)"),
@@ -58,6 +80,8 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         Arc::new(UcxBackend::new(ucx(options)?, options.ucx == Ucx::Require)),
         // a link sets it up only when the peer is on this host (`Options::same_host`)
         Arc::new(SameHostBackend),
+        // answers a fabric-memory client: this engine is not one
+        Arc::new(FabricBackend::refuser()),
     ];
     Ok(Transports {
         backends,

@@ -146,6 +146,12 @@ pub(crate) trait Backend: Send + Sync {
         None
     }
 
+    /// Why the engine's memory may not be deregistered now (a fabric-memory engine with a
+    /// peer connected: upstream's `FAILED`), or `None`.
+    fn deregistration_blocked(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Whether a client may send that request more than once on one connection.
     fn repeatable(&self) -> bool {
         false

@@ -47,11 +47,17 @@ pub enum Kind {
     /// Client → server: the number of the client's descriptor (a write-sealed memfd) holding
     /// the nonce of PROVE; the server takes it from the process it is about to pin.
     Proof = 18,
+    /// Client → server, on a new link's first lane (fabric-memory engines): send your regions'
+    /// fabric shareable handles.
+    FabricHello = 19,
+    /// Server → client: the server's VMM blocks and their fabric handles, or why it has none (a
+    /// status other than 0).
+    FabricWelcome = 20,
 }
 
 impl Kind {
     /// Every frame kind.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Hello,
         Kind::Welcome,
         Kind::Refuse,
@@ -70,6 +76,8 @@ impl Kind {
         Kind::DeviceWelcome,
         Kind::Prove,
         Kind::Proof,
+        Kind::FabricHello,
+        Kind::FabricWelcome,
     ];
 
     fn from_u16(v: u16) -> Option<Self> {
@@ -92,6 +100,8 @@ impl Kind {
             16 => Self::DeviceWelcome,
             17 => Self::Prove,
             18 => Self::Proof,
+            19 => Self::FabricHello,
+            20 => Self::FabricWelcome,
             _ => return None,
         })
     }

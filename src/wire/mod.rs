@@ -11,10 +11,11 @@
 //!
 //! One file per job: `frame` (kinds, header, errors), `codec` (the bounds-checked reader and
 //! field writers), `handshake` (HELLO, REFUSE, CHALLENGE/AUTH), `table` (WELCOME and its region
-//! table), `xfer` (XFER, DONE, NOTIFY), `device` (DEVICE_HELLO/WELCOME), `ucx` (UCXINFO).
+//! table), `xfer` (XFER, DONE, NOTIFY), `device` (DEVICE_HELLO/WELCOME), `ucx` (UCXINFO), `fabric` (FABRIC_HELLO/WELCOME).
 
 mod codec;
 mod device;
+mod fabric;
 mod frame;
 mod handshake;
 mod table;
@@ -23,6 +24,7 @@ mod xfer;
 
 pub use codec::Reader;
 pub use device::DeviceInfo;
+pub use fabric::{FABRIC_HANDLE_LEN, FabricBlock, FabricInfo, MAX_FABRIC_BLOCKS};
 pub use frame::{Header, Kind, WireError, begin, decode_header, header, seal};
 pub use handshake::{
     Hello, LaneRole, Refuse, decode_auth, decode_proof, decode_prove, encode_auth, encode_proof,
@@ -75,6 +77,7 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::DeviceHello | Kind::DeviceWelcome => DeviceInfo::decode(p).map(drop),
         Kind::Prove => decode_prove(p).map(drop),
         Kind::Proof => decode_proof(p).map(drop),
+        Kind::FabricHello | Kind::FabricWelcome => FabricInfo::decode(p).map(drop),
     }
 }
 #[cfg(test)]

@@ -71,4 +71,55 @@ int HcclBatchGet(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint3
 int HcclBatchPut(void *comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum, void *stream);
 int HcclCommDestroy(void *comm);
 
+
+/* ACL's virtual-memory management and async copies (FabricMem), as acl_rt.h declares them. */
+typedef void *aclrtDrvMemHandle;
+typedef struct {
+    uint32_t id;
+    int type;
+} aclrtMemLocation;
+typedef struct {
+    int handleType;
+    int allocationType;
+    int memAttr;
+    aclrtMemLocation location;
+    uint64_t reserve;
+} aclrtPhysicalMemProp;
+typedef struct {
+    aclrtMemLocation location;
+    uint32_t pageSize;
+    uint32_t rsv[4];
+} aclrtPtrAttributes;
+typedef struct {
+    int flags;
+    aclrtMemLocation location;
+    uint8_t rsv[12];
+} aclrtMemAccessDesc;
+typedef struct {
+    uint8_t data[128];
+} aclrtMemFabricHandle;
+enum { ACL_MEM_SHARE_HANDLE_TYPE_FABRIC = 2, ACL_HBM_MEM_HUGE = 4, ACL_MEM_LOCATION_TYPE_DEVICE = 1 };
+aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr, uint64_t flags);
+aclError aclrtReserveMemAddressNoUCMemory(void **virPtr, size_t size, size_t alignment, void *expectPtr,
+                                          uint64_t flags);
+aclError aclrtReleaseMemAddress(void *virPtr);
+aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const aclrtPhysicalMemProp *prop,
+                             uint64_t flags);
+aclError aclrtFreePhysical(aclrtDrvMemHandle handle);
+aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle, uint64_t flags);
+aclError aclrtUnmapMem(void *virPtr);
+aclError aclrtMemExportToShareableHandleV2(aclrtDrvMemHandle handle, uint64_t flags, int shareType,
+                                           void *shareableHandle);
+aclError aclrtMemImportFromShareableHandleV2(void *shareableHandle, int shareType, uint64_t flags,
+                                             aclrtDrvMemHandle *handle);
+aclError aclrtMemRetainAllocationHandle(void *virPtr, aclrtDrvMemHandle *handle);
+aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize);
+aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t count);
+aclError aclrtPointerGetAttributes(const void *ptr, aclrtPtrAttributes *attributes);
+aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, int kind, void *stream);
+aclError aclrtCreateStreamWithConfig(void **stream, uint32_t priority, uint32_t flag);
+aclError aclrtStreamQuery(void *stream, int *status);
+aclError aclrtStreamStop(void *stream);
+aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t *const logicDevId);
+
 #endif

@@ -339,6 +339,7 @@ static void remote_drop(Remote *rm);
 static int remote_load(Remote *rm, pid_t pid, const char *key, const char *name, uint32_t rank, int hold);
 static int remote_has(const Remote *rm, uintptr_t a, uint64_t len);
 static void drop_descs(const Comm *c);
+static int vmm_run_copy(const Op *op, char *why, size_t cap);
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration, log, failure injection                                                       */
@@ -1015,6 +1016,7 @@ static int run_op(const Op *op, char *why, size_t cap) {
 static int run_checked(const Op *op, Remote *rm, char *why, size_t cap) {
     int ok;
     const char *detail = "";
+    if (op->comm == NULL) return vmm_run_copy(op, why, cap); /* aclrtMemcpyAsync (see "VMM") */
     if (op->pid == 0) {
         pthread_mutex_lock(&mu);
         ok = bound_here(op->name, op->rank, (uintptr_t)op->remote, op->len);
@@ -2364,4 +2366,627 @@ EXPORT HcclResult HcclCommDestroy(void *comm) {
     logf_("HcclCommDestroy comm=%p bound=%zu rc=0", comm, c->nbound);
     free(c);
     return HCCL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* VMM: virtual memory management and fabric shareable handles (FabricMem)                     */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * ACL's virtual-memory calls (acl_rt.h: aclrtReserveMemAddress(NoUCMemory), aclrtMallocPhysical,
+ * aclrtMapMem, aclrtMemExportToShareableHandleV2, ...), as HIXL's FabricMem engine and its
+ * fabric_mem_d2d sample use them, across processes:
+ *   - a reservation is an anonymous PROT_NONE mapping (2 MiB aligned; sizes a multiple of
+ *     2 MiB, the granularity, else 100000 ACL_ERROR_INVALID_PARAM);
+ *   - physical memory is a memfd of that size (aclrtMallocPhysical; location HOST/HOST_NUMA is
+ *     host memory, DEVICE device memory, for aclrtPointerGetAttributes);
+ *   - aclrtMapMem maps (MAP_SHARED | MAP_FIXED) the memfd into a range of one of this process's
+ *     own reservations that nothing is mapped in yet; aclrtUnmapMem puts PROT_NONE back;
+ *   - a physical handle is reference counted: aclrtMallocPhysical/Import make it (1),
+ *     aclrtMemRetainAllocationHandle adds one (and returns the same handle), aclrtFreePhysical
+ *     drops one; the memfd closes when no reference and no mapping is left;
+ *   - the fabric handle (aclrtMemFabricHandle, 128 bytes; aclrtMemExportToShareableHandleV2 with
+ *     ACL_MEM_SHARE_HANDLE_TYPE_FABRIC only: DEFAULT is 207000) carries the exporter's pid, its
+ *     start time (/proc/<pid>/stat), the memfd's number, device and inode, and the size; an
+ *     importer opens /proc/<pid>/fd/<fd> and checks the inode: a handle of a process that has
+ *     gone (or of a later process given its pid, or of memory freed since) is 107000
+ *     ACL_ERROR_RT_PARAM_INVALID with the reason in aclGetRecentErrMsg, never a crash;
+ *   - aclrtMemcpyAsync queues a copy on the stream (run by aclrtSynchronizeStreamWithTimeout or
+ *     aclrtStreamQuery, dropped by aclrtStreamAbort/aclrtStreamStop); when it runs, a range
+ *     that touches a reservation must lie inside one live mapping (else 507899 with the
+ *     reason), checked and copied under the double's mutex, so an unmap cannot race it.
+ * aclrtGetLogicDevIdByUserDevId is the identity (no ASCEND_RT_VISIBLE_DEVICES here).
+ */
+#include <sys/mman.h>
+
+enum {
+    RT_FEATURE_NOT_SUPPORT = 207000,
+    VMM_SHARE_FABRIC = 2,
+    VMM_LOC_HOST = 0,
+    VMM_LOC_DEVICE = 1,
+    VMM_LOC_UNREGISTERED = 2,
+    VMM_LOC_HOST_NUMA = 4,
+};
+
+typedef struct {
+    uint32_t id;
+    int type;
+} VmmLocation;
+
+typedef struct {
+    int handleType;
+    int allocationType;
+    int memAttr;
+    VmmLocation location;
+    uint64_t reserve;
+} VmmPhysProp;
+
+typedef struct {
+    VmmLocation location;
+    uint32_t pageSize;
+    uint32_t rsv[4];
+} VmmPtrAttributes;
+
+typedef struct {
+    int flags;
+    VmmLocation location;
+    uint8_t rsv[12];
+} VmmAccessDesc;
+
+typedef struct Phys {
+    struct Phys *next;
+    int fd;
+    size_t size;
+    int refs;  /* handle references (malloc/import/retain minus free) */
+    int maps;  /* live mappings */
+    int host;  /* allocated with a host location */
+    dev_t dev;
+    ino_t ino;
+} Phys;
+
+typedef struct Resv {
+    struct Resv *next;
+    uintptr_t base;
+    size_t size;
+} Resv;
+
+typedef struct VMap {
+    struct VMap *next;
+    uintptr_t va;
+    size_t size;
+    Phys *phys;
+    size_t offset;
+} VMap;
+
+/* The 128-byte fabric handle's contents. */
+typedef struct {
+    char magic[8];
+    int32_t pid;
+    int32_t fd;
+    uint64_t start;
+    uint64_t dev;
+    uint64_t ino;
+    uint64_t size;
+} FabricWire;
+
+static const char fabric_magic[8] = {'H', 'X', 'D', 'B', 'L', 'F', 'A', 'B'};
+static Phys *physs;
+static Resv *resvs;
+static VMap *vmaps;
+
+/* Under mu. */
+static Phys *find_phys(void *h) {
+    for (Phys *p = physs; p != NULL; p = p->next)
+        if ((void *)p == h) return p;
+    return NULL;
+}
+
+/* The reservation holding [a, a+len), under mu. */
+static Resv *resv_of(uintptr_t a, size_t len) {
+    for (Resv *r = resvs; r != NULL; r = r->next)
+        if (a >= r->base && len <= r->size && a - r->base <= r->size - len) return r;
+    return NULL;
+}
+
+/* The mapping holding [a, a+len) (len 0: the byte at a), under mu. */
+static VMap *vmap_of(uintptr_t a, size_t len) {
+    for (VMap *m = vmaps; m != NULL; m = m->next)
+        if (a >= m->va && a - m->va < m->size && (len == 0 || len <= m->size - (a - m->va))) return m;
+    return NULL;
+}
+
+/* Whether [a, a+len) touches any reservation, under mu. */
+static int touches_resv(uintptr_t a, size_t len) {
+    for (Resv *r = resvs; r != NULL; r = r->next)
+        if (a < r->base + r->size && r->base < a + len) return 1;
+    return 0;
+}
+
+/* Closes a physical allocation with no reference and no mapping left; under mu. */
+static void phys_maybe_release(Phys *p) {
+    Phys **pp;
+    if (p->refs > 0 || p->maps > 0) return;
+    for (pp = &physs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    close(p->fd);
+    free(p);
+}
+
+static aclError reserve(const char *sym, void **virPtr, size_t size, size_t alignment, void *expectPtr) {
+    void *m;
+    uintptr_t a, aligned;
+    size_t align = alignment > HUGE_PAGE ? alignment : HUGE_PAGE;
+    Resv *r;
+    int inj = acl_inject(sym);
+    if (inj != 0) {
+        logf_("%s size=%zu rc=%d", sym, size, inj);
+        return inj;
+    }
+    if (virPtr == NULL || size == 0 || size % HUGE_PAGE != 0 || (align & (align - 1)) != 0) {
+        set_err("double: %s: null pointer, or size %zu not a positive multiple of 2 MiB", sym, size);
+        logf_("%s size=%zu rc=%d", sym, size, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    m = mmap(expectPtr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+        set_err("double: %s: cannot reserve %zu bytes: %s", sym, size, strerror(errno));
+        logf_("%s size=%zu rc=%d", sym, size, RT_MEMORY_ALLOCATION);
+        return RT_MEMORY_ALLOCATION;
+    }
+    a = (uintptr_t)m;
+    aligned = (a + align - 1) & ~(uintptr_t)(align - 1);
+    if (aligned > a) munmap(m, aligned - a);
+    if (a + size + align > aligned + size) munmap((void *)(aligned + size), a + size + align - (aligned + size));
+    r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        munmap((void *)aligned, size);
+        return RT_MEMORY_ALLOCATION;
+    }
+    r->base = aligned;
+    r->size = size;
+    pthread_mutex_lock(&mu);
+    r->next = resvs;
+    resvs = r;
+    pthread_mutex_unlock(&mu);
+    *virPtr = (void *)aligned;
+    logf_("%s size=%zu va=%p rc=0", sym, size, (void *)aligned);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr,
+                                       uint64_t flags) {
+    (void)flags;
+    return reserve("aclrtReserveMemAddress", virPtr, size, alignment, expectPtr);
+}
+
+EXPORT aclError aclrtReserveMemAddressNoUCMemory(void **virPtr, size_t size, size_t alignment, void *expectPtr,
+                                                 uint64_t flags) {
+    (void)flags;
+    return reserve("aclrtReserveMemAddressNoUCMemory", virPtr, size, alignment, expectPtr);
+}
+
+EXPORT aclError aclrtReleaseMemAddress(void *virPtr) {
+    Resv **pp, *r = NULL;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtReleaseMemAddress", "va=%p", virPtr);
+    pthread_mutex_lock(&mu);
+    for (pp = &resvs; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->base == (uintptr_t)virPtr) {
+            r = *pp;
+            break;
+        }
+    if (r == NULL) rc = RT_PARAM_INVALID;
+    else {
+        for (VMap *m = vmaps; m != NULL; m = m->next)
+            if (m->va >= r->base && m->va < r->base + r->size) rc = ACL_INVALID_PARAM;
+        if (rc == 0) *pp = r->next;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc == RT_PARAM_INVALID) set_err("double: aclrtReleaseMemAddress(%p): not a reservation", virPtr);
+    if (rc == ACL_INVALID_PARAM) set_err("double: aclrtReleaseMemAddress(%p): memory is still mapped in it", virPtr);
+    if (rc == 0) {
+        munmap((void *)r->base, r->size);
+        free(r);
+    }
+    logf_("aclrtReleaseMemAddress va=%p rc=%d", virPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const VmmPhysProp *prop, uint64_t flags) {
+    Phys *p;
+    int fd;
+    struct stat st;
+    (void)flags;
+    ACL_FAIL_POINT("aclrtMallocPhysical", "size=%zu", size);
+    if (need_ctx("aclrtMallocPhysical")) {
+        logf_("aclrtMallocPhysical size=%zu rc=%d", size, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    if (handle == NULL || prop == NULL || size == 0 || size % HUGE_PAGE != 0) {
+        set_err("double: aclrtMallocPhysical: null pointer, or size %zu not a positive multiple of 2 MiB", size);
+        logf_("aclrtMallocPhysical size=%zu rc=%d", size, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    fd = memfd_create("hixl-double-physical", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+        set_err("double: aclrtMallocPhysical: memfd of %zu bytes: %s", size, strerror(errno));
+        if (fd >= 0) close(fd);
+        logf_("aclrtMallocPhysical size=%zu rc=%d", size, RT_MEMORY_ALLOCATION);
+        return RT_MEMORY_ALLOCATION;
+    }
+    p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        close(fd);
+        return RT_MEMORY_ALLOCATION;
+    }
+    p->fd = fd;
+    p->size = size;
+    p->refs = 1;
+    p->host = prop->location.type == VMM_LOC_HOST || prop->location.type == VMM_LOC_HOST_NUMA;
+    p->dev = st.st_dev;
+    p->ino = st.st_ino;
+    pthread_mutex_lock(&mu);
+    p->next = physs;
+    physs = p;
+    pthread_mutex_unlock(&mu);
+    *handle = p;
+    logf_("aclrtMallocPhysical size=%zu host=%d handle=%p rc=0", size, p->host, (void *)p);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtFreePhysical(void *handle) {
+    Phys *p;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtFreePhysical", "handle=%p", handle);
+    pthread_mutex_lock(&mu);
+    p = find_phys(handle);
+    if (p == NULL || p->refs <= 0) rc = RT_PARAM_INVALID;
+    else {
+        p->refs--;
+        phys_maybe_release(p);
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtFreePhysical(%p): not a live physical allocation", handle);
+    logf_("aclrtFreePhysical handle=%p rc=%d", handle, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, void *handle, uint64_t flags) {
+    Phys *p;
+    int rc = 0;
+    uintptr_t a = (uintptr_t)virPtr;
+    VMap *m = NULL;
+    (void)flags;
+    ACL_FAIL_POINT("aclrtMapMem", "va=%p size=%zu", virPtr, size);
+    pthread_mutex_lock(&mu);
+    p = find_phys(handle);
+    if (p == NULL || p->refs <= 0) rc = RT_PARAM_INVALID;
+    else if (size == 0 || size % HUGE_PAGE != 0 || a % HUGE_PAGE != 0 || offset % HUGE_PAGE != 0 ||
+             offset > p->size || size > p->size - offset || resv_of(a, size) == NULL)
+        rc = ACL_INVALID_PARAM;
+    else
+        for (VMap *o = vmaps; o != NULL; o = o->next)
+            if (a < o->va + o->size && o->va < a + size) rc = ACL_INVALID_PARAM;
+    if (rc == 0) {
+        m = calloc(1, sizeof *m);
+        if (m == NULL) rc = RT_MEMORY_ALLOCATION;
+    }
+    if (rc == 0 && mmap(virPtr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset) == MAP_FAILED) {
+        set_err("double: aclrtMapMem: mmap: %s", strerror(errno));
+        rc = RT_DRV_INTERNAL_ERROR;
+    }
+    if (rc == 0) {
+        m->va = a;
+        m->size = size;
+        m->phys = p;
+        m->offset = offset;
+        m->next = vmaps;
+        vmaps = m;
+        p->maps++;
+    } else {
+        free(m);
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc == RT_PARAM_INVALID) set_err("double: aclrtMapMem: %p is not a live physical allocation", handle);
+    if (rc == ACL_INVALID_PARAM)
+        set_err("double: aclrtMapMem(%p, %zu, offset %zu): not 2 MiB aligned, beyond the allocation, outside this "
+                "process's reservations, or over a mapping",
+                virPtr, size, offset);
+    logf_("aclrtMapMem va=%p size=%zu offset=%zu handle=%p rc=%d", virPtr, size, offset, handle, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtUnmapMem(void *virPtr) {
+    VMap **pp, *m = NULL;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtUnmapMem", "va=%p", virPtr);
+    pthread_mutex_lock(&mu);
+    for (pp = &vmaps; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->va == (uintptr_t)virPtr) {
+            m = *pp;
+            *pp = m->next;
+            break;
+        }
+    if (m == NULL) rc = RT_PARAM_INVALID;
+    else {
+        /* back to a reservation: nothing else may be mapped there meanwhile */
+        mmap(virPtr, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        m->phys->maps--;
+        phys_maybe_release(m->phys);
+        free(m);
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtUnmapMem(%p): nothing is mapped there", virPtr);
+    logf_("aclrtUnmapMem va=%p rc=%d", virPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemExportToShareableHandleV2(void *handle, uint64_t flags, int shareType, void *shareableHandle) {
+    Phys *p;
+    FabricWire w;
+    unsigned long long start = 0;
+    int rc = 0;
+    (void)flags;
+    ACL_FAIL_POINT("aclrtMemExportToShareableHandleV2", "handle=%p", handle);
+    if (shareableHandle == NULL) return ACL_INVALID_PARAM;
+    if (shareType != VMM_SHARE_FABRIC) {
+        set_err("double: aclrtMemExportToShareableHandleV2: share type %d (only FABRIC, 2)", shareType);
+        logf_("aclrtMemExportToShareableHandleV2 handle=%p type=%d rc=%d", handle, shareType, RT_FEATURE_NOT_SUPPORT);
+        return RT_FEATURE_NOT_SUPPORT;
+    }
+    memset(&w, 0, sizeof w);
+    pthread_mutex_lock(&mu);
+    p = find_phys(handle);
+    if (p == NULL || p->refs <= 0) rc = RT_PARAM_INVALID;
+    else {
+        memcpy(w.magic, fabric_magic, sizeof w.magic);
+        w.pid = (int32_t)getpid();
+        w.fd = p->fd;
+        w.dev = (uint64_t)p->dev;
+        w.ino = (uint64_t)p->ino;
+        w.size = p->size;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc == 0 && proc_start(getpid(), &start) != 0) rc = RT_DRV_INTERNAL_ERROR;
+    w.start = start;
+    if (rc == 0) {
+        memset(shareableHandle, 0, 128);
+        memcpy(shareableHandle, &w, sizeof w);
+    } else {
+        set_err("double: aclrtMemExportToShareableHandleV2(%p): not a live physical allocation", handle);
+    }
+    logf_("aclrtMemExportToShareableHandleV2 handle=%p rc=%d", handle, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemImportFromShareableHandleV2(void *shareableHandle, int shareType, uint64_t flags,
+                                                    void **handle) {
+    FabricWire w;
+    unsigned long long start = 0;
+    char path[64];
+    struct stat st;
+    int fd;
+    Phys *p;
+    (void)flags;
+    ACL_FAIL_POINT("aclrtMemImportFromShareableHandleV2", "type=%d", shareType);
+    if (shareableHandle == NULL || handle == NULL) return ACL_INVALID_PARAM;
+    if (shareType != VMM_SHARE_FABRIC) {
+        set_err("double: aclrtMemImportFromShareableHandleV2: share type %d (only FABRIC, 2)", shareType);
+        logf_("aclrtMemImportFromShareableHandleV2 type=%d rc=%d", shareType, RT_FEATURE_NOT_SUPPORT);
+        return RT_FEATURE_NOT_SUPPORT;
+    }
+    memcpy(&w, shareableHandle, sizeof w);
+    if (memcmp(w.magic, fabric_magic, sizeof w.magic) != 0 || w.pid <= 0 || w.fd < 0 || w.size == 0) {
+        set_err("double: aclrtMemImportFromShareableHandleV2: not a fabric handle of this double");
+        logf_("aclrtMemImportFromShareableHandleV2 rc=%d", RT_PARAM_INVALID);
+        return RT_PARAM_INVALID;
+    }
+    if (proc_start((pid_t)w.pid, &start) != 0 || start != w.start) {
+        set_err("double: aclrtMemImportFromShareableHandleV2: the exporting process %d is gone", (int)w.pid);
+        logf_("aclrtMemImportFromShareableHandleV2 pid=%d gone=1 rc=%d", (int)w.pid, RT_PARAM_INVALID);
+        return RT_PARAM_INVALID;
+    }
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_ino != w.ino || (uint64_t)st.st_dev != w.dev ||
+        (uint64_t)st.st_size < w.size) {
+        set_err("double: aclrtMemImportFromShareableHandleV2: the memory of process %d is freed or cannot be "
+                "opened (%s)",
+                (int)w.pid, fd < 0 ? strerror(errno) : "another file");
+        if (fd >= 0) close(fd);
+        logf_("aclrtMemImportFromShareableHandleV2 pid=%d rc=%d", (int)w.pid, RT_PARAM_INVALID);
+        return RT_PARAM_INVALID;
+    }
+    p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        close(fd);
+        return RT_MEMORY_ALLOCATION;
+    }
+    p->fd = fd;
+    p->size = (size_t)w.size;
+    p->refs = 1;
+    p->dev = st.st_dev;
+    p->ino = st.st_ino;
+    pthread_mutex_lock(&mu);
+    p->next = physs;
+    physs = p;
+    pthread_mutex_unlock(&mu);
+    *handle = p;
+    logf_("aclrtMemImportFromShareableHandleV2 pid=%d size=%zu handle=%p rc=0", (int)w.pid, p->size, (void *)p);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtMemRetainAllocationHandle(void *virPtr, void **handle) {
+    VMap *m;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtMemRetainAllocationHandle", "va=%p", virPtr);
+    if (handle == NULL) return ACL_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    m = vmap_of((uintptr_t)virPtr, 0);
+    if (m == NULL || m->phys->refs <= 0) rc = RT_PARAM_INVALID;
+    else {
+        m->phys->refs++;
+        *handle = m->phys;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtMemRetainAllocationHandle(%p): not mapped VMM memory", virPtr);
+    logf_("aclrtMemRetainAllocationHandle va=%p rc=%d", virPtr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize) {
+    VMap *m;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtMemGetAddressRange", "ptr=%p", ptr);
+    pthread_mutex_lock(&mu);
+    m = vmap_of((uintptr_t)ptr, 0);
+    if (m != NULL) {
+        if (pbase) *pbase = (void *)m->va;
+        if (psize) *psize = m->size;
+    } else {
+        Alloc *a;
+        for (a = allocs; a != NULL; a = a->next)
+            if ((uintptr_t)ptr >= (uintptr_t)a->ptr && (uintptr_t)ptr - (uintptr_t)a->ptr < a->size) break;
+        if (a == NULL) rc = RT_PARAM_INVALID;
+        else {
+            if (pbase) *pbase = a->ptr;
+            if (psize) *psize = a->size;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtMemGetAddressRange(%p): not memory of ACL", ptr);
+    logf_("aclrtMemGetAddressRange ptr=%p rc=%d", ptr, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemSetAccess(void *virPtr, size_t size, VmmAccessDesc *desc, size_t count) {
+    int rc = 0;
+    uintptr_t a = (uintptr_t)virPtr, end = a + size;
+    ACL_FAIL_POINT("aclrtMemSetAccess", "va=%p size=%zu", virPtr, size);
+    if (desc == NULL || count == 0 || size == 0) return ACL_INVALID_PARAM;
+    pthread_mutex_lock(&mu);
+    while (a < end) { /* every byte mapped (possibly by several mappings) */
+        VMap *m = vmap_of(a, 0);
+        if (m == NULL) {
+            rc = RT_PARAM_INVALID;
+            break;
+        }
+        a = m->va + m->size;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtMemSetAccess(%p, %zu): not all mapped", virPtr, size);
+    logf_("aclrtMemSetAccess va=%p size=%zu count=%zu rc=%d", virPtr, size, count, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtPointerGetAttributes(const void *ptr, VmmPtrAttributes *attr) {
+    VMap *m;
+    Alloc *a;
+    int dev = 0;
+    ACL_FAIL_POINT("aclrtPointerGetAttributes", "ptr=%p", ptr);
+    if (attr == NULL) return ACL_INVALID_PARAM;
+    memset(attr, 0, sizeof *attr);
+    pthread_mutex_lock(&mu);
+    if (ctx_valid(cur_ctx)) dev = cur_ctx->device;
+    m = vmap_of((uintptr_t)ptr, 0);
+    if (m != NULL) {
+        attr->location.type = m->phys->host ? VMM_LOC_HOST : VMM_LOC_DEVICE;
+        attr->location.id = m->phys->host ? 0 : (uint32_t)dev;
+        attr->pageSize = HUGE_PAGE;
+    } else {
+        for (a = allocs; a != NULL; a = a->next)
+            if ((uintptr_t)ptr >= (uintptr_t)a->ptr && (uintptr_t)ptr - (uintptr_t)a->ptr < a->size) break;
+        if (a != NULL) {
+            attr->location.type = a->host ? VMM_LOC_HOST : VMM_LOC_DEVICE;
+            attr->location.id = a->host ? 0 : (uint32_t)dev;
+            attr->pageSize = 4096;
+        } else {
+            attr->location.type = VMM_LOC_UNREGISTERED;
+            attr->pageSize = 4096;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    logf_("aclrtPointerGetAttributes ptr=%p type=%d rc=0", ptr, attr->location.type);
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t *const logicDevId) {
+    ACL_FAIL_POINT("aclrtGetLogicDevIdByUserDevId", "user=%d", userDevid);
+    if (logicDevId == NULL || userDevid < 0 || userDevid >= device_count()) {
+        set_err("double: aclrtGetLogicDevIdByUserDevId(%d): no such device", userDevid);
+        return RT_INVALID_DEVICEID;
+    }
+    *logicDevId = userDevid;
+    return ACL_OK;
+}
+
+EXPORT aclError aclrtCreateStreamWithConfig(void **stream, uint32_t priority, uint32_t flag) {
+    (void)priority;
+    (void)flag;
+    return aclrtCreateStream(stream);
+}
+
+EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, int kind, void *stream) {
+    Stream *s;
+    Op op;
+    int rc;
+    ACL_FAIL_POINT("aclrtMemcpyAsync", "count=%zu kind=%d", count, kind);
+    rc = stream_check("aclrtMemcpyAsync", stream, &s);
+    if (rc == 0 && (dst == NULL || src == NULL || count > destMax || kind < 0 || kind > 7)) {
+        set_err("double: aclrtMemcpyAsync: bad arguments");
+        rc = ACL_INVALID_PARAM;
+    }
+    if (rc == 0) {
+        memset(&op, 0, sizeof op);
+        op.put = 1;
+        op.local = (void *)src;
+        op.remote = dst;
+        op.len = count;
+        pthread_mutex_lock(&mu);
+        if (s->nops == s->cap) {
+            size_t cap = s->cap ? 2 * s->cap : 16;
+            Op *n = realloc(s->ops, cap * sizeof *n);
+            if (n == NULL) rc = RT_MEMORY_ALLOCATION;
+            else {
+                s->ops = n;
+                s->cap = cap;
+            }
+        }
+        if (rc == 0) s->ops[s->nops++] = op;
+        pthread_mutex_unlock(&mu);
+    }
+    logf_("aclrtMemcpyAsync dst=%p src=%p count=%zu kind=%d stream=%p rc=%d", dst, src, count, kind, stream, rc);
+    return rc;
+}
+
+/* A queued aclrtMemcpyAsync runs: each side that touches a reservation must lie in one live
+ * mapping; checked and copied under mu (aclrtUnmapMem takes it). */
+static int vmm_run_copy(const Op *op, char *why, size_t cap) {
+    uintptr_t s = (uintptr_t)op->local, d = (uintptr_t)op->remote;
+    int ok = 1;
+    if (op->len == 0) return 0;
+    pthread_mutex_lock(&mu);
+    if (touches_resv(s, op->len) && vmap_of(s, op->len) == NULL) ok = 0;
+    if (touches_resv(d, op->len) && vmap_of(d, op->len) == NULL) ok = 0;
+    if (ok) memmove(op->remote, op->local, op->len);
+    pthread_mutex_unlock(&mu);
+    if (ok) return 0;
+    snprintf(why, cap, "aclrtMemcpyAsync %p -> %p len %llu: a range is not mapped", op->local, op->remote,
+             (unsigned long long)op->len);
+    return -1;
+}
+
+EXPORT aclError aclrtStreamQuery(void *stream, int *status) {
+    aclError rc;
+    if (status == NULL) return ACL_INVALID_PARAM;
+    /* the double's streams run when asked: a query runs what is queued */
+    rc = aclrtSynchronizeStreamWithTimeout(stream, -1);
+    if (rc == 0) *status = 0; /* ACL_STREAM_STATUS_COMPLETE */
+    return rc;
+}
+
+EXPORT aclError aclrtStreamStop(void *stream) {
+    return aclrtStreamAbort(stream);
 }

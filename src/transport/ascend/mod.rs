@@ -9,6 +9,7 @@
 //! move bytes with `HcclBatchPut`/`HcclBatchGet` (see [`link`]).
 
 mod backend;
+pub(crate) mod fabric;
 pub(crate) mod ffi;
 pub(crate) mod hccl;
 pub(crate) mod link;

@@ -1,0 +1,441 @@
+//! Fabric memory (`EnableUseFabricMem=1`) end to end on the ACL test double: VMM memory from
+//! the allocator statics (`hixl::fabric::malloc_mem`), two engines whose share handles are
+//! exchanged at connect, random data written and read back (sync and async) through the
+//! peer's imported mapping, and the bad inputs: an address outside every mapping, deregistering
+//! while connected, the many-request status query, non-VMM memory, the AICPU path.
+//!
+//! The statics load ACL as HIXL's do (`$HIXL_ACL_LIB`, then CANN's names), so the scenario runs
+//! in a child process of this test binary with `HIXL_ACL_LIB` naming a private copy of the
+//! double; the parent builds the double and checks the child's verdict. Without a system C
+//! compiler the test prints why and passes without running.
+
+use std::process::Command;
+
+use hixl::compat::{
+    GetTransferStatusArgs, Hixl, MemDesc, TransferArgs, TransferOpDesc, TransferStatus,
+};
+use hixl::testkit::{Rng, fnv1a};
+use hixl::{MemType, Status, TransferOp, TransportKind};
+
+const CHILD: &str = "HIXL_FABRIC_TEST_CHILD";
+const MIB: usize = 1 << 20;
+
+#[test]
+fn fabric_mem_engines_move_random_data() {
+    if std::env::var_os(CHILD).is_some() {
+        scenario();
+        println!("FABRIC SCENARIO OK");
+        return;
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-fabric-it-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    let dir = base.join("announce");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fabric_mem_engines_move_random_data",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env("HIXL_ACL_LIB", &lib)
+        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
+        .output()
+        .expect("run the scenario");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("FABRIC SCENARIO OK"),
+        "scenario failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn fabric_engine(name: &str) -> Hixl {
+    let e = Hixl::new();
+    e.initialize(name, [("EnableUseFabricMem", "1")])
+        .expect("initialize with EnableUseFabricMem=1");
+    e
+}
+
+/// Copies `data` into VMM memory at `addr` (the double's device memory is host memory mapped
+/// into this process; on hardware this would be `aclrtMemcpy`).
+fn fill(addr: usize, data: &[u8]) {
+    // SAFETY: `addr` is a live malloc_mem allocation of at least `data.len()` bytes, and no
+    // transfer touches it meanwhile.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+}
+
+fn bytes(addr: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    // SAFETY: as in `fill`.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, v.as_mut_ptr(), len) }
+    v
+}
+
+fn scenario() {
+    // options: HIXL's accepted set, the buffer-pool rule and the AICPU path
+    let e = Hixl::new();
+    let err = e
+        .initialize(
+            "127.0.0.1:0",
+            [("EnableUseFabricMem", "1"), ("BufferPool", "4:8")],
+        )
+        .unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    let e = Hixl::new();
+    let err = e
+        .initialize(
+            "127.0.0.1:0",
+            [
+                ("EnableUseFabricMem", "1"),
+                (
+                    "GlobalResourceConfig",
+                    r#"{"fabric_memory.enable_aicpu_unfold":"true"}"#,
+                ),
+            ],
+        )
+        .unwrap_err();
+    assert!(
+        [Status::UNSUPPORTED, Status::PARAM_INVALID].contains(&err.status()),
+        "{err:?}"
+    );
+
+    let server = fabric_engine("127.0.0.1:0");
+    let client = fabric_engine("127.0.0.1");
+    let server_name = server.local_engine().unwrap();
+    let mut rng = Rng::new(0xFAB);
+
+    // memory from the allocator statics: device memory on the server, host and device on the
+    // client
+    let s_mem = hixl::fabric::malloc_mem(MemType::Device, 4 * MIB).expect("MallocMem");
+    let c_dev = hixl::fabric::malloc_mem(MemType::Device, 3 * MIB).expect("MallocMem");
+    let c_host = hixl::fabric::malloc_mem(MemType::Host, MIB).expect("MallocMem(host)");
+    assert_eq!(s_mem % (2 * MIB), 0);
+    let h1 = hixl::fabric::export_to_shareable_handle(s_mem).unwrap();
+    assert_eq!(
+        hixl::fabric::export_to_shareable_handle(s_mem).unwrap(),
+        h1,
+        "cached"
+    );
+    let err = hixl::fabric::export_to_shareable_handle(s_mem + 4096).unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID);
+    let seeded = rng.bytes(4 * MIB);
+    fill(s_mem, &seeded);
+
+    // SAFETY: every range is a live malloc_mem allocation, freed after deregistration.
+    let (s_h, c_h, c_hh) = unsafe {
+        (
+            server
+                .register_mem(
+                    MemDesc {
+                        addr: s_mem,
+                        len: 4 * MIB,
+                        local_only: false,
+                    },
+                    MemType::Device,
+                )
+                .expect("register the server's VMM memory"),
+            client
+                .register_mem(
+                    MemDesc {
+                        addr: c_dev,
+                        len: 3 * MIB,
+                        local_only: false,
+                    },
+                    MemType::Device,
+                )
+                .expect("register the client's VMM memory"),
+            client
+                .register_mem(
+                    MemDesc {
+                        addr: c_host,
+                        len: MIB,
+                        local_only: false,
+                    },
+                    MemType::Host,
+                )
+                .expect("register VMM host memory"),
+        )
+    };
+    // memory that is not VMM memory is refused by a fabric-memory engine
+    let mut plain = vec![0u8; 4096];
+    // SAFETY: `plain` outlives the (refused) registration.
+    let err = unsafe {
+        client.register_mem(
+            MemDesc {
+                addr: plain.as_mut_ptr() as usize,
+                len: plain.len(),
+                local_only: false,
+            },
+            MemType::Host,
+        )
+    }
+    .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED, "{err:?}");
+
+    // an engine that is not a fabric-memory one refuses a fabric client: UNSUPPORTED
+    let plain = Hixl::new();
+    plain
+        .initialize("127.0.0.1:0", [("hixl.ascend.enable", "0")])
+        .unwrap();
+    let err = client
+        .connect(&plain.local_engine().unwrap(), 10_000)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED, "{err:?}");
+    plain.finalize();
+
+    client.connect(&server_name, 10_000).expect("connect");
+    assert_eq!(
+        client.transport(&server_name).unwrap(),
+        TransportKind::Ascend
+    );
+
+    // sync WRITE: random data from the client's device memory into the server's second MiB
+    let data = rng.bytes(MIB + 4096);
+    fill(c_dev, &data);
+    let w = TransferOpDesc {
+        local_addr: c_dev,
+        remote_addr: s_mem + MIB,
+        len: MIB + 4096,
+    };
+    client
+        .transfer_sync(&server_name, TransferOp::Write, &[w], 10_000)
+        .expect("WRITE");
+    assert_eq!(fnv1a(&bytes(s_mem + MIB, MIB + 4096)), fnv1a(&data));
+    // the rest of the server's memory untouched
+    assert_eq!(bytes(s_mem, MIB), seeded[..MIB]);
+    assert_eq!(
+        bytes(s_mem + 2 * MIB + 4096, MIB),
+        seeded[2 * MIB + 4096..3 * MIB + 4096]
+    );
+
+    // sync READ of several descriptors into device and host memory
+    let descs = [
+        TransferOpDesc {
+            local_addr: c_dev + 2 * MIB,
+            remote_addr: s_mem + 3 * MIB,
+            len: 65_536,
+        },
+        TransferOpDesc {
+            local_addr: c_host + 100,
+            remote_addr: s_mem + 7,
+            len: 300_000,
+        },
+    ];
+    client
+        .transfer_sync(&server_name, TransferOp::Read, &descs, 10_000)
+        .expect("READ");
+    assert_eq!(
+        bytes(c_dev + 2 * MIB, 65_536),
+        seeded[3 * MIB..3 * MIB + 65_536]
+    );
+    assert_eq!(bytes(c_host + 100, 300_000), seeded[7..300_007]);
+
+    // async WRITE, then async READ back
+    let data2 = rng.bytes(MIB / 2);
+    fill(c_host, &data2);
+    let req = client
+        .transfer_async(
+            &server_name,
+            TransferOp::Write,
+            &[TransferOpDesc {
+                local_addr: c_host,
+                remote_addr: s_mem + 3 * MIB,
+                len: MIB / 2,
+            }],
+            TransferArgs::default(),
+        )
+        .expect("async WRITE");
+    let st = client
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(st, TransferStatus::Completed);
+    assert_eq!(fnv1a(&bytes(s_mem + 3 * MIB, MIB / 2)), fnv1a(&data2));
+    fill(c_dev, &vec![0u8; MIB / 2]);
+    let req = client
+        .transfer_async(
+            &server_name,
+            TransferOp::Read,
+            &[TransferOpDesc {
+                local_addr: c_dev,
+                remote_addr: s_mem + 3 * MIB,
+                len: MIB / 2,
+            }],
+            TransferArgs::default(),
+        )
+        .expect("async READ");
+    let st = client
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(st, TransferStatus::Completed);
+    assert_eq!(fnv1a(&bytes(c_dev, MIB / 2)), fnv1a(&data2));
+
+    // bad inputs: an address outside every mapping, the many-request status query,
+    // deregistering while connected (both sides)
+    let before = bytes(s_mem, 4 * MIB);
+    for remote in [
+        s_mem + 4 * MIB,
+        s_mem + 4 * MIB - 10,
+        s_mem.wrapping_sub(4096),
+    ] {
+        let d = TransferOpDesc {
+            local_addr: c_dev,
+            remote_addr: remote,
+            len: 100,
+        };
+        let err = client
+            .transfer_sync(&server_name, TransferOp::Write, &[d], 10_000)
+            .unwrap_err();
+        assert_eq!(err.status(), Status::PARAM_INVALID, "{remote:#x}: {err:?}");
+    }
+    assert_eq!(bytes(s_mem, 4 * MIB), before, "memory untouched");
+    let err = client
+        .get_transfer_statuses(GetTransferStatusArgs::default())
+        .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    let err = client.deregister_mem(c_hh).unwrap_err();
+    assert_eq!(err.status(), Status::FAILED, "{err:?}");
+    let err = server.deregister_mem(s_h).unwrap_err();
+    assert_eq!(err.status(), Status::FAILED, "{err:?}");
+
+    // disconnected: deregistration succeeds, and the memory is freed
+    client.disconnect(&server_name, 10_000).expect("disconnect");
+    client
+        .deregister_mem(c_h)
+        .expect("deregister after disconnect");
+    client
+        .deregister_mem(c_hh)
+        .expect("deregister after disconnect");
+    server
+        .deregister_mem(s_h)
+        .expect("the server's, once no peer is connected");
+    client.finalize();
+    server.finalize();
+    for a in [s_mem, c_dev, c_host] {
+        hixl::fabric::free_mem(a).expect("FreeMem");
+    }
+    let err = hixl::fabric::free_mem(s_mem).unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID);
+}
+
+/// The typed API: `Options::fabric_mem` and its memory kind, `FabricBuffer`, allocated with
+/// the engine's own ACL (no `$HIXL_ACL_LIB` needed), registered, moved sync and async, and
+/// refused on an engine that is not a fabric-memory one.
+#[test]
+fn typed_fabric_engines_move_random_data() {
+    use hixl::fabric::FabricConfig;
+    use hixl::{Hixl, Options, TransferArgs as TArgs, TransferDesc, TransferStatus as TStatus};
+    use std::time::Duration;
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-fabric-typed-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    // a private copy: its own globals
+    let so = base.join("typed.so");
+    std::fs::copy(&lib, &so).unwrap();
+    let opts = || {
+        Options::default().fabric_mem(FabricConfig {
+            acl_lib: Some(so.clone()),
+            device_id: Some(0),
+            task_streams: 3,
+        })
+    };
+    let t = Duration::from_secs(10);
+    let mut rng = Rng::new(0x7FAB);
+    let seeded = rng.bytes(2 * MIB);
+
+    let server = Hixl::initialize_ephemeral("127.0.0.1", opts())
+        .unwrap()
+        .into_registered();
+    let sreg = server
+        .with_context(|ctx| {
+            let mut b = server.alloc_fabric(ctx, MemType::Device, 2 * MIB).unwrap();
+            b.write(ctx, 0, &seeded).unwrap();
+            server.register_device(ctx, b).unwrap()
+        })
+        .unwrap();
+    let saddr = sreg.addr() as u64;
+    let client = Hixl::initialize("127.0.0.1", opts())
+        .unwrap()
+        .into_registered();
+    let mut creg = client
+        .with_context(|ctx| {
+            let b = client.alloc_fabric(ctx, MemType::Host, MIB).unwrap();
+            assert_eq!(b.mem_type(), MemType::Host);
+            client.register_device(ctx, b).unwrap()
+        })
+        .unwrap();
+    let server = server.activate().unwrap();
+    let client = client.activate().unwrap();
+    let link = client.connect(server.name()).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ascend);
+
+    // READ 7 descriptors of the server's seeded memory (spread over the 3 streams)
+    let descs: Vec<TransferDesc<'_>> = (0..7u64)
+        .map(|i| {
+            TransferDesc::new(
+                creg.range((i as usize) * 100_000..(i as usize) * 100_000 + 90_000)
+                    .unwrap(),
+                link.remote(saddr + 1000 + i * 200_000, 90_000).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Read, &descs, t).unwrap();
+    drop(descs);
+    let mut got = vec![0u8; MIB];
+    client
+        .with_context(|ctx| creg.read_device(ctx, 0, &mut got))
+        .unwrap()
+        .unwrap();
+    for i in 0..7usize {
+        let off = 1000 + i * 200_000;
+        assert_eq!(
+            got[i * 100_000..i * 100_000 + 90_000],
+            seeded[off..off + 90_000],
+            "desc {i}"
+        );
+    }
+
+    // async WRITE of random data, checked on the server through its region
+    let data = rng.bytes(MIB);
+    client
+        .with_context(|ctx| creg.write_device(ctx, 0, &data))
+        .unwrap()
+        .unwrap();
+    let d = [TransferDesc::new(
+        creg.full(),
+        link.remote(saddr + MIB as u64, MIB as u64).unwrap(),
+    )];
+    let req = link
+        .transfer_async(TransferOp::Write, &d, TArgs::default())
+        .unwrap();
+    let st = req.wait(t);
+    assert!(matches!(st, TStatus::Completed), "{st:?}");
+    drop(req);
+    let mut sreg = sreg;
+    let mut back = vec![0u8; MIB];
+    server
+        .with_context(|ctx| sreg.read_device(ctx, MIB, &mut back))
+        .unwrap()
+        .unwrap();
+    assert_eq!(fnv1a(&back), fnv1a(&data));
+    drop(link);
+
+    // an engine that is not a fabric-memory one has no fabric memory
+    let plain = Hixl::initialize("127.0.0.1", Options::default()).unwrap();
+    let err = plain
+        .with_context(|ctx| plain.alloc_fabric(ctx, MemType::Device, MIB))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    let _ = std::fs::remove_dir_all(&base);
+}
