@@ -23,7 +23,7 @@ pub(crate) mod model {
     pub(crate) use std::sync::{Condvar, Mutex};
 
     #[cfg(not(loom))]
-    pub(crate) use super::lock;
+    pub(crate) use crate::sync::lock;
 
     /// Locks `m`, ignoring poisoning (as [`super::lock`], for loom's mutex).
     #[cfg(loom)]

@@ -81,3 +81,4 @@ for v in graph:
 cyc = sorted([x for x in comps if len(x) > 1], key=len, reverse=True)
 print(f"files {len(graph)}, arrows {sum(len(d) for d in graph.values())}, circles {len(cyc)}, largest {len(cyc[0]) if cyc else 0}")
 for x in cyc: print(len(x), sorted(x))
+sys.exit(1 if cyc else 0)
