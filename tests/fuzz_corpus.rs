@@ -4,7 +4,9 @@
 //! `cargo +nightly fuzz run <target>` (`.ci/run` runs each for a bounded time).
 //!
 //! Seeds: valid frames of every kind, written by `seeds()` below when
-//! `HIXL_WRITE_FUZZ_SEEDS=1` is set (run it after a wire format change, then commit the files).
+//! `HIXL_WRITE_FUZZ_SEEDS=1` is set (run it after a wire format change, then commit the files);
+//! the `cs_list` seeds (HIXL-CS memory lists, whole and truncated) come from
+//! `bodies::cs_list_seeds`.
 
 #[path = "../fuzz/src/bodies.rs"]
 mod bodies;
@@ -146,6 +148,9 @@ fn write_seeds() {
         "local_comm_res",
         b"LocalCommRes={\"version\":\"1.3\",\"net_instance_id\":\"x\"}\n".to_vec(),
     ));
+    for (name, data) in bodies::cs_list_seeds() {
+        seeds.push(("cs_list", name, data));
+    }
     for (target, name, data) in seeds {
         let dir = corpus_dir(target);
         std::fs::create_dir_all(&dir).unwrap();

@@ -23,6 +23,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("options", options),
     ("serve_handshake", serve_handshake),
     ("fabric", fabric),
+    ("cs_list", cs_list),
 ];
 
 /// Frames as they arrive: a header, then the payload it announces; and the bytes as the payload
@@ -374,4 +375,96 @@ pub fn serve_handshake(data: &[u8]) {
         }
         return;
     }
+}
+
+/// The HIXL-CS server's memory list codec (`hixl-capi/src/cs/table.rs`), compiled in from its
+/// source: `hixl-capi` is a C library only (a cdylib), and the file uses nothing but `std`.
+#[path = "../../hixl-capi/src/cs/table.rs"]
+#[allow(dead_code)]
+mod cs_table;
+
+/// The HIXL-CS server's memory list, which a client READs one-sidedly from the server's memory
+/// (so a peer writes every byte of it): the bytes as the whole region (a header, then the
+/// payload it announces, whatever its checksum) and as a bare payload. What decodes holds its
+/// limits (counts, memory types, non-empty ranges without overflow, tags without a NUL) and
+/// re-encodes to the same bytes.
+pub fn cs_list(data: &[u8]) {
+    if let Ok((_version, len, _sum)) = cs_table::decode_header(data) {
+        assert!(len <= cs_table::TABLE_LEN - cs_table::HEADER_LEN);
+        if let Some(p) = data.get(cs_table::HEADER_LEN..cs_table::HEADER_LEN + len) {
+            cs_list_payload(p);
+        }
+    }
+    cs_list_payload(data);
+}
+
+fn cs_list_payload(p: &[u8]) {
+    let Ok(t) = cs_table::decode_payload(p) else {
+        return;
+    };
+    assert!(t.endpoints.len() <= cs_table::MAX_ENDPOINTS && t.mems.len() <= cs_table::MAX_MEMS);
+    for m in &t.mems {
+        assert!(m.typ == 0 || m.typ == 1, "memory type {}", m.typ);
+        assert!(m.size > 0 && m.addr.checked_add(m.size).is_some());
+        assert!(m.tag.len() <= cs_table::MAX_TAG && !m.tag.contains(&0));
+    }
+    assert_eq!(t.payload_len(), p.len());
+    assert_eq!(t.encode_payload(), p);
+}
+
+/// Seeds of the `cs_list` corpus, encoded by the list's own encoder: whole regions (a header
+/// as the server writes it, then the payload) and bare payloads, an empty list, and truncated
+/// ones. `tests/fuzz_corpus.rs` writes them (`HIXL_WRITE_FUZZ_SEEDS=1`).
+pub fn cs_list_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use cs_table::{ENDPOINT_LEN, HEADER_LEN, MAGIC, Mem, Table, fnv1a};
+    let region = |p: &[u8]| {
+        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
+        for w in [MAGIC, 2, p.len() as u64, fnv1a(p)] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(p);
+        out
+    };
+    let mut endpoint = [0u8; ENDPOINT_LEN];
+    endpoint[..4].copy_from_slice(&1i32.to_ne_bytes()); // RoCE
+    endpoint[8..12].copy_from_slice(&[127, 0, 0, 1]);
+    endpoint[44..48].copy_from_slice(&1i32.to_ne_bytes()); // host
+    let list = Table {
+        endpoints: vec![endpoint, [0; ENDPOINT_LEN]],
+        mems: vec![
+            Mem {
+                typ: 1,
+                addr: 0x7f00_0000_1000,
+                size: 1 << 20,
+                tag: b"kv_cache".to_vec(),
+            },
+            Mem {
+                typ: 0,
+                addr: 0x1_0000_0000,
+                size: 4096,
+                tag: Vec::new(),
+            },
+            Mem {
+                typ: 1,
+                addr: u64::MAX - 1,
+                size: 1,
+                tag: b"last byte".to_vec(),
+            },
+        ],
+    };
+    let p = list.encode_payload();
+    let empty = Table::default().encode_payload();
+    vec![
+        ("payload", p.clone()),
+        ("region", region(&p)),
+        ("empty_payload", empty.clone()),
+        ("empty_region", region(&empty)),
+        ("truncated_payload", p[..p.len() - 3].to_vec()),
+        ("truncated_in_endpoints", p[..8 + ENDPOINT_LEN + 7].to_vec()),
+        (
+            "truncated_region",
+            region(&p)[..HEADER_LEN + p.len() / 2].to_vec(),
+        ),
+        ("header_only", region(&p)[..HEADER_LEN].to_vec()),
+    ]
 }

@@ -9,6 +9,9 @@
 //! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload `{u32
 //! endpoints; u32 mems; endpoints × 160 bytes (an EndpointDesc as the server got it); mems ×
 //! {i32 type (0 device, 1 host); u32 tag length; u64 addr; u64 size; tag bytes}}`.
+//!
+//! This file uses nothing but `std`: the fuzz crate compiles it in (`fuzz/src/bodies.rs`, target
+//! `cs_list`), as `hixl-capi` is a C library only.
 
 /// The table's region: this many bytes, header included (distinct from LLM-DataDist's 1 MiB
 /// cache table, so neither is mistaken for the other).
