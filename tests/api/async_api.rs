@@ -1,7 +1,7 @@
 //! Async transfers (deadlines, cancellation, futures, batch polling), notifications, async
 //! connect, and metrics.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::net::{TcpListener, TcpStream};

@@ -1,6 +1,6 @@
 //! Peer authentication with a pre-shared key (HMAC-SHA256 challenge-response).
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

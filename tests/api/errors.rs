@@ -1,6 +1,6 @@
 //! Every bad input a caller can give: the exact error variant and its HIXL numeric status.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};

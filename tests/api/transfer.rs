@@ -1,6 +1,6 @@
 //! Random data moved between two engines in one process, and compared byte for byte.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
