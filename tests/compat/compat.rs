@@ -2,7 +2,7 @@
 //! moved at odd offsets and verified, every runtime check with its status, AutoConnect across a
 //! peer restart, poll-many semantics, finalize twice.
 
-mod common;
+use crate::common;
 
 use common::compat::{NO_OPTIONS, client, desc, register, status, wait};
 use common::{Peer, Rng, fnv1a};

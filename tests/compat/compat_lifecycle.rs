@@ -2,7 +2,7 @@
 //! registered and deregistered while peers are linked, a deregistration racing a peer's writes,
 //! and `Disconnect` of a peer that went away.
 
-mod common;
+use crate::common;
 
 use common::Rng;
 use common::compat::{NO_OPTIONS, client, desc, register, status};

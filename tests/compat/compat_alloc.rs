@@ -2,7 +2,7 @@
 //! same-host one-sided path for compat callers (C, C++, Python), its statuses, and when the
 //! memory is let go.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
