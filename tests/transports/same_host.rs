@@ -2,7 +2,7 @@
 //! peer, fallback to TCP (forbidden, or refused by the kernel), hostile memfds, and the copy a
 //! shared region's deregistration hands back.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::process::Command;

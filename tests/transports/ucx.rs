@@ -3,7 +3,7 @@
 //! and under `UCX_TLS=sm` as well as with UCX's own choice; where UCX cannot be loaded the
 //! tests that need it say so and return.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

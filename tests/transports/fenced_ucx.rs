@@ -4,7 +4,7 @@
 //! client's process, where `deactivate` could not revoke it). A client that names its process
 //! gets UCX inside the server's fence, which `deactivate` revokes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

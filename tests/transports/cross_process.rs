@@ -1,6 +1,6 @@
 //! Transfers between two processes: this test process connects to a `hixl-peer` child.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

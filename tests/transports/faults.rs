@@ -2,7 +2,7 @@
 //! under the same name while the old link handle is still held (link generations), and a link cut
 //! on a veth pair between network namespaces. Every wait here is bounded.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
