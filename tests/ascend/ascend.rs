@@ -8,14 +8,13 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-#[path = "ascend/support.rs"]
-mod support;
+use crate::support;
 
 use hixl::testkit::{Rng, fnv1a};
 use hixl::{
     DeviceBuffer, Error, Hixl, MemType, Options, Status, TransferDesc, TransferOp, TransportKind,
 };
-use support::{Double, T, first, pair};
+use support::{Double, T, calls, first, pair};
 
 struct AscendPeer {
     child: Child,
@@ -209,11 +208,7 @@ fn two_processes_write_and_read_device_memory() {
             .any(|l| l == "aclrtGetPhyDevIdByLogicDevId logic=0 phy=10 rc=0"),
         "{log:#?}"
     );
-    let puts: Vec<&str> = log
-        .iter()
-        .filter(|l| l.starts_with("HcclBatchPut "))
-        .map(String::as_str)
-        .collect();
+    let puts = calls(&log, "HcclBatchPut ");
     assert_eq!(
         puts,
         [

@@ -3,12 +3,11 @@
 //! its name first, rank table 1.2 on A3, no device IP within one server, 64-descriptor batches on
 //! Ascend950, a missing library as `LibraryUnavailable`.
 
-#[path = "ascend/support.rs"]
-mod support;
+use crate::support;
 
 use hixl::testkit::Rng;
 use hixl::{AscendConfig, Error, Hixl, Options, Status, TransferDesc, TransferOp, TransportKind};
-use support::{Double, T, first, pair, pair_with};
+use support::{Double, T, calls, first, pair, pair_with};
 
 /// Item 1: the rank table carries the physical id of the engine's logical device
 /// (`aclrtGetPhyDevIdByLogicDevId`); HCCL (the double) refuses the logical one with
@@ -191,11 +190,7 @@ fn ascend950_batches_are_chunked_by_64() {
         .collect();
     link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
     let log = d.log_lines();
-    let puts: Vec<&str> = log
-        .iter()
-        .filter(|l| l.starts_with("HcclBatchPut "))
-        .map(String::as_str)
-        .collect();
+    let puts = calls(&log, "HcclBatchPut ");
     assert_eq!(
         puts,
         [
