@@ -130,7 +130,7 @@ fn forged_answers_are_refused() {
         assert_eq!(kind, Kind::Refuse, "forge={forge}");
         let r = wire::Refuse::decode(&p).unwrap();
         // a wrong proof fails authentication; a frame that is not an AUTH breaks the protocol,
-        // and gets what it gets at every other stage (tests/hostile.rs)
+        // and gets what it gets at every other stage (tests/serving/hostile.rs)
         let want = if forge { 103_900 } else { 503_900 };
         assert_eq!(r.status, want, "forge={forge}");
         let mut rest = [0u8; 1];

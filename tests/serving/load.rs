@@ -1,7 +1,7 @@
 //! Load: 8 client engines, each with concurrent WRITE and READ-back threads, against one server
 //! for a bounded time; random data, every byte compared. Zero corrupted bytes, zero errors.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

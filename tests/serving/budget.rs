@@ -5,13 +5,7 @@
 //! goes; and the process's soft descriptor limit covers every descriptor the server may hold.
 //! Measured on a `hixl-peer serve` child (its own process). The tests run one at a time.
 
-#[allow(dead_code)]
-#[path = "attack/support.rs"]
-mod attack_support;
-mod common;
-#[allow(dead_code)]
-#[path = "limits/support.rs"]
-mod support;
+use crate::{attack_support, common, support};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;

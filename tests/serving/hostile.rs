@@ -1,7 +1,7 @@
 //! A raw socket that speaks the protocol badly never crashes the serving engine, never makes it
 //! touch memory outside a registered, permitted range, and the engine keeps serving others.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -22,12 +22,7 @@
 //! take a WELCOME that comes at once, so these tests run against servers with and without that
 //! step.
 
-#[path = "attack/support.rs"]
-mod attack_support;
-mod common;
-#[allow(dead_code)]
-#[path = "limits/support.rs"]
-mod support;
+use crate::{attack_support, common, support};
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

@@ -5,9 +5,7 @@
 //!
 //! The tests run one at a time (they measure processes and open hundreds of sockets).
 
-mod common;
-#[path = "limits/support.rs"]
-mod support;
+use crate::{common, support};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
