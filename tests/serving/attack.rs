@@ -22,7 +22,7 @@
 //! take a WELCOME that comes at once, so these tests run against servers with and without that
 //! step.
 
-use crate::{attack_support, common, support};
+use crate::{common, support};
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -30,16 +30,16 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use attack_support::{
-    Proof, Reply, Stop, connect, hello_bytes, honest_rounds, next_frame, open_link, pid1_host,
-    port_of, reset, send_queues, threads,
-};
 use common::Peer;
 use hixl::TransferOp;
 use hixl::wire::{self, HostId, WireDesc};
 use support::{
     KEY, back_to_baseline, hello, honest_client, honest_round, raise_own_nofile, rss_budget,
     serial, spawn_peer, usage, wait_for,
+};
+use support::{
+    Proof, Reply, Stop, connect, hello_bytes, honest_rounds, next_frame, open_link, pid1_host,
+    port_of, reset, send_queues, threads,
 };
 
 // ---------------------------------------------------------------------------------------------

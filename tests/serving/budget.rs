@@ -5,15 +5,15 @@
 //! goes; and the process's soft descriptor limit covers every descriptor the server may hold.
 //! Measured on a `hixl-peer serve` child (its own process). The tests run one at a time.
 
-use crate::{attack_support, common, support};
+use crate::{common, support};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use attack_support::{Proof, Reply, Stop, connect, honest_rounds, open_link};
 use common::Rng;
 use hixl::wire::HostId;
 use hixl::{Options, TransferDesc, TransferOp};
+use support::{Proof, Reply, Stop, connect, honest_rounds, open_link};
 use support::{
     back_to_baseline, hello, honest_client, honest_round, serial, spawn_peer, usage, wait_for,
 };

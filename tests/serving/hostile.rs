@@ -1,7 +1,7 @@
 //! A raw socket that speaks the protocol badly never crashes the serving engine, never makes it
 //! touch memory outside a registered, permitted range, and the engine keeps serving others.
 
-use crate::common;
+use crate::{common, support};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -122,6 +122,7 @@ fn xfer(op: TransferOp, descs: &[WireDesc]) -> Vec<u8> {
 /// PARAM_INVALID before any byte moves; READ refusals keep the lane, WRITE refusals close it.
 #[test]
 fn bad_descriptors_are_refused() {
+    let _many = support::alongside();
     let g = guarded();
     let id = g.region.id();
     let bad: Vec<(TransferOp, WireDesc)> = vec![
@@ -235,6 +236,7 @@ fn bad_descriptors_are_refused() {
 /// Malformed frames close the connection with a reason; the engine lives on.
 #[test]
 fn malformed_frames_close_the_connection() {
+    let _many = support::alongside();
     let g = guarded();
     let name = g.engine.name().to_owned();
     let header = |kind: u16, len: u32| {
@@ -344,6 +346,7 @@ fn malformed_frames_close_the_connection() {
 /// its own valid range changed.
 #[test]
 fn truncated_write_payload() {
+    let _many = support::alongside();
     let g = guarded();
     let mut s = connect_raw(g.engine.name());
     hello(&mut s);
@@ -431,6 +434,7 @@ fn contents(g: &Guarded) -> Vec<u8> {
 /// connection is closed; the new link works.
 #[test]
 fn a_superseded_link_applies_nothing() {
+    let _many = support::alongside();
     let g = guarded();
     let id = g.region.id();
     let mut old = connect_raw(g.engine.name());
@@ -479,6 +483,7 @@ fn a_superseded_link_applies_nothing() {
 /// region is touched.
 #[test]
 fn a_flood_past_the_window_closes_only_that_connection() {
+    let _many = support::alongside();
     let g = guarded();
     let id = g.region.id();
     let mut s = connect_raw(g.engine.name());
@@ -539,6 +544,7 @@ fn a_flood_past_the_window_closes_only_that_connection() {
 /// An engine without a device answers the first with a DEVICE_WELCOME that says why not.
 #[test]
 fn a_second_device_hello_closes_the_connection() {
+    let _many = support::alongside();
     let g = guarded();
     let mut s = connect_raw(g.engine.name());
     hello(&mut s);
@@ -566,6 +572,7 @@ fn a_second_device_hello_closes_the_connection() {
 /// stays usable); with a payload it is a protocol violation that closes the connection.
 #[test]
 fn ucx_ask_is_checked() {
+    let _many = support::alongside();
     let g = guarded();
     let mut s = connect_raw(g.engine.name());
     hello(&mut s);
@@ -608,6 +615,7 @@ fn join_as(s: &mut TcpStream, instance: u64, token: u64) -> Option<(Kind, Vec<u8
 /// first or not; a JOIN to a token the server never gave is still refused.
 #[test]
 fn a_link_whose_only_lane_closed_can_be_rejoined() {
+    let _many = support::alongside();
     let g = guarded();
     let id = g.region.id();
     for round in 0..10u64 {
@@ -650,6 +658,7 @@ fn a_link_whose_only_lane_closed_can_be_rejoined() {
 /// server answers `REFUSE` and closes without waiting for (or allocating) the payload.
 #[test]
 fn an_oversized_handshake_is_refused_from_its_header() {
+    let _many = support::alongside();
     let (srv, _region) = common::server(4096, Options::default());
     for kind in [Kind::Hello, Kind::Auth] {
         let mut s = connect_raw(srv.name());
@@ -666,6 +675,7 @@ fn an_oversized_handshake_is_refused_from_its_header() {
 /// host (127.0.0.2) is refused on the same port.
 #[test]
 fn the_listener_binds_only_the_named_address() {
+    let _many = support::alongside();
     let (srv, _region) = common::server(4096, Options::default());
     let port = srv.name().rsplit_once(':').unwrap().1.to_owned();
     assert!(TcpStream::connect(format!("127.0.0.1:{port}")).is_ok());
@@ -686,6 +696,7 @@ fn the_listener_binds_only_the_named_address() {
 /// (`PARAM_INVALID`): that is a bad key, not malformed input.
 #[test]
 fn one_status_for_malformed_input_at_every_stage() {
+    let _many = support::alongside();
     let key = b"one status, whatever the stage";
     let (plain, _r1) = common::server(4096, Options::default());
     let (keyed, _r2) = common::server(4096, Options::default().psk(key));

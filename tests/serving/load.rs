@@ -1,7 +1,7 @@
 //! Load: 8 client engines, each with concurrent WRITE and READ-back threads, against one server
 //! for a bounded time; random data, every byte compared. Zero corrupted bytes, zero errors.
 
-use crate::common;
+use crate::{common, support};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ const SLOT: usize = 1 << 20;
 
 #[test]
 fn eight_clients_concurrent_read_write() {
+    let _one = support::serial();
     let (srv, _cache) = server(CLIENTS * THREADS * SLOT, Options::default());
     let moved = AtomicU64::new(0);
     let ops = AtomicU64::new(0);
