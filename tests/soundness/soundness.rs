@@ -6,7 +6,7 @@
 //! The client is `hixl-peer hammer`, an ordinary hixl client in its own process that WRITEs the
 //! server's regions in a loop (see `src/bin/hixl-peer/`).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::mpsc;

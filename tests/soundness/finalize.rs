@@ -7,7 +7,7 @@
 //! after the call returns (the caller may reuse it then), and must still hold it after a window
 //! several times longer than the transfer would take.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
