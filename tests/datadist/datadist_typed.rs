@@ -6,7 +6,7 @@
 // tensors are compared by index on both sides
 #![allow(clippy::needless_range_loop)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;

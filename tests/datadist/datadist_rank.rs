@@ -7,9 +7,10 @@
 //! compared byte for byte, unlinked; every bad input's exact status, a peer that never joins
 //! (FAILED by `llm.LinkTotalTime`), and the 512-communicator limit.
 //!
-//! Both instances run in child processes (this test binary run again with `child` as its
-//! filter and the role in the environment), so that each loads its own double with its own
-//! settings. Without a system C compiler (to build the double) the tests say why and pass.
+//! Both instances run in child processes (this test binary run again with
+//! `datadist_rank::child` as its filter and the role in the environment), so that each loads its
+//! own double with its own settings. Without a system C compiler (to build the double) the tests
+//! say why and pass.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -78,7 +79,12 @@ impl Peer {
     /// listens for rank-table links on its rank's server_id); `total`: `llm.LinkTotalTime`.
     fn spawn(d: &Double, cluster: u64, device: u32, listen: Option<&str>, total: u32) -> Peer {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["child", "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                "datadist_rank::child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("HIXL_DD_RANK_CHILD", format!("{cluster},{device},{total}"))
             .env("HIXL_DD_RANK_LISTEN", listen.unwrap_or(""))
             .env("HIXL_ACL_LIB", &d.so)
