@@ -7,7 +7,7 @@
 //!   `(#anchor)` in the same file) matches a heading of the target file as GitHub spells the
 //!   heading's anchor (lower case; letters, digits, `-` and `_` kept, spaces to `-`, the rest
 //!   dropped; `-1`, `-2` for repeats). Links with a scheme (`https:`, `mailto:`) are not fetched.
-//! - Every path the prose cites in a code span (`tests/hostile.rs::a_superseded_link_applies_nothing`,
+//! - Every path the prose cites in a code span (`tests/serving/hostile.rs::a_superseded_link_applies_nothing`,
 //!   `ui-tests/forge_state.rs`, `tools/layers.sh`) exists, and the test or function named after
 //!   `::` is defined in it: the pointers from promises to the tests that back them stay true
 //!   when files move.

@@ -102,6 +102,15 @@ pub(crate) fn first(log: &[String], prefix: &str) -> usize {
         .unwrap_or_else(|| panic!("no {prefix:?} in {log:#?}"))
 }
 
+/// The double's log lines of the calls that start with `prefix` (a call's name and a space), in
+/// order.
+pub(crate) fn calls<'a>(log: &'a [String], prefix: &str) -> Vec<&'a str> {
+    log.iter()
+        .filter(|l| l.starts_with(prefix))
+        .map(String::as_str)
+        .collect()
+}
+
 pub(crate) type Pair = (
     Hixl<hixl::Connected>,
     hixl::Region<DeviceBuffer>,

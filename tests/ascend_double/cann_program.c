@@ -1,5 +1,5 @@
 /*
- * A program written as a CANN user writes one, run by tests/ascend.rs against the double built
+ * A program written as a CANN user writes one, run by tests/ascend/ascend.rs against the double built
  * by tools/ascend-double.sh: linked with `-lacl_rt -lascend_hal` (the line of HIXL's
  * examples/cpp/CMakeLists.txt) and run with LD_LIBRARY_PATH alone, no HIXL_ASCEND_DOUBLE_*
  * variable. It never calls aclInit, as HIXL's examples do not.

@@ -1,5 +1,5 @@
 /*
- * Two processes (a fork) on the ACL/HCCL test double, run by tests/ascend.rs: the double's rule
+ * Two processes (a fork) on the ACL/HCCL test double, run by tests/ascend/ascend.rs: the double's rule
  * that a one-sided call reaches only remote memory bound to the remote rank's live
  * communicator, across processes (where the double reads the ranges the remote process
  * published in the announce directory, HIXL_ASCEND_DOUBLE_DIR).

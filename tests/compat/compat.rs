@@ -1,0 +1,541 @@
+//! The runtime-checked engine in HIXL's shape (`hixl::compat`), across two processes: data
+//! moved at odd offsets and verified, every runtime check with its status, AutoConnect across a
+//! peer restart, poll-many semantics, finalize twice.
+
+use crate::common;
+
+use common::compat::{NO_OPTIONS, client, desc, register, status, wait};
+use common::{Peer, Rng, fnv1a};
+use hixl::compat::{
+    self, FeatureType, GetTransferStatusArgs, Hixl, MemDesc, NotifyDesc, TransferArgs,
+    TransferOpDesc, TransferStatus,
+};
+use hixl::{AsyncConnectStatus, MemType, Status, TransferOp};
+use std::time::{Duration, Instant};
+
+#[test]
+fn write_then_read_at_odd_offsets_across_processes() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 20, 11, &[]);
+    let mut mem = vec![0u8; 1 << 20];
+    let (e, _h) = client(&[], &mut mem);
+    e.connect(&peer.name, 1000).unwrap();
+    // three odd-sized pieces at odd offsets, one batch
+    let data = Rng::new(5).bytes(70_001);
+    mem[..data.len()].copy_from_slice(&data);
+    let pieces = [
+        (0usize, 13u64, 1usize),
+        (1, 4097, 65_537),
+        (65_538, 999_001, 4463),
+    ];
+    let descs: Vec<_> = pieces
+        .iter()
+        .map(|&(lo, ro, len)| desc(&mem, lo, peer.addr, ro, len))
+        .collect();
+    e.transfer_sync(&peer.name, TransferOp::Write, &descs, 1000)
+        .unwrap();
+    for &(lo, ro, len) in &pieces {
+        assert_eq!(peer.sum(ro, len as u64), fnv1a(&data[lo..lo + len]), "{ro}");
+    }
+    // READ the same pieces back into another part of the buffer, and a seeded piece of the
+    // peer's untouched memory
+    let back = 200_001usize;
+    let descs: Vec<_> = pieces
+        .iter()
+        .map(|&(lo, ro, len)| desc(&mem, back + lo, peer.addr, ro, len))
+        .chain([desc(&mem, 500_003, peer.addr, 300_007, 777)])
+        .collect();
+    e.transfer_sync(&peer.name, TransferOp::Read, &descs, 1000)
+        .unwrap();
+    for &(lo, _, len) in &pieces {
+        assert_eq!(&mem[back + lo..back + lo + len], &data[lo..lo + len]);
+    }
+    let seeded = Rng::new(11).bytes(1 << 20);
+    assert_eq!(&mem[500_003..500_780], &seeded[300_007..300_784]);
+    // async, then a notification that lands after it
+    let fresh = Rng::new(6).bytes(3001);
+    mem[700_001..703_002].copy_from_slice(&fresh);
+    let req = e
+        .transfer_async(
+            &peer.name,
+            TransferOp::Write,
+            &[desc(&mem, 700_001, peer.addr, 50_001, 3001)],
+            TransferArgs { user_data: 42 },
+        )
+        .unwrap();
+    assert_ne!(req, 0);
+    let n = NotifyDesc {
+        name: "kv".into(),
+        notify_msg: "ready".into(),
+    };
+    e.send_notify(&peer.name, &n, 1000).unwrap();
+    assert_eq!(wait(&e, req), TransferStatus::Completed);
+    assert_eq!(peer.sum(50_001, 3001), fnv1a(&fresh));
+    assert_eq!(peer.notifies(), vec![("kv".to_owned(), "ready".to_owned())]);
+    // reported once: the id is forgotten
+    assert_eq!(status(e.get_transfer_status(req)), Status::FAILED);
+    e.disconnect(&peer.name, 1000).unwrap();
+    e.finalize();
+    e.finalize();
+    peer.quit();
+}
+
+#[test]
+fn every_runtime_check_has_hixl_status() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 3, &[]);
+    let mut mem = vec![0u8; 1 << 16];
+    let mut other = vec![0u8; 4096];
+    let e = Hixl::new();
+    // before initialize
+    assert_eq!(status(e.connect(&peer.name, 1000)), Status::FAILED);
+    assert_eq!(status(register(&e, &mut mem)), Status::FAILED);
+    assert_eq!(status(e.get_notifies()), Status::FAILED);
+    // bad options and names
+    assert_eq!(
+        status(e.initialize("127.0.0.1", [("NoSuchKey", "1")])),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(e.initialize("localhost", NO_OPTIONS)),
+        Status::PARAM_INVALID
+    );
+    e.initialize("127.0.0.1", NO_OPTIONS).unwrap();
+    assert_eq!(
+        status(e.initialize("127.0.0.1", NO_OPTIONS)),
+        Status::FAILED
+    );
+    let h = register(&e, &mut mem).unwrap();
+    assert_ne!(h, 0);
+    // overlapping and repeated registrations, zero length, device memory without Ascend
+    assert_eq!(status(register(&e, &mut mem[8..16])), Status::PARAM_INVALID);
+    assert_eq!(status(register(&e, &mut mem)), Status::PARAM_INVALID);
+    assert_eq!(status(register(&e, &mut other[..0])), Status::PARAM_INVALID);
+    let dev = MemDesc {
+        addr: other.as_ptr() as usize,
+        len: other.len(),
+        local_only: false,
+    };
+    // SAFETY: refused before anything is registered.
+    let r = unsafe { e.register_mem(dev, MemType::Device) };
+    // (no CANN on the loader path here: the test machines have none)
+    let err = r.expect_err("device memory without CANN");
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    assert!(
+        err.to_string().contains("CANN's ACL runtime and HCCL"),
+        "{err}"
+    );
+    assert_eq!(status(e.deregister_mem(h + 1000)), Status::PARAM_INVALID);
+    // a transfer to a remote never connected (no AutoConnect)
+    let d = [desc(&mem, 0, peer.addr, 0, 64)];
+    assert_eq!(
+        status(e.transfer_sync(&peer.name, TransferOp::Write, &d, 1000)),
+        Status::NOT_CONNECTED
+    );
+    assert_eq!(
+        status(e.send_notify(&peer.name, &NotifyDesc::default(), 1000)),
+        Status::NOT_CONNECTED
+    );
+    assert_eq!(
+        status(e.disconnect(&peer.name, 1000)),
+        Status::NOT_CONNECTED
+    );
+    // timeouts and names
+    assert_eq!(status(e.connect(&peer.name, 0)), Status::PARAM_INVALID);
+    assert_eq!(status(e.connect(&peer.name, -5)), Status::PARAM_INVALID);
+    assert_eq!(status(e.connect("127.0.0.1", 1000)), Status::PARAM_INVALID);
+    assert_eq!(status(e.connect("not a name", 1000)), Status::PARAM_INVALID);
+    // a name nobody listens on (a port just released): the connect fails, nothing is held
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    assert_eq!(status(e.connect(&gone, 1000)), Status::FAILED);
+    assert_eq!(
+        e.get_async_connect_status(&gone).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    e.connect(&peer.name, 1000).unwrap();
+    assert_eq!(
+        status(e.connect(&peer.name, 1000)),
+        Status::ALREADY_CONNECTED
+    );
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::Connected
+    );
+    // registration while a link exists (HIXL's lifecycle): usable by this engine at once (a
+    // READ, so the peer keeps its seeded bytes for the checks below)
+    let h_other = register(&e, &mut other).unwrap();
+    e.transfer_sync(
+        &peer.name,
+        TransferOp::Read,
+        &[desc(&other, 0, peer.addr, 60_000, 4096)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(other[..4096], Rng::new(3).bytes(1 << 16)[60_000..64_096]);
+    // and deregistered while linked: local ranges in it are refused from then on
+    e.deregister_mem(h_other).unwrap();
+    assert_eq!(
+        status(e.transfer_sync(
+            &peer.name,
+            TransferOp::Write,
+            &[desc(&other, 0, peer.addr, 0, 8)],
+            1000
+        )),
+        Status::PARAM_INVALID
+    );
+    // local ranges: unregistered, partly outside, zero length; remote ranges outside the table
+    let w = |d: TransferOpDesc| e.transfer_sync(&peer.name, TransferOp::Write, &[d], 1000);
+    assert_eq!(
+        status(w(desc(&other, 0, peer.addr, 0, 8))),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(w(desc(&mem, (1 << 16) - 4, peer.addr, 0, 8))),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(w(desc(&mem, 0, peer.addr, 0, 0))),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(w(desc(&mem, 0, peer.addr, (1 << 16) - 4, 8))),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(w(desc(&mem, 0, peer.addr + (1 << 20), 0, 8))),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(w(TransferOpDesc {
+            local_addr: usize::MAX - 2,
+            remote_addr: peer.addr as usize,
+            len: 8
+        })),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(e.transfer_sync(&peer.name, TransferOp::Write, &[], 1000)),
+        Status::PARAM_INVALID
+    );
+    assert_eq!(
+        status(e.transfer_async(&peer.name, TransferOp::Read, &[], TransferArgs::default())),
+        Status::PARAM_INVALID
+    );
+    // nothing moved by the refused calls: the peer still holds its seeded bytes
+    assert_eq!(peer.sum(0, 1 << 16), fnv1a(&Rng::new(3).bytes(1 << 16)));
+    let long = NotifyDesc {
+        name: "x".repeat(2000),
+        notify_msg: String::new(),
+    };
+    assert_eq!(
+        status(e.send_notify(&peer.name, &long, 1000)),
+        Status::PARAM_INVALID
+    );
+    // unknown request ids
+    assert_eq!(status(e.get_transfer_status(0)), Status::FAILED);
+    assert_eq!(status(e.get_transfer_status(u64::MAX)), Status::FAILED);
+    // capabilities
+    assert_eq!(
+        compat::get_capability(FeatureType::AutoConnect),
+        compat::FEATURE_SUPPORTED
+    );
+    assert_eq!(
+        compat::get_capability(FeatureType::ClientServerComm),
+        compat::FEATURE_NOT_SUPPORTED
+    );
+    assert_eq!(FeatureType::from_i32(7), None);
+    // after disconnect the region table may change again
+    e.disconnect(&peer.name, 1000).unwrap();
+    let h2 = register(&e, &mut other).unwrap();
+    e.deregister_mem(h2).unwrap();
+    assert_eq!(status(e.deregister_mem(h2)), Status::PARAM_INVALID);
+    e.deregister_mem(h).unwrap();
+    e.finalize();
+    e.finalize();
+    // finalized: everything is FAILED, and it cannot be initialized again
+    assert_eq!(status(e.connect(&peer.name, 1000)), Status::FAILED);
+    assert_eq!(
+        status(e.initialize("127.0.0.1", NO_OPTIONS)),
+        Status::FAILED
+    );
+    peer.quit();
+}
+
+#[test]
+fn auto_connect_connects_on_demand_and_after_a_restart() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 21, &[]);
+    let name = peer.name.clone();
+    let mut mem = vec![0u8; 1 << 16];
+    let opts = [("AutoConnect", "1"), ("hixl.SameHost", "off")];
+    let (e, _) = client(&opts, &mut mem);
+    let data = Rng::new(22).bytes(5000);
+    mem[..5000].copy_from_slice(&data);
+    // no connect: the transfer connects
+    e.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&mem, 0, peer.addr, 7, 5000)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(peer.sum(7, 5000), fnv1a(&data));
+    assert_eq!(
+        e.get_async_connect_status(&name).unwrap(),
+        AsyncConnectStatus::Connected
+    );
+    // the peer dies: the next call fails, and drops the link
+    peer.signal(libc::SIGKILL);
+    peer.child.wait().unwrap();
+    let addr = peer.addr;
+    let r = e.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&mem, 0, addr, 7, 5000)],
+        1000,
+    );
+    let st = status(r);
+    assert!(
+        [Status::NOT_CONNECTED, Status::FAILED, Status::TIMEOUT].contains(&st),
+        "{st:?}"
+    );
+    // restarted under the same name: the next call reconnects (new table, new addresses)
+    let mut peer = Peer::spawn_compat(&name, 1 << 16, 23, &[]);
+    assert_eq!(peer.name, name);
+    e.transfer_sync(
+        &name,
+        TransferOp::Write,
+        &[desc(&mem, 0, peer.addr, 9, 5000)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(peer.sum(9, 5000), fnv1a(&data));
+    let n = NotifyDesc {
+        name: "after".into(),
+        notify_msg: "restart".into(),
+    };
+    e.send_notify(&name, &n, 1000).unwrap();
+    assert_eq!(peer.notifies(), vec![("after".into(), "restart".into())]);
+    e.finalize();
+    peer.quit();
+}
+
+#[test]
+fn poll_many_respects_max_query_count_and_skip_waiting() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 64 << 20, 31, &[]);
+    let mut mem = vec![0u8; 64 << 20];
+    // TCP only: a stopped peer then really holds a large transfer up
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    e.connect(&peer.name, 1000).unwrap();
+    let small: Vec<u64> = (0..3u64)
+        .map(|i| {
+            let d = [desc(&mem, 4096 * i as usize, peer.addr, 4096 * i, 4096)];
+            e.transfer_async(
+                &peer.name,
+                TransferOp::Read,
+                &d,
+                TransferArgs { user_data: 100 + i },
+            )
+            .unwrap()
+        })
+        .collect();
+    // waited for through the many-request form only
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while seen.len() < 3 && Instant::now() < until {
+        let got = e
+            .get_transfer_statuses(GetTransferStatusArgs {
+                max_query_count: 1,
+                skip_waiting: true,
+            })
+            .unwrap();
+        assert!(got.len() <= 1, "{got:?}");
+        for r in got {
+            assert_eq!(r.status, TransferStatus::Completed);
+            seen.push((r.req, r.user_data));
+        }
+        std::thread::yield_now();
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        small
+            .iter()
+            .zip(100..)
+            .map(|(&r, u)| (r, u))
+            .collect::<Vec<_>>()
+    );
+    // reported: forgotten
+    for &r in &small {
+        assert_eq!(status(e.get_transfer_status(r)), Status::FAILED);
+    }
+    assert_eq!(e.pending_transfers(), 0);
+    // a large WRITE to a stopped peer stays waiting: skip_waiting leaves it out, the default
+    // reports it (and keeps it)
+    peer.signal(libc::SIGSTOP);
+    let big = e
+        .transfer_async(
+            &peer.name,
+            TransferOp::Write,
+            &[desc(&mem, 0, peer.addr, 0, 64 << 20)],
+            TransferArgs { user_data: 7 },
+        )
+        .unwrap();
+    let skipped = e
+        .get_transfer_statuses(GetTransferStatusArgs {
+            max_query_count: u32::MAX,
+            skip_waiting: true,
+        })
+        .unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let all = e
+        .get_transfer_statuses(GetTransferStatusArgs::default())
+        .unwrap();
+    assert_eq!(
+        all,
+        vec![compat::TransferResult {
+            req: big,
+            user_data: 7,
+            status: TransferStatus::Waiting
+        }]
+    );
+    assert_eq!(
+        e.get_transfer_statuses(GetTransferStatusArgs {
+            max_query_count: 0,
+            skip_waiting: false
+        })
+        .unwrap(),
+        vec![]
+    );
+    peer.signal(libc::SIGCONT);
+    assert_eq!(wait(&e, big), TransferStatus::Completed);
+    assert_eq!(peer.sum(0, 64 << 20), fnv1a(&mem));
+    e.finalize();
+    e.finalize();
+    peer.quit();
+}
+
+#[test]
+fn async_connect_then_transfer() {
+    let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 41, &[]);
+    let mut mem = vec![0u8; 1 << 16];
+    let (e, _) = client(&[], &mut mem);
+    e.connect_async(&peer.name, 1000).unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        let st = e.get_async_connect_status(&peer.name).unwrap();
+        if !matches!(
+            st,
+            AsyncConnectStatus::ConnectPending | AsyncConnectStatus::Connecting
+        ) || Instant::now() > until
+        {
+            break st;
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(st, AsyncConnectStatus::Connected);
+    assert_eq!(
+        e.get_all_async_connect_status().unwrap().get(&peer.name),
+        Some(&AsyncConnectStatus::Connected)
+    );
+    e.transfer_sync(
+        &peer.name,
+        TransferOp::Read,
+        &[desc(&mem, 1, peer.addr, 3, 1000)],
+        1000,
+    )
+    .unwrap();
+    assert_eq!(&mem[1..1001], &Rng::new(41).bytes(1003)[3..]);
+    e.disconnect_async(&peer.name, 1000).unwrap();
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    assert_eq!(
+        status(e.transfer_sync(
+            &peer.name,
+            TransferOp::Read,
+            &[desc(&mem, 1, peer.addr, 3, 1000)],
+            1000
+        )),
+        Status::NOT_CONNECTED
+    );
+    e.finalize();
+    peer.quit();
+}
+
+#[test]
+fn threads_share_one_engine_with_auto_connect() {
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 20, 51, &[]);
+    let mut mem = vec![0u8; 1 << 20];
+    let (e, _) = client(&[("AutoConnect", "1")], &mut mem);
+    let chunk = 1 << 17;
+    let data = Rng::new(52).bytes(4 * chunk);
+    mem[..4 * chunk].copy_from_slice(&data);
+    let (base, raddr, name) = (mem.as_ptr() as usize, peer.addr as usize, peer.name.clone());
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (e, name) = (&e, &name);
+            s.spawn(move || {
+                // the first caller connects, the others use its link
+                let w = TransferOpDesc {
+                    local_addr: base + t * chunk,
+                    remote_addr: raddr + t * chunk + 1,
+                    len: chunk,
+                };
+                e.transfer_sync(name, TransferOp::Write, &[w], 5000)
+                    .unwrap();
+                let r = TransferOpDesc {
+                    local_addr: base + 4 * chunk + t * chunk,
+                    ..w
+                };
+                e.transfer_sync(name, TransferOp::Read, &[r], 5000).unwrap();
+            });
+        }
+    });
+    assert_eq!(&mem[4 * chunk..8 * chunk], &data[..]);
+    assert_eq!(peer.sum(1, 4 * chunk as u64), fnv1a(&data));
+    assert_eq!(e.get_all_async_connect_status().unwrap().len(), 1);
+    e.finalize();
+    peer.quit();
+}
+
+#[test]
+fn auto_connect_replaces_a_link_the_heartbeat_found_dead() {
+    let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 61, &[]);
+    let mut mem = vec![0u8; 1 << 16];
+    // TCP links (same-host links watch the peer's process instead of pinging it)
+    let opts = [
+        ("AutoConnect", "1"),
+        ("hixl.SameHost", "off"),
+        ("hixl.HeartbeatMs", "250"),
+    ];
+    let (e, _) = client(&opts, &mut mem);
+    let d = [desc(&mem, 0, peer.addr, 0, 512)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 1000)
+        .unwrap();
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::Connected
+    );
+    // a stopped peer does not answer the heartbeat: the link breaks without any transfer
+    peer.signal(libc::SIGSTOP);
+    let until = Instant::now() + Duration::from_secs(30);
+    while e.get_async_connect_status(&peer.name).unwrap() == AsyncConnectStatus::Connected
+        && Instant::now() < until
+    {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        e.get_async_connect_status(&peer.name).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    // back again: the next call drops the dead link and connects anew
+    peer.signal(libc::SIGCONT);
+    mem[..512].fill(0);
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 5000)
+        .unwrap();
+    assert_eq!(&mem[..512], &Rng::new(61).bytes(512)[..]);
+    e.finalize();
+    peer.quit();
+}

@@ -1,0 +1,9 @@
+//! LLM-DataDist on hixl: the runtime-checked instance, its typed layer, and the link by an explicit
+//! rank table on the ACL/HCCL test double (one test crate; each module is one former test file).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod datadist;
+mod datadist_rank;
+mod datadist_typed;
