@@ -1,5 +1,5 @@
 //! `datadist-serve`: an LLM-DataDist prompt cluster in its own process, through the typed
-//! layer (`hixl::datadist::typed`), for the two-process tests of `tests/datadist_typed.rs`.
+//! layer (`hixl::datadist::typed`), for the two-process tests of `tests/datadist/datadist_typed.rs`.
 //!
 //! It listens on `127.0.0.1:0`, registers one blocks cache of `--tensors` tensors of
 //! `--blocks` blocks of `--block` bytes (tensor `t` holds the `testkit::Rng` bytes of

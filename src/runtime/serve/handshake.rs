@@ -506,7 +506,7 @@ mod tests {
     }
 
     /// Every frame out of its place, and every malformed payload, is refused with the one
-    /// status of a protocol violation, at every stage (as `tests/hostile.rs` expects on the
+    /// status of a protocol violation, at every stage (as `tests/serving/hostile.rs` expects on the
     /// wire).
     #[test]
     fn one_status_for_what_breaks_the_protocol_at_every_stage() {
