@@ -149,7 +149,8 @@ impl<M: Reclaim> Cache<'_, M> {
     ///
     /// # Errors
     /// The engine's (the cache stays registered, and comes back in the error); after
-    /// [`Cluster::finalize`] it succeeds (the memory is already out of reach).
+    /// [`Cluster::finalize`](super::Cluster::finalize) it succeeds (the memory is already out of
+    /// reach).
     pub fn unregister(mut self) -> std::result::Result<Vec<M>, Rejected<Self>> {
         match self.release() {
             Ok(()) => Ok(self.take()),
