@@ -235,6 +235,10 @@ def test_mem_device_refused_without_ascend():
 
 
 def test_unsupported_and_invalid_options():
+    """Fabric memory needs ACL's virtual-memory calls: in this process no ACL loads (no CANN, and
+    the test double is not on the library path here), so EnableUseFabricMem=1 is UNSUPPORTED
+    (tests/fabric.rs and hixl-capi's cpp_fabric run it on the double). An unknown option is
+    PARAM_INVALID."""
     h = hixl.Hixl()
     assert h.initialize("127.0.0.1:0", {hixl.OPTION_ENABLE_USE_FABRIC_MEM: "1"}) == hixl.UNSUPPORTED
     assert h.initialize("127.0.0.1:0", {"NoSuchOption": "1"}) == hixl.PARAM_INVALID
