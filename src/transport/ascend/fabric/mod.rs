@@ -18,6 +18,16 @@
 //!   aborts the streams before the call returns, so no copy touches memory afterwards.
 //! - While any link of the engine (made or served) is up, deregistration is refused with
 //!   `FAILED` ("Disconnect peers before deregistering memory"), upstream's rule.
+//! - A fabric-memory engine may connect to itself, as upstream's FabricMem engine does (its kv
+//!   benchmark links each engine to itself); hixl's other engines refuse (`PARAM_INVALID`, as
+//!   upstream's). The self-link is an ordinary link through the engine's own listener: its
+//!   own handles imported and mapped a second time, so a transfer copies between this
+//!   process's own regions. As the server's addresses are this process's, a batch whose
+//!   source range overlaps a destination range (of the same or another descriptor) is refused
+//!   before anything moves (`Error::OverlappingTransfer`, `PARAM_INVALID`): the copies run on
+//!   several streams in no defined order. Deregistration (refused while the link is up, and
+//!   in the typed API impossible while a `Link` borrows the engine) and finalize (which closes
+//!   the link first) are as with any peer; an allow-list must name the engine itself.
 //!
 //! The AICPU path (upstream's default, `enable_aicpu_unfold=true`: copies unfolded by an AICPU
 //! kernel in `libcann_hixl_kernel.so`) is not implemented: asking for it is `UNSUPPORTED`.
@@ -370,7 +380,9 @@ impl Backend for FabricBackend {
                 .ctl
                 .refused(Status::from_peer(theirs.status), theirs.reason));
         }
-        let link = FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
+        let mut link =
+            FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
+        link.loopback = setup.loopback;
         Ok(Some(Box::new(Mutex::new(Some(link)))))
     }
 
@@ -493,6 +505,8 @@ pub(crate) struct FabricLink {
     /// Server region id → its blocks, mapped here.
     blocks: HashMap<u32, Vec<Imported>>,
     streams: Vec<Stream>,
+    /// The link is this engine's link to itself: the server's addresses are this process's.
+    loopback: bool,
     _live: LiveLink,
 }
 
@@ -529,6 +543,7 @@ impl FabricLink {
             table,
             blocks: by_region,
             streams,
+            loopback: false,
             _live: LiveLink::new(live),
         })
     }
@@ -544,6 +559,55 @@ impl FabricLink {
             (start >= b.peer_base && end <= b.peer_base + b.len as u64)
                 .then(|| b.va + (start - b.peer_base) as usize)
         })
+    }
+
+    /// On a link to this engine itself, where a remote range is this process's memory at the
+    /// address the table gives: refuses a batch in which a descriptor's source overlaps a
+    /// destination (its own or another's). The copies run on several streams in no defined
+    /// order, so such a batch has no defined result; refused, nothing moves.
+    /// (Destinations overlapping each other are the caller's affair, as on any link.)
+    fn check_loopback(&self, op: TransferOp, descs: &[BatchDesc]) -> Result<(), Error> {
+        if !self.loopback {
+            return Ok(());
+        }
+        // (start, end, descriptor, is the destination)
+        let mut spans: Vec<(u64, u64, usize, bool)> = Vec::with_capacity(2 * descs.len());
+        for (i, d) in descs.iter().enumerate() {
+            let Some(remote) = self
+                .table
+                .get(&d.remote.region)
+                .and_then(|a| a.checked_add(d.remote.offset))
+            else {
+                continue; // not translated either: `transfer` refuses it
+            };
+            let local = d.local as u64;
+            let len = d.remote.len;
+            let (dst, src) = match op {
+                TransferOp::Write => (remote, local),
+                TransferOp::Read => (local, remote),
+            };
+            spans.push((src, src.saturating_add(len), i, false));
+            spans.push((dst, dst.saturating_add(len), i, true));
+        }
+        spans.sort_unstable_by_key(|s| s.0);
+        // the furthest-reaching source and destination seen so far: a span overlaps a span of
+        // the other kind that started before it iff that one reaches past its start
+        let (mut src_end, mut dst_end) = ((0u64, 0usize), (0u64, 0usize));
+        for &(start, end, i, is_dst) in &spans {
+            let (other, mine) = if is_dst {
+                (src_end, &mut dst_end)
+            } else {
+                (dst_end, &mut src_end)
+            };
+            if other.0 > start {
+                let (src, dst) = if is_dst { (other.1, i) } else { (i, other.1) };
+                return Err(Error::OverlappingTransfer { src, dst });
+            }
+            if end > mine.0 {
+                *mine = (end, i);
+            }
+        }
+        Ok(())
     }
 
     fn abort_all(&self) {
@@ -564,6 +628,7 @@ impl FabricLink {
         descs: &[BatchDesc],
         deadline: Instant,
     ) -> Result<(), Error> {
+        self.check_loopback(op, descs)?;
         let mut plan = Vec::with_capacity(descs.len());
         for d in descs {
             let Some(remote) = self.translate(d) else {
