@@ -287,12 +287,33 @@ fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>,
         match found {
             Some(r) => out.push((r.clone(), d.local_addr - r.addr())),
             None => {
+                // a fabric-memory engine also copies local device memory that is not
+                // registered, as upstream's FabricMem engine does, when ACL says it lies inside
+                // one live device allocation
+                let why = match &core.engine {
+                    Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem && d.len > 0 => {
+                        match e.unregistered_device(d.local_addr, d.len) {
+                            Ok(r) => {
+                                out.push((Arc::new(Reg::Caller(r)), 0));
+                                continue;
+                            }
+                            Err(why) => why,
+                        }
+                    }
+                    _ => "",
+                };
                 return Err(Error::new(
                     Status::PARAM_INVALID,
                     format!(
                         "descriptor {i}: local range {:#x}+{} is not inside one region registered \
-                         with this engine",
-                        d.local_addr, d.len
+                         with this engine{}{why}",
+                        d.local_addr,
+                        d.len,
+                        if why.is_empty() {
+                            ""
+                        } else {
+                            ", nor unregistered device memory a fabric-memory engine copies: "
+                        }
                     ),
                 ));
             }

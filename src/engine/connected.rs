@@ -115,6 +115,38 @@ impl Hixl<Connected> {
         Ok(Link::owning(self.inner.clone(), shared))
     }
 
+    /// For the [`crate::compat`] engine of a fabric-memory engine: local memory that is not
+    /// registered but lies inside one live ACL device allocation (upstream's FabricMem engine
+    /// copies from and into such memory), as a region of its own that is in no table, served
+    /// to no peer and registered with no transport: it only carries the range into one batch
+    /// (and keeps the batch's async request accounted).
+    ///
+    /// # Errors
+    /// Why not (not a fabric-memory engine; not inside one device allocation).
+    pub(crate) fn unregistered_device(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<crate::Region<crate::MemDesc>, &'static str> {
+        let Some(rt) = &self.inner.fabric else {
+            return Err("only a fabric-memory engine copies memory that is not registered");
+        };
+        if let Some(why) = rt.unregistered_device(addr, len) {
+            return Err(why);
+        }
+        let core = crate::runtime::region::RegionCore::new_raw(
+            u32::MAX,
+            self.inner.id,
+            crate::MemDesc { addr, len },
+            crate::MemType::Device,
+            crate::Access::ReadWrite,
+        );
+        Ok(crate::Region {
+            core: std::sync::Arc::new(core),
+            _mem: std::marker::PhantomData,
+        })
+    }
+
     /// How many peers hold a link to this engine right now (links it serves).
     pub(crate) fn served_links(&self) -> usize {
         self.inner.served_links()

@@ -173,6 +173,32 @@ impl FabricRt {
         }
     }
 
+    /// Why `addr..addr + len` is not memory a transfer may use unregistered, or `None` when it
+    /// lies inside one live device allocation of ACL: `aclrtMemGetAddressRange` gives the
+    /// allocation holding `addr` (it must hold the whole range), `aclrtPointerGetAttributes`
+    /// its location (it must be the device). Upstream's FabricMem engine copies such local
+    /// memory without a registration (its benchmarks' `--memory=device` initiator does).
+    pub(crate) fn unregistered_device(&self, addr: usize, len: usize) -> Option<&'static str> {
+        let Ok(_g) = self.device.enter() else {
+            return Some("the engine's device could not be entered to ask ACL about it");
+        };
+        let end = addr.checked_add(len)?;
+        let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: plain out-pointers; `addr` is only looked up, not dereferenced.
+        let rc = unsafe { (self.api.address_range)(addr as *mut c_void, &mut base, &mut size) };
+        let base = base as usize;
+        if rc != 0 || len == 0 || base > addr || base.checked_add(size).is_none_or(|e| e < end) {
+            return Some("it is not inside one live ACL allocation (aclrtMemGetAddressRange)");
+        }
+        let mut attr = ffi::PtrAttributes::default();
+        // SAFETY: as above; `attr` is a writable aclrtPtrAttributes.
+        let rc = unsafe { (self.api.pointer_attributes)(addr as *const c_void, &mut attr) };
+        if rc != 0 || attr.location.kind != ffi::LOCATION_DEVICE {
+            return Some("it is not device memory (aclrtPointerGetAttributes)");
+        }
+        None
+    }
+
     /// Walks `addr..addr + len` block by block (`aclrtMemGetAddressRange`), retaining and
     /// exporting each block's physical allocation.
     ///
