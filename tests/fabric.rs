@@ -543,8 +543,16 @@ fn self_scenario() {
     let any = Hixl::new();
     any.initialize("0.0.0.0:0", [("hixl.ascend.enable", "0")])
         .unwrap();
-    let port = any.local_engine().unwrap().rsplit(':').next().unwrap().to_owned();
-    let err = any.connect(&format!("127.0.0.1:{port}"), 10_000).unwrap_err();
+    let port = any
+        .local_engine()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let err = any
+        .connect(&format!("127.0.0.1:{port}"), 10_000)
+        .unwrap_err();
     assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
     assert!(err.to_string().contains("itself"), "{err}");
     any.finalize();
@@ -560,7 +568,8 @@ fn self_scenario() {
     let hd = register(&e, dev, 4 * MIB, MemType::Device);
     let hh = register(&e, host, 2 * MIB, MemType::Host);
 
-    e.connect(&me, 10_000).expect("a fabric-memory engine connects to itself");
+    e.connect(&me, 10_000)
+        .expect("a fabric-memory engine connects to itself");
     assert_eq!(e.transport(&me).unwrap(), TransportKind::Ascend);
     let err = e.connect(&me, 10_000).unwrap_err();
     assert_eq!(err.status(), Status::ALREADY_CONNECTED, "{err:?}");
@@ -581,7 +590,10 @@ fn self_scenario() {
     };
     e.transfer_sync(&me, TransferOp::Read, &[r], 10_000)
         .expect("READ from itself");
-    assert_eq!(bytes(host + MIB, 500_000), seeded[3 * MIB..3 * MIB + 500_000]);
+    assert_eq!(
+        bytes(host + MIB, 500_000),
+        seeded[3 * MIB..3 * MIB + 500_000]
+    );
     let within = TransferOpDesc {
         local_addr: dev,
         remote_addr: dev + 2 * MIB,
@@ -606,7 +618,9 @@ fn self_scenario() {
             TransferArgs::default(),
         )
         .unwrap();
-    let st = e.wait_transfer(req, std::time::Duration::from_secs(10)).unwrap();
+    let st = e
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(fnv1a(&bytes(dev + MIB + 5, 300_000)), fnv1a(&data));
     let req = e
@@ -621,7 +635,9 @@ fn self_scenario() {
             TransferArgs::default(),
         )
         .unwrap();
-    let st = e.wait_transfer(req, std::time::Duration::from_secs(10)).unwrap();
+    let st = e
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(
         fnv1a(&bytes(host + 2 * MIB - 300_000, 300_000)),
@@ -677,13 +693,19 @@ fn self_scenario() {
     ];
     for (op, descs) in &overlapping {
         let err = e.transfer_sync(&me, *op, descs, 10_000).unwrap_err();
-        assert_eq!(err.status(), Status::PARAM_INVALID, "{op:?} {descs:?}: {err:?}");
+        assert_eq!(
+            err.status(),
+            Status::PARAM_INVALID,
+            "{op:?} {descs:?}: {err:?}"
+        );
         assert!(err.to_string().contains("overlaps"), "{err}");
         // async: the batch starts, and fails on the data path, nothing moved
         let req = e
             .transfer_async(&me, *op, descs, TransferArgs::default())
             .unwrap();
-        let st = e.wait_transfer(req, std::time::Duration::from_secs(10)).unwrap();
+        let st = e
+            .wait_transfer(req, std::time::Duration::from_secs(10))
+            .unwrap();
         assert_eq!(st, TransferStatus::Failed, "{op:?} {descs:?}");
     }
     // adjacent (touching, not overlapping) ranges are fine
@@ -717,7 +739,8 @@ fn self_scenario() {
     let hd = register(&e, dev, 4 * MIB, MemType::Device);
     e.connect(&me, 10_000).unwrap();
     e.disconnect(&me, 10_000).expect("disconnect from itself");
-    e.deregister_mem(hd).expect("deregister once the self-link is gone");
+    e.deregister_mem(hd)
+        .expect("deregister once the self-link is gone");
     e.finalize();
     for a in [dev, host] {
         hixl::fabric::free_mem(a).expect("FreeMem");

@@ -291,7 +291,9 @@ fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>,
                 // registered, as upstream's FabricMem engine does, when ACL says it lies inside
                 // one live device allocation
                 let why = match &core.engine {
-                    Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem && d.len > 0 => {
+                    Some(Typed::Connected(e))
+                        if e.options().ascend.enable_fabric_mem && d.len > 0 =>
+                    {
                         match e.unregistered_device(d.local_addr, d.len) {
                             Ok(r) => {
                                 out.push((Arc::new(Reg::Caller(r)), 0));

@@ -6,12 +6,14 @@
 // then the bad inputs: an address outside every mapping (PARAM_INVALID), DeregisterMem while
 // connected (FAILED), the many-request GetTransferStatus (UNSUPPORTED), BufferPool other than
 // "0:0" (PARAM_INVALID); local device memory that was never registered (aclrtMalloc's), and
-// what is refused beside it; the server's link to itself. Prints PASS on success; exits 1 naming the failed line otherwise.
+// what is refused beside it; the server's link to itself; a failure's message in ACL's error
+// channel (aclGetRecentErrMsg). Prints PASS on success; exits 1 naming the failed line otherwise.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "acl_decls.h"
@@ -153,6 +155,16 @@ int Run(uint64_t seed) {
   EXPECT(FromDevice(before, smem), ACL_SUCCESS);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{c, s + 4 * kMiB, 64}}), PARAM_INVALID);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{c, s + 4 * kMiB - 8, 64}}), PARAM_INVALID);
+  // the failure is in ACL's error channel too, as upstream reports it (E19999), once
+  {
+    const char *acl_msg = aclGetRecentErrMsg();
+    CHECK(acl_msg != nullptr);
+    const std::string hixl_msg = hixl_last_error_message();
+    CHECK(!hixl_msg.empty());
+    CHECK(std::strncmp(acl_msg, "E19999", 6) == 0);
+    CHECK(std::strstr(acl_msg, hixl_msg.substr(0, 60).c_str()) != nullptr);
+    CHECK(aclGetRecentErrMsg() == nullptr);
+  }
   std::vector<uint8_t> after(4 * kMiB);
   EXPECT(FromDevice(after, smem), ACL_SUCCESS);
   CHECK(before == after);

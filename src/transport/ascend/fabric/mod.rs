@@ -406,8 +406,7 @@ impl Backend for FabricBackend {
                 .ctl
                 .refused(Status::from_peer(theirs.status), theirs.reason));
         }
-        let mut link =
-            FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
+        let mut link = FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
         link.loopback = setup.loopback;
         Ok(Some(Box::new(Mutex::new(Some(link)))))
     }
