@@ -18,9 +18,11 @@ impl Hixl {
     ///
     /// # Errors
     /// `PARAM_INVALID` for a bad timeout, an empty batch, a zero length, a local range not in
-    /// one registered region, a remote range not in one region of the peer's table (or one it
-    /// forbids); `NOT_CONNECTED` without a link (and no AutoConnect), or when the peer went
-    /// away; `TIMEOUT`; `FAILED`.
+    /// one registered region (a fabric-memory engine also takes one inside a live ACL device
+    /// allocation, as upstream's FabricMem engine does: `docs/ascend.md`), a remote range not
+    /// in one region of the peer's table (or one it forbids), a source overlapping a
+    /// destination on a fabric-memory engine's link to itself; `NOT_CONNECTED` without a link
+    /// (and no AutoConnect), or when the peer went away; `TIMEOUT`; `FAILED`.
     pub fn transfer_sync(
         &self,
         remote_engine: &str,
