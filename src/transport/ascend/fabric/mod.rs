@@ -521,6 +521,56 @@ fn import_block(rt: &Arc<FabricRt>, b: &FabricBlock) -> Result<Imported, Error> 
     Ok(imp)
 }
 
+/// On a link to this engine itself, where a remote range is this process's memory at the
+/// address `table` gives its region: refuses a batch in which a descriptor's source overlaps a
+/// destination (its own or another's) with [`Error::OverlappingTransfer`]. The copies run on
+/// several streams in no defined order, so such a batch has no defined result; refused,
+/// nothing moves. (Destinations overlapping each other are the caller's affair, as on any
+/// link; a descriptor whose region is not in `table` is left to the translation's refusal.)
+fn loopback_overlap(
+    op: TransferOp,
+    descs: &[BatchDesc],
+    table: &HashMap<u32, u64>,
+) -> Result<(), Error> {
+    // (start, end, descriptor, is the destination)
+    let mut spans: Vec<(u64, u64, usize, bool)> = Vec::with_capacity(2 * descs.len());
+    for (i, d) in descs.iter().enumerate() {
+        let Some(remote) = table
+            .get(&d.remote.region)
+            .and_then(|a| a.checked_add(d.remote.offset))
+        else {
+            continue;
+        };
+        let local = d.local as u64;
+        let len = d.remote.len;
+        let (dst, src) = match op {
+            TransferOp::Write => (remote, local),
+            TransferOp::Read => (local, remote),
+        };
+        spans.push((src, src.saturating_add(len), i, false));
+        spans.push((dst, dst.saturating_add(len), i, true));
+    }
+    spans.sort_unstable_by_key(|s| s.0);
+    // the furthest-reaching source and destination seen so far: a span overlaps a span of the
+    // other kind that started no later than it iff that one reaches past its start
+    let (mut src_end, mut dst_end) = ((0u64, 0usize), (0u64, 0usize));
+    for &(start, end, i, is_dst) in &spans {
+        let (other, mine) = if is_dst {
+            (src_end, &mut dst_end)
+        } else {
+            (dst_end, &mut src_end)
+        };
+        if other.0 > start {
+            let (src, dst) = if is_dst { (other.1, i) } else { (i, other.1) };
+            return Err(Error::OverlappingTransfer { src, dst });
+        }
+        if end > mine.0 {
+            *mine = (end, i);
+        }
+    }
+    Ok(())
+}
+
 /// The client side of a fabric link: the server's blocks, mapped here, by region.
 pub(crate) struct FabricLink {
     rt: Arc<FabricRt>,
@@ -586,53 +636,12 @@ impl FabricLink {
         })
     }
 
-    /// On a link to this engine itself, where a remote range is this process's memory at the
-    /// address the table gives: refuses a batch in which a descriptor's source overlaps a
-    /// destination (its own or another's). The copies run on several streams in no defined
-    /// order, so such a batch has no defined result; refused, nothing moves.
-    /// (Destinations overlapping each other are the caller's affair, as on any link.)
+    /// On a link to this engine itself: [`loopback_overlap`] over the batch.
     fn check_loopback(&self, op: TransferOp, descs: &[BatchDesc]) -> Result<(), Error> {
         if !self.loopback {
             return Ok(());
         }
-        // (start, end, descriptor, is the destination)
-        let mut spans: Vec<(u64, u64, usize, bool)> = Vec::with_capacity(2 * descs.len());
-        for (i, d) in descs.iter().enumerate() {
-            let Some(remote) = self
-                .table
-                .get(&d.remote.region)
-                .and_then(|a| a.checked_add(d.remote.offset))
-            else {
-                continue; // not translated either: `transfer` refuses it
-            };
-            let local = d.local as u64;
-            let len = d.remote.len;
-            let (dst, src) = match op {
-                TransferOp::Write => (remote, local),
-                TransferOp::Read => (local, remote),
-            };
-            spans.push((src, src.saturating_add(len), i, false));
-            spans.push((dst, dst.saturating_add(len), i, true));
-        }
-        spans.sort_unstable_by_key(|s| s.0);
-        // the furthest-reaching source and destination seen so far: a span overlaps a span of
-        // the other kind that started before it iff that one reaches past its start
-        let (mut src_end, mut dst_end) = ((0u64, 0usize), (0u64, 0usize));
-        for &(start, end, i, is_dst) in &spans {
-            let (other, mine) = if is_dst {
-                (src_end, &mut dst_end)
-            } else {
-                (dst_end, &mut src_end)
-            };
-            if other.0 > start {
-                let (src, dst) = if is_dst { (other.1, i) } else { (i, other.1) };
-                return Err(Error::OverlappingTransfer { src, dst });
-            }
-            if end > mine.0 {
-                *mine = (end, i);
-            }
-        }
-        Ok(())
+        loopback_overlap(op, descs, &self.table)
     }
 
     fn abort_all(&self) {
