@@ -274,6 +274,8 @@ fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
 /// For each descriptor, the registered region holding its local range, and the offset in it.
 fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>, usize)>> {
     let mut out = Vec::with_capacity(descs.len());
+    // unregistered device allocations found in this call (a fabric-memory engine's)
+    let mut found_unregistered: Vec<Arc<Reg>> = Vec::new();
     for (i, d) in descs.iter().enumerate() {
         let found = core
             .regions
@@ -292,13 +294,27 @@ fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>,
                 // a fabric-memory engine also copies local device memory that is not
                 // registered, as upstream's FabricMem engine does, when ACL says it lies inside
                 // one live device allocation
+                let inside = |r: &Arc<Reg>| {
+                    d.local_addr >= r.addr()
+                        && d.local_addr
+                            .checked_add(d.len)
+                            .is_some_and(|end| end <= r.addr() + r.len())
+                };
+                if d.len > 0
+                    && let Some(r) = found_unregistered.iter().find(|r| inside(r))
+                {
+                    out.push((r.clone(), d.local_addr - r.addr()));
+                    continue;
+                }
                 let why = match &core.engine {
                     Some(Typed::Connected(e))
                         if e.options().ascend.enable_fabric_mem && d.len > 0 =>
                     {
                         match e.unregistered_device(d.local_addr, d.len) {
                             Ok(r) => {
-                                out.push((Arc::new(Reg::Caller(r)), 0));
+                                let r = Arc::new(Reg::Caller(r));
+                                out.push((r.clone(), d.local_addr - r.addr()));
+                                found_unregistered.push(r);
                                 continue;
                             }
                             Err(why) => why,

@@ -115,11 +115,11 @@ impl Hixl<Connected> {
         Ok(Link::owning(self.inner.clone(), shared))
     }
 
-    /// For the [`crate::compat`] engine of a fabric-memory engine: local memory that is not
-    /// registered but lies inside one live ACL device allocation (upstream's FabricMem engine
+    /// For the [`crate::compat`] engine of a fabric-memory engine: the live ACL device
+    /// allocation holding local memory that is not registered (upstream's FabricMem engine
     /// copies from and into such memory), as a region of its own that is in no table, served
-    /// to no peer and registered with no transport: it only carries the range into one batch
-    /// (and keeps the batch's async request accounted).
+    /// to no peer and registered with no transport: it only carries ranges into one call's
+    /// batch (and keeps the batch's async request accounted).
     ///
     /// # Errors
     /// Why not (not a fabric-memory engine; not inside one device allocation).
@@ -131,13 +131,14 @@ impl Hixl<Connected> {
         let Some(rt) = &self.inner.fabric else {
             return Err("only a fabric-memory engine copies memory that is not registered");
         };
-        if let Some(why) = rt.unregistered_device(addr, len) {
-            return Err(why);
-        }
+        let (base, size) = rt.device_allocation(addr, len)?;
         let core = crate::runtime::region::RegionCore::new_raw(
             u32::MAX,
             self.inner.id,
-            crate::MemDesc { addr, len },
+            crate::MemDesc {
+                addr: base,
+                len: size,
+            },
             crate::MemType::Device,
             crate::Access::ReadWrite,
         );

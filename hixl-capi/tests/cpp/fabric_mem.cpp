@@ -182,10 +182,15 @@ int Run(uint64_t seed) {
   std::vector<uint8_t> back3(kMiB);
   EXPECT(FromDevice(back3, reinterpret_cast<void *>(s + 2 * kMiB)), ACL_SUCCESS);
   CHECK(back3 == data3);
-  EXPECT(client.TransferSync(remote, READ, {TransferOpDesc{p + 10, s + 3 * kMiB + 11, 200000}}), SUCCESS);
-  std::vector<uint8_t> r3(200000);
+  EXPECT(client.TransferSync(remote, READ,
+                             {TransferOpDesc{p + 10, s + 3 * kMiB + 11, 200000},
+                              TransferOpDesc{p + 300000, s + 3 * kMiB + 500000, 1000}}),
+         SUCCESS);
+  std::vector<uint8_t> r3(200000), r5(1000);
   EXPECT(FromDevice(r3, reinterpret_cast<void *>(p + 10)), ACL_SUCCESS);
+  EXPECT(FromDevice(r5, reinterpret_cast<void *>(p + 300000)), ACL_SUCCESS);
   CHECK(std::memcmp(r3.data(), seeded.data() + 3 * kMiB + 11, 200000) == 0);
+  CHECK(std::memcmp(r5.data(), seeded.data() + 3 * kMiB + 500000, 1000) == 0);
   EXPECT(client.TransferAsync(remote, READ, {TransferOpDesc{p, s + 2 * kMiB + 5, 100000}}, TransferArgs{}, req),
          SUCCESS);
   st = TransferStatus::WAITING;
@@ -200,6 +205,8 @@ int Run(uint64_t seed) {
   // device memory: PARAM_INVALID, nothing moved
   EXPECT(FromDevice(before, smem), ACL_SUCCESS);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p + kMiB - 10, s, 20}}), PARAM_INVALID);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p, s, 20}, TransferOpDesc{p + kMiB - 10, s + 100, 20}}),
+         PARAM_INVALID);
   void *phost = nullptr;
   EXPECT(aclrtMallocHost(&phost, 4096), ACL_SUCCESS);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{reinterpret_cast<uintptr_t>(phost), s, 64}}),

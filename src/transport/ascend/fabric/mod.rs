@@ -173,30 +173,39 @@ impl FabricRt {
         }
     }
 
-    /// Why `addr..addr + len` is not memory a transfer may use unregistered, or `None` when it
-    /// lies inside one live device allocation of ACL: `aclrtMemGetAddressRange` gives the
-    /// allocation holding `addr` (it must hold the whole range), `aclrtPointerGetAttributes`
-    /// its location (it must be the device). Upstream's FabricMem engine copies such local
-    /// memory without a registration (its benchmarks' `--memory=device` initiator does).
-    pub(crate) fn unregistered_device(&self, addr: usize, len: usize) -> Option<&'static str> {
+    /// The live device allocation of ACL (`(base, size)`) that holds `addr..addr + len`, or why
+    /// there is none: `aclrtMemGetAddressRange` gives the allocation holding `addr` (it must
+    /// hold the whole range), `aclrtPointerGetAttributes` its location (it must be the device).
+    /// Upstream's FabricMem engine copies such local memory without a registration (its
+    /// benchmarks' `--memory=device` initiator does).
+    ///
+    /// # Errors
+    /// Why not, for the caller's message.
+    pub(crate) fn device_allocation(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<(usize, usize), &'static str> {
         let Ok(_g) = self.device.enter() else {
-            return Some("the engine's device could not be entered to ask ACL about it");
+            return Err("the engine's device could not be entered to ask ACL about it");
         };
-        let end = addr.checked_add(len)?;
+        let Some(end) = addr.checked_add(len) else {
+            return Err("the range overflows");
+        };
         let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
         // SAFETY: plain out-pointers; `addr` is only looked up, not dereferenced.
         let rc = unsafe { (self.api.address_range)(addr as *mut c_void, &mut base, &mut size) };
         let base = base as usize;
         if rc != 0 || len == 0 || base > addr || base.checked_add(size).is_none_or(|e| e < end) {
-            return Some("it is not inside one live ACL allocation (aclrtMemGetAddressRange)");
+            return Err("it is not inside one live ACL allocation (aclrtMemGetAddressRange)");
         }
         let mut attr = ffi::PtrAttributes::default();
         // SAFETY: as above; `attr` is a writable aclrtPtrAttributes.
         let rc = unsafe { (self.api.pointer_attributes)(addr as *const c_void, &mut attr) };
         if rc != 0 || attr.location.kind != ffi::LOCATION_DEVICE {
-            return Some("it is not device memory (aclrtPointerGetAttributes)");
+            return Err("it is not device memory (aclrtPointerGetAttributes)");
         }
-        None
+        Ok((base, size))
     }
 
     /// Walks `addr..addr + len` block by block (`aclrtMemGetAddressRange`), retaining and
