@@ -458,6 +458,17 @@ fn typed_fabric_engines_move_random_data() {
     assert_eq!(fnv1a(&both[..MIB]), fnv1a(&data), "copied onto itself");
     assert_eq!(fnv1a(&both[MIB..]), fnv1a(&data));
 
+    // a self-link passes the engine's own admission: an allow-list without its name refuses it
+    let listed = Hixl::initialize_ephemeral("127.0.0.1", opts().allow_peers(["10.9.8.7:1"]))
+        .unwrap()
+        .into_registered()
+        .activate()
+        .unwrap();
+    let err = listed.connect(listed.name()).unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    assert!(err.to_string().contains("allow-list"), "{err}");
+    drop(listed);
+
     // an engine that is not a fabric-memory one has no fabric memory
     let plain = Hixl::initialize("127.0.0.1", Options::default()).unwrap();
     let err = plain
