@@ -467,6 +467,19 @@ pub enum Error {
         /// What `getrandom` reported.
         source: std::io::Error,
     },
+    /// On a fabric-memory engine's link to itself (both sides are this process's memory), a
+    /// descriptor's source overlaps a destination of the same batch: refused before anything
+    /// moves (the copies run in no defined order, and one may read what another writes).
+    #[error(
+        "descriptor {src}'s source overlaps descriptor {dst}'s destination: this link is the \
+         engine's link to itself, and a batch may not read memory it writes"
+    )]
+    OverlappingTransfer {
+        /// The descriptor whose source overlaps.
+        src: usize,
+        /// The descriptor whose destination it overlaps.
+        dst: usize,
+    },
 }
 
 impl Error {
@@ -501,6 +514,7 @@ impl Error {
             | EmptyBatch
             | BatchTooLarge { .. }
             | NotifyTooLong { .. }
+            | OverlappingTransfer { .. }
             | AuthFailed { .. }
             | NotConnectable { .. } => Status::PARAM_INVALID,
             Shared(e) => e.status(),

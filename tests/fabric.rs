@@ -430,6 +430,45 @@ fn typed_fabric_engines_move_random_data() {
     assert_eq!(fnv1a(&back), fnv1a(&data));
     drop(link);
 
+    // the server links to itself (a fabric-memory engine may): its second MiB copied onto its
+    // first, then a batch whose source overlaps its destination refused, nothing moved
+    let me = server.connect(server.name()).unwrap();
+    assert_eq!(me.transport(), TransportKind::Ascend);
+    let d = [TransferDesc::new(
+        sreg.range(MIB..2 * MIB).unwrap(),
+        me.remote(saddr, MIB as u64).unwrap(),
+    )];
+    me.transfer_sync(TransferOp::Write, &d, t).unwrap();
+    let bad = [TransferDesc::new(
+        sreg.range(0..1000).unwrap(),
+        me.remote(saddr + 999, 1000).unwrap(),
+    )];
+    let err = me.transfer_sync(TransferOp::Read, &bad, t).unwrap_err();
+    assert!(
+        matches!(err, hixl::Error::OverlappingTransfer { src: 0, dst: 0 }),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), Status::PARAM_INVALID);
+    drop(me);
+    let mut both = vec![0u8; 2 * MIB];
+    server
+        .with_context(|ctx| sreg.read_device(ctx, 0, &mut both))
+        .unwrap()
+        .unwrap();
+    assert_eq!(fnv1a(&both[..MIB]), fnv1a(&data), "copied onto itself");
+    assert_eq!(fnv1a(&both[MIB..]), fnv1a(&data));
+
+    // a self-link passes the engine's own admission: an allow-list without its name refuses it
+    let listed = Hixl::initialize_ephemeral("127.0.0.1", opts().allow_peers(["10.9.8.7:1"]))
+        .unwrap()
+        .into_registered()
+        .activate()
+        .unwrap();
+    let err = listed.connect(listed.name()).unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    assert!(err.to_string().contains("allow-list"), "{err}");
+    drop(listed);
+
     // an engine that is not a fabric-memory one has no fabric memory
     let plain = Hixl::initialize("127.0.0.1", Options::default()).unwrap();
     let err = plain
@@ -438,4 +477,283 @@ fn typed_fabric_engines_move_random_data() {
         .unwrap_err();
     assert_eq!(err.status(), Status::UNSUPPORTED);
     let _ = std::fs::remove_dir_all(&base);
+}
+
+const SELF_CHILD: &str = "HIXL_FABRIC_SELF_CHILD";
+
+/// A fabric-memory engine connects to itself, as upstream's FabricMem engine does (its kv
+/// benchmark links each engine to itself): WRITE and READ of random data between this
+/// process's own regions, sync and async; a batch whose source overlaps a destination is
+/// `PARAM_INVALID` and moves nothing; deregistering while self-linked is `FAILED`; finalizing
+/// a self-linked engine ends the link. Other engines still refuse a link to themselves
+/// (`PARAM_INVALID`), under their own name or another address of theirs.
+#[test]
+fn fabric_engine_links_to_itself() {
+    if std::env::var_os(SELF_CHILD).is_some() {
+        self_scenario();
+        println!("FABRIC SELF SCENARIO OK");
+        return;
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-fabric-self-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    let dir = base.join("announce");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fabric_engine_links_to_itself",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SELF_CHILD, "1")
+        .env("HIXL_ACL_LIB", &lib)
+        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
+        .output()
+        .expect("run the scenario");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("FABRIC SELF SCENARIO OK"),
+        "scenario failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn register(e: &Hixl, addr: usize, len: usize, t: MemType) -> hixl::compat::MemHandle {
+    // SAFETY: `addr..addr+len` is a live malloc_mem allocation, freed after deregistration.
+    unsafe {
+        e.register_mem(
+            MemDesc {
+                addr,
+                len,
+                local_only: false,
+            },
+            t,
+        )
+    }
+    .expect("register VMM memory")
+}
+
+fn self_scenario() {
+    // engines that are not fabric-memory ones refuse a link to themselves, under their own
+    // name and under another address of theirs
+    let plain = Hixl::new();
+    plain
+        .initialize("127.0.0.1:0", [("hixl.ascend.enable", "0")])
+        .unwrap();
+    let err = plain
+        .connect(&plain.local_engine().unwrap(), 10_000)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    plain.finalize();
+    let any = Hixl::new();
+    any.initialize("0.0.0.0:0", [("hixl.ascend.enable", "0")])
+        .unwrap();
+    let port = any
+        .local_engine()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let err = any
+        .connect(&format!("127.0.0.1:{port}"), 10_000)
+        .unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    assert!(err.to_string().contains("itself"), "{err}");
+    any.finalize();
+
+    let e = fabric_engine("127.0.0.1:0");
+    let me = e.local_engine().unwrap();
+    let mut rng = Rng::new(0x5E1F);
+    let dev = hixl::fabric::malloc_mem(MemType::Device, 4 * MIB).unwrap();
+    let host = hixl::fabric::malloc_mem(MemType::Host, 2 * MIB).unwrap();
+    let seeded = rng.bytes(4 * MIB);
+    fill(dev, &seeded);
+    fill(host, &vec![0u8; 2 * MIB]);
+    let hd = register(&e, dev, 4 * MIB, MemType::Device);
+    let hh = register(&e, host, 2 * MIB, MemType::Host);
+
+    e.connect(&me, 10_000)
+        .expect("a fabric-memory engine connects to itself");
+    assert_eq!(e.transport(&me).unwrap(), TransportKind::Ascend);
+    let err = e.connect(&me, 10_000).unwrap_err();
+    assert_eq!(err.status(), Status::ALREADY_CONNECTED, "{err:?}");
+
+    // WRITE device → host, READ device → host, WRITE within one region (disjoint ranges)
+    let w = TransferOpDesc {
+        local_addr: dev + 100,
+        remote_addr: host + 7,
+        len: MIB,
+    };
+    e.transfer_sync(&me, TransferOp::Write, &[w], 10_000)
+        .expect("WRITE to itself");
+    assert_eq!(bytes(host + 7, MIB), seeded[100..100 + MIB]);
+    let r = TransferOpDesc {
+        local_addr: host + MIB,
+        remote_addr: dev + 3 * MIB,
+        len: 500_000,
+    };
+    e.transfer_sync(&me, TransferOp::Read, &[r], 10_000)
+        .expect("READ from itself");
+    assert_eq!(
+        bytes(host + MIB, 500_000),
+        seeded[3 * MIB..3 * MIB + 500_000]
+    );
+    let within = TransferOpDesc {
+        local_addr: dev,
+        remote_addr: dev + 2 * MIB,
+        len: MIB,
+    };
+    e.transfer_sync(&me, TransferOp::Write, &[within], 10_000)
+        .expect("WRITE within one region");
+    assert_eq!(bytes(dev + 2 * MIB, MIB), seeded[..MIB]);
+
+    // async, both directions
+    let data = rng.bytes(300_000);
+    fill(host, &data);
+    let req = e
+        .transfer_async(
+            &me,
+            TransferOp::Write,
+            &[TransferOpDesc {
+                local_addr: host,
+                remote_addr: dev + MIB + 5,
+                len: 300_000,
+            }],
+            TransferArgs::default(),
+        )
+        .unwrap();
+    let st = e
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(st, TransferStatus::Completed);
+    assert_eq!(fnv1a(&bytes(dev + MIB + 5, 300_000)), fnv1a(&data));
+    let req = e
+        .transfer_async(
+            &me,
+            TransferOp::Read,
+            &[TransferOpDesc {
+                local_addr: host + 2 * MIB - 300_000,
+                remote_addr: dev + MIB + 5,
+                len: 300_000,
+            }],
+            TransferArgs::default(),
+        )
+        .unwrap();
+    let st = e
+        .wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(st, TransferStatus::Completed);
+    assert_eq!(
+        fnv1a(&bytes(host + 2 * MIB - 300_000, 300_000)),
+        fnv1a(&data)
+    );
+
+    // a source overlapping a destination, in one descriptor or across two: PARAM_INVALID,
+    // before anything moves
+    let before_dev = bytes(dev, 4 * MIB);
+    let before_host = bytes(host, 2 * MIB);
+    let overlapping: [(TransferOp, Vec<TransferOpDesc>); 4] = [
+        (
+            TransferOp::Write,
+            vec![TransferOpDesc {
+                local_addr: dev,
+                remote_addr: dev + 4096,
+                len: 8192,
+            }],
+        ),
+        (
+            TransferOp::Read,
+            vec![TransferOpDesc {
+                local_addr: dev + 4096,
+                remote_addr: dev,
+                len: 8192,
+            }],
+        ),
+        (
+            // the same range both ways
+            TransferOp::Write,
+            vec![TransferOpDesc {
+                local_addr: host,
+                remote_addr: host,
+                len: 10,
+            }],
+        ),
+        (
+            // descriptor 1 writes host[0..100], descriptor 0 reads host[50..150]
+            TransferOp::Write,
+            vec![
+                TransferOpDesc {
+                    local_addr: host + 50,
+                    remote_addr: dev,
+                    len: 100,
+                },
+                TransferOpDesc {
+                    local_addr: dev + MIB,
+                    remote_addr: host,
+                    len: 100,
+                },
+            ],
+        ),
+    ];
+    for (op, descs) in &overlapping {
+        let err = e.transfer_sync(&me, *op, descs, 10_000).unwrap_err();
+        assert_eq!(
+            err.status(),
+            Status::PARAM_INVALID,
+            "{op:?} {descs:?}: {err:?}"
+        );
+        assert!(err.to_string().contains("overlaps"), "{err}");
+        // async: the batch starts, and fails on the data path, nothing moved
+        let req = e
+            .transfer_async(&me, *op, descs, TransferArgs::default())
+            .unwrap();
+        let st = e
+            .wait_transfer(req, std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(st, TransferStatus::Failed, "{op:?} {descs:?}");
+    }
+    // adjacent (touching, not overlapping) ranges are fine
+    e.transfer_sync(
+        &me,
+        TransferOp::Write,
+        &[TransferOpDesc {
+            local_addr: host,
+            remote_addr: host + 10,
+            len: 10,
+        }],
+        10_000,
+    )
+    .expect("adjacent ranges");
+    let mut expect_host = before_host.clone();
+    expect_host.copy_within(0..10, 10);
+    assert_eq!(bytes(host, 2 * MIB), expect_host);
+    assert_eq!(bytes(dev, 4 * MIB), before_dev, "device memory untouched");
+
+    // deregistering while the engine is linked to itself: upstream's rule
+    let err = e.deregister_mem(hh).unwrap_err();
+    assert_eq!(err.status(), Status::FAILED, "{err:?}");
+
+    // finalize with the self-link up ends it; the memory is the caller's again
+    e.finalize();
+    let _ = hd;
+
+    // a second engine: disconnecting its self-link lets it deregister
+    let e = fabric_engine("127.0.0.1:0");
+    let me = e.local_engine().unwrap();
+    let hd = register(&e, dev, 4 * MIB, MemType::Device);
+    e.connect(&me, 10_000).unwrap();
+    e.disconnect(&me, 10_000).expect("disconnect from itself");
+    e.deregister_mem(hd)
+        .expect("deregister once the self-link is gone");
+    e.finalize();
+    for a in [dev, host] {
+        hixl::fabric::free_mem(a).expect("FreeMem");
+    }
 }

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hixl_rs::compat::{self, Hixl};
 use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
 
+mod acl_errmsg;
 pub mod cs;
 pub mod datadist;
 
@@ -139,6 +140,8 @@ thread_local! {
 
 fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    // also into ACL's error channel (`aclGetRecentErrMsg()`), when the process has CANN's
+    acl_errmsg::report(&c);
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
 

@@ -18,9 +18,11 @@ impl Hixl {
     ///
     /// # Errors
     /// `PARAM_INVALID` for a bad timeout, an empty batch, a zero length, a local range not in
-    /// one registered region, a remote range not in one region of the peer's table (or one it
-    /// forbids); `NOT_CONNECTED` without a link (and no AutoConnect), or when the peer went
-    /// away; `TIMEOUT`; `FAILED`.
+    /// one registered region (a fabric-memory engine also takes one inside a live ACL device
+    /// allocation, as upstream's FabricMem engine does: `docs/ascend.md`), a remote range not
+    /// in one region of the peer's table (or one it forbids), a source overlapping a
+    /// destination on a fabric-memory engine's link to itself; `NOT_CONNECTED` without a link
+    /// (and no AutoConnect), or when the peer went away; `TIMEOUT`; `FAILED`.
     pub fn transfer_sync(
         &self,
         remote_engine: &str,
@@ -30,8 +32,9 @@ impl Hixl {
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.on_link(remote_engine, |core, link| {
-            let descs = descriptors(core, link, op_descs)?;
-            Ok(link.transfer_sync(op, &descs, timeout)?)
+            with_descriptors(core, link, op_descs, |descs| {
+                Ok(link.transfer_sync(op, descs, timeout)?)
+            })
         })
     }
 
@@ -48,9 +51,14 @@ impl Hixl {
         args: TransferArgs,
     ) -> Result<TransferReq> {
         self.on_link(remote_engine, |core, link| {
-            let descs = descriptors(core, link, op_descs)?;
             let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
-            let req: crate::TransferReq<'static> = link.start_async(op, &descs, targs)?;
+            let req: crate::TransferReq<'static> =
+                with_descriptors(
+                    core,
+                    link,
+                    op_descs,
+                    |d| Ok(link.start_async(op, d, targs)?),
+                )?;
             // recorded while the core's read lock is held: `finalize` (which takes the write
             // lock) either runs before the request starts, or finds it here
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -267,20 +275,43 @@ fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
     }
 }
 
-/// The typed descriptors of a batch, in one pass: each local range inside one region registered
-/// with this engine, each remote range inside one region of the peer's table.
+/// Runs `f` on the typed descriptors of a batch.
+///
+/// The common case in one pass ([`registered_descriptors`]); a fabric-memory engine whose batch
+/// names local memory that is not registered takes the two-pass path ([`local_regions`], which
+/// finds the device allocations, then [`descriptors`]).
+fn with_descriptors<T>(
+    core: &Core,
+    link: &Link<'static>,
+    op_descs: &[TransferOpDesc],
+    f: impl FnOnce(&[crate::TransferDesc<'_>]) -> Result<T>,
+) -> Result<T> {
+    match registered_descriptors(core, link, op_descs)? {
+        Some(descs) => f(&descs),
+        None => {
+            let regions = local_regions(core, op_descs)?;
+            let descs = descriptors(link, &regions, op_descs)?;
+            f(&descs)
+        }
+    }
+}
+
+/// The typed descriptors of a batch whose local ranges all lie in regions registered with
+/// this engine, in one pass (each remote range inside one region of the peer's table); `None`
+/// when a fabric-memory engine's batch names other local memory.
 ///
 /// A batch's descriptors mostly fall in the region the one before fell in (a KV cache is one
 /// region, or a few), so that region is tried first; the region table is searched only when it
 /// does not hold the range. One vector, nothing cloned per descriptor (10^5-descriptor batches:
 /// issue #35).
-fn descriptors<'a>(
+fn registered_descriptors<'a>(
     core: &'a Core,
     link: &'a Link<'static>,
     descs: &[TransferOpDesc],
-) -> Result<Vec<crate::TransferDesc<'a>>> {
+) -> Result<Option<Vec<crate::TransferDesc<'a>>>> {
     let holds = |r: &Reg, d: &TransferOpDesc| {
-        d.local_addr >= r.addr()
+        d.len > 0
+            && d.local_addr >= r.addr()
             && d.local_addr
                 .checked_add(d.len)
                 .is_some_and(|end| end <= r.addr() + r.len())
@@ -289,15 +320,20 @@ fn descriptors<'a>(
     let mut last: Option<&'a Reg> = None;
     for (i, d) in descs.iter().enumerate() {
         let region = match last {
-            Some(r) if d.len > 0 && holds(r, d) => r,
+            Some(r) if holds(r, d) => r,
             _ => {
                 let found = core
                     .regions
                     .range(..=d.local_addr)
                     .next_back()
                     .map(|(_, r)| &**r)
-                    .filter(|r| d.len > 0 && holds(r, d));
+                    .filter(|r| holds(r, d));
                 let Some(r) = found else {
+                    if matches!(&core.engine,
+                        Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem)
+                    {
+                        return Ok(None);
+                    }
                     return Err(Error::new(
                         Status::PARAM_INVALID,
                         format!(
@@ -316,5 +352,95 @@ fn descriptors<'a>(
         let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
         out.push(crate::TransferDesc::new(local, remote));
     }
+    Ok(Some(out))
+}
+
+/// For each descriptor, the registered region holding its local range, and the offset in it
+/// (a fabric-memory engine: or the live device allocation ACL says holds it).
+fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>, usize)>> {
+    let mut out = Vec::with_capacity(descs.len());
+    // unregistered device allocations found in this call (a fabric-memory engine's)
+    let mut found_unregistered: Vec<Arc<Reg>> = Vec::new();
+    for (i, d) in descs.iter().enumerate() {
+        let found = core
+            .regions
+            .range(..=d.local_addr)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| {
+                d.len > 0
+                    && d.local_addr
+                        .checked_add(d.len)
+                        .is_some_and(|end| end <= r.addr() + r.len())
+            });
+        match found {
+            Some(r) => out.push((r.clone(), d.local_addr - r.addr())),
+            None => {
+                // a fabric-memory engine also copies local device memory that is not
+                // registered, as upstream's FabricMem engine does, when ACL says it lies inside
+                // one live device allocation
+                let inside = |r: &Arc<Reg>| {
+                    d.local_addr >= r.addr()
+                        && d.local_addr
+                            .checked_add(d.len)
+                            .is_some_and(|end| end <= r.addr() + r.len())
+                };
+                if d.len > 0
+                    && let Some(r) = found_unregistered.iter().find(|r| inside(r))
+                {
+                    out.push((r.clone(), d.local_addr - r.addr()));
+                    continue;
+                }
+                let why = match &core.engine {
+                    Some(Typed::Connected(e))
+                        if e.options().ascend.enable_fabric_mem && d.len > 0 =>
+                    {
+                        match e.unregistered_device(d.local_addr, d.len) {
+                            Ok(r) => {
+                                let r = Arc::new(Reg::Caller(r));
+                                out.push((r.clone(), d.local_addr - r.addr()));
+                                found_unregistered.push(r);
+                                continue;
+                            }
+                            Err(why) => why,
+                        }
+                    }
+                    _ => "",
+                };
+                return Err(Error::new(
+                    Status::PARAM_INVALID,
+                    format!(
+                        "descriptor {i}: local range {:#x}+{} is not inside one region registered \
+                         with this engine{}{why}",
+                        d.local_addr,
+                        d.len,
+                        if why.is_empty() {
+                            ""
+                        } else {
+                            ", nor unregistered device memory a fabric-memory engine copies: "
+                        }
+                    ),
+                ));
+            }
+        }
+    }
     Ok(out)
+}
+
+/// The typed descriptors: local ranges from the regions found, remote ranges validated against
+/// the peer's table.
+fn descriptors<'a>(
+    link: &'a Link<'static>,
+    regions: &'a [(Arc<Reg>, usize)],
+    descs: &[TransferOpDesc],
+) -> Result<Vec<crate::TransferDesc<'a>>> {
+    descs
+        .iter()
+        .zip(regions)
+        .map(|(d, (region, off))| {
+            let local = region.range(*off..*off + d.len)?;
+            let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
+            Ok(crate::TransferDesc::new(local, remote))
+        })
+        .collect()
 }

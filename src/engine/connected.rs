@@ -10,6 +10,10 @@ use crate::link::Link;
 use crate::runtime::connect::AsyncConnectStatus;
 use crate::types::engine_name::EngineName;
 
+/// Why an engine that is not a fabric-memory one does not connect to itself.
+pub(crate) const SELF_LINK_REFUSED: &str =
+    "an engine cannot connect to itself (only a fabric-memory engine, EnableUseFabricMem=1, can)";
+
 impl Hixl<Connected> {
     /// Connects to a listening remote engine with the configured timeout (1000 ms by default),
     /// HIXL `Connect`. The link borrows the engine.
@@ -24,7 +28,8 @@ impl Hixl<Connected> {
     ///
     /// # Errors
     /// - `PARAM_INVALID`: [`Error::InvalidTimeout`] (zero), [`Error::InvalidEngineName`],
-    ///   [`Error::NotConnectable`] (no port, or this engine itself);
+    ///   [`Error::NotConnectable`] (no port, or this engine itself unless it is a fabric-memory
+    ///   engine: see [`crate::fabric`]);
     /// - `ALREADY_CONNECTED`: [`Error::AlreadyConnected`];
     /// - `TIMEOUT`: [`Error::Timeout`] when the peer does not answer in time;
     /// - `FAILED`: [`Error::ConnectFailed`] (refused, unreachable; with the cause),
@@ -110,6 +115,39 @@ impl Hixl<Connected> {
         Ok(Link::owning(self.inner.clone(), shared))
     }
 
+    /// For the [`crate::compat`] engine of a fabric-memory engine: the live ACL device
+    /// allocation holding local memory that is not registered (upstream's FabricMem engine
+    /// copies from and into such memory), as a region of its own that is in no table, served
+    /// to no peer and registered with no transport: it only carries ranges into one call's
+    /// batch (and keeps the batch's async request accounted).
+    ///
+    /// # Errors
+    /// Why not (not a fabric-memory engine; not inside one device allocation).
+    pub(crate) fn unregistered_device(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<crate::Region<crate::MemDesc>, &'static str> {
+        let Some(rt) = &self.inner.fabric else {
+            return Err("only a fabric-memory engine copies memory that is not registered");
+        };
+        let (base, size) = rt.device_allocation(addr, len)?;
+        let core = crate::runtime::region::RegionCore::new_raw(
+            u32::MAX,
+            self.inner.id,
+            crate::MemDesc {
+                addr: base,
+                len: size,
+            },
+            crate::MemType::Device,
+            crate::Access::ReadWrite,
+        );
+        Ok(crate::Region {
+            core: std::sync::Arc::new(core),
+            _mem: std::marker::PhantomData,
+        })
+    }
+
     /// How many peers hold a link to this engine right now (links it serves).
     pub(crate) fn served_links(&self) -> usize {
         self.inner.served_links()
@@ -126,10 +164,14 @@ impl Hixl<Connected> {
             });
         };
         let key = addr.to_string();
-        if key == self.inner.name {
+        // HIXL's FabricMem engine connects to itself (upstream's kv benchmark does): the link
+        // moves data between this process's own regions. Its other engines refuse (HIXL's
+        // `PARAM_INVALID`), and so does hixl outside fabric memory; a self-link under another
+        // name (`0.0.0.0:p` reached as `127.0.0.1:p`) is refused at connect (`LinkShared::open`).
+        if key == self.inner.name && !self.inner.options.ascend.enable_fabric_mem {
             return Err(Error::NotConnectable {
                 peer: remote.to_owned(),
-                problem: "an engine cannot connect to itself",
+                problem: SELF_LINK_REFUSED,
             });
         }
         Ok((key, addr))

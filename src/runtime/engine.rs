@@ -64,6 +64,8 @@ pub(crate) struct EngineInner {
     pub(crate) device: Option<Arc<Device>>,
     /// Why device memory is refused, for an engine without a device.
     pub(crate) no_device: &'static str,
+    /// A fabric-memory engine's runtime.
+    pub(crate) fabric: Option<Arc<crate::transport::ascend::fabric::FabricRt>>,
     /// Quarantine counters, shared with every region of the engine.
     pub(crate) quarantine: Arc<crate::runtime::revoke::quarantine::Stats>,
     pub(crate) span: tracing::Span,
@@ -106,6 +108,7 @@ impl EngineInner {
             backends,
             device,
             no_device,
+            fabric,
         } = transports::start(&options)?;
         let id = NEXT_ENGINE.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("hixl", engine = %name, id);
@@ -128,6 +131,7 @@ impl EngineInner {
             heartbeats: std::sync::atomic::AtomicBool::new(false),
             device,
             no_device,
+            fabric,
             quarantine: Default::default(),
             span,
         }))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
-use crate::transport::ascend::fabric::FabricBackend;
+use crate::transport::ascend::fabric::{FabricBackend, FabricRt};
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
 use crate::transport::tcp::{Lanes, TcpPath};
@@ -42,6 +42,9 @@ pub(crate) struct Transports {
     pub(crate) device: Option<Arc<Device>>,
     /// Why device memory is refused, for an engine without a device.
     pub(crate) no_device: &'static str,
+    /// A fabric-memory engine's runtime (its unregistered local device memory is checked
+    /// with it).
+    pub(crate) fabric: Option<Arc<FabricRt>>,
 }
 
 /// Starts the transports the options ask for.
@@ -57,13 +60,14 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         let rt = crate::transport::ascend::fabric::FabricRt::start(&options.ascend)?;
         let device = Some(rt.device.clone());
         let backends: Vec<Arc<dyn Backend>> = vec![
-            Arc::new(FabricBackend::new(rt)),
+            Arc::new(FabricBackend::new(rt.clone())),
             Arc::new(AscendBackend::new(None)),
         ];
         return Ok(Transports {
             backends,
             device,
             no_device: "",
+            fabric: Some(rt),
         });
     }
     let (ascend, no_device) = match options.ascend_mode {
@@ -87,6 +91,7 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         backends,
         device,
         no_device,
+        fabric: None,
     })
 }
 

@@ -62,6 +62,9 @@ pub(crate) struct Setup<'a> {
     /// Why the last transport that could have served the link did not (for the caller's error
     /// when the link requires it).
     pub(crate) why_not: Option<&'static str>,
+    /// Whether the peer is this engine itself (a fabric-memory engine's self-link: the "remote"
+    /// memory is this process's own).
+    pub(crate) loopback: bool,
 }
 
 /// What a transport's server side gets when a client asks it to set up a link's data path.

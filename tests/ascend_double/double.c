@@ -57,7 +57,8 @@
  *     aclrtCreateContext a new one; aclrtGetDevice/aclrtGetCurrentContext answer for the
  *     calling thread, 107002 ACL_ERROR_RT_CONTEXT_NULL when it has none; aclrtResetDevice
  *     releases one aclrtSetDevice, and with none left is 507007 ACL_ERROR_RT_CONTEXT_RELEASE_ERROR;
- *   - aclGetRecentErrMsg is NULL when nothing failed since it was last read, else the message.
+ *   - aclGetRecentErrMsg is NULL when nothing failed since it was last read, else the message
+ *     (the double's own, or the last one reported through ReportInnerErrMsgForC).
  *
  * Rules the double enforces (so that the caller's discipline is testable):
  *   - a current context on the calling thread for aclrtGetDevice, aclrtMalloc(Host), aclrtFree
@@ -515,6 +516,25 @@ static int need_ctx(const char *sym) {
     if (ok) return 0;
     set_err("double: %s called without a current context on this thread", sym);
     return 1;
+}
+
+/* CANN's error manager (liberror_manager.so, which ACL's runtime depends on): its C entry for
+ * an inner error, as HIXL's REPORT_INNER_ERR_MSG reports every failure. Here it becomes the
+ * calling thread's message for aclGetRecentErrMsg, "<error_code>: Inner Error! <message>". */
+EXPORT int32_t ReportInnerErrMsgForC(const char *file_name, const char *func, uint32_t line, const char *error_code,
+                                     const char *format, ...) {
+    va_list ap;
+    int n;
+    (void)file_name;
+    (void)func;
+    (void)line;
+    if (error_code == NULL || format == NULL) return -1;
+    n = snprintf(errmsg, sizeof errmsg, "%.16s: Inner Error! ", error_code);
+    if (n < 0 || (size_t)n >= sizeof errmsg) return -1;
+    va_start(ap, format);
+    vsnprintf(errmsg + n, sizeof errmsg - (size_t)n, format, ap);
+    va_end(ap);
+    return 0;
 }
 
 EXPORT const char *aclGetRecentErrMsg(void) {

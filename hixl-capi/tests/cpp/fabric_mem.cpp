@@ -5,12 +5,15 @@
 // data is written and read back (TransferSync, TransferAsync polled with GetTransferStatus),
 // then the bad inputs: an address outside every mapping (PARAM_INVALID), DeregisterMem while
 // connected (FAILED), the many-request GetTransferStatus (UNSUPPORTED), BufferPool other than
-// "0:0" (PARAM_INVALID). Prints PASS on success; exits 1 naming the failed line otherwise.
+// "0:0" (PARAM_INVALID); local device memory that was never registered (aclrtMalloc's), and
+// what is refused beside it; the server's link to itself; a failure's message in ACL's error
+// channel (aclGetRecentErrMsg). Prints PASS on success; exits 1 naming the failed line otherwise.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "acl_decls.h"
@@ -152,11 +155,84 @@ int Run(uint64_t seed) {
   EXPECT(FromDevice(before, smem), ACL_SUCCESS);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{c, s + 4 * kMiB, 64}}), PARAM_INVALID);
   EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{c, s + 4 * kMiB - 8, 64}}), PARAM_INVALID);
+  // the failure is in ACL's error channel too, as upstream reports it (E19999), once
+  {
+    const char *acl_msg = aclGetRecentErrMsg();
+    CHECK(acl_msg != nullptr);
+    const std::string hixl_msg = hixl_last_error_message();
+    CHECK(!hixl_msg.empty());
+    CHECK(std::strncmp(acl_msg, "E19999", 6) == 0);
+    CHECK(std::strstr(acl_msg, hixl_msg.substr(0, 60).c_str()) != nullptr);
+    CHECK(aclGetRecentErrMsg() == nullptr);
+  }
   std::vector<uint8_t> after(4 * kMiB);
   EXPECT(FromDevice(after, smem), ACL_SUCCESS);
   CHECK(before == after);
   EXPECT(client.DeregisterMem(ch), FAILED);
   EXPECT(server.DeregisterMem(sh), FAILED);
+
+  // the client's local memory unregistered, as upstream's FabricMem engine copies it: plain
+  // aclrtMalloc device memory, WRITE from it and READ into it, sync and async
+  void *plain = nullptr;
+  EXPECT(aclrtMalloc(&plain, kMiB, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(plain);
+  auto data3 = Random(rng, kMiB);
+  EXPECT(ToDevice(plain, data3), ACL_SUCCESS);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p, s + 2 * kMiB, kMiB}}), SUCCESS);
+  std::vector<uint8_t> back3(kMiB);
+  EXPECT(FromDevice(back3, reinterpret_cast<void *>(s + 2 * kMiB)), ACL_SUCCESS);
+  CHECK(back3 == data3);
+  EXPECT(client.TransferSync(remote, READ,
+                             {TransferOpDesc{p + 10, s + 3 * kMiB + 11, 200000},
+                              TransferOpDesc{p + 300000, s + 3 * kMiB + 500000, 1000}}),
+         SUCCESS);
+  std::vector<uint8_t> r3(200000), r5(1000);
+  EXPECT(FromDevice(r3, reinterpret_cast<void *>(p + 10)), ACL_SUCCESS);
+  EXPECT(FromDevice(r5, reinterpret_cast<void *>(p + 300000)), ACL_SUCCESS);
+  CHECK(std::memcmp(r3.data(), seeded.data() + 3 * kMiB + 11, 200000) == 0);
+  CHECK(std::memcmp(r5.data(), seeded.data() + 3 * kMiB + 500000, 1000) == 0);
+  EXPECT(client.TransferAsync(remote, READ, {TransferOpDesc{p, s + 2 * kMiB + 5, 100000}}, TransferArgs{}, req),
+         SUCCESS);
+  st = TransferStatus::WAITING;
+  while (st == TransferStatus::WAITING) {
+    EXPECT(client.GetTransferStatus(req, st), SUCCESS);
+  }
+  CHECK(st == TransferStatus::COMPLETED);
+  std::vector<uint8_t> r4(100000);
+  EXPECT(FromDevice(r4, plain), ACL_SUCCESS);
+  CHECK(std::memcmp(r4.data(), data3.data() + 5, 100000) == 0);
+  // ...but not past the allocation's end, not host memory (ACL's or the program's), not freed
+  // device memory: PARAM_INVALID, nothing moved
+  EXPECT(FromDevice(before, smem), ACL_SUCCESS);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p + kMiB - 10, s, 20}}), PARAM_INVALID);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p, s, 20}, TransferOpDesc{p + kMiB - 10, s + 100, 20}}),
+         PARAM_INVALID);
+  void *phost = nullptr;
+  EXPECT(aclrtMallocHost(&phost, 4096), ACL_SUCCESS);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{reinterpret_cast<uintptr_t>(phost), s, 64}}),
+         PARAM_INVALID);
+  std::vector<uint8_t> heap(4096);
+  EXPECT(client.TransferSync(remote, READ, {TransferOpDesc{reinterpret_cast<uintptr_t>(heap.data()), s, 64}}),
+         PARAM_INVALID);
+  EXPECT(aclrtFreeHost(phost), ACL_SUCCESS);
+  EXPECT(aclrtFree(plain), ACL_SUCCESS);
+  EXPECT(client.TransferSync(remote, WRITE, {TransferOpDesc{p, s, 64}}), PARAM_INVALID);
+  EXPECT(FromDevice(after, smem), ACL_SUCCESS);
+  CHECK(before == after);
+
+  // the server connects to itself (upstream's FabricMem engine allows it; its kv benchmark
+  // does): random data moved between its own regions, a source overlapping its destination
+  // refused
+  EXPECT(server.Connect(remote), SUCCESS);
+  auto data4 = Random(rng, 65536);
+  EXPECT(ToDevice(smem, data4), ACL_SUCCESS);
+  EXPECT(server.TransferSync(remote, WRITE, {TransferOpDesc{s, s + 3 * kMiB, 65536}}), SUCCESS);
+  std::vector<uint8_t> back4(65536);
+  EXPECT(FromDevice(back4, reinterpret_cast<void *>(s + 3 * kMiB)), ACL_SUCCESS);
+  CHECK(back4 == data4);
+  EXPECT(server.TransferSync(remote, READ, {TransferOpDesc{s, s + 100, 65536}}), PARAM_INVALID);
+  EXPECT(server.DeregisterMem(sh), FAILED);
+  EXPECT(server.Disconnect(remote), SUCCESS);
 
   EXPECT(client.Disconnect(remote), SUCCESS);
   EXPECT(client.DeregisterMem(ch), SUCCESS);

@@ -136,6 +136,15 @@ impl LinkShared {
         let psk = engine.options.psk.clone();
         let (mut first, welcome) =
             FirstLane::open(addr, &peer, &hello, psk.as_ref(), started, deadline)?;
+        // the engine itself, perhaps under another of its addresses: only a fabric-memory
+        // engine links to itself (its data path knows: `Setup::loopback`)
+        let loopback = welcome.instance == engine.instance;
+        if loopback && !engine.options.ascend.enable_fabric_mem {
+            return Err(Error::NotConnectable {
+                peer,
+                problem: crate::engine::SELF_LINK_REFUSED,
+            });
+        }
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
         // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
@@ -166,6 +175,7 @@ impl LinkShared {
                 local,
                 covered: false,
                 why_not,
+                loopback,
             };
             for b in engine.backends {
                 if let Some(p) = b.connect(&mut setup)? {

@@ -39,6 +39,15 @@ pub(crate) struct MemAccessDesc {
     pub(crate) rsv: [u8; 12],
 }
 
+/// `aclrtPtrAttributes`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PtrAttributes {
+    pub(crate) location: MemLocation,
+    pub(crate) page_size: u32,
+    pub(crate) rsv: [u32; 4],
+}
+
 /// `ACL_MEM_LOCATION_TYPE_HOST`.
 pub(crate) const LOCATION_HOST: c_int = 0;
 /// `ACL_MEM_LOCATION_TYPE_DEVICE`.
@@ -87,6 +96,9 @@ pub(crate) struct FabricApi {
     /// `aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize)`.
     pub(crate) address_range:
         unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> AclError,
+    /// `aclError aclrtPointerGetAttributes(const void *ptr, aclrtPtrAttributes *attributes)`.
+    pub(crate) pointer_attributes:
+        unsafe extern "C" fn(*const c_void, *mut PtrAttributes) -> AclError,
     /// `aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t
     /// count)`.
     pub(crate) set_access:
@@ -125,6 +137,7 @@ impl FabricApi {
             import = "aclrtMemImportFromShareableHandleV2",
             retain = "aclrtMemRetainAllocationHandle",
             address_range = "aclrtMemGetAddressRange",
+            pointer_attributes = "aclrtPointerGetAttributes",
             set_access = "aclrtMemSetAccess",
             memcpy_async = "aclrtMemcpyAsync",
             logic_dev_id = "aclrtGetLogicDevIdByUserDevId",
@@ -140,6 +153,7 @@ impl FabricApi {
             import,
             retain,
             address_range,
+            pointer_attributes,
             set_access,
             memcpy_async,
             logic_dev_id,
@@ -162,6 +176,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<MemLocation>(), 8);
         assert_eq!(std::mem::size_of::<PhysicalMemProp>(), 32);
         assert_eq!(std::mem::size_of::<MemAccessDesc>(), 24);
+        assert_eq!(std::mem::size_of::<PtrAttributes>(), 28);
     }
 
     #[test]

@@ -18,6 +18,16 @@
 //!   aborts the streams before the call returns, so no copy touches memory afterwards.
 //! - While any link of the engine (made or served) is up, deregistration is refused with
 //!   `FAILED` ("Disconnect peers before deregistering memory"), upstream's rule.
+//! - A fabric-memory engine may connect to itself, as upstream's FabricMem engine does (its kv
+//!   benchmark links each engine to itself); hixl's other engines refuse (`PARAM_INVALID`, as
+//!   upstream's). The self-link is an ordinary link through the engine's own listener: its
+//!   own handles imported and mapped a second time, so a transfer copies between this
+//!   process's own regions. As the server's addresses are this process's, a batch whose
+//!   source range overlaps a destination range (of the same or another descriptor) is refused
+//!   before anything moves (`Error::OverlappingTransfer`, `PARAM_INVALID`): the copies run on
+//!   several streams in no defined order. Deregistration (refused while the link is up, and
+//!   in the typed API impossible while a `Link` borrows the engine) and finalize (which closes
+//!   the link first) are as with any peer; an allow-list must name the engine itself.
 //!
 //! The AICPU path (upstream's default, `enable_aicpu_unfold=true`: copies unfolded by an AICPU
 //! kernel in `libcann_hixl_kernel.so`) is not implemented: asking for it is `UNSUPPORTED`.
@@ -161,6 +171,41 @@ impl FabricRt {
         } else {
             Err(self.acl().error(call, rc))
         }
+    }
+
+    /// The live device allocation of ACL (`(base, size)`) that holds `addr..addr + len`, or why
+    /// there is none: `aclrtMemGetAddressRange` gives the allocation holding `addr` (it must
+    /// hold the whole range), `aclrtPointerGetAttributes` its location (it must be the device).
+    /// Upstream's FabricMem engine copies such local memory without a registration (its
+    /// benchmarks' `--memory=device` initiator does).
+    ///
+    /// # Errors
+    /// Why not, for the caller's message.
+    pub(crate) fn device_allocation(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<(usize, usize), &'static str> {
+        let Ok(_g) = self.device.enter() else {
+            return Err("the engine's device could not be entered to ask ACL about it");
+        };
+        let Some(end) = addr.checked_add(len) else {
+            return Err("the range overflows");
+        };
+        let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: plain out-pointers; `addr` is only looked up, not dereferenced.
+        let rc = unsafe { (self.api.address_range)(addr as *mut c_void, &mut base, &mut size) };
+        let base = base as usize;
+        if rc != 0 || len == 0 || base > addr || base.checked_add(size).is_none_or(|e| e < end) {
+            return Err("it is not inside one live ACL allocation (aclrtMemGetAddressRange)");
+        }
+        let mut attr = ffi::PtrAttributes::default();
+        // SAFETY: as above; `attr` is a writable aclrtPtrAttributes.
+        let rc = unsafe { (self.api.pointer_attributes)(addr as *const c_void, &mut attr) };
+        if rc != 0 || attr.location.kind != ffi::LOCATION_DEVICE {
+            return Err("it is not device memory (aclrtPointerGetAttributes)");
+        }
+        Ok((base, size))
     }
 
     /// Walks `addr..addr + len` block by block (`aclrtMemGetAddressRange`), retaining and
@@ -370,7 +415,8 @@ impl Backend for FabricBackend {
                 .ctl
                 .refused(Status::from_peer(theirs.status), theirs.reason));
         }
-        let link = FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
+        let mut link = FabricLink::import(rt, setup.peer, &theirs.blocks, setup.table, &self.live)?;
+        link.loopback = setup.loopback;
         Ok(Some(Box::new(Mutex::new(Some(link)))))
     }
 
@@ -484,6 +530,56 @@ fn import_block(rt: &Arc<FabricRt>, b: &FabricBlock) -> Result<Imported, Error> 
     Ok(imp)
 }
 
+/// On a link to this engine itself, where a remote range is this process's memory at the
+/// address `table` gives its region: refuses a batch in which a descriptor's source overlaps a
+/// destination (its own or another's) with [`Error::OverlappingTransfer`]. The copies run on
+/// several streams in no defined order, so such a batch has no defined result; refused,
+/// nothing moves. (Destinations overlapping each other are the caller's affair, as on any
+/// link; a descriptor whose region is not in `table` is left to the translation's refusal.)
+fn loopback_overlap(
+    op: TransferOp,
+    descs: &[BatchDesc],
+    table: &HashMap<u32, u64>,
+) -> Result<(), Error> {
+    // (start, end, descriptor, is the destination)
+    let mut spans: Vec<(u64, u64, usize, bool)> = Vec::with_capacity(2 * descs.len());
+    for (i, d) in descs.iter().enumerate() {
+        let Some(remote) = table
+            .get(&d.remote.region)
+            .and_then(|a| a.checked_add(d.remote.offset))
+        else {
+            continue;
+        };
+        let local = d.local as u64;
+        let len = d.remote.len;
+        let (dst, src) = match op {
+            TransferOp::Write => (remote, local),
+            TransferOp::Read => (local, remote),
+        };
+        spans.push((src, src.saturating_add(len), i, false));
+        spans.push((dst, dst.saturating_add(len), i, true));
+    }
+    spans.sort_unstable_by_key(|s| s.0);
+    // the furthest-reaching source and destination seen so far: a span overlaps a span of the
+    // other kind that started no later than it iff that one reaches past its start
+    let (mut src_end, mut dst_end) = ((0u64, 0usize), (0u64, 0usize));
+    for &(start, end, i, is_dst) in &spans {
+        let (other, mine) = if is_dst {
+            (src_end, &mut dst_end)
+        } else {
+            (dst_end, &mut src_end)
+        };
+        if other.0 > start {
+            let (src, dst) = if is_dst { (other.1, i) } else { (i, other.1) };
+            return Err(Error::OverlappingTransfer { src, dst });
+        }
+        if end > mine.0 {
+            *mine = (end, i);
+        }
+    }
+    Ok(())
+}
+
 /// The client side of a fabric link: the server's blocks, mapped here, by region.
 pub(crate) struct FabricLink {
     rt: Arc<FabricRt>,
@@ -493,6 +589,8 @@ pub(crate) struct FabricLink {
     /// Server region id → its blocks, mapped here.
     blocks: HashMap<u32, Vec<Imported>>,
     streams: Vec<Stream>,
+    /// The link is this engine's link to itself: the server's addresses are this process's.
+    loopback: bool,
     _live: LiveLink,
 }
 
@@ -529,6 +627,7 @@ impl FabricLink {
             table,
             blocks: by_region,
             streams,
+            loopback: false,
             _live: LiveLink::new(live),
         })
     }
@@ -544,6 +643,14 @@ impl FabricLink {
             (start >= b.peer_base && end <= b.peer_base + b.len as u64)
                 .then(|| b.va + (start - b.peer_base) as usize)
         })
+    }
+
+    /// On a link to this engine itself: [`loopback_overlap`] over the batch.
+    fn check_loopback(&self, op: TransferOp, descs: &[BatchDesc]) -> Result<(), Error> {
+        if !self.loopback {
+            return Ok(());
+        }
+        loopback_overlap(op, descs, &self.table)
     }
 
     fn abort_all(&self) {
@@ -564,6 +671,7 @@ impl FabricLink {
         descs: &[BatchDesc],
         deadline: Instant,
     ) -> Result<(), Error> {
+        self.check_loopback(op, descs)?;
         let mut plan = Vec::with_capacity(descs.len());
         for d in descs {
             let Some(remote) = self.translate(d) else {

@@ -165,3 +165,67 @@ fn foreign_vmm_memory_registers_block_by_block() {
     // SAFETY: a stale handle is looked up by the double, never dereferenced.
     assert_ne!(unsafe { (api.free_physical)(hs[0]) }, 0);
 }
+
+/// The self-link's overlap check against a brute-force one, on random batches over a small
+/// address range (so that overlaps, touching ranges and equal starts are frequent).
+#[test]
+fn loopback_overlap_matches_brute_force() {
+    use crate::types::{BatchDesc, TransferOp, WireDesc};
+    use std::collections::HashMap;
+    let table: HashMap<u32, u64> = [(1, 0x1000), (2, 0x1400)].into_iter().collect();
+    // xorshift64*: reproducible, and no test-support feature needed
+    let mut state = 0x0E1Au64;
+    let mut next = || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut refused = 0;
+    for round in 0..4000 {
+        let n = 1 + (next() % 4) as usize;
+        let descs: Vec<BatchDesc> = (0..n)
+            .map(|_| BatchDesc {
+                local: 0x1000 + (next() % 0x800) as usize,
+                remote: WireDesc {
+                    region: 1 + (next() % 2) as u32,
+                    offset: next() % 0x300,
+                    len: 1 + next() % 0x100,
+                },
+            })
+            .collect();
+        let op = if round % 2 == 0 {
+            TransferOp::Write
+        } else {
+            TransferOp::Read
+        };
+        let span = |d: &BatchDesc| {
+            let remote = table[&d.remote.region] + d.remote.offset;
+            let local = d.local as u64;
+            let (dst, src) = match op {
+                TransferOp::Write => (remote, local),
+                TransferOp::Read => (local, remote),
+            };
+            (src, dst, d.remote.len)
+        };
+        let brute = descs.iter().any(|a| {
+            descs.iter().any(|b| {
+                let (src, _, la) = span(a);
+                let (_, dst, lb) = span(b);
+                src < dst + lb && dst < src + la
+            })
+        });
+        match super::loopback_overlap(op, &descs, &table) {
+            Ok(()) => assert!(!brute, "missed an overlap: {op:?} {descs:?}"),
+            Err(crate::Error::OverlappingTransfer { src, dst }) => {
+                assert!(brute, "refused a batch without overlap: {op:?} {descs:?}");
+                let (s, _, ls) = span(&descs[src]);
+                let (_, d, ld) = span(&descs[dst]);
+                assert!(s < d + ld && d < s + ls, "named the wrong pair {src} {dst}");
+                refused += 1;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(refused > 100 && refused < 3900, "{refused}");
+}
