@@ -244,7 +244,9 @@ impl Options {
     /// while the budget lasts. Only pages the peer's memory holds are populated (holes stay
     /// holes: no memory is allocated for the peer), so what the budget bounds is this
     /// process's page tables for the peer (about 2 MiB per GiB populated) and the time spent
-    /// populating, at connect and in batches; beyond it, pages fault on first touch as before.
+    /// populating, at connect and in batches (the kernel's fault-around may map up to 15 pages
+    /// more past the end of what was populated, pages the peer's memory holds); beyond it,
+    /// pages fault on first touch as before.
     /// Regions reached with `process_vm_*` and links over TCP or UCX are not concerned.
     pub fn prefault_budget(mut self, bytes: u64) -> Self {
         self.prefault_budget = bytes;
