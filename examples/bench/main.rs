@@ -55,7 +55,7 @@
 //!   here comes from 127.0.0.1) and its handshake limits to fit; both raise RLIMIT_NOFILE
 //! - `--no-main`: skip the op x block table (and the extra rows), e.g. for `--fan` alone
 //! - the first round after connect against the warm rounds after it, per op, after the table
-//!   (`--cold-block` 32768, `--cold-batch` 256, `--cold-warm` 3 rounds; `--no-cold` skips them,
+//!   (`--cold-block` 32768, `--cold-batch` 256, `--cold-warm` 3 rounds, `--cold-reps` 3 links; `--no-cold` skips them,
 //!   `--no-main --cold` runs them alone; [`cold`])
 //! - `--datadist`: LLM-DataDist rows: `pull_blocks` of 64 and 4096 blocks (the typed layer)
 //!   against the engine's own READ of the same descriptors, interleaved, the median of
@@ -227,6 +227,9 @@ struct Cli {
     /// Warm rounds after the cold one (the median is the warm figure)
     #[arg(long, default_value_t = 3)]
     cold_warm: usize,
+    /// Fresh links (each a cold round and its warm rounds) per first-round-after-connect row
+    #[arg(long, default_value_t = 3)]
+    cold_reps: usize,
 }
 
 /// The transports `--transport` takes, `cma` an alias of `same-host`.
@@ -285,6 +288,7 @@ fn parse() -> Result<Args, String> {
             block: c.cold_block,
             batch: c.cold_batch,
             warm: c.cold_warm,
+            reps: c.cold_reps,
         }),
     };
     if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {

@@ -43,7 +43,7 @@ fn mapping_rss(len: usize) -> usize {
             );
             in_it = b - a == len && line.contains("memfd:");
         } else if in_it && line.starts_with("Rss:") {
-            found.push(w.nth(0).unwrap().parse::<usize>().unwrap() * 1024);
+            found.push(w.next().unwrap().parse::<usize>().unwrap() * 1024);
         }
     }
     assert_eq!(found.len(), 1, "one mapping of {len} bytes: {found:?}");
@@ -143,7 +143,11 @@ fn prefault_stays_within_its_budget() {
         faults >= beyond * 9 / 10 && faults <= beyond + (budget / PAGE) as i64 / 8,
         "{faults} faults; {beyond} pages lie beyond the budget"
     );
-    assert_eq!(mapping_rss(len), len, "every page is mapped after the WRITE");
+    assert_eq!(
+        mapping_rss(len),
+        len,
+        "every page is mapped after the WRITE"
+    );
     assert_eq!(peer.sum(0, len as u64), fnv1a(&data));
     drop(link);
     peer.quit();
