@@ -592,6 +592,45 @@ fn interface_addresses() -> Option<Vec<std::net::IpAddr>> {
 mod tests {
     use super::*;
 
+    /// Populating a mapping maps the pages the memfd holds and allocates none of its holes: of
+    /// an 8 MiB memfd whose first 1 MiB and last page were written, exactly those are
+    /// populated, and the memfd holds no more blocks after than before.
+    #[test]
+    fn populate_maps_held_pages_and_leaves_holes() {
+        let len = 8 << 20;
+        let fd = sealed_memfd(len).expect("a memfd");
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let data = vec![7u8; 1 << 20];
+        // SAFETY: writes from a live buffer into our own memfd, within its size.
+        let ok = unsafe {
+            libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), 0) == 1 << 20
+                && libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), 1, (len - 1) as i64) == 1
+        };
+        assert!(ok);
+        let blocks = || {
+            // SAFETY: a zeroed stat is valid output space for fstat on our own descriptor.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+            st.st_blocks
+        };
+        let before = blocks();
+        let m = Mapping::new(&fd, len as u64, true).unwrap();
+        match m.populate(0, len) {
+            // a kernel before 5.14 has no MADV_POPULATE_READ: nothing to check
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
+            r => assert_eq!(r.unwrap(), (1 << 20) + 4096),
+        }
+        assert_eq!(blocks(), before, "populating allocated memory in the memfd");
+        assert_eq!(m.populate(len - 10, 100).unwrap(), 4096, "cut at the mapping's end");
+        assert_eq!(m.populate(len, 1).unwrap(), 0);
+        // the contents are as written
+        // SAFETY: the mapping is `len` bytes long and holds what was written above.
+        let mapped = unsafe { std::slice::from_raw_parts(m.at(0) as *const u8, 1 << 20) };
+        assert!(mapped == &data[..]);
+    }
+
     #[test]
     fn a_proof_is_a_write_sealed_memfd_of_the_named_process_holding_the_nonce() {
         let me = HostId::current().expect("/proc tells who we are");
