@@ -239,9 +239,10 @@ impl Options {
     /// At connect, the first region the peer offers in a memfd (its
     /// [`HostBuffer`](crate::HostBuffer)s) is populated from its start, until the budget is
     /// spent or half the time left before the connect's deadline has passed (measured here:
-    /// about 0.1 ms per MiB); afterwards each batch populates the 2 MiB chunks it touches that
-    /// are not yet, ahead of its copies (one `madvise` per chunk instead of a fault per page),
-    /// while the budget lasts. Only pages the peer's memory holds are populated (holes stay
+    /// about 0.1-0.2 ms per MiB); afterwards each WRITE batch populates the 2 MiB chunks it
+    /// touches that are not yet, ahead of its copies (one `madvise` per chunk instead of a
+    /// write fault per page), while the budget lasts (a READ's faults map sixteen pages each
+    /// already). Only pages the peer's memory holds are populated (holes stay
     /// holes: no memory is allocated for the peer), so what the budget bounds is this
     /// process's page tables for the peer (about 2 MiB per GiB populated) and the time spent
     /// populating, at connect and in batches (the kernel's fault-around may map up to 15 pages

@@ -30,7 +30,7 @@ struct PeerRegion {
 const CHUNK: usize = 2 << 20;
 
 /// Which [`CHUNK`]s of a mapped peer region the link has populated (`Mapping::populate`): each
-/// once, at connect or by the first batch that touches it, while the link's budget lasts.
+/// once, at connect or by the first WRITE batch that touches it, while the link's budget lasts.
 struct Warmth {
     bits: Vec<AtomicU64>,
     chunks: usize,
@@ -301,7 +301,12 @@ impl DataPath for SameHostPath {
             let len = d.remote.len as usize;
             match (r.fd, r.mapping(&self.proc)) {
                 (_, Some(m)) => {
-                    r.prefault(m, d.remote.offset, len, &self.budget);
+                    if op == TransferOp::Write {
+                        // a WRITE's copies fault once per page (a write fault maps one page);
+                        // a READ's read faults map sixteen (fault-around) on both copy threads,
+                        // which measured faster than populating first on this one
+                        r.prefault(m, d.remote.offset, len, &self.budget);
+                    }
                     let (src, dst) = match op {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),
                         TransferOp::Read => (m.at(d.remote.offset), d.local),
