@@ -396,6 +396,9 @@ fn skip_empty(local: &[IoVec], li: &mut usize, remote: &[IoVec], ri: &mut usize)
 pub(crate) struct Mapping {
     addr: usize,
     len: usize,
+    /// Whether the memfd held every one of its pages when it was mapped (no holes): then
+    /// [`Mapping::populate`] need not ask `mincore` which pages it holds.
+    dense: bool,
 }
 
 impl Mapping {
@@ -436,7 +439,95 @@ impl Mapping {
         Ok(Self {
             addr: p as usize,
             len,
+            dense: (st.st_blocks as u64).saturating_mul(512) >= st.st_size as u64,
         })
+    }
+
+    /// Maps the pages of bytes `off..off + len` (widened to whole pages, cut at the mapping's
+    /// end) into this process's page tables now, so copies through them take no page fault:
+    /// only pages the peer's memfd holds (as `mincore` reports them, unless the memfd had no
+    /// holes when mapped: `mincore` took a third of the time), one `MADV_POPULATE_READ` per run
+    /// of them, so holes the peer never touched stay holes (a read fault of a shmem hole
+    /// allocates a page). Read population of a shared mapping of shmem
+    /// maps a writable entry when the mapping is writable, and maps the pages around the one
+    /// faulted in (the kernel's fault-around): measured here, 512 MiB took 43 ms where copying
+    /// 512 MiB into a fresh mapping took 300 ms (80 ms warm). Returns the bytes of pages
+    /// populated.
+    ///
+    /// # Errors
+    /// `mincore` or `madvise` failed (`EINVAL` on kernels before 5.14, which lack
+    /// `MADV_POPULATE_READ`); pages it did not map fault on first touch, as without it.
+    pub fn populate(&self, off: usize, len: usize) -> io::Result<usize> {
+        const PAGE: usize = 4096;
+        let start = (off / PAGE) * PAGE;
+        let end = off.saturating_add(len).min(self.len).div_ceil(PAGE) * PAGE;
+        let end = end.min(self.len.div_ceil(PAGE) * PAGE);
+        if start >= end {
+            return Ok(0);
+        }
+        let pages = (end - start) / PAGE;
+        if self.dense {
+            // SAFETY: as below, for the whole range: every page of it is held (the memfd had no
+            // holes when mapped; hixl's engines never punch any), so nothing is allocated.
+            if unsafe {
+                libc::madvise(
+                    (self.addr + start) as *mut libc::c_void,
+                    end - start,
+                    libc::MADV_POPULATE_READ,
+                )
+            } != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            return Ok(end - start);
+        }
+        let mut held = vec![0u8; pages];
+        // SAFETY: `start..end` lies in this mapping (page aligned: the mapping starts on a page
+        // and `start` is a multiple of the page size); `held` has one byte per page. mincore
+        // reads page tables and the memfd's page cache, nothing of the memory's contents.
+        if unsafe {
+            libc::mincore(
+                (self.addr + start) as *mut libc::c_void,
+                end - start,
+                held.as_mut_ptr(),
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let mut done = 0;
+        let mut i = 0;
+        while i < pages {
+            if held[i] & 1 == 0 {
+                i += 1;
+                continue;
+            }
+            let run = held[i..].iter().take_while(|&&b| b & 1 != 0).count();
+            let at = self.addr + start + i * PAGE;
+            // SAFETY: the run lies in this mapping. MADV_POPULATE_READ only faults the pages in
+            // (as a read of each would): it changes no byte of the memory, so the peer writing
+            // these pages meanwhile, or a copy of this process reading them, sees the same
+            // contents with or without it; the memfd is sealed against shrinking, so no page of
+            // the range can be beyond its end (no SIGBUS: the kernel would answer EFAULT).
+            if unsafe {
+                libc::madvise(
+                    at as *mut libc::c_void,
+                    run * PAGE,
+                    libc::MADV_POPULATE_READ,
+                )
+            } != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            done += run * PAGE;
+            i += run;
+        }
+        Ok(done)
+    }
+
+    /// The mapping's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
     /// The local address of byte `offset` of the peer's region.
@@ -520,6 +611,59 @@ fn interface_addresses() -> Option<Vec<std::net::IpAddr>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Populating a mapping maps the pages the memfd holds and allocates none of its holes: of
+    /// an 8 MiB memfd whose first 1 MiB and last page were written, exactly those are
+    /// populated, and the memfd holds no more blocks after than before.
+    #[test]
+    fn populate_maps_held_pages_and_leaves_holes() {
+        let len = 8 << 20;
+        let fd = sealed_memfd(len).expect("a memfd");
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let data = vec![7u8; 1 << 20];
+        // SAFETY: writes from a live buffer into our own memfd, within its size.
+        let ok = unsafe {
+            libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), 0) == 1 << 20
+                && libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), 1, (len - 1) as i64) == 1
+        };
+        assert!(ok);
+        let blocks = || {
+            // SAFETY: a zeroed stat is valid output space for fstat on our own descriptor.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+            st.st_blocks
+        };
+        let before = blocks();
+        let m = Mapping::new(&fd, len as u64, true).unwrap();
+        match m.populate(0, len) {
+            // a kernel before 5.14 has no MADV_POPULATE_READ: nothing to check
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
+            r => assert_eq!(r.unwrap(), (1 << 20) + 4096),
+        }
+        assert_eq!(blocks(), before, "populating allocated memory in the memfd");
+        assert_eq!(
+            m.populate(len - 10, 100).unwrap(),
+            4096,
+            "cut at the mapping's end"
+        );
+        assert_eq!(m.populate(len, 1).unwrap(), 0);
+        // a memfd with every page written is dense: populated whole, without mincore
+        let full = sealed_memfd(1 << 20).expect("a memfd");
+        // SAFETY: a new descriptor nothing else owns.
+        let full = unsafe { OwnedFd::from_raw_fd(full) };
+        // SAFETY: a write from a live buffer into our own memfd, within its size.
+        let n = unsafe { libc::pwrite(full.as_raw_fd(), data.as_ptr().cast(), data.len(), 0) };
+        assert_eq!(n, 1 << 20);
+        let d = Mapping::new(&full, 1 << 20, false).unwrap();
+        assert!(d.dense && !m.dense);
+        assert_eq!(d.populate(4096, 100).unwrap(), 4096);
+        // the contents are as written
+        // SAFETY: the mapping is `len` bytes long and holds what was written above.
+        let mapped = unsafe { std::slice::from_raw_parts(m.at(0) as *const u8, 1 << 20) };
+        assert!(mapped == &data[..]);
+    }
 
     #[test]
     fn a_proof_is_a_write_sealed_memfd_of_the_named_process_holding_the_nonce() {

@@ -31,6 +31,7 @@
 //! - `--region BYTES`: memory per side (default 256 MiB, or the largest block x `--batch` asked
 //!   for, so one 16384 x 32 KiB batch moves 512 MiB of distinct memory)
 //! - `--lanes N`: lanes one large TCP batch may use at once (`Options::parallel_lanes`)
+//! - `--prefault-budget BYTES`: the clients' `Options::prefault_budget` (0: off)
 //! - `--no-extras`: skip the 8-byte latency, connect-with-4000-regions and registration rows
 //! - `--plot FILE.svg`: draw GB/s by block size (log2 axis), a solid series per op, the anchors
 //!   of the same run dashed, the transport, date, commit and machine in the title;
@@ -53,6 +54,9 @@
 //!   `max_server_conns` and `max_server_conns_per_peer` (1024 and 256 by default; every link
 //!   here comes from 127.0.0.1) and its handshake limits to fit; both raise RLIMIT_NOFILE
 //! - `--no-main`: skip the op x block table (and the extra rows), e.g. for `--fan` alone
+//! - the first round after connect against the warm rounds after it, per op, after the table
+//!   (`--cold-block` 32768, `--cold-batch` 256, `--cold-warm` 3 rounds, `--cold-reps` 3 links; `--no-cold` skips them,
+//!   `--no-main --cold` runs them alone; [`cold`])
 //! - `--datadist`: LLM-DataDist rows: `pull_blocks` of 64 and 4096 blocks (the typed layer)
 //!   against the engine's own READ of the same descriptors, interleaved, the median of
 //!   `--dd-rounds` rounds (default 9), with the overhead; `--dd-tensors` (4) tensors of 4096
@@ -65,6 +69,7 @@
 //! `--plot-from` titles its image with).
 
 mod anchors;
+mod cold;
 mod datadist;
 mod many;
 mod plot;
@@ -85,6 +90,9 @@ static REGION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 
 /// `--lanes`: lanes one large TCP batch may use at once (0: the engine's default).
 static LANES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `--prefault-budget`: the client's `Options::prefault_budget` (`u64::MAX`: the engine's default).
+static PREFAULT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
 
 /// The region per side (see [`REGION`]).
 fn ws() -> usize {
@@ -113,6 +121,7 @@ struct Args {
     link_cost: Vec<usize>,
     main: bool,
     datadist: Option<datadist::Spec>,
+    cold: Option<cold::Spec>,
 }
 
 /// The command line (the module docs say more about each option).
@@ -200,6 +209,27 @@ struct Cli {
     /// Rounds of the --datadist rows (the median is over them)
     #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
     dd_rounds: u64,
+    /// Skip the first-round-after-connect rows (`cold`)
+    #[arg(long)]
+    no_cold: bool,
+    /// Run the first-round-after-connect rows even with --no-main
+    #[arg(long)]
+    cold: bool,
+    /// The clients' `Options::prefault_budget` in bytes (default the engine's; 0: off)
+    #[arg(long)]
+    prefault_budget: Option<u64>,
+    /// Bytes per block of the first-round-after-connect rows
+    #[arg(long, default_value_t = 32768)]
+    cold_block: usize,
+    /// Blocks per call of the first-round-after-connect rows
+    #[arg(long, default_value_t = 256)]
+    cold_batch: usize,
+    /// Warm rounds after the cold one (the median is the warm figure)
+    #[arg(long, default_value_t = 3)]
+    cold_warm: usize,
+    /// Fresh links (each a cold round and its warm rounds) per first-round-after-connect row
+    #[arg(long, default_value_t = 3)]
+    cold_reps: usize,
 }
 
 /// The transports `--transport` takes, `cma` an alias of `same-host`.
@@ -254,6 +284,12 @@ fn parse() -> Result<Args, String> {
             rounds: c.dd_rounds as usize,
             json: c.json,
         }),
+        cold: (!c.no_cold && (!c.no_main || c.cold)).then_some(cold::Spec {
+            block: c.cold_block,
+            batch: c.cold_batch,
+            warm: c.cold_warm,
+            reps: c.cold_reps,
+        }),
     };
     if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {
         return Err(format!("--link-cost {n}: counts must be in 1..=4096"));
@@ -267,6 +303,9 @@ fn parse() -> Result<Args, String> {
     }
     REGION.store(region, std::sync::atomic::Ordering::Relaxed);
     LANES.store(c.lanes.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    if let Some(b) = c.prefault_budget {
+        PREFAULT.store(b, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(&b) = a.blocks.iter().find(|&&b| b == 0 || b > region) {
         return Err(format!("block {b} must be in 1..={region}"));
     }
@@ -285,6 +324,10 @@ fn client_options(transport: &str) -> Options {
     let o = match LANES.load(std::sync::atomic::Ordering::Relaxed) {
         0 => o,
         n => o.parallel_lanes(n),
+    };
+    let o = match PREFAULT.load(std::sync::atomic::Ordering::Relaxed) {
+        u64::MAX => o,
+        b => o.prefault_budget(b),
     };
     if transport == "ucx" {
         o.psk(BENCH_KEY).ucx(Ucx::Require)
@@ -770,6 +813,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", meta.json());
     }
     let rows = if a.main { main_table(&a)? } else { Vec::new() };
+    if let Some(s) = a.cold {
+        cold::rows(&a, s)?;
+    }
     if !a.fan.is_empty() {
         many::fan_rows(&a)?;
     }

@@ -83,7 +83,9 @@ pub(crate) fn start(options: &Options) -> Result<Transports, Error> {
         Arc::new(AscendBackend::new(ascend)),
         Arc::new(UcxBackend::new(ucx(options)?, options.ucx == Ucx::Require)),
         // a link sets it up only when the peer is on this host (`Options::same_host`)
-        Arc::new(SameHostBackend),
+        Arc::new(SameHostBackend {
+            prefault: options.prefault_budget,
+        }),
         // answers a fabric-memory client: this engine is not one
         Arc::new(FabricBackend::refuser()),
     ];

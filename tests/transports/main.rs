@@ -8,5 +8,6 @@ mod common;
 mod cross_process;
 mod faults;
 mod fenced_ucx;
+mod prefault;
 mod same_host;
 mod ucx;

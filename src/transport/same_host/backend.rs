@@ -7,8 +7,11 @@ use super::path::SameHostPath;
 use crate::error::Error;
 use crate::transport::{Backend, DataPath, Setup, TransportKind};
 
-/// The same-host transport (it has no engine-wide state).
-pub(crate) struct SameHostBackend;
+/// The same-host transport; engine-wide, only what its links are set up with.
+pub(crate) struct SameHostBackend {
+    /// Bytes of a peer's memory each link may populate in advance (`Options::prefault_budget`).
+    pub(crate) prefault: u64,
+}
 
 impl Backend for SameHostBackend {
     fn kind(&self) -> TransportKind {
@@ -23,10 +26,9 @@ impl Backend for SameHostBackend {
             // a faster path moves the link's batches; the link still holds the fence
             return Ok(None);
         }
-        let path = setup
-            .ctl
-            .watch()
-            .and_then(|watch| SameHostPath::setup(proc, setup.table, watch));
+        let path = setup.ctl.watch().and_then(|watch| {
+            SameHostPath::setup(proc, setup.table, watch, (self.prefault, setup.deadline))
+        });
         match path {
             Ok(p) => Ok(Some(Box::new(p))),
             Err(e) => {

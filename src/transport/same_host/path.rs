@@ -2,6 +2,9 @@
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
 use super::{Halt, MemCopy, Stop, copy_all, pvm_all};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
 use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
@@ -17,6 +20,55 @@ struct PeerRegion {
     fd: i32,
     writable: bool,
     map: std::sync::OnceLock<Option<Mapping>>,
+    /// Which chunks of the mapping this link has populated (made with the mapping's first
+    /// prefault).
+    warm: std::sync::OnceLock<Warmth>,
+}
+
+/// The chunk of a mapped peer region that the link populates at once: 2 MiB, a page table's
+/// reach, so a batch populates at most one chunk beyond each end of what it touches.
+const CHUNK: usize = 2 << 20;
+
+/// Which [`CHUNK`]s of a mapped peer region the link has populated (`Mapping::populate`): each
+/// once, at connect or by the first WRITE batch that touches it, while the link's budget lasts.
+struct Warmth {
+    bits: Vec<AtomicU64>,
+    chunks: usize,
+    done: AtomicUsize,
+}
+
+impl Warmth {
+    fn new(len: usize) -> Self {
+        let chunks = len.div_ceil(CHUNK);
+        Warmth {
+            bits: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            chunks,
+            done: AtomicUsize::new(0),
+        }
+    }
+    fn all(&self) -> bool {
+        self.done.load(Ordering::Relaxed) >= self.chunks
+    }
+    fn has(&self, c: usize) -> bool {
+        self.bits[c / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
+    }
+    fn set(&self, c: usize) {
+        let bit = 1 << (c % 64);
+        if self.bits[c / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            self.done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Takes `n` bytes from the link's prefault budget; false (nothing taken) when fewer are left.
+fn take(budget: &AtomicU64, n: usize) -> bool {
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            left.checked_sub(n as u64)
+        })
+        .is_ok()
 }
 
 impl PeerRegion {
@@ -42,6 +94,37 @@ impl PeerRegion {
             })
             .as_ref()
     }
+
+    /// Populates the chunks of bytes `off..off + len` of mapping `m` (this region's) that the
+    /// link has not populated yet, while `budget` lasts, so the copies that follow take no page
+    /// faults (`Mapping::populate`: a kernel walk, cheaper than a fault per page). A failure
+    /// (an old kernel's `EINVAL`) spends the budget: the link's pages then fault on first touch,
+    /// as without prefaulting.
+    fn prefault(&self, m: &Mapping, off: u64, len: usize, budget: &AtomicU64) {
+        let w = self.warm.get_or_init(|| Warmth::new(m.len()));
+        if w.all() || budget.load(Ordering::Relaxed) == 0 || w.chunks == 0 {
+            return;
+        }
+        let first = (off as usize / CHUNK).min(w.chunks - 1);
+        let last = ((off as usize).saturating_add(len.max(1) - 1) / CHUNK).min(w.chunks - 1);
+        for c in first..=last {
+            if w.has(c) {
+                continue;
+            }
+            let n = CHUNK.min(m.len() - c * CHUNK);
+            if !take(budget, n) {
+                return;
+            }
+            match m.populate(c * CHUNK, n) {
+                Ok(_) => w.set(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, "not prefaulting a peer's memory; its pages fault on first touch");
+                    budget.store(0, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The same-host data path of a link: the pinned peer process, its regions (mapped lazily, so
@@ -52,6 +135,9 @@ pub(crate) struct SameHostPath {
     watch: std::net::TcpStream,
     /// Sorted by region id (the peer's table order is not assumed).
     regions: Vec<(u32, PeerRegion)>,
+    /// Bytes of the peer's mapped regions this link may still populate
+    /// (`Options::prefault_budget`).
+    budget: AtomicU64,
 }
 
 /// Finds regions of a batch in a [`SameHostPath`]'s table: a binary search, skipped while
@@ -93,9 +179,11 @@ impl SameHostPath {
         proc: PeerProc,
         table: &[TableEntry],
         watch: std::net::TcpStream,
+        (prefault, deadline): (u64, Instant),
     ) -> std::io::Result<SameHostPath> {
         let mut regions = Vec::with_capacity(table.len());
         let (mut mapped, mut probe) = (false, None);
+        let budget = AtomicU64::new(prefault);
         for e in table {
             if e.fd == wire::FD_TCP_ONLY || e.access == Access::None {
                 // the peer serves it over TCP only (memory it could not quarantine)
@@ -108,6 +196,7 @@ impl SameHostPath {
                 fd,
                 writable: e.access.permits(TransferOp::Write),
                 map: std::sync::OnceLock::new(),
+                warm: std::sync::OnceLock::new(),
             };
             if fd >= 0 && !mapped {
                 // the first memfd is taken and checked now: a peer whose memory cannot be mapped
@@ -115,6 +204,7 @@ impl SameHostPath {
                 let m = proc
                     .getfd(fd)
                     .and_then(|f| Mapping::new(&f, e.len, r.writable))?;
+                prefault_at_connect(&r, &m, &budget, deadline);
                 let _ = r.map.set(Some(m));
                 mapped = true;
             }
@@ -144,7 +234,24 @@ impl SameHostPath {
             proc,
             watch,
             regions,
+            budget,
         })
+    }
+}
+
+/// Populates region `r`'s mapping `m` (the first the peer offers: for an engine serving a KV
+/// cache, the cache) chunk by chunk from its start, while the link's budget lasts and until
+/// half the time left before the connect's deadline has passed: the first round after connect
+/// then takes no page faults where it touches what was populated. (Mapping the peer's other
+/// regions stays lazy, so connecting to an engine with thousands of them stays fast; their
+/// chunks are populated by the batches that touch them.)
+fn prefault_at_connect(r: &PeerRegion, m: &Mapping, budget: &AtomicU64, deadline: Instant) {
+    let now = Instant::now();
+    let until = now + deadline.saturating_duration_since(now) / 2;
+    let mut off = 0;
+    while off < m.len() && budget.load(Ordering::Relaxed) > 0 && Instant::now() < until {
+        r.prefault(m, off as u64, CHUNK, budget);
+        off += CHUNK;
     }
 }
 
@@ -194,6 +301,12 @@ impl DataPath for SameHostPath {
             let len = d.remote.len as usize;
             match (r.fd, r.mapping(&self.proc)) {
                 (_, Some(m)) => {
+                    if op == TransferOp::Write {
+                        // a WRITE's copies fault once per page (a write fault maps one page);
+                        // a READ's read faults map sixteen (fault-around) on both copy threads,
+                        // which measured faster than populating first on this one
+                        r.prefault(m, d.remote.offset, len, &self.budget);
+                    }
                     let (src, dst) = match op {
                         TransferOp::Write => (d.local, m.at(d.remote.offset)),
                         TransferOp::Read => (m.at(d.remote.offset), d.local),
