@@ -468,7 +468,10 @@ impl Mapping {
         let pages = (end - start) / PAGE;
         if self.dense {
             // SAFETY: as below, for the whole range: every page of it is held (the memfd had no
-            // holes when mapped; hixl's engines never punch any), so nothing is allocated.
+            // holes when mapped; hixl's engines never punch any), so nothing is allocated. A
+            // hostile peer that punched holes since gets them filled with zeroed pages of its
+            // own memfd, inside the mapping it offered (within the budget): no byte of data
+            // changes, and no memory of this process's is touched.
             if unsafe {
                 libc::madvise(
                     (self.addr + start) as *mut libc::c_void,
