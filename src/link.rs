@@ -427,12 +427,12 @@ impl<'e> Link<'e> {
             }
         }
         let extent = |side, idx: BlockIndices<'_>, stride: u64, range_len: u64| {
-            let (position, max) = idx.max().unwrap_or((0, 0));
+            let max = idx.max().unwrap_or(0);
             match max.checked_mul(stride).and_then(|o| o.checked_add(block)) {
                 Some(end) if end <= range_len => Ok(end),
                 _ => Err(Error::BlockOutOfBounds {
                     side,
-                    position,
+                    position: idx.position(max),
                     block: max,
                     stride,
                     block_size: block,

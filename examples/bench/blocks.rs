@@ -116,8 +116,7 @@ pub(crate) fn rows(a: &Args, s: &Spec) -> Result<(), Box<dyn std::error::Error>>
     for t in &s.transports {
         let mut mem = HostBuffer::new(ws())?;
         Rng::new(2).fill(&mut mem); // touch every page
-        let (client, mut buf) =
-            Hixl::initialize("127.0.0.1", client_options(t))?.register(mem)?;
+        let (client, mut buf) = Hixl::initialize("127.0.0.1", client_options(t))?.register(mem)?;
         let client = client.activate()?;
         let link = client.connect_timeout(server.name(), Duration::from_secs(5))?;
         let remote = link.regions().next().ok_or("the server has no region")?;
@@ -138,7 +137,11 @@ pub(crate) fn rows(a: &Args, s: &Spec) -> Result<(), Box<dyn std::error::Error>>
             let idx_ns = memcpy_idx_ns(block, &li, &ri);
             let mc = memcpy_gbps(block);
             for &op in &a.ops {
-                progress(&format!("blocks: {t} {op} {} x{} ...", human(block), s.batch));
+                progress(&format!(
+                    "blocks: {t} {op} {} x{} ...",
+                    human(block),
+                    s.batch
+                ));
                 // the data: fresh bytes written with the blocks, read back as descriptors
                 {
                     let distinct = s.batch.min(slots);

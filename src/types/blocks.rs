@@ -68,17 +68,20 @@ impl<'a> BlockIndices<'a> {
             Self::U64(v) => v[i],
         }
     }
-    /// The largest index and its first position, in one pass; `None` when empty.
-    pub(crate) fn max(&self) -> Option<(usize, u64)> {
-        fn first_max<T: Copy + Ord + Into<u64>>(v: &[T]) -> Option<(usize, u64)> {
-            let m = *v.iter().max()?;
-            let at = v.iter().position(|&x| x == m).unwrap_or(0);
-            Some((at, m.into()))
-        }
+    /// The largest index, in one (vectorized) pass; `None` when empty.
+    pub(crate) fn max(&self) -> Option<u64> {
         match self {
-            Self::U32(v) => first_max(v),
-            Self::U64(v) => first_max(v),
+            Self::U32(v) => v.iter().copied().max().map(u64::from),
+            Self::U64(v) => v.iter().copied().max(),
         }
+    }
+    /// The first position of index `x` (0 if absent): for an error's report.
+    pub(crate) fn position(&self, x: u64) -> usize {
+        match self {
+            Self::U32(v) => v.iter().position(|&i| u64::from(i) == x),
+            Self::U64(v) => v.iter().position(|&i| i == x),
+        }
+        .unwrap_or(0)
     }
     /// Indices `range` of these.
     pub(crate) fn slice(&self, range: std::ops::Range<usize>) -> BlockIndices<'a> {
@@ -253,7 +256,8 @@ mod tests {
     #[test]
     fn max_and_offsets() {
         let v = [3u32, 9, 1, 9];
-        assert_eq!(BlockIndices::from(&v).max(), Some((1, 9)));
+        assert_eq!(BlockIndices::from(&v).max(), Some(9));
+        assert_eq!(BlockIndices::from(&v).position(9), 1);
         assert_eq!(BlockIndices::U64(&[]).max(), None);
         let w = WireBlocks {
             region: 1,
