@@ -1188,12 +1188,12 @@ enum Indices {
 impl Indices {
     fn of(b: &[u8], width: u32) -> PyResult<Self> {
         match width {
-            4 if b.len() % 4 == 0 => Ok(Self::U32(
+            4 if b.len().is_multiple_of(4) => Ok(Self::U32(
                 b.chunks_exact(4)
                     .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
                     .collect(),
             )),
-            8 if b.len() % 8 == 0 => Ok(Self::U64(
+            8 if b.len().is_multiple_of(8) => Ok(Self::U64(
                 b.chunks_exact(8)
                     .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                     .collect(),
