@@ -289,10 +289,12 @@ fn validate(
                 format!("descriptor {i}: region {} was deregistered", r.id),
             ));
         }
-        targets.push(IoVec {
-            base: r.addr + d.offset as usize,
-            len: d.len as usize,
-        });
+        // ranges adjacent in memory in one iovec: the byte stream is the same
+        let (base, len) = (r.addr + d.offset as usize, d.len as usize);
+        match targets.last_mut() {
+            Some(t) if t.base + t.len == base => t.len += len,
+            _ => targets.push(IoVec { base, len }),
+        }
     }
     Ok(())
 }

@@ -160,11 +160,16 @@ impl Lane {
         deadline: Instant,
     ) -> Result<(), LaneFail> {
         wire::encode_xfer(&mut self.out, op, req, descs.iter().map(|d| d.remote));
+        // the payload's local ranges, in order; ranges adjacent in memory in one iovec (the
+        // byte stream is the same, the kernel walks fewer segments)
         self.targets.clear();
-        self.targets.extend(descs.iter().map(|d| IoVec {
-            base: d.local,
-            len: d.remote.len as usize,
-        }));
+        for d in descs {
+            let (base, len) = (d.local, d.remote.len as usize);
+            match self.targets.last_mut() {
+                Some(t) if t.base + t.len == base => t.len += len,
+                _ => self.targets.push(IoVec { base, len }),
+            }
+        }
         // SAFETY: the targets are the descriptors' local ranges (this function's contract).
         unsafe { self.exchange_xfer(op, req, deadline) }
     }
