@@ -1,7 +1,8 @@
 //! The block-indexed form (`Link::transfer_blocks_sync`/`_async`): random blocks moved with it
 //! land exactly where the list form of the same blocks puts them, over TCP and same-host (small
 //! batches, batches of more than one XFER_BLOCKS frame, batches shared with the same-host
-//! helper, batches split over two TCP lanes), and every bad input's exact error.
+//! helper, batches split over two TCP lanes, a `Vec` region reached with `process_vm_*`), and
+//! every bad input's exact error.
 
 use crate::common;
 
@@ -310,4 +311,90 @@ fn bad_block_batches_get_their_exact_errors() {
     assert!(matches!(e, Error::BlockCountMismatch { .. }), "{e}");
     drop((link, link2));
     let _ = (cli.finalize(), srv.finalize(), srv2.finalize());
+}
+
+/// A server region that is a `Vec<u8>` (no memfd): a same-host client reaches it with
+/// `process_vm_readv`/`writev` over the blocks' iovecs (adjacent blocks in one); the block form
+/// puts the same bytes where the list form does.
+#[test]
+fn blocks_into_a_vec_region_same_host() {
+    let len = 4usize << 20;
+    let e = hixl::Hixl::initialize_ephemeral("127.0.0.1", Options::default())
+        .unwrap()
+        .into_registered();
+    let mut cache = e.register(vec![0u8; len]).unwrap();
+    let srv = e.activate().unwrap();
+    let (cli, mut buf) = client_with(len, Options::default().same_host(SameHost::Auto));
+    let link = cli.connect(srv.name()).unwrap();
+    let remote = link.regions().next().unwrap();
+    assert_eq!(
+        remote.transport(),
+        expected_transport(SameHost::Auto),
+        "a Vec region is reached one-sidedly where the kernel allows"
+    );
+    let mut rng = Rng::new(36);
+    let data = rng.bytes(len);
+    buf.write_at(0, &data).unwrap();
+    let half = len / 2;
+    let block = 1000u64;
+    let n = 1500usize;
+    // runs of adjacent blocks (coalesced) and scattered ones
+    let li: Vec<u64> = (0..n as u64).collect();
+    let ri: Vec<u64> = (0..n as u64)
+        .map(|k| if k < 500 { k } else { 600 + (k * 7) % 1400 })
+        .collect();
+    let ri: Vec<u64> = {
+        let mut seen = std::collections::HashSet::new();
+        ri.into_iter()
+            .map(|r| {
+                let mut r = r;
+                while !seen.insert(r) {
+                    r += 1;
+                }
+                r
+            })
+            .collect()
+    };
+    assert!(ri.iter().all(|&r| (r + 1) * block <= half as u64));
+    let layout = BlockLayout::new(
+        buf.range(..half).unwrap(),
+        remote.range(..half as u64).unwrap(),
+        block,
+    );
+    link.transfer_blocks_sync(TransferOp::Write, &layout, &li, &ri, T)
+        .unwrap();
+    let descs: Vec<TransferDesc<'_>> = li
+        .iter()
+        .zip(&ri)
+        .map(|(&l, &r)| {
+            let (l, r) = ((l * block) as usize, half as u64 + r * block);
+            TransferDesc::new(
+                buf.range(l..l + block as usize).unwrap(),
+                remote.range(r..r + block).unwrap(),
+            )
+        })
+        .collect();
+    link.transfer_sync(TransferOp::Write, &descs, T).unwrap();
+    drop(descs);
+    let mut got = vec![0; len];
+    cache.read_at(0, &mut got).unwrap();
+    assert!(got[..half] == got[half..], "the forms put different bytes");
+    for (&l, &r) in li.iter().zip(&ri) {
+        let (l, r, b) = (l as usize * 1000, r as usize * 1000, 1000);
+        assert!(got[r..r + b] == data[l..l + b]);
+    }
+    // READ back by blocks into the second half (cleared), compare
+    buf.write_at(half, &vec![0; half]).unwrap();
+    let back = BlockLayout::new(
+        buf.range(half..).unwrap(),
+        remote.range(..half as u64).unwrap(),
+        block,
+    );
+    link.transfer_blocks_sync(TransferOp::Read, &back, &li, &ri, T)
+        .unwrap();
+    let mut mine = vec![0; len];
+    buf.read_at(0, &mut mine).unwrap();
+    assert!(mine[half..half + n * 1000] == data[..n * 1000]);
+    drop(link);
+    let _ = (cli.finalize(), srv.finalize());
 }
