@@ -183,6 +183,8 @@ def _indices(idx, what):
             a = a.view(np.uint32 if a.itemsize == 4 else np.uint64)
         if a.dtype.kind != "u" or a.itemsize not in (4, 8):
             raise TypeError(f"{what} must hold 32- or 64-bit integers, not {a.dtype}")
+        if not a.dtype.isnative:
+            a = a.astype(a.dtype.newbyteorder("="))  # the engine reads native byte order
         return np.ascontiguousarray(a).tobytes(), a.itemsize
     if isinstance(idx, (str, bytes, bytearray)):
         raise TypeError(f"{what} must be an array of integers, not {type(idx).__name__}")

@@ -74,6 +74,15 @@ def test_strides_buffers_and_async(pair):
     for k in range(16):
         r = (15 - k) * 4096
         assert np.array_equal(view[r : r + 4096], arr[2 * k * 4096 : 2 * k * 4096 + 4096])
+    # big-endian and strided numpy indices are read as the numbers they hold
+    view[:] = 0
+    be = np.arange(16, dtype=">u4")
+    strided = np.arange(32, dtype=np.uint64)[::2] // 2  # 0..15, not contiguous
+    link.write_blocks(local.addr, raddr, 4096, be, strided[::-1].copy())
+    link.write_blocks(local.addr, raddr, 4096, be, strided[::-1])
+    for k in range(16):
+        r = (15 - k) * 4096
+        assert np.array_equal(view[r : r + 4096], arr[k * 4096 : (k + 1) * 4096])
     # async READ, a plain list of ints on one side and a numpy array on the other
     arr[1 << 20 :] = 0
     req = link.transfer_blocks_async(
