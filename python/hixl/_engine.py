@@ -180,7 +180,7 @@ def _indices(idx, what):
         if a.dtype.kind == "i" and a.itemsize in (4, 8):
             if a.size and a.min() < 0:
                 raise ValueError(f"{what} must not be negative")
-            a = a.view(np.uint32 if a.itemsize == 4 else np.uint64)
+            a = a.astype(np.uint32 if a.itemsize == 4 else np.uint64)  # values, native order
         if a.dtype.kind != "u" or a.itemsize not in (4, 8):
             raise TypeError(f"{what} must hold 32- or 64-bit integers, not {a.dtype}")
         if not a.dtype.isnative:

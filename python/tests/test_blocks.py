@@ -80,6 +80,7 @@ def test_strides_buffers_and_async(pair):
     strided = np.arange(32, dtype=np.uint64)[::2] // 2  # 0..15, not contiguous
     link.write_blocks(local.addr, raddr, 4096, be, strided[::-1].copy())
     link.write_blocks(local.addr, raddr, 4096, be, strided[::-1])
+    link.write_blocks(local.addr, raddr, 4096, be.astype(">i8"), strided[::-1])
     for k in range(16):
         r = (15 - k) * 4096
         assert np.array_equal(view[r : r + 4096], arr[k * 4096 : (k + 1) * 4096])
