@@ -205,6 +205,36 @@ hixl_status hixl_malloc_mem(int32_t mem_type, size_t size, void **ptr);
 hixl_status hixl_free_mem(void *ptr);
 hixl_status hixl_export_to_shareable_handle(void *addr, uint8_t handle[128]);
 
+/* Block-indexed transfers: an extension beyond HIXL (none of its peers has it). Block i,
+ * block_size bytes, moves between local_addr + local_idx[i] * local_stride (inside the region
+ * registered with this engine that holds local_addr) and remote_addr + remote_idx[i] *
+ * remote_stride (inside the region of the peer's table that holds remote_addr); a stride of 0
+ * means block_size (blocks back to back, as in a paged KV cache). The index arrays hold count
+ * indices of index_width bytes (HIXL_INDEX_U32 or HIXL_INDEX_U64), aligned to it. A call is
+ * checked once, not per block: PARAM_INVALID for a zero block_size, a stride below it, count 0,
+ * a base address in no region, or a largest index whose block leaves its region (offset
+ * overflow included). Over TCP the wire carries the remote indices, never descriptors.
+ * Repeated destination indices are not refused: such a block ends with one source's bytes (or
+ * a mix). The async form copies the indices: the arrays may go once it returns. */
+typedef struct hixl_block_desc {
+  uintptr_t local_addr;
+  uintptr_t remote_addr;
+  uint64_t block_size;
+  uint64_t local_stride;
+  uint64_t remote_stride;
+} hixl_block_desc;
+#define HIXL_INDEX_U32 4
+#define HIXL_INDEX_U64 8
+hixl_status hixl_transfer_blocks_sync(hixl_engine *engine, const char *remote_engine, int32_t op,
+                                      const hixl_block_desc *desc, const void *local_idx,
+                                      const void *remote_idx, size_t count, int32_t index_width,
+                                      int32_t timeout_in_millis);
+hixl_status hixl_transfer_blocks_async(hixl_engine *engine, const char *remote_engine,
+                                       int32_t op, const hixl_block_desc *desc,
+                                       const void *local_idx, const void *remote_idx,
+                                       size_t count, int32_t index_width,
+                                       const hixl_transfer_args *args, hixl_transfer_req *req);
+
 /* The cause of the last failed call on this thread ("" if none). */
 const char *hixl_last_error_message(void);
 

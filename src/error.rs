@@ -271,6 +271,48 @@ pub enum Error {
         /// Remote length.
         remote: u64,
     },
+    /// A block-indexed transfer whose layout is invalid: a zero block size, or a stride
+    /// smaller than the block (blocks would overlap).
+    #[error(
+        "invalid block layout (block {block_size}, strides {local_stride}/{remote_stride}): {problem}"
+    )]
+    InvalidBlockLayout {
+        /// The block size.
+        block_size: u64,
+        /// The local stride.
+        local_stride: u64,
+        /// The remote stride.
+        remote_stride: u64,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A block-indexed transfer whose local and remote index arrays differ in length.
+    #[error("{local} local block indices but {remote} remote ones")]
+    BlockCountMismatch {
+        /// Local indices given.
+        local: usize,
+        /// Remote indices given.
+        remote: usize,
+    },
+    /// A block index whose block leaves its range (or whose offset overflows): reported for the
+    /// largest index of the side, at its first position.
+    #[error(
+        "{side} block index {block} (position {position}): stride {stride} x index + {block_size} bytes leaves the {side} range of {range_len} bytes"
+    )]
+    BlockOutOfBounds {
+        /// `"local"` or `"remote"`.
+        side: &'static str,
+        /// Position of the index in its array.
+        position: usize,
+        /// The index.
+        block: u64,
+        /// The side's stride.
+        stride: u64,
+        /// The block size.
+        block_size: u64,
+        /// The length of the side's range.
+        range_len: u64,
+    },
     /// An empty descriptor list.
     #[error("a transfer needs at least one descriptor")]
     EmptyBatch,
@@ -511,6 +553,9 @@ impl Error {
             | UnknownRemoteRegion { .. }
             | AccessDenied { .. }
             | LengthMismatch { .. }
+            | InvalidBlockLayout { .. }
+            | BlockCountMismatch { .. }
+            | BlockOutOfBounds { .. }
             | EmptyBatch
             | BatchTooLarge { .. }
             | NotifyTooLong { .. }

@@ -193,7 +193,7 @@ pub use engine::{
     TransitionError,
 };
 pub use error::{Error, HandedBack, RemoteRefusal, Status, timeout_from_millis};
-pub use link::{Link, RemoteRange, RemoteRegion, TransferDesc};
+pub use link::{BlockLayout, Link, RemoteRange, RemoteRegion, TransferDesc};
 pub use memory::{LocalRange, Region};
 pub use metrics::{LinkMetrics, Metrics, OpMetrics};
 pub use notify::{MAX_NOTIFY_LEN, MAX_PENDING_NOTIFIES, Notify};
@@ -202,6 +202,7 @@ pub use request::{TransferArgs, TransferReq, TransferStatus};
 pub use runtime::connect::{ASYNC_QUEUE_CAPACITY, AsyncConnectStatus};
 pub use runtime::link::MAX_BATCH;
 pub use transport::{TransportInfo, TransportKind, probe};
+pub use types::blocks::BlockIndices;
 pub use types::engine_name::EngineName;
 pub use types::raw::{RawMemory, RegistrableMemory};
 pub use types::{Access, MemDesc, MemType, TransferOp};

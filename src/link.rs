@@ -31,6 +31,7 @@ use crate::runtime::region::RegionUse;
 use crate::types::BatchDesc;
 use crate::types::TransferOp;
 use crate::types::WireDesc;
+use crate::types::blocks::{BlockBatch, BlockIndices, WireBlocks};
 use crate::types::{Access, MemType};
 use crate::wire::TableEntry;
 
@@ -351,6 +352,198 @@ impl<'e> Link<'e> {
         Ok(TransferReq::new(state, self.shared.clone()))
     }
 
+    /// Checks a block batch once (its layout, both index arrays' lengths, each side's largest
+    /// index against its range, overflow-checked; ownership, access and memory type as for a
+    /// list batch): nothing is checked per block.
+    fn prepare_blocks<'i>(
+        &self,
+        op: TransferOp,
+        layout: &BlockLayout<'_>,
+        local_idx: BlockIndices<'i>,
+        remote_idx: BlockIndices<'i>,
+    ) -> Result<BlockBatch<'i>, Error> {
+        let (block, ls, rs) = (layout.block_size, layout.local_stride, layout.remote_stride);
+        let bad_layout = |problem| Error::InvalidBlockLayout {
+            block_size: block,
+            local_stride: ls,
+            remote_stride: rs,
+            problem,
+        };
+        if block == 0 {
+            return Err(bad_layout("the block size is zero"));
+        }
+        if ls < block || rs < block {
+            return Err(bad_layout(
+                "a stride is smaller than the block (its blocks would overlap)",
+            ));
+        }
+        if local_idx.len() != remote_idx.len() {
+            return Err(Error::BlockCountMismatch {
+                local: local_idx.len(),
+                remote: remote_idx.len(),
+            });
+        }
+        let n = local_idx.len();
+        if n == 0 {
+            return Err(Error::EmptyBatch);
+        }
+        if n > MAX_BATCH {
+            return Err(Error::BatchTooLarge {
+                count: n,
+                limit: MAX_BATCH,
+            });
+        }
+        let (local, remote) = (&layout.local, &layout.remote);
+        let (engine, link) = (self.shared.engine_id, self.shared.id);
+        if local.core.engine != engine {
+            return Err(Error::ForeignHandle {
+                what: "local region",
+                owner: local.core.engine,
+                engine,
+            });
+        }
+        if remote.link != link {
+            return Err(Error::ForeignHandle {
+                what: "remote range",
+                owner: remote.link,
+                engine: link,
+            });
+        }
+        if !remote.access.permits(op) {
+            return Err(Error::AccessDenied {
+                op,
+                region: remote.region,
+                access: remote.access.name(),
+            });
+        }
+        if !self.shared.has_device_path() {
+            for mem_type in [local.core.mem_type, remote.mem_type] {
+                if mem_type != MemType::Host {
+                    return Err(Error::UnsupportedMemory {
+                        mem_type,
+                        why: "the tcp and same-host transports move host memory only",
+                    });
+                }
+            }
+        }
+        let extent = |side, idx: BlockIndices<'_>, stride: u64, range_len: u64| {
+            let max = idx.max().unwrap_or(0);
+            match max.checked_mul(stride).and_then(|o| o.checked_add(block)) {
+                Some(end) if end <= range_len => Ok(end),
+                _ => Err(Error::BlockOutOfBounds {
+                    side,
+                    position: idx.position(max),
+                    block: max,
+                    stride,
+                    block_size: block,
+                    range_len,
+                }),
+            }
+        };
+        let local_extent = extent("local", local_idx, ls, local.len as u64)?;
+        let remote_extent = extent("remote", remote_idx, rs, remote.len)?;
+        Ok(BlockBatch {
+            local: local.ptr() as usize,
+            local_stride: ls,
+            remote: WireBlocks {
+                region: remote.region,
+                offset: remote.offset,
+                block,
+                stride: rs,
+            },
+            local_idx,
+            remote_idx,
+            local_extent,
+            remote_extent,
+        })
+    }
+
+    /// Runs a block-indexed batch and returns when every block has moved (an extension of
+    /// HIXL: none of its peers has it). Block `i` is `layout.block_size()` bytes at
+    /// `local_idx[i] * local_stride` in the layout's local range and at
+    /// `remote_idx[i] * remote_stride` in its remote range; the index arrays (`&[u32]` or
+    /// `&[u64]`) have the same length, at most [`MAX_BATCH`].
+    ///
+    /// The batch is checked once, not per block: the layout, the arrays' lengths, and each
+    /// side's largest index against its range (overflow-checked). It moves without being
+    /// expanded into descriptors over TCP (the wire carries the remote indices; the server
+    /// checks the largest against its region once) and same-host (a copy loop over the
+    /// indices); UCX and Ascend links expand it once into descriptors.
+    ///
+    /// Blocks that overlap on the destination side (a repeated destination index) are not
+    /// refused: such a block ends with the bytes of one of its sources, or a mix of them (as
+    /// for overlapping descriptors of a list batch); checking costs a sort per call.
+    ///
+    /// ```no_run
+    /// # use hixl::{BlockLayout, Error, Link, Region, TransferOp};
+    /// # use std::time::Duration;
+    /// # fn pull(link: &Link<'_>, kv: &Region, remote: u64, len: u64) -> Result<(), Error> {
+    /// let layout = BlockLayout::new(kv.range(..)?, link.remote(remote, len)?, 16 << 10);
+    /// let (mine, theirs): (Vec<u32>, Vec<u32>) = ((0..64).collect(), (100..164).collect());
+    /// link.transfer_blocks_sync(TransferOp::Read, &layout, &mine, &theirs, Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// - `PARAM_INVALID`: [`Error::InvalidBlockLayout`] (a zero block, a stride smaller than
+    ///   the block), [`Error::BlockCountMismatch`], [`Error::EmptyBatch`],
+    ///   [`Error::BatchTooLarge`], [`Error::BlockOutOfBounds`] (the largest index of a side,
+    ///   also when its offset overflows), and the others of [`Link::transfer_sync`];
+    /// - `TIMEOUT`, `NOT_CONNECTED`, `RESOURCE_EXHAUSTED`, `FAILED` as for
+    ///   [`Link::transfer_sync`].
+    pub fn transfer_blocks_sync<'i>(
+        &self,
+        op: TransferOp,
+        layout: &BlockLayout<'_>,
+        local_idx: impl Into<BlockIndices<'i>>,
+        remote_idx: impl Into<BlockIndices<'i>>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let timeout = check_timeout(timeout)?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let b = self.prepare_blocks(op, layout, local_idx.into(), remote_idx.into())?;
+        self.shared.run_sync_blocks(op, &b, started, deadline)
+    }
+
+    /// Starts a block-indexed batch ([`Link::transfer_blocks_sync`]) and returns at once, as
+    /// [`Link::transfer_async`] does; the request keeps a copy of the indices (4 or 8 bytes a
+    /// block).
+    ///
+    /// # Errors
+    /// The validation errors of [`Link::transfer_blocks_sync`] (before anything starts), and
+    /// [`Error::NotConnected`] if the link is broken.
+    pub fn transfer_blocks_async<'s, 'i>(
+        &'s self,
+        op: TransferOp,
+        layout: &BlockLayout<'s>,
+        local_idx: impl Into<BlockIndices<'i>>,
+        remote_idx: impl Into<BlockIndices<'i>>,
+        args: TransferArgs,
+    ) -> Result<TransferReq<'s>, Error> {
+        self.start_blocks_async(op, layout, local_idx.into(), remote_idx.into(), args)
+    }
+
+    /// [`Link::transfer_blocks_async`] with the request's lifetime left to the caller (as
+    /// [`Link::start_async`]).
+    pub(crate) fn start_blocks_async<'r>(
+        &self,
+        op: TransferOp,
+        layout: &BlockLayout<'_>,
+        local_idx: BlockIndices<'_>,
+        remote_idx: BlockIndices<'_>,
+        args: TransferArgs,
+    ) -> Result<TransferReq<'r>, Error> {
+        let timeout = check_timeout(args.timeout)?;
+        self.shared.check_usable()?;
+        let b = self.prepare_blocks(op, layout, local_idx, remote_idx)?;
+        let keep = vec![RegionUse::new(layout.local.core)];
+        let state =
+            self.shared
+                .start_async_blocks(op, b.to_owned(), keep, timeout, args.user_data)?;
+        Ok(TransferReq::new(state, self.shared.clone()))
+    }
+
     /// Sends a notification to the peer and waits for its acknowledgement (HIXL `SendNotify`).
     ///
     /// It is delivered after every transfer started earlier on this link has ended: a
@@ -573,6 +766,71 @@ impl fmt::Debug for TransferDesc<'_> {
         f.debug_struct("TransferDesc")
             .field("local", &self.local)
             .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+/// The geometry of a block-indexed transfer ([`Link::transfer_blocks_sync`]): a local range
+/// and a remote range (each the base of its blocks: block `k` of a side starts at `k * stride`
+/// in its range), the block size, and a stride per side (by default the block size: blocks
+/// packed back to back, as in a paged KV cache; a larger stride leaves gaps, as a layer of a
+/// layer-interleaved cache). An extension of HIXL.
+///
+/// It is checked when a transfer uses it ([`Error::InvalidBlockLayout`]), with the indices.
+#[derive(Clone, Copy)]
+pub struct BlockLayout<'a> {
+    pub(crate) local: LocalRange<'a>,
+    pub(crate) remote: RemoteRange<'a>,
+    pub(crate) block_size: u64,
+    pub(crate) local_stride: u64,
+    pub(crate) remote_stride: u64,
+}
+
+impl<'a> BlockLayout<'a> {
+    /// Blocks of `block_size` bytes packed back to back in `local` and in `remote`.
+    pub fn new(local: LocalRange<'a>, remote: RemoteRange<'a>, block_size: u64) -> Self {
+        Self {
+            local,
+            remote,
+            block_size,
+            local_stride: block_size,
+            remote_stride: block_size,
+        }
+    }
+    /// The same layout with these strides (bytes from one block's start to the next's).
+    pub fn strides(self, local_stride: u64, remote_stride: u64) -> Self {
+        Self {
+            local_stride,
+            remote_stride,
+            ..self
+        }
+    }
+    /// The block size.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+    /// The local and remote strides.
+    pub fn stride(&self) -> (u64, u64) {
+        (self.local_stride, self.remote_stride)
+    }
+    /// The local range.
+    pub fn local(&self) -> LocalRange<'a> {
+        self.local
+    }
+    /// The remote range.
+    pub fn remote(&self) -> RemoteRange<'a> {
+        self.remote
+    }
+}
+
+impl fmt::Debug for BlockLayout<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockLayout")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .field("block_size", &self.block_size)
+            .field("local_stride", &self.local_stride)
+            .field("remote_stride", &self.remote_stride)
             .finish()
     }
 }

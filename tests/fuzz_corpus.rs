@@ -113,6 +113,33 @@ fn write_seeds() {
     wire::encode_xfer(&mut out, TransferOp::Write, 3, descs.iter().copied());
     seeds.push(("decode", "xfer", payload(out.clone())));
     seeds.push(("decode", "xfer_frame", out));
+    let blocks = wire::WireBlocks {
+        region: 1,
+        offset: 64,
+        block: 4096,
+        stride: 8192,
+    };
+    let mut out = Vec::new();
+    let idx = [3u32, 0, 7, 7, 1];
+    wire::encode_xfer_blocks(
+        &mut out,
+        TransferOp::Read,
+        4,
+        &blocks,
+        hixl::BlockIndices::U32(&idx),
+    );
+    seeds.push(("xfer_blocks", "u32", payload(out.clone())));
+    seeds.push(("decode", "xfer_blocks_frame", out));
+    let mut out = Vec::new();
+    let idx = [u64::MAX / 8192, 0];
+    wire::encode_xfer_blocks(
+        &mut out,
+        TransferOp::Write,
+        5,
+        &blocks,
+        hixl::BlockIndices::U64(&idx),
+    );
+    seeds.push(("xfer_blocks", "u64", payload(out)));
     let mut out = Vec::new();
     DeviceInfo {
         status: 0,

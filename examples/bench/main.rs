@@ -57,6 +57,12 @@
 //! - the first round after connect against the warm rounds after it, per op, after the table
 //!   (`--cold-block` 32768, `--cold-batch` 256, `--cold-warm` 3 rounds, `--cold-reps` 3 links; `--no-cold` skips them,
 //!   `--no-main --cold` runs them alone; [`cold`])
+//! - `--blocks`: the block-indexed form (`transfer_blocks_sync`) against the list form of
+//!   the same blocks, `--batch` (default 100,000) blocks a call at `--blocks-sizes` (64 B,
+//!   2 KiB, 16 KiB, 64 KiB), over `--blocks-transports` (tcp, same-host), A B A B for
+//!   `--blocks-rounds` (5): ns per descriptor (wall and CPU) beside GB/s, the list / blocks
+//!   ratio, and memcpy anchors of the same invocation ([`blocks`]). `--no-main --blocks` for
+//!   these rows alone
 //! - `--datadist`: LLM-DataDist rows: `pull_blocks` of 64 and 4096 blocks (the typed layer)
 //!   against the engine's own READ of the same descriptors, interleaved, the median of
 //!   `--dd-rounds` rounds (default 9), with the overhead; `--dd-tensors` (4) tensors of 4096
@@ -69,6 +75,7 @@
 //! `--plot-from` titles its image with).
 
 mod anchors;
+mod blocks;
 mod cold;
 mod datadist;
 mod many;
@@ -122,6 +129,7 @@ struct Args {
     main: bool,
     datadist: Option<datadist::Spec>,
     cold: Option<cold::Spec>,
+    block_rows: Option<blocks::Spec>,
 }
 
 /// The command line (the module docs say more about each option).
@@ -230,6 +238,21 @@ struct Cli {
     /// Fresh links (each a cold round and its warm rounds) per first-round-after-connect row
     #[arg(long, default_value_t = 3)]
     cold_reps: usize,
+    /// Block-indexed form against the list form (`--batch`, default 100000), TCP and same-host
+    #[arg(long = "blocks")]
+    block_form: bool,
+    /// Block sizes of the --blocks rows
+    #[arg(long, value_delimiter = ',', default_value = "64,2048,16384,65536")]
+    blocks_sizes: Vec<usize>,
+    /// Rounds (A B pairs) of the --blocks rows
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    blocks_rounds: u64,
+    /// Transports of the --blocks rows
+    #[arg(long, value_delimiter = ',', default_value = "tcp,same-host", value_parser = ["tcp", "same-host"])]
+    blocks_transports: Vec<String>,
+    /// --blocks rows with blocks in order (0, 1, 2, ...) instead of random distinct indices
+    #[arg(long)]
+    blocks_seq: bool,
 }
 
 /// The transports `--transport` takes, `cma` an alias of `same-host`.
@@ -290,13 +313,24 @@ fn parse() -> Result<Args, String> {
             warm: c.cold_warm,
             reps: c.cold_reps,
         }),
+        block_rows: c.block_form.then(|| blocks::Spec {
+            sizes: c.blocks_sizes.clone(),
+            batch: c.batch.unwrap_or(100_000),
+            rounds: c.blocks_rounds as usize,
+            transports: c.blocks_transports.clone(),
+            sequential: c.blocks_seq,
+        }),
     };
     if let Some(&n) = a.link_cost.iter().find(|&&n| n == 0 || n > 4096) {
         return Err(format!("--link-cost {n}: counts must be in 1..=4096"));
     }
     // a batch asked for gets distinct memory for every descriptor (one 16384 x 32 KiB batch:
     // 512 MiB per side)
-    let asked = (a.batch.unwrap_or(1)).saturating_mul(a.blocks.iter().copied().max().unwrap_or(0));
+    // (the --blocks rows cycle through the region: they ask for none of their own)
+    let asked = match a.main {
+        true => (a.batch.unwrap_or(1)).saturating_mul(a.blocks.iter().copied().max().unwrap_or(0)),
+        false => 0,
+    };
     let region = c.region.unwrap_or(asked.max(256 << 20));
     if region == 0 || region > 1 << 36 {
         return Err(format!("--region {region}: must be in 1..=64 GiB"));
@@ -824,6 +858,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(s) = &a.datadist {
         datadist::rows(s)?;
+    }
+    if let Some(s) = &a.block_rows {
+        blocks::rows(&a, s)?;
     }
     if let Some(path) = &a.plot {
         let rows: Vec<plot::PlotRow> = rows

@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("serve_handshake", serve_handshake),
     ("fabric", fabric),
     ("cs_list", cs_list),
+    ("xfer_blocks", xfer_blocks),
 ];
 
 /// Frames as they arrive: a header, then the payload it announces; and the bytes as the payload
@@ -467,4 +468,51 @@ pub fn cs_list_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("header_only", region(&p)[..HEADER_LEN].to_vec()),
     ]
+}
+
+/// XFER_BLOCKS (a block-indexed batch): what decodes has at least one index, a non-zero block,
+/// a stride of at least the block, the largest index it reports, and re-encodes to the same
+/// bytes; the server's bounds check (`WireBlocks::block_offset`) never panics on it, and accepts
+/// the largest index exactly when its block fits.
+pub fn xfer_blocks(data: &[u8]) {
+    let mut idx = Vec::new();
+    let Ok(x) = wire::decode_xfer_blocks(data, &mut idx) else {
+        return;
+    };
+    assert!(!idx.is_empty() && x.blocks.block > 0 && x.blocks.stride >= x.blocks.block);
+    assert_eq!(idx.iter().copied().max(), Some(x.max));
+    let mut out = Vec::new();
+    if x.wide {
+        wire::encode_xfer_blocks(
+            &mut out,
+            x.op,
+            x.req,
+            &x.blocks,
+            hixl::BlockIndices::U64(&idx),
+        );
+    } else {
+        let narrow: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+        wire::encode_xfer_blocks(
+            &mut out,
+            x.op,
+            x.req,
+            &x.blocks,
+            hixl::BlockIndices::U32(&narrow),
+        );
+    }
+    assert_eq!(payload(&out), data);
+    for len in [
+        0,
+        1,
+        x.blocks.block,
+        x.blocks.offset,
+        u64::MAX,
+        u64::MAX / 2,
+    ] {
+        if let Some(at) = x.blocks.block_offset(x.max, len) {
+            assert!(at + x.blocks.block <= len);
+            // every other index's block lies at or below the largest's
+            assert!(idx.iter().all(|&i| x.blocks.block_offset(i, len).is_some()));
+        }
+    }
 }

@@ -989,3 +989,170 @@ pub unsafe extern "C" fn hixl_export_to_shareable_handle(
         Ok(())
     })
 }
+
+// ---- block-indexed transfers (an extension of HIXL, issue 35) ----
+
+/// `hixl_block_desc`: the geometry of a block-indexed transfer ([`compat::BlockDesc`]).
+pub type BlockDesc = compat::BlockDesc;
+
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::offset_of;
+    assert!(size_of::<BlockDesc>() == 40 && offset_of!(BlockDesc, block_size) == 16);
+    assert!(offset_of!(BlockDesc, remote_stride) == 32);
+};
+
+/// `HIXL_INDEX_U32`: index arrays of `uint32_t`.
+pub const INDEX_U32: i32 = 4;
+/// `HIXL_INDEX_U64`: index arrays of `uint64_t`.
+pub const INDEX_U64: i32 = 8;
+
+/// The arguments of a block transfer, checked.
+///
+/// # Safety
+/// As for [`hixl_transfer_blocks_sync`].
+#[allow(clippy::type_complexity)]
+unsafe fn blocks_args<'a>(
+    remote: *const c_char,
+    operation: i32,
+    desc: *const BlockDesc,
+    local_idx: *const c_void,
+    remote_idx: *const c_void,
+    count: usize,
+    index_width: i32,
+) -> R<(
+    &'a str,
+    TransferOp,
+    BlockDesc,
+    hixl_rs::BlockIndices<'a>,
+    hixl_rs::BlockIndices<'a>,
+)> {
+    // SAFETY: the caller's contract.
+    let remote = unsafe { string(remote, "remote_engine") }?;
+    if desc.is_null() {
+        return Err(invalid("desc is null"));
+    }
+    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
+    let d = unsafe { desc.read_unaligned() };
+    let (l, r) = match index_width {
+        INDEX_U32 => (
+            // SAFETY: the caller's contract: `count` uint32_t's.
+            hixl_rs::BlockIndices::U32(unsafe {
+                slice(local_idx.cast::<u32>(), count, "local_idx")
+            }?),
+            // SAFETY: as above.
+            hixl_rs::BlockIndices::U32(unsafe {
+                slice(remote_idx.cast::<u32>(), count, "remote_idx")
+            }?),
+        ),
+        INDEX_U64 => (
+            // SAFETY: the caller's contract: `count` uint64_t's.
+            hixl_rs::BlockIndices::U64(unsafe {
+                slice(local_idx.cast::<u64>(), count, "local_idx")
+            }?),
+            // SAFETY: as above.
+            hixl_rs::BlockIndices::U64(unsafe {
+                slice(remote_idx.cast::<u64>(), count, "remote_idx")
+            }?),
+        ),
+        w => {
+            return Err(invalid(format!(
+                "index_width {w} is neither HIXL_INDEX_U32 (4) nor HIXL_INDEX_U64 (8)"
+            )));
+        }
+    };
+    Ok((remote, op(operation)?, d, l, r))
+}
+
+/// Block-indexed READ (0) or WRITE (1), an extension of HIXL: block `i` (`desc->block_size`
+/// bytes) moves between `desc->local_addr + local_idx[i] * local_stride` and
+/// `desc->remote_addr + remote_idx[i] * remote_stride` (a stride of 0: the block size). The
+/// index arrays hold `count` elements of `index_width` bytes (`HIXL_INDEX_U32` or
+/// `HIXL_INDEX_U64`). Checked once per call (each side's largest index against its region),
+/// never per block.
+///
+/// # Safety
+/// `remote` is null or a NUL-terminated string; `desc` is null or readable; `local_idx` and
+/// `remote_idx` are null (with `count` 0) or aligned arrays of `count` indices of
+/// `index_width` bytes. The addresses themselves are validated.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hixl_transfer_blocks_sync(
+    engine: *mut HixlEngine,
+    remote: *const c_char,
+    operation: i32,
+    desc: *const BlockDesc,
+    local_idx: *const c_void,
+    remote_idx: *const c_void,
+    count: usize,
+    index_width: i32,
+    timeout_in_millis: i32,
+) -> HixlStatus {
+    entry(|| {
+        let e = self::engine(engine)?;
+        // SAFETY: the caller's contract.
+        let (remote, op, d, l, r) = unsafe {
+            blocks_args(
+                remote,
+                operation,
+                desc,
+                local_idx,
+                remote_idx,
+                count,
+                index_width,
+            )
+        }?;
+        c(e.transfer_blocks_sync(remote, op, &d, l, r, timeout_in_millis))
+    })
+}
+
+/// [`hixl_transfer_blocks_sync`] as an async request (`*req`, polled with
+/// `hixl_get_transfer_status`); the indices are copied, so the arrays may go once this
+/// returns. `args` may be null.
+///
+/// # Safety
+/// As [`hixl_transfer_blocks_sync`]; `args` is null or readable; `req` is null or writable.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn hixl_transfer_blocks_async(
+    engine: *mut HixlEngine,
+    remote: *const c_char,
+    operation: i32,
+    desc: *const BlockDesc,
+    local_idx: *const c_void,
+    remote_idx: *const c_void,
+    count: usize,
+    index_width: i32,
+    args: *const TransferArgs,
+    req: *mut *mut c_void,
+) -> HixlStatus {
+    entry(|| {
+        let e = self::engine(engine)?;
+        if req.is_null() {
+            return Err(invalid("req is null"));
+        }
+        // SAFETY: the caller's contract.
+        let (remote, op, d, l, r) = unsafe {
+            blocks_args(
+                remote,
+                operation,
+                desc,
+                local_idx,
+                remote_idx,
+                count,
+                index_width,
+            )
+        }?;
+        let user_data = if args.is_null() {
+            0
+        } else {
+            // SAFETY: not null; readable by the caller's contract.
+            unsafe { args.read_unaligned() }.user_data as usize as u64
+        };
+        let id = e
+            .transfer_blocks_async(remote, op, &d, l, r, compat::TransferArgs { user_data })
+            .map_err(fail)?;
+        // SAFETY: checked not null; writable by the caller's contract.
+        unsafe { put(req, id as usize as *mut c_void, "req") }
+    })
+}

@@ -66,7 +66,7 @@ fn two_c_processes(memory: &str) {
         return;
     };
     let flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1"];
-    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 4, memory);
+    common::two_processes(&cc, &flags, "hixl", "c/capi_test.c", 5, memory);
 }
 
 #[test]

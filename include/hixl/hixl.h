@@ -18,7 +18,9 @@
  * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
  * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers
  * get no access); AllocHostMem allocates and registers engine-owned host memory, which
- * same-host peers reach one-sidedly (caller memory goes to them over TCP).
+ * same-host peers reach one-sidedly (caller memory goes to them over TCP); TransferBlocks and
+ * TransferBlocksAsync move blocks named by two index arrays (BlockDesc: bases, block size,
+ * strides), checked once per call.
  */
 #ifndef HIXL_RS_HIXL_H_
 #define HIXL_RS_HIXL_H_
@@ -43,6 +45,9 @@ static_assert(sizeof(MemDesc) == sizeof(hixl_mem_desc) &&
 /* hixl extension: RegisterMemEx's flags (HIXL_REGISTER_* of hixl_c.h). REGISTER_LOCAL_ONLY:
  * peers may not READ or WRITE the region. */
 constexpr uint32_t REGISTER_LOCAL_ONLY = HIXL_REGISTER_LOCAL_ONLY;
+
+/* hixl extension, beyond HIXL: the geometry of Hixl::TransferBlocks (hixl_block_desc). */
+using BlockDesc = hixl_block_desc;
 
 class ASCEND_FUNC_VISIBILITY Hixl {
  public:
@@ -149,6 +154,52 @@ class ASCEND_FUNC_VISIBILITY Hixl {
     a.user_data = optional_args.user_data;
     return hixl_transfer_async(engine_, remote_engine.GetString(),
                                static_cast<int32_t>(operation), d.data(), d.size(), &a, &req);
+  }
+
+  /* hixl extension, beyond HIXL: block-indexed transfers (hixl_transfer_blocks_sync of
+   * hixl_c.h). Block i moves desc.block_size bytes between desc.local_addr + local_idx[i] *
+   * local_stride and desc.remote_addr + remote_idx[i] * remote_stride (a stride of 0: the block
+   * size); checked once per call, never expanded into descriptors over TCP. Index arrays of
+   * uint32_t or uint64_t; the vector forms give PARAM_INVALID for vectors of different sizes. */
+  Status TransferBlocks(const AscendString &remote_engine, TransferOp operation,
+                        const BlockDesc &desc, const uint32_t *local_idx,
+                        const uint32_t *remote_idx, size_t count,
+                        int32_t timeout_in_millis = 1000) {
+    return hixl_transfer_blocks_sync(engine_, remote_engine.GetString(),
+                                     static_cast<int32_t>(operation), &desc, local_idx,
+                                     remote_idx, count, HIXL_INDEX_U32, timeout_in_millis);
+  }
+  Status TransferBlocks(const AscendString &remote_engine, TransferOp operation,
+                        const BlockDesc &desc, const uint64_t *local_idx,
+                        const uint64_t *remote_idx, size_t count,
+                        int32_t timeout_in_millis = 1000) {
+    return hixl_transfer_blocks_sync(engine_, remote_engine.GetString(),
+                                     static_cast<int32_t>(operation), &desc, local_idx,
+                                     remote_idx, count, HIXL_INDEX_U64, timeout_in_millis);
+  }
+  template <typename I>
+  Status TransferBlocks(const AscendString &remote_engine, TransferOp operation,
+                        const BlockDesc &desc, const std::vector<I> &local_idx,
+                        const std::vector<I> &remote_idx, int32_t timeout_in_millis = 1000) {
+    if (local_idx.size() != remote_idx.size()) return HIXL_PARAM_INVALID;
+    return TransferBlocks(remote_engine, operation, desc, local_idx.data(), remote_idx.data(),
+                          local_idx.size(), timeout_in_millis);
+  }
+  /* The async form: the indices are copied (the arrays may go once it returns). */
+  template <typename I>
+  Status TransferBlocksAsync(const AscendString &remote_engine, TransferOp operation,
+                             const BlockDesc &desc, const std::vector<I> &local_idx,
+                             const std::vector<I> &remote_idx, const TransferArgs &optional_args,
+                             TransferReq &req) {
+    static_assert(sizeof(I) == 4 || sizeof(I) == 8, "uint32_t or uint64_t indices");
+    if (local_idx.size() != remote_idx.size()) return HIXL_PARAM_INVALID;
+    hixl_transfer_args a;
+    std::memset(&a, 0, sizeof a);
+    a.user_data = optional_args.user_data;
+    return hixl_transfer_blocks_async(engine_, remote_engine.GetString(),
+                                      static_cast<int32_t>(operation), &desc, local_idx.data(),
+                                      remote_idx.data(), local_idx.size(),
+                                      static_cast<int32_t>(sizeof(I)), &a, &req);
   }
 
   Status GetTransferStatus(const TransferReq &req, TransferStatus &status) {

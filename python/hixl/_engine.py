@@ -166,6 +166,43 @@ def _pack(descs):
     return packed
 
 
+def _indices(idx, what):
+    """(native bytes, width) of block indices: a 1-D numpy array of unsigned (or non-negative
+    signed) 32- or 64-bit integers, any buffer of unsigned 4- or 8-byte items (``array('I')``,
+    ``array('Q')``, a memoryview), or a sequence of ints. One copy, no Python object per index
+    (but for a sequence of ints, which has them already)."""
+    if hasattr(idx, "__array_interface__") and hasattr(idx, "dtype"):
+        import numpy as np  # only reached with a numpy array
+
+        a = np.asarray(idx)
+        if a.ndim != 1:
+            raise ValueError(f"{what} must be a 1-D array")
+        if a.dtype.kind == "i" and a.itemsize in (4, 8):
+            if a.size and a.min() < 0:
+                raise ValueError(f"{what} must not be negative")
+            a = a.astype(np.uint32 if a.itemsize == 4 else np.uint64)  # values, native order
+        if a.dtype.kind != "u" or a.itemsize not in (4, 8):
+            raise TypeError(f"{what} must hold 32- or 64-bit integers, not {a.dtype}")
+        if not a.dtype.isnative:
+            a = a.astype(a.dtype.newbyteorder("="))  # the engine reads native byte order
+        return np.ascontiguousarray(a).tobytes(), a.itemsize
+    if isinstance(idx, (str, bytes, bytearray)):
+        raise TypeError(f"{what} must be an array of integers, not {type(idx).__name__}")
+    try:
+        mv = memoryview(idx)
+    except TypeError:
+        mv = None
+    if mv is not None:
+        fmt = mv.format.lstrip("@=")
+        if mv.ndim != 1 or fmt not in ("I", "L", "Q") or mv.itemsize not in (4, 8):
+            raise TypeError(f"{what}: a buffer of unsigned 4- or 8-byte integers, not {mv.format!r}")
+        return mv.tobytes(), mv.itemsize
+    try:
+        return array.array("Q", idx).tobytes(), 8
+    except (OverflowError, TypeError):
+        raise ValueError(f"{what} must be integers in 0..2**64-1") from None
+
+
 RemoteRegion = namedtuple("RemoteRegion", "addr len mem_type readable writable transport")
 RemoteRegion.__doc__ = """One region of a peer's table, as it sent it at connect, and the transport that moves it
 (``"same-host"`` for a same-host peer's ``Engine.alloc`` buffers, ``"tcp"`` for memory it
@@ -410,6 +447,38 @@ class Link:
     def write_async(self, descs, user_data=0):
         """``transfer_async(hixl.WRITE, ...)``."""
         return self.transfer_async(_n.WRITE, descs, user_data)
+
+    def transfer_blocks(self, op, local_addr, remote_addr, block_size, local_idx, remote_idx,
+                        *, local_stride=0, remote_stride=0, timeout=1.0):
+        """Block-indexed READ or WRITE (beyond HIXL): block ``i`` (``block_size`` bytes) moves
+        between ``local_addr + local_idx[i] * local_stride`` and ``remote_addr + remote_idx[i]
+        * remote_stride`` (a stride of 0: the block size). The index arrays are numpy arrays
+        (uint32/uint64, or non-negative int32/int64), other buffers of unsigned 4- or 8-byte
+        items, or sequences of ints, of the same length; the call is checked once (each side's
+        largest index against its region), with no Python object per block."""
+        h = self.engine._handle()
+        (l, lw), (r, rw) = _indices(local_idx, "local_idx"), _indices(remote_idx, "remote_idx")
+        desc = (local_addr, remote_addr, block_size, local_stride, remote_stride)
+        _check(h._transfer_blocks_sync_packed(self.remote, _op(op), desc, l, lw, r, rw, _millis(timeout)))
+
+    def read_blocks(self, *args, **kw):
+        """``transfer_blocks(hixl.READ, ...)``."""
+        self.transfer_blocks(_n.READ, *args, **kw)
+
+    def write_blocks(self, *args, **kw):
+        """``transfer_blocks(hixl.WRITE, ...)``."""
+        self.transfer_blocks(_n.WRITE, *args, **kw)
+
+    def transfer_blocks_async(self, op, local_addr, remote_addr, block_size, local_idx,
+                              remote_idx, *, local_stride=0, remote_stride=0, user_data=0):
+        """Start a block-indexed batch (``transfer_blocks``); returns a ``Request``. The indices
+        are copied: the arrays may change once this returns."""
+        h = self.engine._handle()
+        (l, lw), (r, rw) = _indices(local_idx, "local_idx"), _indices(remote_idx, "remote_idx")
+        desc = (local_addr, remote_addr, block_size, local_stride, remote_stride)
+        ret, req = h._transfer_blocks_async_packed(self.remote, _op(op), desc, l, lw, r, rw, user_data)
+        _check(ret)
+        return Request(self, req)
 
     def notify(self, name, msg="", timeout=1.0):
         """Send a notification, delivered after every transfer started before it."""

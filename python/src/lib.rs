@@ -1099,6 +1099,117 @@ impl Hixl {
         });
         Ok((c, req.unwrap_or(0)))
     }
+
+    /// The Pythonic layer's block transfer (beyond HIXL): `desc` is `(local_addr, remote_addr,
+    /// block_size, local_stride, remote_stride)`, each index array native-endian bytes of its
+    /// width (4 or 8). No Python object per block.
+    #[allow(clippy::too_many_arguments)]
+    fn _transfer_blocks_sync_packed(
+        &self,
+        py: Python<'_>,
+        remote_engine: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+        desc: (u64, u64, u64, u64, u64),
+        local_idx: &[u8],
+        local_width: u32,
+        remote_idx: &[u8],
+        remote_width: u32,
+        timeout_in_millis: &Bound<'_, PyAny>,
+    ) -> PyResult<u32> {
+        let (r, t) = remote_and_timeout(remote_engine, Some(timeout_in_millis))?;
+        let op = op_of(op)?;
+        let d = block_desc(desc)?;
+        let (l, rr) = (
+            Indices::of(local_idx, local_width)?,
+            Indices::of(remote_idx, remote_width)?,
+        );
+        Ok(call(py, self, move |e| {
+            e.transfer_blocks_sync(&r, op, &d, l.borrow(), rr.borrow(), t)
+        })
+        .0)
+    }
+
+    /// [`Hixl::_transfer_blocks_sync_packed`] as an async request.
+    #[allow(clippy::too_many_arguments)]
+    fn _transfer_blocks_async_packed(
+        &self,
+        py: Python<'_>,
+        remote_engine: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+        desc: (u64, u64, u64, u64, u64),
+        local_idx: &[u8],
+        local_width: u32,
+        remote_idx: &[u8],
+        remote_width: u32,
+        user_data: &Bound<'_, PyAny>,
+    ) -> PyResult<(u32, u64)> {
+        let r = str_of(remote_engine, "remote_engine")?;
+        let op = op_of(op)?;
+        let d = block_desc(desc)?;
+        let (l, rr) = (
+            Indices::of(local_idx, local_width)?,
+            Indices::of(remote_idx, remote_width)?,
+        );
+        let user_data = uint(user_data, "user_data", u64::MAX)?;
+        let (c, req) = call(py, self, move |e| {
+            e.transfer_blocks_async(
+                &r,
+                op,
+                &d,
+                l.borrow(),
+                rr.borrow(),
+                compat::TransferArgs { user_data },
+            )
+        });
+        Ok((c, req.unwrap_or(0)))
+    }
+}
+
+/// `(local_addr, remote_addr, block_size, local_stride, remote_stride)` as a block geometry.
+fn block_desc(d: (u64, u64, u64, u64, u64)) -> PyResult<compat::BlockDesc> {
+    let addr = |a: u64, what: &str| {
+        usize::try_from(a).map_err(|_| PyValueError::new_err(format!("{what} {a} overflows")))
+    };
+    Ok(compat::BlockDesc {
+        local_addr: addr(d.0, "local_addr")?,
+        remote_addr: addr(d.1, "remote_addr")?,
+        block_size: d.2,
+        local_stride: d.3,
+        remote_stride: d.4,
+    })
+}
+
+/// Block indices decoded from native-endian bytes (one pass, no Python object per index).
+enum Indices {
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+}
+
+impl Indices {
+    fn of(b: &[u8], width: u32) -> PyResult<Self> {
+        match width {
+            4 if b.len().is_multiple_of(4) => Ok(Self::U32(
+                b.chunks_exact(4)
+                    .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )),
+            8 if b.len().is_multiple_of(8) => Ok(Self::U64(
+                b.chunks_exact(8)
+                    .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                    .collect(),
+            )),
+            _ => Err(PyValueError::new_err(format!(
+                "index width {width} with {} bytes: indices are 4 or 8 bytes each",
+                b.len()
+            ))),
+        }
+    }
+    fn borrow(&self) -> hixl::BlockIndices<'_> {
+        match self {
+            Self::U32(v) => hixl::BlockIndices::U32(v),
+            Self::U64(v) => hixl::BlockIndices::U64(v),
+        }
+    }
 }
 
 /// `(addr, len, mem_type, readable, writable)` of one region of a peer's table.

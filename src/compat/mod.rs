@@ -126,11 +126,11 @@ mod types;
 
 pub use error::{Error, Result};
 pub use types::{
-    FEATURE_NOT_SUPPORTED, FEATURE_SUPPORTED, FeatureType, GetTransferStatusArgs, MemDesc,
-    MemHandle, NotifyDesc, OPTION_AUTO_CONNECT, OPTION_BUFFER_POOL, OPTION_ENABLE_USE_FABRIC_MEM,
-    OPTION_GLOBAL_RESOURCE_CONFIG, OPTION_LOCAL_COMM_RES, OPTION_RDMA_SERVICE_LEVEL,
-    OPTION_RDMA_TRAFFIC_CLASS, RemoteRegionDesc, TransferArgs, TransferOpDesc, TransferReq,
-    TransferResult, TransferStatus, get_capability,
+    BlockDesc, FEATURE_NOT_SUPPORTED, FEATURE_SUPPORTED, FeatureType, GetTransferStatusArgs,
+    MemDesc, MemHandle, NotifyDesc, OPTION_AUTO_CONNECT, OPTION_BUFFER_POOL,
+    OPTION_ENABLE_USE_FABRIC_MEM, OPTION_GLOBAL_RESOURCE_CONFIG, OPTION_LOCAL_COMM_RES,
+    OPTION_RDMA_SERVICE_LEVEL, OPTION_RDMA_TRAFFIC_CLASS, RemoteRegionDesc, TransferArgs,
+    TransferOpDesc, TransferReq, TransferResult, TransferStatus, get_capability,
 };
 
 use std::collections::{BTreeMap, HashMap};

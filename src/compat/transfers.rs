@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{
-    ASYNC_DEADLINE, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending, Reg,
+    ASYNC_DEADLINE, BlockDesc, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending, Reg,
     RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
     TransferStatus, Typed, millis, not_initialized,
 };
@@ -61,6 +61,65 @@ impl Hixl {
                 )?;
             // recorded while the core's read lock is held: `finalize` (which takes the write
             // lock) either runs before the request starts, or finds it here
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            lock(&self.reqs).insert(
+                id,
+                Pending {
+                    req: Arc::new(req),
+                    user_data: args.user_data,
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    /// A block-indexed READ or WRITE (an extension of HIXL; see
+    /// [`crate::Link::transfer_blocks_sync`]): block `i` moves between local block
+    /// `local_idx[i]` and remote block `remote_idx[i]` of `desc`'s geometry. Checked once per
+    /// call: each side's largest index against the rest of its region from its base address.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a bad timeout, a base address in no registered region (local) or in
+    /// no region of the peer's table (remote), a zero block size, a stride smaller than the
+    /// block, index arrays of different lengths (or none), an index whose block leaves its
+    /// region; the others as [`Hixl::transfer_sync`].
+    pub fn transfer_blocks_sync(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        desc: &BlockDesc,
+        local_idx: crate::BlockIndices<'_>,
+        remote_idx: crate::BlockIndices<'_>,
+        timeout_in_millis: i32,
+    ) -> Result<()> {
+        let timeout = millis(timeout_in_millis)?;
+        self.on_link(remote_engine, |core, link| {
+            let (region, off) = local_base(core, desc.local_addr)?;
+            let layout = block_layout(link, &region, off, desc)?;
+            Ok(link.transfer_blocks_sync(op, &layout, local_idx, remote_idx, timeout)?)
+        })
+    }
+
+    /// [`Hixl::transfer_blocks_sync`] started as an async request, as
+    /// [`Hixl::transfer_async`] (its indices are copied).
+    ///
+    /// # Errors
+    /// The validation errors of [`Hixl::transfer_blocks_sync`], before anything starts.
+    pub fn transfer_blocks_async(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        desc: &BlockDesc,
+        local_idx: crate::BlockIndices<'_>,
+        remote_idx: crate::BlockIndices<'_>,
+        args: TransferArgs,
+    ) -> Result<TransferReq> {
+        self.on_link(remote_engine, |core, link| {
+            let (region, off) = local_base(core, desc.local_addr)?;
+            let layout = block_layout(link, &region, off, desc)?;
+            let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
+            let req: crate::TransferReq<'static> =
+                link.start_blocks_async(op, &layout, local_idx, remote_idx, targs)?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             lock(&self.reqs).insert(
                 id,
@@ -443,4 +502,44 @@ fn descriptors<'a>(
             Ok(crate::TransferDesc::new(local, remote))
         })
         .collect()
+}
+
+/// The registered region holding local address `addr`, and its offset in it.
+fn local_base(core: &Core, addr: usize) -> Result<(Arc<Reg>, usize)> {
+    core.regions
+        .range(..=addr)
+        .next_back()
+        .map(|(_, r)| r)
+        .filter(|r| addr < r.addr() + r.len())
+        .map(|r| (r.clone(), addr - r.addr()))
+        .ok_or_else(|| {
+            Error::new(
+                Status::PARAM_INVALID,
+                format!("block base {addr:#x} is not inside a region registered with this engine"),
+            )
+        })
+}
+
+/// A block transfer's typed layout: from each base address to the end of its region.
+fn block_layout<'a>(
+    link: &'a Link<'static>,
+    region: &'a Reg,
+    off: usize,
+    desc: &BlockDesc,
+) -> Result<crate::BlockLayout<'a>> {
+    let local = region.range(off..region.len())?;
+    let addr = desc.remote_addr as u64;
+    let r = link
+        .regions()
+        .find(|r| r.addr() <= addr && addr - r.addr() < r.len())
+        .ok_or_else(|| {
+            Error::new(
+                Status::PARAM_INVALID,
+                format!("remote block base {addr:#x} is not inside a region of the peer's table"),
+            )
+        })?;
+    let remote = r.range(addr - r.addr()..)?;
+    let stride = |s: u64| if s == 0 { desc.block_size } else { s };
+    Ok(crate::BlockLayout::new(local, remote, desc.block_size)
+        .strides(stride(desc.local_stride), stride(desc.remote_stride)))
 }

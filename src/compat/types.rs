@@ -51,6 +51,26 @@ pub struct TransferOpDesc {
     pub len: usize,
 }
 
+/// A block-indexed transfer's geometry (an extension of HIXL, `hixl_block_desc` in C): block
+/// `k` of the local side is `block_size` bytes at `local_addr + k * local_stride`, inside the
+/// region registered with this engine that holds `local_addr`; block `k` of the remote side is
+/// at `remote_addr + k * remote_stride`, inside the region of the peer's table that holds
+/// `remote_addr`. A stride of 0 means the block size (blocks back to back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct BlockDesc {
+    /// Address of local block 0.
+    pub local_addr: usize,
+    /// Address of remote block 0, in the peer.
+    pub remote_addr: usize,
+    /// Bytes per block.
+    pub block_size: u64,
+    /// Bytes from one local block to the next (0: `block_size`).
+    pub local_stride: u64,
+    /// Bytes from one remote block to the next (0: `block_size`).
+    pub remote_stride: u64,
+}
+
 /// HIXL's `TransferStatus` (C values 0..=3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]

@@ -155,6 +155,8 @@ impl<T: Settle> Settle for Arc<T> {
 pub(crate) struct QueuedBatch {
     pub state: Arc<ReqState>,
     pub xds: Vec<BatchDesc>,
+    /// A block batch's blocks (then `xds` is empty).
+    pub blocks: Option<crate::types::blocks::OwnedBlocks>,
 }
 
 impl ReqState {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
+use crate::types::blocks::BlockBatch;
 use crate::types::{BatchDesc, MemType, RegionView, TransferOp};
 use crate::wire::{Kind, TableEntry, WireError};
 
@@ -299,6 +300,33 @@ pub(crate) trait DataPath: Send + Sync {
     /// and unaliased for READ) for the whole call, and its remote range was checked against
     /// the peer's table.
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail>;
+
+    /// Whether it moves this block batch: by default, whether it covers one descriptor
+    /// spanning the local range and the remote region of every block.
+    fn covers_blocks(&self, blocks: &BlockBatch<'_>) -> bool {
+        self.covers(&[blocks.span()])
+    }
+
+    /// Moves a block batch (`batch.descs` is empty; `bytes`, the deadline and the cancel are
+    /// the batch's). By default it is expanded once into descriptors and run with
+    /// [`DataPath::run`] (UCX, Ascend); TCP and same-host take it as it is.
+    ///
+    /// # Safety
+    /// [`DataPath::run`]'s, for every block.
+    unsafe fn run_blocks(
+        &self,
+        batch: &Batch<'_>,
+        blocks: &BlockBatch<'_>,
+    ) -> Result<(), PathFail> {
+        let xds = blocks.expand();
+        // SAFETY: the caller's promise, for each block (each descriptor is one block).
+        unsafe {
+            self.run(&Batch {
+                descs: &xds,
+                ..*batch
+            })
+        }
+    }
 
     /// Whether it moves device memory (a link without such a path moves host memory only).
     fn moves_device_memory(&self) -> bool {

@@ -9,6 +9,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 
+pub(crate) mod blocks;
 pub(crate) mod engine_name;
 pub(crate) mod raw;
 pub(crate) mod split;

@@ -53,11 +53,14 @@ pub enum Kind {
     /// Server → client: the server's VMM blocks and their fabric handles, or why it has none (a
     /// status other than 0).
     FabricWelcome = 20,
+    /// Client → server: a block-indexed batch (one region, a base offset, a block size, a
+    /// stride and the block indices; WRITE data follows). Answered with DONE, as XFER.
+    XferBlocks = 21,
 }
 
 impl Kind {
     /// Every frame kind.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Hello,
         Kind::Welcome,
         Kind::Refuse,
@@ -78,6 +81,7 @@ impl Kind {
         Kind::Proof,
         Kind::FabricHello,
         Kind::FabricWelcome,
+        Kind::XferBlocks,
     ];
 
     fn from_u16(v: u16) -> Option<Self> {
@@ -102,6 +106,7 @@ impl Kind {
             18 => Self::Proof,
             19 => Self::FabricHello,
             20 => Self::FabricWelcome,
+            21 => Self::XferBlocks,
             _ => return None,
         })
     }

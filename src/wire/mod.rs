@@ -11,7 +11,7 @@
 //!
 //! One file per job: `frame` (kinds, header, errors), `codec` (the bounds-checked reader and
 //! field writers), `handshake` (HELLO, REFUSE, CHALLENGE/AUTH), `table` (WELCOME and its region
-//! table), `xfer` (XFER, DONE, NOTIFY), `device` (DEVICE_HELLO/WELCOME), `ucx` (UCXINFO), `fabric` (FABRIC_HELLO/WELCOME).
+//! table), `xfer` (XFER, XFER_BLOCKS, DONE, NOTIFY), `device` (DEVICE_HELLO/WELCOME), `ucx` (UCXINFO), `fabric` (FABRIC_HELLO/WELCOME).
 
 mod codec;
 mod device;
@@ -32,12 +32,15 @@ pub use handshake::{
 };
 pub use table::{FD_TCP_ONLY, TableEntry, Welcome};
 pub use ucx::{MAX_UCX_BLOB, UcxInfo};
-pub use xfer::{decode_done, decode_notify, decode_xfer, encode_done, encode_notify, encode_xfer};
+pub use xfer::{
+    XferBlocks, decode_done, decode_notify, decode_xfer, decode_xfer_blocks, encode_done,
+    encode_notify, encode_xfer, encode_xfer_blocks,
+};
 
 /// `"HIXL"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest frame payload accepted (the bulk data that follows a frame is not limited by this).
@@ -53,6 +56,7 @@ pub const DESC_LEN: usize = 20;
 /// Bytes per encoded region-table entry.
 pub const ENTRY_LEN: usize = 26;
 
+pub use crate::types::blocks::WireBlocks;
 pub use crate::types::{HostId, WireDesc};
 
 /// Decodes any frame payload of `kind`, for fuzzing and property tests: `Ok` means the decoder
@@ -66,6 +70,7 @@ pub fn decode_any(kind: Kind, p: &[u8]) -> Result<(), WireError> {
         Kind::Welcome => Welcome::decode(p).map(drop),
         Kind::Refuse => Refuse::decode(p).map(drop),
         Kind::Xfer => decode_xfer(p, &mut Vec::new()).map(drop),
+        Kind::XferBlocks => decode_xfer_blocks(p, &mut Vec::new()).map(drop),
         Kind::Done => decode_done(p).map(drop),
         Kind::Notify => decode_notify(p).map(drop),
         Kind::Challenge => decode_auth(p, 2).map(drop),

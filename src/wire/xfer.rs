@@ -1,8 +1,13 @@
-//! The data-path frames: XFER (a batch of descriptors), DONE (its end), and NOTIFY.
+//! The data-path frames: XFER (a batch of descriptors), XFER_BLOCKS (a block-indexed batch:
+//! its remote half, carried as its index array, never expanded), DONE (the end of either), and
+//! NOTIFY.
 
 use super::codec::put_str;
-use super::{DESC_LEN, Kind, MAX_DESCS_PER_FRAME, Reader, WireDesc, WireError, begin, seal};
+use super::{
+    DESC_LEN, Kind, MAX_DESCS_PER_FRAME, Reader, WireBlocks, WireDesc, WireError, begin, seal,
+};
 use crate::types::TransferOp;
+use crate::types::blocks::BlockIndices;
 
 /// Encodes an XFER frame header and its descriptors into `out`.
 pub fn encode_xfer(
@@ -46,6 +51,118 @@ pub fn decode_xfer(p: &[u8], descs: &mut Vec<WireDesc>) -> Result<(TransferOp, u
     }
     r.finish()?;
     Ok((op, req))
+}
+
+/// An XFER_BLOCKS request, decoded: its op, request id, remote half, the width its indices
+/// came in (`true`: 8 bytes each, else 4), and the largest index (found while decoding, so the
+/// server checks the request's bounds once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XferBlocks {
+    /// READ or WRITE.
+    pub op: TransferOp,
+    /// The request id its DONE names.
+    pub req: u64,
+    /// The region, base offset, block size and stride.
+    pub blocks: WireBlocks,
+    /// Whether the indices were sent as 8-byte values.
+    pub wide: bool,
+    /// The largest index.
+    pub max: u64,
+}
+
+/// Encodes an XFER_BLOCKS frame: op (u8), request id (u64), region (u32), base offset, block
+/// size and stride (u64 each), index width (u8: 4 or 8), count (u32), then the indices (at most
+/// [`MAX_DESCS_PER_FRAME`]), all little-endian.
+pub fn encode_xfer_blocks(
+    out: &mut Vec<u8>,
+    op: TransferOp,
+    req: u64,
+    b: &WireBlocks,
+    idx: BlockIndices<'_>,
+) {
+    begin(out, Kind::XferBlocks);
+    out.push(op as u8);
+    out.extend_from_slice(&req.to_le_bytes());
+    out.extend_from_slice(&b.region.to_le_bytes());
+    out.extend_from_slice(&b.offset.to_le_bytes());
+    out.extend_from_slice(&b.block.to_le_bytes());
+    out.extend_from_slice(&b.stride.to_le_bytes());
+    match idx {
+        BlockIndices::U32(v) => {
+            out.push(4);
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.reserve(v.len() * 4);
+            for i in v {
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+        }
+        BlockIndices::U64(v) => {
+            out.push(8);
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.reserve(v.len() * 8);
+            for i in v {
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+        }
+    }
+    seal(out);
+}
+
+/// Decodes an XFER_BLOCKS payload; its indices go into `idx` (cleared first, widened to u64).
+///
+/// # Errors
+/// A [`WireError`] if the payload is malformed, holds no index, or its layout is invalid (a
+/// zero block, a stride smaller than the block). Whether the blocks fit a region is the
+/// server's check, not the decoder's.
+pub fn decode_xfer_blocks(p: &[u8], idx: &mut Vec<u64>) -> Result<XferBlocks, WireError> {
+    let mut r = Reader::new(p);
+    let op = TransferOp::from_u8(r.u8("op")?).ok_or(WireError::Invalid("op"))?;
+    let req = r.u64("request id")?;
+    let blocks = WireBlocks {
+        region: r.u32("block region")?,
+        offset: r.u64("block base offset")?,
+        block: r.u64("block size")?,
+        stride: r.u64("block stride")?,
+    };
+    if blocks.block == 0 {
+        return Err(WireError::Invalid("zero block size"));
+    }
+    if blocks.stride < blocks.block {
+        return Err(WireError::Invalid("block stride below the block size"));
+    }
+    let width = r.u8("index width")?;
+    if width != 4 && width != 8 {
+        return Err(WireError::Invalid("index width"));
+    }
+    let n = r.count("block count", MAX_DESCS_PER_FRAME, width as usize)?;
+    if n == 0 {
+        return Err(WireError::Invalid("empty batch"));
+    }
+    let raw = r.take(n * width as usize, "block indices")?;
+    r.finish()?;
+    idx.clear();
+    idx.reserve(n);
+    let mut max = 0u64;
+    if width == 4 {
+        for c in raw.chunks_exact(4) {
+            let v = u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")));
+            max = max.max(v);
+            idx.push(v);
+        }
+    } else {
+        for c in raw.chunks_exact(8) {
+            let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            max = max.max(v);
+            idx.push(v);
+        }
+    }
+    Ok(XferBlocks {
+        op,
+        req,
+        blocks,
+        wide: width == 8,
+        max,
+    })
 }
 
 /// Encodes a DONE frame.

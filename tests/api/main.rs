@@ -6,5 +6,6 @@ mod common;
 
 mod async_api;
 mod auth;
+mod blocks;
 mod errors;
 mod transfer;

@@ -811,3 +811,98 @@ fn refusal(s: &mut TcpStream) -> Option<u32> {
     assert!(closed(s), "open after the refusal");
     got
 }
+
+/// XFER_BLOCKS from a raw socket: a largest index whose block leaves the region (also through
+/// an overflowing index x stride, or a base past the end), an unknown region and a forbidden
+/// WRITE are refused with PARAM_INVALID before any byte moves (READ refusals keep the lane,
+/// WRITE refusals close it); a malformed layout (zero block, stride below the block, an index
+/// width of 3, no index) closes the connection. The guards stay intact.
+#[test]
+fn bad_block_batches_are_refused() {
+    let _many = support::alongside();
+    let g = guarded();
+    let id = g.region.id();
+    let frame = |op: TransferOp, b: wire::WireBlocks, idx: &[u64]| {
+        let mut out = Vec::new();
+        wire::encode_xfer_blocks(&mut out, op, 1, &b, hixl::BlockIndices::U64(idx));
+        out
+    };
+    let blocks = |region, offset, block, stride| wire::WireBlocks {
+        region,
+        offset,
+        block,
+        stride,
+    };
+    let per = (LEN / 1024) as u64; // blocks of 1 KiB in the region
+    let bad: Vec<(TransferOp, wire::WireBlocks, Vec<u64>)> = vec![
+        (TransferOp::Read, blocks(id, 0, 1024, 1024), vec![0, per, 1]),
+        (TransferOp::Write, blocks(id, 0, 1024, 1024), vec![0, per]),
+        (TransferOp::Read, blocks(id, 1, 1024, 1024), vec![per - 1]),
+        (
+            TransferOp::Read,
+            blocks(id, 0, 1024, 4096),
+            vec![u64::MAX / 4096 + 1],
+        ),
+        (TransferOp::Read, blocks(id, u64::MAX - 10, 8, 8), vec![0]),
+        (TransferOp::Read, blocks(999, 0, 8, 8), vec![0]),
+        (TransferOp::Write, blocks(g.ro.id(), 0, 8, 8), vec![0]),
+    ];
+    for (op, b, idx) in bad {
+        let mut s = connect_raw(g.engine.name());
+        hello(&mut s);
+        let mut f = frame(op, b, &idx);
+        if op == TransferOp::Write {
+            f.extend_from_slice(&[0xEE; 8]); // less than the batch: nothing may land
+        }
+        s.write_all(&f).unwrap();
+        let (k, p) = read_frame(&mut s).expect("a DONE");
+        assert_eq!(k, Kind::Done);
+        let (_, status, reason) = wire::decode_done(&p).unwrap();
+        assert_eq!(status, 103_900, "{op:?} {b:?} {idx:?}: {reason}");
+        assert!(reason.contains("block batch"), "{reason}");
+        if op == TransferOp::Write {
+            assert!(closed(&mut s), "a refused WRITE must close the lane");
+        } else {
+            // the lane stays in step: a valid block READ on it returns the blocks asked for
+            let ok = blocks(id, 16, 1024, 2048);
+            s.write_all(&frame(op, ok, &[3, 0])).unwrap();
+            let (k, p) = read_frame(&mut s).unwrap();
+            assert_eq!((k, wire::decode_done(&p).unwrap().1), (Kind::Done, 0));
+            let mut data = vec![0u8; 2048];
+            s.read_exact(&mut data).unwrap();
+            let at = |i: usize| GUARD + 16 + i * 2048;
+            assert_eq!(&data[..1024], &g.pattern[at(3)..at(3) + 1024]);
+            assert_eq!(&data[1024..], &g.pattern[at(0)..at(0) + 1024]);
+        }
+    }
+    // malformed layouts: a protocol violation, the connection closes
+    let raw = |block: u64, stride: u64, width: u8, count: u32| {
+        let mut p = vec![0u8]; // READ
+        p.extend_from_slice(&1u64.to_le_bytes());
+        p.extend_from_slice(&id.to_le_bytes());
+        p.extend_from_slice(&0u64.to_le_bytes());
+        p.extend_from_slice(&block.to_le_bytes());
+        p.extend_from_slice(&stride.to_le_bytes());
+        p.push(width);
+        p.extend_from_slice(&count.to_le_bytes());
+        p.extend(std::iter::repeat_n(
+            0u8,
+            count as usize * width.max(4) as usize,
+        ));
+        let mut f = wire::header(Kind::XferBlocks, p.len()).to_vec();
+        f.extend_from_slice(&p);
+        f
+    };
+    for (what, f) in [
+        ("zero block", raw(0, 8, 4, 1)),
+        ("stride below the block", raw(16, 8, 4, 1)),
+        ("index width 3", raw(8, 8, 3, 1)),
+        ("no index", raw(8, 8, 4, 0)),
+    ] {
+        let mut s = connect_raw(g.engine.name());
+        hello(&mut s);
+        s.write_all(&f).unwrap();
+        refused_and_closed(&mut s, what);
+    }
+    g.check();
+}

@@ -249,6 +249,106 @@ static void engine_memory(void) {
   hixl_destroy(srv);
 }
 
+/* Block-indexed transfers (hixl_transfer_blocks_*, beyond HIXL): 16 random 4 KiB blocks
+ * written into the server's region at 640 KiB in reverse order (printed as one WROTE range the
+ * parent checks), read back with 64-bit indices and async, compared; every bad input's exact
+ * status. */
+static void blocks(hixl_engine *e, const char *name, uintptr_t raddr, size_t rlen,
+                   unsigned char *mem) {
+  enum { B = 4096, N = 16 };
+  unsigned char *src = mem + 900000, *back = mem + 900000 + N * B;
+  for (size_t i = 0; i < N * B; i++) src[i] = rnd();
+  uint32_t li[N], ri[N];
+  uint64_t li64[N], ri64[N];
+  for (uint32_t k = 0; k < N; k++) {
+    li[k] = k;
+    ri[k] = N - 1 - k;
+    li64[k] = k;
+    ri64[k] = N - 1 - k;
+  }
+  hixl_block_desc bd;
+  memset(&bd, 0, sizeof bd);
+  bd.local_addr = (uintptr_t)src;
+  bd.remote_addr = raddr + 655360;
+  bd.block_size = B; /* strides 0: back to back */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_WRITE, &bd, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_SUCCESS);
+  static unsigned char expect[N * B];
+  for (int k = 0; k < N; k++) memcpy(expect + (N - 1 - k) * B, src + k * B, B);
+  printf("WROTE %lu %lu %016llx\n", 655360ul, (unsigned long)(N * B),
+         (unsigned long long)fnv1a(expect, N * B));
+  /* READ back into `back` with 64-bit indices: the same blocks, the same order */
+  memset(back, 0, N * B);
+  bd.local_addr = (uintptr_t)back;
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li64, ri64, N, HIXL_INDEX_U64, 1000),
+         HIXL_SUCCESS);
+  CHECK(memcmp(back, src, N * B) == 0);
+  /* async READ with a gap: every other local block (local stride 2 blocks), then compare */
+  memset(back, 0, N * B);
+  bd.local_stride = 2 * B;
+  hixl_transfer_req req = NULL;
+  EXPECT(hixl_transfer_blocks_async(e, name, HIXL_READ, &bd, li, ri, N / 2, HIXL_INDEX_U32, NULL,
+                                    &req),
+         HIXL_SUCCESS);
+  int32_t st = HIXL_TRANSFER_WAITING;
+  time_t until = time(NULL) + 30;
+  while (st == HIXL_TRANSFER_WAITING && time(NULL) < until)
+    EXPECT(hixl_get_transfer_status(e, req, &st), HIXL_SUCCESS);
+  CHECK(st == HIXL_TRANSFER_COMPLETED);
+  for (int k = 0; k < N / 2; k++) CHECK(memcmp(back + 2 * k * B, src + k * B, B) == 0);
+  bd.local_stride = 0;
+  /* bad inputs */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, NULL, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li, ri, N, 3, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li, ri, 0, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, NULL, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_sync(e, name, 9, &bd, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li, ri, N, HIXL_INDEX_U32, 0),
+         HIXL_PARAM_INVALID);
+  /* misaligned 64-bit indices */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, (const char *)li64 + 4, ri64, 1,
+                                   HIXL_INDEX_U64, 1000),
+         HIXL_PARAM_INVALID);
+  hixl_block_desc bad = bd;
+  bad.block_size = 0;
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bad, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  bad = bd;
+  bad.remote_stride = B / 2; /* below the block */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bad, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  bad = bd;
+  bad.remote_addr = raddr + rlen + 4096; /* in no region of the peer */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bad, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  bad = bd;
+  bad.local_addr = (uintptr_t)&bad; /* in no registered region */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bad, li, ri, N, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  /* the largest remote index leaves the region (its last block is 1 MiB - 640 KiB in) */
+  uint32_t far[2] = {0, (uint32_t)((rlen - 655360) / B)};
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li, far, 2, HIXL_INDEX_U32, 1000),
+         HIXL_PARAM_INVALID);
+  CHECK(strstr(hixl_last_error_message(), "remote block index") != NULL);
+  far[1] -= 1; /* the last block that fits */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li, far, 2, HIXL_INDEX_U32, 1000),
+         HIXL_SUCCESS);
+  uint64_t huge[1] = {UINT64_MAX / 2}; /* index x stride overflows */
+  EXPECT(hixl_transfer_blocks_sync(e, name, HIXL_READ, &bd, li64, huge, 1, HIXL_INDEX_U64, 1000),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_async(e, name, HIXL_READ, &bad, li, ri, N, HIXL_INDEX_U32, NULL,
+                                    &req),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_blocks_async(e, name, HIXL_READ, &bd, li, ri, N, HIXL_INDEX_U32, NULL,
+                                    NULL),
+         HIXL_PARAM_INVALID);
+}
+
 static int client(const char *name, uintptr_t raddr, size_t rlen) {
   const size_t size = 1 << 20;
   rng_state = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ 0x9e3779b97f4a7c15ull;
@@ -455,6 +555,8 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
     memset(big, 0xa5, blen);
     free(big);
   }
+
+  blocks(e, name, raddr, rlen, mem);
 
   /* notifications */
   EXPECT(hixl_send_notify(e, name, "kv", "ready", 1000), HIXL_SUCCESS);

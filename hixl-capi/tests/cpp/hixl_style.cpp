@@ -301,6 +301,36 @@ int Client(const char *remote, uintptr_t raddr, size_t rlen) {
   CHECK(done == reqs.size());
   for (size_t i = 0; i < 4000; i++) CHECK(mem[700000 + i] == Pattern(500000 + i));
 
+  // beyond HIXL: block-indexed READs of the server's untouched pattern (8 blocks of 1000
+  // bytes from raddr + 800000, in reverse order), sync with 32-bit and async with 64-bit indices
+  {
+    BlockDesc bd;
+    std::memset(&bd, 0, sizeof bd);
+    bd.local_addr = base + 800000;
+    bd.remote_addr = raddr + 800000;
+    bd.block_size = 1000;
+    std::vector<uint32_t> li = {0, 1, 2, 3, 4, 5, 6, 7}, ri = {7, 6, 5, 4, 3, 2, 1, 0};
+    EXPECT(engine.TransferBlocks(remote, READ, bd, li, ri), SUCCESS);
+    for (size_t k = 0; k < 8; k++)
+      for (size_t i = 0; i < 1000; i++)
+        CHECK(mem[800000 + k * 1000 + i] == Pattern(800000 + (7 - k) * 1000 + i));
+    std::vector<uint64_t> li64 = {0, 1, 2, 3}, ri64 = {3, 2, 1, 0};
+    bd.local_addr = base + 900000;
+    TransferReq breq = nullptr;
+    EXPECT(engine.TransferBlocksAsync(remote, READ, bd, li64, ri64, args, breq), SUCCESS);
+    TransferStatus bst = TransferStatus::WAITING;
+    for (int spins = 0; bst == TransferStatus::WAITING && spins < 10000000; spins++)
+      EXPECT(engine.GetTransferStatus(breq, bst), SUCCESS);
+    CHECK(bst == TransferStatus::COMPLETED);
+    for (size_t k = 0; k < 4; k++)
+      for (size_t i = 0; i < 1000; i++)
+        CHECK(mem[900000 + k * 1000 + i] == Pattern(800000 + (3 - k) * 1000 + i));
+    std::vector<uint32_t> shorter = {0};
+    EXPECT(engine.TransferBlocks(remote, READ, bd, li, shorter), PARAM_INVALID);
+    bd.block_size = 0;
+    EXPECT(engine.TransferBlocks(remote, READ, bd, li, ri), PARAM_INVALID);
+  }
+
   NotifyDesc notify;
   notify.name = "kv";
   notify.notify_msg = "ready";

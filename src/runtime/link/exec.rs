@@ -12,6 +12,7 @@ use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Settle, Started};
 use crate::sync::lock;
 use crate::transport::{Batch, PathFail};
+use crate::types::blocks::{BlockBatch, OwnedBlocks};
 use crate::types::{BatchDesc, TransferOp};
 
 impl LinkShared {
@@ -27,19 +28,48 @@ impl LinkShared {
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
+        self.run_sync_any(op, xds, None, bytes, ndescs, started, deadline)
+    }
+
+    /// [`LinkShared::run_sync`] for a checked block batch.
+    pub(crate) fn run_sync_blocks(
+        &self,
+        op: TransferOp,
+        blocks: &BlockBatch<'_>,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let (bytes, n) = (blocks.bytes(), blocks.count());
+        self.run_sync_any(op, &[], Some(blocks), bytes, n, started, deadline)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_sync_any(
+        &self,
+        op: TransferOp,
+        xds: &[BatchDesc],
+        blocks: Option<&BlockBatch<'_>>,
+        bytes: u64,
+        ndescs: usize,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<(), Error> {
         let seq = self.begin(|u, seq| u.syncs.push(seq))?.0;
         // listed until it returns, or unwinds
         let _listed = Listed(self, seq);
         self.counters.start(op);
-        let r = self.run_batch(&Batch {
-            peer: &self.peer,
-            op,
-            descs: xds,
-            bytes,
-            started,
-            deadline,
-            cancel: None,
-        });
+        let r = self.run_batch(
+            &Batch {
+                peer: &self.peer,
+                op,
+                descs: xds,
+                bytes,
+                started,
+                deadline,
+                cancel: None,
+            },
+            blocks,
+        );
         let took = started.elapsed();
         self.counters
             .finish(op, bytes, took, r.as_ref().err().map(Error::status));
@@ -77,6 +107,32 @@ impl LinkShared {
         self.enqueue(QueuedBatch {
             state: state.clone(),
             xds,
+            blocks: None,
+        });
+        Ok(state)
+    }
+
+    /// [`LinkShared::start_async`] for a checked block batch (its indices copied).
+    pub(crate) fn start_async_blocks(
+        self: &Arc<Self>,
+        op: TransferOp,
+        blocks: OwnedBlocks,
+        keep: Vec<RegionUse>,
+        timeout: Duration,
+        user_data: u64,
+    ) -> Result<Arc<ReqState>, Error> {
+        let bytes = blocks.batch().bytes();
+        let (_, state) = self.begin(|u, seq| {
+            let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
+            u.reqs.insert(seq, Arc::downgrade(&state));
+            state
+        })?;
+        self.counters.start(op);
+        crate::runtime::request::watch(&state, self);
+        self.enqueue(QueuedBatch {
+            state: state.clone(),
+            xds: Vec::new(),
+            blocks: Some(blocks),
         });
         Ok(state)
     }
@@ -124,9 +180,12 @@ impl LinkShared {
     /// caller's error, breaking the link where the failure says so.
     ///
     /// The caller keeps every local range registered and alive for the call.
-    fn run_batch(&self, b: &Batch<'_>) -> Result<(), Error> {
+    fn run_batch(&self, b: &Batch<'_>, blocks: Option<&BlockBatch<'_>>) -> Result<(), Error> {
         let path = (self.paths.iter())
-            .find(|p| p.covers(b.descs))
+            .find(|p| match blocks {
+                Some(bb) => p.covers_blocks(bb),
+                None => p.covers(b.descs),
+            })
             .expect("the last data path, TCP's, covers every batch");
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
@@ -149,7 +208,13 @@ impl LinkShared {
         // SAFETY: `prepare` checked every local range against the caller's registered regions,
         // which the caller's borrows (sync) or the request's state (async) hold alive for the
         // call, and every remote range against the peer's table.
-        let r = r.and_then(|()| match unsafe { path.run(b) } {
+        let run = || match blocks {
+            // SAFETY: as above (`Link::prepare_blocks` checked every block).
+            Some(bb) => unsafe { path.run_blocks(b, bb) },
+            // SAFETY: as above.
+            None => unsafe { path.run(b) },
+        };
+        let r = r.and_then(|()| match run() {
             Ok(()) => Ok(()),
             Err(PathFail::Gone(why)) => {
                 self.mark_broken(why.clone());
@@ -195,15 +260,19 @@ impl LinkShared {
             return; // resolved while queued (deadline, cancel)
         }
         let req = Started::new(st);
-        let r = self.run_batch(&Batch {
-            peer: &self.peer,
-            op: st.op,
-            descs: &job.xds,
-            bytes: st.bytes,
-            started: st.started,
-            deadline: st.deadline,
-            cancel: Some(&req),
-        });
+        let blocks = job.blocks.as_ref().map(OwnedBlocks::batch);
+        let r = self.run_batch(
+            &Batch {
+                peer: &self.peer,
+                op: st.op,
+                descs: &job.xds,
+                bytes: st.bytes,
+                started: st.started,
+                deadline: st.deadline,
+                cancel: Some(&req),
+            },
+            blocks.as_ref(),
+        );
         let outcome = match (req.unstarted(), r) {
             // it ended (cancelled, or its deadline passed) before its path started it
             (Some(o), _) => o,

@@ -9,6 +9,7 @@ use crate::io::IoVec;
 use crate::runtime::region::RegionCore;
 use crate::sync::lock;
 use crate::transport::tcp::serve::Served;
+use crate::types::blocks::WireBlocks;
 use crate::types::{TransferOp, WireDesc};
 use crate::wire::{self, TableEntry};
 
@@ -119,7 +120,8 @@ pub(crate) struct Held {
     _entered: Entered,
 }
 
-// SAFETY: `validate` admits only ranges inside host regions of the table, within their bounds,
+// SAFETY: `validate` (and `validate_blocks`, whose every block lies at or below its largest
+// index's, which it checks) admits only ranges inside host regions of the table, within their bounds,
 // whose memory is valid for reads and for writes of any bytes, by anyone (the
 // RegistrableMemory / register_raw contracts); the snapshot in `Held` keeps the regions'
 // records (and owned memory) alive, and the gates it entered keep them registered: withdrawing
@@ -141,6 +143,95 @@ unsafe impl Served for ServeTable {
             _entered: entered,
         })
     }
+
+    fn admit_blocks(
+        &self,
+        op: TransferOp,
+        blocks: &WireBlocks,
+        idx: &[u64],
+        targets: &mut Vec<IoVec>,
+    ) -> Result<Held, (Status, String)> {
+        let mut entered = Entered::default();
+        let snapshot = self.snapshot();
+        validate_blocks(&snapshot, op, blocks, idx, targets, &mut entered)?;
+        Ok(Held {
+            _snapshot: snapshot,
+            _entered: entered,
+        })
+    }
+}
+
+/// Checks a block batch against the table once (its region, its largest index against the
+/// region's bounds, overflow-checked, the access rights, host memory) and computes the memory
+/// its blocks touch (blocks adjacent in memory in one range); `entered` holds the region's gate
+/// until the request is done with it.
+fn validate_blocks(
+    table: &[Arc<RegionCore>],
+    op: TransferOp,
+    b: &WireBlocks,
+    idx: &[u64],
+    targets: &mut Vec<IoVec>,
+    entered: &mut Entered,
+) -> Result<(), (Status, String)> {
+    targets.clear();
+    // one pass for the largest index: the only one whose bounds are checked
+    let max = idx.iter().copied().max().unwrap_or(0);
+    let Some(r) = ServeTable::get(table, b.region) else {
+        return Err((
+            Status::PARAM_INVALID,
+            format!("block batch: no region {}", b.region),
+        ));
+    };
+    if b.block == 0 || b.stride < b.block || b.block_offset(max, r.len as u64).is_none() {
+        return Err((
+            Status::PARAM_INVALID,
+            format!(
+                "block batch: block index {max} (stride {}, {} bytes, base {}) outside region {} \
+                 of {} bytes",
+                b.stride, b.block, b.offset, r.id, r.len
+            ),
+        ));
+    }
+    if !r.access.permits(op) {
+        return Err((
+            Status::PARAM_INVALID,
+            format!(
+                "block batch: {op} not permitted on region {} ({})",
+                r.id,
+                r.access.name()
+            ),
+        ));
+    }
+    if r.mem_type != crate::types::MemType::Host {
+        return Err((
+            Status::UNSUPPORTED,
+            "block batch: device memory over tcp".into(),
+        ));
+    }
+    if !entered.enter(r) {
+        return Err((
+            Status::PARAM_INVALID,
+            format!("block batch: region {} was deregistered", r.id),
+        ));
+    }
+    // every index is at most `max`, whose block lies inside the region: no overflow below
+    let (base, stride, block) = (
+        r.addr + b.offset as usize,
+        b.stride as usize,
+        b.block as usize,
+    );
+    targets.reserve(idx.len());
+    for &i in idx {
+        let at = base + i as usize * stride;
+        match targets.last_mut() {
+            Some(t) if t.base + t.len == at => t.len += block,
+            _ => targets.push(IoVec {
+                base: at,
+                len: block,
+            }),
+        }
+    }
+    Ok(())
 }
 
 /// Checks a batch against the table and computes the memory it touches; `entered` holds the
@@ -198,10 +289,12 @@ fn validate(
                 format!("descriptor {i}: region {} was deregistered", r.id),
             ));
         }
-        targets.push(IoVec {
-            base: r.addr + d.offset as usize,
-            len: d.len as usize,
-        });
+        // ranges adjacent in memory in one iovec: the byte stream is the same
+        let (base, len) = (r.addr + d.offset as usize, d.len as usize);
+        match targets.last_mut() {
+            Some(t) if t.base + t.len == base => t.len += len,
+            _ => targets.push(IoVec { base, len }),
+        }
     }
     Ok(())
 }

@@ -367,6 +367,13 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
                 };
                 xfer.apply(x, inb, deadline, &*shared.table)
             }
+            (Kind::XferBlocks, p) => {
+                let x = match xfer.decode_blocks(p) {
+                    Ok(x) => x,
+                    Err(e) => return Err(violation(sock, out, e, deadline)),
+                };
+                xfer.apply_blocks(x, inb, deadline, &*shared.table)
+            }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {
                     Ok(x) => x,

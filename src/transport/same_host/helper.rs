@@ -12,6 +12,7 @@ use crate::io::IoVec;
 use crate::process::{PeerProc, Target, vm_io};
 use crate::sync::lock;
 use crate::sync::model::{AtomicBool, AtomicUsize};
+use crate::types::blocks::BlockIndices;
 use crate::types::split::{Cut, split};
 
 /// A memory copy to run: `len` bytes from `src` to `dst` (addresses).
@@ -216,9 +217,11 @@ impl<P> Drop for Joined<'_, P> {
     }
 }
 
-/// What the helper does: claim parts of a batch of copies, or of `process_vm_*` pairs.
+/// What the helper does: claim parts of a batch of copies, of a block batch's copies, or of
+/// `process_vm_*` pairs.
 enum Work {
     Copies(std::sync::Arc<Parts<MemCopy>>),
+    Blocks(std::sync::Arc<Parts<BlockSpan>>, RawBlocks),
     Pvm {
         parts: std::sync::Arc<Parts<Pair>>,
         target: Target,
@@ -264,6 +267,7 @@ fn helper() -> Option<&'static Helper> {
                     unsafe {
                         match work {
                             Work::Copies(p) => p.work(copy_part, (), &|| false),
+                            Work::Blocks(p, b) => p.work(copy_block_part, b, &|| false),
                             Work::Pvm {
                                 parts,
                                 target,
@@ -462,6 +466,203 @@ fn pair_at(local: &[IoVec], moved: u64) -> usize {
         at += 1;
     }
     at
+}
+
+/// A block batch's copies: block `k` moves `block` bytes from `src + src_idx[k] * src_stride`
+/// to `dst + dst_idx[k] * dst_stride` (the index arrays are read in place, never expanded).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockCopy<'a> {
+    pub(crate) src: usize,
+    pub(crate) src_stride: usize,
+    pub(crate) src_idx: BlockIndices<'a>,
+    pub(crate) dst: usize,
+    pub(crate) dst_stride: usize,
+    pub(crate) dst_idx: BlockIndices<'a>,
+    pub(crate) block: usize,
+}
+
+impl BlockCopy<'_> {
+    /// Copies blocks `from..to`.
+    ///
+    /// # Safety
+    /// Each of these blocks' sources is valid for reads and its destination for writes of
+    /// `block` bytes, and the two do not overlap.
+    #[inline]
+    unsafe fn run(&self, from: usize, to: usize) {
+        for k in from..to {
+            let s = self.src + self.src_idx.at(k) as usize * self.src_stride;
+            let d = self.dst + self.dst_idx.at(k) as usize * self.dst_stride;
+            // SAFETY: the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, self.block) };
+        }
+    }
+}
+
+/// An index array as a raw pointer (its element width, its start, its length).
+#[derive(Clone, Copy)]
+enum RawIdx {
+    U32(*const u32, usize),
+    U64(*const u64, usize),
+}
+
+impl RawIdx {
+    fn of(idx: BlockIndices<'_>) -> Self {
+        match idx {
+            BlockIndices::U32(v) => RawIdx::U32(v.as_ptr(), v.len()),
+            BlockIndices::U64(v) => RawIdx::U64(v.as_ptr(), v.len()),
+        }
+    }
+    /// # Safety
+    /// The array it was made from is alive and unchanged for `'a`.
+    unsafe fn get<'a>(self) -> BlockIndices<'a> {
+        match self {
+            // SAFETY: the caller's contract: the pointer and length of a live slice.
+            RawIdx::U32(p, n) => BlockIndices::U32(unsafe { std::slice::from_raw_parts(p, n) }),
+            // SAFETY: as above.
+            RawIdx::U64(p, n) => BlockIndices::U64(unsafe { std::slice::from_raw_parts(p, n) }),
+        }
+    }
+}
+
+/// A [`BlockCopy`] whose index arrays are raw pointers, for the helper thread (no reference to
+/// them outlives the submitter's call).
+#[derive(Clone, Copy)]
+struct RawBlocks {
+    src: usize,
+    src_stride: usize,
+    src_idx: RawIdx,
+    dst: usize,
+    dst_stride: usize,
+    dst_idx: RawIdx,
+    block: usize,
+}
+
+impl RawBlocks {
+    fn of(b: &BlockCopy<'_>) -> Self {
+        RawBlocks {
+            src: b.src,
+            src_stride: b.src_stride,
+            src_idx: RawIdx::of(b.src_idx),
+            dst: b.dst,
+            dst_stride: b.dst_stride,
+            dst_idx: RawIdx::of(b.dst_idx),
+            block: b.block,
+        }
+    }
+    /// # Safety
+    /// The index arrays it was made from are alive and unchanged for `'a`.
+    unsafe fn copy<'a>(self) -> BlockCopy<'a> {
+        BlockCopy {
+            src: self.src,
+            src_stride: self.src_stride,
+            // SAFETY: the caller's contract.
+            src_idx: unsafe { self.src_idx.get() },
+            dst: self.dst,
+            dst_stride: self.dst_stride,
+            // SAFETY: the caller's contract.
+            dst_idx: unsafe { self.dst_idx.get() },
+            block: self.block,
+        }
+    }
+}
+
+// SAFETY: a `RawBlocks` is made by `copy_blocks` from arrays that outlive every dereference of
+// its pointers (the submitter waits for each part the helper claimed, `Joined`; an unclaimed
+// part is never run), and the addresses in it are memory the caller keeps valid for the whole
+// batch; nothing in it is tied to a thread.
+unsafe impl Send for RawBlocks {}
+
+/// A run of a block batch's blocks: `start..end`, `block` bytes each.
+#[derive(Clone, Copy)]
+struct BlockSpan {
+    start: usize,
+    end: usize,
+    block: u64,
+}
+
+impl Cut for BlockSpan {
+    fn bytes(&self) -> u64 {
+        (self.end - self.start) as u64 * self.block
+    }
+    fn cut(&self, at: u64) -> (Self, Self) {
+        // (not called: the spans are made whole, one part each) at a block boundary
+        let mid = (self.start + (at / self.block.max(1)) as usize).clamp(self.start, self.end);
+        (
+            BlockSpan { end: mid, ..*self },
+            BlockSpan {
+                start: mid,
+                ..*self
+            },
+        )
+    }
+}
+
+/// One part of a block batch.
+///
+/// # Safety
+/// As [`BlockCopy::run`] for the part's blocks.
+unsafe fn copy_block_part(spans: &[BlockSpan], b: RawBlocks) -> Result<(), PartFail> {
+    // SAFETY: a part is run only once claimed, while its submitter (`copy_blocks`) waits for
+    // it with the index arrays alive.
+    let copy = unsafe { b.copy() };
+    for s in spans {
+        // SAFETY: the caller's contract.
+        unsafe { copy.run(s.start, s.end) };
+    }
+    Ok(())
+}
+
+/// Copies the blocks of `b` (`count` of them) by `stop`, as [`copy_all`] does: batches of
+/// 1 MiB or more shared with the helper thread in parts of about [`PART`] bytes (whole blocks);
+/// the call returns once no part is being copied.
+///
+/// # Safety
+/// Every block's source is valid for reads and its destination for writes of `b.block` bytes
+/// for the whole call, and the two do not overlap.
+pub(crate) unsafe fn copy_blocks(
+    b: &BlockCopy<'_>,
+    count: usize,
+    stop: &Stop<'_>,
+) -> Result<(), Halt> {
+    let total = count.saturating_mul(b.block);
+    let per_check = (PART / b.block.max(1)).clamp(1, CHECK_EVERY);
+    if total < HELP_MIN {
+        let mut at = 0;
+        while at < count {
+            check(stop)?;
+            let end = count.min(at + per_check);
+            // SAFETY: the caller's contract.
+            unsafe { b.run(at, end) };
+            at = end;
+        }
+        return Ok(());
+    }
+    let per_part = (PART / b.block.max(1)).max(1);
+    let spans: Vec<Vec<BlockSpan>> = (0..count)
+        .step_by(per_part)
+        .map(|start| {
+            vec![BlockSpan {
+                start,
+                end: count.min(start + per_part),
+                block: b.block as u64,
+            }]
+        })
+        .collect();
+    let parts = std::sync::Arc::new(Parts::new(spans, stop.deadline));
+    // the index arrays outlive this call, and `joined` keeps the call from returning (or
+    // unwinding) while the helper still copies a part
+    let raw = RawBlocks::of(b);
+    {
+        let joined = Joined(&parts);
+        submit(Work::Blocks(parts.clone(), raw));
+        // SAFETY: the caller's contract; `joined` waits for the helper's parts.
+        unsafe { parts.work(copy_block_part, raw, stop.cancelled) };
+        drop(joined);
+    }
+    match parts.outcome() {
+        None => Ok(()),
+        Some((why, _)) => Err(why),
+    }
 }
 
 #[cfg(test)]

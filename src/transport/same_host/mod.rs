@@ -34,7 +34,7 @@ mod helper;
 pub(crate) mod path;
 
 pub(crate) use backend::SameHostBackend;
-pub(crate) use helper::{Halt, MemCopy, Stop, copy_all, pvm_all};
+pub(crate) use helper::{BlockCopy, Halt, MemCopy, Stop, copy_all, copy_blocks, pvm_all};
 
 use crate::process::PeerProc;
 use crate::types::HostId;

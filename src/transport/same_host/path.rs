@@ -1,7 +1,7 @@
 //! The same-host data path of one link: the peer's regions as this process reaches them (mapped
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
-use super::{Halt, MemCopy, Stop, copy_all, pvm_all};
+use super::{BlockCopy, Halt, MemCopy, Stop, copy_all, copy_blocks, pvm_all};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
+use crate::types::blocks::BlockBatch;
 use crate::types::{Access, BatchDesc, TransferOp};
 use crate::wire::{self, TableEntry};
 
@@ -275,6 +276,125 @@ impl DataPath for SameHostPath {
     /// A same-host peer is watched through its pidfd (a stopped peer still serves the link).
     fn health(&self) -> Health {
         Health::Watched
+    }
+
+    fn covers_blocks(&self, blocks: &BlockBatch<'_>) -> bool {
+        SameHostPath::covers(self, &[blocks.span()])
+    }
+
+    /// A block batch: for a mapped region a copy loop over the index arrays as they are (no
+    /// descriptor per block), shared with the helper thread from 1 MiB on; otherwise
+    /// `process_vm_*` over the blocks' iovecs (adjacent blocks in one).
+    unsafe fn run_blocks(
+        &self,
+        batch: &Batch<'_>,
+        blocks: &BlockBatch<'_>,
+    ) -> Result<(), PathFail> {
+        let (peer, op) = (batch.peer, batch.op);
+        batch.start(None)?;
+        if !self.proc.alive(&self.watch) {
+            return Err(PathFail::Gone("the peer exited or closed the link".into()));
+        }
+        let region = blocks.remote.region;
+        let unknown = || {
+            PathFail::Failed(Error::UnknownRemoteRegion {
+                peer: peer.to_owned(),
+                region,
+                offset: blocks.remote.offset,
+                len: blocks.remote_extent,
+            })
+        };
+        let Some(r) = Finder::new(&self.regions).find(region) else {
+            return Err(unknown());
+        };
+        let cancelled = || batch.cancel_requested();
+        let stop = Stop {
+            deadline: batch.deadline,
+            cancelled: &cancelled,
+        };
+        let block = blocks.remote.block as usize;
+        let (ls, rs) = (blocks.local_stride as usize, blocks.remote.stride as usize);
+        let r = match (r.fd, r.mapping(&self.proc)) {
+            (_, Some(m)) => {
+                let remote = m.at(blocks.remote.offset);
+                let (li, ri) = (blocks.local_idx, blocks.remote_idx);
+                let copy = match op {
+                    TransferOp::Write => BlockCopy {
+                        src: blocks.local,
+                        src_stride: ls,
+                        src_idx: li,
+                        dst: remote,
+                        dst_stride: rs,
+                        dst_idx: ri,
+                        block,
+                    },
+                    TransferOp::Read => BlockCopy {
+                        src: remote,
+                        src_stride: rs,
+                        src_idx: ri,
+                        dst: blocks.local,
+                        dst_stride: ls,
+                        dst_idx: li,
+                        block,
+                    },
+                };
+                // SAFETY: every local block lies in a registered region the caller keeps
+                // alive (checked once, by its largest index); every remote block lies in the
+                // peer's region (checked the same way against its table), whose mapping covers
+                // the whole region (the memfd is sealed against shrinking and was checked to be
+                // at least that long). Local and mapped memory are distinct mappings.
+                unsafe { copy_blocks(&copy, blocks.count(), &stop) }
+            }
+            // `covers_blocks` keeps such batches off this path (never process_vm for a memfd)
+            (fd, None) if fd >= 0 => return Err(unknown()),
+            (_, None) => {
+                let (mut lo, mut ro): (Vec<IoVec>, Vec<IoVec>) = (Vec::new(), Vec::new());
+                let remote = (r.addr + blocks.remote.offset) as usize;
+                for k in 0..blocks.count() {
+                    let l = blocks.local_at(k);
+                    let rr = remote + blocks.remote_idx.at(k) as usize * rs;
+                    match (lo.last_mut(), ro.last_mut()) {
+                        (Some(a), Some(b)) if a.base + a.len == l && b.base + b.len == rr => {
+                            a.len += block;
+                            b.len += block;
+                        }
+                        _ => {
+                            lo.push(IoVec {
+                                base: l,
+                                len: block,
+                            });
+                            ro.push(IoVec {
+                                base: rr,
+                                len: block,
+                            });
+                        }
+                    }
+                }
+                // SAFETY: the local iovecs are blocks of a registered region the caller keeps
+                // alive.
+                unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro, &stop) }
+            }
+        };
+        r.map_err(|halt| match halt {
+            Halt::Deadline => PathFail::Failed(Error::Timeout {
+                op: op.name(),
+                peer: peer.to_owned(),
+                elapsed: batch.started.elapsed(),
+            }),
+            Halt::Cancelled => PathFail::Failed(Error::Cancelled {
+                op: op.name(),
+                peer: peer.to_owned(),
+            }),
+            Halt::Failed(e, _) if e.raw_os_error() == Some(libc::ESRCH) => {
+                PathFail::Gone("the peer exited".into())
+            }
+            Halt::Failed(e, at) => PathFail::Failed(Error::SameHost {
+                op: op.name(),
+                peer: peer.to_owned(),
+                index: at,
+                source: e,
+            }),
+        })
     }
 
     /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others, in parts

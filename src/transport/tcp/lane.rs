@@ -14,6 +14,7 @@ use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
 use crate::types::BatchDesc;
 use crate::types::TransferOp;
+use crate::types::blocks::BlockBatch;
 use crate::wire::{self, Hello, Kind, Refuse, Welcome};
 
 /// How a lane operation failed.
@@ -158,13 +159,62 @@ impl Lane {
         descs: &[BatchDesc],
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        let dl = Some(deadline);
         wire::encode_xfer(&mut self.out, op, req, descs.iter().map(|d| d.remote));
+        // the payload's local ranges, in order; ranges adjacent in memory in one iovec (the
+        // byte stream is the same, the kernel walks fewer segments)
         self.targets.clear();
-        self.targets.extend(descs.iter().map(|d| IoVec {
-            base: d.local,
-            len: d.remote.len as usize,
-        }));
+        for d in descs {
+            let (base, len) = (d.local, d.remote.len as usize);
+            match self.targets.last_mut() {
+                Some(t) if t.base + t.len == base => t.len += len,
+                _ => self.targets.push(IoVec { base, len }),
+            }
+        }
+        // SAFETY: the targets are the descriptors' local ranges (this function's contract).
+        unsafe { self.exchange_xfer(op, req, deadline) }
+    }
+
+    /// Runs one block batch (at most [`wire::MAX_DESCS_PER_FRAME`] blocks) on this lane: one
+    /// XFER_BLOCKS frame carrying the remote indices; the local blocks are the payload's
+    /// targets (blocks adjacent in memory in one `iovec`).
+    ///
+    /// # Safety
+    /// Every block's local range is valid registered memory for the whole call: readable for
+    /// WRITE, writable with any bytes (and not otherwise referenced) for READ.
+    pub(super) unsafe fn xfer_blocks(
+        &mut self,
+        op: TransferOp,
+        req: u64,
+        b: &BlockBatch<'_>,
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        wire::encode_xfer_blocks(&mut self.out, op, req, &b.remote, b.remote_idx);
+        self.targets.clear();
+        let block = b.remote.block as usize;
+        for i in 0..b.count() {
+            let base = b.local_at(i);
+            match self.targets.last_mut() {
+                Some(t) if t.base + t.len == base => t.len += block,
+                _ => self.targets.push(IoVec { base, len: block }),
+            }
+        }
+        // SAFETY: the targets are the blocks' local ranges (this function's contract).
+        unsafe { self.exchange_xfer(op, req, deadline) }
+    }
+
+    /// Sends the request in `self.out` (with the WRITE payload from `self.targets`), reads its
+    /// DONE and the READ payload into `self.targets`.
+    ///
+    /// # Safety
+    /// `self.targets` are valid registered memory for the whole call: readable for WRITE,
+    /// writable with any bytes (and not otherwise referenced) for READ.
+    unsafe fn exchange_xfer(
+        &mut self,
+        op: TransferOp,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
         self.iov.clear();
         self.iov.push(IoVec {
             base: self.out.as_ptr() as usize,

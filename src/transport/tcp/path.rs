@@ -6,6 +6,7 @@ use super::lanes::{LaneAfter, Lanes, lane_error};
 use crate::error::Error;
 use crate::transport::{Batch, DataPath, PathFail, TransportKind};
 use crate::types::BatchDesc;
+use crate::types::blocks::BlockBatch;
 
 /// Bytes per lane below which a TCP transfer is not split across lanes.
 pub(crate) const SPLIT_MIN: u64 = 8 << 20;
@@ -85,6 +86,81 @@ impl TcpPath {
     }
 }
 
+impl TcpPath {
+    /// A sync block batch: in parts of about equal bytes (a run of its indices each) on up to
+    /// `parallel` lanes when it is large, run side by side.
+    ///
+    /// # Safety
+    /// [`DataPath::run_blocks`]'s.
+    unsafe fn run_blocks_sync(&self, b: &Batch<'_>, blocks: &BlockBatch<'_>) -> Result<(), Error> {
+        let n = blocks.count();
+        let parts = (self.parallel as u64)
+            .min(b.bytes / SPLIT_MIN)
+            .clamp(1, n as u64) as usize;
+        // SAFETY: each part's blocks are some of the batch's, valid for the whole call (this
+        // function's contract); the scope below ends every helper before it returns.
+        let run = |p: &BlockBatch<'_>| unsafe {
+            self.lanes.transfer_blocks(b.op, p, b.started, b.deadline)
+        };
+        if parts < 2 {
+            return run(blocks);
+        }
+        let cut = |k: usize| n * k / parts;
+        let pieces: Vec<BlockBatch<'_>> = (0..parts)
+            .map(|k| blocks.slice(cut(k)..cut(k + 1)))
+            .collect();
+        std::thread::scope(|s| {
+            let helpers: Vec<_> = pieces[1..]
+                .iter()
+                .map(|p| s.spawn(move || run(p)))
+                .collect();
+            let first = run(&pieces[0]);
+            helpers
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Protocol {
+                            peer: b.peer.to_owned(),
+                            problem: "a transfer helper thread panicked".into(),
+                        })
+                    })
+                })
+                .fold(first, |acc, r| acc.and(r))
+        })
+    }
+
+    /// An async block request: on one lane, as [`TcpPath::run_request`].
+    ///
+    /// # Safety
+    /// [`DataPath::run_blocks`]'s.
+    unsafe fn run_blocks_request(
+        &self,
+        b: &Batch<'_>,
+        blocks: &BlockBatch<'_>,
+    ) -> Result<(), PathFail> {
+        let lanes = &self.lanes;
+        let mut lane = lanes
+            .checkout(b.deadline, b.started, b.op.name())
+            .map_err(PathFail::Failed)?;
+        if let Err(e) = b.start(Some(lane.fd())) {
+            lanes.checkin(lane);
+            return Err(e);
+        }
+        // SAFETY: the batch's blocks are valid for the whole call (this function's contract).
+        let r = unsafe { lanes.xfer_blocks(&mut lane, b.op, blocks, b.deadline) };
+        let after = if b.unwatch() {
+            LaneAfter::Discard
+        } else {
+            LaneAfter::of(r.as_ref().err())
+        };
+        let e = r
+            .err()
+            .map(|f| lane_error(f, b.op.name(), b.peer, b.started, false));
+        lanes.release(lane, after);
+        e.map_or(Ok(()), |e| Err(PathFail::Failed(e)))
+    }
+}
+
 impl DataPath for TcpPath {
     fn kind(&self) -> TransportKind {
         TransportKind::Tcp
@@ -102,6 +178,24 @@ impl DataPath for TcpPath {
     /// The lanes refuse a broken link themselves (and break it when the peer went away).
     fn refused_when_broken(&self) -> bool {
         false
+    }
+
+    /// Every block batch: the server checks it against its table.
+    fn covers_blocks(&self, _blocks: &BlockBatch<'_>) -> bool {
+        true
+    }
+
+    unsafe fn run_blocks(
+        &self,
+        batch: &Batch<'_>,
+        blocks: &BlockBatch<'_>,
+    ) -> Result<(), PathFail> {
+        match batch.cancel {
+            // SAFETY: the caller's promise, `DataPath::run_blocks`'s.
+            None => unsafe { self.run_blocks_sync(batch, blocks) }.map_err(PathFail::Failed),
+            // SAFETY: as above.
+            Some(_) => unsafe { self.run_blocks_request(batch, blocks) },
+        }
     }
 
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock};
+use crate::types::blocks::WireBlocks;
 use crate::types::{TransferOp, WireDesc};
 use crate::wire::{self, WireError};
 
@@ -37,6 +38,20 @@ pub(crate) unsafe trait Served {
         &self,
         op: TransferOp,
         descs: &[WireDesc],
+        targets: &mut Vec<IoVec>,
+    ) -> Result<Self::Held, (Status, String)>;
+
+    /// Checks a block batch against the regions (its region; its largest index, once, against
+    /// the region's bounds with overflow checks; access rights, host memory) and puts
+    /// the memory of its blocks in `targets`, in order (blocks adjacent in memory in one).
+    ///
+    /// # Errors
+    /// As [`Served::admit`].
+    fn admit_blocks(
+        &self,
+        op: TransferOp,
+        blocks: &WireBlocks,
+        idx: &[u64],
         targets: &mut Vec<IoVec>,
     ) -> Result<Self::Held, (Status, String)>;
 }
@@ -156,10 +171,15 @@ pub(crate) struct Xfer {
     req: u64,
 }
 
+/// One XFER_BLOCKS request, decoded (its indices are kept by the [`XferServer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct XferBlocks(wire::XferBlocks);
+
 /// A serving connection's XFER half: the buffers its requests reuse.
 #[derive(Default)]
 pub(crate) struct XferServer {
     descs: Vec<WireDesc>,
+    idx: Vec<u64>,
     targets: Vec<IoVec>,
 }
 
@@ -185,8 +205,47 @@ impl XferServer {
         deadline: Option<Instant>,
         served: &S,
     ) -> Box<Pending<S::Held>> {
+        let admitted = served.admit(x.op, &self.descs, &mut self.targets);
+        self.start(x, admitted, inb, deadline)
+    }
+
+    /// Decodes an XFER_BLOCKS frame's payload (its indices are kept for
+    /// [`XferServer::apply_blocks`]).
+    ///
+    /// # Errors
+    /// The frame is not a valid XFER_BLOCKS.
+    pub(crate) fn decode_blocks(&mut self, payload: &[u8]) -> Result<XferBlocks, WireError> {
+        wire::decode_xfer_blocks(payload, &mut self.idx).map(XferBlocks)
+    }
+
+    /// Starts the block request just decoded, as [`XferServer::apply`]: checked against
+    /// `served` once (its largest index), never expanded into descriptors.
+    pub(crate) fn apply_blocks<S: Served>(
+        &mut self,
+        x: XferBlocks,
+        inb: &mut Inbound,
+        deadline: Option<Instant>,
+        served: &S,
+    ) -> Box<Pending<S::Held>> {
+        let x = x.0;
+        let admitted = served.admit_blocks(x.op, &x.blocks, &self.idx, &mut self.targets);
+        let head = Xfer {
+            op: x.op,
+            req: x.req,
+        };
+        self.start(head, admitted, inb, deadline)
+    }
+
+    /// A request admitted (or refused) by `served`: its DONE, and the payload to move.
+    fn start<H>(
+        &mut self,
+        x: Xfer,
+        admitted: Result<H, (Status, String)>,
+        inb: &mut Inbound,
+        deadline: Option<Instant>,
+    ) -> Box<Pending<H>> {
         let mut frame = Vec::new();
-        let held = match served.admit(x.op, &self.descs, &mut self.targets) {
+        let held = match admitted {
             Ok(h) => h,
             Err((status, reason)) => {
                 wire::encode_done(&mut frame, x.req, status.code(), &reason);
@@ -228,6 +287,7 @@ impl XferServer {
     /// Bytes its buffers hold now.
     pub(crate) fn footprint(&self) -> usize {
         self.descs.capacity() * std::mem::size_of::<WireDesc>()
+            + self.idx.capacity() * std::mem::size_of::<u64>()
             + self.targets.capacity() * std::mem::size_of::<IoVec>()
     }
 
@@ -239,6 +299,9 @@ impl XferServer {
         }
         if self.descs.capacity() > KEEP_DESCS {
             self.descs = Vec::new();
+        }
+        if self.idx.capacity() > KEEP_DESCS {
+            self.idx = Vec::new();
         }
     }
 }
