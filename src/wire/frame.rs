@@ -1,7 +1,7 @@
 //! Frame framing: the kinds of frame, the 12-byte header every frame opens with, the errors a
 //! decoder reports, and `begin`/`seal`, which wrap every encoded payload in its header.
 
-use super::{HEADER_LEN, MAGIC, MAX_FRAME, VERSION};
+use super::{HEADER_LEN, MAGIC, MAX_FRAME, MIN_VERSION, VERSION};
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +84,15 @@ impl Kind {
         Kind::XferBlocks,
     ];
 
+    /// The protocol version that introduced this kind: what its frames carry in their header
+    /// (see [`super::VERSION`]).
+    pub fn since(self) -> u16 {
+        match self {
+            Self::XferBlocks => 4,
+            _ => super::MIN_VERSION,
+        }
+    }
+
     fn from_u16(v: u16) -> Option<Self> {
         Some(match v {
             1 => Self::Hello,
@@ -165,7 +174,7 @@ pub struct Header {
 pub fn header(kind: Kind, len: usize) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    h[4..6].copy_from_slice(&kind.since().to_le_bytes());
     h[6..8].copy_from_slice(&(kind as u16).to_le_bytes());
     h[8..12].copy_from_slice(&(len as u32).to_le_bytes());
     h
@@ -181,11 +190,15 @@ pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
         return Err(WireError::BadMagic(magic));
     }
     let version = u16::from_le_bytes([b[4], b[5]]);
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(WireError::BadVersion(version));
     }
     let k = u16::from_le_bytes([b[6], b[7]]);
     let kind = Kind::from_u16(k).ok_or(WireError::UnknownKind(k))?;
+    if version < kind.since() {
+        // a kind its frame's version does not have
+        return Err(WireError::BadVersion(version));
+    }
     let len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
     if len > MAX_FRAME {
         return Err(WireError::TooLarge(len));
@@ -218,6 +231,23 @@ mod tests {
         let mut h = header(Kind::Bye, 0);
         h[4] = 1;
         assert_eq!(decode_header(&h), Err(WireError::BadVersion(1)));
+        h[4] = 5;
+        assert_eq!(decode_header(&h), Err(WireError::BadVersion(5)));
+        // version 3 frames (every kind but XFER_BLOCKS) and version 4 ones both decode: an
+        // engine that speaks only version 3 still talks to this one
+        for kind in Kind::ALL {
+            let h = header(kind, 0);
+            let v = u16::from_le_bytes([h[4], h[5]]);
+            assert_eq!(v, if kind == Kind::XferBlocks { 4 } else { 3 });
+            assert_eq!(decode_header(&h).map(|h| h.kind), Ok(kind));
+            let mut h4 = h;
+            h4[4] = 4;
+            assert_eq!(decode_header(&h4).map(|h| h.kind), Ok(kind));
+        }
+        // XFER_BLOCKS under a version 3 header is refused (version 3 has no such kind)
+        let mut h = header(Kind::XferBlocks, 0);
+        h[4] = 3;
+        assert_eq!(decode_header(&h), Err(WireError::BadVersion(3)));
         let h = header(Kind::Xfer, MAX_FRAME as usize + 1);
         assert_eq!(decode_header(&h), Err(WireError::TooLarge(MAX_FRAME + 1)));
         let mut h = header(Kind::Bye, 0);

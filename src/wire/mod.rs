@@ -39,8 +39,15 @@ pub use xfer::{
 
 /// `"HIXL"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
-/// The protocol version this build speaks.
+/// The newest protocol version this build speaks: 4 added XFER_BLOCKS.
+///
+/// A frame's header carries the oldest version that has its kind ([`Kind::since`]): 3 for
+/// every kind but XFER_BLOCKS. So an engine of this build and one that speaks only version 3
+/// still talk; only a block-indexed batch sent to the older one is refused there (its header
+/// says 4: `REFUSE` FAILED, the lane closed), where the list form works.
 pub const VERSION: u16 = 4;
+/// The oldest protocol version this build accepts.
+pub const MIN_VERSION: u16 = 3;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest frame payload accepted (the bulk data that follows a frame is not limited by this).
