@@ -11,8 +11,9 @@
 //! ACL in the process), nothing is reported there and `hixl_last_error_message()` alone has
 //! the message, as before.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `int32_t ReportInnerErrMsgForC(const char *file_name, const char *func, uint32_t line,
 /// const char *error_code, const char *format, ...)`.
@@ -38,12 +39,46 @@ const LIBRARIES: [&CStr; 4] = [
 /// failure).
 static FOUND: OnceLock<usize> = OnceLock::new();
 
+/// The loader's count of libraries loaded so far (plus one) when a lookup last found nothing:
+/// until another library loads, the next failure need not search again (a search is a dlsym
+/// and four dlopen calls, about 100 us; a failing call in a loop paid it every time).
+static MISSED_AT: AtomicU64 = AtomicU64::new(0);
+
+/// How many libraries the dynamic loader has loaded in this process's life (glibc's
+/// `dlpi_adds`), from the first object `dl_iterate_phdr` reports; `None` when unknown.
+fn loads() -> Option<u64> {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: usize,
+        out: *mut c_void,
+    ) -> c_int {
+        let has_adds = size
+            >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds)
+                + std::mem::size_of::<libc::c_ulonglong>();
+        if has_adds {
+            // SAFETY: `info` points to a `size`-byte dl_phdr_info for the duration of the
+            // callback (dl_iterate_phdr's contract), and `size` covers `dlpi_adds`; `out` is
+            // the `u64` passed below.
+            unsafe { *out.cast::<u64>() = (*info).dlpi_adds + 1 };
+        }
+        1 // stop after the first object
+    }
+    let mut adds: u64 = 0;
+    // SAFETY: `first` matches the callback type and only writes through `out`, a live u64.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut adds).cast()) };
+    (adds != 0).then_some(adds)
+}
+
 /// Looks the entry point up in what is loaded, pinning the library that has it.
 fn lookup() -> Option<Report> {
     if let Some(&p) = FOUND.get() {
         // SAFETY: a pointer to `ReportInnerErrMsgForC` of a library pinned below (never
         // unloaded), whose C declaration is `Report`'s.
         return Some(unsafe { std::mem::transmute::<usize, Report>(p) });
+    }
+    let loaded = loads();
+    if loaded.is_some_and(|n| n == MISSED_AT.load(Ordering::Relaxed)) {
+        return None; // nothing loaded since the last search found nothing
     }
     // SAFETY: dlsym/dladdr/dlopen with NUL-terminated names; RTLD_NOLOAD never loads anything.
     let p = unsafe {
@@ -77,6 +112,9 @@ fn lookup() -> Option<Report> {
         p
     };
     if p.is_null() {
+        if let Some(n) = loaded {
+            MISSED_AT.store(n, Ordering::Relaxed);
+        }
         return None;
     }
     let p = *FOUND.get_or_init(|| p as usize);

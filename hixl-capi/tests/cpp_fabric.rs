@@ -108,3 +108,63 @@ fn a_fabric_mem_program_moves_vmm_memory_on_the_double() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A failure's message reaches ACL's error channel (`aclGetRecentErrMsg`) even when ACL loads
+/// after earlier failures found no error manager: `tests/c/acl_errmsg_late.c`, linked with
+/// libhixl only, fails twice without ACL, loads the double's `libacl_rt.so` with `dlopen`,
+/// fails once more and finds the message there (hixl skips the search while no library has
+/// loaded since the last one found nothing; a load must end the skip).
+#[test]
+fn a_failure_after_acl_loads_late_reaches_its_error_channel() {
+    if !have("cc") {
+        return;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = common::scratch("acl-errmsg-late");
+    let double = dir.join("cann");
+    let out = Command::new("bash")
+        .arg(manifest.join("../tools/ascend-double.sh"))
+        .arg(&double)
+        .output()
+        .expect("run tools/ascend-double.sh");
+    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+    let lib = common::lib_dir();
+    let exe = dir.join("acl_errmsg_late");
+    let asan: &[&str] = if cfg!(hixl_asan) {
+        &["-fsanitize=address"]
+    } else {
+        &[]
+    };
+    let out = Command::new("cc")
+        .args(asan)
+        .arg("-I")
+        .arg(common::include_dir())
+        .arg(manifest.join("tests/c/acl_errmsg_late.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&lib)
+        .args(["-lhixl", "-ldl"])
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe)
+        .env(
+            "LD_LIBRARY_PATH",
+            std::env::join_paths([&lib, &double]).unwrap(),
+        )
+        .output()
+        .expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "acl_errmsg_late failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
