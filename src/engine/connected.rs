@@ -8,11 +8,8 @@ use super::{Connected, Hixl, Registered};
 use crate::error::{Error, check_timeout};
 use crate::link::Link;
 use crate::runtime::connect::AsyncConnectStatus;
+use crate::runtime::link::SELF_LINK_REFUSED;
 use crate::types::engine_name::EngineName;
-
-/// Why an engine that is not a fabric-memory one does not connect to itself.
-pub(crate) const SELF_LINK_REFUSED: &str =
-    "an engine cannot connect to itself (only a fabric-memory engine, EnableUseFabricMem=1, can)";
 
 impl Hixl<Connected> {
     /// Connects to a listening remote engine with the configured timeout (1000 ms by default),

@@ -28,7 +28,6 @@ use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
 
 mod connected;
-pub(crate) use connected::SELF_LINK_REFUSED;
 mod register;
 
 mod sealed {

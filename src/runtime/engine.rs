@@ -65,7 +65,7 @@ pub(crate) struct EngineInner {
     /// Why device memory is refused, for an engine without a device.
     pub(crate) no_device: &'static str,
     /// A fabric-memory engine's runtime.
-    pub(crate) fabric: Option<Arc<crate::transport::ascend::fabric::FabricRt>>,
+    pub(crate) fabric: Option<Arc<transports::FabricRt>>,
     /// Quarantine counters, shared with every region of the engine.
     pub(crate) quarantine: Arc<crate::runtime::revoke::quarantine::Stats>,
     pub(crate) span: tracing::Span,

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::Error;
 use crate::options::{AscendMode, Options, Ucx};
-use crate::transport::ascend::fabric::{FabricBackend, FabricRt};
+use crate::transport::ascend::fabric::FabricBackend;
+/// A fabric-memory engine's runtime (the Ascend transport's), as the engine core holds it.
+pub(crate) use crate::transport::ascend::fabric::FabricRt;
 use crate::transport::ascend::{AscendBackend, Runtime};
 use crate::transport::same_host::SameHostBackend;
 use crate::transport::tcp::{Lanes, TcpPath};

@@ -14,6 +14,11 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+
+/// Why an engine that is not a fabric-memory one does not connect to itself (under its own
+/// name, refused by the engine, or under another of its addresses, refused here).
+pub(crate) const SELF_LINK_REFUSED: &str =
+    "an engine cannot connect to itself (only a fabric-memory engine, EnableUseFabricMem=1, can)";
 use crate::metrics::LinkCounters;
 use crate::options::SameHost;
 use crate::process::PeerProc;
@@ -142,7 +147,7 @@ impl LinkShared {
         if loopback && !engine.options.ascend.enable_fabric_mem {
             return Err(Error::NotConnectable {
                 peer,
-                problem: crate::engine::SELF_LINK_REFUSED,
+                problem: SELF_LINK_REFUSED,
             });
         }
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);

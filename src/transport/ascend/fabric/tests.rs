@@ -217,7 +217,7 @@ fn loopback_overlap_matches_brute_force() {
         });
         match super::loopback_overlap(op, &descs, &table) {
             Ok(()) => assert!(!brute, "missed an overlap: {op:?} {descs:?}"),
-            Err(crate::Error::OverlappingTransfer { src, dst }) => {
+            Err(crate::error::Error::OverlappingTransfer { src, dst }) => {
                 assert!(brute, "refused a batch without overlap: {op:?} {descs:?}");
                 let (s, _, ls) = span(&descs[src]);
                 let (_, d, ld) = span(&descs[dst]);
