@@ -11,8 +11,9 @@
 //! ACL in the process), nothing is reported there and `hixl_last_error_message()` alone has
 //! the message, as before.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `int32_t ReportInnerErrMsgForC(const char *file_name, const char *func, uint32_t line,
 /// const char *error_code, const char *format, ...)`.
@@ -38,12 +39,38 @@ const LIBRARIES: [&CStr; 4] = [
 /// failure).
 static FOUND: OnceLock<usize> = OnceLock::new();
 
+/// The loader's count of objects loaded so far (`dlpi_adds`) when a search last found nothing
+/// (`u64::MAX`: none did). A failed call searches again only once something was loaded since:
+/// a search's `dlopen(RTLD_NOLOAD)` of a bare name walks the library path on disk (about 100 µs
+/// per failed C call without ACL; issue #35's refused-call rows).
+static MISSED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The loader's `dlpi_adds` (objects loaded since the process started), `u64::MAX` if unknown.
+fn loads() -> u64 {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> c_int {
+        if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
+            // SAFETY: the loader's record for this callback, `size` bytes of it valid (which
+            // covers `dlpi_adds`); `data` is the `u64` passed below.
+            unsafe { *data.cast::<u64>() = (*info).dlpi_adds };
+        }
+        1 // the first object is enough: every record carries the same counts
+    }
+    let mut adds = u64::MAX;
+    // SAFETY: a callback of the declared type and a pointer to a live `u64` it writes.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut adds).cast()) };
+    adds
+}
+
 /// Looks the entry point up in what is loaded, pinning the library that has it.
 fn lookup() -> Option<Report> {
     if let Some(&p) = FOUND.get() {
         // SAFETY: a pointer to `ReportInnerErrMsgForC` of a library pinned below (never
         // unloaded), whose C declaration is `Report`'s.
         return Some(unsafe { std::mem::transmute::<usize, Report>(p) });
+    }
+    let adds = loads();
+    if adds != u64::MAX && MISSED_AT.load(Ordering::Relaxed) == adds {
+        return None; // nothing was loaded since the last search found nothing
     }
     // SAFETY: dlsym/dladdr/dlopen with NUL-terminated names; RTLD_NOLOAD never loads anything.
     let p = unsafe {
@@ -77,6 +104,7 @@ fn lookup() -> Option<Report> {
         p
     };
     if p.is_null() {
+        MISSED_AT.store(adds, Ordering::Relaxed);
         return None;
     }
     let p = *FOUND.get_or_init(|| p as usize);
