@@ -167,7 +167,9 @@ fn decode(a: &Args) -> Res<()> {
         unsafe { engine.register_mem(desc, MemType::Host) }?;
         None
     };
-    let base = mem.as_ref().map_or(owned.as_mut_ptr() as usize, |m| m.addr());
+    let base = mem
+        .as_ref()
+        .map_or(owned.as_mut_ptr() as usize, |m| m.addr());
 
     engine.connect(&name, 10_000)?;
     let remote = engine.remote_regions(&name)?;

@@ -14,8 +14,10 @@
 //!
 //! Options: `--block B,B,..` (bytes), `--batch N` (descriptors per call, default 64),
 //! `--rounds N` (interleaved rounds per row; the median is printed, default 7), `--round-ms MS`
-//! (default 300), `--tcp` (no same-host transport), `--lib PATH` (default: `libhixl.so` next to
-//! this example's directory, i.e. `target/<profile>/`).
+//! (default 300), `--tcp` (no same-host transport), `--memory caller|engine` (the serving
+//! region a `Vec`, the default, or `alloc_host_mem`: a same-host peer maps engine memory,
+//! caller memory goes to it over TCP), `--lib PATH` (default: `libhixl.so` next to this
+//! example's directory, i.e. `target/<profile>/`).
 
 use std::ffi::{CString, c_char, c_void};
 use std::io::{BufRead, BufReader, Write};
@@ -126,9 +128,10 @@ fn check(what: &str, status: u32) -> Result<(), String> {
     }
 }
 
-/// The serving side: a compat engine with `size` bytes, `READY <name> <addr>`, until stdin ends.
-fn serve(size: usize, tcp: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let mut mem = vec![0u8; size];
+/// The serving side: a compat engine with `size` bytes (a `Vec`, or `alloc_host_mem` with
+/// `engine`), `READY <name> <addr>`, until stdin ends.
+fn serve(size: usize, tcp: bool, engine_mem: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let mut mem = vec![0u8; if engine_mem { 0 } else { size }];
     let e = compat::Hixl::new();
     let opts: &[(&str, &str)] = if tcp {
         &[("hixl.SameHost", "off")]
@@ -136,18 +139,30 @@ fn serve(size: usize, tcp: bool) -> Result<(), Box<dyn std::error::Error>> {
         &[]
     };
     e.initialize("127.0.0.1:0", opts.iter().copied())?;
-    let desc = compat::MemDesc {
-        addr: mem.as_mut_ptr() as usize,
-        len: size,
-        local_only: false,
+    // engine memory: a same-host peer maps it (caller memory goes to it over TCP)
+    let host = if engine_mem {
+        Some(e.alloc_host_mem(size)?)
+    } else {
+        None
     };
-    // SAFETY: `mem` outlives the engine (finalized below) and is never read here.
-    unsafe { e.register_mem(desc, MemType::Host) }?;
-    println!("READY {} {}", e.local_engine()?, desc.addr);
+    let addr = match &host {
+        Some(h) => h.addr(),
+        None => {
+            let desc = compat::MemDesc {
+                addr: mem.as_mut_ptr() as usize,
+                len: size,
+                local_only: false,
+            };
+            // SAFETY: `mem` outlives the engine (finalized below) and is never read here.
+            unsafe { e.register_mem(desc, MemType::Host) }?;
+            desc.addr
+        }
+    };
+    println!("READY {} {addr}", e.local_engine()?);
     std::io::stdout().flush()?;
     for _ in std::io::stdin().lock().lines() {}
     e.finalize();
-    drop(mem);
+    drop((mem, host));
     Ok(())
 }
 
@@ -176,11 +191,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         7usize,
         Duration::from_millis(300),
     );
-    let (mut tcp, mut lib) = (false, None);
+    let (mut tcp, mut lib, mut engine_mem) = (false, None, false);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "serve" => return serve(val()?.parse()?, val()? == "tcp"),
+            "serve" => return serve(val()?.parse()?, val()? == "tcp", val()? == "engine"),
             "--block" => {
                 blocks = val()?
                     .split(',')
@@ -192,6 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--round-ms" => round = Duration::from_millis(val()?.parse()?),
             "--lib" => lib = Some(val()?),
             "--tcp" => tcp = true,
+            "--memory" => engine_mem = val()? == "engine",
             _ => return Err(format!("unknown option {a}").into()),
         }
     }
@@ -210,7 +226,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let span = (largest * batch).min(256 << 20).max(largest);
 
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &span.to_string(), if tcp { "tcp" } else { "auto" }])
+        .args([
+            "serve",
+            &span.to_string(),
+            if tcp { "tcp" } else { "auto" },
+            if engine_mem { "engine" } else { "caller" },
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -282,12 +303,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
-        "transfer_sync WRITE, {} transport, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
+        "transfer_sync WRITE, {} transport (the server's region moved over {}), the server's region {} memory, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
         if tcp {
             "tcp"
         } else {
             "same-host (or tcp where refused)"
         },
+        ce.remote_regions(&name)?
+            .first()
+            .map_or("none", |r| r.transport.name()),
+        if engine_mem { "engine" } else { "caller" },
         round.as_millis()
     );
     let mut rows = Vec::new();

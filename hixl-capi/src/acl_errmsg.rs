@@ -47,7 +47,11 @@ static MISSED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// The loader's `dlpi_adds` (objects loaded since the process started), `u64::MAX` if unknown.
 fn loads() -> u64 {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> c_int {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: usize,
+        data: *mut c_void,
+    ) -> c_int {
         if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
             // SAFETY: the loader's record for this callback, `size` bytes of it valid (which
             // covers `dlpi_adds`); `data` is the `u64` passed below.
