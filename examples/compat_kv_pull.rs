@@ -6,8 +6,11 @@
 //! Rust" figure: the same calls, without Python.
 //!
 //! ```text
-//! cargo run --release --example compat_kv_pull -- [--mode async|sync] [--transport auto|tcp|same-host] (`cma`: same-host) [--iters 8] [--json]
+//! cargo run --release --example compat_kv_pull -- [--mode async|sync] [--transport auto|tcp|same-host] (`cma`: same-host) [--memory caller|engine] [--iters 8] [--json]
 //! ```
+//!
+//! `--memory engine` puts both sides' memory in `alloc_host_mem` (kv_pull.py's default,
+//! `Engine.alloc`: a same-host peer maps it); the default `caller` registers `Vec<u8>`s.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -30,6 +33,7 @@ struct Args {
     transport: String,
     json: bool,
     boundary: usize,
+    engine_memory: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -44,6 +48,7 @@ fn args() -> Result<Args, String> {
         transport: "auto".into(),
         json: false,
         boundary: 0,
+        engine_memory: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(f) = it.next() {
@@ -61,6 +66,7 @@ fn args() -> Result<Args, String> {
             "--transport" => a.transport = val()?,
             "--json" => a.json = true,
             "--boundary" => a.boundary = num(val()?)?,
+            "--memory" => a.engine_memory = val()? == "engine",
             _ => return Err(format!("unknown argument {f}")),
         }
     }
@@ -90,13 +96,23 @@ fn prefill(a: &Args) -> Res<()> {
     let engine = Hixl::new();
     engine.initialize("127.0.0.1:0", [("hixl.SameHost", same_host(&a.transport))])?;
     let mut kv = pattern(size);
-    let desc = MemDesc {
-        addr: kv.as_mut_ptr() as usize,
-        len: kv.len(),
-        local_only: false,
+    let mem = if a.engine_memory {
+        let m = engine.alloc_host_mem(size)?;
+        // SAFETY: the engine's mapping of `size` bytes, live while `m` is; no peer is connected
+        // yet, so nothing else touches it while it is written.
+        unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), size) }.copy_from_slice(&kv);
+        Some(m)
+    } else {
+        let desc = MemDesc {
+            addr: kv.as_mut_ptr() as usize,
+            len: kv.len(),
+            local_only: false,
+        };
+        // SAFETY: `kv` is neither moved nor dropped nor touched until the engine is finalized
+        // below.
+        unsafe { engine.register_mem(desc, MemType::Host) }?;
+        None
     };
-    // SAFETY: `kv` is neither moved nor dropped nor touched until the engine is finalized below.
-    unsafe { engine.register_mem(desc, MemType::Host) }?;
     println!("{{\"name\":\"{}\"}}", engine.local_engine()?);
     std::io::stdout().flush()?;
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -105,8 +121,17 @@ fn prefill(a: &Args) -> Res<()> {
         std::thread::sleep(Duration::from_micros(500));
     }
     engine.finalize();
-    drop(kv);
+    drop((kv, mem));
     Ok(())
+}
+
+/// `len` bytes at `addr`.
+///
+/// # Safety
+/// They must be mapped, live for `'a`, and not written while the slice is used.
+unsafe fn view<'a>(addr: usize, len: usize) -> &'a [u8] {
+    // SAFETY: the caller's promise.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 fn decode(a: &Args) -> Res<()> {
@@ -127,16 +152,25 @@ fn decode(a: &Args) -> Res<()> {
 
     let engine = Hixl::new();
     engine.initialize("127.0.0.1", [("hixl.SameHost", same_host(&a.transport))])?;
-    let mut dst = vec![0u8; size];
-    let base = dst.as_mut_ptr() as usize;
-    let desc = MemDesc {
-        addr: base,
-        len: size,
-        local_only: false,
+    let mut owned = Vec::new();
+    let mem = if a.engine_memory {
+        Some(engine.alloc_host_mem(size)?)
+    } else {
+        owned = vec![0u8; size];
+        let desc = MemDesc {
+            addr: owned.as_mut_ptr() as usize,
+            len: size,
+            local_only: false,
+        };
+        // SAFETY: `owned` is read below only after the transfers writing it ended, and outlives
+        // the engine (finalized before it is dropped).
+        unsafe { engine.register_mem(desc, MemType::Host) }?;
+        None
     };
-    // SAFETY: `dst` is read below only after the transfers writing it ended, and outlives the
-    // engine (finalized before it is dropped).
-    unsafe { engine.register_mem(desc, MemType::Host) }?;
+    let base = mem
+        .as_ref()
+        .map_or(owned.as_mut_ptr() as usize, |m| m.addr());
+
     engine.connect(&name, 10_000)?;
     let remote = engine.remote_regions(&name)?;
     let remote = remote.first().ok_or("prefill has no region")?;
@@ -205,13 +239,16 @@ fn decode(a: &Args) -> Res<()> {
         Ok(())
     };
     pull()?;
-    verify(&dst)?;
+    // SAFETY: the destination (the engine's mapping or `owned`, both live until the end of this
+    // function), read between pulls: no transfer writing it is in flight.
+    verify(unsafe { view(base, size) })?;
     for _ in 0..a.warmup {
         pull()?;
     }
     let mut times: Vec<f64> = (0..a.iters).map(|_| pull()).collect::<Res<_>>()?;
     times.push(pull()?);
-    verify(&dst)?;
+    // SAFETY: as above.
+    verify(unsafe { view(base, size) })?;
     let transport = engine.transport(&name)?.name();
     // the cost of one call, as kv_pull.py --boundary times it from Python: a 256-descriptor READ
     // refused at its last descriptor (every other one validated, no data moved)
@@ -232,7 +269,7 @@ fn decode(a: &Args) -> Res<()> {
     };
     engine.send_notify(&name, &notify, 5000)?;
     engine.finalize();
-    drop(dst);
+    drop((owned, mem));
     child.wait()?;
 
     times.sort_by(f64::total_cmp);
@@ -241,7 +278,8 @@ fn decode(a: &Args) -> Res<()> {
     let mode = if a.sync { "sync" } else { "async" };
     if a.json {
         println!(
-            "{{\"impl\":\"hixl-rust-compat\",\"mode\":\"{mode}\",\"transport\":\"{transport}\",\"gbps_median\":{:.3},\"gbps_best\":{:.3},\"gbps_total\":{total:.3},\"verified\":true,\"refused_call_ns\":{refused_ns:.0}}}",
+            "{{\"impl\":\"hixl-rust-compat\",\"mode\":\"{mode}\",\"transport\":\"{transport}\",\"memory\":\"{}\",\"gbps_median\":{:.3},\"gbps_best\":{:.3},\"gbps_total\":{total:.3},\"verified\":true,\"refused_call_ns\":{refused_ns:.0}}}",
+            if a.engine_memory { "engine" } else { "caller" },
             gbs[gbs.len() / 2],
             gbs.iter().cloned().fold(0.0, f64::max)
         );

@@ -140,6 +140,7 @@ impl<'e> Link<'e> {
     ///
     /// # Errors
     /// [`Error::RemoteNotRegistered`] (`PARAM_INVALID`) if it does not, or `len` is zero.
+    #[inline] // per descriptor from hixl::compat (another crate: issue #35)
     pub fn remote(&self, addr: u64, len: u64) -> Result<RemoteRange<'_>, Error> {
         let not_registered = || Error::RemoteNotRegistered {
             peer: self.shared.peer.clone(),
@@ -162,6 +163,7 @@ impl<'e> Link<'e> {
         Ok(self.make_range(e, addr - e.addr, len))
     }
 
+    #[inline]
     fn make_range(&self, e: &TableEntry, offset: u64, len: u64) -> RemoteRange<'_> {
         RemoteRange {
             link: self.shared.id,

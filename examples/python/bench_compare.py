@@ -5,6 +5,12 @@ Python API (nixl_kv_pull.py), on the same transports, rounds interleaved so the 
 hits all alike.
 
     python examples/python/bench_compare.py [--rounds 3] [--transports tcp,same-host] [--no-nixl]
+    python examples/python/bench_compare.py --memory engine --transports same-host --no-nixl
+
+`--memory engine` (issue 35: "Python within 10% of Rust" on kv_pull.py's own shape): kv_pull.py's
+default, Engine.alloc memory on both sides (a same-host peer maps it), against compat_kv_pull
+--memory engine (the same calls from Rust, alloc_host_mem) and the typed engine's bench with its
+HostBuffer region (`--memory hostbuffer`).
 
 Rows:
 - rust        `bench --op read --block 32768 --batch 256 --memory user`: one blocking call of 256
@@ -58,6 +64,8 @@ def main():
     p.add_argument("--duration", default="2", help="seconds per Rust bench row")
     p.add_argument("--no-nixl", action="store_true")
     p.add_argument("--boundary", type=int, default=2000, help="refused calls timed per run")
+    p.add_argument("--memory", choices=["caller", "engine"], default="caller",
+                   help="caller: registered numpy arrays / Vec<u8> (the default); engine: Engine.alloc / alloc_host_mem")
     a = p.parse_args()
     subprocess.run(
         ["cargo", "build", "-q", "--release", "--example", "bench", "--example", "compat_kv_pull"],
@@ -82,7 +90,8 @@ def main():
             (row,) = [
                 r
                 for r in run_json(
-                    [bench, "--op", "read", "--block", "32768", "--batch", "256", "--memory", "user",
+                    [bench, "--op", "read", "--block", "32768", "--batch", "256", "--memory",
+                     "user" if a.memory == "caller" else "hostbuffer",
                      "--transport", t, "--duration", a.duration, "--no-extras", "--json"]
                 )
                 if "gbps" in r
@@ -91,14 +100,15 @@ def main():
             for mode in ("sync", "async"):
                 extra = ["--boundary", str(a.boundary)] if mode == "sync" else []
                 (row,) = run_json(
-                    [compat, "--mode", mode, "--transport", t, "--iters", str(a.iters), "--json"] + SHAPE + extra
+                    [compat, "--mode", mode, "--transport", t, "--memory", a.memory, "--iters", str(a.iters), "--json"]
+                    + SHAPE + extra
                 )
                 add((f"rust compat {mode}", t), row["gbps_total"], row["transport"])
                 if extra:
                     calls.setdefault(("rust", t), []).append(row["refused_call_ns"])
                 (row,) = run_json(
                     [sys.executable, os.path.join(HERE, "kv_pull.py"), "--mode", mode, "--transport", t,
-                     "--memory", "caller", "--iters", str(a.iters), "--json"] + SHAPE + extra
+                     "--memory", a.memory, "--iters", str(a.iters), "--json"] + SHAPE + extra
                 )
                 add((f"python {mode} (kv_pull)", t), row["gbps_total"], row["transport"])
                 if extra:
@@ -119,7 +129,8 @@ def main():
                 )
                 add(("nixl python (UCX)", t), rows[0]["gbps_total"], rows[0]["transport"])
 
-    print(f"\nREAD, 32 KiB x 256 per call/request, 32 layers (256 MiB per pull); median of {a.rounds} rounds, GB/s")
+    print(f"\nREAD, 32 KiB x 256 per call/request, 32 layers (256 MiB per pull), {a.memory} memory;"
+          f" median of {a.rounds} rounds, GB/s")
     print(f"{'':26}" + "".join(f"{t:>24}" for t in transports))
     order = ["rust (bench)", "rust compat sync", "rust compat async", "python sync (kv_pull)",
              "python async (kv_pull)", "nixl python (UCX)"]
@@ -137,6 +148,9 @@ def main():
             s = med.get((f"python {mode} (kv_pull)", t))
             if r and s:
                 print(f"{t}: Python vs Rust, the same {mode} calls on hixl::compat: {100 * (s - r) / r:+.1f}%")
+            b = med.get(("rust (bench)", t))
+            if b and s:
+                print(f"{t}: Python {mode} vs the typed engine's bench: {s / b:.2f}x")
         n = med.get(("nixl python (UCX)", t))
         py = med.get(("python async (kv_pull)", t))
         if n and py:

@@ -1,18 +1,23 @@
 //! What the C boundary costs: `transfer_sync` WRITE through `libhixl.so` (the exported C
 //! functions, loaded with `dlopen`) against the same call from Rust (the runtime-checked
 //! `hixl::compat` engine, and the typed `Link` API), same block sizes and batch, one serving
-//! engine in a child process, measured in one invocation with the three interleaved.
+//! engine in a child process, measured in one invocation with the three interleaved; beside
+//! them the same blocks as a block-indexed batch through `hixl_transfer_blocks_sync` (beyond
+//! HIXL), with wall ns per descriptor of both C forms (issue #35: `--batch 100000`).
 //!
 //! ```text
 //! cargo build --release -p hixl-capi
 //! cargo run --release -p hixl-capi --example capi_bench                  # 4 KiB, 64 KiB x 64
 //! cargo run --release -p hixl-capi --example capi_bench -- --block 65536 --batch 64 --rounds 9 --tcp
+//! cargo run --release -p hixl-capi --example capi_bench -- --block 64,2048,16384,65536 --batch 100000 --rounds 3
 //! ```
 //!
 //! Options: `--block B,B,..` (bytes), `--batch N` (descriptors per call, default 64),
 //! `--rounds N` (interleaved rounds per row; the median is printed, default 7), `--round-ms MS`
-//! (default 300), `--tcp` (no same-host transport), `--lib PATH` (default: `libhixl.so` next to
-//! this example's directory, i.e. `target/<profile>/`).
+//! (default 300), `--tcp` (no same-host transport), `--memory caller|engine` (the serving
+//! region a `Vec`, the default, or `alloc_host_mem`: a same-host peer maps engine memory,
+//! caller memory goes to it over TCP), `--lib PATH` (default: `libhixl.so` next to this
+//! example's directory, i.e. `target/<profile>/`).
 
 use std::ffi::{CString, c_char, c_void};
 use std::io::{BufRead, BufReader, Write};
@@ -36,6 +41,17 @@ type ConnectFn = unsafe extern "C" fn(Engine, *const c_char, i32) -> u32;
 type TransferSyncFn =
     unsafe extern "C" fn(Engine, *const c_char, i32, *const TransferOpDesc, usize, i32) -> u32;
 type DestroyFn = unsafe extern "C" fn(Engine);
+type BlocksSyncFn = unsafe extern "C" fn(
+    Engine,
+    *const c_char,
+    i32,
+    *const CBlockDesc,
+    *const c_void,
+    *const c_void,
+    usize,
+    i32,
+    i32,
+) -> u32;
 
 /// The C functions the benchmark calls, from `dlsym`.
 struct Api {
@@ -44,7 +60,18 @@ struct Api {
     register: RegisterFn,
     connect: ConnectFn,
     transfer_sync: TransferSyncFn,
+    transfer_blocks_sync: BlocksSyncFn,
     destroy: DestroyFn,
+}
+
+/// `hixl_block_desc` (include/hixl_c.h).
+#[repr(C)]
+struct CBlockDesc {
+    local_addr: usize,
+    remote_addr: usize,
+    block_size: u64,
+    local_stride: u64,
+    remote_stride: u64,
 }
 
 #[repr(C)]
@@ -85,6 +112,9 @@ fn load(path: &str) -> Result<Api, String> {
             transfer_sync: std::mem::transmute::<*mut c_void, TransferSyncFn>(sym(
                 "hixl_transfer_sync",
             )?),
+            transfer_blocks_sync: std::mem::transmute::<*mut c_void, BlocksSyncFn>(sym(
+                "hixl_transfer_blocks_sync",
+            )?),
             destroy: std::mem::transmute::<*mut c_void, DestroyFn>(sym("hixl_destroy")?),
         })
     }
@@ -98,9 +128,10 @@ fn check(what: &str, status: u32) -> Result<(), String> {
     }
 }
 
-/// The serving side: a compat engine with `size` bytes, `READY <name> <addr>`, until stdin ends.
-fn serve(size: usize, tcp: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let mut mem = vec![0u8; size];
+/// The serving side: a compat engine with `size` bytes (a `Vec`, or `alloc_host_mem` with
+/// `engine`), `READY <name> <addr>`, until stdin ends.
+fn serve(size: usize, tcp: bool, engine_mem: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let mut mem = vec![0u8; if engine_mem { 0 } else { size }];
     let e = compat::Hixl::new();
     let opts: &[(&str, &str)] = if tcp {
         &[("hixl.SameHost", "off")]
@@ -108,18 +139,30 @@ fn serve(size: usize, tcp: bool) -> Result<(), Box<dyn std::error::Error>> {
         &[]
     };
     e.initialize("127.0.0.1:0", opts.iter().copied())?;
-    let desc = compat::MemDesc {
-        addr: mem.as_mut_ptr() as usize,
-        len: size,
-        local_only: false,
+    // engine memory: a same-host peer maps it (caller memory goes to it over TCP)
+    let host = if engine_mem {
+        Some(e.alloc_host_mem(size)?)
+    } else {
+        None
     };
-    // SAFETY: `mem` outlives the engine (finalized below) and is never read here.
-    unsafe { e.register_mem(desc, MemType::Host) }?;
-    println!("READY {} {}", e.local_engine()?, desc.addr);
+    let addr = match &host {
+        Some(h) => h.addr(),
+        None => {
+            let desc = compat::MemDesc {
+                addr: mem.as_mut_ptr() as usize,
+                len: size,
+                local_only: false,
+            };
+            // SAFETY: `mem` outlives the engine (finalized below) and is never read here.
+            unsafe { e.register_mem(desc, MemType::Host) }?;
+            desc.addr
+        }
+    };
+    println!("READY {} {addr}", e.local_engine()?);
     std::io::stdout().flush()?;
     for _ in std::io::stdin().lock().lines() {}
     e.finalize();
-    drop(mem);
+    drop((mem, host));
     Ok(())
 }
 
@@ -128,6 +171,8 @@ struct Row {
     typed: f64,
     compat: f64,
     capi: f64,
+    /// The same blocks through `hixl_transfer_blocks_sync` (two `u32` index arrays).
+    capi_blocks: f64,
     /// Nanoseconds per call refused at its last descriptor (everything but the data moved):
     /// from Rust, and through the C ABI.
     check_ns: (f64, f64),
@@ -146,11 +191,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         7usize,
         Duration::from_millis(300),
     );
-    let (mut tcp, mut lib) = (false, None);
+    let (mut tcp, mut lib, mut engine_mem) = (false, None, false);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "serve" => return serve(val()?.parse()?, val()? == "tcp"),
+            "serve" => return serve(val()?.parse()?, val()? == "tcp", val()? == "engine"),
             "--block" => {
                 blocks = val()?
                     .split(',')
@@ -162,6 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--round-ms" => round = Duration::from_millis(val()?.parse()?),
             "--lib" => lib = Some(val()?),
             "--tcp" => tcp = true,
+            "--memory" => engine_mem = val()? == "engine",
             _ => return Err(format!("unknown option {a}").into()),
         }
     }
@@ -174,10 +220,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let api = load(&lib)?;
-    let span = blocks.iter().max().copied().unwrap_or(0) * batch;
+    // each side's region: the batch's span, at most 256 MiB (a larger batch cycles through the
+    // region's blocks: 64 KiB x 10^5 reuses each of its 4,096 blocks)
+    let largest = blocks.iter().max().copied().unwrap_or(0);
+    let span = (largest * batch).min(256 << 20).max(largest);
 
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", &span.to_string(), if tcp { "tcp" } else { "auto" }])
+        .args([
+            "serve",
+            &span.to_string(),
+            if tcp { "tcp" } else { "auto" },
+            if engine_mem { "engine" } else { "caller" },
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -249,24 +303,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
-        "transfer_sync WRITE, {} transport, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
+        "transfer_sync WRITE, {} transport (the server's region moved over {}), the server's region {} memory, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
         if tcp {
             "tcp"
         } else {
             "same-host (or tcp where refused)"
         },
+        ce.remote_regions(&name)?
+            .first()
+            .map_or("none", |r| r.transport.name()),
+        if engine_mem { "engine" } else { "caller" },
         round.as_millis()
     );
     let mut rows = Vec::new();
     for &block in &blocks {
+        // block i of the batch is block i % slots of each region, in order
+        let slots = span / block;
         let descs = |base: usize| -> Vec<TransferOpDesc> {
             (0..batch)
                 .map(|i| TransferOpDesc {
-                    local_addr: base + i * block,
-                    remote_addr: raddr + i * block,
+                    local_addr: base + (i % slots) * block,
+                    remote_addr: raddr + (i % slots) * block,
                     len: block,
                 })
                 .collect()
+        };
+        let idx: Vec<u32> = (0..batch)
+            .map(|i| u32::try_from(i % slots))
+            .collect::<Result<_, _>>()?;
+        let bdesc = CBlockDesc {
+            local_addr: amd.addr,
+            remote_addr: raddr,
+            block_size: block as u64,
+            local_stride: 0,
+            remote_stride: 0,
         };
         let cd = descs(cdesc.addr);
         let ad = descs(amd.addr);
@@ -280,14 +350,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(n as f64 * bytes / start.elapsed().as_secs_f64() / 1e9)
         };
-        let (mut t, mut c, mut a) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut t, mut c, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in 0..=rounds {
             let mut typed_call = || {
                 let d: Vec<TransferDesc<'_>> = (0..batch)
                     .map(|i| -> Result<_, hixl_rs::Error> {
+                        let off = (i % slots) * block;
                         Ok(TransferDesc::new(
-                            tbuf.range(i * block..(i + 1) * block)?,
-                            link.remote((raddr + i * block) as u64, block as u64)?,
+                            tbuf.range(off..off + block)?,
+                            link.remote((raddr + off) as u64, block as u64)?,
                         ))
                     })
                     .collect::<Result<_, _>>()
@@ -306,13 +377,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 check("hixl_transfer_sync", s)
             };
-            // a different order each round, so none of the three always runs first
-            let (mut tr, mut cr, mut ar) = (0.0, 0.0, 0.0);
-            for k in 0..3 {
-                match (r + k) % 3 {
+            let mut capi_blocks_call = || {
+                // SAFETY: a live engine, a NUL-terminated name, a live block descriptor and two
+                // `batch`-long u32 index arrays (4-byte aligned).
+                let s = unsafe {
+                    (api.transfer_blocks_sync)(
+                        engine,
+                        cname.as_ptr(),
+                        1,
+                        &bdesc,
+                        idx.as_ptr().cast(),
+                        idx.as_ptr().cast(),
+                        idx.len(),
+                        4,
+                        5000,
+                    )
+                };
+                check("hixl_transfer_blocks_sync", s)
+            };
+            // a different order each round, so none of the four always runs first
+            let (mut tr, mut cr, mut ar, mut br) = (0.0, 0.0, 0.0, 0.0);
+            for k in 0..4 {
+                match (r + k) % 4 {
                     0 => tr = timed(&mut typed_call)?,
                     1 => cr = timed(&mut compat_call)?,
-                    _ => ar = timed(&mut capi_call)?,
+                    2 => ar = timed(&mut capi_call)?,
+                    _ => br = timed(&mut capi_blocks_call)?,
                 }
             }
             if r > 0 {
@@ -320,6 +410,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 t.push(tr);
                 c.push(cr);
                 a.push(ar);
+                b.push(br);
             }
         }
         // the boundary alone: the same batch, refused at its last descriptor (a remote range
@@ -355,17 +446,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             typed: median(t),
             compat: median(c),
             capi: median(a),
+            capi_blocks: median(b),
             check_ns: (median(rn), median(an)),
         });
     }
     println!(
-        "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>13} {:>13}",
+        "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
         "block",
         "batch",
         "typed GB/s",
         "compat GB/s",
         "C ABI GB/s",
         "C vs Rust",
+        "C blocks GB/s",
+        "C ns/desc",
+        "C blocks ns/d",
         "Rust ns/call",
         "C ns/call",
         "boundary"
@@ -375,13 +470,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let per_call_ns = (r.block * batch) as f64 / r.compat;
         let boundary = (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0;
         println!(
-            "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.0} {:>13.0} {:>+12.2}%",
+            "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.2} {:>11.1} {:>14.1} {:>13.0} {:>13.0} {:>+12.2}%",
             r.block,
             batch,
             r.typed,
             r.compat,
             r.capi,
             (r.capi / r.compat - 1.0) * 100.0,
+            r.capi_blocks,
+            // ns per descriptor: a block's bytes at the row's rate (GB/s = bytes per ns)
+            r.block as f64 / r.capi,
+            r.block as f64 / r.capi_blocks,
             r.check_ns.0,
             r.check_ns.1,
             boundary
@@ -389,7 +488,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "C vs Rust: the C ABI's GB/s against the compat engine's (noise of a shared machine \
-         included); ns/call: a {batch}-descriptor call refused at its last descriptor (all \
+         included); C blocks: the same blocks through hixl_transfer_blocks_sync (two u32 index \
+         arrays, beyond HIXL); ns/desc: wall ns per descriptor of the C ABI's list and block \
+         forms; ns/call: a {batch}-descriptor call refused at its last descriptor (all \
          validation, no data), from Rust and through the C ABI; boundary: their difference as \
          a share of one transfer at the compat rate"
     );

@@ -569,12 +569,31 @@ fn op_descs_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<compat::TransferOpDesc>> 
     Ok(out)
 }
 
-/// Descriptors packed as native-endian u64 triples `(local_addr, remote_addr, len)`.
-fn packed_descs(packed: &[u8]) -> PyResult<Vec<compat::TransferOpDesc>> {
+/// Descriptors packed as native-endian u64 triples `(local_addr, remote_addr, len)`: borrowed
+/// in place when the bytes are aligned for [`compat::TransferOpDesc`] (a `bytes` object's data
+/// is, on 64-bit targets), else converted. No allocation or pass per descriptor in the common
+/// case (10^5-descriptor batches: issue #35); the bytes are immutable, so the view stays valid
+/// while the GIL is released.
+fn packed_descs(packed: &[u8]) -> PyResult<std::borrow::Cow<'_, [compat::TransferOpDesc]>> {
     if !packed.len().is_multiple_of(24) {
         return Err(PyValueError::new_err(
             "packed descriptors must be a multiple of 24 bytes (three u64 each)",
         ));
+    }
+    #[cfg(target_pointer_width = "64")]
+    {
+        // the layout the cast below relies on (a change to the type fails the build)
+        const _: () = assert!(
+            std::mem::size_of::<compat::TransferOpDesc>() == 24
+                && std::mem::align_of::<compat::TransferOpDesc>() == 8
+        );
+        // SAFETY: `TransferOpDesc` is `repr(C)` of three `usize`, 24 bytes with no padding,
+        // and every bit pattern is a valid `usize`; on a 64-bit target a u64 triple has exactly
+        // its layout. `align_to` only yields the middle part at the type's alignment.
+        let (head, mid, tail) = unsafe { packed.align_to::<compat::TransferOpDesc>() };
+        if head.is_empty() && tail.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(mid));
+        }
     }
     let word = |c: &[u8]| -> PyResult<usize> {
         let v = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
@@ -589,7 +608,8 @@ fn packed_descs(packed: &[u8]) -> PyResult<Vec<compat::TransferOpDesc>> {
                 len: word(&c[16..24])?,
             })
         })
-        .collect()
+        .collect::<PyResult<Vec<_>>>()
+        .map(std::borrow::Cow::Owned)
 }
 
 /// Host memory the engine allocated (`Hixl.alloc_host_mem`, an extension): `addr`, `nbytes`
