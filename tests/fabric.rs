@@ -22,27 +22,35 @@ const MIB: usize = 1 << 20;
 
 #[test]
 fn fabric_mem_engines_move_random_data() {
-    if std::env::var_os(CHILD).is_some() {
+    in_child(
+        "fabric_mem_engines_move_random_data",
+        CHILD,
+        scenario,
+        "FABRIC SCENARIO OK",
+        "hixl-fabric-it",
+    );
+}
+
+/// Runs `scenario` in a child process of this test binary (test `test`, marked by the
+/// environment variable `child`) on the ACL test double, built under a temporary directory
+/// named after `tag`; in the child, runs it and prints `ok`. Skips without a C compiler.
+fn in_child(test: &str, child: &str, scenario: fn(), ok: &str, tag: &str) {
+    if std::env::var_os(child).is_some() {
         scenario();
-        println!("FABRIC SCENARIO OK");
+        println!("{ok}");
         return;
     }
     if Command::new("cc").arg("--version").output().is_err() {
         eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
         return;
     }
-    let base = std::env::temp_dir().join(format!("hixl-fabric-it-{}", std::process::id()));
+    let base = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
     let dir = base.join("announce");
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "fabric_mem_engines_move_random_data",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(child, "1")
         .env("HIXL_ACL_LIB", &lib)
         .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
         .output()
@@ -50,7 +58,7 @@ fn fabric_mem_engines_move_random_data() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && stdout.contains("FABRIC SCENARIO OK"),
+        out.status.success() && stdout.contains(ok),
         "scenario failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
@@ -489,39 +497,13 @@ const SELF_CHILD: &str = "HIXL_FABRIC_SELF_CHILD";
 /// (`PARAM_INVALID`), under their own name or another address of theirs.
 #[test]
 fn fabric_engine_links_to_itself() {
-    if std::env::var_os(SELF_CHILD).is_some() {
-        self_scenario();
-        println!("FABRIC SELF SCENARIO OK");
-        return;
-    }
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
-        return;
-    }
-    let base = std::env::temp_dir().join(format!("hixl-fabric-self-{}", std::process::id()));
-    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
-    let dir = base.join("announce");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "fabric_engine_links_to_itself",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(SELF_CHILD, "1")
-        .env("HIXL_ACL_LIB", &lib)
-        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
-        .output()
-        .expect("run the scenario");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("FABRIC SELF SCENARIO OK"),
-        "scenario failed ({}):\n{stdout}\n{stderr}",
-        out.status
+    in_child(
+        "fabric_engine_links_to_itself",
+        SELF_CHILD,
+        self_scenario,
+        "FABRIC SELF SCENARIO OK",
+        "hixl-fabric-self",
     );
-    let _ = std::fs::remove_dir_all(&base);
 }
 
 fn register(e: &Hixl, addr: usize, len: usize, t: MemType) -> hixl::compat::MemHandle {
