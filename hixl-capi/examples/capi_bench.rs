@@ -16,7 +16,8 @@
 //! `--rounds N` (interleaved rounds per row; the median is printed, default 7), `--round-ms MS`
 //! (default 300), `--tcp` (no same-host transport), `--memory caller|engine` (the serving
 //! region a `Vec`, the default, or `alloc_host_mem`: a same-host peer maps engine memory,
-//! caller memory goes to it over TCP), `--lib PATH` (default: `libhixl.so` next to this
+//! caller memory goes to it over TCP), `--json` (one JSON object per row on stdout, the header
+//! on stderr), `--lib PATH` (default: `libhixl.so` next to this
 //! example's directory, i.e. `target/<profile>/`).
 
 use std::ffi::{CString, c_char, c_void};
@@ -191,7 +192,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         7usize,
         Duration::from_millis(300),
     );
-    let (mut tcp, mut lib, mut engine_mem) = (false, None, false);
+    let (mut tcp, mut lib, mut engine_mem, mut json) = (false, None, false, false);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -208,6 +209,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--lib" => lib = Some(val()?),
             "--tcp" => tcp = true,
             "--memory" => engine_mem = val()? == "engine",
+            "--json" => json = true,
             _ => return Err(format!("unknown option {a}").into()),
         }
     }
@@ -302,19 +304,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         check("hixl_connect", (api.connect)(engine, cname.as_ptr(), 1000))?;
     }
 
-    println!(
+    let moved_over = ce
+        .remote_regions(&name)?
+        .first()
+        .map_or("none", |r| r.transport.name());
+    // with --json the header goes to stderr and stdout carries one JSON object per row
+    let header = format!(
         "transfer_sync WRITE, {} transport (the server's region moved over {}), the server's region {} memory, batch {batch}, median of {rounds} interleaved rounds of {} ms; GB/s = 1e9 B/s",
         if tcp {
             "tcp"
         } else {
             "same-host (or tcp where refused)"
         },
-        ce.remote_regions(&name)?
-            .first()
-            .map_or("none", |r| r.transport.name()),
+        moved_over,
         if engine_mem { "engine" } else { "caller" },
         round.as_millis()
     );
+    if json {
+        eprintln!("{header}");
+    } else {
+        println!("{header}");
+    }
     let mut rows = Vec::new();
     for &block in &blocks {
         // block i of the batch is block i % slots of each region, in order
@@ -450,50 +460,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             check_ns: (median(rn), median(an)),
         });
     }
-    println!(
-        "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
-        "block",
-        "batch",
-        "typed GB/s",
-        "compat GB/s",
-        "C ABI GB/s",
-        "C vs Rust",
-        "C blocks GB/s",
-        "C ns/desc",
-        "C blocks ns/d",
-        "Rust ns/call",
-        "C ns/call",
-        "boundary"
-    );
-    for r in &rows {
-        // the boundary's cost as a share of one transfer at the compat engine's median rate
-        let per_call_ns = (r.block * batch) as f64 / r.compat;
-        let boundary = (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0;
+    if json {
+        for r in &rows {
+            let per_call_ns = (r.block * batch) as f64 / r.compat;
+            println!(
+                "{{\"metric\":\"capi\",\"moved_over\":\"{moved_over}\",\"server_memory\":\"{}\",\"op\":\"write\",\"block\":{},\"batch\":{batch},\"rounds\":{rounds},\"typed_gbps\":{:.3},\"compat_gbps\":{:.3},\"c_gbps\":{:.3},\"c_blocks_gbps\":{:.3},\"c_ns_per_desc\":{:.1},\"c_blocks_ns_per_desc\":{:.1},\"refused_rust_ns_per_call\":{:.0},\"refused_c_ns_per_call\":{:.0},\"boundary_pct\":{:.3}}}",
+                if engine_mem { "engine" } else { "caller" },
+                r.block,
+                r.typed,
+                r.compat,
+                r.capi,
+                r.capi_blocks,
+                r.block as f64 / r.capi,
+                r.block as f64 / r.capi_blocks,
+                r.check_ns.0,
+                r.check_ns.1,
+                (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0,
+            );
+        }
+    } else {
         println!(
-            "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.2} {:>11.1} {:>14.1} {:>13.0} {:>13.0} {:>+12.2}%",
-            r.block,
-            batch,
-            r.typed,
-            r.compat,
-            r.capi,
-            (r.capi / r.compat - 1.0) * 100.0,
-            r.capi_blocks,
-            // ns per descriptor: a block's bytes at the row's rate (GB/s = bytes per ns)
-            r.block as f64 / r.capi,
-            r.block as f64 / r.capi_blocks,
-            r.check_ns.0,
-            r.check_ns.1,
-            boundary
+            "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
+            "block",
+            "batch",
+            "typed GB/s",
+            "compat GB/s",
+            "C ABI GB/s",
+            "C vs Rust",
+            "C blocks GB/s",
+            "C ns/desc",
+            "C blocks ns/d",
+            "Rust ns/call",
+            "C ns/call",
+            "boundary"
+        );
+        for r in &rows {
+            // the boundary's cost as a share of one transfer at the compat engine's median rate
+            let per_call_ns = (r.block * batch) as f64 / r.compat;
+            let boundary = (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0;
+            println!(
+                "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.2} {:>11.1} {:>14.1} {:>13.0} {:>13.0} {:>+12.2}%",
+                r.block,
+                batch,
+                r.typed,
+                r.compat,
+                r.capi,
+                (r.capi / r.compat - 1.0) * 100.0,
+                r.capi_blocks,
+                // ns per descriptor: a block's bytes at the row's rate (GB/s = bytes per ns)
+                r.block as f64 / r.capi,
+                r.block as f64 / r.capi_blocks,
+                r.check_ns.0,
+                r.check_ns.1,
+                boundary
+            );
+        }
+        println!(
+            "C vs Rust: the C ABI's GB/s against the compat engine's (noise of a shared machine \
+             included); C blocks: the same blocks through hixl_transfer_blocks_sync (two u32 index \
+             arrays, beyond HIXL); ns/desc: wall ns per descriptor of the C ABI's list and block \
+             forms; ns/call: a {batch}-descriptor call refused at its last descriptor (all \
+             validation, no data), from Rust and through the C ABI; boundary: their difference as \
+             a share of one transfer at the compat rate"
         );
     }
-    println!(
-        "C vs Rust: the C ABI's GB/s against the compat engine's (noise of a shared machine \
-         included); C blocks: the same blocks through hixl_transfer_blocks_sync (two u32 index \
-         arrays, beyond HIXL); ns/desc: wall ns per descriptor of the C ABI's list and block \
-         forms; ns/call: a {batch}-descriptor call refused at its last descriptor (all \
-         validation, no data), from Rust and through the C ABI; boundary: their difference as \
-         a share of one transfer at the compat rate"
-    );
     // SAFETY: the engine from hixl_create, destroyed once.
     unsafe { (api.destroy)(engine) };
     drop(amem);

@@ -93,6 +93,71 @@ fn random_data_across_processes() {
     peer.quit();
 }
 
+/// Batches from several threads on one link share its endpoint, and one waits for its flush
+/// with the endpoint free, so another posts meanwhile: three threads each WRITE 20 MiB of
+/// random data (one descriptor crossing the 16 MiB flush chunk, then 64 KiB descriptors) into
+/// their own part of the peer and READ it back into other memory, three rounds; every byte is
+/// checked on both sides.
+#[test]
+fn concurrent_batches_on_one_endpoint() {
+    if !ucx_available("concurrent_batches_on_one_endpoint") {
+        return;
+    }
+    const PART: usize = 20 << 20;
+    let size = 3 * PART;
+    let mut peer = ucx_peer(size, 43);
+    let (cli, mut buf) = ucx_client(2 * size);
+    let link = cli.connect(&peer.name).unwrap();
+    assert_eq!(link.transport(), TransportKind::Ucx);
+    for round in 0..3u64 {
+        let data = Rng::new(100 + round).bytes(size);
+        buf.write_at(0, &data).unwrap();
+        buf.write_at(size, &vec![0u8; size]).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..3usize {
+                let (buf, link) = (&buf, &link);
+                let remote = peer.addr + (t * PART) as u64;
+                s.spawn(move || {
+                    let local = t * PART;
+                    // round 0: one descriptor over the flush chunk; later rounds: 64 KiB ones
+                    let step = if round == 0 { PART } else { 64 << 10 };
+                    let descs = |base: usize| -> Vec<TransferDesc<'_>> {
+                        (0..PART / step)
+                            .map(|i| {
+                                TransferDesc::new(
+                                    buf.range(base + i * step..base + (i + 1) * step).unwrap(),
+                                    link.remote(remote + (i * step) as u64, step as u64)
+                                        .unwrap(),
+                                )
+                            })
+                            .collect()
+                    };
+                    link.transfer_sync(TransferOp::Write, &descs(local), T)
+                        .unwrap();
+                    link.transfer_sync(TransferOp::Read, &descs(size + local), T)
+                        .unwrap();
+                });
+            }
+        });
+        let mut got = vec![0u8; size];
+        buf.read_at(size, &mut got).unwrap();
+        for t in 0..3 {
+            let part = t * PART..(t + 1) * PART;
+            assert!(
+                got[part.clone()] == data[part.clone()],
+                "round {round}: thread {t}'s READ differs"
+            );
+            assert_eq!(
+                peer.sum((t * PART) as u64, PART as u64),
+                fnv1a(&data[part]),
+                "round {round}: thread {t}'s WRITE differs at the peer"
+            );
+        }
+    }
+    link.disconnect(T).unwrap();
+    peer.quit();
+}
+
 /// A region peers may only READ gets no UCX key: transfers touching it go over the link's TCP
 /// lanes, where the server enforces the access rights (a WRITE is refused).
 #[test]

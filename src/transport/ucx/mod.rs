@@ -18,7 +18,7 @@ pub(crate) mod ucp;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
-use ucp::{Context, Endpoint, MemHandle, ThreadMode, Waker, Worker, is_no_device};
+use ucp::{Context, Endpoint, MemHandle, PendingFlush, ThreadMode, Waker, Worker, is_no_device};
 
 /// The bytes a batch posts before it waits for them to complete (a flush), and between which
 /// a cancel stops it: a flush round trip costs about nothing beside 16 MiB, and a cancel waits
@@ -333,6 +333,9 @@ impl UcxLink {
     ) -> Result<(), Error> {
         let mut ep = lock(&self.ep);
         let mut in_flight = 0usize;
+        // the flush of the chunk before the one being posted: at most two chunks in flight, the
+        // older one's completion waited for while the newer one's bytes move
+        let mut older: Option<PendingFlush> = None;
         for d in xds {
             let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
                 let _ = ep.flush(Some(Instant::now()));
@@ -347,14 +350,22 @@ impl UcxLink {
             let mut off = 0;
             while off < len {
                 if in_flight >= CHUNK {
-                    // the chunk posted so far completes first; a cancel then stops the batch
-                    // with nothing in flight
-                    ep.flush(Some(deadline))?;
+                    // this chunk's flush is posted, the one before it completes first; a
+                    // cancel then waits for this one too and stops the batch with nothing in
+                    // flight
+                    let newer = ep.flush_post(Some(deadline))?;
+                    if let Some(p) = older.replace(newer) {
+                        ep = self.wait_unlocked(ep, p, deadline)?;
+                    }
                     in_flight = 0;
                     if stop() {
+                        let peer = ep.peer().to_owned();
+                        if let Some(p) = older.take() {
+                            drop(self.wait_unlocked(ep, p, deadline)?);
+                        }
                         return Err(Error::Cancelled {
                             op: "UCX transfer",
-                            peer: ep.peer().to_owned(),
+                            peer,
                         });
                     }
                 }
@@ -379,7 +390,30 @@ impl UcxLink {
                 (off, in_flight) = (off + piece, in_flight + piece);
             }
         }
-        ep.flush(Some(deadline))
+        let last = ep.flush_post(Some(deadline))?;
+        if let Some(p) = older {
+            ep = self.wait_unlocked(ep, p, deadline)?;
+        }
+        self.wait_unlocked(ep, last, deadline).map(drop)
+    }
+
+    /// Waits for a posted flush with the endpoint's lock released (another batch on this link
+    /// may post meanwhile, overlapping its bytes with this flush's round trip), then ends the
+    /// flush under the lock again.
+    ///
+    /// # Errors
+    /// As [`Endpoint::flush`].
+    fn wait_unlocked<'a>(
+        &'a self,
+        ep: MutexGuard<'a, Endpoint>,
+        pending: PendingFlush,
+        deadline: Instant,
+    ) -> Result<MutexGuard<'a, Endpoint>, Error> {
+        drop(ep);
+        let outcome = pending.wait(Some(deadline));
+        let mut ep = lock(&self.ep);
+        ep.flush_end(outcome)?;
+        Ok(ep)
     }
 }
 impl DataPath for UcxLink {

@@ -387,7 +387,8 @@ impl Endpoint {
     }
 
     /// Waits until every operation posted so far completed at the peer, progressing the
-    /// worker.
+    /// worker: [`flush_post`](Self::flush_post), [`PendingFlush::wait`] and
+    /// [`flush_end`](Self::flush_end) in one.
     ///
     /// When this returns, UCX no longer touches the buffers of the operations posted before:
     /// on success they are done; on a timeout or a failure the endpoint is force-closed first
@@ -400,60 +401,49 @@ impl Endpoint {
     /// [`Error::Timeout`] when the deadline passes, [`Error::NotConnected`] when the
     /// endpoint failed (error handler, link failure), [`Error::Native`] for other UCX errors.
     pub(crate) fn flush(&mut self, deadline: Option<Instant>) -> Result<(), Error> {
+        let pending = self.flush_post(deadline)?;
+        let outcome = pending.wait(deadline);
+        self.flush_end(outcome)
+    }
+
+    /// Posts a flush of every operation posted so far and returns without waiting for it.
+    /// The flush completes when those operations completed at the peer; it is waited for with
+    /// [`PendingFlush::wait`], which needs no access to the endpoint (so a caller that keeps
+    /// the endpoint behind a lock can release it meanwhile, and another batch can post), and
+    /// its outcome handed to [`flush_end`](Self::flush_end) on the same endpoint.
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush), for a failed endpoint or a deadline already passed.
+    pub(crate) fn flush_post(&mut self, deadline: Option<Instant>) -> Result<PendingFlush, Error> {
         let start = Instant::now();
         let ep = self.usable()?;
-        let ucp = self.worker.ucp();
-        let timeout = |this: &mut Self| {
-            this.close(true, FORCE_CLOSE_BOUND);
-            Error::Timeout {
-                op: "UCX flush",
-                peer: this.peer.clone(),
-                elapsed: start.elapsed(),
-            }
-        };
         if deadline.is_some_and(|d| start >= d) {
-            return Err(timeout(self));
+            return Err(self.timed_out(start));
         }
+        let ucp = self.worker.ucp();
         let param = ffi::ucp_request_param_t::zeroed();
         let req = {
             let _g = self.worker.enter();
             // SAFETY: live endpoint inside the worker's critical section; no callback is set.
             unsafe { (ucp.ucp_ep_flush_nbx)(ep, &param) }
         };
-        let status = if ffi::ptr_is_ptr(req) {
-            let mut idle = 0u32;
-            loop {
-                let s = {
-                    let _g = self.worker.enter();
-                    // SAFETY: an incomplete request of this worker, not yet freed.
-                    unsafe { (ucp.ucp_request_check_status)(req) }
-                };
-                if s != ffi::UCS_INPROGRESS {
-                    let _g = self.worker.enter();
-                    // SAFETY: the completed request is freed once.
-                    unsafe { (ucp.ucp_request_free)(req) };
-                    break s;
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    {
-                        let _g = self.worker.enter();
-                        // SAFETY: freed once; UCX completes it (cancelled) when the endpoint
-                        // is force-closed just below.
-                        unsafe { (ucp.ucp_request_free)(req) };
-                    }
-                    return Err(timeout(self));
-                }
-                if self.worker.progress() == 0 {
-                    idle += 1;
-                    if idle.is_multiple_of(64) {
-                        std::thread::yield_now();
-                    }
-                } else {
-                    idle = 0;
-                }
-            }
-        } else {
-            ffi::ptr_status(req)
+        Ok(PendingFlush {
+            worker: self.worker.clone(),
+            req,
+            start,
+        })
+    }
+
+    /// Ends a flush of this endpoint: a timeout force-closes the endpoint (and is
+    /// [`Error::Timeout`]); a failure recorded by the flush or by the error handler closes it
+    /// (and is [`Error::NotConnected`] or [`Error::Native`]).
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush).
+    pub(crate) fn flush_end(&mut self, outcome: FlushOutcome) -> Result<(), Error> {
+        let status = match outcome {
+            FlushOutcome::Done(s) => s,
+            FlushOutcome::TimedOut { start } => return Err(self.timed_out(start)),
         };
         if status != ffi::UCS_OK {
             self.record_failure(status);
@@ -462,11 +452,22 @@ impl Endpoint {
         if f != 0 {
             self.close(true, FORCE_CLOSE_BOUND);
             if status != ffi::UCS_OK && !is_link_failure(status) {
+                let ucp = self.worker.ucp();
                 return Err(ucs_error(ucp, "ucp_ep_flush_nbx", status, Some(&self.peer)));
             }
             return Err(self.failed(f));
         }
         Ok(())
+    }
+
+    /// Force-closes the endpoint after a flush begun at `start` ran out of time.
+    fn timed_out(&mut self, start: Instant) -> Error {
+        self.close(true, FORCE_CLOSE_BOUND);
+        Error::Timeout {
+            op: "UCX flush",
+            peer: self.peer.clone(),
+            elapsed: start.elapsed(),
+        }
     }
 
     /// Destroys every rkey, then closes the endpoint (`force`: without flushing, cancelling
@@ -569,5 +570,90 @@ mod tests {
             assert!(!shared_memory_only_in(Some(v)), "{v}");
         }
         assert!(!shared_memory_only_in(None));
+    }
+}
+
+/// What [`PendingFlush::wait`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlushOutcome {
+    /// The flush completed with this status.
+    Done(ucs_status_t),
+    /// The deadline passed first (the request was released; the endpoint must be closed,
+    /// which [`Endpoint::flush_end`] does, before the buffers are the caller's again).
+    TimedOut {
+        /// When the flush was posted.
+        start: Instant,
+    },
+}
+
+/// A flush posted by [`Endpoint::flush_post`] and not yet waited for. Dropped unwaited, it
+/// releases its request (UCX completes it in the background); the buffers of the operations it
+/// covers are not the caller's until a flush of the endpoint completed or the endpoint closed.
+pub(crate) struct PendingFlush {
+    /// Keeps the worker (whose request this is) alive.
+    worker: Arc<WorkerInner>,
+    /// The status pointer `ucp_ep_flush_nbx` returned: a request not yet freed, or a status.
+    req: ffi::ucs_status_ptr_t,
+    /// When it was posted.
+    start: Instant,
+}
+
+impl std::fmt::Debug for PendingFlush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFlush")
+            .field("request", &ffi::ptr_is_ptr(self.req))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingFlush {
+    /// Waits, progressing the worker (in its critical section, so any thread may do it while
+    /// another posts on the same endpoint), until the flush completes or `deadline` passes.
+    pub(crate) fn wait(mut self, deadline: Option<Instant>) -> FlushOutcome {
+        let req = std::mem::replace(&mut self.req, std::ptr::null_mut());
+        if !ffi::ptr_is_ptr(req) {
+            return FlushOutcome::Done(ffi::ptr_status(req));
+        }
+        let ucp = self.worker.ucp();
+        let mut idle = 0u32;
+        loop {
+            let s = {
+                let _g = self.worker.enter();
+                // SAFETY: an incomplete request of this worker, not yet freed.
+                unsafe { (ucp.ucp_request_check_status)(req) }
+            };
+            if s != ffi::UCS_INPROGRESS {
+                let _g = self.worker.enter();
+                // SAFETY: the completed request is freed once (`self.req` was cleared).
+                unsafe { (ucp.ucp_request_free)(req) };
+                return FlushOutcome::Done(s);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let _g = self.worker.enter();
+                // SAFETY: freed once; UCX completes it (cancelled) when the endpoint is
+                // force-closed, which the caller's `flush_end` does.
+                unsafe { (ucp.ucp_request_free)(req) };
+                return FlushOutcome::TimedOut { start: self.start };
+            }
+            if self.worker.progress() == 0 {
+                idle += 1;
+                if idle.is_multiple_of(64) {
+                    std::thread::yield_now();
+                }
+            } else {
+                idle = 0;
+            }
+        }
+    }
+}
+
+impl Drop for PendingFlush {
+    fn drop(&mut self) {
+        if ffi::ptr_is_ptr(self.req) {
+            let _g = self.worker.enter();
+            // SAFETY: a request of this worker not yet freed (`wait` clears `req`); UCX
+            // releases it when it completes.
+            unsafe { (self.worker.ucp().ucp_request_free)(self.req) };
+        }
     }
 }
