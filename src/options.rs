@@ -252,7 +252,8 @@ impl Options {
     /// populated, pages the peer's memory holds); beyond it, pages fault on first touch as
     /// before. A caller that connects to a large peer to move a small part of it sets a smaller
     /// budget, or 0. Regions reached with `process_vm_*`, and links over TCP or UCX, are not
-    /// concerned; a kernel without `MADV_POPULATE_READ` (before 5.14) faults as before.
+    /// concerned; a kernel without `MADV_POPULATE_READ` (before 5.14) faults as before. The
+    /// string key is `hixl.PrefaultBudget` (bytes), for the C ABI, C++ and Python options maps.
     pub fn prefault_budget(mut self, bytes: u64) -> Self {
         self.prefault_budget = bytes;
         self
@@ -415,7 +416,8 @@ impl Options {
     /// Options from HIXL's string keys (`"BufferPool"`, `"RdmaTrafficClass"`, ...; the `adxl.`
     /// prefixed synonyms too) and hixl's own (`"hixl.MaxRegions"`, `"hixl.MaxLanes"`,
     /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`,
-    /// `"hixl.HeartbeatMs"`: the heartbeat interval, `"0"` for none).
+    /// `"hixl.HeartbeatMs"`: the heartbeat interval, `"0"` for none; `"hixl.PrefaultBudget"`:
+    /// [`Options::prefault_budget`] in bytes, `"0"` for none).
     ///
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
@@ -474,6 +476,11 @@ impl Options {
             "hixl.MaxRegions" => self.max_regions = count(value)?,
             "hixl.MaxLanes" => self.max_lanes = count(value)?,
             "hixl.ParallelLanes" => self.parallel_lanes = count(value)?,
+            "hixl.PrefaultBudget" => {
+                self.prefault_budget = value
+                    .parse::<u64>()
+                    .map_err(|_| bad("a number of bytes (0: none)"))?;
+            }
             "hixl.ConnectTimeoutMs" => self.connect_timeout = millis(value)?,
             "hixl.ServerIoTimeoutMs" => self.server_io_timeout = millis(value)?,
             "hixl.FinalizeTimeoutMs" => self.finalize_timeout = millis(value)?,
@@ -555,6 +562,8 @@ mod tests {
             ("AutoConnect", "yes"),
             ("LocalCommRes", "version"),
             ("hixl.MaxRegions", "0"),
+            ("hixl.PrefaultBudget", "-1"),
+            ("hixl.PrefaultBudget", "1GiB"),
         ] {
             let e = Options::from_pairs([(k, v)]).unwrap_err();
             assert!(matches!(e, Error::InvalidOption { .. }), "{k}={v}: {e:?}");
@@ -571,6 +580,11 @@ mod tests {
             .unwrap();
         assert_eq!(o.max_regions, 7);
         assert_eq!(o.connect_timeout, Duration::from_millis(250));
+        assert_eq!(Options::default().prefault_budget, 1 << 30);
+        for (v, bytes) in [("0", 0), ("16777216", 16 << 20)] {
+            let o = Options::from_pairs([("hixl.PrefaultBudget", v)]).unwrap();
+            assert_eq!(o.prefault_budget, bytes, "{v}");
+        }
         let o = Options::from_pairs([("hixl.HeartbeatMs", "150")]).unwrap();
         assert_eq!(o.heartbeat, Some(Duration::from_millis(150)));
         assert_eq!(

@@ -177,6 +177,49 @@ struct Row {
     /// Nanoseconds per call refused at its last descriptor (everything but the data moved):
     /// from Rust, and through the C ABI.
     check_ns: (f64, f64),
+    /// The anchor: one thread copying the same block size in sequence through a region of the
+    /// same span, in this process, GB/s.
+    memcpy: f64,
+}
+
+/// One thread's `memcpy` of `block`-byte chunks in sequence through `span` bytes, best of three
+/// passes, GB/s (the bench's `memcpy` anchor, measured in this invocation).
+fn memcpy_gbps(block: usize, span: usize) -> f64 {
+    let span = span.max(block);
+    let src = vec![7u8; span];
+    let mut dst = vec![0u8; span];
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let start = Instant::now();
+        for (d, s) in dst.chunks_exact_mut(block).zip(src.chunks_exact(block)) {
+            d.copy_from_slice(std::hint::black_box(s));
+        }
+        std::hint::black_box(&mut dst);
+        let bytes = (span / block * block) as f64;
+        best = best.max(bytes / start.elapsed().as_nanos().max(1) as f64);
+    }
+    best
+}
+
+/// iperf3 with two streams of 1 MiB writes on loopback (`tools/bench-anchors.sh iperf 2 1M`),
+/// GB/s, or `None` (said on stderr) when it cannot run.
+fn iperf_p2() -> Option<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/bench-anchors.sh");
+    let out = Command::new("bash")
+        .args([script, "iperf", "2", "1M"])
+        .output()
+        .ok()?;
+    let v = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .and_then(|v| v.parse().ok());
+    if v.is_none() {
+        eprintln!(
+            "iperf3 anchor unavailable: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    v
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -192,7 +235,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         7usize,
         Duration::from_millis(300),
     );
-    let (mut tcp, mut lib, mut engine_mem, mut json) = (false, None, false, false);
+    let (mut tcp, mut lib, mut engine_mem, mut json, mut anchors) =
+        (false, None, false, false, false);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -210,6 +254,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--tcp" => tcp = true,
             "--memory" => engine_mem = val()? == "engine",
             "--json" => json = true,
+            "--anchors" => anchors = true,
             _ => return Err(format!("unknown option {a}").into()),
         }
     }
@@ -458,13 +503,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             capi: median(a),
             capi_blocks: median(b),
             check_ns: (median(rn), median(an)),
+            memcpy: memcpy_gbps(block, span),
         });
     }
+    // iperf3 -P2 right after the rows (with --anchors, over TCP): what two TCP streams move on this machine
+    let iperf = (anchors && moved_over == "tcp").then(iperf_p2).flatten();
     if json {
+        let iperf_json = iperf.map_or("null".to_owned(), |g| format!("{g:.3}"));
         for r in &rows {
             let per_call_ns = (r.block * batch) as f64 / r.compat;
             println!(
-                "{{\"metric\":\"capi\",\"moved_over\":\"{moved_over}\",\"server_memory\":\"{}\",\"op\":\"write\",\"block\":{},\"batch\":{batch},\"rounds\":{rounds},\"typed_gbps\":{:.3},\"compat_gbps\":{:.3},\"c_gbps\":{:.3},\"c_blocks_gbps\":{:.3},\"c_ns_per_desc\":{:.1},\"c_blocks_ns_per_desc\":{:.1},\"refused_rust_ns_per_call\":{:.0},\"refused_c_ns_per_call\":{:.0},\"boundary_pct\":{:.3}}}",
+                "{{\"metric\":\"capi\",\"moved_over\":\"{moved_over}\",\"server_memory\":\"{}\",\"op\":\"write\",\"block\":{},\"batch\":{batch},\"rounds\":{rounds},\"typed_gbps\":{:.3},\"compat_gbps\":{:.3},\"c_gbps\":{:.3},\"c_blocks_gbps\":{:.3},\"c_ns_per_desc\":{:.1},\"c_blocks_ns_per_desc\":{:.1},\"refused_rust_ns_per_call\":{:.0},\"refused_c_ns_per_call\":{:.0},\"boundary_pct\":{:.3},\"memcpy_gbps\":{:.3},\"iperf3_p2_gbps\":{iperf_json}}}",
                 if engine_mem { "engine" } else { "caller" },
                 r.block,
                 r.typed,
@@ -476,11 +525,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.check_ns.0,
                 r.check_ns.1,
                 (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0,
+                r.memcpy,
             );
         }
     } else {
         println!(
-            "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
+            "{:>9} {:>6} {:>11} {:>12} {:>11} {:>10} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13} {:>12}",
             "block",
             "batch",
             "typed GB/s",
@@ -492,14 +542,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "C blocks ns/d",
             "Rust ns/call",
             "C ns/call",
-            "boundary"
+            "boundary",
+            "memcpy GB/s"
         );
         for r in &rows {
             // the boundary's cost as a share of one transfer at the compat engine's median rate
             let per_call_ns = (r.block * batch) as f64 / r.compat;
             let boundary = (r.check_ns.1 - r.check_ns.0) / per_call_ns * 100.0;
             println!(
-                "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.2} {:>11.1} {:>14.1} {:>13.0} {:>13.0} {:>+12.2}%",
+                "{:>9} {:>6} {:>11.2} {:>12.2} {:>11.2} {:>+9.1}% {:>13.2} {:>11.1} {:>14.1} {:>13.0} {:>13.0} {:>+12.2}% {:>12.2}",
                 r.block,
                 batch,
                 r.typed,
@@ -512,7 +563,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.block as f64 / r.capi_blocks,
                 r.check_ns.0,
                 r.check_ns.1,
-                boundary
+                boundary,
+                r.memcpy
             );
         }
         println!(
@@ -521,8 +573,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              arrays, beyond HIXL); ns/desc: wall ns per descriptor of the C ABI's list and block \
              forms; ns/call: a {batch}-descriptor call refused at its last descriptor (all \
              validation, no data), from Rust and through the C ABI; boundary: their difference as \
-             a share of one transfer at the compat rate"
+             a share of one transfer at the compat rate; memcpy: one thread copying the same \
+             block size in sequence in this process (the anchor)"
         );
+        if let Some(g) = iperf {
+            println!("iperf3 -P2 (1 MiB writes, loopback) right after: {g:.2} GB/s");
+        }
     }
     // SAFETY: the engine from hixl_create, destroyed once.
     unsafe { (api.destroy)(engine) };

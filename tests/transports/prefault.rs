@@ -1,4 +1,4 @@
-//! Same-host prefaulting (`Options::prefault_budget`): the first transfers after connect take
+//! Same-host prefaulting (`Options::prefault_budget`, the string key `hixl.PrefaultBudget`): the first transfers after connect take
 //! no page fault per page of the peer's memory, and a link populates no more than its budget.
 //! Faults are counted with `getrusage(RUSAGE_THREAD)` on the calling thread (every call here
 //! is below the 1 MiB from which a batch shares its copies with a helper thread), mappings'
@@ -82,10 +82,14 @@ fn first_transfer_after_connect_takes_no_page_faults() {
     let pages = (len / PAGE) as i64;
     for (budget, seed) in [(Some(0), 71), (None, 72)] {
         let mut peer = Peer::spawn("127.0.0.1", len, seed, "hostbuffer");
-        let opts = Options::default().same_host(SameHost::Require);
+        // no budget through the string key the C ABI, C++ and Python pass (their options maps)
         let opts = match budget {
-            Some(b) => opts.prefault_budget(b),
-            None => opts,
+            Some(b) => Options::from_pairs([
+                ("hixl.SameHost", "require".to_owned()),
+                ("hixl.PrefaultBudget", b.to_string()),
+            ])
+            .unwrap(),
+            None => Options::default().same_host(SameHost::Require),
         };
         let (cli, mut buf) = client_with(len, opts);
         let data = Rng::new(seed + 100).bytes(len);
