@@ -249,39 +249,29 @@ fn scenario() {
     // async WRITE, then async READ back
     let data2 = rng.bytes(MIB / 2);
     fill(c_host, &data2);
-    let req = client
-        .transfer_async(
-            &server_name,
-            TransferOp::Write,
-            &[TransferOpDesc {
-                local_addr: c_host,
-                remote_addr: s_mem + 3 * MIB,
-                len: MIB / 2,
-            }],
-            TransferArgs::default(),
-        )
-        .expect("async WRITE");
-    let st = client
-        .wait_transfer(req, std::time::Duration::from_secs(10))
-        .unwrap();
+    let st = run_async(
+        &client,
+        &server_name,
+        TransferOp::Write,
+        &[TransferOpDesc {
+            local_addr: c_host,
+            remote_addr: s_mem + 3 * MIB,
+            len: MIB / 2,
+        }],
+    );
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(fnv1a(&bytes(s_mem + 3 * MIB, MIB / 2)), fnv1a(&data2));
     fill(c_dev, &vec![0u8; MIB / 2]);
-    let req = client
-        .transfer_async(
-            &server_name,
-            TransferOp::Read,
-            &[TransferOpDesc {
-                local_addr: c_dev,
-                remote_addr: s_mem + 3 * MIB,
-                len: MIB / 2,
-            }],
-            TransferArgs::default(),
-        )
-        .expect("async READ");
-    let st = client
-        .wait_transfer(req, std::time::Duration::from_secs(10))
-        .unwrap();
+    let st = run_async(
+        &client,
+        &server_name,
+        TransferOp::Read,
+        &[TransferOpDesc {
+            local_addr: c_dev,
+            remote_addr: s_mem + 3 * MIB,
+            len: MIB / 2,
+        }],
+    );
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(fnv1a(&bytes(c_dev, MIB / 2)), fnv1a(&data2));
 
@@ -506,6 +496,15 @@ fn fabric_engine_links_to_itself() {
     );
 }
 
+/// One async request of `descs` to `peer`, waited for (10 s): its final status.
+fn run_async(e: &Hixl, peer: &str, op: TransferOp, descs: &[TransferOpDesc]) -> TransferStatus {
+    let req = e
+        .transfer_async(peer, op, descs, TransferArgs::default())
+        .unwrap_or_else(|err| panic!("async {op:?}: {err:?}"));
+    e.wait_transfer(req, std::time::Duration::from_secs(10))
+        .unwrap()
+}
+
 fn register(e: &Hixl, addr: usize, len: usize, t: MemType) -> hixl::compat::MemHandle {
     // SAFETY: `addr..addr+len` is a live malloc_mem allocation, freed after deregistration.
     unsafe {
@@ -599,38 +598,28 @@ fn self_scenario() {
     // async, both directions
     let data = rng.bytes(300_000);
     fill(host, &data);
-    let req = e
-        .transfer_async(
-            &me,
-            TransferOp::Write,
-            &[TransferOpDesc {
-                local_addr: host,
-                remote_addr: dev + MIB + 5,
-                len: 300_000,
-            }],
-            TransferArgs::default(),
-        )
-        .unwrap();
-    let st = e
-        .wait_transfer(req, std::time::Duration::from_secs(10))
-        .unwrap();
+    let st = run_async(
+        &e,
+        &me,
+        TransferOp::Write,
+        &[TransferOpDesc {
+            local_addr: host,
+            remote_addr: dev + MIB + 5,
+            len: 300_000,
+        }],
+    );
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(fnv1a(&bytes(dev + MIB + 5, 300_000)), fnv1a(&data));
-    let req = e
-        .transfer_async(
-            &me,
-            TransferOp::Read,
-            &[TransferOpDesc {
-                local_addr: host + 2 * MIB - 300_000,
-                remote_addr: dev + MIB + 5,
-                len: 300_000,
-            }],
-            TransferArgs::default(),
-        )
-        .unwrap();
-    let st = e
-        .wait_transfer(req, std::time::Duration::from_secs(10))
-        .unwrap();
+    let st = run_async(
+        &e,
+        &me,
+        TransferOp::Read,
+        &[TransferOpDesc {
+            local_addr: host + 2 * MIB - 300_000,
+            remote_addr: dev + MIB + 5,
+            len: 300_000,
+        }],
+    );
     assert_eq!(st, TransferStatus::Completed);
     assert_eq!(
         fnv1a(&bytes(host + 2 * MIB - 300_000, 300_000)),
@@ -693,12 +682,7 @@ fn self_scenario() {
         );
         assert!(err.to_string().contains("overlaps"), "{err}");
         // async: the batch starts, and fails on the data path, nothing moved
-        let req = e
-            .transfer_async(&me, *op, descs, TransferArgs::default())
-            .unwrap();
-        let st = e
-            .wait_transfer(req, std::time::Duration::from_secs(10))
-            .unwrap();
+        let st = run_async(&e, &me, *op, descs);
         assert_eq!(st, TransferStatus::Failed, "{op:?} {descs:?}");
     }
     // adjacent (touching, not overlapping) ranges are fine

@@ -125,12 +125,7 @@ fn llm_datadist_rank_table_link_from_c() {
         &exe,
     );
     let cann = dir.join("cann");
-    let out = Command::new("bash")
-        .arg(manifest.join("../tools/ascend-double.sh"))
-        .arg(&cann)
-        .output()
-        .expect("run tools/ascend-double.sh");
-    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+    common::build_double(&cann);
     let ranks = dir.join("ranks");
     std::fs::create_dir_all(&ranks).unwrap();
     use std::os::unix::fs::PermissionsExt;

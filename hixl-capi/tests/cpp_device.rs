@@ -172,12 +172,7 @@ fn hixl_style_device_program_runs_as_two_processes_on_the_double() {
     std::fs::create_dir_all(&tmp).unwrap();
 
     // the double under CANN's names
-    let out = Command::new("bash")
-        .arg(manifest.join("../tools/ascend-double.sh"))
-        .arg(&double)
-        .output()
-        .expect("run tools/ascend-double.sh");
-    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+    common::build_double(&double);
 
     // the program, as HIXL's examples are built
     let lib = common::lib_dir();

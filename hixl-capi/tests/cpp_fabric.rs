@@ -28,16 +28,6 @@ fn have(name: &str) -> bool {
     ok
 }
 
-/// Builds the ACL/HCCL test double into `double` (`tools/ascend-double.sh`).
-fn build_double(manifest: &Path, double: &Path) {
-    let out = Command::new("bash")
-        .arg(manifest.join("../tools/ascend-double.sh"))
-        .arg(double)
-        .output()
-        .expect("run tools/ascend-double.sh");
-    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
-}
-
 #[test]
 fn a_fabric_mem_program_moves_vmm_memory_on_the_double() {
     if !have("cc") || !have("c++") {
@@ -48,7 +38,7 @@ fn a_fabric_mem_program_moves_vmm_memory_on_the_double() {
     let double = dir.join("cann");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    build_double(manifest, &double);
+    common::build_double(&double);
 
     let lib = common::lib_dir();
     let exe = dir.join("fabric_mem");
@@ -127,7 +117,7 @@ fn a_failure_after_acl_loads_late_reaches_its_error_channel() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = common::scratch("acl-errmsg-late");
     let double = dir.join("cann");
-    build_double(manifest, &double);
+    common::build_double(&double);
     let lib = common::lib_dir();
     let exe = dir.join("acl_errmsg_late");
     let asan: &[&str] = if cfg!(hixl_asan) {

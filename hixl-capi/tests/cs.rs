@@ -156,12 +156,7 @@ fn two_c_processes_over_hixl_cs_device_memory() {
     let double = dir.join("cann");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let out = Command::new("bash")
-        .arg(manifest.join("../tools/ascend-double.sh"))
-        .arg(&double)
-        .output()
-        .expect("run tools/ascend-double.sh");
-    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+    common::build_double(&double);
     assert!(double.join("include/securec.h").exists());
 
     let lib = common::lib_dir();

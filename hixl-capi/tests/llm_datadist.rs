@@ -237,12 +237,7 @@ fn build(dir: &Path, device: bool) -> Option<(PathBuf, Option<PathBuf>)> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let double = if device {
         let d = dir.join("cann");
-        let out = Command::new("bash")
-            .arg(manifest.join("../tools/ascend-double.sh"))
-            .arg(&d)
-            .output()
-            .expect("run tools/ascend-double.sh");
-        assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+        common::build_double(&d);
         Some(d)
     } else {
         None

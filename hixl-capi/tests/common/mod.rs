@@ -95,6 +95,18 @@ pub fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// Builds the ACL/HCCL test double into `dir` (`tools/ascend-double.sh`: CANN's library names,
+/// and `securec.h` under `dir/include`).
+pub fn build_double(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/ascend-double.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .expect("run tools/ascend-double.sh");
+    assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
+}
+
 /// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-l<lib>` (`hixl`, or
 /// `cann_hixl`: the same library under HIXL's name; rpath set). In the AddressSanitizer build
 /// (`--cfg hixl_asan`) the program is built with `-fsanitize=address` too: its runtime serves
