@@ -11,9 +11,13 @@
 //!   and a shared mapping of one (checked first: sealed, large enough, so no access can fault).
 //! - [`peer_on_this_host`]: whether a TCP peer connects from one of this host's addresses.
 
+mod taken;
+
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+pub(crate) use taken::Taken;
 
 use crate::io::{IOV_MAX, IoVec, advance};
 use crate::types::{HostId, start_time};
@@ -84,22 +88,44 @@ impl Pinned {
     /// The kernel refused to give the descriptor (no right to trace the process, no such
     /// descriptor).
     pub fn holds(&self, fd: i32, nonce: &[u8; 32]) -> io::Result<bool> {
-        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags; the result is checked.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        let theirs = unsafe { OwnedFd::from_raw_fd(r as i32) };
-        // SAFETY: F_GET_SEALS on a descriptor we own; fails on anything but a memfd.
-        let seals = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_WRITE == 0 {
+        // closed without waiting on the client whatever it turns out to be (`Taken`)
+        let theirs = taken::take(self.pidfd.as_fd(), fd)?;
+        if theirs.seals().is_none_or(|s| s & libc::F_SEAL_WRITE == 0) {
             return Ok(false);
         }
         let mut got = [0u8; 32];
-        // SAFETY: `got` is a live, writable array of 32 bytes.
+        // SAFETY: `got` is a live, writable array of 32 bytes; `theirs` is a memfd (its seals
+        // were read), so the read cannot block.
         let n = unsafe { libc::pread(theirs.as_raw_fd(), got.as_mut_ptr().cast(), 32, 0) };
         Ok(n == 32 && &got == nonce)
+    }
+
+    /// Whether this process holds the other end of `ours` (a TCP connection of this process)
+    /// in its descriptor `fd`: a TCP socket whose local address is `ours`' peer address and
+    /// whose peer address is `ours`' local one, in the same network namespace. What a client
+    /// checks of a server on its host before any one-sided path: the kernel says which process
+    /// holds the connection, so a server cannot name another process (the client itself
+    /// included) as itself, and a relay cannot pass on another process's proof (no other
+    /// process holds this connection). The descriptor is taken as [`Pinned::holds`] takes one.
+    ///
+    /// # Errors
+    /// The kernel refused to give the descriptor, or to say a socket's addresses.
+    pub fn holds_peer_of(&self, fd: i32, ours: &TcpStream) -> io::Result<bool> {
+        if fd < 0 {
+            return Ok(false);
+        }
+        let theirs = taken::take(self.pidfd.as_fd(), fd)?;
+        if !theirs.is_socket() {
+            return Ok(false);
+        }
+        let t = socket2::SockRef::from(&theirs);
+        if t.r#type()? != socket2::Type::STREAM || t.protocol()? != Some(socket2::Protocol::TCP) {
+            return Ok(false);
+        }
+        let (tl, tp) = (t.local_addr()?.as_socket(), t.peer_addr()?.as_socket());
+        Ok(tl == Some(ours.peer_addr()?)
+            && tp == Some(ours.local_addr()?)
+            && netns_cookie(&theirs) == netns_cookie(ours))
     }
 
     /// A sealed memfd holding `nonce` (write-sealed): what a same-host client names in its
@@ -207,15 +233,15 @@ impl PeerProc {
         fds.iter().all(|f| f.revents == 0)
     }
 
-    /// A duplicate of the peer's descriptor `fd` (`pidfd_getfd`).
-    pub fn getfd(&self, fd: i32) -> io::Result<OwnedFd> {
-        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags; the result is checked.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pin.pidfd.as_raw_fd(), fd, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+    /// A duplicate of the peer's descriptor `fd` (`pidfd_getfd`), closed without waiting on
+    /// the peer whatever it turns out to be ([`Taken`]).
+    pub fn getfd(&self, fd: i32) -> io::Result<Taken> {
+        taken::take(self.pin.pidfd.as_fd(), fd)
+    }
+
+    /// [`Pinned::holds_peer_of`] of the peer.
+    pub fn holds_peer_of(&self, fd: i32, ours: &TcpStream) -> io::Result<bool> {
+        self.pin.holds_peer_of(fd, ours)
     }
 
     /// Moves the bytes of `local` to or from `remote` (same total length) with
@@ -391,6 +417,47 @@ fn skip_empty(local: &[IoVec], li: &mut usize, remote: &[IoVec], ri: &mut usize)
     *li < local.len() && *ri < remote.len()
 }
 
+/// The network namespace of socket `s` (`SO_NETNS_COOKIE`, Linux 5.14), or `None` where the
+/// kernel (or this architecture's option number) does not tell.
+fn netns_cookie(s: &impl AsFd) -> Option<u64> {
+    // the option's number in the generic socket.h (not alpha, mips, parisc, sparc)
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    ))]
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )))]
+    return None;
+    let mut v = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `v`, a live u64, and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut v).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(v)
+}
+
 /// A peer's sealed memfd, mapped into this process.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -404,7 +471,8 @@ pub(crate) struct Mapping {
 impl Mapping {
     /// Maps `len` bytes of `fd`, after checking that it is a regular file of at least `len`
     /// bytes sealed against shrinking (so no access can ever fault with SIGBUS).
-    pub fn new(fd: &OwnedFd, len: u64, writable: bool) -> io::Result<Self> {
+    pub fn new(fd: impl AsFd, len: u64, writable: bool) -> io::Result<Self> {
+        let fd = fd.as_fd();
         let bad = |why| io::Error::new(io::ErrorKind::InvalidData, why);
         // SAFETY: fcntl(F_GET_SEALS) on a descriptor we own; the result is checked.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };

@@ -93,6 +93,7 @@ fn write_seeds() {
         table: vec![e(0, 0x1000, 4096, -1), e(1, 0x10_0000, 1 << 20, 5)],
         host,
         fence: 6,
+        lane_fd: None,
     };
     let mut out = Vec::new();
     welcome.encode(&mut out);

@@ -50,7 +50,7 @@ allow=tools/layers.allow
 file_layer() {
   case "$1" in
     src/types/* | src/error.rs | src/sync.rs | src/wire/* | src/io/* | src/dl.rs | src/auth.rs \
-      | src/process.rs | src/device/*)
+      | src/process.rs | src/process/* | src/device/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;
     src/transport/tcp/*) echo "1 tcp" ;;

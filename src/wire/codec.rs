@@ -70,6 +70,10 @@ impl<'a> Reader<'a> {
             _ => Err(WireError::Invalid("host flag")),
         }
     }
+    /// Whether bytes are left (an optional field at the end of a payload).
+    pub(super) fn has_more(&self) -> bool {
+        self.pos < self.buf.len()
+    }
     pub(super) fn finish(self) -> Result<(), WireError> {
         match self.buf.len() - self.pos {
             0 => Ok(()),

@@ -20,7 +20,9 @@ pub struct Hello {
     pub role: LaneRole,
     /// The client engine's per-process instance id.
     pub instance: u64,
-    /// The link token (for [`LaneRole::Join`]; 0 otherwise).
+    /// The link token (for [`LaneRole::Join`]); for [`LaneRole::NewLink`], flags
+    /// ([`ASKS_SERVER_PROOF`]; an engine before protocol version 5's rule sends 0 and ignores
+    /// the word).
     pub token: u64,
     /// The client's engine name.
     pub name: String,
@@ -31,6 +33,11 @@ pub struct Hello {
     /// A fresh random nonce, for peer authentication.
     pub nonce: [u8; 32],
 }
+
+/// A new link's HELLO flag: the client asks a server on its host to prove which process it is
+/// ([`Welcome::lane_fd`](super::Welcome::lane_fd)). An engine that does not know the flag ignores
+/// it and sends the WELCOME without that field, which the client then takes as no proof.
+pub const ASKS_SERVER_PROOF: u64 = 1;
 
 impl Hello {
     /// Encodes the frame into `out`.

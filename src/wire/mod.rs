@@ -27,8 +27,8 @@ pub use device::DeviceInfo;
 pub use fabric::{FABRIC_HANDLE_LEN, FabricBlock, FabricInfo, MAX_FABRIC_BLOCKS};
 pub use frame::{Header, Kind, WireError, begin, decode_header, header, seal};
 pub use handshake::{
-    Hello, LaneRole, Refuse, decode_auth, decode_proof, decode_prove, encode_auth, encode_proof,
-    encode_prove,
+    ASKS_SERVER_PROOF, Hello, LaneRole, Refuse, decode_auth, decode_proof, decode_prove,
+    encode_auth, encode_proof, encode_prove,
 };
 pub use table::{FD_TCP_ONLY, TableEntry, Welcome};
 pub use ucx::{MAX_UCX_BLOB, UcxInfo};

@@ -42,6 +42,13 @@ pub struct Welcome {
     /// The server's descriptor of this link's fence page (same-host one-sided access it can
     /// revoke), or `-1`.
     pub fence: i32,
+    /// Only when the HELLO asked for it ([`ASKS_SERVER_PROOF`](super::ASKS_SERVER_PROOF)): the
+    /// server's descriptor of this very connection (`-1` when it offers no same-host access),
+    /// which a client on its host takes from the process [`host`](Self::host) names to check
+    /// that this process holds the other end of the connection before it trusts anything
+    /// same-host of the WELCOME. `None`: the field is absent (an engine that does not know the
+    /// flag; encoded as before).
+    pub lane_fd: Option<i32>,
 }
 
 impl Welcome {
@@ -62,6 +69,9 @@ impl Welcome {
         }
         put_host(out, &self.host);
         out.extend_from_slice(&self.fence.to_le_bytes());
+        if let Some(fd) = self.lane_fd {
+            out.extend_from_slice(&fd.to_le_bytes());
+        }
         seal(out);
     }
     /// Decodes a WELCOME payload and checks the table: lengths non-zero, no overflow, ids unique,
@@ -98,6 +108,11 @@ impl Welcome {
         }
         let host = r.host()?;
         let fence = r.u32("fence fd")? as i32;
+        let lane_fd = if r.has_more() {
+            Some(r.u32("lane fd")? as i32)
+        } else {
+            None
+        };
         r.finish()?;
         check_unique_ids(table.iter().map(|e| e.id))?;
         table.sort_by_key(|e| e.addr);
@@ -111,6 +126,7 @@ impl Welcome {
             table,
             host,
             fence,
+            lane_fd,
         })
     }
 }
@@ -136,10 +152,22 @@ mod tests {
             table: vec![e(0, 4096, 100), e(1, 8192, 10)],
             host: None,
             fence: 7,
+            lane_fd: None,
         };
         let mut out = Vec::new();
         w.encode(&mut out);
         assert_eq!(Welcome::decode(payload(&out).1).unwrap(), w);
+        // with the server's proof of its process (asked for), and without it (as before)
+        for fd in [Some(9), Some(-1)] {
+            let asked = Welcome {
+                lane_fd: fd,
+                ..w.clone()
+            };
+            let mut with = Vec::new();
+            asked.encode(&mut with);
+            assert_eq!(with.len(), out.len() + 4);
+            assert_eq!(Welcome::decode(payload(&with).1).unwrap(), asked);
+        }
         for (bad, why) in [
             (vec![e(0, 4096, 100), e(1, 4100, 10)], "overlapping regions"),
             (vec![e(0, 4096, 100), e(0, 9000, 10)], "duplicate region id"),

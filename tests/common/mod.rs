@@ -291,8 +291,8 @@ pub fn entry(
 }
 
 /// Plays a fake serving engine on one accepted connection: reads the HELLO, answers with a
-/// WELCOME of `table` (offering `host` for same-host transfers), then answers nothing until
-/// the client closes.
+/// WELCOME of `table` (offering `host` for same-host transfers: this process, proven with its
+/// end of the connection), then answers nothing until the client closes.
 pub fn fake_serve(
     mut s: std::net::TcpStream,
     table: Vec<hixl::wire::TableEntry>,
@@ -332,6 +332,8 @@ pub fn fake_serve(
         table,
         host,
         fence,
+        // it is the process it names: its proof is its end of this connection
+        lane_fd: host.map(|_| std::os::fd::AsRawFd::as_raw_fd(&s)),
     }
     .encode(&mut out);
     let _ = s.write_all(&out);

@@ -12,3 +12,4 @@ mod budget;
 mod hostile;
 mod limits;
 mod load;
+mod trust;

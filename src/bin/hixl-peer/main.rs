@@ -11,6 +11,7 @@
 //! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
 //! hixl-peer ucx-client NAME --psk KEY   (a UCX client linking on command; see probes.rs)
+//! hixl-peer forge-server    (a server that names its client's process as its own; forge.rs)
 //! hixl-peer datadist-serve [--cluster ID] [--tensors N] [--blocks N] [--block BYTES] [--seed N] [--model ID]
 //!                          (an LLM-DataDist prompt cluster with one blocks cache; see datadist.rs)
 //! ```
@@ -70,6 +71,7 @@
 //! decoy>`, or `SKIP <why>` when the kernel would not reuse the pid.
 
 mod datadist;
+mod forge;
 mod probes;
 
 use probes::{hammer, norandom, pidreuse, sink, ucx_client};
@@ -188,6 +190,8 @@ enum Cli {
     Norandom,
     /// An LLM-DataDist prompt cluster (the typed layer) with one seeded blocks cache
     DatadistServe(datadist::Args),
+    /// A hostile server naming its client's own process as itself (see forge.rs)
+    ForgeServer,
     /// A client engine that requires UCX, linking to NAME on command (`link`, `drop`, `quit`)
     UcxClient {
         /// The serving engine
@@ -326,6 +330,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Cli::Norandom => norandom(),
         Cli::DatadistServe(a) => datadist::datadist_serve(a),
         Cli::UcxClient { name, psk } => ucx_client(&name, &psk),
+        Cli::ForgeServer => forge::forge_server(),
     }
 }
 

@@ -132,7 +132,12 @@ impl LinkShared {
         let hello = Hello {
             role: LaneRole::NewLink,
             instance: engine.instance,
-            token: 0,
+            // a server on this host must prove which process it is (`proven`)
+            token: if me.is_some() {
+                crate::wire::ASKS_SERVER_PROOF
+            } else {
+                0
+            },
             name: engine.name.to_owned(),
             target: peer.clone(),
             host: me,
@@ -152,16 +157,19 @@ impl LinkShared {
         }
         let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!(parent: engine.span, "link", id, peer = %peer);
-        // on one host: the peer pinned, and its fence (one-sided access the server can revoke)
+        // on one host: the peer pinned once it proved it is the process it names, and its
+        // fence (one-sided access the server can revoke)
         let mut why_not = None;
         let local = match (&me, &welcome.host) {
             (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
+                .and_then(|p| proven(&p, welcome.lane_fd, first.stream()).map(|()| p))
                 .and_then(|p| ClientFence::open(&p, welcome.fence).map(|f| (p, f)))
                 .map_err(|e| {
                     tracing::debug!(parent: &span, error = %e, "no same-host access to the peer (kernel or peer refused); using tcp");
                     why_not = Some(
-                        "the kernel refused access to the peer process, or the peer offered no \
-                         fence (pidfd_open, /proc/PID/mem, pidfd_getfd)",
+                        "the kernel refused access to the peer process, the peer did not prove it \
+                         is the process it names, or it offered no fence (pidfd_open, \
+                         /proc/PID/mem, pidfd_getfd)",
                     );
                 })
                 .ok(),
@@ -191,10 +199,15 @@ impl LinkShared {
             }
             why_not = setup.why_not;
         }
-        if welcome.fence >= 0 && fence.is_none() {
-            // the server sees this client on its host, but its fence could not be taken: a
-            // one-sided path would run outside it, where the server's `deactivate` cannot stop
-            // it. Such paths go; the link moves its data over the others (TCP at least).
+        let near = welcome.fence >= 0
+            || welcome.host.is_some()
+            || crate::process::peer_on_this_host(first.stream());
+        if near && fence.is_none() {
+            // the server may be on this host, but it did not prove which process it is, or its
+            // fence could not be taken: a one-sided path (UCX over shared memory) could reach
+            // whatever process its answers name, and would run outside the fence, where the
+            // server's `deactivate` cannot stop it. Such paths go; the link moves its data
+            // over the others (TCP at least).
             paths.retain(|p| {
                 if p.fenced() {
                     tracing::debug!(parent: &span, transport = ?p.kind(), "no fence: not used");
@@ -295,6 +308,25 @@ impl LinkShared {
     /// `NOT_CONNECTED` at once.
     fn mark_broken(&self, why: String) {
         self.lanes.break_link(why);
+    }
+}
+
+/// Checks that the process `peer` (pinned, named by a server's WELCOME) holds the other end of
+/// `ours`, the link's first connection, in its descriptor `lane_fd`: the server's proof of its
+/// process, asked for in the HELLO. Until it holds, nothing same-host of the WELCOME is used
+/// (its fence, its table's descriptors and addresses): they are the named process's only once
+/// the TCP peer is known to be that process.
+fn proven(
+    peer: &PeerProc,
+    lane_fd: Option<i32>,
+    ours: &std::net::TcpStream,
+) -> std::io::Result<()> {
+    match lane_fd {
+        Some(fd) if peer.holds_peer_of(fd, ours)? => Ok(()),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the server did not prove it is the process it names",
+        )),
     }
 }
 

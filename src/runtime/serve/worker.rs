@@ -8,6 +8,7 @@
 //! access rights) before a byte moves, and no length is trusted before it is checked.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -260,6 +261,13 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
         table,
         host: if same_host { shared.host } else { None },
         fence: fence.as_ref().map_or(-1, |f| f.fd()),
+        // asked for: this process's proof that it is the one `host` names (its end of this
+        // connection, which the client takes and checks)
+        lane_fd: (hello.role == LaneRole::NewLink && hello.token & wire::ASKS_SERVER_PROOF != 0)
+            .then(|| match same_host && shared.host.is_some() {
+                true => conn.sock.stream.as_raw_fd(),
+                false => -1,
+            }),
     }
     .encode(&mut out);
     let mut lane = Box::new(Established {

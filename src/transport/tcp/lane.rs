@@ -49,6 +49,11 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// Its connection.
+    pub(super) fn stream(&self) -> &TcpStream {
+        &self.sock.stream
+    }
+
     /// Connects, says HELLO and reads the WELCOME.
     pub(super) fn open(
         addr: SocketAddr,

@@ -98,6 +98,11 @@ impl FirstLane {
         Ok((first, welcome))
     }
 
+    /// The lane's connection (what a server on this host proves it holds the other end of).
+    pub(crate) fn stream(&self) -> &TcpStream {
+        self.lane.stream()
+    }
+
     /// The link is set up: its first lane is the first of its pool.
     pub(crate) fn into_lanes(
         self,
