@@ -13,3 +13,4 @@ mod hostile;
 mod limits;
 mod load;
 mod trust;
+mod withheld;

@@ -12,6 +12,7 @@
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
 //! hixl-peer ucx-client NAME --psk KEY   (a UCX client linking on command; see probes.rs)
 //! hixl-peer forge-server    (a server that names its client's process as its own; forge.rs)
+//! hixl-peer withhold-flush DIR   (a FUSE file whose closes never end; withhold.rs)
 //! hixl-peer datadist-serve [--cluster ID] [--tensors N] [--blocks N] [--block BYTES] [--seed N] [--model ID]
 //!                          (an LLM-DataDist prompt cluster with one blocks cache; see datadist.rs)
 //! ```
@@ -73,6 +74,7 @@
 mod datadist;
 mod forge;
 mod probes;
+mod withhold;
 
 use probes::{hammer, norandom, pidreuse, sink, ucx_client};
 
@@ -192,6 +194,11 @@ enum Cli {
     DatadistServe(datadist::Args),
     /// A hostile server naming its client's own process as itself (see forge.rs)
     ForgeServer,
+    /// A FUSE file system of one file whose FLUSHes are held (see withhold.rs; as root)
+    WithholdFlush {
+        /// Where to mount it
+        dir: std::path::PathBuf,
+    },
     /// A client engine that requires UCX, linking to NAME on command (`link`, `drop`, `quit`)
     UcxClient {
         /// The serving engine
@@ -331,6 +338,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Cli::DatadistServe(a) => datadist::datadist_serve(a),
         Cli::UcxClient { name, psk } => ucx_client(&name, &psk),
         Cli::ForgeServer => forge::forge_server(),
+        Cli::WithholdFlush { dir } => withhold::withhold_flush(&dir),
     }
 }
 
