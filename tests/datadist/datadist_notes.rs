@@ -11,8 +11,8 @@ use crate::serve_child::Peer;
 use common::{Rng, fnv1a};
 use hixl::compat::{self, NotifyDesc};
 use hixl::datadist::{
-    CacheDesc, CacheKey, CacheKind, ClusterInfo, DataDist, DataType, IpInfo, Layers, LlmStatus,
-    Placement, RemoteCache, Role,
+    CacheDesc, CacheKey, CacheKind, ClusterInfo, DataDist, DataType, Layers, LlmStatus, Placement,
+    RemoteCache, Role,
 };
 
 const DECODER: u64 = 7;
@@ -50,18 +50,6 @@ fn register(dd: &DataDist, mem: &mut [Vec<u8>], model: u64) -> i64 {
     unsafe { dd.register_cache(&desc, &addrs, CacheKind::Blocks, 0, &[key]) }.unwrap()
 }
 
-fn cluster(id: u64, addr: std::net::SocketAddr) -> ClusterInfo {
-    ClusterInfo {
-        remote_cluster_id: id,
-        remote_role_type: 0,
-        local_ip_infos: vec![],
-        remote_ip_infos: vec![IpInfo {
-            ip: addr.ip(),
-            port: addr.port(),
-        }],
-    }
-}
-
 #[test]
 fn forged_link_notes_do_not_redirect_a_push_from_the_decoder_that_linked() {
     const ROUNDS: u64 = 5;
@@ -91,7 +79,7 @@ fn forged_link_notes_do_not_redirect_a_push_from_the_decoder_that_linked() {
         let mut ik: Vec<Vec<u8>> = (0..TENSORS).map(|_| vec![0u8; len]).collect();
         register(&impostor, &mut ik, MODEL);
         let (ret, _) = impostor
-            .link_clusters(&[cluster(prompt_id, paddr)], 10_000)
+            .link_clusters(&[ClusterInfo::at(prompt_id, paddr)], 10_000)
             .unwrap();
         assert_eq!(ret, LlmStatus::LLM_SUCCESS);
         // and a plain engine says the decoder unlinked, then names the impostor's address

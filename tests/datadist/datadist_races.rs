@@ -11,7 +11,7 @@ use std::sync::Barrier;
 
 use common::Rng;
 use hixl::datadist::{
-    CacheDesc, CacheKind, ClusterInfo, DataDist, DataType, IpInfo, Layers, LlmStatus, Placement,
+    CacheDesc, CacheKind, ClusterInfo, DataDist, DataType, Layers, LlmStatus, Placement,
     RemoteCache, Role,
 };
 
@@ -85,18 +85,7 @@ fn unregistering_a_pool_cache_waits_for_the_pull_that_writes_it() {
     // returned (or, where the rule under test is broken, reads it volatile while it may run)
     unsafe { dd.register_pool(Placement::Host, base as u64, len as u64) }.unwrap();
     let (ret, _) = dd
-        .link_clusters(
-            &[ClusterInfo {
-                remote_cluster_id: 7,
-                remote_role_type: 0,
-                local_ip_infos: vec![],
-                remote_ip_infos: vec![IpInfo {
-                    ip: peer.addr.ip(),
-                    port: peer.addr.port(),
-                }],
-            }],
-            10_000,
-        )
+        .link_clusters(&[ClusterInfo::at(7, peer.addr)], 10_000)
         .unwrap();
     assert_eq!(ret, LlmStatus::LLM_SUCCESS);
     let key = RemoteCache::Blocks {

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command};
 
 use hixl::datadist::LlmStatus;
 
@@ -29,32 +29,19 @@ impl Peer {
         seed: u64,
         model: u64,
     ) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
-            .args(["datadist-serve", "--cluster", &cluster.to_string()])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hixl-peer"));
+        cmd.args(["datadist-serve", "--cluster", &cluster.to_string()])
             .args(["--tensors", &tensors.to_string()])
-            .args([
-                "--blocks",
-                &blocks.to_string(),
-                "--block",
-                &block.to_string(),
-            ])
-            .args(["--seed", &seed.to_string(), "--model", &model.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hixl-peer");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
+            .args(["--blocks", &blocks.to_string()])
+            .args(["--block", &block.to_string()])
+            .args(["--seed", &seed.to_string(), "--model", &model.to_string()]);
+        let r = crate::common::ready(&mut cmd);
         Peer {
-            addr: w[1].parse().unwrap(),
-            cache_id: w[2].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
+            addr: r.words[0].parse().unwrap(),
+            cache_id: r.words[1].parse().unwrap(),
+            child: r.child,
+            stdin: r.stdin,
+            stdout: r.stdout,
         }
     }
 

@@ -18,7 +18,7 @@ use std::io::{BufRead, Write};
 
 use hixl::HostBuffer;
 use hixl::datadist::typed::{Cluster, Layout, Prompt};
-use hixl::datadist::{CacheDesc, CacheKey, ClusterInfo, DataType, IpInfo, LlmStatus, Placement};
+use hixl::datadist::{CacheDesc, CacheKey, ClusterInfo, DataType, LlmStatus, Placement};
 use hixl::testkit::{Rng, fnv1a};
 
 /// `datadist-serve`'s arguments.
@@ -116,15 +116,7 @@ pub fn datadist_serve(a: Args) -> Result<(), Failure> {
 
 /// Links `dd` to cluster `id` at `addr`: its status.
 fn link(dd: &hixl::datadist::DataDist, id: u64, addr: std::net::SocketAddr) -> LlmStatus {
-    let c = ClusterInfo {
-        remote_cluster_id: id,
-        remote_role_type: 0,
-        local_ip_infos: vec![],
-        remote_ip_infos: vec![IpInfo {
-            ip: addr.ip(),
-            port: addr.port(),
-        }],
-    };
+    let c = ClusterInfo::at(id, addr);
     match dd.link_clusters(&[c], 10_000) {
         Ok((status, _)) => status,
         Err(e) => e.status,
