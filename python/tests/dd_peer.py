@@ -4,6 +4,8 @@ aclrtMalloc), driven by line commands on stdin (one reply line each on stdout).
 
 usage: python dd_peer.py CLUSTER_ID ROLE LISTEN_PORT PLACEMENT SEED
   ROLE 1 prompt / 2 decoder; LISTEN_PORT 0: no listen address; PLACEMENT host | device
+with DD_BIG=N in the environment it also registers a blocks cache of one tensor of N bytes
+(blocks of 4096), the seeded bytes of SEED + 1000, under BlocksCacheKey(CLUSTER, 1)
 first line out: {"blocks_id": ..., "cache_id": ...}
 commands (reply "ok", or the LLMStatusCode name of the failure):
   dump PATH                        np.save of {blocks, cache} (uint8, one row per tensor)
@@ -96,6 +98,10 @@ bc = cm.register_blocks_cache(CacheDesc(NT, [BLOCKS, BLOCK_INTS], DataType.DT_IN
                               BlocksCacheKey(cluster, 0))
 cc = cm.register_cache(CacheDesc(NT, [BATCHES, BATCH_INTS], DataType.DT_INT32, where), caddrs,
                        [CacheKey(cluster, 7, 1)])
+if os.environ.get("DD_BIG"):
+    big = np.random.default_rng(seed + 1000).integers(0, 256, int(os.environ["DD_BIG"]), dtype=np.uint8)
+    cm.register_blocks_cache(CacheDesc(1, [big.nbytes // 4096, 1024], DataType.DT_INT32, Placement.HOST),
+                             [int(big.ctypes.data)], BlocksCacheKey(cluster, 1))
 print(json.dumps({"blocks_id": bc.cache_id, "cache_id": cc.cache_id}), flush=True)
 
 

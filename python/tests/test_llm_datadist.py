@@ -9,6 +9,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -544,6 +545,55 @@ def test_memory_pool_caches_of_requests_and_a_pull_into_blocks(peers, local, tmp
     lc.cm.pull_cache(CacheKey(PROMPT, 10), c, batch_index=1)
     assert np.array_equal(mem(c, 512)[:, 256:], rows[:, :256])
     assert p.cmd("dealloc") == "ok"
+
+
+def test_deallocating_a_pool_cache_waits_for_the_pull_that_writes_it(peers, local):
+    """A 64 MiB pull_blocks into a cache of the host pool; once its first bytes landed the cache
+    is deallocated and the next allocate_blocks_cache gets the same bytes, filled with a
+    sentinel at once. The deallocation returns only once the pull ended: the pulled bytes are
+    all there, and none lands in the new cache (the rule is the Rust layer's, under Python)."""
+    size, page = 64 << 20, 4096
+    p = peers(env=dict(os.environ, DD_BIG=str(size)))
+    lc = local(host_pool=size)
+    assert lc.link(p)[0] == LLMStatusCode.LLM_SUCCESS
+    blocks = size // page
+    desc = CacheDesc(1, [blocks, page // 4], DataType.DT_INT32, Placement.HOST)
+    theirs_last = np.random.default_rng(p.seed + 1000).integers(0, 256, size, dtype=np.uint8)[-page:]
+    rounds, raced, incomplete, written = 5, 0, 0, 0
+    for r in range(rounds):
+        c = lc.cm.allocate_blocks_cache(desc)
+        base = c.tensor_addrs[0]
+        ctypes.memset(base, 0, size)
+        failed = []
+
+        def pull():
+            try:
+                lc.cm.pull_blocks(BlocksCacheKey(PROMPT, 1), c, list(range(blocks)), list(range(blocks)))
+            except LLMException as e:
+                failed.append(e)
+
+        t = threading.Thread(target=pull)
+        t.start()
+        first = ctypes.c_uint64.from_address(base)
+        while first.value == 0 and t.is_alive():  # until its first bytes landed (or it ended)
+            pass
+        raced += t.is_alive()
+        lc.cm.deallocate_blocks_cache(c)
+        last = np.frombuffer(ctypes.string_at(base + size - page, page), np.uint8)
+        incomplete += not np.array_equal(last, theirs_last)
+        again = lc.cm.allocate_blocks_cache(desc)
+        assert again.tensor_addrs[0] == base, "the same bytes, handed out again"
+        ctypes.memset(base, 0xA5, size)
+        t.join()
+        assert not failed, failed
+        got = np.frombuffer(ctypes.string_at(base, size), np.uint8).reshape(blocks, page)
+        pages = int(np.count_nonzero((got != 0xA5).any(axis=1)))
+        if pages:
+            print(f"round {r}: {pages} of {blocks} pages written after deallocate returned")
+        written += pages > 0
+        lc.cm.deallocate_blocks_cache(again)
+    print(f"{raced} of {rounds} rounds deallocated while the pull ran")
+    assert (incomplete, written) == (0, 0), f"of {rounds} rounds: pull incomplete; new cache written"
 
 
 def test_a_bad_pool_configuration_fails_init():

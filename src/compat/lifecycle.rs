@@ -2,7 +2,7 @@
 //! engine back to `Registered` and activates it again).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{Core, Error, Hixl, HostMem, MemDesc, MemHandle, Reg, Result, Typed, not_initialized};
@@ -17,6 +17,15 @@ fn privatize(core: &crate::runtime::region::RegionCore) {
         tracing::warn!(region = core.id, error = %e,
             "an engine-allocated buffer could not be made private: a same-host peer that mapped it may still reach its pages");
     }
+}
+
+/// The next memory handle: unique in the process, not per engine, so a handle one engine gave
+/// out never names a region of another (a caller holding a stale handle of an engine that was
+/// replaced, as LLM-DataDist's role switch replaces its engine, gets `PARAM_INVALID` from the
+/// new one, never another tensor's deregistration). Never 0.
+fn next_handle() -> MemHandle {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Hixl {
@@ -147,7 +156,8 @@ impl Hixl {
     }
 
     /// HIXL `RegisterMem`: makes `desc` reachable by this engine's transfers and, unless
-    /// `local_only`, by peers (READ and WRITE). Returns a non-zero handle. As in HIXL, links may
+    /// `local_only`, by peers (READ and WRITE). Returns a non-zero handle, unique in the process
+    /// (another engine refuses it with `PARAM_INVALID`). As in HIXL, links may
     /// exist: the region is usable by this engine's transfers at once and is in the table of
     /// every peer that connects from now on (a link sees the peer's table as it was when the
     /// link was made).
@@ -187,7 +197,7 @@ impl Hixl {
                 unsafe { e.register_raw_with(raw, mem_type, access) }.map_err(Error::from)
             })?,
         };
-        let handle = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let handle = next_handle();
         core.handles.insert(handle, desc.addr);
         core.regions
             .insert(desc.addr, Arc::new(Reg::Caller(region)));
@@ -240,7 +250,7 @@ impl Hixl {
         };
         let mem = HostMem {
             core: region.core.clone(),
-            handle: self.next_id.fetch_add(1, Ordering::Relaxed),
+            handle: next_handle(),
         };
         core.handles.insert(mem.handle, mem.addr());
         core.regions
@@ -450,5 +460,55 @@ impl Hixl {
             )),
             _ => Err(not_initialized()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registers `buf` with `e` (both live until the end of the test that calls it).
+    fn reg(e: &Hixl, buf: &mut [u8]) -> MemHandle {
+        let desc = MemDesc {
+            addr: buf.as_mut_ptr() as usize,
+            len: buf.len(),
+            local_only: false,
+        };
+        // SAFETY: the buffers outlive the engines (finalized at the end of the test), no peer
+        // connects to them, and nothing reads or writes them while they are registered.
+        unsafe { e.register_mem(desc, MemType::Host) }.unwrap()
+    }
+
+    #[test]
+    fn a_handle_of_one_compat_engine_is_refused_by_another() {
+        let (a, b) = (Hixl::new(), Hixl::new());
+        let none: [(&str, &str); 0] = [];
+        a.initialize("127.0.0.1", none).unwrap();
+        b.initialize("127.0.0.1", none).unwrap();
+        let mut mem = vec![vec![0u8; 4096]; 4];
+        let [m0, m1, m2, m3] = &mut mem[..] else {
+            unreachable!()
+        };
+        // each engine registers as many regions, in the same order
+        let (a0, a1) = (reg(&a, m0), reg(&a, m1));
+        let (b0, b1) = (reg(&b, m2), reg(&b, m3));
+        for h in [a0, a1] {
+            assert_ne!(h, b0);
+            assert_ne!(h, b1);
+            let e = b
+                .deregister_mem(h)
+                .expect_err("a handle of engine A, given to B");
+            assert_eq!(e.status(), Status::PARAM_INVALID);
+        }
+        assert_eq!(
+            b.metrics().unwrap().regions,
+            2,
+            "B kept both of its regions"
+        );
+        for (e, h) in [(&a, a0), (&a, a1), (&b, b0), (&b, b1)] {
+            e.deregister_mem(h).unwrap();
+        }
+        a.finalize();
+        b.finalize();
     }
 }

@@ -265,6 +265,7 @@ pub struct Hixl {
     /// that went away.
     gone: Mutex<std::collections::HashSet<String>>,
     reqs: Mutex<BTreeMap<TransferReq, Pending>>,
+    /// The next request id (memory handles are unique in the process: `lifecycle::next_handle`).
     next_id: AtomicU64,
 }
 

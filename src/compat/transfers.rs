@@ -299,19 +299,27 @@ impl Hixl {
     /// # Errors
     /// `FAILED` when not initialized.
     pub fn get_notifies(&self) -> Result<Vec<NotifyDesc>> {
-        let core = self.read();
-        let got = match &core.engine {
-            Some(Typed::Connected(e)) => e.get_notifies(),
-            Some(Typed::Registered(e)) => e.get_notifies(),
-            _ => return Err(not_initialized()),
-        };
-        Ok(got
+        Ok(self
+            .take_notifies()?
             .into_iter()
             .map(|n| NotifyDesc {
                 name: n.name,
                 notify_msg: n.msg,
             })
             .collect())
+    }
+
+    /// [`Hixl::get_notifies`] with the name each sender's engine gave in its handshake (what
+    /// LLM-DataDist binds a cluster's link notes to).
+    ///
+    /// # Errors
+    /// `FAILED` when not initialized.
+    pub(crate) fn take_notifies(&self) -> Result<Vec<crate::Notify>> {
+        match &self.read().engine {
+            Some(Typed::Connected(e)) => Ok(e.get_notifies()),
+            Some(Typed::Registered(e)) => Ok(e.get_notifies()),
+            _ => Err(not_initialized()),
+        }
     }
 }
 

@@ -397,3 +397,19 @@ pub struct ClusterInfo {
     /// The peer's listen address: exactly one to link (none needed to unlink with `force`).
     pub remote_ip_infos: Vec<IpInfo>,
 }
+
+impl ClusterInfo {
+    /// Cluster `remote_cluster_id` listening at `addr`: what a link to it needs (no role, no
+    /// local address).
+    pub fn at(remote_cluster_id: u64, addr: std::net::SocketAddr) -> Self {
+        ClusterInfo {
+            remote_cluster_id,
+            remote_role_type: 0,
+            local_ip_infos: Vec::new(),
+            remote_ip_infos: vec![IpInfo {
+                ip: addr.ip(),
+                port: addr.port(),
+            }],
+        }
+    }
+}

@@ -118,26 +118,14 @@ impl Peer {
     }
 
     fn launch(mut cmd: std::process::Command) -> Peer {
-        use std::io::BufRead;
-        use std::process::Stdio;
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hixl-peer");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
+        let r = ready(&mut cmd);
         Peer {
-            name: w[1].to_owned(),
-            addr: w[2].parse().unwrap(),
-            len: w[3].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
+            name: r.words[0].clone(),
+            addr: r.words[1].parse().unwrap(),
+            len: r.words[2].parse().unwrap(),
+            child: r.child,
+            stdin: r.stdin,
+            stdout: r.stdout,
         }
     }
 
@@ -174,6 +162,39 @@ impl Peer {
         use std::io::Write;
         writeln!(self.stdin, "quit").unwrap();
         assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// A `hixl-peer` child started with piped standard input and output, once it printed its first
+/// line, `READY` and the words after it.
+pub struct Ready {
+    pub child: std::process::Child,
+    pub stdin: std::process::ChildStdin,
+    pub stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The words of its `READY` line after `READY`.
+    pub words: Vec<String>,
+}
+
+/// Starts `cmd` (a `hixl-peer` command) and waits for its `READY` line.
+pub fn ready(cmd: &mut std::process::Command) -> Ready {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn hixl-peer");
+    let stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let mut words = line.split_whitespace().map(str::to_owned);
+    assert_eq!(words.next().as_deref(), Some("READY"), "peer said {line:?}");
+    Ready {
+        child,
+        stdin,
+        stdout,
+        words: words.collect(),
     }
 }
 

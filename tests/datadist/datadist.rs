@@ -545,68 +545,6 @@ fn a_link_serves_both_sides_until_either_unlinks() {
 }
 
 #[test]
-fn link_notifications_a_peer_forges_are_typed_errors() {
-    // any engine connected to a cluster can send it notifications: a malformed one is
-    // ignored, one naming an address nobody serves fails the push with a link error, and
-    // one naming the cluster itself is ignored
-    let (prompt, pport) = instance(PROMPT, Role::Prompt);
-    let mut pk = Tensors::new(1, 2, 4096, 21);
-    let k0 = CacheKey {
-        req_id: u64::MAX,
-        model_id: 0,
-    };
-    let pid = register(&prompt, &mut pk, CacheKind::Blocks, &[k0]);
-    let forger = hixl::compat::Hixl::new();
-    forger
-        .initialize("127.0.0.1", Vec::<(String, String)>::new())
-        .unwrap();
-    let remote = format!("127.0.0.1:{pport}");
-    forger.connect(&remote, 5000).unwrap();
-    let nobody = free_port();
-    for msg in [
-        "".to_owned(),
-        "x 127.0.0.1:1".to_owned(),
-        "5".to_owned(),
-        "6 not-an-address".to_owned(),
-        format!("{PROMPT} 127.0.0.1:{pport}"),
-        format!("7 127.0.0.1:{nobody}"),
-        "\u{0}\u{ffff} \u{0}".to_owned(),
-    ] {
-        let note = hixl::compat::NotifyDesc {
-            name: "hixl.datadist.link".into(),
-            notify_msg: msg,
-        };
-        forger.send_notify(&remote, &note, 5000).unwrap();
-    }
-    let push_to = |cluster_id| {
-        let key = RemoteCache::Blocks {
-            cluster_id,
-            model_id: 0,
-        };
-        status(prompt.push(pid, &key, 0, Some((&[0], &[0])), &Layers::all()))
-    };
-    assert_eq!(push_to(5), LlmStatus::LLM_NOT_YET_LINK, "malformed");
-    assert_eq!(push_to(6), LlmStatus::LLM_NOT_YET_LINK, "malformed");
-    assert_eq!(push_to(7), LlmStatus::LLM_LINK_FAILED, "nobody serves it");
-    assert_eq!(
-        status(prompt.push(
-            pid,
-            &RemoteCache::Blocks {
-                cluster_id: PROMPT,
-                model_id: 0
-            },
-            0,
-            Some((&[0], &[0])),
-            &Layers::all()
-        )),
-        LlmStatus::LLM_PARAM_INVALID,
-        "its own cluster"
-    );
-    forger.finalize();
-    prompt.finalize();
-}
-
-#[test]
 fn a_switch_to_decoder_closes_the_listener() {
     // upstream's switch_role_sample on one host: the prompt's port is free for the other side
     // once it switched to decoder

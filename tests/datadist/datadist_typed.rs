@@ -7,10 +7,9 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::common;
+use crate::serve_child::Peer;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{Rng, fnv1a};
@@ -67,68 +66,6 @@ fn block<M: hixl::Reclaim>(c: &mut Cache<'_, M>, t: usize, b: u64) -> Vec<u8> {
     let mut v = vec![0u8; c.block_size() as usize];
     c.read_at(t, b * c.block_size(), &mut v).unwrap();
     v
-}
-
-/// A `hixl-peer datadist-serve` child: a prompt cluster with one seeded blocks cache.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    addr: SocketAddr,
-    cache_id: i64,
-}
-
-impl Peer {
-    fn spawn(cluster: u64, tensors: u32, blocks: u64, block: u64, seed: u64, model: u64) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hixl-peer"))
-            .args(["datadist-serve", "--cluster", &cluster.to_string()])
-            .args(["--tensors", &tensors.to_string()])
-            .args([
-                "--blocks",
-                &blocks.to_string(),
-                "--block",
-                &block.to_string(),
-            ])
-            .args(["--seed", &seed.to_string(), "--model", &model.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hixl-peer");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.first(), Some(&"READY"), "peer said {line:?}");
-        Peer {
-            addr: w[1].parse().unwrap(),
-            cache_id: w[2].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().to_owned()
-    }
-
-    /// The FNV-1a of `len` bytes at `off` of the peer's tensor `t`.
-    fn sum(&mut self, t: usize, off: u64, len: u64) -> u64 {
-        let line = self.ask(&format!("sum {t} {off} {len}"));
-        let hex = line
-            .strip_prefix("SUM ")
-            .unwrap_or_else(|| panic!("peer said {line:?}"));
-        u64::from_str_radix(hex, 16).unwrap()
-    }
-
-    fn quit(mut self) {
-        writeln!(self.stdin, "quit").unwrap();
-        assert!(self.child.wait().unwrap().success());
-    }
 }
 
 #[test]

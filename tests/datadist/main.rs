@@ -5,5 +5,8 @@
 mod common;
 
 mod datadist;
+mod datadist_notes;
+mod datadist_races;
 mod datadist_rank;
 mod datadist_typed;
+mod serve_child;

@@ -1,7 +1,9 @@
 //! Registering and unregistering caches, and publishing them in the cache table peers fetch.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::uses::InUse;
 use super::{DataDist, LocalCache, Pool};
 use crate::compat;
 use crate::datadist::table::{self, Entry, HEADER_LEN, Key, TABLE_LEN, Table};
@@ -41,6 +43,9 @@ impl DataDist {
         batch_dim: usize,
         keys: &[CacheKey],
     ) -> Result<i64> {
+        // no role switch replaces the engine between registering with it and recording the
+        // handles (`relisten` registers what is recorded)
+        let _regs = lock(&self.regs);
         let (engine, _) = self.live()?;
         if addrs.is_empty() || addrs.len() != desc.num_tensors as usize {
             return Err(Error::param(format!(
@@ -106,6 +111,7 @@ impl DataDist {
                 entry,
                 handles,
                 keys,
+                uses: Arc::default(),
             },
         );
         if let Err(e) = self.publish() {
@@ -151,8 +157,7 @@ impl DataDist {
         let Some(mut c) = caches.by_id.remove(&id) else {
             return;
         };
-        c.handles.retain(|h| engine.deregister_mem(*h).is_err());
-        if !c.handles.is_empty() {
+        if deregister_all(engine, &mut c.handles).is_err() {
             tracing::warn!(
                 cache = id,
                 "a refused cache's tensors could not all be deregistered"
@@ -163,19 +168,33 @@ impl DataDist {
 
     /// Unregisters cache `cache_id` (`UnregisterKvCache`): it leaves the table and its tensors
     /// are deregistered; when this returns, no peer reads or writes them (the engine's
-    /// deregistration rule: refused while one of this instance's transfers uses them). An
-    /// unknown id succeeds, as upstream's.
+    /// deregistration rule: refused while one of this instance's async transfers uses them)
+    /// and no pull or push of this instance does: it waits for those running on the cache
+    /// (each ends by its deadline, `llm.SyncKvCacheWaitTime`) and refuses new ones
+    /// (`LLM_KV_CACHE_NOT_EXIST`) meanwhile. That holds for a cache carved from a memory pool
+    /// too, which has no registration of its own: its range may go back to the pool when this
+    /// returns. An unknown id succeeds, as upstream's.
     ///
     /// # Errors
-    /// `LLM_FAILED` before `initialize`; the engine's errors (the cache stays registered).
+    /// `LLM_FAILED` before `initialize`; the engine's errors (the cache stays registered, with
+    /// the tensors the engine refused to let go).
     pub fn unregister_cache(&self, cache_id: i64) -> Result<()> {
+        // the engine is the one the cache's handles are of: no role switch replaces it until
+        // this returns
+        let _regs = lock(&self.regs);
         let (engine, _) = self.live()?;
-        let mut caches = lock(&self.caches);
-        let Some(c) = caches.by_id.get(&cache_id).cloned() else {
+        let Some(uses) = (lock(&self.caches).by_id.get(&cache_id)).map(|c| c.uses.clone()) else {
             return Ok(());
         };
-        for h in &c.handles {
-            engine.deregister_mem(*h)?;
+        uses.close();
+        let mut caches = lock(&self.caches);
+        let Some(c) = caches.by_id.get_mut(&cache_id) else {
+            return Ok(());
+        };
+        if let Err(e) = deregister_all(&engine, &mut c.handles) {
+            drop(caches);
+            uses.reopen();
+            return Err(e);
         }
         caches.by_id.remove(&cache_id);
         drop(caches);
@@ -201,6 +220,7 @@ impl DataDist {
     /// `LLM_FAILED` before `initialize`; `LLM_PARAM_INVALID` for a null address, no length, a
     /// range past the end of memory or one that overlaps another pool; the engine's errors.
     pub unsafe fn register_pool(&self, placement: Placement, addr: u64, len: u64) -> Result<()> {
+        let _regs = lock(&self.regs);
         let (engine, _) = self.live()?;
         if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
             return Err(Error::param(format!(
@@ -254,18 +274,17 @@ impl DataDist {
         if removed { self.publish() } else { Ok(()) }
     }
 
-    /// The local cache `cache_id`'s entry.
-    pub(super) fn local(&self, cache_id: i64) -> Result<Entry> {
-        lock(&self.caches)
-            .by_id
-            .get(&cache_id)
-            .map(|c| c.entry.clone())
-            .ok_or_else(|| {
-                Error::new(
-                    LlmStatus::LLM_KV_CACHE_NOT_EXIST,
-                    format!("no local cache {cache_id}"),
-                )
-            })
+    /// The local cache `cache_id`'s entry, and a use of it that lasts until the guard is
+    /// dropped (a pull or push holds it while it moves the cache's bytes).
+    pub(super) fn local(&self, cache_id: i64) -> Result<(Entry, InUse)> {
+        let caches = lock(&self.caches);
+        let c = caches.by_id.get(&cache_id).ok_or_else(|| {
+            Error::new(
+                LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+                format!("no local cache {cache_id}"),
+            )
+        })?;
+        Ok((c.entry.clone(), c.uses.enter(cache_id)?))
     }
 
     /// Rewrites the published table (odd version while it is written, then even).
@@ -352,4 +371,17 @@ pub(super) fn register_tensors(
         }
     }
     Ok(handles)
+}
+
+/// Deregisters each of `handles` from `engine`, keeping those it refuses; the first refusal.
+fn deregister_all(engine: &compat::Hixl, handles: &mut Vec<compat::MemHandle>) -> Result<()> {
+    let mut refused = None;
+    handles.retain(|h| match engine.deregister_mem(*h) {
+        Ok(()) => false,
+        Err(e) => {
+            refused.get_or_insert(e);
+            true
+        }
+    });
+    refused.map_or(Ok(()), |e| Err(e.into()))
 }

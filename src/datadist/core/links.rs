@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{DataDist, MAX_LINKS, PeerLink, last_failure, not_initialized, set_device};
+use super::{DataDist, Inbound, MAX_LINKS, PeerLink, last_failure, not_initialized, set_device};
 use crate::compat::{self, NotifyDesc, TransferOpDesc};
 use crate::datadist::table::{self, HEADER_LEN, TABLE_LEN, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
@@ -45,18 +45,22 @@ impl DataDist {
             let ip = clusters
                 .iter()
                 .find_map(|c| c.local_ip_infos.first().map(|i| i.ip));
-            if let Some(ip) = ip {
+            // (the engine replaced is the one read under the lock)
+            let regs = lock(&self.regs);
+            let (_, config) = self.live()?;
+            if let Some(ip) = ip.filter(|_| config.listen.is_none()) {
                 if let Some(dev) = config.device_id {
                     set_device(dev)?;
                 }
-                match self.relisten(config, Some(SocketAddr::new(ip, 0).to_string())) {
-                    Ok(()) => engine = self.live()?.0,
-                    Err(e) => tracing::debug!(
+                let addr = SocketAddr::new(ip, 0).to_string();
+                if let Err(e) = self.relisten(&regs, config, Some(addr)) {
+                    tracing::debug!(
                         error = %e,
                         "cannot listen for links back: peers cannot pull from or push to this cluster"
-                    ),
+                    );
                 }
             }
+            engine = self.live()?.0;
         }
         let mut rets = Vec::with_capacity(clusters.len());
         for c in clusters {
@@ -111,7 +115,7 @@ impl DataDist {
             PeerLink {
                 remote,
                 table: None,
-                back: false,
+                back: None,
             },
         );
         Ok(())
@@ -141,34 +145,36 @@ impl DataDist {
 
     /// Takes the link notifications peers sent: where clusters that linked here listen, and
     /// which of them unlinked (their links back go). Anything else is not this layer's.
+    ///
+    /// A note speaks for a cluster only from the engine that cluster linked from: a link note
+    /// must name its sender's own address and binds the cluster to the sender, until an unlink
+    /// note from that same engine (or an unlink here) ends it; a link note for a cluster that
+    /// is bound to another engine, or linked already, changes nothing, and a new binding counts
+    /// against [`MAX_LINKS`] with the links.
     pub(super) fn take_notes(&self, engine: &compat::Hixl) {
-        let Ok(notes) = engine.get_notifies() else {
+        let Ok(notes) = engine.take_notifies() else {
             return;
         };
         for n in notes {
             match n.name.as_str() {
                 LINK_NOTE => {
-                    let parsed = n.notify_msg.split_once(' ').and_then(|(id, addr)| {
-                        Some((id.parse::<u64>().ok()?, addr.parse::<SocketAddr>().ok()?))
-                    });
-                    let Some((id, addr)) = parsed else {
-                        tracing::debug!(msg = n.notify_msg, "a malformed link notification");
-                        continue;
-                    };
-                    let mut inbound = lock(&self.inbound);
-                    if id != self.cluster_id
-                        && (inbound.len() < MAX_LINKS || inbound.contains_key(&id))
-                    {
-                        inbound.insert(id, addr.to_string());
+                    if let Err(why) = self.bind(&n.from, &n.msg) {
+                        tracing::debug!(from = n.from, msg = n.msg, why, "a link note refused");
                     }
                 }
                 UNLINK_NOTE => {
-                    let Ok(id) = n.notify_msg.parse::<u64>() else {
+                    let Ok(id) = n.msg.parse::<u64>() else {
                         continue;
                     };
-                    lock(&self.inbound).remove(&id);
                     let mut links = lock(&self.links);
-                    if links.get(&id).is_some_and(|l| l.back)
+                    let mut inbound = lock(&self.inbound);
+                    if inbound.get(&id).is_some_and(|b| b.from == n.from) {
+                        inbound.remove(&id);
+                    }
+                    drop(inbound);
+                    if links
+                        .get(&id)
+                        .is_some_and(|l| l.back.as_deref() == Some(n.from.as_str()))
                         && let Some(l) = links.remove(&id)
                     {
                         drop(links);
@@ -180,14 +186,49 @@ impl DataDist {
         }
     }
 
+    /// Binds the cluster a link note (`"<cluster id> <ip:port>"`) names to the engine `from`
+    /// that sent it, or says why not.
+    fn bind(&self, from: &str, msg: &str) -> std::result::Result<(), &'static str> {
+        let (id, addr) = msg
+            .split_once(' ')
+            .and_then(|(id, addr)| {
+                Some((id.parse::<u64>().ok()?, addr.parse::<SocketAddr>().ok()?))
+            })
+            .ok_or("malformed")?;
+        if id == self.cluster_id {
+            return Err("it names this cluster");
+        }
+        if !names_itself(from, addr) {
+            return Err("the address it names is not its sender's");
+        }
+        let links = lock(&self.links);
+        if links.contains_key(&id) {
+            return Err("that cluster is linked already");
+        }
+        let mut inbound = lock(&self.inbound);
+        match inbound.get(&id) {
+            Some(b) if b.from == from => return Ok(()),
+            Some(_) => return Err("that cluster is bound to another engine"),
+            None => {}
+        }
+        if links.len() + inbound.len() >= MAX_LINKS {
+            return Err("as many clusters are linked or bound as an instance holds");
+        }
+        let from = from.to_owned();
+        let addr = addr.to_string();
+        inbound.insert(id, Inbound { from, addr });
+        Ok(())
+    }
+
     /// Links back to cluster `id` if it linked to this one and said where it listens.
     fn link_back(&self, engine: &compat::Hixl, id: u64, timeout_ms: i32) -> Result<()> {
-        let Some(remote) = lock(&self.inbound).get(&id).cloned() else {
+        let Some(bound) = lock(&self.inbound).get(&id).cloned() else {
             return Err(Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
                 format!("cluster {id} is not linked"),
             ));
         };
+        let remote = bound.addr;
         engine.connect(&remote, timeout_ms).map_err(|e| {
             let mut e = Error::from(e);
             if e.status == LlmStatus::LLM_FAILED {
@@ -208,7 +249,7 @@ impl DataDist {
             PeerLink {
                 remote,
                 table: None,
-                back: true,
+                back: Some(bound.from),
             },
         );
         Ok(())
@@ -384,4 +425,12 @@ impl DataDist {
             format!("cannot read {remote}'s cache table: {why}"),
         ))
     }
+}
+
+/// Whether `addr`, the address a link note names, is the address of `from`, the engine that
+/// sent it: its port, and its IP unless the engine listens on a wildcard (then the note names
+/// the address it is reached at, `announce`).
+fn names_itself(from: &str, addr: SocketAddr) -> bool {
+    from.parse::<SocketAddr>()
+        .is_ok_and(|f| f.port() == addr.port() && (f.ip() == addr.ip() || f.ip().is_unspecified()))
 }

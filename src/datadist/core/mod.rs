@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::table::{Entry, TABLE_LEN, Table};
 use super::types::{CacheKey, Error, LlmStatus, Placement, Result, Role};
@@ -30,6 +30,7 @@ mod caches;
 mod links;
 mod moves;
 mod rank;
+mod uses;
 use caches::register_tensors;
 use moves::last_failure;
 pub use rank::{MAX_COMMS, RegisterMemStatus};
@@ -45,6 +46,8 @@ struct LocalCache {
     handles: Vec<compat::MemHandle>,
     /// Its keys, each with the batch it names.
     keys: Vec<(CacheKey, u64)>,
+    /// Its running pulls and pushes (`uses.rs`): unregistering waits for them.
+    uses: Arc<uses::Uses>,
 }
 
 /// A link to a peer cluster.
@@ -54,8 +57,19 @@ struct PeerLink {
     remote: String,
     /// The peer's cache table, fetched at the first pull or push.
     table: Option<Arc<Table>>,
-    /// Made back to a cluster that linked to this one (it goes when that cluster unlinks).
-    back: bool,
+    /// Made back to a cluster that linked to this one (it goes when that cluster unlinks):
+    /// the engine that cluster linked from, whose notifications alone speak for it.
+    back: Option<String>,
+}
+
+/// Where a cluster that linked to this one listens (`links.rs`), as its link note said, and
+/// the engine that sent the note: the cluster is bound to that engine until it unlinks.
+#[derive(Debug, Clone)]
+struct Inbound {
+    /// The sending engine's name.
+    from: String,
+    /// The address to link back to.
+    addr: String,
 }
 
 /// What `initialize` read of its options.
@@ -113,7 +127,11 @@ pub struct DataDist {
     comms: rank::Comms,
     /// Clusters that linked to this one and said where they listen (`links.rs`): a pull or
     /// push there links back on first use.
-    inbound: Mutex<HashMap<u64, String>>,
+    inbound: Mutex<HashMap<u64, Inbound>>,
+    /// Held by whatever registers or unregisters memory with the engine, and by whatever
+    /// replaces the engine (`relisten`) or finalizes it: a registration's handles are always
+    /// the current engine's.
+    regs: Mutex<()>,
 }
 
 /// An initialized instance's engine and buffers.
@@ -156,6 +174,7 @@ impl DataDist {
             next_id: AtomicI64::new(1),
             comms: rank::Comms::default(),
             inbound: Mutex::new(HashMap::new()),
+            regs: Mutex::new(()),
         }
     }
 
@@ -242,6 +261,9 @@ impl DataDist {
     /// finalized. Calling it again, or before `initialize`, does nothing.
     pub fn finalize(&self) {
         self.unlink_all_comms();
+        // not while a registration or an engine swap is under way (it would bring an engine
+        // back, or register with the one finalized)
+        let _regs = lock(&self.regs);
         let live = lock(&self.state).take();
         lock(&self.links).clear();
         lock(&self.inbound).clear();
@@ -266,6 +288,9 @@ impl DataDist {
     /// `LLM_FAILED` before `initialize`; `LLM_EXIST_LINK`; `LLM_PARAM_INVALID` for a malformed
     /// address; the engine's errors.
     pub fn set_role(&self, role: Role, options: &[(String, String)]) -> Result<()> {
+        // the whole switch excludes registrations (and other switches): the engine it reads is
+        // the one it replaces
+        let regs = lock(&self.regs);
         let (_, config) = self.live()?;
         let listen = parse_options(options)?.listen;
         if let Some(addr) = listen.clone()
@@ -278,14 +303,14 @@ impl DataDist {
                     "cannot listen elsewhere while links exist: unlink them first",
                 ));
             }
-            self.relisten(config, Some(addr))?;
+            self.relisten(&regs, config, Some(addr))?;
         } else if listen.is_none()
             && role == Role::Decoder
             && config.listen.is_some()
             && lock(&self.links).is_empty()
             && !self.comms.any()
         {
-            self.relisten(config, None)?;
+            self.relisten(&regs, config, None)?;
         }
         *lock(&self.role) = role;
         Ok(())
@@ -293,7 +318,17 @@ impl DataDist {
 
     /// A new engine listening on `addr` (or a client only, for `None`), with every cache
     /// registered again. Clusters that linked to the old engine have lost their links.
-    fn relisten(&self, mut config: Config, addr: Option<String>) -> Result<()> {
+    ///
+    /// `_regs` is [`DataDist::regs`], held by the caller from before it read `config` (the
+    /// engine's) until this returns: no registration or unregistration runs meanwhile, so none
+    /// is made with the old engine after the caches were registered with the new one, nor
+    /// hands the new engine's handles to the old one.
+    fn relisten(
+        &self,
+        _regs: &MutexGuard<'_, ()>,
+        mut config: Config,
+        addr: Option<String>,
+    ) -> Result<()> {
         config.listen = addr;
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);

@@ -38,7 +38,8 @@ impl DataDist {
         if src.cluster_id() == self.cluster_id {
             return Err(Error::param("a pull from this instance's own cluster"));
         }
-        let local = self.local(dst_cache)?;
+        // counted as a use of the cache until the READ returned: unregistering waits for it
+        let (local, _in_use) = self.local(dst_cache)?;
         let (remote, r, src_batch) = self.find_remote(&engine, src)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
         let ops = match blocks {
@@ -84,7 +85,8 @@ impl DataDist {
         if dst.cluster_id() == self.cluster_id {
             return Err(Error::param("a push to this instance's own cluster"));
         }
-        let local = self.local(src_cache)?;
+        // counted as a use of the cache until the last WRITE returned (`pull`)
+        let (local, _in_use) = self.local(src_cache)?;
         let (remote, r, dst_batch) = self.find_remote(&engine, dst)?;
         let dst_batch =
             u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;

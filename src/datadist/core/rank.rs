@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -205,7 +205,12 @@ impl DataDist {
             )));
         }
         if config.listen.is_none() {
-            self.listen_for_comms(config, rank_table, own_rank)?;
+            // (the engine replaced is the one read under the lock)
+            let regs = lock(&self.regs);
+            let (_, config) = self.live()?;
+            if config.listen.is_none() {
+                self.listen_for_comms(&regs, config, rank_table, own_rank)?;
+            }
         }
         let (engine, config) = self.live()?;
         let table_addr = {
@@ -443,7 +448,7 @@ impl DataDist {
                 PeerLink {
                     remote: name.clone(),
                     table: None,
-                    back: false,
+                    back: None,
                 },
             );
         }
@@ -452,7 +457,13 @@ impl DataDist {
 
     /// Makes the engine listen for this mode: on an ephemeral port of `own_rank`'s
     /// `server_id`.
-    fn listen_for_comms(&self, config: Config, rank_table: &str, own_rank: u32) -> Result<()> {
+    fn listen_for_comms(
+        &self,
+        regs: &MutexGuard<'_, ()>,
+        config: Config,
+        rank_table: &str,
+        own_rank: u32,
+    ) -> Result<()> {
         let ip = rank_server_ip(rank_table, own_rank).ok_or_else(|| {
             link_failed(format!(
                 "this instance has no llm.ListenIpInfo, and the server_id of its rank {own_rank} \
@@ -470,7 +481,7 @@ impl DataDist {
             set_device(dev)?;
         }
         let addr = std::net::SocketAddr::new(ip, 0).to_string();
-        self.relisten(config, Some(addr))
+        self.relisten(regs, config, Some(addr))
     }
 }
 

@@ -105,7 +105,7 @@ use std::time::Duration;
 
 use super::core::DataDist;
 use super::types::{
-    CacheDesc, CacheKey, CacheKind, ClusterInfo, Error, IpInfo, LlmStatus, Placement, Result, Role,
+    CacheDesc, CacheKey, CacheKind, ClusterInfo, Error, LlmStatus, Placement, Result, Role,
 };
 use crate::MemDesc;
 use crate::types::raw::{RawMemory, RegistrableMemory};
@@ -498,15 +498,7 @@ impl<'id, R: RoleState> Cluster<'id, R> {
         timeout: Duration,
     ) -> Result<LinkedCluster<'_, 'id>> {
         let ms = millis(timeout)?;
-        let info = ClusterInfo {
-            remote_cluster_id,
-            remote_role_type: 0,
-            local_ip_infos: Vec::new(),
-            remote_ip_infos: vec![IpInfo {
-                ip: addr.ip(),
-                port: addr.port(),
-            }],
-        };
+        let info = ClusterInfo::at(remote_cluster_id, addr);
         let (status, _) = self.inner.dd.link_clusters(&[info], ms)?;
         if status != LlmStatus::LLM_SUCCESS {
             return Err(Error::new(
