@@ -19,7 +19,10 @@ impl Sock {
     /// `deadline` passes. A `resumed` request first moves what the socket takes without
     /// waiting, and parks again unless that was at least [`MIN_PACE`] bytes: a peer that trickles
     /// costs a worker only the moments its bytes take, not its patience each time. Receiving, a
-    /// closed connection is `UnexpectedEof`.
+    /// closed connection is `UnexpectedEof`. A peer that keeps pace yields too, at the end of a
+    /// `patience` window in which `others_wait` says other work waits for this thread
+    /// (`Ok(false)`, as if it stalled): no request holds its worker beyond a share of about
+    /// `patience` while others wait, however fast its peer.
     ///
     /// # Safety
     /// Sending, every iovec must describe memory valid for reads; receiving, valid for writes of
@@ -32,6 +35,7 @@ impl Sock {
         deadline: Option<Instant>,
         patience: Duration,
         resumed: bool,
+        others_wait: &dyn Fn() -> bool,
     ) -> io::Result<bool> {
         let fd = self.stream.as_raw_fd();
         // a socket whose own timeout is within the patience blocks in the call itself (one
@@ -69,6 +73,10 @@ impl Sock {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         return Err(timed_out());
+                    }
+                    if others_wait() {
+                        // its share is spent: it goes to the back of the queue
+                        return Ok(false);
                     }
                     (window, paced) = (now, 0);
                 }
@@ -149,6 +157,7 @@ mod tests {
                     deadline,
                     Duration::from_millis(5),
                     resumed,
+                    &|| false,
                 )
             } {
                 Ok(false) => resumed = true, // parked and resumed, as a server does
@@ -158,6 +167,54 @@ mod tests {
         let e = r.expect_err("the whole payload was taken past the deadline");
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert!(pos < iov.len(), "every byte came in before the deadline");
+        drop(sock);
+        writer.join().unwrap();
+    }
+
+    /// A peer that keeps pace yields its worker once others wait for it: the receive of a
+    /// payload without end returns `Ok(false)` (parked, as if stalled) after moving bytes, within
+    /// a few windows, and asks whether others wait only at the end of a window.
+    #[test]
+    fn a_paced_peer_yields_when_others_wait() {
+        let (mut c, mut sock) = pair();
+        sock.set_fixed_timeout(Duration::from_millis(5)).unwrap();
+        const MIB: usize = 1 << 20;
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![7u8; MIB];
+            while c.write_all(&chunk).is_ok() {}
+        });
+        let mut sink = vec![0u8; MIB];
+        let base = sink.as_mut_ptr() as usize;
+        let mut iov = vec![IoVec { base, len: MIB }; 64 << 10];
+        let (mut pos, start) = (0, Instant::now());
+        let deadline = Some(start + Duration::from_secs(60));
+        let asked = std::cell::Cell::new(0u32);
+        let others_wait = || {
+            asked.set(asked.get() + 1);
+            asked.get() >= 3
+        };
+        // SAFETY: every iovec is `sink`, alive and written only through them for the call.
+        let r = unsafe {
+            sock.move_patiently(
+                false,
+                &mut iov,
+                &mut pos,
+                deadline,
+                Duration::from_millis(5),
+                false,
+                &others_wait,
+            )
+        };
+        assert!(!r.expect("no error"), "it yielded");
+        assert_eq!(asked.get(), 3, "asked once a window, yielded when told");
+        assert!(
+            pos > 0 || iov[0].len < MIB,
+            "it moved bytes before it yielded"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "it did not run to its deadline"
+        );
         drop(sock);
         writer.join().unwrap();
     }

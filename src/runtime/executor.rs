@@ -160,7 +160,20 @@ impl<T: Send + 'static> Queue<T> {
         item: T,
         handler: &mut dyn FnMut() -> Handler<T>,
     ) -> Result<(), T> {
-        self.push_with(item, handler, true)
+        self.push_with(item, handler, true, false)
+    }
+
+    /// As [`Queue::push`], but `item` is taken before every item queued so far (work that must
+    /// not wait behind the others, such as welcoming a new link while requests queue).
+    ///
+    /// # Errors
+    /// As [`Queue::push`].
+    pub(crate) fn push_first(
+        self: &Arc<Self>,
+        item: T,
+        handler: &mut dyn FnMut() -> Handler<T>,
+    ) -> Result<(), T> {
+        self.push_with(item, handler, true, true)
     }
 
     /// Queues `item` for the workers there are: no worker is started for it unless none
@@ -170,7 +183,7 @@ impl<T: Send + 'static> Queue<T> {
         item: T,
         handler: &mut dyn FnMut() -> Handler<T>,
     ) -> Result<(), T> {
-        self.push_with(item, handler, false)
+        self.push_with(item, handler, false, false)
     }
 
     fn push_with(
@@ -178,9 +191,14 @@ impl<T: Send + 'static> Queue<T> {
         item: T,
         handler: &mut dyn FnMut() -> Handler<T>,
         start: bool,
+        first: bool,
     ) -> Result<(), T> {
         let mut st = lock(&self.st);
-        st.items.push_back(item);
+        if first {
+            st.items.push_front(item);
+        } else {
+            st.items.push_back(item);
+        }
         if !start && st.workers > 0 {
             if st.idle > 0 {
                 self.work.notify_one();
@@ -214,7 +232,12 @@ impl<T: Send + 'static> Queue<T> {
             return Ok(()); // a worker of the queue gets to it
         }
         // no worker runs the queue, so it held only this item
-        Err(st.items.pop_back().expect("just queued"))
+        let item = if first {
+            st.items.pop_front()
+        } else {
+            st.items.pop_back()
+        };
+        Err(item.expect("just queued"))
     }
 
     /// A worker: handles the queue's items until it has waited [`IDLE`] for one, or finds the

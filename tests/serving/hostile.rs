@@ -786,6 +786,16 @@ fn one_status_for_malformed_input_at_every_stage() {
         s.write_all(&bytes).unwrap();
         seen.push((format!("on a lane: {what}"), refusal(&mut s)));
     }
+    // frames whose kinds carry no payload, with one (a BYE's was closed without a REFUSE)
+    for kind in [Kind::Bye, Kind::Ping] {
+        let mut s = connect_raw(plain.name());
+        hello(&mut s);
+        s.write_all(&raw(kind as u16, None, None, &[1])).unwrap();
+        seen.push((
+            format!("on a lane: {kind:?} with a payload"),
+            refusal(&mut s),
+        ));
+    }
     let odd: Vec<_> = seen.iter().filter(|(_, st)| *st != Some(503_900)).collect();
     assert!(
         odd.is_empty(),

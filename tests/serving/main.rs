@@ -9,6 +9,7 @@ mod support;
 
 mod attack;
 mod budget;
+mod fair;
 mod hostile;
 mod limits;
 mod load;

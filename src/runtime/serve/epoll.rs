@@ -63,10 +63,20 @@ impl Epoll {
         self.rearm_for(fd, token, false)
     }
 
-    /// Re-arms a one-shot `fd` for output (`out`) or input, and hang-ups.
+    /// Re-arms a one-shot `fd` for output (`out`), or for input and the peer's half-close.
+    ///
+    /// Waiting for output, the peer's half-close (`EPOLLRDHUP`) is not asked for: it is level
+    /// triggered, so once the peer's FIN is in every re-arm would fire at once while the reply
+    /// still cannot be sent (a parked reply on a half-closed lane would spin its worker). A peer
+    /// that half-closed and still reads gets its reply; one that does not is closed at the
+    /// request's deadline; errors and hang-ups are reported whatever is asked.
     pub(super) fn rearm_for(&self, fd: RawFd, token: Token, out: bool) -> io::Result<()> {
-        let dir = if out { libc::EPOLLOUT } else { libc::EPOLLIN };
-        let ev = (dir | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+        let dir = if out {
+            libc::EPOLLOUT
+        } else {
+            libc::EPOLLIN | libc::EPOLLRDHUP
+        };
+        let ev = (dir | libc::EPOLLONESHOT) as u32;
         self.ctl(libc::EPOLL_CTL_MOD, fd, token, ev)
     }
 

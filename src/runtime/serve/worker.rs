@@ -103,7 +103,11 @@ pub(super) fn submit(shared: &Arc<Shared>, job: Work) {
     };
     // a lingering worker looks at the queue every LINGER_SLICE: it takes the job, rather than
     // a new thread (sequential requests on many lanes would each start one)
-    let queued = if shared.lingering.load(Ordering::SeqCst) > 0 {
+    // welcoming a new link never waits behind requests: it is taken first, within one share
+    // of a request (see `drive`) when every worker is busy
+    let queued = if matches!(job, Work::Open(_)) {
+        shared.queue.push_first(job, &mut handler)
+    } else if shared.lingering.load(Ordering::SeqCst) > 0 {
         shared.queue.push_to_workers(job, &mut handler)
     } else {
         shared.queue.push(job, &mut handler)
@@ -307,10 +311,12 @@ pub(super) fn serve_lane(shared: &Arc<Shared>, mut lane: Box<Established>) {
 }
 
 /// Moves what a request has left: `Ok(true)` when it is done (the next request follows),
-/// `Ok(false)` when its socket stalled (it is parked, the lane goes back to the poller), or
-/// why the lane ends.
-fn drive(sock: &mut Sock, p: &mut Pending<Held>) -> Result<bool, ConnEnd> {
-    match p.progress(sock) {
+/// `Ok(false)` when its socket stalled or its share of the worker is spent while other work
+/// waits (it is parked, the lane goes back to the poller), or why the lane ends.
+fn drive(shared: &Shared, sock: &mut Sock, p: &mut Pending<Held>) -> Result<bool, ConnEnd> {
+    // its share spent while other work waits for a worker, it goes to the back of the queue
+    // (parked: the poller hands it back as soon as its socket is ready)
+    match p.progress(sock, &|| shared.queue.pending() > 0) {
         Ok(After::NextRequest) => Ok(true),
         Ok(After::Park) => Ok(false),
         Ok(After::Close(reason)) => Err(ConnEnd::Refused(reason)),
@@ -339,14 +345,20 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
     let sock = &mut conn.sock;
     // a request parked on a stalled socket goes on first
     if let Some((mut p, flight)) = parked.take()
-        && !drive(sock, &mut p)?
+        && !drive(shared, sock, &mut p)?
     {
         *parked = Some((p, flight));
         return Ok(());
     }
+    let began = Instant::now();
     loop {
         // between requests a connection keeps no more memory than a small one needs
         trim(inb, xfer, out);
+        // a lane whose requests follow one another keeps its worker for one share while other
+        // work waits, then goes to the back of the queue (the poller hands it back at once)
+        if began.elapsed() >= PATIENCE && shared.queue.pending() > 0 {
+            return Ok(());
+        }
         match request_waiting_in(shared, inb, sock) {
             Ok(true) => {}
             Ok(false) => return Ok(()),
@@ -410,7 +422,8 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
             }
             (Kind::Bye, p) => {
                 if !p.is_empty() {
-                    return Err(ConnEnd::Protocol(WireError::Trailing(p.len())));
+                    let e = WireError::Trailing(p.len());
+                    return Err(violation(sock, out, e, deadline));
                 }
                 if let Some(client) = shared.links.close(token, conn.id, &shared.conns) {
                     tracing::debug!(parent: &shared.span, %client, "link closed by client");
@@ -451,7 +464,7 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
                 continue;
             }
         };
-        if !drive(sock, &mut pending)? {
+        if !drive(shared, sock, &mut pending)? {
             // the socket stalled: the worker goes on to other work, the poller waits for it
             *parked = Some((pending, flight));
             return Ok(());

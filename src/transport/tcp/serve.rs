@@ -124,11 +124,16 @@ impl<H> Pending<H> {
     }
 
     /// Moves what the socket takes (never waiting more than [`PATIENCE`] for it): once every
-    /// byte has moved, what follows; [`After::Park`] when the socket stalled.
+    /// byte has moved, what follows; [`After::Park`] when the socket stalled, or when its share
+    /// of the worker is spent (a [`PATIENCE`] window ended while `others_wait`).
     ///
     /// # Errors
     /// The socket failed, or the deadline passed (`TimedOut`).
-    pub(crate) fn progress(&mut self, sock: &mut Sock) -> io::Result<After> {
+    pub(crate) fn progress(
+        &mut self,
+        sock: &mut Sock,
+        others_wait: &dyn Fn() -> bool,
+    ) -> io::Result<After> {
         let (dl, resumed) = (self.deadline, self.resumed);
         // SAFETY: the receive iovecs are ranges `Served::admit` returned, valid for writes of
         // any bytes, by anyone, while `_held` lives (it lives as long as `self`).
@@ -140,6 +145,7 @@ impl<H> Pending<H> {
                 dl,
                 PATIENCE,
                 resumed,
+                others_wait,
             )
         }?;
         // SAFETY: the first send iovec is `self.frame`'s heap buffer, alive and unmoved as long
@@ -154,6 +160,7 @@ impl<H> Pending<H> {
                     dl,
                     PATIENCE,
                     resumed,
+                    others_wait,
                 )
             }?;
         if !sent {
