@@ -17,6 +17,7 @@ mod inbound;
 mod paced;
 
 pub(crate) use inbound::{Inbound, read_frame};
+pub(crate) use paced::Pace;
 
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;

@@ -11,9 +11,22 @@ use super::{IoVec, RECV_IOVS, Sock, advance, one_call, timed_out};
 /// patience interval (64 KiB per 5 ms: about 13 MB/s); a slower one is parked between its bytes.
 pub(crate) const MIN_PACE: usize = 64 << 10;
 
+/// How a request's bytes are paced: its deadline, the patience it is given, whether it was
+/// parked before (see [`Sock::move_patiently`]), and whether other work waits for its thread.
+pub(crate) struct Pace<'a> {
+    /// When the whole request must be done.
+    pub(crate) deadline: Option<Instant>,
+    /// How long it may wait for progress, and the window its pace is measured over.
+    pub(crate) patience: Duration,
+    /// It was parked once: it resumes without waiting until it keeps pace again.
+    pub(crate) resumed: bool,
+    /// Whether other work waits for this thread (then it yields at the end of a window).
+    pub(crate) others_wait: &'a dyn Fn() -> bool,
+}
+
 impl Sock {
     /// Moves the bytes `iov[*pos..]` describes (consuming them, and `*pos` past those done) as
-    /// long as the peer keeps pace: `Ok(true)` once all have moved; `Ok(false)` when it does
+    /// long as the peer keeps pace ([`Pace`]): `Ok(true)` once all have moved; `Ok(false)` when it does
     /// not — no byte for `patience`, or less than [`MIN_PACE`] bytes in a `patience` — so the
     /// caller parks the request and resumes it when the socket is ready; `TimedOut` once
     /// `deadline` passes. A `resumed` request first moves what the socket takes without
@@ -32,11 +45,10 @@ impl Sock {
         send: bool,
         iov: &mut [IoVec],
         pos: &mut usize,
-        deadline: Option<Instant>,
-        patience: Duration,
-        resumed: bool,
-        others_wait: &dyn Fn() -> bool,
+        pace: &Pace<'_>,
     ) -> io::Result<bool> {
+        let (deadline, patience, resumed) = (pace.deadline, pace.patience, pace.resumed);
+        let others_wait = pace.others_wait;
         let fd = self.stream.as_raw_fd();
         // a socket whose own timeout is within the patience blocks in the call itself (one
         // system call per wake-up); others poll for it
@@ -154,10 +166,12 @@ mod tests {
                     false,
                     &mut iov,
                     &mut pos,
-                    deadline,
-                    Duration::from_millis(5),
-                    resumed,
-                    &|| false,
+                    &Pace {
+                        deadline,
+                        patience: Duration::from_millis(5),
+                        resumed,
+                        others_wait: &|| false,
+                    },
                 )
             } {
                 Ok(false) => resumed = true, // parked and resumed, as a server does
@@ -199,10 +213,12 @@ mod tests {
                 false,
                 &mut iov,
                 &mut pos,
-                deadline,
-                Duration::from_millis(5),
-                false,
-                &others_wait,
+                &Pace {
+                    deadline,
+                    patience: Duration::from_millis(5),
+                    resumed: false,
+                    others_wait: &others_wait,
+                },
             )
         };
         assert!(!r.expect("no error"), "it yielded");

@@ -8,7 +8,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use crate::error::Status;
-use crate::io::{Inbound, IoVec, Sock};
+use crate::io::{Inbound, IoVec, Pace, Sock};
 use crate::types::blocks::WireBlocks;
 use crate::types::{TransferOp, WireDesc};
 use crate::wire::{self, WireError};
@@ -134,35 +134,21 @@ impl<H> Pending<H> {
         sock: &mut Sock,
         others_wait: &dyn Fn() -> bool,
     ) -> io::Result<After> {
-        let (dl, resumed) = (self.deadline, self.resumed);
+        let pace = Pace {
+            deadline: self.deadline,
+            patience: PATIENCE,
+            resumed: self.resumed,
+            others_wait,
+        };
         // SAFETY: the receive iovecs are ranges `Served::admit` returned, valid for writes of
         // any bytes, by anyone, while `_held` lives (it lives as long as `self`).
-        let received = unsafe {
-            sock.move_patiently(
-                false,
-                &mut self.recv,
-                &mut self.recv_pos,
-                dl,
-                PATIENCE,
-                resumed,
-                others_wait,
-            )
-        }?;
+        let received =
+            unsafe { sock.move_patiently(false, &mut self.recv, &mut self.recv_pos, &pace) }?;
         // SAFETY: the first send iovec is `self.frame`'s heap buffer, alive and unmoved as long
         // as `self`; the others are ranges `Served::admit` returned, valid for reads while
         // `_held` lives.
         let sent = received
-            && unsafe {
-                sock.move_patiently(
-                    true,
-                    &mut self.send,
-                    &mut self.send_pos,
-                    dl,
-                    PATIENCE,
-                    resumed,
-                    others_wait,
-                )
-            }?;
+            && unsafe { sock.move_patiently(true, &mut self.send, &mut self.send_pos, &pace) }?;
         if !sent {
             self.resumed = true;
             return Ok(After::Park);
