@@ -168,6 +168,18 @@ impl Pinned {
     }
 }
 
+/// Whether the other end of `control` closed it (or it failed): `POLLRDHUP`, `POLLHUP` or
+/// `POLLERR` now, without waiting.
+pub(crate) fn hung_up(control: &TcpStream) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: control.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    }];
+    poll_now(&mut fds);
+    fds[0].revents != 0
+}
+
 /// Polls `fds` without waiting, retrying when a signal interrupts the call; afterwards each
 /// `revents` says what is ready (a descriptor that cannot be polled reports `POLLNVAL`).
 fn poll_now(fds: &mut [libc::pollfd]) {

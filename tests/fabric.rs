@@ -62,6 +62,10 @@ fn in_child(test: &str, child: &str, scenario: fn(), ok: &str, tag: &str) {
         "scenario failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
+    // the scenario's summary lines (its rates), for `--nocapture`
+    for l in stderr.lines().filter(|l| l.starts_with("fabric ")) {
+        eprintln!("{l}");
+    }
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -722,4 +726,133 @@ fn self_scenario() {
     for a in [dev, host] {
         hixl::fabric::free_mem(a).expect("FreeMem");
     }
+}
+
+const FINALIZE_CHILD: &str = "HIXL_FABRIC_FINALIZE_CHILD";
+
+#[test]
+fn fabric_memory_is_not_reached_after_finalize() {
+    in_child(
+        "fabric_memory_is_not_reached_after_finalize",
+        FINALIZE_CHILD,
+        finalize_scenario,
+        "FABRIC FINALIZE SCENARIO OK",
+        "hixl-fabric-fin",
+    );
+}
+
+/// A client keeps WRITEing the server's 4 MiB region (two patterns in turn, a batch each) while
+/// the server finalizes. Once `finalize` returns, the memory its owner got back never changes
+/// again, and every batch the client starts from then on fails. A client on this host copies
+/// inside the server's fence, so the memory holds exactly the last batch that returned `Ok`;
+/// without same-host access (`hixl.SameHost=off`, as a client on another host) the client
+/// learns of the end on its control connection.
+fn finalize_scenario() {
+    const LEN: usize = 4 * MIB;
+    let mut rng = Rng::new(0xF1A);
+    let patterns = [rng.bytes(LEN), rng.bytes(LEN)];
+    let (mut changed, mut late_ok, mut torn) = (0, 0, 0);
+    let rounds = 6;
+    for round in 0..rounds {
+        let same_host = if round % 2 == 0 { "auto" } else { "off" };
+        let server = fabric_engine("127.0.0.1:0");
+        let client = Hixl::new();
+        client
+            .initialize(
+                "127.0.0.1",
+                [("EnableUseFabricMem", "1"), ("hixl.SameHost", same_host)],
+            )
+            .unwrap();
+        let name = server.local_engine().unwrap();
+        let s_mem = hixl::fabric::malloc_mem(MemType::Device, LEN).unwrap();
+        let c_mem = hixl::fabric::malloc_mem(MemType::Device, 2 * LEN).unwrap();
+        fill(s_mem, &vec![0u8; LEN]);
+        fill(c_mem, &patterns[0]);
+        fill(c_mem + LEN, &patterns[1]);
+        let _sh = register(&server, s_mem, LEN, MemType::Device);
+        let ch = register(&client, c_mem, 2 * LEN, MemType::Device);
+        client.connect(&name, 10_000).unwrap();
+        let client = std::sync::Arc::new(client);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // the writer: (when the batch started, which pattern, whether it returned Ok)
+        let writer = {
+            let (client, stop, name) = (client.clone(), stop.clone(), name.clone());
+            std::thread::spawn(move || {
+                let mut log = Vec::new();
+                let mut i = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let d = TransferOpDesc {
+                        local_addr: c_mem + (i % 2) * LEN,
+                        remote_addr: s_mem,
+                        len: LEN,
+                    };
+                    let at = std::time::Instant::now();
+                    let ok = client
+                        .transfer_sync(&name, TransferOp::Write, &[d], 10_000)
+                        .is_ok();
+                    log.push((at, i % 2, ok));
+                    i += 1;
+                }
+                log
+            })
+        };
+        // a few batches land, then the server ends while the writer goes on
+        while bytes(s_mem, 16) == vec![0u8; 16] {
+            std::thread::yield_now();
+        }
+        server.finalize();
+        let ended = std::time::Instant::now();
+        let kept = bytes(s_mem, LEN);
+        // the writer goes on until it has started at least 20 batches since
+        let log = loop {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if writer.is_finished() {
+                break Vec::new();
+            }
+            let after = bytes(s_mem, LEN);
+            if after != kept {
+                changed += 1;
+                eprintln!(
+                    "round {round} ({same_host}): the memory changed after finalize returned"
+                );
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                break writer.join().unwrap();
+            }
+            if ended.elapsed() > std::time::Duration::from_millis(300) {
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                break writer.join().unwrap();
+            }
+        };
+        let late = log.iter().filter(|(at, _, ok)| *at > ended && *ok).count();
+        let started_after = log.iter().filter(|(at, _, _)| *at > ended).count();
+        late_ok += usize::from(late > 0);
+        if late > 0 {
+            eprintln!(
+                "round {round} ({same_host}): {late} of {started_after} batches started after \
+                 finalize returned reported Ok"
+            );
+        }
+        if same_host == "auto" {
+            // inside the fence: the memory holds the last batch that returned Ok, whole
+            let last_ok = log.iter().rev().find(|(_, _, ok)| *ok).map(|&(_, p, _)| p);
+            if last_ok.is_none_or(|p| kept != patterns[p]) {
+                torn += 1;
+                eprintln!("round {round}: the memory is not the last Ok batch's bytes");
+            }
+        }
+        assert!(
+            started_after > 0 || changed > 0,
+            "round {round}: no batch after finalize"
+        );
+        client.deregister_mem(ch).ok();
+        client.finalize();
+        hixl::fabric::free_mem(c_mem).unwrap();
+        hixl::fabric::free_mem(s_mem).unwrap();
+    }
+    eprintln!(
+        "fabric finalize under a writing client, {rounds} rounds: memory changed after finalize \
+         in {changed}, batches started after it reported Ok in {late_ok}, memory not the last \
+         Ok batch (fenced rounds) in {torn}"
+    );
+    assert_eq!((changed, late_ok, torn), (0, 0, 0));
 }

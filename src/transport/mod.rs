@@ -287,6 +287,14 @@ pub(crate) trait DataPath: Send + Sync {
     /// inside the server's fence for the link (see `runtime::revoke`), when the link has one.
     fn fenced(&self) -> bool;
 
+    /// Whether its batches enter the link's fence when the link has one: a
+    /// [`fenced`](Self::fenced) path's do; a one-sided path that also runs where no fence can
+    /// be had (fabric memory, whose clients may be on other hosts) says so here, and enters it
+    /// on a link to this host.
+    fn enters_fence(&self) -> bool {
+        self.fenced()
+    }
+
     /// Whether a broken link refuses a batch before this path is tried (paths that a failure
     /// poisons); the others check the peer themselves.
     fn refused_when_broken(&self) -> bool;

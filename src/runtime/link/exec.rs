@@ -189,7 +189,7 @@ impl LinkShared {
             .expect("the last data path, TCP's, covers every batch");
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
-        let pass = match (&self.fence, path.fenced()) {
+        let pass = match (&self.fence, path.enters_fence()) {
             (Some(f), true) => match f.enter() {
                 Some(p) => Some(p),
                 None => return Err(self.revoked("before this transfer started")),

@@ -183,6 +183,17 @@ pub fn free_mem(addr: usize) -> Result<(), Error> {
     }
 }
 
+/// The allocation at `addr` now lives on the physical memory `phys` (a registration moved it
+/// there: `retire`): the allocator keeps that handle for [`free_mem`], forgets its export, and
+/// returns the old handle for the caller to release; `None` when `addr` is not an allocation
+/// of [`malloc_mem`] (memory the caller mapped itself).
+pub(super) fn replace_physical(addr: usize, phys: usize) -> Option<usize> {
+    let mut allocs = lock(&ALLOCS);
+    let a = allocs.get_mut(&addr)?;
+    a.handle = None;
+    Some(std::mem::replace(&mut a.phys, phys))
+}
+
 /// HIXL's `ExportToShareableHandle(addr, handle)`: the fabric shareable handle of a
 /// [`malloc_mem`] allocation (exported once, then the cached one), which another process
 /// imports to map the same physical memory.
