@@ -163,3 +163,62 @@ fn two_processes_reach_only_remote_memory_that_is_bound() {
     assert!(left.is_empty(), "left in the announce directory: {left:?}");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// The ACL calls Mooncake's NPU wheel links besides hixl's, as the double implements them
+/// (`tests/ascend_double/acl_extra.c`, every status exact): `aclrtHostRegister` and
+/// `aclrtHostUnregister` (overlaps, unknown starts, what `aclrtPointerGetAttributes` then says),
+/// `aclrtMemcpyBatch` (random data H2D then D2H in one call; each refusal's status and failing
+/// index, nothing copied), `aclrtMemGetAllocationGranularity`, and device memory shared by IPC
+/// between two processes: one exports `aclrtMalloc` memory (a whitelisted key and an open one),
+/// the other imports both, reads the exporter's random bytes and writes its own, which the
+/// exporter reads; a key whose exporter exited, a closed export, a key never exported are
+/// refused. Every key file is gone afterwards but the one of the process that exited without
+/// unloading the double.
+#[test]
+fn the_calls_mooncakes_wheel_links_behave_as_canns() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-ascend-extra-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    let dir = base.join("announce");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = base.join("double.log");
+    let prog = base.join("acl_extra");
+    let link: Vec<std::ffi::OsString> = vec![
+        "-L".into(),
+        lib.parent().unwrap().into(),
+        format!("-l:{}", lib.file_name().unwrap().to_string_lossy()).into(),
+        "-lpthread".into(),
+    ];
+    build_c_program("acl_extra.c", &prog, &link);
+    let out = clean_command(&prog)
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
+        .env("HIXL_ASCEND_DOUBLE_LOG", &log)
+        .output()
+        .expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.lines().any(|l| l == "importer OK")
+            && stdout.lines().any(|l| l == "OK"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    for want in [
+        "aclrtMemcpyBatch num=4 attrs=2 fail=-1 rc=0",
+        "aclrtMemcpyBatch num=2 attrs=2 fail=1 rc=107000",
+    ] {
+        assert!(lines.lines().any(|l| l == want), "no {want:?} in {lines}");
+    }
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "only the exited exporter's key file: {left:?}");
+    assert!(left[0].starts_with(".ipc.hxipc-"), "{left:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}
