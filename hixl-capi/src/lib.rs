@@ -35,6 +35,8 @@ use hixl_rs::compat::{self, Hixl};
 use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
 
 mod acl_errmsg;
+#[cfg(hixl_cxx)]
+pub mod cann_abi;
 pub mod cs;
 pub mod datadist;
 

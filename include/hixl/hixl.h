@@ -49,6 +49,12 @@ constexpr uint32_t REGISTER_LOCAL_ONLY = HIXL_REGISTER_LOCAL_ONLY;
 /* hixl extension, beyond HIXL: the geometry of Hixl::TransferBlocks (hixl_block_desc). */
 using BlockDesc = hixl_block_desc;
 
+/* The header-only form of HIXL's class, in an inline namespace: `hixl::Hixl` names it in source,
+ * but its symbols (hixl::header_only::Hixl::...) are its own, so a program built with it never
+ * meets the exported class of the same name in libcann_hixl.so (the form a program compiled
+ * against CANN's own hixl/hixl.h calls: see docs/c-and-cpp.md) and the two can share a process.
+ * `namespace hixl { class Hixl; }` written by a program does not declare this class. */
+inline namespace header_only {
 class ASCEND_FUNC_VISIBILITY Hixl {
  public:
   Hixl() { (void)hixl_create(&engine_); }
@@ -284,6 +290,7 @@ class ASCEND_FUNC_VISIBILITY Hixl {
 
   hixl_engine *engine_ = nullptr;
 };
+}  // namespace header_only
 
 }  // namespace hixl
 

@@ -218,7 +218,11 @@ fn the_calls_mooncakes_wheel_links_behave_as_canns() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left.len(), 1, "only the exited exporter's key file: {left:?}");
+    assert_eq!(
+        left.len(),
+        1,
+        "only the exited exporter's key file: {left:?}"
+    );
     assert!(left[0].starts_with(".ipc.hxipc-"), "{left:?}");
     let _ = std::fs::remove_dir_all(&base);
 }

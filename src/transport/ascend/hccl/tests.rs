@@ -442,7 +442,14 @@ fn a_1_2_rank_table_without_super_pods_is_read_as_1_0() {
         .init_comm(&table(pods), 0, &named("v12_pods"))
         .unwrap_err();
     assert!(
-        matches!(&e, Error::Native { call: "HcclCommInitClusterInfoMemConfig", code: 1, .. }),
+        matches!(
+            &e,
+            Error::Native {
+                call: "HcclCommInitClusterInfoMemConfig",
+                code: 1,
+                ..
+            }
+        ),
         "{e:?}"
     );
 }

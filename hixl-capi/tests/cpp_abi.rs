@@ -1,0 +1,75 @@
+//! CANN's C++ ABI of `libcann_hixl.so`: `hixl::Hixl` (and `ge::AscendString`) exported by the
+//! mangled names a program compiled against CANN's own `include/hixl/hixl.h` calls. A program
+//! written against declarations matching CANN's header (`tests/cpp/cann_hixl.h`: the pimpl
+//! class, every method out of line; hixl's header-only `hixl/hixl.h` is not included), built
+//! with HIXL's example flags (CANN's C++ ABI) and linked with `-lcann_hixl` alone, runs as two
+//! processes: random data both ways, sync and async, checked on both sides.
+
+mod common;
+
+/// `hixl::Hixl`'s methods and `ge::AscendString`'s out-of-line ones, by CANN's mangled names.
+const EXPORTED: &[&str] = &[
+    "_ZN4hixl4HixlC1Ev",
+    "_ZN4hixl4HixlC2Ev",
+    "_ZN4hixl4HixlD1Ev",
+    "_ZN4hixl4HixlD2Ev",
+    "_ZN4hixl4Hixl10InitializeERKN2ge12AscendStringERKSt3mapIS2_S2_St4lessIS2_ESaISt4pairIS3_S2_EEE",
+    "_ZN4hixl4Hixl8FinalizeEv",
+    "_ZN4hixl4Hixl11RegisterMemERKNS_7MemDescENS_7MemTypeERPv",
+    "_ZN4hixl4Hixl13DeregisterMemEPv",
+    "_ZN4hixl4Hixl7ConnectERKN2ge12AscendStringEi",
+    "_ZN4hixl4Hixl10DisconnectERKN2ge12AscendStringEi",
+    "_ZN4hixl4Hixl12ConnectAsyncERKN2ge12AscendStringEi",
+    "_ZN4hixl4Hixl15DisconnectAsyncERKN2ge12AscendStringEi",
+    "_ZN4hixl4Hixl21GetAsyncConnectStatusERKN2ge12AscendStringERNS_18AsyncConnectStatusE",
+    "_ZN4hixl4Hixl21GetAsyncConnectStatusERSt3mapIN2ge12AscendStringENS_18AsyncConnectStatusESt4lessIS3_ESaISt4pairIKS3_S4_EEE",
+    "_ZN4hixl4Hixl12TransferSyncERKN2ge12AscendStringENS_10TransferOpERKSt6vectorINS_14TransferOpDescESaIS7_EEi",
+    "_ZN4hixl4Hixl13TransferAsyncERKN2ge12AscendStringENS_10TransferOpERKSt6vectorINS_14TransferOpDescESaIS7_EERKNS_12TransferArgsERPv",
+    "_ZN4hixl4Hixl17GetTransferStatusERKPvRNS_14TransferStatusE",
+    "_ZN4hixl4Hixl17GetTransferStatusERKNS_21GetTransferStatusArgsERSt6vectorINS_14TransferResultESaIS5_EE",
+    "_ZN4hixl4Hixl10SendNotifyERKN2ge12AscendStringERKNS_10NotifyDescEi",
+    "_ZN4hixl4Hixl11GetNotifiesERSt6vectorINS_10NotifyDescESaIS2_EE",
+    "_ZN4hixl4Hixl13GetCapabilityENS_11FeatureTypeERi",
+    "_ZN2ge12AscendStringC1EPKc",
+    "_ZN2ge12AscendStringC2EPKc",
+    "_ZN2ge12AscendStringC1EPKcm",
+    "_ZN2ge12AscendStringC2EPKcm",
+    "_ZNK2ge12AscendString9GetStringEv",
+    "_ZNK2ge12AscendString9GetLengthEv",
+    "_ZNK2ge12AscendString4FindERKS0_",
+    "_ZNK2ge12AscendString4HashEv",
+    "_ZNK2ge12AscendStringltERKS0_",
+    "_ZNK2ge12AscendStringgtERKS0_",
+    "_ZNK2ge12AscendStringleERKS0_",
+    "_ZNK2ge12AscendStringgeERKS0_",
+    "_ZNK2ge12AscendStringeqERKS0_",
+    "_ZNK2ge12AscendStringneERKS0_",
+    "_ZNK2ge12AscendStringeqEPKc",
+    "_ZNK2ge12AscendStringneEPKc",
+];
+
+#[test]
+fn libcann_hixl_exports_hixl_as_canns_does() {
+    let lib = common::lib_dir().join("libcann_hixl.so");
+    let Some(missing) = common::missing_exports(&lib, EXPORTED) else {
+        return;
+    };
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}
+
+/// The program compiled against CANN's declarations, linked with `-lcann_hixl` alone, as a
+/// server and a client process.
+#[test]
+fn a_program_built_against_canns_header_runs_as_two_processes() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    common::two_processes(
+        &cxx,
+        &common::HIXL_EXAMPLE_FLAGS,
+        "cann_hixl",
+        "cpp/cann_abi.cpp",
+        3,
+        "caller",
+    );
+}
