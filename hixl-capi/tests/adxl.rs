@@ -51,6 +51,43 @@ fn libllm_datadist_exports_adxl_and_ascend_string() {
     }
 }
 
+/// ADXL on a thread with no device, where ACL loads (the test double of
+/// `tools/ascend-double.sh`): `Initialize` fails with ACL's `ACL_ERROR_RT_CONTEXT_NULL`
+/// (107002), as upstream's ADXL (which reads the device when it starts); after
+/// `aclrtSetDevice` it succeeds.
+#[test]
+fn adxl_without_a_device_fails_at_initialize_with_acls_error() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    if !common::lib_dir().join("libllm_datadist.so").exists() {
+        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+        return;
+    }
+    let dir = common::scratch("adxl-nodevice");
+    let double = dir.join("cann");
+    common::build_double(&double);
+    let exe = dir.join("program");
+    common::build(
+        &cxx,
+        &common::HIXL_EXAMPLE_FLAGS,
+        "llm_datadist",
+        &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/adxl_engine.cpp")],
+        &exe,
+    );
+    let mut cmd = std::process::Command::new(&exe);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HIXL") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.arg("nodevice")
+        .env("LD_LIBRARY_PATH", &double)
+        .env("TMPDIR", &dir);
+    common::run_client(&mut cmd);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn an_adxl_program_runs_as_two_processes() {
     let Some(cxx) = common::compiler("c++") else {

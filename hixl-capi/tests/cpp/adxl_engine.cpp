@@ -6,9 +6,13 @@
 //   adxl_engine server SIZE [caller]  READY <name> <addr> <len>; then sum / notifies / quit
 //   adxl_engine client NAME ADDR LEN  every call against that server, with its exact status;
 //                                     prints WROTE <off> <len> <fnv1a>, then PASS
+//   adxl_engine nodevice              where ACL loads (the test double): Initialize on a thread
+//                                     with no device is ACL's 107002, then with one SUCCESS;
+//                                     prints PASS
 #include "adxl/adxl_engine.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -259,7 +263,44 @@ int Client(const std::string &name, uintptr_t raddr, size_t rlen) {
 }
 }  // namespace
 
+// ADXL reads the thread's device when it starts, as upstream's (aclrtGetDevice): on a thread
+// with none, Initialize fails with ACL's ACL_ERROR_RT_CONTEXT_NULL; once aclrtSetDevice ran,
+// it succeeds. ACL is reached with dlopen, as the program links -lllm_datadist alone.
+int NoDevice() {
+  void *acl = dlopen("libascendcl.so", RTLD_NOW | RTLD_GLOBAL);
+  if (acl == nullptr) {
+    std::fprintf(stderr, "no libascendcl.so: %s\n", dlerror());
+    return 1;
+  }
+  using SetDevice = int (*)(int32_t);
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtSetDevice"));
+  auto reset_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtResetDevice"));
+  CHECK(set_device != nullptr && reset_device != nullptr);
+  if (set_device == nullptr || reset_device == nullptr) return 1;
+  std::map<AscendString, AscendString> none;
+  {
+    AdxlEngine engine;
+    EXPECT(engine.Initialize("127.0.0.1", none), 107002U);  // ACL_ERROR_RT_CONTEXT_NULL
+    MemHandle h = nullptr;
+    MemDesc d{};
+    d.addr = 4096;
+    d.len = 4096;
+    EXPECT(engine.RegisterMem(d, MEM_HOST, h), FAILED);  // not initialized
+  }
+  CHECK(set_device(3) == 0);
+  {
+    AdxlEngine engine;
+    EXPECT(engine.Initialize("127.0.0.1", none), SUCCESS);
+    engine.Finalize();
+  }
+  CHECK(reset_device(3) == 0);
+  if (failures) return 1;
+  std::printf("PASS\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && std::strcmp(argv[1], "nodevice") == 0) return NoDevice();
   if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "server") == 0) return Server(std::strtoul(argv[2], nullptr, 10));
   if (argc == 5 && std::strcmp(argv[1], "client") == 0) {
     return Client(argv[2], static_cast<uintptr_t>(std::strtoull(argv[3], nullptr, 10)),
