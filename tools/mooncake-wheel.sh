@@ -4,7 +4,8 @@
 # release libraries (libllm_datadist.so, libcann_hixl.so) and the ACL/HCCL test double
 # (tools/ascend-double.sh, with its libmetadef.so) on LD_LIBRARY_PATH, nothing else set; then
 # tests/mooncake/mooncake_te.py: its TransferEngine with protocol "ascend" moving host and device
-# memory both ways between two processes.
+# memory both ways between two processes; then tests/mooncake/mooncake_store.py: Mooncake Store
+# (mooncake_master and two store clients) putting and getting device memory over that transport.
 #
 #   tools/mooncake-wheel.sh [TARGET_DIR]    (default: target; needs target/release/libllm_datadist.so:
 #                                            cargo build --release -p hixl-capi)
@@ -71,3 +72,7 @@ mkdir -p "$work/tmp"
 for k in $(env | grep -o '^HIXL[A-Z_]*' || true); do unset "$k"; done
 LD_LIBRARY_PATH="$work/cann:$lib" TMPDIR="$work/tmp" GLOG_minloglevel=1 \
   timeout 300 "$py" tests/mooncake/mooncake_te.py
+# Mooncake Store on the same transport: the wheel's mooncake_master and two store clients,
+# device memory put by one and got by the other
+LD_LIBRARY_PATH="$work/cann:$lib" TMPDIR="$work/tmp" GLOG_minloglevel=1 \
+  timeout 300 "$py" tests/mooncake/mooncake_store.py
