@@ -73,3 +73,90 @@ fn a_program_built_against_canns_header_runs_as_two_processes() {
         "caller",
     );
 }
+
+/// Both forms in one process, the interposition case: a shared library built with hixl's
+/// header-only `hixl/hixl.h` (its inline `ge::AscendString`, the default C++ ABI, `-O0` so every
+/// inline method it uses is emitted), preloaded ahead of everything (`LD_PRELOAD`), serves
+/// memory from a header-only engine; the program compiled against CANN's declarations (CANN's
+/// C++ ABI) moves data to and from it through `libcann_hixl.so`'s exported class, and checks
+/// the bytes the library holds. The library exports none of `ge::AscendString`'s or
+/// `hixl::Hixl`'s names (its inline copies are hidden), so the program's strings are made and
+/// read by `libcann_hixl.so` alone.
+#[test]
+fn both_forms_share_a_process_without_interposing() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    let dir = common::scratch("cpp-abi-mixed");
+    let lib = common::lib_dir();
+    let peer = dir.join("libhixlpeer.so");
+    let asan: &[&str] = if cfg!(hixl_asan) {
+        &["-fsanitize=address"]
+    } else {
+        &[]
+    };
+    let o = std::process::Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O0",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ])
+        .args(asan)
+        .arg("-I")
+        .arg(common::include_dir())
+        .arg(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/header_only_peer.cpp"),
+        )
+        .arg("-o")
+        .arg(&peer)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lcann_hixl")
+        .output()
+        .expect("run the compiler");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // no dynamic symbol of the library's, strong or weak, has one of the exported names
+    match std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&peer)
+        .output()
+    {
+        Ok(o) if o.status.success() => {
+            let out = String::from_utf8_lossy(&o.stdout);
+            let leaked: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(2))
+                .filter(|n| EXPORTED.contains(n))
+                .collect();
+            assert!(
+                leaked.is_empty(),
+                "the header-only library exports {leaked:?}"
+            );
+        }
+        _ => eprintln!("not checked: no working `nm` for the library's exports"),
+    }
+    let exe = dir.join("program");
+    common::build(
+        &cxx,
+        &common::HIXL_EXAMPLE_FLAGS,
+        "cann_hixl",
+        &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/cann_abi.cpp")],
+        &exe,
+    );
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("mixed").env("LD_PRELOAD", &peer);
+    if cfg!(hixl_asan) {
+        // ASan's runtime must come first; the test program links it, the preload does not need to
+        cmd.env_remove("LD_PRELOAD");
+        eprintln!("not checked under AddressSanitizer: LD_PRELOAD would precede its runtime");
+        let _ = std::fs::remove_dir_all(dir);
+        return;
+    }
+    common::run_client(&mut cmd);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -8,11 +8,16 @@
 //   cann_abi client NAME ADDR LEN     connect, WRITE and READ random data sync and async,
 //                                     the status lists, a notification, refused ranges;
 //                                     prints WROTE <off> <len> <fnv1a> per write, then PASS
+//   cann_abi mixed                    the client against a server in this process, served by
+//                                     a preloaded library built with hixl's header-only form
+//                                     (header_only_peer.cpp: peer_serve, peer_sum); checks
+//                                     what it wrote there itself; prints PASS
 //
 // The server's engine listens on "127.0.0.1:0" (an ephemeral port); CANN's API has no call that
 // gives the port, so the server finds it as any program may: its listening socket in
 // /proc/net/tcp, by the inode of one of its own descriptors.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -134,6 +139,17 @@ int Server(size_t size) {
   return failures ? 1 : 0;
 }
 
+struct Wrote {
+  size_t off, len;
+  uint64_t sum;
+};
+std::vector<Wrote> wrote;
+
+void Written(size_t off, size_t len, const unsigned char *p) {
+  wrote.push_back({off, len, Fnv1a(p, len)});
+  std::printf("WROTE %zu %zu %016llx\n", off, len, static_cast<unsigned long long>(wrote.back().sum));
+}
+
 int Client(const char *name, uintptr_t raddr, size_t rlen) {
   AscendStrings();
   int32_t cap = -1;
@@ -166,9 +182,8 @@ int Client(const char *name, uintptr_t raddr, size_t rlen) {
   // sync WRITE of two descriptors, then READ them back elsewhere
   const size_t a = 4096, b = 100003;
   EXPECT(engine.TransferSync(remote, WRITE, {{local, raddr + 17, a}, {local + a, raddr + 65536, b}}), SUCCESS);
-  std::printf("WROTE %zu %zu %016llx\n", static_cast<size_t>(17), a, static_cast<unsigned long long>(Fnv1a(mine.data(), a)));
-  std::printf("WROTE %zu %zu %016llx\n", static_cast<size_t>(65536), b,
-              static_cast<unsigned long long>(Fnv1a(mine.data() + a, b)));
+  Written(17, a, mine.data());
+  Written(65536, b, mine.data() + a);
   const size_t back = rlen / 2;
   EXPECT(engine.TransferSync(remote, READ, {{local + back, raddr + 65536, b}}), SUCCESS);
   CHECK(std::memcmp(mine.data() + back, mine.data() + a, b) == 0);
@@ -184,8 +199,7 @@ int Client(const char *name, uintptr_t raddr, size_t rlen) {
     if (st == TransferStatus::WAITING) std::this_thread::yield();
   }
   CHECK(st == TransferStatus::COMPLETED);
-  std::printf("WROTE %zu %zu %016llx\n", static_cast<size_t>(300000), static_cast<size_t>(8192),
-              static_cast<unsigned long long>(Fnv1a(mine.data(), 8192)));
+  Written(300000, 8192, mine.data());
   std::vector<TransferResult> results;
   EXPECT(engine.GetTransferStatus(GetTransferStatusArgs{}, results), SUCCESS);
   CHECK(results.empty());
@@ -211,7 +225,34 @@ int Client(const char *name, uintptr_t raddr, size_t rlen) {
 }
 }  // namespace
 
+// The server is a library built with hixl's header-only form, preloaded into this process
+// (LD_PRELOAD), whose inline copies of ge::AscendString's methods (the default C++ ABI) must not
+// stand in for the ones this program calls in libcann_hixl.so (CANN's ABI).
+int Mixed() {
+  using Serve = int (*)(char *, size_t, uint64_t *, uint64_t *);
+  using Sum = uint64_t (*)(uint64_t, uint64_t);
+  using Stop = void (*)();
+  auto serve = reinterpret_cast<Serve>(dlsym(RTLD_DEFAULT, "peer_serve"));
+  auto sum = reinterpret_cast<Sum>(dlsym(RTLD_DEFAULT, "peer_sum"));
+  auto stop = reinterpret_cast<Stop>(dlsym(RTLD_DEFAULT, "peer_stop"));
+  if (serve == nullptr || sum == nullptr || stop == nullptr) {
+    std::fprintf(stderr, "no peer_serve: preload header_only_peer's library\n");
+    return 1;
+  }
+  char name[128];
+  uint64_t addr = 0, len = 0;
+  CHECK(serve(name, sizeof name, &addr, &len) == 0);
+  if (failures) return 1;
+  const int rc = Client(name, addr, len);
+  for (const Wrote &w : wrote) CHECK(sum(w.off, w.len) == w.sum);
+  stop();
+  if (rc != 0 || failures) return 1;
+  std::printf("PASS\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && std::strcmp(argv[1], "mixed") == 0) return Mixed();
   if (argc >= 3 && std::strcmp(argv[1], "server") == 0) return Server(std::strtoull(argv[2], nullptr, 10));
   if (argc >= 5 && std::strcmp(argv[1], "client") == 0)
     return Client(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
