@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cann_decls.h"
+#include "fork_pair.h"
 
 typedef struct {
     aclrtMemLocation dstLoc;
@@ -311,9 +312,9 @@ static void exporter(int in, int out) {
 }
 
 int main(void) {
-    int to_imp[2], to_exp[2], status = 0;
-    pid_t pid;
-    IS(aclrtHostRegister(&status, sizeof status, 0, (void **)&pid), RT_CONTEXT_NULL);
+    int host = 0;
+    void *dev = NULL;
+    IS(aclrtHostRegister(&host, sizeof host, 0, &dev), RT_CONTEXT_NULL);
     {
         char a[8], b[8];
         void *dsts[1] = {a}, *srcs[1] = {b};
@@ -326,22 +327,6 @@ int main(void) {
     memcpy_batch();
     granularity();
     IS(aclrtResetDevice(3), 0);
-    check(pipe(to_imp) == 0 && pipe(to_exp) == 0, "pipe");
-    fflush(stdout);
-    pid = fork();
-    check(pid >= 0, "fork");
-    if (pid == 0) {
-        close(to_imp[1]);
-        close(to_exp[0]);
-        importer(to_imp[0], to_exp[1]);
-        printf("importer OK\n");
-        return 0;
-    }
-    close(to_imp[0]); /* a process that dies closes its ends: the other's read returns 0 */
-    close(to_exp[1]);
-    exporter(to_exp[0], to_imp[1]);
-    check(waitpid(pid, &status, 0) == pid, "waitpid");
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the importer succeeded");
-    printf("OK\n");
+    fork_pair(importer, exporter, "importer OK");
     return 0;
 }

@@ -312,21 +312,27 @@ static int server(size_t size) {
   return failures ? 1 : 0;
 }
 
-static HixlClientHandle make_client_with(uint32_t port, const char *remote_ip, const char *config) {
-  static EndpointDesc local, remote;
-  local = endpoint("127.0.0.1");
-  remote = endpoint(remote_ip);
+/* HixlCSClientCreate for a client of 127.0.0.1:port with these endpoints and config */
+static HixlStatus create_client(const EndpointDesc *local, const EndpointDesc *remote, uint32_t port,
+                                const char *config, HixlClientHandle *h) {
   HixlClientDesc d;
   memset(&d, 0, sizeof d);
-  d.local_endpoint = &local;
-  d.remote_endpoint = &remote;
+  d.local_endpoint = local;
+  d.remote_endpoint = remote;
   d.server_ip = "127.0.0.1";
   d.server_port = port;
   HixlClientConfig c;
   memset(&c, 0, sizeof c);
   c.global_resource_config = config;
+  return HixlCSClientCreate(&d, &c, h);
+}
+
+static HixlClientHandle make_client_with(uint32_t port, const char *remote_ip, const char *config) {
+  static EndpointDesc local, remote;
+  local = endpoint("127.0.0.1");
+  remote = endpoint(remote_ip);
   HixlClientHandle h = NULL;
-  EXPECT(HixlCSClientCreate(&d, &c, &h), HIXL_SUCCESS);
+  EXPECT(create_client(&local, &remote, port, config, &h), HIXL_SUCCESS);
   return h;
 }
 
@@ -529,19 +535,11 @@ static int client(uint32_t port, uintptr_t kv0_addr, size_t size, pid_t server_p
     EndpointDesc l = endpoint("127.0.0.1"), r = endpoint("127.0.0.1");
     l.loc.locType = ENDPOINT_LOC_TYPE_DEVICE;
     l.loc.device.devPhyId = (uint32_t)device_id;
-    HixlClientDesc d;
-    memset(&d, 0, sizeof d);
-    d.local_endpoint = &l;
-    d.remote_endpoint = &r;
-    d.server_ip = "127.0.0.1";
-    d.server_port = port;
-    HixlClientConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    HixlClientHandle h = (HixlClientHandle)&d;
-    EXPECT(HixlCSClientCreate(&d, &cfg, &h), ACL_ERROR_RT_CONTEXT_NULL);
+    HixlClientHandle h = (HixlClientHandle)&l;
+    EXPECT(create_client(&l, &r, port, NULL, &h), ACL_ERROR_RT_CONTEXT_NULL);
     CHECK(h == NULL);
     CHECK(aclrtSetDevice(device_id) == 0);
-    EXPECT(HixlCSClientCreate(&d, &cfg, &h), HIXL_SUCCESS);
+    EXPECT(create_client(&l, &r, port, NULL, &h), HIXL_SUCCESS);
     EXPECT(HixlCSClientDestroy(h), HIXL_SUCCESS);
   }
 #endif

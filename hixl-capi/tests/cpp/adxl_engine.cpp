@@ -10,6 +10,7 @@
 //                                     with no device is ACL's 107002, then with one SUCCESS;
 //                                     prints PASS
 #include "adxl/adxl_engine.h"
+#include "check.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -34,33 +35,7 @@ static_assert(sizeof(ShareableHandle) == 128, "aclrtMemFabricHandle");
 static_assert(sizeof(TransferOpDesc) == 3 * sizeof(uint64_t), "TransferOpDesc");
 
 namespace {
-int failures = 0;
-
-void Expect(Status got, Status want, int line) {
-  if (got != want) {
-    std::cerr << "line " << line << ": status " << got << ", expected " << want << "\n";
-    failures++;
-  }
-}
-#define EXPECT(call, want) Expect((call), (want), __LINE__)
-#define CHECK(cond)                                                 \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      std::cerr << "line " << __LINE__ << ": " #cond " is false\n"; \
-      failures++;                                                   \
-    }                                                               \
-  } while (0)
-
 unsigned char Pattern(size_t i) { return static_cast<unsigned char>((i * 131u + 7u) & 0xffu); }
-
-uint64_t Fnv1a(const unsigned char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 // A port nobody listens on now (ADXL has no call that tells an engine's port).
 int FreePort() {

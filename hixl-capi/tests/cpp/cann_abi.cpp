@@ -33,36 +33,11 @@
 #include <thread>
 
 #include "cann_hixl.h"
+#include "check.h"
 
 using namespace hixl;
 
 namespace {
-int failures = 0;
-
-void Expect(Status got, Status want, int line) {
-  if (got != want) {
-    std::cerr << "line " << line << ": status " << got << ", expected " << want << "\n";
-    failures++;
-  }
-}
-#define EXPECT(call, want) Expect((call), (want), __LINE__)
-#define CHECK(cond)                                                 \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      std::cerr << "line " << __LINE__ << ": " #cond " is false\n"; \
-      failures++;                                                   \
-    }                                                               \
-  } while (0)
-
-uint64_t Fnv1a(const unsigned char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 // The port this process listens on for TCP: the inodes of its sockets, matched against
 // /proc/net/tcp's listening entries (state 0A).
 int ListeningPort() {
