@@ -38,6 +38,16 @@ const EXPORTED: &[&str] = &[
     "_ZNK2ge12AscendStringeqEPKc",
 ];
 
+/// Whether `libllm_datadist.so` was built (it needs a C++ compiler); says the test is skipped
+/// when not.
+fn llm_datadist_built() -> bool {
+    let built = common::lib_dir().join("libllm_datadist.so").exists();
+    if !built {
+        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    }
+    built
+}
+
 #[test]
 fn libllm_datadist_exports_adxl_and_ascend_string() {
     let lib = common::lib_dir().join("libllm_datadist.so");
@@ -60,27 +70,14 @@ fn adxl_without_a_device_fails_at_initialize_with_acls_error() {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
-    if !common::lib_dir().join("libllm_datadist.so").exists() {
-        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    if !llm_datadist_built() {
         return;
     }
     let dir = common::scratch("adxl-nodevice");
     let double = dir.join("cann");
     common::build_double(&double);
-    let exe = dir.join("program");
-    common::build(
-        &cxx,
-        &common::HIXL_EXAMPLE_FLAGS,
-        "llm_datadist",
-        &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/adxl_engine.cpp")],
-        &exe,
-    );
-    let mut cmd = std::process::Command::new(&exe);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("HIXL") {
-            cmd.env_remove(k);
-        }
-    }
+    let exe = common::build_example(&cxx, "llm_datadist", "cpp/adxl_engine.cpp", &dir);
+    let mut cmd = common::clean_command(&exe);
     cmd.arg("nodevice")
         .env("LD_LIBRARY_PATH", &double)
         .env("TMPDIR", &dir);
@@ -93,8 +90,7 @@ fn an_adxl_program_runs_as_two_processes() {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
-    if !common::lib_dir().join("libllm_datadist.so").exists() {
-        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    if !llm_datadist_built() {
         return;
     }
     common::two_processes(

@@ -140,15 +140,8 @@ fn both_forms_share_a_process_without_interposing() {
         }
         _ => eprintln!("not checked: no working `nm` for the library's exports"),
     }
-    let exe = dir.join("program");
-    common::build(
-        &cxx,
-        &common::HIXL_EXAMPLE_FLAGS,
-        "cann_hixl",
-        &[std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/cann_abi.cpp")],
-        &exe,
-    );
-    let mut cmd = std::process::Command::new(&exe);
+    let exe = common::build_example(&cxx, "cann_hixl", "cpp/cann_abi.cpp", &dir);
+    let mut cmd = common::clean_command(&exe);
     cmd.arg("mixed").env("LD_PRELOAD", &peer);
     if cfg!(hixl_asan) {
         // ASan's runtime must come first; the test program links it, the preload does not need to
