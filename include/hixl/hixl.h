@@ -13,7 +13,10 @@
  * fabric memory are not implemented, CLIENT_SERVER_COMM is not supported, a region UCX serves
  * one-sided cannot be deregistered while linked (UNSUPPORTED) (see docs/c-and-cpp.md).
  * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
- * libhixl.so beside it.
+ * libhixl.so beside it. That library also exports hixl::Hixl as CANN's libcann_hixl.so does (its
+ * methods out of line, by CANN's mangled names, CANN's C++ ABI), for programs compiled against
+ * CANN's own hixl/hixl.h; this header's class is a separate, header-only one in the inline
+ * namespace hixl::header_only (docs/c-and-cpp.md, "Two forms of hixl::Hixl").
  *
  * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
  * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers
