@@ -10,8 +10,6 @@
 //                                     notify; prints WROTE <off> <len> <fnv1a>, then PASS
 #include "hixl/hixl.h"
 
-#include "check.h"
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,7 +38,34 @@ static_assert(kPositional.addr == 0x1000 && kPositional.len == 64 && kPositional
               "MemDesc{addr, len, {...}}");
 
 namespace {
+int failures = 0;
+
+void Expect(Status got, Status want, int line) {
+  if (got != want) {
+    std::cerr << "line " << line << ": status " << got << ", expected " << want << " ("
+              << hixl_last_error_message() << ")\n";
+    failures++;
+  }
+}
+#define EXPECT(call, want) Expect((call), (want), __LINE__)
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::cerr << "line " << __LINE__ << ": " #cond " is false\n";      \
+      failures++;                                                        \
+    }                                                                    \
+  } while (0)
+
 unsigned char Pattern(size_t i) { return static_cast<unsigned char>((i * 131u + 7u) & 0xffu); }
+
+uint64_t Fnv1a(const unsigned char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 // GE's AscendString API: construction, Find, Hash, std::hash, comparisons, null strings.
 void AscendStrings() {
@@ -326,7 +351,6 @@ int Client(const char *remote, uintptr_t raddr, size_t rlen) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  expect_detail = hixl_last_error_message;
   if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "server") == 0)
     return Server(std::strtoul(argv[2], nullptr, 10),
                   argc == 4 && std::strcmp(argv[3], "engine") == 0);
