@@ -19,7 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-}
 duration=${2:-5}
-lib="$PWD/${CARGO_TARGET_DIR:-target}/release"
+target=${CARGO_TARGET_DIR:-target}
+[[ $target == /* ]] || target="$PWD/$target"
+lib="$target/release"
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -84,7 +86,7 @@ iperf() {
 
 # hixl's own engine, same op, block and batch, over TCP with caller memory (examples/bench)
 engine() {
-  env -u LD_LIBRARY_PATH "${CARGO_TARGET_DIR:-target}/release/examples/bench" --transport tcp --memory user --op "$1" \
+  env -u LD_LIBRARY_PATH "$target/release/examples/bench" --transport tcp --memory user --op "$1" \
     --block "$2" --batch "$3" --duration "$duration" --no-extras --no-cold --json 2>/dev/null |
     python3 -c 'import json,sys; print([json.loads(l)["gbps"] for l in sys.stdin if "gbps" in l][0])'
 }

@@ -17,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${1:-${CARGO_TARGET_DIR:-target}}
 version=0.3.13.post1
-lib="$PWD/$target/release"
+[[ $target == /* ]] || target="$PWD/$target"
+lib="$target/release"
 if [[ ! -e $lib/libllm_datadist.so || ! -e $lib/libcann_hixl.so ]]; then
   echo "$0: no $lib/libllm_datadist.so: run cargo build --release -p hixl-capi first" >&2
   exit 1
