@@ -41,11 +41,107 @@ fn main() {
             profile.display()
         );
     }
+    println!("cargo::rustc-check-cfg=cfg(hixl_cxx)");
+    if suffix == "so" {
+        match cann_abi(&out_dir) {
+            Ok(()) => println!("cargo::rustc-cfg=hixl_cxx"),
+            Err(e) => println!(
+                "cargo::warning=libhixl.so built without CANN's C++ ABI (hixl::Hixl, ge::AscendString): {e}"
+            ),
+        }
+    }
     if suffix == "so"
         && let Err(e) = llm_datadist(profile, &out_dir)
     {
         println!("cargo::warning=libllm_datadist.so not built: {e}");
     }
+}
+
+/// The C++ layer of CANN's ABI in `libhixl.so` (so in `libcann_hixl.so`): `cxx/cann_hixl.cc`
+/// (`hixl::Hixl`'s methods as `extern "C"` functions over hixl's header-only class) and
+/// `cxx/ascend_string.cc` compiled under the namespace `hixl_ge` (`ge::AscendString`'s methods,
+/// which `src/cann_abi.rs` exports under GE's names), both with CANN's C++ ABI
+/// (`-D_GLIBCXX_USE_CXX11_ABI=0`) and hidden visibility, in the static archive
+/// `OUT_DIR/libhixl_cxx.a` linked into the library with libstdc++. The library is linked with
+/// `-Bsymbolic-functions`, so its calls to its own exported names bind inside it. Without a C++
+/// compiler (`$CXX`, else `c++`) or `ar` (`$AR`, else `ar`), it is left out, with a warning.
+fn cann_abi(out_dir: &Path) -> Result<(), String> {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").ok_or("no manifest dir")?);
+    let include = manifest.join("../include");
+    let cann = manifest.join("cxx/cann_hixl.cc");
+    let ascend = manifest.join("cxx/ascend_string.cc");
+    for f in [
+        &cann,
+        &ascend,
+        &include.join("hixl/hixl.h"),
+        &include.join("hixl/hixl_types.h"),
+        &include.join("hixl/ge_ascend_string.h"),
+        &include.join("adxl/adxl_types.h"),
+        &include.join("hixl_c.h"),
+    ] {
+        println!("cargo::rerun-if-changed={}", f.display());
+    }
+    println!("cargo::rerun-if-env-changed=AR");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let ar = std::env::var("AR").unwrap_or_else(|_| "ar".into());
+    let run = |tool: &str, cmd: &mut std::process::Command| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{tool}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    let flags = [
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-fvisibility-inlines-hidden",
+        "-D_GLIBCXX_USE_CXX11_ABI=0",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+    ];
+    let objs = [out_dir.join("cann_hixl.o"), out_dir.join("ascend_string.o")];
+    run(
+        &cxx,
+        std::process::Command::new(&cxx)
+            .args(flags)
+            .arg("-I")
+            .arg(&include)
+            .arg("-c")
+            .arg(&cann)
+            .arg("-o")
+            .arg(&objs[0]),
+    )?;
+    // GE's class under another namespace: its methods keep GE's mangled names after it
+    run(
+        &cxx,
+        std::process::Command::new(&cxx)
+            .args(flags)
+            .arg("-Dge=hixl_ge")
+            .arg("-I")
+            .arg(&include)
+            .arg("-c")
+            .arg(&ascend)
+            .arg("-o")
+            .arg(&objs[1]),
+    )?;
+    let lib = out_dir.join("libhixl_cxx.a");
+    let _ = std::fs::remove_file(&lib);
+    run(
+        &ar,
+        std::process::Command::new(&ar)
+            .arg("crs")
+            .arg(&lib)
+            .args(&objs),
+    )?;
+    println!("cargo::rustc-link-search=native={}", out_dir.display());
+    println!("cargo::rustc-link-lib=static=hixl_cxx");
+    println!("cargo::rustc-link-lib=dylib=stdc++");
+    println!("cargo::rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    Ok(())
 }
 
 /// `libllm_datadist.so` in the profile directory: `adxl::AdxlEngine`, `llm_datadist::LlmDataDist`
@@ -98,6 +194,9 @@ fn llm_datadist(profile: &Path, out_dir: &Path) -> Result<(), String> {
     run(std::process::Command::new(&cxx)
         .args([
             "-std=c++17",
+            // CANN's C++ ABI, as libcann_hixl.so's C++ layer and CANN's own libraries: the
+            // ge::AscendString both libraries define then share one std::string layout
+            "-D_GLIBCXX_USE_CXX11_ABI=0",
             "-O2",
             "-fPIC",
             "-shared",

@@ -114,7 +114,10 @@ typedef struct {
 hixl_status hixl_create(hixl_engine **out);
 void hixl_destroy(hixl_engine *engine); /* finalizes; null or unknown handles are ignored */
 /* local_engine: "ip" (client only), "ip:port", "ip:0" (an ephemeral port), "[ipv6]:port";
- * `count` option pairs (keys[i], values[i]); keys/values may be NULL when count is 0. */
+ * `count` option pairs (keys[i], values[i]); keys/values may be NULL when count is 0. Where the
+ * engine cannot read its device at start (aclrtGetDevice fails: with the option
+ * "hixl.ascend.require_device" "1" on a thread with no device), the status is ACL's own code
+ * (107002 ACL_ERROR_RT_CONTEXT_NULL), as HIXL returns it. */
 hixl_status hixl_initialize(hixl_engine *engine, const char *local_engine,
                             const char *const *keys, const char *const *values, size_t count);
 /* The name peers connect to (with the real port for "ip:0"), NUL-terminated in buf.

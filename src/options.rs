@@ -408,6 +408,29 @@ impl Options {
         self.ascend_mode == AscendMode::On
     }
 
+    /// The device an engine initialized with these options on the calling thread would take,
+    /// read as HIXL's ADXL and HIXL-CS read it when they start (`aclrtGetDevice`), without
+    /// starting one: `Ok(None)` where the engine would not use CANN ([`AscendMode::Off`], or
+    /// [`AscendMode::Auto`] where ACL does not load) and where `hixl.ascend.device_id` names
+    /// the device (it is set then, not read).
+    ///
+    /// # Errors
+    /// [`Error::Native`] from `aclrtGetDevice` (`ACL_ERROR_RT_CONTEXT_NULL`, 107002, on a
+    /// thread with no device); [`Error::LibraryUnavailable`] under [`AscendMode::On`] where ACL
+    /// does not load.
+    pub fn calling_thread_device(&self) -> Result<Option<u32>, Error> {
+        if self.ascend_mode == AscendMode::Off || self.ascend.device_id.is_some() {
+            return Ok(None);
+        }
+        let acl = match crate::device::acl::Acl::load(self.ascend.acl_lib.as_deref()) {
+            Ok(acl) => acl,
+            Err(_) if self.ascend_mode == AscendMode::Auto => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let d = acl.device()?;
+        Ok(u32::try_from(d).ok())
+    }
+
     /// The validated HIXL string options, by canonical key.
     pub fn hixl_options(&self) -> &BTreeMap<String, String> {
         &self.hixl
@@ -417,7 +440,9 @@ impl Options {
     /// prefixed synonyms too) and hixl's own (`"hixl.MaxRegions"`, `"hixl.MaxLanes"`,
     /// `"hixl.ConnectTimeoutMs"`, `"hixl.ServerIoTimeoutMs"`, `"hixl.FinalizeTimeoutMs"`,
     /// `"hixl.HeartbeatMs"`: the heartbeat interval, `"0"` for none; `"hixl.PrefaultBudget"`:
-    /// [`Options::prefault_budget`] in bytes, `"0"` for none).
+    /// [`Options::prefault_budget`] in bytes, `"0"` for none; `"hixl.ascend.require_device"`:
+    /// `"1"` where CANN loads, the device `aclrtGetDevice` reports on the initializing thread
+    /// or its error, never device 0 in its place, as HIXL's ADXL and HIXL-CS start).
     ///
     /// # Errors
     /// - [`Error::UnknownOption`] (`PARAM_INVALID`) for a key HIXL does not define;
@@ -464,7 +489,8 @@ impl Options {
             // HIXL's Ascend keys and hixl's own `hixl.ascend.*`: the Ascend backend validates
             _ if crate::transport::ascend::options::is_ascend_key(k) => {
                 self.ascend.set(key, value)?;
-                if k.starts_with("hixl.ascend.") {
+                // require_device says which device, not whether: Auto stays Auto
+                if k.starts_with("hixl.ascend.") && k != "hixl.ascend.require_device" {
                     self.ascend_mode = AscendMode::On;
                 }
             }
@@ -617,5 +643,23 @@ mod tests {
         // HIXL's own keys do not change the mode
         let o = Options::from_pairs([("RdmaTrafficClass", "8")]).unwrap();
         assert_eq!(o.ascend_mode, AscendMode::Auto);
+        // nor does require_device, which says which device, not whether (ADXL and HIXL-CS
+        // set it, on hosts with and without CANN alike)
+        for (v, want) in [("1", true), ("0", false)] {
+            let o = Options::from_pairs([("hixl.ascend.require_device", v)]).unwrap();
+            assert_eq!(
+                (o.ascend_mode, o.ascend.require_device),
+                (AscendMode::Auto, want)
+            );
+        }
+        let e = Options::from_pairs([("hixl.ascend.require_device", "yes")]).unwrap_err();
+        assert_eq!(e.status(), Status::PARAM_INVALID);
+        // where the engine would not use CANN, there is no device to read
+        let off = Options::from_pairs([
+            ("hixl.ascend.enable", "0"),
+            ("hixl.ascend.require_device", "1"),
+        ])
+        .unwrap();
+        assert_eq!(off.calling_thread_device().unwrap(), None);
     }
 }

@@ -9,7 +9,7 @@
 # libhcomm.so, libhccl.so and libascend_hal.so as symlinks to it: the loader keys a loaded
 # object by its file, so every name opens the same object and ACL and HCCL share their state,
 # and `-lacl_rt -lascend_hal` (the link line of HIXL's examples/cpp/CMakeLists.txt) links.
-# Needs only `cc`. Nothing to set at run time: processes find each other through a private
+# Needs only `cc` (and a C++ compiler for libmetadef.so, below). Nothing to set at run time: processes find each other through a private
 # directory of the user's (see the header of double.c, HIXL_ASCEND_DOUBLE_DIR).
 #
 # The double moves host memory and proves nothing about Ascend hardware.
@@ -44,3 +44,22 @@ for name in libascendcl.so libhcomm.so libhccl.so libascend_hal.so; do
   ln -sfn libacl_rt.so "$dir/$name"
   echo "linked $dir/$name -> libacl_rt.so"
 done
+# libmetadef.so: what callers need of CANN's GE metadata library, ge::AscendString's out-of-line
+# methods (prebuilt programs such as Mooncake's ascend_transport.so name it in DT_NEEDED and take
+# AscendString(const char*) and operator< from it). Built from hixl's own definitions
+# (hixl-capi/cxx/ascend_string.cc, the ones libllm_datadist.so and libcann_hixl.so export) with
+# CANN's C++ ABI, -D_GLIBCXX_USE_CXX11_ABI=0; it needs a C++ compiler, and is skipped without one.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cxx=${CXX:-c++}
+if command -v "$cxx" >/dev/null; then
+  tmp=$(mktemp "$dir/.libmetadef.so.XXXXXX")
+  trap 'rm -f "$tmp"' EXIT
+  "$cxx" -std=c++17 -shared -fPIC -O2 -Wall -Wextra -D_GLIBCXX_USE_CXX11_ABI=0 \
+    -Wl,-soname,libmetadef.so -I "$root/include" -o "$tmp" "$root/hixl-capi/cxx/ascend_string.cc"
+  chmod 0755 "$tmp"
+  mv -f "$tmp" "$dir/libmetadef.so"
+  trap - EXIT
+  echo "built $dir/libmetadef.so (ge::AscendString, a stand-in for CANN's libmetadef.so)"
+else
+  echo "skipped $dir/libmetadef.so: no C++ compiler ($cxx) for ge::AscendString" >&2
+fi

@@ -26,6 +26,8 @@ static_assert(READ == HIXL_READ && WRITE == HIXL_WRITE, "TransferOp");
 namespace {
 // ADXL's limit on a notification's name and message
 constexpr size_t kMaxNotifyLen = 1024;
+// hixl's option: the device aclrtGetDevice reports at Initialize, or its error
+constexpr const char kRequireDevice[] = "hixl.ascend.require_device";
 
 // Descriptors with a null local or remote address are refused before the engine sees them.
 bool AnyNull(const std::vector<TransferOpDesc> &descs) {
@@ -57,6 +59,12 @@ class AdxlEngine::AdxlEngineImpl {
     for (const auto &kv : options) {
       keys.push_back(kv.first.GetString());
       values.push_back(kv.second.GetString());
+    }
+    // ADXL reads the thread's device when it starts and fails with ACL's error where none is
+    // set (107002), never taking device 0 in its place (hixl's engine would, torch_npu's way)
+    if (options.find(AscendString(kRequireDevice)) == options.end()) {
+      keys.push_back(kRequireDevice);
+      values.push_back("1");
     }
     st = hixl_initialize(engine_, local_engine.GetString(), keys.data(), values.data(), keys.size());
     initialized_ = st == SUCCESS;

@@ -215,6 +215,16 @@ fn cs_fail(e: compat::Error) -> Fail {
     (code, e.message().to_owned())
 }
 
+/// A client engine that could not start, or a server whose device endpoints found no device:
+/// ACL's own code where reading the device failed (as upstream's `HIXL_CHK_ACL_RET` on
+/// `aclrtGetDevice` returns it), else as [`cs_fail`].
+fn cs_start_fail(e: compat::Error) -> Fail {
+    match crate::start_fail(e.clone()) {
+        (code, msg) if Status::from_code(code).is_none() => (code, msg),
+        _ => cs_fail(e),
+    }
+}
+
 fn failed(msg: impl Into<String>) -> Fail {
     (FAILED, msg.into())
 }

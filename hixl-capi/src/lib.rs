@@ -35,6 +35,8 @@ use hixl_rs::compat::{self, Hixl};
 use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
 
 mod acl_errmsg;
+#[cfg(hixl_cxx)]
+pub mod cann_abi;
 pub mod cs;
 pub mod datadist;
 
@@ -155,6 +157,29 @@ fn invalid(msg: impl Into<String>) -> Fail {
 
 fn fail(e: compat::Error) -> Fail {
     (e.status().code(), e.message().to_owned())
+}
+
+/// The code of an engine that could not read its device when it started: HIXL returns ACL's
+/// own error there (`HIXL_CHK_ACL_RET` / `ADXL_CHK_ACL_RET` on `aclrtGetDevice`: 107002
+/// `ACL_ERROR_RT_CONTEXT_NULL` on a thread with no device); any other failure as [`fail`].
+pub(crate) fn start_fail(e: compat::Error) -> Fail {
+    use std::error::Error as _;
+    let acl = e
+        .source()
+        .and_then(|s| s.downcast_ref::<hixl_rs::Error>())
+        .and_then(|t| match t {
+            hixl_rs::Error::Native {
+                library: "acl",
+                call: "aclrtGetDevice",
+                code,
+                ..
+            } => u32::try_from(*code).ok(),
+            _ => None,
+        });
+    match acl {
+        Some(code) => (code, e.message().to_owned()),
+        None => fail(e),
+    }
 }
 
 fn c(r: compat::Result<()>) -> R<()> {
@@ -321,7 +346,7 @@ pub unsafe extern "C" fn hixl_initialize(
             // SAFETY: the caller's contract: each element is a NUL-terminated string.
             opts.push(unsafe { (string(*k, "option key")?, string(*v, "option value")?) });
         }
-        c(e.initialize(name, opts))
+        e.initialize(name, opts).map_err(start_fail)
     })
 }
 

@@ -38,6 +38,16 @@ const EXPORTED: &[&str] = &[
     "_ZNK2ge12AscendStringeqEPKc",
 ];
 
+/// Whether `libllm_datadist.so` was built (it needs a C++ compiler); says the test is skipped
+/// when not.
+fn llm_datadist_built() -> bool {
+    let built = common::lib_dir().join("libllm_datadist.so").exists();
+    if !built {
+        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    }
+    built
+}
+
 #[test]
 fn libllm_datadist_exports_adxl_and_ascend_string() {
     let lib = common::lib_dir().join("libllm_datadist.so");
@@ -51,13 +61,36 @@ fn libllm_datadist_exports_adxl_and_ascend_string() {
     }
 }
 
+/// ADXL on a thread with no device, where ACL loads (the test double of
+/// `tools/ascend-double.sh`): `Initialize` fails with ACL's `ACL_ERROR_RT_CONTEXT_NULL`
+/// (107002), as upstream's ADXL (which reads the device when it starts); after
+/// `aclrtSetDevice` it succeeds.
+#[test]
+fn adxl_without_a_device_fails_at_initialize_with_acls_error() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    if !llm_datadist_built() {
+        return;
+    }
+    let dir = common::scratch("adxl-nodevice");
+    let double = dir.join("cann");
+    common::build_double(&double);
+    let exe = common::build_example(&cxx, "llm_datadist", "cpp/adxl_engine.cpp", &dir);
+    let mut cmd = common::clean_command(&exe);
+    cmd.arg("nodevice")
+        .env("LD_LIBRARY_PATH", &double)
+        .env("TMPDIR", &dir);
+    common::run_client(&mut cmd);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn an_adxl_program_runs_as_two_processes() {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
-    if !common::lib_dir().join("libllm_datadist.so").exists() {
-        eprintln!("skipped: no libllm_datadist.so (built only where a C++ compiler is)");
+    if !llm_datadist_built() {
         return;
     }
     common::two_processes(

@@ -13,7 +13,10 @@
  * fabric memory are not implemented, CLIENT_SERVER_COMM is not supported, a region UCX serves
  * one-sided cannot be deregistered while linked (UNSUPPORTED) (see docs/c-and-cpp.md).
  * `-lcann_hixl` (HIXL's library name) links the same library: libcann_hixl.so is a symlink to
- * libhixl.so beside it.
+ * libhixl.so beside it. That library also exports hixl::Hixl as CANN's libcann_hixl.so does (its
+ * methods out of line, by CANN's mangled names, CANN's C++ ABI), for programs compiled against
+ * CANN's own hixl/hixl.h; this header's class is a separate, header-only one in the inline
+ * namespace hixl::header_only (docs/c-and-cpp.md, "Two forms of hixl::Hixl").
  *
  * Beyond HIXL (hixl extensions, not in HIXL's header): GetLocalEngine gives the name with the
  * port an "ip:0" engine got; RegisterMemEx registers with flags (REGISTER_LOCAL_ONLY: peers
@@ -49,6 +52,12 @@ constexpr uint32_t REGISTER_LOCAL_ONLY = HIXL_REGISTER_LOCAL_ONLY;
 /* hixl extension, beyond HIXL: the geometry of Hixl::TransferBlocks (hixl_block_desc). */
 using BlockDesc = hixl_block_desc;
 
+/* The header-only form of HIXL's class, in an inline namespace: `hixl::Hixl` names it in source,
+ * but its symbols (hixl::header_only::Hixl::...) are its own, so a program built with it never
+ * meets the exported class of the same name in libcann_hixl.so (the form a program compiled
+ * against CANN's own hixl/hixl.h calls: see docs/c-and-cpp.md) and the two can share a process.
+ * `namespace hixl { class Hixl; }` written by a program does not declare this class. */
+inline namespace header_only {
 class ASCEND_FUNC_VISIBILITY Hixl {
  public:
   Hixl() { (void)hixl_create(&engine_); }
@@ -284,6 +293,7 @@ class ASCEND_FUNC_VISIBILITY Hixl {
 
   hixl_engine *engine_ = nullptr;
 };
+}  // namespace header_only
 
 }  // namespace hixl
 

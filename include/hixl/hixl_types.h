@@ -56,6 +56,12 @@
 
 #ifndef INC_EXTERNAL_GRAPH_ASCEND_STRING_H_
 #define INC_EXTERNAL_GRAPH_ASCEND_STRING_H_  // GE's guard: this is ge::AscendString
+/* Hidden: a shared library built with this header keeps its copies of these inline methods to
+ * itself, so they never stand in for the out-of-line ones a program compiled against GE's own
+ * header calls (those of libcann_hixl.so, libllm_datadist.so or CANN's libmetadef.so, with
+ * CANN's C++ ABI), nor the other way round: each string is read by code of the form that made
+ * it, whatever -D_GLIBCXX_USE_CXX11_ABI each was built with. */
+#define HIXL_RS_AS_INLINE __attribute__((visibility("hidden")))
 namespace ge {
 using char_t = char;
 
@@ -67,38 +73,38 @@ class AscendString {
  public:
   AscendString() = default;
   ~AscendString() = default;
-  AscendString(const char_t *const name)  // NOLINT: implicit, as GE's
+  HIXL_RS_AS_INLINE AscendString(const char_t *const name)  // NOLINT: implicit, as GE's
       : name_(name == nullptr ? nullptr : std::make_shared<const std::string>(name)) {}
-  AscendString(const char_t *const name, size_t length)
+  HIXL_RS_AS_INLINE AscendString(const char_t *const name, size_t length)
       : name_(name == nullptr ? nullptr : std::make_shared<const std::string>(name, length)) {}
 
-  const char_t *GetString() const { return name_ == nullptr ? "" : name_->c_str(); }
-  size_t GetLength() const { return name_ == nullptr ? 0 : name_->size(); }
+  HIXL_RS_AS_INLINE const char_t *GetString() const { return name_ == nullptr ? "" : name_->c_str(); }
+  HIXL_RS_AS_INLINE size_t GetLength() const { return name_ == nullptr ? 0 : name_->size(); }
   /* The position of the first occurrence of `s`, or std::string::npos. */
-  size_t Find(const AscendString &s) const {
+  HIXL_RS_AS_INLINE size_t Find(const AscendString &s) const {
     if (name_ == nullptr || s.name_ == nullptr) return std::string::npos;
     return name_->find(*s.name_);
   }
   /* std::hash of the string ("" for a null one). */
-  size_t Hash() const {
+  HIXL_RS_AS_INLINE size_t Hash() const {
     return std::hash<std::string>()(name_ == nullptr ? std::string() : *name_);
   }
 
-  bool operator<(const AscendString &d) const { return Cmp(d) < 0; }
-  bool operator>(const AscendString &d) const { return Cmp(d) > 0; }
-  bool operator<=(const AscendString &d) const { return Cmp(d) <= 0; }
-  bool operator>=(const AscendString &d) const { return Cmp(d) >= 0; }
-  bool operator==(const AscendString &d) const { return Cmp(d) == 0; }
-  bool operator!=(const AscendString &d) const { return Cmp(d) != 0; }
-  bool operator==(const char_t *const d) const {
+  HIXL_RS_AS_INLINE bool operator<(const AscendString &d) const { return Cmp(d) < 0; }
+  HIXL_RS_AS_INLINE bool operator>(const AscendString &d) const { return Cmp(d) > 0; }
+  HIXL_RS_AS_INLINE bool operator<=(const AscendString &d) const { return Cmp(d) <= 0; }
+  HIXL_RS_AS_INLINE bool operator>=(const AscendString &d) const { return Cmp(d) >= 0; }
+  HIXL_RS_AS_INLINE bool operator==(const AscendString &d) const { return Cmp(d) == 0; }
+  HIXL_RS_AS_INLINE bool operator!=(const AscendString &d) const { return Cmp(d) != 0; }
+  HIXL_RS_AS_INLINE bool operator==(const char_t *const d) const {
     if (name_ == nullptr || d == nullptr) return name_ == nullptr && d == nullptr;
     return name_->compare(d) == 0;
   }
-  bool operator!=(const char_t *const d) const { return !(*this == d); }
+  HIXL_RS_AS_INLINE bool operator!=(const char_t *const d) const { return !(*this == d); }
 
  private:
   /* <0, 0, >0; a null string orders before every other, and equals another null one. */
-  int Cmp(const AscendString &d) const {
+  HIXL_RS_AS_INLINE int Cmp(const AscendString &d) const {
     if (name_ == nullptr || d.name_ == nullptr) return (name_ != nullptr) - (d.name_ != nullptr);
     return name_->compare(*d.name_);
   }

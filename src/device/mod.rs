@@ -73,12 +73,19 @@ impl Device {
     /// Takes the device of the calling thread, whose context becomes the engine's: `device_id`
     /// when given (`aclInit`, then `aclrtSetDevice`), else the device `aclrtGetDevice` reports
     /// (HIXL's way: the caller set it), else device 0 (`aclrtSetDevice(0)`, as torch_npu does
-    /// when none was set). Then asks ACL for the device's physical id and the SoC.
+    /// when none was set) unless `require_device`: then `aclrtGetDevice`'s error is the engine's,
+    /// as HIXL's ADXL and HIXL-CS fail at start on a thread with no device. Then asks ACL for
+    /// the device's physical id and the SoC.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] (`hixl.ascend.device_id`) for a device id of 2^31 or more;
-    /// [`Error::Native`] from ACL.
-    pub(crate) fn open(acl: Acl, device_id: Option<u32>) -> Result<Self, Error> {
+    /// [`Error::Native`] from ACL (`aclrtGetDevice`'s `ACL_ERROR_RT_CONTEXT_NULL`, 107002, on a
+    /// thread with no device when `require_device`).
+    pub(crate) fn open(
+        acl: Acl,
+        device_id: Option<u32>,
+        require_device: bool,
+    ) -> Result<Self, Error> {
         let device = match device_id {
             Some(id) => {
                 let device = i32::try_from(id).map_err(|_| Error::InvalidOption {
@@ -93,7 +100,7 @@ impl Device {
             None => match acl.device() {
                 Ok(d) => d,
                 Err(Error::Native { code, .. })
-                    if code == i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL) =>
+                    if code == i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL) && !require_device =>
                 {
                     acl.init()?;
                     acl.set_device(0)?;

@@ -3,7 +3,7 @@
 //! set, and across two processes a one-sided call reaches only remote memory the remote rank has
 //! bound to its live communicator (the programs are in `tests/ascend_double/`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Compiles one of the double's C test programs (`tests/ascend_double/<src>`) into `out` with
@@ -31,6 +31,64 @@ fn clean_command(prog: &Path) -> Command {
     run
 }
 
+/// Runs a test program to its end: it exited 0 and printed each of `lines` on a line of its own.
+fn run_ok(cmd: &mut Command, lines: &[&str]) {
+    let out = cmd.output().expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && lines.iter().all(|w| stdout.lines().any(|l| l == *w)),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether the system C compiler is there; says the test is skipped when not.
+fn cc_available() -> bool {
+    let there = Command::new("cc").arg("--version").output().is_ok();
+    if !there {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+    }
+    there
+}
+
+/// Builds the double and `tests/ascend_double/<src>` linked with it into a fresh directory of
+/// this test's (`hixl-ascend-<tag>-<pid>`), runs the program with the double's announce
+/// directory (`<base>/announce`) and log (`<base>/double.log`), and checks it exited 0 printing
+/// both `child_ok` and `OK`. Returns the directory, the announce directory and the log's text;
+/// `None` (the test skipped, saying why) without a C compiler.
+fn run_two_process_program(
+    tag: &str,
+    src: &str,
+    child_ok: &str,
+) -> Option<(PathBuf, PathBuf, String)> {
+    if !cc_available() {
+        return None;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-ascend-{tag}-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    let dir = base.join("announce");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = base.join("double.log");
+    let _ = std::fs::remove_file(&log);
+    let prog = base.join(src.trim_end_matches(".c"));
+    let link: Vec<std::ffi::OsString> = vec![
+        "-L".into(),
+        lib.parent().unwrap().into(),
+        format!("-l:{}", lib.file_name().unwrap().to_string_lossy()).into(),
+        "-lpthread".into(),
+    ];
+    build_c_program(src, &prog, &link);
+    run_ok(
+        clean_command(&prog)
+            .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+            .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
+            .env("HIXL_ASCEND_DOUBLE_LOG", &log),
+        &[child_ok, "OK"],
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    Some((base, dir, text))
+}
+
 /// `tools/ascend-double.sh DIR` builds the double under CANN's library names, and a program
 /// written and linked as CANN's users do (`-lacl_rt -lascend_hal`, HIXL's examples' line; no
 /// `aclInit`) runs on it with `LD_LIBRARY_PATH` alone: every name is one object, ACL behaves as
@@ -38,8 +96,7 @@ fn clean_command(prog: &Path) -> Command {
 /// each other with no `HIXL_ASCEND_DOUBLE_*` variable (`tests/ascend_double/cann_program.c`).
 #[test]
 fn cann_layout_runs_a_cann_program_with_nothing_set() {
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+    if !cc_available() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -68,18 +125,12 @@ fn cann_layout_runs_a_cann_program_with_nothing_set() {
     let link: Vec<std::ffi::OsString> = vec!["-L".into(), lib.clone().into()];
     let libs = ["-lacl_rt", "-lascend_hal", "-lpthread", "-ldl"].map(Into::into);
     build_c_program("cann_program.c", &prog, &[link, libs.to_vec()].concat());
-    let mut run = clean_command(&prog);
     // a private TMPDIR, so the default directory the processes meet in is this test's own
-    let out = run
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("TMPDIR", &tmp)
-        .output()
-        .expect("run the program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().any(|l| l == "OK"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        clean_command(&prog)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("TMPDIR", &tmp),
+        &["OK"],
     );
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
@@ -102,44 +153,11 @@ fn cann_layout_runs_a_cann_program_with_nothing_set() {
 /// server's memory is unchanged. The published files are gone once both processes end.
 #[test]
 fn two_processes_reach_only_remote_memory_that_is_bound() {
-    if Command::new("cc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL/HCCL test double");
+    let Some((base, dir, log)) = run_two_process_program("remote", "remote_ranges.c", "client OK")
+    else {
         return;
-    }
-    let base = std::env::temp_dir().join(format!("hixl-ascend-remote-{}", std::process::id()));
-    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
-    let dir = base.join("announce");
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = base.join("double.log");
-    let _ = std::fs::remove_file(&log);
-    let prog = base.join("remote_ranges");
-    let link: Vec<std::ffi::OsString> = vec![
-        "-L".into(),
-        lib.parent().unwrap().into(),
-        format!("-l:{}", lib.file_name().unwrap().to_string_lossy()).into(),
-        "-lpthread".into(),
-    ];
-    build_c_program("remote_ranges.c", &prog, &link);
-    let mut run = clean_command(&prog);
-    let out = run
-        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
-        .env("HIXL_ASCEND_DOUBLE_DIR", &dir)
-        .env("HIXL_ASCEND_DOUBLE_LOG", &log)
-        .output()
-        .expect("run the program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success()
-            && stdout.lines().any(|l| l == "client OK")
-            && stdout.lines().any(|l| l == "OK"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<String> = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    };
+    let lines: Vec<String> = log.lines().map(str::to_owned).collect();
     for want in [
         "HcclBatchGet rank=1 num=1 remote_unbound=0 rc=1",
         "HcclBatchPut rank=1 num=1 remote_unbound=0 rc=1",
@@ -161,5 +179,40 @@ fn two_processes_reach_only_remote_memory_that_is_bound() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "left in the announce directory: {left:?}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The ACL calls Mooncake's NPU wheel links besides hixl's, as the double implements them
+/// (`tests/ascend_double/acl_extra.c`, every status exact): `aclrtHostRegister` and
+/// `aclrtHostUnregister` (overlaps, unknown starts, what `aclrtPointerGetAttributes` then says),
+/// `aclrtMemcpyBatch` (random data H2D then D2H in one call; each refusal's status and failing
+/// index, nothing copied), `aclrtMemGetAllocationGranularity`, and device memory shared by IPC
+/// between two processes: one exports `aclrtMalloc` memory (a whitelisted key and an open one),
+/// the other imports both, reads the exporter's random bytes and writes its own, which the
+/// exporter reads; a key whose exporter exited, a closed export, a key never exported are
+/// refused. Every key file is gone afterwards but the one of the process that exited without
+/// unloading the double.
+#[test]
+fn the_calls_mooncakes_wheel_links_behave_as_canns() {
+    let Some((base, dir, lines)) = run_two_process_program("extra", "acl_extra.c", "importer OK")
+    else {
+        return;
+    };
+    for want in [
+        "aclrtMemcpyBatch num=4 attrs=2 fail=-1 rc=0",
+        "aclrtMemcpyBatch num=2 attrs=2 fail=1 rc=107000",
+    ] {
+        assert!(lines.lines().any(|l| l == want), "no {want:?} in {lines}");
+    }
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        left.len(),
+        1,
+        "only the exited exporter's key file: {left:?}"
+    );
+    assert!(left[0].starts_with(".ipc.hxipc-"), "{left:?}");
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -94,8 +94,8 @@ fn a_reconnect_destroys_the_communicator_of_the_same_name_first() {
 }
 
 /// Item 5: on A3 (Ascend910_93xx) both sides send their super-pod ids and build rank table
-/// 1.2 with `super_device_id`s and a `super_pod_list` (the double refuses a 1.2 table without
-/// them); data still moves.
+/// 1.2 with `super_device_id`s and a `super_pod_list` (the double refuses a 1.2 table whose
+/// `super_pod_list` comes without `super_device_id`s); data still moves.
 #[test]
 fn a3_links_use_rank_table_1_2() {
     let Some(d) = Double::new("a3") else {

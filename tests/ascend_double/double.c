@@ -146,7 +146,9 @@
  *   {"version":"1.0","server_count":"1","server_list":[{"server_id":"...","device":[
  *     {"device_id":"0","device_ip":"192.168.1.8","rank_id":"0"}, ...]}],"status":"completed"}
  * or version "1.2" (RankTableGeneratorV2, A3) with "super_device_id" in every device and a
- * "super_pod_list":[{"super_pod_id":"0","server_list":[{"server_id":"..."}]}].
+ * "super_pod_list":[{"super_pod_id":"0","server_list":[{"server_id":"..."}]}], or version "1.2"
+ * with neither (upstream's Python samples build such tables; the rule and its evidence are at
+ * parse_rank_table()).
  * The double reads, for every object holding a "rank_id", its "rank_id", "device_id",
  * "device_ip" and "super_device_id" (device objects are flat), and the top-level "version",
  * "server_count" and the "super_pod_id"s. A rank without device_ip is found by
@@ -163,6 +165,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -252,12 +255,19 @@ typedef struct Ctx {
     int refs;
 } Ctx;
 
+/* An allocation of aclrtMalloc (device memory: a memfd mapped shared, so that
+ * aclrtIpcMemGetExportKey can hand it to another process), aclrtMallocHost (posix_memalign), or
+ * a mapping aclrtIpcMemImportByKey made of another process's device memory. */
 typedef struct Alloc {
     struct Alloc *next;
-    void *base; /* what posix_memalign returned */
-    void *ptr;  /* what the caller got */
+    void *base;    /* the mapping's start (device, imported) or what posix_memalign returned (host) */
+    void *ptr;     /* what the caller got */
     size_t size;
     int host;
+    int fd;        /* device memory: its memfd (-1 otherwise) */
+    size_t maplen; /* device and imported memory: the mapping's length */
+    int device;    /* the device current when it was allocated (imported: when it was imported) */
+    char key[72];  /* imported memory: the key it was imported by (empty otherwise) */
 } Alloc;
 
 typedef struct {
@@ -341,6 +351,8 @@ static int remote_load(Remote *rm, pid_t pid, const char *key, const char *name,
 static int remote_has(const Remote *rm, uintptr_t a, uint64_t len);
 static void drop_descs(const Comm *c);
 static int vmm_run_copy(const Op *op, char *why, size_t cap);
+static void ipc_forget(const Alloc *a);
+static int host_registered(uintptr_t p);
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration, log, failure injection                                                       */
@@ -820,13 +832,48 @@ EXPORT aclError aclrtGetDeviceInfo(uint32_t deviceId, int attr, int64_t *value) 
     return rc;
 }
 
+/* Device memory: a memfd of `total` bytes (rounded up to whole pages) mapped shared at an
+ * `align`-aligned address, so that another process can map the same pages (IPC). Returns the
+ * mapping, or NULL with errno. */
+static void *map_device(size_t total, size_t align, int *fd_out, size_t *maplen_out) {
+    long page = sysconf(_SC_PAGESIZE);
+    size_t len = (total + (size_t)page - 1) & ~((size_t)page - 1);
+    size_t span = len + (align > (size_t)page ? align : 0);
+    uintptr_t at;
+    char *resv;
+    void *m;
+    int fd = memfd_create("hixl-double-device", MFD_CLOEXEC);
+    if (fd < 0) return NULL;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return NULL;
+    }
+    resv = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (resv == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    at = align > (size_t)page ? ((uintptr_t)resv + align - 1) & ~(uintptr_t)(align - 1) : (uintptr_t)resv;
+    m = mmap((void *)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED) {
+        munmap(resv, span);
+        close(fd);
+        return NULL;
+    }
+    if (at > (uintptr_t)resv) munmap(resv, at - (uintptr_t)resv);
+    if ((uintptr_t)resv + span > at + len) munmap((void *)(at + len), (uintptr_t)resv + span - (at + len));
+    *fd_out = fd;
+    *maplen_out = len;
+    return m;
+}
+
 static aclError do_malloc(const char *sym, void **out, size_t size, uint32_t policy, int host) {
     size_t align = 64;
-    size_t total;
+    size_t total, maplen = 0;
     void *base = NULL;
     void *ptr;
     Alloc *a;
-    int misalign = 0;
+    int misalign = 0, fd = -1, device = 0;
     uint32_t p = policy & 0xffu;
     if (out == NULL || size == 0) {
         set_err("double: %s: null out pointer or zero size", sym);
@@ -837,22 +884,35 @@ static aclError do_malloc(const char *sym, void **out, size_t size, uint32_t pol
         misalign = fail_has("misalign", NULL);
     }
     total = size + (misalign ? 64 : 0);
-    if (posix_memalign(&base, align, total) != 0) {
+    if (host) {
+        if (posix_memalign(&base, align, total) != 0) base = NULL;
+        else memset(base, 0, total);
+    } else {
+        base = map_device(total, align, &fd, &maplen); /* zeroed */
+    }
+    if (base == NULL) {
         set_err("double: %s: out of host memory for %zu bytes", sym, size);
         return RT_MEMORY_ALLOCATION;
     }
-    memset(base, 0, total);
     ptr = (char *)base + (misalign ? 64 : 0);
     a = calloc(1, sizeof *a);
     if (a == NULL) {
-        free(base);
+        if (host) free(base);
+        else {
+            munmap(base, maplen);
+            close(fd);
+        }
         return RT_MEMORY_ALLOCATION;
     }
+    pthread_mutex_lock(&mu);
+    if (ctx_valid(cur_ctx)) device = cur_ctx->device;
     a->base = base;
     a->ptr = ptr;
     a->size = size;
     a->host = host;
-    pthread_mutex_lock(&mu);
+    a->fd = fd;
+    a->maplen = maplen;
+    a->device = device;
     a->next = allocs;
     allocs = a;
     pthread_mutex_unlock(&mu);
@@ -888,7 +948,7 @@ static aclError do_free(const char *sym, void *ptr, int host) {
     Alloc **pp, *a = NULL;
     pthread_mutex_lock(&mu);
     for (pp = &allocs; *pp != NULL; pp = &(*pp)->next) {
-        if ((*pp)->ptr == ptr && (*pp)->host == host) {
+        if ((*pp)->ptr == ptr && (*pp)->host == host && (*pp)->key[0] == 0) {
             a = *pp;
             *pp = a->next;
             break;
@@ -899,7 +959,12 @@ static aclError do_free(const char *sym, void *ptr, int host) {
         set_err("double: %s(%p): not an allocation of this kind", sym, ptr);
         return RT_PARAM_INVALID;
     }
-    free(a->base);
+    if (host) free(a->base);
+    else {
+        ipc_forget(a); /* its exports end with it */
+        munmap(a->base, a->maplen);
+        close(a->fd);
+    }
     free(a);
     return ACL_OK;
 }
@@ -1650,9 +1715,15 @@ static int count_key(const char *json, const char *key) {
 
 /* Parses the rank table into c->ips (the key each rank announces itself under: its device_ip,
  * else "sdid_<super_device_id>", else "phy_<device_id>") and devids; returns the number of
- * ranks, or -1 with *why set. Checks what HCCL's parser checks:
- *   - "version" is "1.0" or "1.2"; with "1.2" every device has "super_device_id" and there is a
- *     "super_pod_list";
+ * ranks, or -1 with *why set. Checks what HCCL's parser checks, and accepts what upstream's own
+ * programs build:
+ *   - "version" is "1.0" or "1.2"; a "1.2" table with a "super_pod_list" (A3's layout, as HIXL's
+ *     RankTableGeneratorV2 writes it) has "super_device_id" in every device; a "1.2" table
+ *     without one is read as a 1.0 table. The evidence: upstream HIXL's Python samples
+ *     examples/python/llm_datadist/{pull_cache_sample,pull_blocks_sample,
+ *     pull_from_cache_to_blocks}.py build version "1.2" tables with neither super_pod_list nor
+ *     super_device_id (_build_single_rank_table, _build_distributed_rank_table), and
+ *     examples/run_example.sh runs them (--is_single true) on CANN's HCCL;
  *   - a device without "device_ip" only where HCCL needs none: one server ("server_count" 1),
  *     or version 1.2 with all servers in one super pod (one "super_pod_id"). */
 static int parse_rank_table(const char *json, Comm *c, long devids[MAX_RANKS], const char **why) {
@@ -1670,8 +1741,10 @@ static int parse_rank_table(const char *json, Comm *c, long devids[MAX_RANKS], c
         return -1;
     }
     servers = atoi(sc);
-    if (v12 && (strstr(json, "\"super_pod_list\"") == NULL || count_key(json, "super_pod_id") < 1)) {
-        *why = "version 1.2 without super_pod_list";
+    /* a 1.2 table without a super_pod_list (upstream's samples build one) is read as 1.0 */
+    if (v12 && strstr(json, "\"super_pod_list\"") == NULL) v12 = 0;
+    if (v12 && count_key(json, "super_pod_id") < 1) {
+        *why = "version 1.2 with a super_pod_list without super_pod_id";
         return -1;
     }
     while ((p = strstr(p, "\"rank_id\"")) != NULL) {
@@ -1691,7 +1764,7 @@ static int parse_rank_table(const char *json, Comm *c, long devids[MAX_RANKS], c
         seen[r] = 1;
         devids[r] = strtol(did, NULL, 10);
         if (json_field(start, end, "super_device_id", sdid, sizeof sdid) != 0) {
-            if (v12) { *why = "version 1.2 device without super_device_id"; return -1; }
+            if (v12) { *why = "version 1.2 device without super_device_id (with a super_pod_list)"; return -1; }
             sdid[0] = 0;
         }
         if (json_field(start, end, "device_ip", ip, sizeof ip) == 0) {
@@ -2416,7 +2489,6 @@ EXPORT HcclResult HcclCommDestroy(void *comm) {
  *     reason), checked and copied under the double's mutex, so an unmap cannot race it.
  * aclrtGetLogicDevIdByUserDevId is the identity (no ASCEND_RT_VISIBLE_DEVICES here).
  */
-#include <sys/mman.h>
 
 enum {
     RT_FEATURE_NOT_SUPPORT = 207000,
@@ -2920,10 +2992,11 @@ EXPORT aclError aclrtPointerGetAttributes(const void *ptr, VmmPtrAttributes *att
             if ((uintptr_t)ptr >= (uintptr_t)a->ptr && (uintptr_t)ptr - (uintptr_t)a->ptr < a->size) break;
         if (a != NULL) {
             attr->location.type = a->host ? VMM_LOC_HOST : VMM_LOC_DEVICE;
-            attr->location.id = a->host ? 0 : (uint32_t)dev;
+            attr->location.id = a->host ? 0 : (uint32_t)a->device;
             attr->pageSize = 4096;
         } else {
-            attr->location.type = VMM_LOC_UNREGISTERED;
+            /* host memory aclrtHostRegister mapped for the device is host memory ACL knows */
+            attr->location.type = host_registered((uintptr_t)ptr) ? VMM_LOC_HOST : VMM_LOC_UNREGISTERED;
             attr->pageSize = 4096;
         }
     }
@@ -3009,4 +3082,544 @@ EXPORT aclError aclrtStreamQuery(void *stream, int *status) {
 
 EXPORT aclError aclrtStreamStop(void *stream) {
     return aclrtStreamAbort(stream);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* host registration, batched copies, allocation granularity, IPC of device memory             */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The ACL calls Mooncake's NPU wheel links besides those above (acl_rt.h declares each; the
+ * checks follow hicann/runtime: src/acl/aclrt_impl/memory.cpp, src/runtime/api/impl/api_error.cc,
+ * api_impl.cc and api_impl_standard_soc.cc). ACL's own argument checks give 100000
+ * ACL_ERROR_INVALID_PARAM, the runtime's 107000 ACL_ERROR_RT_PARAM_INVALID, a thread without a
+ * current context 107002.
+ *   - aclrtHostRegister(ptr, size, type, &devPtr) maps host memory for the device: type
+ *     ACL_HOST_REGISTER_MAPPED (0), optionally with IOMEMORY (0x04) / READONLY (0x08), another
+ *     bit 207000 ACL_ERROR_RT_FEATURE_NOT_SUPPORT; a range overlapping a registered one 507910
+ *     ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED. The device address is the host address (device
+ *     memory is host memory here), and aclrtPointerGetAttributes says HOST for it until
+ *     aclrtHostUnregister(ptr) (ptr the registered start, else 507911
+ *     ACL_ERROR_HOST_MEMORY_NOT_REGISTERED).
+ *   - aclrtMemcpyBatch copies synchronously, H2D and D2H only: each pair's attribute (attrs[k]
+ *     from attrsIndexes[k] on; attrsIndexes[0] 0 and increasing below numBatches, numAttrs
+ *     between 1 and numBatches, at most 4096 copies, reserved bytes 0) must name the actual
+ *     location of its destination and source as aclrtPointerGetAttributes reports it (HOST_NUMA
+ *     counts as HOST, unknown memory as host; a device's id must match), the two locations
+ *     must differ, and a device range must lie inside its allocation: else 107000 with
+ *     *failIndex the pair's index and nothing copied (SIZE_MAX when no pair is to blame).
+ *     All sizes 0: success, nothing checked. destMaxs[i] < sizes[i]: 100000.
+ *   - aclrtMemGetAllocationGranularity: 2 MiB, what the double's aclrtMallocPhysical takes, for
+ *     every memAttr ACL accepts (HBM_MEM_HUGE/NORMAL/HUGE1G, DDR_MEM_HUGE/NORMAL/P2P_*,
+ *     MEM_*): another memAttr, or a DDR one with a DEVICE location, 100000; an option other
+ *     than MINIMUM/RECOMMENDED 107000.
+ *   - aclrtIpcMemGetExportKey(devPtr, size, key, len, flags) exports a range of one aclrtMalloc
+ *     allocation (107000 for anything else, size or len 0, flags above 1, a key that does not
+ *     fit len with its NUL) under a key "hxipc-<pid>-<n>" (at most 32 bytes; Mooncake passes 65):
+ *     the file "<dir>/.ipc.<key>" of the announce directory (HIXL_ASCEND_DOUBLE_DIR, above; none:
+ *     107000) holds the exporter's pid and start time, its memfd's number, device and inode, the
+ *     range, and who may import it: anyone with ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION
+ *     (1), else only the pids aclrtIpcMemSetImportPid(key, pids, n) listed (as ACL's whitelist).
+ *   - aclrtIpcMemImportByKey(&devPtr, key, flags) maps those pages shared into the importer
+ *     (opening /proc/<pid>/fd/<n> and checking the inode), device memory of the importer's
+ *     current device for aclrtPointerGetAttributes, aclrtMemcpy and aclrtMemcpyBatch: both
+ *     processes see one memory. An unknown or closed key, a process gone, a pid not allowed:
+ *     107000 (the codes CANN's driver gives there were not checked). Each import maps again.
+ *   - aclrtIpcMemClose(key) as ACL's runtime does it: in a process that imported the key it
+ *     unmaps the first mapping made by it; otherwise, in the exporter, it ends the export (later
+ *     imports fail; mappings made stay valid); a key neither imported nor exported here: 107000.
+ *     aclrtFree of exported memory ends its exports too, and an imported mapping cannot be
+ *     freed with aclrtFree (107000).
+ */
+enum {
+    HOST_MEMORY_ALREADY_REGISTERED = 507910,
+    HOST_MEMORY_NOT_REGISTERED = 507911,
+    HOST_REGISTER_IOMEMORY = 0x04,
+    HOST_REGISTER_READONLY = 0x08,
+    MEMCPY_BATCH_MAX = 4096,
+};
+
+typedef struct HostReg {
+    struct HostReg *next;
+    uintptr_t ptr;
+    uint64_t size;
+} HostReg;
+
+static HostReg *hostregs;
+
+/* Under mu. */
+static int host_registered(uintptr_t p) {
+    for (HostReg *r = hostregs; r != NULL; r = r->next)
+        if (p >= r->ptr && p - r->ptr < r->size) return 1;
+    return 0;
+}
+
+EXPORT aclError aclrtHostRegister(void *ptr, uint64_t size, int type, void **devPtr) {
+    HostReg *r;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtHostRegister", "ptr=%p size=%llu", ptr, (unsigned long long)size);
+    if (ptr == NULL || devPtr == NULL || size == 0) {
+        set_err("double: aclrtHostRegister: null pointer or zero size");
+        rc = ACL_INVALID_PARAM;
+    } else if (((unsigned)type & ~(unsigned)(HOST_REGISTER_IOMEMORY | HOST_REGISTER_READONLY)) != 0) {
+        set_err("double: aclrtHostRegister: type %d not supported", type);
+        rc = RT_FEATURE_NOT_SUPPORT;
+    } else if (need_ctx("aclrtHostRegister")) {
+        rc = RT_CONTEXT_NULL;
+    }
+    if (rc != 0) {
+        logf_("aclrtHostRegister ptr=%p size=%llu rc=%d", ptr, (unsigned long long)size, rc);
+        return rc;
+    }
+    r = calloc(1, sizeof *r);
+    if (r == NULL) return RT_MEMORY_ALLOCATION;
+    r->ptr = (uintptr_t)ptr;
+    r->size = size;
+    pthread_mutex_lock(&mu);
+    for (HostReg *it = hostregs; it != NULL; it = it->next)
+        if (r->ptr < it->ptr + it->size && it->ptr < r->ptr + size) rc = HOST_MEMORY_ALREADY_REGISTERED;
+    if (rc == 0) {
+        r->next = hostregs;
+        hostregs = r;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) {
+        free(r);
+        set_err("double: aclrtHostRegister(%p, %llu): overlaps a registered range", ptr, (unsigned long long)size);
+    } else {
+        *devPtr = ptr;
+    }
+    logf_("aclrtHostRegister ptr=%p size=%llu type=%d rc=%d", ptr, (unsigned long long)size, type, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtHostUnregister(void *ptr) {
+    HostReg **pp, *r = NULL;
+    ACL_FAIL_POINT("aclrtHostUnregister", "ptr=%p", ptr);
+    if (ptr == NULL) {
+        set_err("double: aclrtHostUnregister: null pointer");
+        logf_("aclrtHostUnregister ptr=%p rc=%d", ptr, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    if (need_ctx("aclrtHostUnregister")) {
+        logf_("aclrtHostUnregister ptr=%p rc=%d", ptr, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    pthread_mutex_lock(&mu);
+    for (pp = &hostregs; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->ptr == (uintptr_t)ptr) {
+            r = *pp;
+            *pp = r->next;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    free(r);
+    if (r == NULL) set_err("double: aclrtHostUnregister(%p): not the start of a registered range", ptr);
+    logf_("aclrtHostUnregister ptr=%p rc=%d", ptr, r ? 0 : HOST_MEMORY_NOT_REGISTERED);
+    return r ? ACL_OK : HOST_MEMORY_NOT_REGISTERED;
+}
+
+typedef struct {
+    VmmLocation dstLoc;
+    VmmLocation srcLoc;
+    uint8_t rsv[16];
+} MemcpyBatchAttr;
+
+/* Where [p, p+len) is, as aclrtPointerGetAttributes says (unknown memory: host), and whether a
+ * device range lies inside its allocation or mapping. Under mu. */
+static int batch_loc(uintptr_t p, size_t len, int *type, uint32_t *id) {
+    VMap *m = vmap_of(p, 0);
+    if (m != NULL) {
+        *type = m->phys->host ? VMM_LOC_HOST : VMM_LOC_DEVICE;
+        *id = 0;
+        if (!m->phys->host && ctx_valid(cur_ctx)) *id = (uint32_t)cur_ctx->device;
+        return len <= m->va + m->size - p;
+    }
+    for (Alloc *a = allocs; a != NULL; a = a->next)
+        if (p >= (uintptr_t)a->ptr && p - (uintptr_t)a->ptr < a->size) {
+            *type = a->host ? VMM_LOC_HOST : VMM_LOC_DEVICE;
+            *id = a->host ? 0 : (uint32_t)a->device;
+            return a->host || len <= a->size - (p - (uintptr_t)a->ptr);
+        }
+    *type = VMM_LOC_HOST;
+    *id = 0;
+    return 1;
+}
+
+EXPORT aclError aclrtMemcpyBatch(void **dsts, size_t *destMaxs, void **srcs, size_t *sizes, size_t numBatches,
+                                 MemcpyBatchAttr *attrs, size_t *attrsIndexes, size_t numAttrs, size_t *failIndex) {
+    size_t i, k = 0, fail = SIZE_MAX, zero = 1;
+    int rc = 0;
+    const char *why = NULL;
+    ACL_FAIL_POINT("aclrtMemcpyBatch", "num=%zu", numBatches);
+    if (failIndex == NULL || sizes == NULL || numBatches == 0) {
+        set_err("double: aclrtMemcpyBatch: null failIndex or sizes, or no copy");
+        logf_("aclrtMemcpyBatch num=%zu rc=%d", numBatches, ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    for (i = 0; i < numBatches; i++)
+        if (sizes[i] != 0) zero = 0;
+    *failIndex = SIZE_MAX;
+    if (zero) {
+        logf_("aclrtMemcpyBatch num=%zu zero=1 rc=0", numBatches);
+        return ACL_OK;
+    }
+    if (dsts == NULL || destMaxs == NULL || srcs == NULL || attrs == NULL || attrsIndexes == NULL) {
+        why = "a null array";
+        rc = ACL_INVALID_PARAM;
+    }
+    for (i = 0; rc == 0 && i < numBatches; i++)
+        if (destMaxs[i] < sizes[i]) {
+            why = "a size above its destMax";
+            rc = ACL_INVALID_PARAM;
+        }
+    for (i = 0; rc == 0 && i < numAttrs; i++)
+        for (size_t b = 0; b < sizeof attrs[i].rsv; b++)
+            if (attrs[i].rsv[b] != 0) {
+                why = "reserved bytes of an attribute not 0";
+                rc = ACL_INVALID_PARAM;
+                break;
+            }
+    if (rc == 0 && need_ctx("aclrtMemcpyBatch")) rc = RT_CONTEXT_NULL;
+    if (rc == 0 && (numAttrs == 0 || numAttrs > numBatches || numBatches > MEMCPY_BATCH_MAX || attrsIndexes[0] != 0)) {
+        why = "numAttrs 0 or above numBatches, more than 4096 copies, or attrsIndexes[0] not 0";
+        rc = RT_PARAM_INVALID;
+    }
+    for (i = 1; rc == 0 && i < numAttrs; i++)
+        if (attrsIndexes[i] <= attrsIndexes[i - 1] || attrsIndexes[i] >= numBatches) {
+            why = "attrsIndexes not increasing below numBatches";
+            rc = RT_PARAM_INVALID;
+        }
+    pthread_mutex_lock(&mu);
+    for (i = 0; rc == 0 && i < numBatches; i++) {
+        int dt, st, want_d, want_s;
+        uint32_t did, sid;
+        int din, sin;
+        if (k + 1 < numAttrs && i >= attrsIndexes[k + 1]) k++;
+        din = batch_loc((uintptr_t)dsts[i], sizes[i], &dt, &did);
+        sin = batch_loc((uintptr_t)srcs[i], sizes[i], &st, &sid);
+        want_d = attrs[k].dstLoc.type == VMM_LOC_HOST_NUMA ? VMM_LOC_HOST : attrs[k].dstLoc.type;
+        want_s = attrs[k].srcLoc.type == VMM_LOC_HOST_NUMA ? VMM_LOC_HOST : attrs[k].srcLoc.type;
+        if (dt != want_d || (dt == VMM_LOC_DEVICE && did != attrs[k].dstLoc.id))
+            why = "the destination is not where its attribute says";
+        else if (st != want_s || (st == VMM_LOC_DEVICE && sid != attrs[k].srcLoc.id))
+            why = "the source is not where its attribute says";
+        else if (dt == st)
+            why = "only H2D and D2H copies";
+        else if (!din || !sin)
+            why = "a device range past the end of its allocation";
+        else
+            continue;
+        fail = i;
+        rc = RT_PARAM_INVALID;
+    }
+    if (rc == 0)
+        for (i = 0; i < numBatches; i++) memmove(dsts[i], srcs[i], sizes[i]);
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) {
+        *failIndex = fail;
+        if (why != NULL) set_err("double: aclrtMemcpyBatch: %s (index %zu)", why, fail == SIZE_MAX ? 0 : fail);
+    }
+    logf_("aclrtMemcpyBatch num=%zu attrs=%zu fail=%zd rc=%d", numBatches, numAttrs,
+          fail == SIZE_MAX ? (ssize_t)-1 : (ssize_t)fail, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtMemGetAllocationGranularity(VmmPhysProp *prop, int option, size_t *granularity) {
+    /* the memAttr values ACL maps to the driver's (memAttrHandlers in memory.cpp) */
+    static const int known[] = {4 /* HBM_HUGE */, 5, 10, 2 /* DDR_HUGE */, 3, 6, 7, 12 /* MEM_NORMAL */, 13, 14, 15,
+                                16, 17};
+    int rc = ACL_INVALID_PARAM, attr;
+    ACL_FAIL_POINT("aclrtMemGetAllocationGranularity", "option=%d", option);
+    if (prop == NULL || granularity == NULL) {
+        set_err("double: aclrtMemGetAllocationGranularity: null pointer");
+        logf_("aclrtMemGetAllocationGranularity rc=%d", rc);
+        return rc;
+    }
+    attr = prop->memAttr;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (known[i] == attr) rc = 0;
+    if (rc == 0 && prop->location.type == VMM_LOC_DEVICE && (attr == 2 || attr == 3 || attr == 6 || attr == 7))
+        rc = ACL_INVALID_PARAM; /* DDR memory is host memory */
+    if (rc != 0) set_err("double: aclrtMemGetAllocationGranularity: memAttr %d not supported here", attr);
+    else if (option != 0 && option != 1) {
+        set_err("double: aclrtMemGetAllocationGranularity: option %d", option);
+        rc = RT_PARAM_INVALID;
+    } else {
+        *granularity = HUGE_PAGE;
+    }
+    logf_("aclrtMemGetAllocationGranularity attr=%d option=%d rc=%d", attr, option, rc);
+    return rc;
+}
+
+/* An export of this process (aclrtIpcMemGetExportKey). Under mu. */
+typedef struct Export {
+    struct Export *next;
+    char key[72];
+    const Alloc *alloc;
+    uintptr_t ptr;
+    size_t size;
+    int any;           /* ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION */
+    int pids[64];      /* aclrtIpcMemSetImportPid's whitelist */
+    int npids;
+    char path[4200];   /* its file in the announce directory */
+} Export;
+
+static Export *exports;
+static unsigned export_seq;
+
+/* (Re)writes an export's file, whole (temporary file + rename). Under mu. */
+static int write_export(const Export *e) {
+    char tmp[4300], buf[1024];
+    unsigned long long start = 0;
+    struct stat st;
+    int fd, n;
+    if (proc_start(getpid(), &start) != 0 || fstat(e->alloc->fd, &st) != 0) return -1;
+    n = snprintf(buf, sizeof buf, "pid %d start %llu fd %d dev %llu ino %llu off %llu size %zu any %d pids",
+                 (int)getpid(), start, e->alloc->fd, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                 (unsigned long long)(e->ptr - (uintptr_t)e->alloc->base), e->size, e->any);
+    for (int i = 0; i < e->npids && n < (int)sizeof buf - 16; i++) n += snprintf(buf + n, sizeof buf - (size_t)n, " %d", e->pids[i]);
+    n += snprintf(buf + n, sizeof buf - (size_t)n, "\n");
+    snprintf(tmp, sizeof tmp, "%s.tmp", e->path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    if (write(fd, buf, (size_t)n) != n) {
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    close(fd);
+    if (rename(tmp, e->path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+EXPORT aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, size_t len, uint64_t flags) {
+    char dir[4096], name[72];
+    Export *e;
+    Alloc *a;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtIpcMemGetExportKey", "ptr=%p size=%zu", devPtr, size);
+    if (devPtr == NULL || key == NULL) {
+        set_err("double: aclrtIpcMemGetExportKey: null pointer");
+        rc = ACL_INVALID_PARAM;
+    } else if (size == 0 || len == 0 || flags > 1) {
+        set_err("double: aclrtIpcMemGetExportKey: size %zu, len %zu, flags %llu", size, len, (unsigned long long)flags);
+        rc = RT_PARAM_INVALID;
+    } else if (need_ctx("aclrtIpcMemGetExportKey")) {
+        rc = RT_CONTEXT_NULL;
+    } else if (dir_of(dir, sizeof dir, 1) != 0) {
+        set_err("double: aclrtIpcMemGetExportKey: no announce directory to publish the key in");
+        rc = RT_PARAM_INVALID;
+    }
+    if (rc != 0) {
+        logf_("aclrtIpcMemGetExportKey ptr=%p size=%zu rc=%d", devPtr, size, rc);
+        return rc;
+    }
+    e = calloc(1, sizeof *e);
+    if (e == NULL) return RT_MEMORY_ALLOCATION;
+    (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); /* importers open /proc/<pid>/fd */
+    pthread_mutex_lock(&mu);
+    for (a = allocs; a != NULL; a = a->next)
+        if (!a->host && a->key[0] == 0 && (uintptr_t)devPtr >= (uintptr_t)a->ptr &&
+            (uintptr_t)devPtr - (uintptr_t)a->ptr < a->size && size <= a->size - ((uintptr_t)devPtr - (uintptr_t)a->ptr))
+            break;
+    snprintf(name, sizeof name, "hxipc-%d-%u", (int)getpid(), ++export_seq);
+    if (a == NULL) {
+        set_err("double: aclrtIpcMemGetExportKey(%p, %zu): not inside one aclrtMalloc allocation", devPtr, size);
+        rc = RT_PARAM_INVALID;
+    } else if (strlen(name) + 1 > len) {
+        set_err("double: aclrtIpcMemGetExportKey: the key needs %zu bytes, len is %zu", strlen(name) + 1, len);
+        rc = RT_PARAM_INVALID;
+    } else {
+        snprintf(e->key, sizeof e->key, "%s", name);
+        snprintf(e->path, sizeof e->path, "%s/.ipc.%s", dir, name);
+        e->alloc = a;
+        e->ptr = (uintptr_t)devPtr;
+        e->size = size;
+        e->any = (flags & 1) != 0;
+        if (write_export(e) != 0) {
+            set_err("double: aclrtIpcMemGetExportKey: cannot write %s", e->path);
+            rc = RT_DRV_INTERNAL_ERROR;
+        } else {
+            e->next = exports;
+            exports = e;
+            memcpy(key, name, strlen(name) + 1);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) free(e);
+    logf_("aclrtIpcMemGetExportKey ptr=%p size=%zu flags=%llu key=%s rc=%d", devPtr, size, (unsigned long long)flags,
+          rc ? "" : name, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pid, size_t num) {
+    Export *e;
+    int rc = 0;
+    ACL_FAIL_POINT("aclrtIpcMemSetImportPid", "num=%zu", num);
+    if (key == NULL || pid == NULL) return ACL_INVALID_PARAM;
+    if (num == 0 || num > 64) return RT_PARAM_INVALID;
+    pthread_mutex_lock(&mu);
+    for (e = exports; e != NULL; e = e->next)
+        if (strcmp(e->key, key) == 0) break;
+    if (e == NULL) rc = RT_PARAM_INVALID;
+    else {
+        for (size_t i = 0; i < num && e->npids < 64; i++) e->pids[e->npids++] = pid[i];
+        if (write_export(e) != 0) rc = RT_DRV_INTERNAL_ERROR;
+    }
+    pthread_mutex_unlock(&mu);
+    if (rc != 0) set_err("double: aclrtIpcMemSetImportPid(%s): not a key this process exported", key);
+    logf_("aclrtIpcMemSetImportPid key=%s num=%zu rc=%d", key, num, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) {
+    char dir[4096], path[4300], *text = NULL, *pids;
+    unsigned long long start = 0, pstart = 0, dev = 0, ino = 0, off = 0;
+    size_t size = 0, delta, maplen;
+    int pid = 0, fd = -1, efd = -1, any = 0, allowed, rc = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    struct stat st;
+    void *m = MAP_FAILED;
+    Alloc *a;
+    ACL_FAIL_POINT("aclrtIpcMemImportByKey", "flags=%llu", (unsigned long long)flags);
+    if (devPtr == NULL || key == NULL) {
+        set_err("double: aclrtIpcMemImportByKey: null pointer");
+        logf_("aclrtIpcMemImportByKey rc=%d", ACL_INVALID_PARAM);
+        return ACL_INVALID_PARAM;
+    }
+    if (flags > 1) rc = RT_PARAM_INVALID;
+    else if (need_ctx("aclrtIpcMemImportByKey")) rc = RT_CONTEXT_NULL;
+    else if (strncmp(key, "hxipc-", 6) != 0 || strchr(key, '/') != NULL || dir_of(dir, sizeof dir, 0) != 0)
+        rc = RT_PARAM_INVALID;
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/.ipc.%s", dir, key);
+        text = slurp(path);
+        if (text == NULL ||
+            sscanf(text, "pid %d start %llu fd %d dev %llu ino %llu off %llu size %zu any %d", &pid, &start, &efd,
+                   &dev, &ino, &off, &size, &any) != 8) {
+            set_err("double: aclrtIpcMemImportByKey(%s): no such key (never exported, or closed)", key);
+            rc = RT_PARAM_INVALID;
+        }
+    }
+    if (rc == 0 && (proc_start((pid_t)pid, &pstart) != 0 || pstart != start)) {
+        set_err("double: aclrtIpcMemImportByKey(%s): the exporting process %d is gone", key, pid);
+        rc = RT_PARAM_INVALID;
+    }
+    if (rc == 0) {
+        allowed = any;
+        pids = strstr(text, " pids");
+        for (char *p = pids ? pids + 5 : NULL; p != NULL && !allowed && *p == ' ';) {
+            char *end;
+            long v = strtol(p + 1, &end, 10);
+            if (end == p + 1) break;
+            if (v == (long)getpid()) allowed = 1;
+            p = end;
+        }
+        if (!allowed) {
+            set_err("double: aclrtIpcMemImportByKey(%s): pid %d is not allowed (aclrtIpcMemSetImportPid)", key,
+                    (int)getpid());
+            rc = RT_PARAM_INVALID;
+        }
+    }
+    if (rc == 0) {
+        snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, efd);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) != 0 || (unsigned long long)st.st_dev != dev ||
+            (unsigned long long)st.st_ino != ino) {
+            set_err("double: aclrtIpcMemImportByKey(%s): the memory of process %d cannot be opened (%s)", key, pid,
+                    fd < 0 ? strerror(errno) : "another file");
+            rc = RT_PARAM_INVALID;
+        }
+    }
+    if (rc == 0) {
+        delta = (size_t)(off % (unsigned long long)page);
+        maplen = delta + size;
+        m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(off - delta));
+        a = m == MAP_FAILED ? NULL : calloc(1, sizeof *a);
+        if (a == NULL) {
+            set_err("double: aclrtIpcMemImportByKey(%s): cannot map %zu bytes", key, size);
+            if (m != MAP_FAILED) munmap(m, maplen);
+            rc = RT_MEMORY_ALLOCATION;
+        } else {
+            a->base = m;
+            a->ptr = (char *)m + delta;
+            a->size = size;
+            a->fd = -1;
+            a->maplen = maplen;
+            snprintf(a->key, sizeof a->key, "%s", key);
+            pthread_mutex_lock(&mu);
+            a->device = ctx_valid(cur_ctx) ? cur_ctx->device : 0;
+            /* appended: aclrtIpcMemClose unmaps the first mapping of a key */
+            {
+                Alloc **pp = &allocs;
+                while (*pp != NULL) pp = &(*pp)->next;
+                *pp = a;
+            }
+            pthread_mutex_unlock(&mu);
+            *devPtr = a->ptr;
+        }
+    }
+    if (fd >= 0) close(fd);
+    free(text);
+    logf_("aclrtIpcMemImportByKey key=%s pid=%d size=%zu rc=%d", key, pid, size, rc);
+    return rc;
+}
+
+EXPORT aclError aclrtIpcMemClose(const char *key) {
+    Alloc **pp, *a = NULL;
+    Export **ep, *e = NULL;
+    ACL_FAIL_POINT("aclrtIpcMemClose", "key=%s", key ? key : "");
+    if (key == NULL) return ACL_INVALID_PARAM;
+    if (need_ctx("aclrtIpcMemClose")) {
+        logf_("aclrtIpcMemClose key=%s rc=%d", key, RT_CONTEXT_NULL);
+        return RT_CONTEXT_NULL;
+    }
+    pthread_mutex_lock(&mu);
+    for (pp = &allocs; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->key[0] != 0 && strcmp((*pp)->key, key) == 0) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    if (a == NULL)
+        for (ep = &exports; *ep != NULL; ep = &(*ep)->next)
+            if (strcmp((*ep)->key, key) == 0) {
+                e = *ep;
+                *ep = e->next;
+                unlink(e->path);
+                break;
+            }
+    pthread_mutex_unlock(&mu);
+    if (a != NULL) munmap(a->base, a->maplen);
+    free(a);
+    free(e);
+    if (a == NULL && e == NULL) set_err("double: aclrtIpcMemClose(%s): neither imported nor exported here", key);
+    logf_("aclrtIpcMemClose key=%s imported=%d exported=%d rc=%d", key, a != NULL, e != NULL,
+          a || e ? 0 : RT_PARAM_INVALID);
+    return a || e ? ACL_OK : RT_PARAM_INVALID;
+}
+
+/* aclrtFree of exported memory ends its exports. */
+static void ipc_forget(const Alloc *a) {
+    Export **ep = &exports;
+    pthread_mutex_lock(&mu);
+    while (*ep != NULL) {
+        Export *e = *ep;
+        if (e->alloc == a) {
+            *ep = e->next;
+            unlink(e->path);
+            free(e);
+        } else {
+            ep = &e->next;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* Removes this process's export files when the double unloads. */
+__attribute__((destructor)) static void unexport(void) {
+    for (Export *e = exports; e != NULL; e = e->next) unlink(e->path);
 }

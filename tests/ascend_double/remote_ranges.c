@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cann_decls.h"
+#include "fork_pair.h"
 
 #define SIZE (1u << 20)
 #define FILL 0x5A  /* the server's bytes */
@@ -203,24 +204,6 @@ static void server(int in, int out) {
 }
 
 int main(void) {
-    int to_client[2], to_server[2], status = 0;
-    pid_t pid;
-    check(pipe(to_client) == 0 && pipe(to_server) == 0, "pipe");
-    fflush(stdout);
-    pid = fork();
-    check(pid >= 0, "fork");
-    if (pid == 0) {
-        close(to_client[1]);
-        close(to_server[0]);
-        client(to_client[0], to_server[1]);
-        printf("client OK\n");
-        return 0;
-    }
-    close(to_client[0]); /* a process that dies closes its ends: the other's read returns 0 */
-    close(to_server[1]);
-    server(to_server[0], to_client[1]);
-    check(waitpid(pid, &status, 0) == pid, "waitpid");
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the client succeeded");
-    printf("OK\n");
+    fork_pair(client, server, "client OK");
     return 0;
 }

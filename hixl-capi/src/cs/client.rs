@@ -13,8 +13,8 @@ use hixl_rs::{Access, MemType, TransferOp};
 use super::table::{self, ENDPOINT_LEN, HEADER_LEN, TABLE_LEN, Table};
 use super::{
     BUILTIN_TAG, CommMem, HixlClientDesc, HixlConfig, HixlOneSideOpDesc, TIMEOUT, clients, config,
-    cs_fail, disjoint, endpoint_loc, endpoint_matches, engine_name, failed, insert, ip, lock,
-    lookup, millis, next_handle, overlaps, read_config, read_mem,
+    cs_fail, cs_start_fail, disjoint, endpoint_loc, endpoint_matches, engine_name, failed, insert,
+    ip, lock, lookup, millis, next_handle, overlaps, read_config, read_mem,
 };
 use crate::{R, entry, invalid, put};
 
@@ -247,12 +247,17 @@ pub unsafe extern "C" fn HixlCSClientCreate(
         config::check_env().map_err(invalid)?;
         let engine = Arc::new(compat::Hixl::new());
         let me = if ip.is_ipv4() { "127.0.0.1" } else { "[::1]" };
+        if loc == 0 {
+            // a device endpoint: the engine reads the thread's device at Create, and fails with
+            // ACL's error where none is set, as upstream's client (InitDeviceResource)
+            options.push(("hixl.ascend.require_device".into(), "1".into()));
+        }
         engine
             .initialize(me, {
                 options.push(("AutoConnect".into(), "0".into()));
                 options
             })
-            .map_err(cs_fail)?;
+            .map_err(cs_start_fail)?;
         let download = engine
             .alloc_host_mem_with(TABLE_LEN, Access::None)
             .map_err(cs_fail)?;

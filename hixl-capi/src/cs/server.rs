@@ -11,8 +11,9 @@ use hixl_rs::{Access, MemType, Status};
 
 use super::table::{self, ENDPOINT_LEN, HEADER_LEN, MAGIC, TABLE_LEN, Table};
 use super::{
-    CommMem, HixlConfig, HixlServerDesc, config, cs_fail, endpoint_loc, engine_name, failed,
-    insert, ip, lock, lookup, next_handle, opt_cstr, overlaps, read_config, read_mem, servers,
+    CommMem, HixlConfig, HixlServerDesc, config, cs_fail, cs_start_fail, endpoint_loc, engine_name,
+    failed, insert, ip, lock, lookup, next_handle, opt_cstr, overlaps, read_config, read_mem,
+    servers,
 };
 use crate::{R, entry, invalid, put};
 
@@ -176,7 +177,7 @@ pub unsafe extern "C" fn HixlCSServerCreate(
         // SAFETY: the caller's contract.
         let ip = unsafe { ip(d.server_ip) }?;
         // SAFETY: the caller's contract.
-        let options = unsafe { read_config(config, config::Side::Server) }?;
+        let mut options = unsafe { read_config(config, config::Side::Server) }?;
         let port = u16::try_from(d.server_port)
             .map_err(|_| invalid(format!("server_port {} > 65535", d.server_port)))?;
         if d.endpoint_list.is_null() || d.endpoint_list_num == 0 {
@@ -206,6 +207,14 @@ pub unsafe extern "C" fn HixlCSServerCreate(
                 )));
             }
             endpoints.push(e.bytes);
+        }
+        if endpoints.iter().any(|e| endpoint_loc(e) == 0) {
+            // device endpoints: the thread's device is read now, as upstream's Create does
+            // (RegisterDeviceTransFinishedFlag), and its engine at Listen takes that device
+            options.push(("hixl.ascend.require_device".into(), "1".into()));
+            hixl_rs::Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .and_then(|o| o.calling_thread_device())
+                .map_err(|e| cs_start_fail(e.into()))?;
         }
         let key = insert(
             servers(),

@@ -41,6 +41,7 @@ const char *hixl_last_error_message(void);
  * CI has no CANN headers): */
 typedef int aclError;
 aclError aclrtSetDevice(int32_t deviceId);
+enum { ACL_ERROR_RT_CONTEXT_NULL = 107002 };
 aclError aclrtMalloc(void **devPtr, size_t size, int policy); /* aclrtMemMallocPolicy */
 aclError aclrtFree(void *devPtr);
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind);
@@ -222,6 +223,20 @@ static int server(size_t size) {
   CommMemType kv0_type = COMM_MEM_TYPE_DEVICE;
   ep.loc.locType = ENDPOINT_LOC_TYPE_DEVICE;
   ep.loc.device.devPhyId = (uint32_t)device_id;
+  {
+    /* a server with a device endpoint reads the thread's device at Create, as upstream's
+     * (RegisterDeviceTransFinishedFlag: aclrtGetDevice): none set yet is ACL's error */
+    HixlServerDesc d;
+    memset(&d, 0, sizeof d);
+    d.endpoint_list = &ep;
+    d.endpoint_list_num = 1;
+    d.server_ip = "127.0.0.1";
+    HixlServerConfig c;
+    memset(&c, 0, sizeof c);
+    HixlServerHandle h = (HixlServerHandle)&d;
+    EXPECT(HixlCSServerCreate(&d, &c, &h), ACL_ERROR_RT_CONTEXT_NULL);
+    CHECK(h == NULL);
+  }
   CHECK(aclrtSetDevice(device_id) == 0);
   {
     void *dev = NULL;
@@ -297,21 +312,27 @@ static int server(size_t size) {
   return failures ? 1 : 0;
 }
 
-static HixlClientHandle make_client_with(uint32_t port, const char *remote_ip, const char *config) {
-  static EndpointDesc local, remote;
-  local = endpoint("127.0.0.1");
-  remote = endpoint(remote_ip);
+/* HixlCSClientCreate for a client of 127.0.0.1:port with these endpoints and config */
+static HixlStatus create_client(const EndpointDesc *local, const EndpointDesc *remote, uint32_t port,
+                                const char *config, HixlClientHandle *h) {
   HixlClientDesc d;
   memset(&d, 0, sizeof d);
-  d.local_endpoint = &local;
-  d.remote_endpoint = &remote;
+  d.local_endpoint = local;
+  d.remote_endpoint = remote;
   d.server_ip = "127.0.0.1";
   d.server_port = port;
   HixlClientConfig c;
   memset(&c, 0, sizeof c);
   c.global_resource_config = config;
+  return HixlCSClientCreate(&d, &c, h);
+}
+
+static HixlClientHandle make_client_with(uint32_t port, const char *remote_ip, const char *config) {
+  static EndpointDesc local, remote;
+  local = endpoint("127.0.0.1");
+  remote = endpoint(remote_ip);
   HixlClientHandle h = NULL;
-  EXPECT(HixlCSClientCreate(&d, &c, &h), HIXL_SUCCESS);
+  EXPECT(create_client(&local, &remote, port, config, &h), HIXL_SUCCESS);
   return h;
 }
 
@@ -508,7 +529,19 @@ static void device_section(HixlClientHandle c, unsigned char *kv0, unsigned char
 static int client(uint32_t port, uintptr_t kv0_addr, size_t size, pid_t server_pid) {
   rng_state = 0x2545f4914f6cdd1dull ^ (uint64_t)getpid() ^ (uint64_t)time(NULL);
 #ifdef CS_DEVICE
-  CHECK(aclrtSetDevice(device_id) == 0);
+  {
+    /* a client with a device endpoint reads the thread's device at Create, as upstream's
+     * (InitDeviceResource: aclrtGetDevice): none set yet is ACL's ACL_ERROR_RT_CONTEXT_NULL */
+    EndpointDesc l = endpoint("127.0.0.1"), r = endpoint("127.0.0.1");
+    l.loc.locType = ENDPOINT_LOC_TYPE_DEVICE;
+    l.loc.device.devPhyId = (uint32_t)device_id;
+    HixlClientHandle h = (HixlClientHandle)&l;
+    EXPECT(create_client(&l, &r, port, NULL, &h), ACL_ERROR_RT_CONTEXT_NULL);
+    CHECK(h == NULL);
+    CHECK(aclrtSetDevice(device_id) == 0);
+    EXPECT(create_client(&l, &r, port, NULL, &h), HIXL_SUCCESS);
+    EXPECT(HixlCSClientDestroy(h), HIXL_SUCCESS);
+  }
 #endif
   client_create_bad_inputs(port);
 

@@ -139,6 +139,34 @@ pub fn build(compiler: &str, flags: &[&str], lib: &str, sources: &[PathBuf], out
     );
 }
 
+/// Builds `tests/<source>` with HIXL's example flags ([`HIXL_EXAMPLE_FLAGS`]) into
+/// `dir/program`, linked with `-l<lib>`; returns the program's path.
+pub fn build_example(compiler: &str, lib: &str, source: &str, dir: &Path) -> PathBuf {
+    let exe = dir.join("program");
+    build(
+        compiler,
+        &HIXL_EXAMPLE_FLAGS,
+        lib,
+        &[Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(source)],
+        &exe,
+    );
+    exe
+}
+
+/// A command for `exe` without the `HIXL*` variables this process may have inherited (the
+/// double's settings among them).
+pub fn clean_command(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HIXL") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 /// A serving child that printed `READY <name> <addr> <len>` and answers `sum`, `notifies`,
 /// `quit` (the C and C++ test programs' server mode).
 pub struct Server {

@@ -6,9 +6,14 @@
 //   adxl_engine server SIZE [caller]  READY <name> <addr> <len>; then sum / notifies / quit
 //   adxl_engine client NAME ADDR LEN  every call against that server, with its exact status;
 //                                     prints WROTE <off> <len> <fnv1a>, then PASS
+//   adxl_engine nodevice              where ACL loads (the test double): Initialize on a thread
+//                                     with no device is ACL's 107002, then with one SUCCESS;
+//                                     prints PASS
 #include "adxl/adxl_engine.h"
+#include "check.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,33 +35,7 @@ static_assert(sizeof(ShareableHandle) == 128, "aclrtMemFabricHandle");
 static_assert(sizeof(TransferOpDesc) == 3 * sizeof(uint64_t), "TransferOpDesc");
 
 namespace {
-int failures = 0;
-
-void Expect(Status got, Status want, int line) {
-  if (got != want) {
-    std::cerr << "line " << line << ": status " << got << ", expected " << want << "\n";
-    failures++;
-  }
-}
-#define EXPECT(call, want) Expect((call), (want), __LINE__)
-#define CHECK(cond)                                                 \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      std::cerr << "line " << __LINE__ << ": " #cond " is false\n"; \
-      failures++;                                                   \
-    }                                                               \
-  } while (0)
-
 unsigned char Pattern(size_t i) { return static_cast<unsigned char>((i * 131u + 7u) & 0xffu); }
-
-uint64_t Fnv1a(const unsigned char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 // A port nobody listens on now (ADXL has no call that tells an engine's port).
 int FreePort() {
@@ -259,7 +238,44 @@ int Client(const std::string &name, uintptr_t raddr, size_t rlen) {
 }
 }  // namespace
 
+// ADXL reads the thread's device when it starts, as upstream's (aclrtGetDevice): on a thread
+// with none, Initialize fails with ACL's ACL_ERROR_RT_CONTEXT_NULL; once aclrtSetDevice ran,
+// it succeeds. ACL is reached with dlopen, as the program links -lllm_datadist alone.
+int NoDevice() {
+  void *acl = dlopen("libascendcl.so", RTLD_NOW | RTLD_GLOBAL);
+  if (acl == nullptr) {
+    std::fprintf(stderr, "no libascendcl.so: %s\n", dlerror());
+    return 1;
+  }
+  using SetDevice = int (*)(int32_t);
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtSetDevice"));
+  auto reset_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtResetDevice"));
+  CHECK(set_device != nullptr && reset_device != nullptr);
+  if (set_device == nullptr || reset_device == nullptr) return 1;
+  std::map<AscendString, AscendString> none;
+  {
+    AdxlEngine engine;
+    EXPECT(engine.Initialize("127.0.0.1", none), 107002U);  // ACL_ERROR_RT_CONTEXT_NULL
+    MemHandle h = nullptr;
+    MemDesc d{};
+    d.addr = 4096;
+    d.len = 4096;
+    EXPECT(engine.RegisterMem(d, MEM_HOST, h), FAILED);  // not initialized
+  }
+  CHECK(set_device(3) == 0);
+  {
+    AdxlEngine engine;
+    EXPECT(engine.Initialize("127.0.0.1", none), SUCCESS);
+    engine.Finalize();
+  }
+  CHECK(reset_device(3) == 0);
+  if (failures) return 1;
+  std::printf("PASS\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && std::strcmp(argv[1], "nodevice") == 0) return NoDevice();
   if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "server") == 0) return Server(std::strtoul(argv[2], nullptr, 10));
   if (argc == 5 && std::strcmp(argv[1], "client") == 0) {
     return Client(argv[2], static_cast<uintptr_t>(std::strtoull(argv[3], nullptr, 10)),

@@ -165,7 +165,7 @@ impl Runtime {
     }
 
     fn start_with(acl: Acl, hccl: Hccl, o: &AscendOptions) -> Result<Arc<Self>, Error> {
-        let device = Device::open(acl, o.device_id)?;
+        let device = Device::open(acl, o.device_id, o.require_device)?;
         let soc = Soc::from_name(&device.soc_name);
         let super_ids = match soc {
             Soc::A3 => Some(SuperIds {

@@ -150,7 +150,7 @@ impl FabricRt {
     pub(crate) fn start(o: &AscendOptions) -> Result<Arc<Self>, Error> {
         let acl = Acl::load(o.acl_lib.as_deref())?;
         let api = FabricApi::load(acl.library())?;
-        let device = Device::open(acl, o.device_id)?;
+        let device = Device::open(acl, o.device_id, o.require_device)?;
         let streams = o
             .global_resource_config
             .as_ref()

@@ -99,7 +99,7 @@ fn handles_round_trip_and_a_gone_exporter_is_an_acl_error() {
 fn foreign_vmm_memory_registers_block_by_block() {
     let f = Fixture::on_device("fabric-foreign");
     let api = FabricApi::load(f.acl.library()).unwrap();
-    let device = crate::device::Device::open(f.acl.clone(), Some(0)).unwrap();
+    let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
     let rt = std::sync::Arc::new(super::FabricRt {
         device: std::sync::Arc::new(device),
         api,

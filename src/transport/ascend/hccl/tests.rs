@@ -417,6 +417,43 @@ fn the_double_checks_device_ids_and_names_like_hccl() {
     drop(again);
 }
 
+/// The double's rank-table rule accepts what upstream's own programs build: HIXL's Python
+/// samples (pull_cache_sample.py and two more) build version "1.2" tables with neither a
+/// `super_pod_list` nor `super_device_id`s, read as 1.0 tables; a 1.2 table with a
+/// `super_pod_list` (A3's layout) still needs a `super_device_id` in every device.
+#[test]
+fn a_1_2_rank_table_without_super_pods_is_read_as_1_0() {
+    let (_f, hccl) = init_fixture("hccl-v12");
+    let table = |extra: serde_json::Value| {
+        let mut t = serde_json::json!({"version": "1.2", "server_count": "1", "status": "completed",
+            "server_list": [{"server_id": "1", "host_ip": "127.0.0.1", "device": [
+                {"device_id": "10", "device_ip": "10.4.0.1", "rank_id": "0"}]}]});
+        if let (Some(t), Some(e)) = (t.as_object_mut(), extra.as_object()) {
+            t.extend(e.clone());
+        }
+        t.to_string()
+    };
+    let comm = hccl
+        .init_comm(&table(serde_json::json!({})), 0, &named("v12_samples"))
+        .expect("a 1.2 table as upstream's samples build it");
+    comm.destroy().unwrap();
+    let pods = serde_json::json!({"super_pod_list": [{"super_pod_id": "0", "server_list": [{"server_id": "1"}]}]});
+    let e = hccl
+        .init_comm(&table(pods), 0, &named("v12_pods"))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Native {
+                call: "HcclCommInitClusterInfoMemConfig",
+                code: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
 /// Item 4: HCCL keeps one registry per process (the same range gets the same handle back);
 /// two registrations of one range share it, and only the last one deregisters. An
 /// overlapping range is refused before HCCL is called.

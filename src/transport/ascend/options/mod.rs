@@ -32,6 +32,7 @@ pub(crate) const ASCEND_KEYS: &[&str] = &[
     "hixl.ascend.hccl_lib",
     "hixl.ascend.device_id",
     "hixl.ascend.device_ip",
+    "hixl.ascend.require_device",
 ];
 
 /// Where NPU RoCE addresses are configured (`address_<phy_id>=<ip>` and
@@ -176,6 +177,9 @@ pub(crate) struct AscendOptions {
     pub(crate) device_id: Option<u32>,
     /// `hixl.ascend.device_ip`: the device's RoCE address (else read from `/etc/hccn.conf`).
     pub(crate) device_ip: Option<IpAddr>,
+    /// `hixl.ascend.require_device` `"1"`: without `device_id`, the device `aclrtGetDevice`
+    /// reports or its error (HIXL's ADXL and HIXL-CS), never device 0 in its place.
+    pub(crate) require_device: bool,
 }
 
 /// A decimal integer of at most 20 ASCII digits (no sign, no spaces).
@@ -250,6 +254,13 @@ impl AscendOptions {
                 Some(d) => self.device_id = Some(d),
                 None => return Err(bad("a device id (an unsigned 32-bit integer)")),
             },
+            "hixl.ascend.require_device" => {
+                self.require_device = match value {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(bad("\"0\" or \"1\"")),
+                }
+            }
             "hixl.ascend.device_ip" => match value.parse::<IpAddr>() {
                 Ok(ip) => self.device_ip = Some(ip),
                 Err(_) => return Err(bad("an IPv4 or IPv6 address (no brackets, no port)")),
