@@ -6,10 +6,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "hixl_c.h"
 
@@ -42,20 +44,36 @@ std::mutex g_alloc_mu;
 std::map<void *, size_t> g_allocs;
 }  // namespace
 
+// The engine behind an AdxlEngine. Its lifecycle calls (Initialize, Finalize) may run while
+// other threads call the engine: the current hixl engine is published through an atomic
+// pointer, and one that Initialize or Finalize retires is finalized (hixl_finalize cancels and
+// waits for its work, and refuses what comes later with FAILED) but destroyed only once no call
+// holds it: each call counts itself in `calls_` before it loads the engine, and a retirement
+// destroys what it retired only when it saw no call under way after unpublishing it (both
+// sides sequentially consistent, so at least one sees the other). What a call still holds is
+// destroyed at the next retirement that sees none, or with the object.
 class AdxlEngine::AdxlEngineImpl {
  public:
   AdxlEngineImpl() = default;
-  ~AdxlEngineImpl() { hixl_destroy(engine_); }  // finalizes
+  ~AdxlEngineImpl() {
+    std::lock_guard<std::mutex> g(mu_);
+    RetireLocked();
+    for (hixl_engine *e : retired_) hixl_destroy(e);
+  }
   AdxlEngineImpl(const AdxlEngineImpl &) = delete;
   AdxlEngineImpl &operator=(const AdxlEngineImpl &) = delete;
 
   Status Initialize(const AscendString &local_engine,
                     const std::map<AscendString, AscendString> &options) {
-    Status st = hixl_create(&engine_);
+    std::lock_guard<std::mutex> g(mu_);
+    // as ADXL: a new engine every time (an earlier one goes first, finalized)
+    RetireLocked();
+    hixl_engine *fresh = nullptr;
+    Status st = hixl_create(&fresh);
     if (st != SUCCESS) return st;
     std::vector<const char *> keys, values;
-    keys.reserve(options.size());
-    values.reserve(options.size());
+    keys.reserve(options.size() + 1);
+    values.reserve(options.size() + 1);
     for (const auto &kv : options) {
       keys.push_back(kv.first.GetString());
       values.push_back(kv.second.GetString());
@@ -66,33 +84,65 @@ class AdxlEngine::AdxlEngineImpl {
       keys.push_back(kRequireDevice);
       values.push_back("1");
     }
-    st = hixl_initialize(engine_, local_engine.GetString(), keys.data(), values.data(), keys.size());
-    initialized_ = st == SUCCESS;
-    return st;
+    st = hixl_initialize(fresh, local_engine.GetString(), keys.data(), values.data(), keys.size());
+    if (st != SUCCESS) {
+      hixl_destroy(fresh);  // never published: no call holds it
+      return st;
+    }
+    engine_.store(fresh, std::memory_order_seq_cst);
+    return SUCCESS;
   }
-
-  bool initialized() const { return initialized_; }
-  hixl_engine *engine() const { return engine_; }
 
   void Finalize() {
-    (void)hixl_finalize(engine_);
-    initialized_ = false;
+    std::lock_guard<std::mutex> g(mu_);
+    RetireLocked();
   }
 
+  // A call under way: the engine it uses stays alive (not destroyed) until it ends.
+  class Call {
+   public:
+    explicit Call(AdxlEngineImpl *impl) : impl_(impl) {
+      impl_->calls_.fetch_add(1, std::memory_order_seq_cst);
+      engine_ = impl_->engine_.load(std::memory_order_seq_cst);
+    }
+    ~Call() { impl_->calls_.fetch_sub(1, std::memory_order_seq_cst); }
+    Call(const Call &) = delete;
+    Call &operator=(const Call &) = delete;
+    hixl_engine *engine() const { return engine_; }
+
+   private:
+    AdxlEngineImpl *impl_;
+    hixl_engine *engine_;
+  };
+
  private:
-  hixl_engine *engine_ = nullptr;
-  bool initialized_ = false;
+  // Unpublishes and finalizes the current engine; destroys every retired one when no call is
+  // under way (under mu_).
+  void RetireLocked() {
+    hixl_engine *e = engine_.exchange(nullptr, std::memory_order_seq_cst);
+    if (e != nullptr) {
+      (void)hixl_finalize(e);
+      retired_.push_back(e);
+    }
+    if (calls_.load(std::memory_order_seq_cst) == 0) {
+      for (hixl_engine *r : retired_) hixl_destroy(r);
+      retired_.clear();
+    }
+  }
+
+  std::mutex mu_;
+  std::atomic<hixl_engine *> engine_{nullptr};
+  std::atomic<uint64_t> calls_{0};
+  std::vector<hixl_engine *> retired_;
 };
 
-AdxlEngine::AdxlEngine() = default;
+// the state lives as long as the object: lifecycle calls never replace it under other calls
+AdxlEngine::AdxlEngine() : impl_(new (std::nothrow) AdxlEngineImpl()) {}
 
-AdxlEngine::~AdxlEngine() { Finalize(); }
+AdxlEngine::~AdxlEngine() = default;
 
 Status AdxlEngine::Initialize(const AscendString &local_engine,
                               const std::map<AscendString, AscendString> &options) {
-  // as ADXL: a new engine every time (an earlier one goes first, finalized)
-  impl_.reset();
-  impl_.reset(new (std::nothrow) AdxlEngineImpl());
   if (impl_ == nullptr) return FAILED;
   return impl_->Initialize(local_engine, options);
 }
@@ -101,9 +151,11 @@ void AdxlEngine::Finalize() {
   if (impl_ != nullptr) impl_->Finalize();
 }
 
-#define ADXL_ENGINE_OR_FAILED()                                \
-  if (impl_ == nullptr || !impl_->initialized()) return FAILED; \
-  hixl_engine *const e = impl_->engine()
+#define ADXL_ENGINE_OR_FAILED()                        \
+  if (impl_ == nullptr) return FAILED;                  \
+  const AdxlEngineImpl::Call adxl_call_(impl_.get());   \
+  hixl_engine *const e = adxl_call_.engine();           \
+  if (e == nullptr) return FAILED
 
 Status AdxlEngine::RegisterMem(const MemDesc &mem, MemType type, MemHandle &mem_handle) {
   ADXL_ENGINE_OR_FAILED();

@@ -102,3 +102,27 @@ fn an_adxl_program_runs_as_two_processes() {
         "caller",
     );
 }
+
+/// `AdxlEngine::Initialize`/`Finalize` on one thread while two others call the engine (on the
+/// test double, with a device set): every call answers `SUCCESS` or `FAILED`, nothing crashes
+/// (`cpp/adxl_engine.cpp`'s `race`; the AddressSanitizer step runs it too). Before, `Initialize`
+/// deleted the engine's state under the other threads' calls.
+#[test]
+fn adxl_lifecycle_calls_race_safely_with_other_calls() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    if !llm_datadist_built() {
+        return;
+    }
+    let dir = common::scratch("adxl-race");
+    let double = dir.join("cann");
+    common::build_double(&double);
+    let exe = common::build_example(&cxx, "llm_datadist", "cpp/adxl_engine.cpp", &dir);
+    let mut cmd = common::clean_command(&exe);
+    cmd.arg("race")
+        .env("LD_LIBRARY_PATH", &double)
+        .env("TMPDIR", &dir);
+    common::run_client(&mut cmd);
+    let _ = std::fs::remove_dir_all(dir);
+}

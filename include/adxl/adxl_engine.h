@@ -31,7 +31,10 @@ class ASCEND_FUNC_VISIBILITY AdxlEngine {
   ~AdxlEngine();
 
   /* local_engine: "ip", "ip:port" (listens there), "[ipv6]", "[ipv6]:port"; options: HIXL's and
-   * ADXL's keys (OPTION_*), an unknown key is PARAM_INVALID. */
+   * ADXL's keys (OPTION_*), an unknown key is PARAM_INVALID.
+   * Initialize and Finalize may run while other threads call this object (each such call then
+   * answers as the engine was when it started, or FAILED); destroying the object while a call
+   * runs is not allowed, as for any C++ object. */
   Status Initialize(const AscendString &local_engine, const std::map<AscendString, AscendString> &options);
   void Finalize();
 
