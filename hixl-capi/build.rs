@@ -206,11 +206,7 @@ fn llm_datadist(profile: &Path, out_dir: &Path) -> Result<(), String> {
         ])
         // the AddressSanitizer step (`--cfg hixl_asan`) instruments the C++ layer too: the
         // test programs built with -fsanitize=address bring its runtime
-        .args(
-            std::env::var_os("CARGO_CFG_HIXL_ASAN")
-                .map(|_| "-fsanitize=address")
-                .into_iter(),
-        )
+        .args(std::env::var_os("CARGO_CFG_HIXL_ASAN").map(|_| "-fsanitize=address"))
         .arg("-I")
         .arg(&include)
         .args(&sources)
