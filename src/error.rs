@@ -229,6 +229,21 @@ pub enum Error {
         /// The region's length.
         region_len: u64,
     },
+    /// A local address range (HIXL's integer form) that lies in no region registered with
+    /// this engine; `why` says what else was tried (a fabric-memory engine's device memory).
+    #[error(
+        "descriptor {index}: local range {addr:#x}+{len} is not inside one region registered with this engine{why}"
+    )]
+    LocalNotRegistered {
+        /// The descriptor's index in its batch.
+        index: usize,
+        /// The local address.
+        addr: usize,
+        /// The length.
+        len: usize,
+        /// What else was tried, and why it did not hold (empty when nothing was).
+        why: String,
+    },
     /// A remote address range that lies in no region of the peer's table.
     #[error("remote range {addr:#x}+{len} is not inside any region registered by {peer}")]
     RemoteNotRegistered {
@@ -550,6 +565,7 @@ impl Error {
             | ForeignHandle { .. }
             | RangeOutOfBounds { .. }
             | RemoteNotRegistered { .. }
+            | LocalNotRegistered { .. }
             | UnknownRemoteRegion { .. }
             | AccessDenied { .. }
             | LengthMismatch { .. }

@@ -25,38 +25,21 @@ use crate::error::{Error, check_timeout};
 use crate::memory::LocalRange;
 use crate::notify::MAX_NOTIFY_LEN;
 use crate::request::{TransferArgs, TransferReq};
+use crate::runtime::check::{self, Remote};
 use crate::runtime::engine::EngineInner;
-use crate::runtime::link::{LinkShared, MAX_BATCH};
+use crate::runtime::handle::close_link;
+use crate::runtime::link::LinkShared;
 use crate::runtime::region::RegionUse;
 use crate::types::BatchDesc;
 use crate::types::TransferOp;
-use crate::types::WireDesc;
-use crate::types::blocks::{BlockBatch, BlockIndices, WireBlocks};
+use crate::types::blocks::{BlockBatch, BlockIndices};
 use crate::types::{Access, MemType};
 use crate::wire::TableEntry;
 
 /// A connection to one remote engine, borrowed from the connected engine.
 pub struct Link<'e> {
-    engine: EngineRef<'e>,
+    engine: &'e EngineInner,
     pub(crate) shared: Arc<LinkShared>,
-}
-
-/// How a link holds its engine: borrowed (the typed API: the borrow checker keeps the engine in
-/// `Connected` while the link lives), or owned (the runtime-checked [`crate::compat`] engine,
-/// which checks the same rules itself before it leaves `Connected`).
-enum EngineRef<'e> {
-    Borrowed(&'e EngineInner),
-    Owned(Arc<EngineInner>),
-}
-
-impl std::ops::Deref for EngineRef<'_> {
-    type Target = EngineInner;
-    fn deref(&self) -> &EngineInner {
-        match self {
-            EngineRef::Borrowed(e) => e,
-            EngineRef::Owned(e) => e,
-        }
-    }
 }
 
 impl fmt::Debug for Link<'_> {
@@ -72,10 +55,7 @@ impl fmt::Debug for Link<'_> {
 
 impl<'e> Link<'e> {
     pub(crate) fn from_shared(engine: &'e EngineInner, shared: Arc<LinkShared>) -> Self {
-        Link {
-            engine: EngineRef::Borrowed(engine),
-            shared,
-        }
+        Link { engine, shared }
     }
 
     /// The remote engine's name.
@@ -140,115 +120,32 @@ impl<'e> Link<'e> {
     ///
     /// # Errors
     /// [`Error::RemoteNotRegistered`] (`PARAM_INVALID`) if it does not, or `len` is zero.
-    #[inline] // per descriptor from hixl::compat (another crate: issue #35)
     pub fn remote(&self, addr: u64, len: u64) -> Result<RemoteRange<'_>, Error> {
-        let not_registered = || Error::RemoteNotRegistered {
-            peer: self.shared.peer.clone(),
-            addr,
-            len,
-        };
-        let table = &self.shared.table;
-        let end = addr
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or_else(not_registered)?;
-        let i = table.partition_point(|e| e.addr <= addr);
-        let e = i
-            .checked_sub(1)
-            .map(|i| &table[i])
-            .ok_or_else(not_registered)?;
-        if end > e.addr + e.len {
-            return Err(not_registered());
-        }
-        Ok(self.make_range(e, addr - e.addr, len))
+        Ok(RemoteRange::of(self.shared.remote(addr, len)?))
     }
 
     #[inline]
     fn make_range(&self, e: &TableEntry, offset: u64, len: u64) -> RemoteRange<'_> {
-        RemoteRange {
+        RemoteRange::of(Remote {
             link: self.shared.id,
             region: e.id,
             offset,
             len,
             access: e.access,
             mem_type: e.mem_type,
-            _link: PhantomData,
-        }
+        })
     }
 
-    /// Checks a batch and turns it into batch descriptors; returns them and the byte count.
+    /// Checks a batch (`runtime::check::list`) and turns it into batch descriptors; returns the
+    /// byte count.
     fn prepare(
         &self,
         op: TransferOp,
         descs: &[TransferDesc<'_>],
         xds: &mut Vec<BatchDesc>,
     ) -> Result<u64, Error> {
-        if descs.is_empty() {
-            return Err(Error::EmptyBatch);
-        }
-        if descs.len() > MAX_BATCH {
-            return Err(Error::BatchTooLarge {
-                count: descs.len(),
-                limit: MAX_BATCH,
-            });
-        }
-        let mut bytes = 0u64;
-        xds.reserve(descs.len());
-        let host_only = !self.shared.has_device_path();
-        let (engine, link) = (self.shared.engine_id, self.shared.id);
-        for (index, d) in descs.iter().enumerate() {
-            if d.local.core.engine != engine {
-                return Err(Error::ForeignHandle {
-                    what: "local region",
-                    owner: d.local.core.engine,
-                    engine,
-                });
-            }
-            if d.remote.link != link {
-                return Err(Error::ForeignHandle {
-                    what: "remote range",
-                    owner: d.remote.link,
-                    engine: link,
-                });
-            }
-            if d.local.len as u64 != d.remote.len {
-                return Err(Error::LengthMismatch {
-                    index,
-                    local: d.local.len as u64,
-                    remote: d.remote.len,
-                });
-            }
-            if !d.remote.access.permits(op) {
-                return Err(Error::AccessDenied {
-                    op,
-                    region: d.remote.region,
-                    access: d.remote.access.name(),
-                });
-            }
-            if host_only && d.local.core.mem_type != MemType::Host {
-                return Err(Error::UnsupportedMemory {
-                    mem_type: d.local.core.mem_type,
-                    why: "the tcp and same-host transports move host memory only",
-                });
-            }
-            if host_only && d.remote.mem_type != MemType::Host {
-                return Err(Error::UnsupportedMemory {
-                    mem_type: d.remote.mem_type,
-                    why: "the peer's region is device memory: it needs a device link (Ascend \
-                          on both engines)",
-                });
-            }
-            bytes += d.remote.len;
-            xds.push(BatchDesc {
-                local: d.local.ptr() as usize,
-                remote: WireDesc {
-                    region: d.remote.region,
-                    offset: d.remote.offset,
-                    len: d.remote.len,
-                },
-            });
-        }
-        Ok(bytes)
+        let pairs = descs.iter().map(|d| Ok((d.local.span(), d.remote.span)));
+        check::list(&self.shared, op, descs.len(), pairs, xds)
     }
 
     /// Runs a batch of READ or WRITE descriptors and returns when all have completed (HIXL
@@ -272,12 +169,9 @@ impl<'e> Link<'e> {
         timeout: Duration,
     ) -> Result<(), Error> {
         let timeout = check_timeout(timeout)?;
-        let started = Instant::now();
-        let deadline = started + timeout;
         let mut xds = Vec::new();
         let bytes = self.prepare(op, descs, &mut xds)?;
-        self.shared
-            .run_sync(op, &xds, bytes, descs.len(), started, deadline)
+        self.shared.run(op, &xds, bytes, timeout)
     }
 
     /// Starts a batch and returns at once (HIXL `TransferAsync`).
@@ -324,20 +218,6 @@ impl<'e> Link<'e> {
         descs: &[TransferDesc<'s>],
         args: TransferArgs,
     ) -> Result<TransferReq<'s>, Error> {
-        self.start_async(op, descs, args)
-    }
-
-    /// [`Link::transfer_async`] with the request's lifetime left to the caller. The request owns
-    /// what the transfer touches (its regions and the link's state, by `Arc`), so it is sound
-    /// for any lifetime; the borrow in `transfer_async` is what keeps `write_at`/`read_at`
-    /// (`&mut Region`) from running beside it in the typed API. The [`crate::compat`] engine,
-    /// which hands out no `&mut` access to its (caller-managed) memory, holds requests by id.
-    pub(crate) fn start_async<'r>(
-        &self,
-        op: TransferOp,
-        descs: &[TransferDesc<'_>],
-        args: TransferArgs,
-    ) -> Result<TransferReq<'r>, Error> {
         let timeout = check_timeout(args.timeout)?;
         self.shared.check_usable()?;
         let mut xds = Vec::new();
@@ -348,15 +228,11 @@ impl<'e> Link<'e> {
                 keep.push(RegionUse::new(d.local.core));
             }
         }
-        let state = self
-            .shared
-            .start_async(op, xds, bytes, keep, timeout, args.user_data)?;
-        Ok(TransferReq::new(state, self.shared.clone()))
+        let h = (self.shared).start(op, xds, bytes, keep, timeout, args.user_data)?;
+        Ok(TransferReq::new(h))
     }
 
-    /// Checks a block batch once (its layout, both index arrays' lengths, each side's largest
-    /// index against its range, overflow-checked; ownership, access and memory type as for a
-    /// list batch): nothing is checked per block.
+    /// Checks a block batch once (`runtime::check::blocks`): nothing is checked per block.
     fn prepare_blocks<'i>(
         &self,
         op: TransferOp,
@@ -364,100 +240,14 @@ impl<'e> Link<'e> {
         local_idx: BlockIndices<'i>,
         remote_idx: BlockIndices<'i>,
     ) -> Result<BlockBatch<'i>, Error> {
-        let (block, ls, rs) = (layout.block_size, layout.local_stride, layout.remote_stride);
-        let bad_layout = |problem| Error::InvalidBlockLayout {
-            block_size: block,
-            local_stride: ls,
-            remote_stride: rs,
-            problem,
+        let l = check::Layout {
+            local: layout.local.span(),
+            remote: layout.remote.span,
+            block: layout.block_size,
+            local_stride: layout.local_stride,
+            remote_stride: layout.remote_stride,
         };
-        if block == 0 {
-            return Err(bad_layout("the block size is zero"));
-        }
-        if ls < block || rs < block {
-            return Err(bad_layout(
-                "a stride is smaller than the block (its blocks would overlap)",
-            ));
-        }
-        if local_idx.len() != remote_idx.len() {
-            return Err(Error::BlockCountMismatch {
-                local: local_idx.len(),
-                remote: remote_idx.len(),
-            });
-        }
-        let n = local_idx.len();
-        if n == 0 {
-            return Err(Error::EmptyBatch);
-        }
-        if n > MAX_BATCH {
-            return Err(Error::BatchTooLarge {
-                count: n,
-                limit: MAX_BATCH,
-            });
-        }
-        let (local, remote) = (&layout.local, &layout.remote);
-        let (engine, link) = (self.shared.engine_id, self.shared.id);
-        if local.core.engine != engine {
-            return Err(Error::ForeignHandle {
-                what: "local region",
-                owner: local.core.engine,
-                engine,
-            });
-        }
-        if remote.link != link {
-            return Err(Error::ForeignHandle {
-                what: "remote range",
-                owner: remote.link,
-                engine: link,
-            });
-        }
-        if !remote.access.permits(op) {
-            return Err(Error::AccessDenied {
-                op,
-                region: remote.region,
-                access: remote.access.name(),
-            });
-        }
-        if !self.shared.has_device_path() {
-            for mem_type in [local.core.mem_type, remote.mem_type] {
-                if mem_type != MemType::Host {
-                    return Err(Error::UnsupportedMemory {
-                        mem_type,
-                        why: "the tcp and same-host transports move host memory only",
-                    });
-                }
-            }
-        }
-        let extent = |side, idx: BlockIndices<'_>, stride: u64, range_len: u64| {
-            let max = idx.max().unwrap_or(0);
-            match max.checked_mul(stride).and_then(|o| o.checked_add(block)) {
-                Some(end) if end <= range_len => Ok(end),
-                _ => Err(Error::BlockOutOfBounds {
-                    side,
-                    position: idx.position(max),
-                    block: max,
-                    stride,
-                    block_size: block,
-                    range_len,
-                }),
-            }
-        };
-        let local_extent = extent("local", local_idx, ls, local.len as u64)?;
-        let remote_extent = extent("remote", remote_idx, rs, remote.len)?;
-        Ok(BlockBatch {
-            local: local.ptr() as usize,
-            local_stride: ls,
-            remote: WireBlocks {
-                region: remote.region,
-                offset: remote.offset,
-                block,
-                stride: rs,
-            },
-            local_idx,
-            remote_idx,
-            local_extent,
-            remote_extent,
-        })
+        check::blocks(&self.shared, op, &l, local_idx, remote_idx)
     }
 
     /// Runs a block-indexed batch and returns when every block has moved (an extension of
@@ -502,10 +292,8 @@ impl<'e> Link<'e> {
         timeout: Duration,
     ) -> Result<(), Error> {
         let timeout = check_timeout(timeout)?;
-        let started = Instant::now();
-        let deadline = started + timeout;
         let b = self.prepare_blocks(op, layout, local_idx.into(), remote_idx.into())?;
-        self.shared.run_sync_blocks(op, &b, started, deadline)
+        self.shared.run_blocks(op, &b, timeout)
     }
 
     /// Starts a block-indexed batch ([`Link::transfer_blocks_sync`]) and returns at once, as
@@ -523,27 +311,12 @@ impl<'e> Link<'e> {
         remote_idx: impl Into<BlockIndices<'i>>,
         args: TransferArgs,
     ) -> Result<TransferReq<'s>, Error> {
-        self.start_blocks_async(op, layout, local_idx.into(), remote_idx.into(), args)
-    }
-
-    /// [`Link::transfer_blocks_async`] with the request's lifetime left to the caller (as
-    /// [`Link::start_async`]).
-    pub(crate) fn start_blocks_async<'r>(
-        &self,
-        op: TransferOp,
-        layout: &BlockLayout<'_>,
-        local_idx: BlockIndices<'_>,
-        remote_idx: BlockIndices<'_>,
-        args: TransferArgs,
-    ) -> Result<TransferReq<'r>, Error> {
         let timeout = check_timeout(args.timeout)?;
         self.shared.check_usable()?;
-        let b = self.prepare_blocks(op, layout, local_idx, remote_idx)?;
+        let b = self.prepare_blocks(op, layout, local_idx.into(), remote_idx.into())?;
         let keep = vec![RegionUse::new(layout.local.core)];
-        let state =
-            self.shared
-                .start_async_blocks(op, b.to_owned(), keep, timeout, args.user_data)?;
-        Ok(TransferReq::new(state, self.shared.clone()))
+        let h = (self.shared).start_blocks(op, b.to_owned(), keep, timeout, args.user_data)?;
+        Ok(TransferReq::new(h))
     }
 
     /// Sends a notification to the peer and waits for its acknowledgement (HIXL `SendNotify`).
@@ -589,22 +362,9 @@ impl<'e> Link<'e> {
     }
 }
 
-impl Link<'static> {
-    /// A link that owns a reference to its engine instead of borrowing it (for the
-    /// runtime-checked [`crate::compat`] engine, which closes its links before the engine
-    /// leaves `Connected`; a link it forgets is ended by `deactivate`/`finalize` like any other).
-    pub(crate) fn owning(engine: Arc<EngineInner>, shared: Arc<LinkShared>) -> Self {
-        Link {
-            engine: EngineRef::Owned(engine),
-            shared,
-        }
-    }
-}
-
 impl Drop for Link<'_> {
     fn drop(&mut self) {
-        self.shared.close_quietly();
-        self.engine.forget_link(&self.shared);
+        close_link(&self.shared, Some(self.engine));
     }
 }
 
@@ -699,41 +459,42 @@ impl fmt::Debug for RemoteRegion<'_> {
 /// A validated, non-empty range of a region in the peer's table; it borrows its link.
 #[derive(Clone, Copy)]
 pub struct RemoteRange<'l> {
-    pub(crate) link: u64,
-    pub(crate) region: u32,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-    pub(crate) access: Access,
-    pub(crate) mem_type: MemType,
+    pub(crate) span: Remote,
     _link: PhantomData<&'l ()>,
 }
 
 impl RemoteRange<'_> {
+    fn of(span: Remote) -> Self {
+        Self {
+            span,
+            _link: PhantomData,
+        }
+    }
     /// The peer's region id.
     pub fn region_id(&self) -> u32 {
-        self.region
+        self.span.region
     }
     /// Offset in that region.
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.span.offset
     }
     /// Length in bytes.
     pub fn len(&self) -> u64 {
-        self.len
+        self.span.len
     }
     /// Always false: ranges are never empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.span.len == 0
     }
 }
 
 impl fmt::Debug for RemoteRange<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteRange")
-            .field("link", &self.link)
-            .field("region", &self.region)
-            .field("offset", &self.offset)
-            .field("len", &self.len)
+            .field("link", &self.span.link)
+            .field("region", &self.span.region)
+            .field("offset", &self.span.offset)
+            .field("len", &self.span.len)
             .finish()
     }
 }

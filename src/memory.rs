@@ -287,8 +287,13 @@ impl LocalRange<'_> {
     pub fn addr(&self) -> usize {
         self.core.addr + self.offset
     }
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.core.ptr_at(self.offset)
+    /// The core floor's span of it, for the batch checks.
+    pub(crate) fn span(&self) -> crate::runtime::check::Local<'_> {
+        crate::runtime::check::Local {
+            core: self.core,
+            offset: self.offset,
+            len: self.len,
+        }
     }
 }
 

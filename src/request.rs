@@ -12,13 +12,12 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::runtime::link::LinkShared;
-use crate::runtime::request::{Outcome, Phase, ReqState, to_status};
+use crate::runtime::handle::ReqHandle;
+use crate::runtime::request::{Phase, to_status};
 pub use crate::runtime::request::{TransferArgs, TransferStatus};
 use crate::sync::model::lock;
 use crate::types::TransferOp;
@@ -27,77 +26,50 @@ use crate::types::TransferOp;
 /// the request is held), and owns the memory it touches.
 #[must_use = "a request that is dropped before it starts is cancelled"]
 pub struct TransferReq<'l> {
-    st: Arc<ReqState>,
-    link: Arc<LinkShared>,
+    h: ReqHandle,
     _link: PhantomData<&'l ()>,
 }
 
 impl fmt::Debug for TransferReq<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TransferReq")
-            .field("op", &self.st.op)
-            .field("user_data", &self.st.user_data)
-            .field("status", &self.st.status())
+            .field("op", &self.h.st.op)
+            .field("user_data", &self.h.st.user_data)
+            .field("status", &self.h.st.status())
             .finish()
     }
 }
 
 impl TransferReq<'_> {
-    pub(crate) fn new(st: Arc<ReqState>, link: Arc<LinkShared>) -> Self {
+    pub(crate) fn new(h: ReqHandle) -> Self {
         Self {
-            st,
-            link,
+            h,
             _link: PhantomData,
         }
     }
 
     /// The tag given in [`TransferArgs::user_data`].
     pub fn user_data(&self) -> u64 {
-        self.st.user_data
+        self.h.st.user_data
     }
     /// The operation.
     pub fn op(&self) -> TransferOp {
-        self.st.op
+        self.h.st.op
     }
     /// The deadline the engine enforces.
     pub fn deadline(&self) -> Instant {
-        self.st.deadline
-    }
-
-    fn expire_if_due(&self) {
-        if Instant::now() >= self.st.deadline {
-            self.st.resolve_queued(&self.link, Outcome::TimedOut);
-        }
+        self.h.st.deadline
     }
 
     /// The request's status, without blocking (HIXL `GetTransferStatus`).
     pub fn status(&self) -> TransferStatus {
-        self.expire_if_due();
-        self.st.status()
+        self.h.status()
     }
 
     /// Waits up to `timeout` for the request to end; returns its status then (`Waiting` if it
     /// has not ended). The request's own deadline still applies.
     pub fn wait(&self, timeout: Duration) -> TransferStatus {
-        let until = Instant::now() + timeout;
-        loop {
-            self.expire_if_due();
-            let g = lock(&self.st.m);
-            if let Phase::Done(o) = &g.phase {
-                return to_status(o);
-            }
-            let now = Instant::now();
-            if now >= until {
-                return TransferStatus::Waiting;
-            }
-            // wake at the deadline too, to resolve a request still queued then
-            let next = until.min(self.st.deadline.max(now + Duration::from_millis(1)));
-            let _ = self
-                .st
-                .cv
-                .wait_timeout(g, next - now)
-                .unwrap_or_else(|e| e.into_inner());
-        }
+        self.h.wait(timeout)
     }
 
     /// Asks the engine to stop the request. One still queued ends `Cancelled` at once; one
@@ -105,8 +77,7 @@ impl TransferReq<'_> {
     /// `Completed` if the data had already moved). Returns the status after the request; wait
     /// for a terminal status before reusing the buffers.
     pub fn cancel(&self) -> TransferStatus {
-        self.st.cancel(&self.link);
-        self.st.status()
+        self.h.cancel()
     }
 
     /// The outcome as a `Result`, if the request has ended.
@@ -121,13 +92,13 @@ impl TransferReq<'_> {
             TransferStatus::Completed => Some(Ok(())),
             TransferStatus::Failed(e) => Some(Err(Error::Shared(e))),
             TransferStatus::TimedOut => Some(Err(Error::Timeout {
-                op: self.st.op.name(),
-                peer: self.link.peer.clone(),
-                elapsed: self.st.deadline - self.st.started,
+                op: self.h.st.op.name(),
+                peer: self.h.link.peer.clone(),
+                elapsed: self.h.st.deadline - self.h.st.started,
             })),
             TransferStatus::Cancelled => Some(Err(Error::Cancelled {
-                op: self.st.op.name(),
-                peer: self.link.peer.clone(),
+                op: self.h.st.op.name(),
+                peer: self.h.link.peer.clone(),
             })),
         }
     }
@@ -159,8 +130,8 @@ impl Future for TransferReq<'_> {
     type Output = Result<(), Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.expire_if_due();
-        let mut g = lock(&self.st.m);
+        let _ = self.h.status(); // a queued request past its deadline ends here
+        let mut g = lock(&self.h.st.m);
         if let Phase::Done(o) = &g.phase {
             let st = to_status(o);
             drop(g);
@@ -168,12 +139,5 @@ impl Future for TransferReq<'_> {
         }
         g.waker = Some(cx.waker().clone());
         Poll::Pending
-    }
-}
-
-impl Drop for TransferReq<'_> {
-    fn drop(&mut self) {
-        // not started yet: nobody wants it any more. Running: let it finish on its own.
-        self.st.resolve_queued(&self.link, Outcome::Cancelled);
     }
 }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Core, Error, Hixl, Result, millis};
-use crate::engine::Connected;
+use crate::runtime::handle::{Engine, LinkHandle};
 use crate::sync::lock;
-use crate::{AsyncConnectStatus, Link, Status};
+use crate::{AsyncConnectStatus, Status};
 
 impl Hixl {
     /// HIXL `Connect`: opens a link to a listening engine; its region table arrives with it.
@@ -21,7 +21,7 @@ impl Hixl {
         self.with_remote(remote_engine, |e, key| {
             let _serial = lock(&self.connecting);
             self.refuse_if_linked(&key)?;
-            let link = e.connect_owned(remote_engine, timeout)?;
+            let link = LinkHandle::new(e, e.link(remote_engine, timeout)?);
             // a broken link under this name is superseded (and closed when dropped)
             self.hold(&key, Arc::new(link));
             Ok(())
@@ -41,8 +41,8 @@ impl Hixl {
             let link = lock(&self.links).remove(&key);
             let link = match link {
                 Some(l) => l,
-                None => match e.take_link_owned(remote_engine) {
-                    Ok(l) => Arc::new(l),
+                None => match e.take_link(remote_engine) {
+                    Ok(l) => Arc::new(LinkHandle::new(e, l)),
                     // a link that broke and was dropped: the peer went away, as HIXL sees it
                     Err(_) if lock(&self.gone).remove(&key) => return Ok(()),
                     Err(_) => {
@@ -55,7 +55,7 @@ impl Hixl {
             };
             lock(&self.gone).remove(&key);
             // transfers running on other threads keep their clone; the link is closed under them
-            let r = link.shared.close_timeout(timeout);
+            let r = link.close_timeout(timeout);
             drop(link);
             match r {
                 // the peer already went away (finalized, or its process ended): the link is
@@ -90,7 +90,7 @@ impl Hixl {
         self.with_remote(remote_engine, |e, key| {
             let held = lock(&self.links).remove(&key);
             if let Some(l) = held {
-                let _ = l.shared.close_timeout(timeout);
+                let _ = l.close_timeout(timeout);
                 return Ok(());
             }
             Ok(e.disconnect_async(remote_engine, timeout)?)
@@ -127,12 +127,12 @@ impl Hixl {
         Ok(all)
     }
 
-    /// Runs `f` with the typed engine (the core's read lock held) and the key of `remote` (its
-    /// socket address).
+    /// Runs `f` with the engine (the core's read lock held) and the key of `remote` (its socket
+    /// address).
     fn with_remote<T>(
         &self,
         remote: &str,
-        f: impl FnOnce(&crate::Hixl<Connected>, String) -> Result<T>,
+        f: impl FnOnce(&Engine, String) -> Result<T>,
     ) -> Result<T> {
         let core = self.read();
         let e = self.connected(&core)?;
@@ -158,7 +158,7 @@ impl Hixl {
 
     /// Holds `link` as the link to `key` (a broken one under that name is superseded, and
     /// closed when dropped); the remote is no longer one that went away.
-    fn hold(&self, key: &str, link: Arc<Link<'static>>) {
+    fn hold(&self, key: &str, link: Arc<LinkHandle>) {
         lock(&self.gone).remove(key);
         lock(&self.links).insert(key.to_owned(), link);
     }
@@ -167,9 +167,9 @@ impl Hixl {
     /// that its remote went away, so that its `disconnect` succeeds.
     fn drop_broken(
         &self,
-        links: &mut std::collections::HashMap<String, Arc<Link<'static>>>,
+        links: &mut std::collections::HashMap<String, Arc<LinkHandle>>,
         key: &str,
-    ) -> Option<Arc<Link<'static>>> {
+    ) -> Option<Arc<LinkHandle>> {
         lock(&self.gone).insert(key.to_owned());
         links.remove(key)
     }
@@ -178,12 +178,12 @@ impl Hixl {
     /// one. A broken link is dropped first with AutoConnect.
     fn link_for(
         &self,
-        e: &crate::Hixl<Connected>,
+        e: &Engine,
         auto: bool,
         connect_timeout: Duration,
         remote: &str,
         key: &str,
-    ) -> Result<Arc<Link<'static>>> {
+    ) -> Result<Arc<LinkHandle>> {
         let broken = {
             let mut links = lock(&self.links);
             match links.get(key) {
@@ -195,9 +195,9 @@ impl Hixl {
         // closed outside the lock: closing waits for the link's requests to end
         drop(broken);
         if e.async_connect_status(remote) == AsyncConnectStatus::Connected
-            && let Ok(l) = e.take_link_owned(remote)
+            && let Ok(l) = e.take_link(remote)
         {
-            let l = Arc::new(l);
+            let l = Arc::new(LinkHandle::new(e, l));
             self.hold(key, l.clone());
             return Ok(l);
         }
@@ -211,7 +211,7 @@ impl Hixl {
         if let Some(l) = lock(&self.links).get(key) {
             return Ok(l.clone()); // another caller connected meanwhile
         }
-        let l = Arc::new(e.connect_owned(remote, connect_timeout)?);
+        let l = Arc::new(LinkHandle::new(e, e.link(remote, connect_timeout)?));
         self.hold(key, l.clone());
         tracing::debug!(peer = key, "auto-connected");
         Ok(l)
@@ -220,7 +220,7 @@ impl Hixl {
     /// After a failed call on `link`: with AutoConnect, a link that failed (broke, timed out,
     /// or failed otherwise, but not a parameter error) is dropped so the next call connects
     /// again.
-    fn after_failure(&self, auto: bool, key: &str, link: &Arc<Link<'static>>, status: Status) {
+    fn after_failure(&self, auto: bool, key: &str, link: &Arc<LinkHandle>, status: Status) {
         let failed = matches!(
             status,
             Status::NOT_CONNECTED | Status::TIMEOUT | Status::FAILED | Status::NOTIFY_FAILED
@@ -243,13 +243,13 @@ impl Hixl {
     pub(super) fn on_link<T>(
         &self,
         remote: &str,
-        f: impl FnOnce(&Core, &Link<'static>) -> Result<T>,
+        f: impl FnOnce(&Core, &Engine, &LinkHandle) -> Result<T>,
     ) -> Result<T> {
         let core = self.read();
         let e = self.connected(&core)?;
         let (key, _) = e.remote_key(remote)?;
         let link = self.link_for(e, core.auto_connect, core.connect_timeout, remote, &key)?;
-        let r = f(&core, &link);
+        let r = f(&core, e, &link);
         if let Err(e) = &r {
             self.after_failure(core.auto_connect, &key, &link, e.status);
         }

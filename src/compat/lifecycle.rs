@@ -1,14 +1,13 @@
 //! The engine's lifecycle: initialize, finalize, and registering memory (which steps the typed
 //! engine back to `Registered` and activates it again).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Core, Error, Hixl, HostMem, MemDesc, MemHandle, Reg, Result, Typed, not_initialized};
-use crate::engine::{Connected, Registered};
+use super::{Core, Error, Hixl, HostMem, MemDesc, MemHandle, Reg, Result, not_initialized};
+use crate::runtime::handle::Engine;
 use crate::sync::lock;
-use crate::{Access, AsyncConnectStatus, MemType, Options, Region, Status};
+use crate::{Access, AsyncConnectStatus, MemType, Options, Status};
 
 /// [`RegionCore::privatize`](crate::runtime::region::RegionCore::privatize) for an
 /// engine-allocated buffer whose registration ended while its [`HostMem`] may live on.
@@ -35,7 +34,8 @@ impl Hixl {
     ///
     /// # Errors
     /// `FAILED` if already initialized (or finalized: an engine is initialized once), the
-    /// errors of [`crate::Hixl::initialize`] and [`Options::from_pairs`].
+    /// errors of [`Options::from_pairs`] and of the engine's start (as
+    /// [`crate::Hixl::initialize`]'s: a bad name, a port that cannot be bound).
     pub fn initialize<K: AsRef<str>, V: AsRef<str>>(
         &self,
         local_engine: &str,
@@ -56,16 +56,9 @@ impl Hixl {
         let explicit_zero = local_engine.ends_with("]:0")
             || (local_engine.parse::<std::net::Ipv6Addr>().is_err()
                 && local_engine.ends_with(":0"));
-        let engine = if explicit_zero {
-            crate::Hixl::initialize_ephemeral(local_engine, options)?
-        } else {
-            crate::Hixl::initialize(local_engine, options)?
-        };
-        let engine = engine
-            .into_registered()
-            .activate()
-            .map_err(crate::Error::from)?;
-        core.engine = Some(Typed::Connected(engine));
+        let engine = Engine::initialize(local_engine, options, explicit_zero)?;
+        engine.open()?;
+        core.engine = Some(engine);
         core.auto_connect = auto;
         core.connect_timeout = timeout;
         Ok(())
@@ -76,11 +69,9 @@ impl Hixl {
     /// # Errors
     /// `FAILED` before `initialize` or after `finalize`.
     pub fn local_engine(&self) -> Result<String> {
-        let core = self.read();
-        match &core.engine {
-            Some(Typed::Connected(e)) => Ok(e.name().to_owned()),
-            Some(Typed::Registered(e)) => Ok(e.name().to_owned()),
-            _ => Err(not_initialized()),
+        match &self.read().engine {
+            Some(e) => Ok(e.name.clone()),
+            None => Err(not_initialized()),
         }
     }
 
@@ -90,26 +81,22 @@ impl Hixl {
     /// # Errors
     /// `FAILED` before `initialize` or after `finalize`.
     pub(crate) fn detach_context(&self) -> Result<crate::DetachedContext> {
-        let core = self.read();
-        match &core.engine {
-            Some(Typed::Connected(e)) => Ok(e.detach_context()),
-            Some(Typed::Registered(e)) => Ok(e.detach_context()),
-            _ => Err(not_initialized()),
+        match &self.read().engine {
+            Some(e) => Ok(crate::DetachedContext::new(e.id, e.device.clone())),
+            None => Err(not_initialized()),
         }
     }
 
-    /// An extension: the typed engine's [`Metrics`](crate::Metrics) (regions, links, and the
+    /// An extension: the engine's [`Metrics`](crate::Metrics) (regions, links, and the
     /// memory held until same-host peers cannot reach it any more: `quarantined_regions`,
     /// `quarantined_bytes`).
     ///
     /// # Errors
     /// `FAILED` before `initialize` or after `finalize`.
     pub fn metrics(&self) -> Result<crate::Metrics> {
-        let core = self.read();
-        match &core.engine {
-            Some(Typed::Connected(e)) => Ok(e.metrics()),
-            Some(Typed::Registered(e)) => Ok(e.metrics()),
-            _ => Err(not_initialized()),
+        match &self.read().engine {
+            Some(e) => Ok(e.metrics()),
+            None => Err(not_initialized()),
         }
     }
 
@@ -132,26 +119,21 @@ impl Hixl {
         }
         let links: Vec<_> = lock(&self.links).drain().map(|(_, l)| l).collect();
         for l in links {
-            l.shared.close_quietly();
+            l.close_quietly();
         }
         for p in reqs.values() {
             while !p.req.wait(Duration::from_secs(1)).is_terminal() {}
         }
         drop(reqs);
-        match engine {
-            Some(Typed::Connected(e)) => drop(e.finalize()),
-            Some(Typed::Registered(e)) => drop(e.finalize()),
-            _ => {}
+        if let Some(e) = engine {
+            e.finalize();
         }
         // engine-allocated buffers outlive the engine in their keep-alives: a same-host peer
         // that `finalize` gave up on (stopped inside its fence) may still write the pages it
         // mapped, so the keep-alives get private pages at the same address first
-        for reg in core.regions.values() {
-            if let Reg::Engine(r) = &**reg {
-                privatize(&r.core);
-            }
+        for reg in core.handles.values().filter(|r| r.allocated) {
+            privatize(&reg.core);
         }
-        core.regions.clear();
         core.handles.clear();
     }
 
@@ -169,7 +151,8 @@ impl Hixl {
     /// - nothing else may access it in a way that conflicts with transfers: peers READ and
     ///   WRITE it at any time, and this engine's READ transfers write it.
     ///
-    /// (This is [`crate::Hixl::register_raw`]'s contract, which it calls.)
+    /// (This is the typed [`crate::Hixl::register_raw`]'s contract: both register with the same
+    /// core engine call.)
     ///
     /// # Errors
     /// `FAILED` when not initialized; `UNSUPPORTED` for device memory on an engine without
@@ -186,21 +169,19 @@ impl Hixl {
             addr: desc.addr,
             len: desc.len,
         };
-        let region = match &core.engine {
-            Some(Typed::Connected(e)) => {
-                // SAFETY: the caller upholds `register_raw`'s contract (this function's
-                // `# Safety`).
-                unsafe { e.register_raw_live(raw, mem_type, access) }.map_err(Error::from)?
-            }
-            _ => self.with_registered(&mut core, "register memory", |e| {
-                // SAFETY: as above.
-                unsafe { e.register_raw_with(raw, mem_type, access) }.map_err(Error::from)
-            })?,
-        };
+        let region = self.with_engine(&mut core, "register memory", |e| {
+            // SAFETY: the caller upholds `Engine::register_raw`'s contract (this function's
+            // `# Safety`).
+            unsafe { e.register_raw(raw, mem_type, access) }.map_err(Error::from)
+        })?;
         let handle = next_handle();
-        core.handles.insert(handle, desc.addr);
-        core.regions
-            .insert(desc.addr, Arc::new(Reg::Caller(region)));
+        core.handles.insert(
+            handle,
+            Reg {
+                core: region,
+                allocated: false,
+            },
+        );
         Ok(handle)
     }
 
@@ -239,22 +220,21 @@ impl Hixl {
             return Err(not_initialized());
         }
         let buf = crate::HostBuffer::new(len)?;
-        let region = match &core.engine {
-            Some(Typed::Connected(e)) => e
-                .register_live(buf, access)
-                .map_err(|h| Error::from(h.error))?,
-            _ => self.with_registered(&mut core, "allocate memory", |e| {
-                e.register_with(buf, access)
-                    .map_err(|h| Error::from(h.error))
-            })?,
-        };
+        let region = self.with_engine(&mut core, "allocate memory", move |e| {
+            e.register_owned(buf, access, false)
+                .map_err(|h| Error::from(h.error))
+        })?;
         let mem = HostMem {
-            core: region.core.clone(),
+            core: region.clone(),
             handle: next_handle(),
         };
-        core.handles.insert(mem.handle, mem.addr());
-        core.regions
-            .insert(mem.addr(), Arc::new(Reg::Engine(region)));
+        core.handles.insert(
+            mem.handle,
+            Reg {
+                core: region,
+                allocated: true,
+            },
+        );
         Ok(mem)
     }
 
@@ -281,123 +261,68 @@ impl Hixl {
         if core.engine.is_none() {
             return Err(not_initialized());
         }
-        let Some(&addr) = core.handles.get(&handle) else {
+        let Some(reg) = core.handles.get(&handle) else {
             return Err(Error::new(
                 Status::PARAM_INVALID,
                 format!("no memory is registered with handle {handle:#x}"),
             ));
         };
+        let region = reg.core.clone();
+        let allocated = reg.allocated;
+        let e = core.engine.as_ref().expect("checked above");
         // fabric memory (EnableUseFabricMem=1): upstream refuses while any peer is connected
-        let blocked = match &core.engine {
-            Some(Typed::Connected(e)) => e.deregistration_blocked(),
-            Some(Typed::Registered(e)) => e.deregistration_blocked(),
-            None => None,
-        };
-        if let Some(why) = blocked {
+        if let Some(why) = e.deregistration_blocked() {
             return Err(Error::new(Status::FAILED, why));
         }
-        let reg = core
-            .regions
-            .remove(&addr)
-            .expect("handles and regions agree");
-        let reg = match Arc::try_unwrap(reg) {
-            Ok(reg) => reg,
-            Err(shared) => {
-                core.regions.insert(addr, shared);
-                return Err(Error::new(
-                    Status::RESOURCE_EXHAUSTED,
-                    "the region is in use by a transfer",
-                ));
-            }
+        // live where the engine serves and its transports let go of one region alone; else
+        // with no link in either direction, serving stopped meanwhile
+        let r = match e.deregister(&region) {
+            Ok(()) => Ok(()),
+            // an async request still uses it: stepping back would not change that
+            Err(busy @ crate::Error::RegionBusy { .. }) => Err(Error::from(busy)),
+            Err(_) => self.with_registered(&mut core, "deregister memory", |e| {
+                Ok(e.deregister(&region)?)
+            }),
         };
-        let (r, kept) = match reg {
-            Reg::Caller(region) => {
-                let (r, kept) = self.unregister(&mut core, region, |e, region| {
-                    e.deregister(region).map(drop)
-                });
-                (r, kept.map(Reg::Caller))
-            }
-            Reg::Engine(region) => {
-                let shared = region.core.clone();
-                let (r, kept) = self.unregister(&mut core, region, |e, region| e.release(region));
-                if kept.is_none() {
-                    // out of the table, its gate closed: no peer's pages are the keep-alive's
-                    // from now on, whatever a same-host link that got it still does
-                    privatize(&shared);
-                }
-                (r, kept.map(Reg::Engine))
-            }
-        };
-        match kept {
-            // refused: the region stays registered under its handle
-            Some(reg) => {
-                core.regions.insert(addr, Arc::new(reg));
-            }
-            // handed back or released (an error then is serving failing to restart)
-            None => {
-                core.handles.remove(&handle);
+        if r.is_ok() {
+            core.handles.remove(&handle);
+            if allocated {
+                // out of the table, its gate closed: no peer's pages are the keep-alive's
+                // from now on, whatever a same-host link that got it still does
+                privatize(&region);
             }
         }
         r
     }
 
-    /// Takes `region` out of the typed engine: live (links stay) where it serves; where a
-    /// transport cannot let go of one region alone (or serving is down), stepped back with no
-    /// link in either direction and handed to `quiescent`. The region comes back if it stays
-    /// registered.
-    fn unregister<M>(
+    /// Runs `f` on the engine: open to links (it registers live) when it is; else, or where
+    /// `f` cannot be done live, see [`Hixl::with_registered`].
+    fn with_engine<T>(
         &self,
         core: &mut Core,
-        region: Region<M>,
-        quiescent: impl FnOnce(
-            &crate::Hixl<Registered>,
-            Region<M>,
-        ) -> std::result::Result<(), crate::HandedBack<Region<M>>>,
-    ) -> (Result<()>, Option<Region<M>>) {
-        let region = match &core.engine {
-            Some(Typed::Connected(e)) => match e.deregister_live(region) {
-                Ok(()) => return (Ok(()), None),
-                // an async request still uses it: stepping back would not change that
-                Err(refused) if matches!(refused.error, crate::Error::RegionBusy { .. }) => {
-                    return (Err(refused.error.into()), Some(refused.value));
-                }
-                Err(refused) => refused.value,
-            },
-            _ => region,
-        };
-        // the region goes into the closure and comes back here unless it was let go
-        let mut slot = Some(region);
-        let r = self.with_registered(core, "deregister memory", |e| {
-            let region = slot.take().expect("taken once");
-            quiescent(e, region).map_err(|refused| {
-                slot = Some(refused.value);
-                Error::from(refused.error)
-            })
-        });
-        match slot {
-            Some(region) if r.is_err() => (r, Some(region)),
-            _ => (r, None),
+        what: &str,
+        f: impl FnOnce(&Engine) -> Result<T>,
+    ) -> Result<T> {
+        match &core.engine {
+            None => Err(not_initialized()),
+            Some(e) if e.is_open() => f(e),
+            Some(_) => self.with_registered(core, what, f),
         }
     }
 
-    /// Runs `f` on the engine stepped back to `Registered` (serving stopped), then activates it
-    /// again. Refused (`UNSUPPORTED`) while any link exists in either direction.
+    /// Runs `f` on the engine closed to links (serving stopped), then opens it again. Refused
+    /// (`UNSUPPORTED`) while any link exists in either direction.
     fn with_registered<T>(
         &self,
         core: &mut Core,
         what: &str,
-        f: impl FnOnce(&crate::Hixl<Registered>) -> Result<T>,
+        f: impl FnOnce(&Engine) -> Result<T>,
     ) -> Result<T> {
-        let engine = match core.engine.take() {
-            None => return Err(not_initialized()),
-            Some(e) => e,
+        let Some(e) = core.engine.clone() else {
+            return Err(not_initialized());
         };
-        let busy = match &engine {
-            Typed::Connected(e) => self.link_count(e),
-            _ => 0,
-        };
+        let busy = if e.is_open() { self.link_count(&e) } else { 0 };
         if busy > 0 {
-            core.engine = Some(engine);
             return Err(Error::new(
                 Status::UNSUPPORTED,
                 format!(
@@ -406,33 +331,25 @@ impl Hixl {
                 ),
             ));
         }
-        let registered = match engine {
-            Typed::Connected(e) => {
-                let held = std::mem::take(&mut *lock(&self.links));
-                lock(&self.gone).extend(held.keys().cloned());
-                drop(held); // closing a link waits for its requests: not under the lock
-                e.deactivate()
-            }
-            Typed::Registered(e) => e,
-        };
-        let r = f(&registered);
-        match registered.activate() {
-            Ok(e) => core.engine = Some(Typed::Connected(e)),
-            Err(t) => {
-                // serving could not restart: the engine stays `Registered` and the next call
-                // that needs it tries again
-                let (error, engine, ()) = t.into_parts();
-                core.engine = Some(Typed::Registered(engine));
-                if r.is_ok() {
-                    return Err(error.into());
-                }
-            }
+        if e.is_open() {
+            let held = std::mem::take(&mut *lock(&self.links));
+            lock(&self.gone).extend(held.keys().cloned());
+            drop(held); // closing a link waits for its requests: not under the lock
+            e.close();
+        }
+        let r = f(&e);
+        // serving could not restart: the engine stays closed and the next call that needs it
+        // tries again
+        if let Err(error) = e.open()
+            && r.is_ok()
+        {
+            return Err(error.into());
         }
         r
     }
 
     /// Links in either direction: ours (held or in the async queue) and peers' to us.
-    fn link_count(&self, e: &crate::Hixl<Connected>) -> usize {
+    fn link_count(&self, e: &Engine) -> usize {
         let links = lock(&self.links);
         let held = links.values().filter(|l| !l.is_broken()).count();
         let queued = e
@@ -448,12 +365,11 @@ impl Hixl {
         held + queued + e.served_links()
     }
 
-    /// The typed engine in `Connected`, activating it again if a restart of serving failed
-    /// earlier.
-    pub(super) fn connected<'c>(&self, core: &'c Core) -> Result<&'c crate::Hixl<Connected>> {
+    /// The engine, open to links (a restart of serving that failed earlier is reported).
+    pub(super) fn connected<'c>(&self, core: &'c Core) -> Result<&'c Engine> {
         match &core.engine {
-            Some(Typed::Connected(e)) => Ok(e),
-            Some(Typed::Registered(_)) => Err(Error::new(
+            Some(e) if e.is_open() => Ok(e),
+            Some(_) => Err(Error::new(
                 Status::FAILED,
                 "serving could not be restarted after the last (de)registration; register or \
                  deregister again to retry",

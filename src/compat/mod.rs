@@ -2,11 +2,10 @@
 //! integer addresses and HIXL's status codes. The C ABI (`hixl-capi`, `libhixl.so`), the C++
 //! header (`include/hixl/hixl.h`) and the Python package are thin layers over it.
 //!
-//! [`Hixl`] mirrors `hixl::Hixl` of HIXL's C++ API method for method. It is built on the typed
-//! engine: it holds a [`crate::Hixl`] in `Registered` or `Connected`, its regions as
-//! [`Region<MemDesc>`](crate::Region) capabilities and its links as owned [`crate::Link`]s, and
-//! what the typestates prove at compile time is checked here before each call, with HIXL's
-//! status:
+//! [`Hixl`] mirrors `hixl::Hixl` of HIXL's C++ API method for method. It is a face on the core
+//! floor (`runtime::handle`), beside the typed API: it holds an engine, its regions' records by
+//! handle and its links by remote name, and what the typed API's type states prove at compile
+//! time is checked here before each call, with HIXL's status:
 //!
 //! | misuse | status |
 //! |---|---|
@@ -57,10 +56,10 @@
 //! ## How HIXL's lifecycle maps onto the typed one
 //!
 //! HIXL has no `activate`: an engine serves as soon as it is initialized, and memory may be
-//! registered and deregistered at any time, links or not. The compat engine therefore
-//! activates the typed engine at `initialize` (serving starts with no regions, so peers can
-//! connect at once) and changes its region table live, through crate-internal calls the typed
-//! API does not offer (there, registering after `activate` does not compile):
+//! registered and deregistered at any time, links or not. The compat engine therefore opens the
+//! core engine at `initialize` (serving starts with no regions, so peers can connect at once)
+//! and changes its region table live, as the core floor allows in any state (the typed API
+//! keeps registering after `activate` a compile error):
 //!
 //! - `register_mem` while linked: the region is usable by this engine's transfers at once (on
 //!   an Ascend engine it is bound to the communicators of its existing links) and is in the
@@ -139,45 +138,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use crate::engine::{Connected, Registered};
-use crate::{Link, Region, Status};
-
-enum Typed {
-    Registered(crate::Hixl<Registered>),
-    Connected(crate::Hixl<Connected>),
-}
+use crate::Status;
+use crate::runtime::handle::{Engine, LinkHandle, RegionHandle, ReqHandle};
 
 /// A registered region: caller-managed memory ([`Hixl::register_mem`]) or a buffer the engine
-/// allocated ([`Hixl::alloc_host_mem`]).
-enum Reg {
-    Caller(Region<crate::MemDesc>),
-    Engine(Region<crate::HostBuffer>),
+/// allocated ([`Hixl::alloc_host_mem`]); the engine's record either way.
+struct Reg {
+    core: RegionHandle,
+    /// A buffer the engine allocated (its keep-alive gets private pages when it is let go).
+    allocated: bool,
 }
-
-impl Reg {
-    fn addr(&self) -> usize {
-        match self {
-            Reg::Caller(r) => r.addr(),
-            Reg::Engine(r) => r.addr(),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            Reg::Caller(r) => r.len(),
-            Reg::Engine(r) => r.len(),
-        }
-    }
-    fn range(
-        &self,
-        range: std::ops::Range<usize>,
-    ) -> std::result::Result<crate::LocalRange<'_>, crate::Error> {
-        match self {
-            Reg::Caller(r) => r.range(range),
-            Reg::Engine(r) => r.range(range),
-        }
-    }
-}
-
 /// A host buffer the engine allocated and registered ([`Hixl::alloc_host_mem`]): a hixl
 /// extension, the way to get same-host peers' one-sided path (caller-managed memory is served
 /// to them over TCP, as the engine cannot keep it from its owner while a peer may still write
@@ -195,7 +165,7 @@ impl Reg {
 ///
 /// It never hands out `&[u8]`: peers write the memory at any time while it is registered.
 pub struct HostMem {
-    core: Arc<crate::runtime::region::RegionCore>,
+    core: RegionHandle,
     handle: MemHandle,
 }
 
@@ -238,18 +208,19 @@ static_assertions::assert_impl_all!(HostMem: Send, Sync);
 
 #[derive(Default)]
 struct Core {
-    engine: Option<Typed>,
+    /// The engine of the core floor, once initialized (open to links unless a restart of
+    /// serving failed: see `lifecycle::connected`).
+    engine: Option<Engine>,
     finalized: bool,
     auto_connect: bool,
     connect_timeout: Duration,
-    /// Regions by start address (disjoint: the typed engine refuses overlaps).
-    regions: BTreeMap<usize, Arc<Reg>>,
-    handles: HashMap<MemHandle, usize>,
+    /// The registrations by handle (the engine's region table finds them by address).
+    handles: HashMap<MemHandle, Reg>,
 }
 
 struct Pending {
     /// Shared so [`Hixl::wait_transfer`] can wait on it without holding the table's lock.
-    req: Arc<crate::TransferReq<'static>>,
+    req: Arc<ReqHandle>,
     user_data: u64,
 }
 
@@ -257,7 +228,7 @@ struct Pending {
 pub struct Hixl {
     core: RwLock<Core>,
     /// Links by remote key (the peer's socket address).
-    links: Mutex<HashMap<String, Arc<Link<'static>>>>,
+    links: Mutex<HashMap<String, Arc<LinkHandle>>>,
     /// Serialises on-demand connects (AutoConnect), so two callers do not race for one name.
     connecting: Mutex<()>,
     /// Remotes whose broken link was dropped (AutoConnect, or a new registration's clean-up)

@@ -6,12 +6,17 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{
-    ASYNC_DEADLINE, BlockDesc, Core, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending, Reg,
+    ASYNC_DEADLINE, BlockDesc, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending,
     RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
-    TransferStatus, Typed, millis, not_initialized,
+    TransferStatus, millis, not_initialized,
 };
+use crate::runtime::check::{self, Local};
+use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
+use crate::runtime::link::LinkShared;
+use crate::runtime::region::RegionUse;
 use crate::sync::lock;
-use crate::{Link, Status, TransferOp};
+use crate::types::BatchDesc;
+use crate::{Status, TransferOp};
 
 impl Hixl {
     /// HIXL `TransferSync`: READ (remote → local) or WRITE (local → remote) a batch.
@@ -31,10 +36,9 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |core, link| {
-            with_descriptors(core, link, op_descs, |descs| {
-                Ok(link.transfer_sync(op, descs, timeout)?)
-            })
+        self.on_link(remote_engine, |_, e, link| {
+            let (xds, bytes) = batch(e, link, op, op_descs, None)?;
+            Ok(link.run(op, &xds, bytes, timeout)?)
         })
     }
 
@@ -50,15 +54,11 @@ impl Hixl {
         op_descs: &[TransferOpDesc],
         args: TransferArgs,
     ) -> Result<TransferReq> {
-        self.on_link(remote_engine, |core, link| {
-            let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
-            let req: crate::TransferReq<'static> =
-                with_descriptors(
-                    core,
-                    link,
-                    op_descs,
-                    |d| Ok(link.start_async(op, d, targs)?),
-                )?;
+        self.on_link(remote_engine, |_, e, link| {
+            let mut keep = Vec::new();
+            let (xds, bytes) = batch(e, link, op, op_descs, Some(&mut keep))?;
+            let req =
+                (link.shared()).start(op, xds, bytes, keep, ASYNC_DEADLINE, args.user_data)?;
             // recorded while the core's read lock is held: `finalize` (which takes the write
             // lock) either runs before the request starts, or finds it here
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -93,10 +93,11 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |core, link| {
-            let (region, off) = local_base(core, desc.local_addr)?;
+        self.on_link(remote_engine, |_, e, link| {
+            let (region, off) = local_base(e, desc.local_addr)?;
             let layout = block_layout(link, &region, off, desc)?;
-            Ok(link.transfer_blocks_sync(op, &layout, local_idx, remote_idx, timeout)?)
+            let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
+            Ok(link.run_blocks(op, &b, timeout)?)
         })
     }
 
@@ -114,12 +115,18 @@ impl Hixl {
         remote_idx: crate::BlockIndices<'_>,
         args: TransferArgs,
     ) -> Result<TransferReq> {
-        self.on_link(remote_engine, |core, link| {
-            let (region, off) = local_base(core, desc.local_addr)?;
+        self.on_link(remote_engine, |_, e, link| {
+            let (region, off) = local_base(e, desc.local_addr)?;
             let layout = block_layout(link, &region, off, desc)?;
-            let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
-            let req: crate::TransferReq<'static> =
-                link.start_blocks_async(op, &layout, local_idx, remote_idx, targs)?;
+            let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
+            let keep = vec![RegionUse::new(&region)];
+            let req = (link.shared()).start_blocks(
+                op,
+                b.to_owned(),
+                keep,
+                ASYNC_DEADLINE,
+                args.user_data,
+            )?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             lock(&self.reqs).insert(
                 id,
@@ -162,13 +169,7 @@ impl Hixl {
         match &self.read().engine {
             None => return Err(not_initialized()),
             // upstream's FabricMem engine answers the many-request form with UNSUPPORTED
-            Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem => {
-                return Err(Error::new(
-                    Status::UNSUPPORTED,
-                    "GetTransferStatus(args, results) is not supported with EnableUseFabricMem=1",
-                ));
-            }
-            Some(Typed::Registered(e)) if e.options().ascend.enable_fabric_mem => {
+            Some(e) if e.options.ascend.enable_fabric_mem => {
                 return Err(Error::new(
                     Status::UNSUPPORTED,
                     "GetTransferStatus(args, results) is not supported with EnableUseFabricMem=1",
@@ -241,15 +242,14 @@ impl Hixl {
     /// `FAILED` when not initialized; `PARAM_INVALID` for a bad name; `NOT_CONNECTED` without a
     /// usable link (with AutoConnect, one is made).
     pub fn remote_regions(&self, remote_engine: &str) -> Result<Vec<RemoteRegionDesc>> {
-        self.on_link(remote_engine, |_, link| {
-            Ok(link
-                .regions()
+        self.on_link(remote_engine, |_, _, link| {
+            Ok((link.table.iter())
                 .map(|r| RemoteRegionDesc {
-                    addr: r.addr(),
-                    len: r.len(),
-                    mem_type: r.mem_type(),
-                    access: r.access(),
-                    transport: r.transport(),
+                    addr: r.addr,
+                    len: r.len,
+                    mem_type: r.mem_type,
+                    access: r.access,
+                    transport: link.transport_of(r.id),
                 })
                 .collect())
         })
@@ -261,7 +261,7 @@ impl Hixl {
     /// # Errors
     /// As [`Hixl::remote_regions`].
     pub fn transport(&self, remote_engine: &str) -> Result<crate::TransportKind> {
-        self.on_link(remote_engine, |_, link| Ok(link.transport()))
+        self.on_link(remote_engine, |_, _, link| Ok(link.transport()))
     }
 
     /// How many async requests have not been reported terminal yet.
@@ -282,15 +282,14 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |_, link| {
-            link.send_notify(&notify.name, &notify.notify_msg, timeout)
-                .map_err(|e| {
-                    let mut e = Error::from(e);
-                    if e.status == Status::FAILED {
-                        e.status = Status::NOTIFY_FAILED;
-                    }
-                    e
-                })
+        self.on_link(remote_engine, |_, _, link| {
+            send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
+                let mut e = Error::from(e);
+                if e.status == Status::FAILED {
+                    e.status = Status::NOTIFY_FAILED;
+                }
+                e
+            })
         })
     }
 
@@ -316,9 +315,8 @@ impl Hixl {
     /// `FAILED` when not initialized.
     pub(crate) fn take_notifies(&self) -> Result<Vec<crate::Notify>> {
         match &self.read().engine {
-            Some(Typed::Connected(e)) => Ok(e.get_notifies()),
-            Some(Typed::Registered(e)) => Ok(e.get_notifies()),
-            _ => Err(not_initialized()),
+            Some(e) => Ok(e.notifies.drain()),
+            None => Err(not_initialized()),
         }
     }
 }
@@ -331,7 +329,7 @@ fn unknown_request(req: TransferReq) -> Error {
     )
 }
 
-fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
+fn status_of(r: &ReqHandle) -> TransferStatus {
     match r.status() {
         crate::TransferStatus::Waiting => TransferStatus::Waiting,
         crate::TransferStatus::Completed => TransferStatus::Completed,
@@ -342,184 +340,121 @@ fn status_of(r: &crate::TransferReq<'static>) -> TransferStatus {
     }
 }
 
-/// Runs `f` on the typed descriptors of a batch.
-///
-/// The common case in one pass ([`registered_descriptors`]); a fabric-memory engine whose batch
-/// names local memory that is not registered takes the two-pass path ([`local_regions`], which
-/// finds the device allocations, then [`descriptors`]).
-fn with_descriptors<T>(
-    core: &Core,
-    link: &Link<'static>,
-    op_descs: &[TransferOpDesc],
-    f: impl FnOnce(&[crate::TransferDesc<'_>]) -> Result<T>,
-) -> Result<T> {
-    match registered_descriptors(core, link, op_descs)? {
-        Some(descs) => f(&descs),
-        None => {
-            let regions = local_regions(core, op_descs)?;
-            let descs = descriptors(link, &regions, op_descs)?;
-            f(&descs)
+/// A batch's descriptors checked (`runtime::check::list`) against this engine's regions (its
+/// index, one lookup per descriptor, the region the one before fell in tried first) and the
+/// peer's table; with `keep`, the regions it touches, for an async request to hold. A
+/// fabric-memory engine's batch may also name local device memory that is not registered
+/// (upstream's FabricMem engine copies such memory): it takes [`batch_fabric`].
+fn batch(
+    e: &Engine,
+    link: &LinkShared,
+    op: TransferOp,
+    descs: &[TransferOpDesc],
+    keep: Option<&mut Vec<RegionUse>>,
+) -> Result<(Vec<BatchDesc>, u64)> {
+    let mut xds = Vec::new();
+    let r = e.with_index(|ix| {
+        let pairs = descs.iter().enumerate().map(|(index, d)| {
+            let core =
+                ix.find(d.local_addr, d.len)
+                    .ok_or_else(|| crate::Error::LocalNotRegistered {
+                        index,
+                        addr: d.local_addr,
+                        len: d.len,
+                        why: String::new(),
+                    })?;
+            let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
+            let local = Local {
+                core,
+                offset: d.local_addr - core.addr,
+                len: d.len,
+            };
+            Ok((local, remote))
+        });
+        let bytes = check::list(link, op, descs.len(), pairs, &mut xds)?;
+        if let Some(keep) = keep {
+            for d in descs {
+                let core = ix.find(d.local_addr, d.len).expect("found above");
+                if !keep.iter().any(|k| Arc::ptr_eq(k.core(), core)) {
+                    keep.push(RegionUse::new(core));
+                }
+            }
         }
+        Ok(bytes)
+    });
+    match r {
+        Ok(bytes) => Ok((xds, bytes)),
+        Err(crate::Error::LocalNotRegistered { .. }) if e.options.ascend.enable_fabric_mem => {
+            batch_fabric(e, link, op, descs)
+        }
+        Err(err) => Err(err.into()),
     }
 }
 
-/// The typed descriptors of a batch whose local ranges all lie in regions registered with
-/// this engine, in one pass (each remote range inside one region of the peer's table); `None`
-/// when a fabric-memory engine's batch names other local memory.
-///
-/// A batch's descriptors mostly fall in the region the one before fell in (a KV cache is one
-/// region, or a few), so that region is tried first; the region table is searched only when it
-/// does not hold the range. One vector, nothing cloned per descriptor (10^5-descriptor batches:
-/// issue #35).
-fn registered_descriptors<'a>(
-    core: &'a Core,
-    link: &'a Link<'static>,
+/// [`batch`] on a fabric-memory engine whose batch names local memory that is not registered:
+/// each such range must lie inside one live ACL device allocation, which carries it as a region
+/// of its own for this call (and its async request).
+fn batch_fabric(
+    e: &Engine,
+    link: &LinkShared,
+    op: TransferOp,
     descs: &[TransferOpDesc],
-) -> Result<Option<Vec<crate::TransferDesc<'a>>>> {
-    let holds = |r: &Reg, d: &TransferOpDesc| {
-        d.len > 0
-            && d.local_addr >= r.addr()
-            && d.local_addr
-                .checked_add(d.len)
-                .is_some_and(|end| end <= r.addr() + r.len())
-    };
-    let mut out = Vec::with_capacity(descs.len());
-    let mut last: Option<&'a Reg> = None;
-    for (i, d) in descs.iter().enumerate() {
-        let region = match last {
-            Some(r) if holds(r, d) => r,
-            _ => {
-                let found = core
-                    .regions
-                    .range(..=d.local_addr)
-                    .next_back()
-                    .map(|(_, r)| &**r)
-                    .filter(|r| holds(r, d));
-                let Some(r) = found else {
-                    if matches!(&core.engine,
-                        Some(Typed::Connected(e)) if e.options().ascend.enable_fabric_mem)
-                    {
-                        return Ok(None);
-                    }
-                    return Err(Error::new(
-                        Status::PARAM_INVALID,
-                        format!(
-                            "descriptor {i}: local range {:#x}+{} is not inside one region \
-                             registered with this engine",
-                            d.local_addr, d.len
+) -> Result<(Vec<BatchDesc>, u64)> {
+    // the region (registered, or an unregistered device allocation found in this call) and
+    // the offset of each descriptor's local range
+    let mut found: Vec<RegionHandle> = Vec::new();
+    let mut at: Vec<(RegionHandle, usize)> = Vec::with_capacity(descs.len());
+    for (index, d) in descs.iter().enumerate() {
+        let inside = |r: &RegionHandle| {
+            d.len > 0
+                && d.local_addr >= r.addr
+                && d.local_addr
+                    .checked_add(d.len)
+                    .is_some_and(|end| end <= r.addr + r.len)
+        };
+        let registered = e.with_index(|ix| ix.find(d.local_addr, d.len).cloned());
+        let region = match registered.or_else(|| found.iter().find(|r| inside(r)).cloned()) {
+            Some(r) => r,
+            None => {
+                let r = e.unregistered_device(d.local_addr, d.len).map_err(|why| {
+                    crate::Error::LocalNotRegistered {
+                        index,
+                        addr: d.local_addr,
+                        len: d.len,
+                        why: format!(
+                            ", nor unregistered device memory a fabric-memory engine copies: \
+                             {why}"
                         ),
-                    ));
-                };
-                last = Some(r);
+                    }
+                })?;
+                found.push(r.clone());
                 r
             }
         };
-        let off = d.local_addr - region.addr();
-        let local = region.range(off..off + d.len)?;
+        let off = d.local_addr - region.addr;
+        at.push((region, off));
+    }
+    let pairs = descs.iter().zip(&at).map(|(d, (region, off))| {
         let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
-        out.push(crate::TransferDesc::new(local, remote));
-    }
-    Ok(Some(out))
-}
-
-/// For each descriptor, the registered region holding its local range, and the offset in it
-/// (a fabric-memory engine: or the live device allocation ACL says holds it).
-fn local_regions(core: &Core, descs: &[TransferOpDesc]) -> Result<Vec<(Arc<Reg>, usize)>> {
-    let mut out = Vec::with_capacity(descs.len());
-    // unregistered device allocations found in this call (a fabric-memory engine's)
-    let mut found_unregistered: Vec<Arc<Reg>> = Vec::new();
-    for (i, d) in descs.iter().enumerate() {
-        let found = core
-            .regions
-            .range(..=d.local_addr)
-            .next_back()
-            .map(|(_, r)| r)
-            .filter(|r| {
-                d.len > 0
-                    && d.local_addr
-                        .checked_add(d.len)
-                        .is_some_and(|end| end <= r.addr() + r.len())
-            });
-        match found {
-            Some(r) => out.push((r.clone(), d.local_addr - r.addr())),
-            None => {
-                // a fabric-memory engine also copies local device memory that is not
-                // registered, as upstream's FabricMem engine does, when ACL says it lies inside
-                // one live device allocation
-                let inside = |r: &Arc<Reg>| {
-                    d.local_addr >= r.addr()
-                        && d.local_addr
-                            .checked_add(d.len)
-                            .is_some_and(|end| end <= r.addr() + r.len())
-                };
-                if d.len > 0
-                    && let Some(r) = found_unregistered.iter().find(|r| inside(r))
-                {
-                    out.push((r.clone(), d.local_addr - r.addr()));
-                    continue;
-                }
-                let why = match &core.engine {
-                    Some(Typed::Connected(e))
-                        if e.options().ascend.enable_fabric_mem && d.len > 0 =>
-                    {
-                        match e.unregistered_device(d.local_addr, d.len) {
-                            Ok(r) => {
-                                let r = Arc::new(Reg::Caller(r));
-                                out.push((r.clone(), d.local_addr - r.addr()));
-                                found_unregistered.push(r);
-                                continue;
-                            }
-                            Err(why) => why,
-                        }
-                    }
-                    _ => "",
-                };
-                return Err(Error::new(
-                    Status::PARAM_INVALID,
-                    format!(
-                        "descriptor {i}: local range {:#x}+{} is not inside one region registered \
-                         with this engine{}{why}",
-                        d.local_addr,
-                        d.len,
-                        if why.is_empty() {
-                            ""
-                        } else {
-                            ", nor unregistered device memory a fabric-memory engine copies: "
-                        }
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The typed descriptors: local ranges from the regions found, remote ranges validated against
-/// the peer's table.
-fn descriptors<'a>(
-    link: &'a Link<'static>,
-    regions: &'a [(Arc<Reg>, usize)],
-    descs: &[TransferOpDesc],
-) -> Result<Vec<crate::TransferDesc<'a>>> {
-    descs
-        .iter()
-        .zip(regions)
-        .map(|(d, (region, off))| {
-            let local = region.range(*off..*off + d.len)?;
-            let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
-            Ok(crate::TransferDesc::new(local, remote))
-        })
-        .collect()
+        let local = Local {
+            core: region,
+            offset: *off,
+            len: d.len,
+        };
+        Ok((local, remote))
+    });
+    let mut xds = Vec::new();
+    let bytes = check::list(link, op, descs.len(), pairs, &mut xds)?;
+    Ok((xds, bytes))
 }
 
 /// The registered region holding local address `addr`, and its offset in it.
-fn local_base(core: &Core, addr: usize) -> Result<(Arc<Reg>, usize)> {
-    core.regions
-        .range(..=addr)
-        .next_back()
-        .map(|(_, r)| r)
-        .filter(|r| addr < r.addr() + r.len())
-        .map(|r| (r.clone(), addr - r.addr()))
+fn local_base(e: &Engine, addr: usize) -> Result<(RegionHandle, usize)> {
+    e.with_index(|ix| ix.at(addr).cloned())
+        .map(|r| {
+            let off = addr - r.addr;
+            (r, off)
+        })
         .ok_or_else(|| {
             Error::new(
                 Status::PARAM_INVALID,
@@ -528,26 +463,51 @@ fn local_base(core: &Core, addr: usize) -> Result<(Arc<Reg>, usize)> {
         })
 }
 
-/// A block transfer's typed layout: from each base address to the end of its region.
+/// A block transfer's layout: from each base address to the end of its region.
 fn block_layout<'a>(
-    link: &'a Link<'static>,
-    region: &'a Reg,
+    link: &LinkShared,
+    region: &'a RegionHandle,
     off: usize,
     desc: &BlockDesc,
-) -> Result<crate::BlockLayout<'a>> {
-    let local = region.range(off..region.len())?;
+) -> Result<check::Layout<'a>> {
+    let local = Local {
+        core: region,
+        offset: off,
+        len: region.len - off,
+    };
     let addr = desc.remote_addr as u64;
-    let r = link
-        .regions()
-        .find(|r| r.addr() <= addr && addr - r.addr() < r.len())
-        .ok_or_else(|| {
-            Error::new(
-                Status::PARAM_INVALID,
-                format!("remote block base {addr:#x} is not inside a region of the peer's table"),
-            )
-        })?;
-    let remote = r.range(addr - r.addr()..)?;
+    let remote = link.remote_from(addr).map_err(|_| {
+        Error::new(
+            Status::PARAM_INVALID,
+            format!("remote block base {addr:#x} is not inside a region of the peer's table"),
+        )
+    })?;
     let stride = |s: u64| if s == 0 { desc.block_size } else { s };
-    Ok(crate::BlockLayout::new(local, remote, desc.block_size)
-        .strides(stride(desc.local_stride), stride(desc.remote_stride)))
+    Ok(check::Layout {
+        local,
+        remote,
+        block: desc.block_size,
+        local_stride: stride(desc.local_stride),
+        remote_stride: stride(desc.remote_stride),
+    })
+}
+
+/// Sends a notification on `link` (the checks of the typed `Link::send_notify`).
+fn send_notify(
+    link: &LinkShared,
+    name: &str,
+    msg: &str,
+    timeout: Duration,
+) -> std::result::Result<(), crate::Error> {
+    let timeout = crate::error::check_timeout(timeout)?;
+    for (what, s) in [("name", name), ("message", msg)] {
+        if s.len() > crate::notify::MAX_NOTIFY_LEN {
+            return Err(crate::Error::NotifyTooLong {
+                what,
+                len: s.len(),
+                limit: crate::notify::MAX_NOTIFY_LEN,
+            });
+        }
+    }
+    link.notify(name, msg, std::time::Instant::now(), timeout)
 }

@@ -22,7 +22,7 @@ use crate::memory::Region;
 use crate::metrics::Metrics;
 use crate::notify::Notify;
 use crate::options::Options;
-use crate::runtime::engine::EngineInner;
+use crate::runtime::handle::Engine;
 use crate::types::MemDesc;
 use crate::types::MemType;
 use crate::types::raw::{RawMemory, RegistrableMemory};
@@ -79,7 +79,9 @@ impl Quiescent for Finalized {}
 /// Created by [`Hixl::initialize`]. See the [crate docs](crate) for the lifecycle.
 #[must_use = "dropping an engine tears it down; call `finalize()` to do it explicitly"]
 pub struct Hixl<S: State> {
-    inner: Arc<EngineInner>,
+    /// The engine of the core floor: every operation below is one of its handle API's, in the
+    /// states where it is allowed.
+    inner: Engine,
     _state: PhantomData<S>,
 }
 
@@ -217,12 +219,6 @@ impl<S: State> Hixl<S> {
     /// The options the engine was initialized with.
     pub fn options(&self) -> &Options {
         &self.inner.options
-    }
-
-    /// Why the engine's memory may not be deregistered now (a fabric-memory engine with a peer
-    /// connected), or `None`.
-    pub(crate) fn deregistration_blocked(&self) -> Option<&'static str> {
-        self.inner.deregistration_blocked()
     }
 
     /// A snapshot of the engine's metrics: registered regions and bytes, and per link and

@@ -6,14 +6,12 @@ use std::sync::Arc;
 
 use super::{Connected, Hixl, Initialized, Quiescent, Reclaim, Registered, TransitionError};
 use crate::device::ContextToken;
-use crate::error::{Error, HandedBack, check_timeout};
+use crate::error::{Error, HandedBack};
 use crate::memory::Region;
 use crate::options::Options;
-use crate::runtime::engine::EngineInner;
-use crate::runtime::region::RegionCore;
+use crate::runtime::handle::Engine;
 use crate::sync::lock;
-use crate::types::engine_name::EngineName;
-use crate::types::raw::{RawMemory, RegistrableMemory};
+use crate::types::raw::RegistrableMemory;
 use crate::types::{Access, MemDesc, MemType};
 
 impl Hixl<Initialized> {
@@ -38,8 +36,6 @@ impl Hixl<Initialized> {
     }
 
     fn initialize_with(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
-        let parsed = EngineName::parse(name)?;
-        check_timeout(options.connect_timeout)?;
         if options.auto_connect {
             return Err(Error::UnsupportedOption {
                 key: "AutoConnect".into(),
@@ -47,15 +43,8 @@ impl Hixl<Initialized> {
                 why: "links are explicit capabilities in the typed API; hixl::compat::Hixl honours AutoConnect",
             });
         }
-        if options.psk.as_ref().is_some_and(|k| k.len() < 16) {
-            return Err(Error::InvalidOption {
-                key: "psk".into(),
-                value: "<redacted>".into(),
-                problem: "a pre-shared key needs at least 16 bytes",
-            });
-        }
         Ok(Hixl {
-            inner: EngineInner::new(parsed, options, ephemeral)?,
+            inner: Engine::initialize(name, options, ephemeral)?,
             _state: PhantomData,
         })
     }
@@ -83,7 +72,7 @@ impl Hixl<Initialized> {
         mem: M,
         access: Access,
     ) -> Result<(Hixl<Registered>, Region<M>), TransitionError<Initialized, M>> {
-        match self.inner.register_owned(mem, access, false) {
+        match owned(&self.inner, mem, access, false) {
             Ok(r) => Ok((self.into_state(), r)),
             Err(HandedBack { error, value }) => Err(TransitionError {
                 error,
@@ -105,7 +94,8 @@ impl Hixl<Initialized> {
         desc: MemDesc,
         mem_type: MemType,
     ) -> Result<(Hixl<Registered>, Region<MemDesc>), TransitionError<Initialized>> {
-        match self.inner.register_raw(desc, mem_type, Access::ReadWrite) {
+        // SAFETY: the caller upholds `register_raw`'s contract (this function's `# Safety`).
+        match unsafe { raw(&self.inner, desc, mem_type, Access::ReadWrite) } {
             Ok(r) => Ok((self.into_state(), r)),
             Err(error) => Err(TransitionError {
                 error,
@@ -132,7 +122,7 @@ impl Hixl<Registered> {
     /// `RESOURCE_EXHAUSTED`: [`Error::TooManyRegions`]; `UNSUPPORTED`: [`Error::UnsupportedMemory`]
     /// for device memory.
     pub fn register<M: RegistrableMemory>(&self, mem: M) -> Result<Region<M>, HandedBack<M>> {
-        self.inner.register_owned(mem, Access::ReadWrite, false)
+        owned(&self.inner, mem, Access::ReadWrite, false)
     }
 
     /// Registers memory with the given remote access rights.
@@ -144,7 +134,7 @@ impl Hixl<Registered> {
         mem: M,
         access: Access,
     ) -> Result<Region<M>, HandedBack<M>> {
-        self.inner.register_owned(mem, access, false)
+        owned(&self.inner, mem, access, false)
     }
 
     /// Registers caller-managed memory (HIXL's `RegisterMem(MemDesc, MemType)` form).
@@ -167,7 +157,8 @@ impl Hixl<Registered> {
         desc: MemDesc,
         mem_type: MemType,
     ) -> Result<Region<MemDesc>, Error> {
-        self.inner.register_raw(desc, mem_type, Access::ReadWrite)
+        // SAFETY: the caller upholds this function's `# Safety`.
+        unsafe { raw(&self.inner, desc, mem_type, Access::ReadWrite) }
     }
 
     /// [`register_raw`](Hixl::<Registered>::register_raw) with explicit access rights.
@@ -183,7 +174,8 @@ impl Hixl<Registered> {
         mem_type: MemType,
         access: Access,
     ) -> Result<Region<MemDesc>, Error> {
-        self.inner.register_raw(desc, mem_type, access)
+        // SAFETY: the caller upholds this function's `# Safety`.
+        unsafe { raw(&self.inner, desc, mem_type, access) }
     }
 
     /// Registers memory (device memory included) with a token proving the engine's device
@@ -218,7 +210,7 @@ impl Hixl<Registered> {
                 value: mem,
             });
         }
-        self.inner.register_owned(mem, Access::ReadWrite, true)
+        owned(&self.inner, mem, Access::ReadWrite, true)
     }
 
     /// Closes registration and opens the engine to links: a listening engine starts serving its
@@ -229,13 +221,10 @@ impl Hixl<Registered> {
     /// [`Error::Listen`] (`FAILED`) if serving threads cannot be started; the engine comes back
     /// in `Registered`.
     pub fn activate(self) -> Result<Hixl<Connected>, TransitionError<Registered>> {
-        match self.inner.serve() {
+        match self.inner.open() {
             Ok(()) => Ok(self.into_state()),
-            Err(source) => Err(TransitionError {
-                error: Error::Listen {
-                    addr: self.inner.name.clone(),
-                    source,
-                },
+            Err(error) => Err(TransitionError {
+                error,
                 engine: self,
                 value: (),
             }),
@@ -252,234 +241,90 @@ impl<S: Quiescent> Hixl<S> {
     /// another engine; [`Error::RegionBusy`] (`RESOURCE_EXHAUSTED`) while an async request that
     /// uses it (a `mem::forget`ten one) has not ended.
     pub fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
-        self.inner.deregister(region)
+        deregister(&self.inner, region)
     }
 }
 
-/// HIXL's registration while linked, for the compat engine only: the typed API keeps
-/// registration after `activate` a compile error (the seed's rule), and these are not public.
-impl Hixl<Connected> {
-    /// Registers caller-managed memory on an engine open to links (HIXL `RegisterMem` while
-    /// linked): usable by this engine's transfers at once, in the table of peers that connect
-    /// from now on.
-    ///
-    /// # Safety
-    /// As [`Hixl::<Registered>::register_raw`].
-    pub(crate) unsafe fn register_raw_live(
-        &self,
-        desc: MemDesc,
-        mem_type: MemType,
-        access: Access,
-    ) -> Result<Region<MemDesc>, Error> {
-        let region = self.inner.register_raw(desc, mem_type, access)?;
-        self.inner.publish(&region.core);
-        Ok(region)
-    }
-
-    /// Registers memory the engine takes ownership of on an engine open to links (the compat
-    /// engine's engine-allocated buffers): as [`register_raw_live`](Self::register_raw_live),
-    /// and same-host peers that connect from now on may map it (it is one-sided like any
-    /// [`HostBuffer`](crate::HostBuffer) region).
-    ///
-    /// # Errors
-    /// As [`Hixl::<Registered>::register`]; the memory comes back.
-    pub(crate) fn register_live<M: RegistrableMemory>(
-        &self,
-        mem: M,
-        access: Access,
-    ) -> Result<Region<M>, HandedBack<M>> {
-        let region = self.inner.register_owned(mem, access, false)?;
-        self.inner.publish(&region.core);
-        Ok(region)
-    }
-
-    /// Deregisters a region from an engine open to links (HIXL `DeregisterMem` while linked;
-    /// see [`EngineInner::withdraw`]) and drops it. When this returns, nothing of the engine
-    /// or its peers touches caller-managed memory; memory the engine owns is freed once no
-    /// serving thread and no same-host link that may reach it remains (see
-    /// [`EngineInner::withdraw`]).
-    ///
-    /// # Errors
-    /// [`Error::ForeignHandle`]; [`Error::RegionBusy`] while an async request of this engine
-    /// uses the region; `UNSUPPORTED` as [`EngineInner::withdraw`]. The region comes back, still
-    /// registered.
-    pub(crate) fn deregister_live<M>(
-        &self,
-        region: Region<M>,
-    ) -> Result<(), HandedBack<Region<M>>> {
-        if let Err(error) = self.inner.releasable(&region.core) {
-            return Err(HandedBack {
-                error,
-                value: region,
-            });
-        }
-        if let Err(error) = self.inner.withdraw(&region.core) {
-            return Err(HandedBack {
-                error,
-                value: region,
-            });
-        }
-        self.inner.unlist(&region.core);
-        tracing::debug!(parent: &self.inner.span, region = region.core.id, "deregistered while linked");
-        // a raw record owns no memory; an owned one frees it when its last holder (a serving
-        // thread, a `compat::HostMem`) lets go, or quarantines it while a link may reach it
-        drop(region);
-        Ok(())
-    }
+/// Registers owned memory with the core engine and wraps the record in the typed capability.
+fn owned<M: RegistrableMemory>(
+    e: &Engine,
+    mem: M,
+    access: Access,
+    device: bool,
+) -> Result<Region<M>, HandedBack<M>> {
+    e.register_owned(mem, access, device).map(|core| Region {
+        core,
+        _mem: PhantomData,
+    })
 }
 
-impl<S: Quiescent> Hixl<S> {
-    /// Deregisters a region and drops it instead of handing its memory back (the compat
-    /// engine's engine-allocated buffers, when they are freed with no link): memory a
-    /// same-host client that did not confirm in time may still write is quarantined, the
-    /// rest freed once the last holder of the record lets go.
-    ///
-    /// # Errors
-    /// [`Error::ForeignHandle`]; [`Error::RegionBusy`] while an async request uses it. The
-    /// region comes back.
-    pub(crate) fn release<M>(&self, region: Region<M>) -> Result<(), HandedBack<Region<M>>> {
-        if let Err(error) = self.inner.releasable(&region.core) {
-            return Err(HandedBack {
-                error,
-                value: region,
-            });
-        }
-        self.inner.unlist(&region.core);
-        tracing::debug!(parent: &self.inner.span, region = region.core.id, "released");
-        drop(region);
-        Ok(())
-    }
+/// Registers caller-managed memory with the core engine and wraps the record in the typed
+/// capability.
+///
+/// # Safety
+/// [`Engine::register_raw`]'s contract.
+unsafe fn raw(
+    e: &Engine,
+    desc: MemDesc,
+    mem_type: MemType,
+    access: Access,
+) -> Result<Region<MemDesc>, Error> {
+    // SAFETY: forwarded to the caller.
+    unsafe { e.register_raw(desc, mem_type, access) }.map(|core| Region {
+        core,
+        _mem: PhantomData,
+    })
 }
 
-/// The typed registration operations on the engine core: they build and take apart
-/// `Region<M>`, the API's ownership of registered memory.
-impl EngineInner {
-    fn register_owned<M: RegistrableMemory>(
-        &self,
-        mem: M,
-        access: Access,
-        with_token: bool,
-    ) -> Result<Region<M>, HandedBack<M>> {
-        let raw: RawMemory = mem.into_raw_parts();
-        let engine = self.id;
-        if raw.mem_type() == MemType::Device && !with_token {
-            return Err(HandedBack {
-                error: Error::UnsupportedMemory {
-                    mem_type: MemType::Device,
-                    why: "device memory is registered with register_device and a context token",
-                },
-                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
-                value: unsafe { M::from_raw_parts(raw) },
-            });
-        }
-        match self.insert(
-            raw.ptr().as_ptr() as usize,
-            raw.len(),
-            raw.mem_type(),
-            |id| RegionCore::new_owned::<M>(id, engine, raw, access),
-        ) {
-            Ok(core) => Ok(Region {
-                core,
-                _mem: PhantomData,
-            }),
-            Err(error) => Err(HandedBack {
-                error,
-                // SAFETY: `raw` came from `into_raw_parts` just above and was not registered.
-                value: unsafe { M::from_raw_parts(raw) },
-            }),
-        }
+/// The typed deregistration on the core engine: through the one in-use rule
+/// ([`Engine::releasable`]), out of the table, and the memory handed back (the last holder of
+/// the record takes its parts out once).
+fn deregister<M: Reclaim>(e: &Engine, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
+    if let Err(error) = e.releasable(&region.core) {
+        return Err(HandedBack {
+            error,
+            value: region,
+        });
     }
-
-    fn register_raw(
-        &self,
-        desc: MemDesc,
-        mem_type: MemType,
-        access: Access,
-    ) -> Result<Region<MemDesc>, Error> {
-        let engine = self.id;
-        let core = self.insert(desc.addr, desc.len, mem_type, |id| {
-            RegionCore::new_raw(id, engine, desc, mem_type, access)
-        })?;
-        Ok(Region {
+    let mut regs = lock(&e.regions);
+    let listed = regs
+        .by_addr
+        .get(&region.core.addr)
+        .is_some_and(|r| Arc::ptr_eq(r, &region.core));
+    if listed {
+        regs.by_addr.remove(&region.core.addr);
+        regs.bytes -= region.core.len;
+    }
+    let (error, core) = match Arc::try_unwrap(region.core) {
+        Ok(mut core) => {
+            let desc = MemDesc {
+                addr: core.addr,
+                len: core.len,
+            };
+            match core.take_raw() {
+                Ok(raw) => {
+                    tracing::debug!(parent: &e.span, region = core.id, "deregistered");
+                    // SAFETY: `Region<M>` is only created by `owned::<M>` (with the parts of
+                    // `M::into_raw_parts`, or a HostBuffer copy of them for a HostBuffer) or,
+                    // for `M = MemDesc`, by `raw`; this is the last reference to the core, and
+                    // `take_raw` hands the parts out once.
+                    return Ok(unsafe { M::reclaim(raw, desc) });
+                }
+                Err(error) => (error, Arc::new(core)),
+            }
+        }
+        Err(core) => (Error::RegionBusy { region: core.id }, core),
+    };
+    // not handed back: the region stays registered, and comes back to the caller
+    if listed {
+        regs.bytes += core.len;
+        regs.by_addr.insert(core.addr, core.clone());
+    }
+    Err(HandedBack {
+        error,
+        value: Region {
             core,
             _mem: PhantomData,
-        })
-    }
-
-    /// Whether `core` may leave this engine now: [`Error::ForeignHandle`] for a region of
-    /// another engine, [`Error::RegionBusy`] while an async request uses it
-    /// ([`RegionCore::check_idle`]). Every deregistration path asks this first.
-    fn releasable(&self, core: &RegionCore) -> Result<(), Error> {
-        if core.engine != self.id {
-            return Err(Error::ForeignHandle {
-                what: "region",
-                owner: core.engine,
-                engine: self.id,
-            });
-        }
-        core.check_idle()
-    }
-
-    /// Takes the region out of the region table (if it is still there).
-    fn unlist(&self, core: &Arc<RegionCore>) {
-        let mut regs = lock(&self.regions);
-        if regs
-            .by_addr
-            .get(&core.addr)
-            .is_some_and(|r| Arc::ptr_eq(r, core))
-        {
-            regs.by_addr.remove(&core.addr);
-            regs.bytes -= core.len;
-        }
-    }
-
-    fn deregister<M: Reclaim>(&self, region: Region<M>) -> Result<M, HandedBack<Region<M>>> {
-        if let Err(error) = self.releasable(&region.core) {
-            return Err(HandedBack {
-                error,
-                value: region,
-            });
-        }
-        let mut regs = lock(&self.regions);
-        let listed = regs
-            .by_addr
-            .get(&region.core.addr)
-            .is_some_and(|r| Arc::ptr_eq(r, &region.core));
-        if listed {
-            regs.by_addr.remove(&region.core.addr);
-            regs.bytes -= region.core.len;
-        }
-        let (error, core) = match Arc::try_unwrap(region.core) {
-            Ok(mut core) => {
-                let desc = MemDesc {
-                    addr: core.addr,
-                    len: core.len,
-                };
-                match core.take_raw() {
-                    Ok(raw) => {
-                        tracing::debug!(parent: &self.span, region = core.id, "deregistered");
-                        // SAFETY: `Region<M>` is only created by `register_owned::<M>` (with the
-                        // parts of `M::into_raw_parts`, or a HostBuffer copy of them for a
-                        // HostBuffer) or, for `M = MemDesc`, by `register_raw`; this is the last
-                        // reference to the core, and `take_raw` hands the parts out once.
-                        return Ok(unsafe { M::reclaim(raw, desc) });
-                    }
-                    Err(error) => (error, Arc::new(core)),
-                }
-            }
-            Err(core) => (Error::RegionBusy { region: core.id }, core),
-        };
-        // not handed back: the region stays registered, and comes back to the caller
-        if listed {
-            regs.bytes += core.len;
-            regs.by_addr.insert(core.addr, core.clone());
-        }
-        Err(HandedBack {
-            error,
-            value: Region {
-                core,
-                _mem: PhantomData,
-            },
-        })
-    }
+        },
+    })
 }

@@ -60,6 +60,9 @@ pub(crate) struct EngineInner {
     pub(crate) me: Weak<EngineInner>,
     /// Whether the heartbeat thread runs.
     heartbeats: std::sync::atomic::AtomicBool,
+    /// Open to links (`serve` succeeded, `stop` not called since): a region registered now is
+    /// published at once (`runtime::handle::Engine::register_raw`).
+    pub(crate) open: std::sync::atomic::AtomicBool,
     /// The engine's device (where CANN loads, or as the options ask).
     pub(crate) device: Option<Arc<Device>>,
     /// Why device memory is refused, for an engine without a device.
@@ -129,6 +132,7 @@ impl EngineInner {
             connects: Arc::new(ConnectPool::default()),
             me: me.clone(),
             heartbeats: std::sync::atomic::AtomicBool::new(false),
+            open: std::sync::atomic::AtomicBool::new(false),
             device,
             no_device,
             fabric,
@@ -175,6 +179,7 @@ impl EngineInner {
         match started {
             Ok(server) => {
                 *lock(&self.server) = server;
+                self.open.store(true, Ordering::SeqCst);
                 Ok(())
             }
             Err(e) => {
@@ -331,6 +336,19 @@ impl EngineInner {
             options: &self.options,
             span: &self.span,
             backends: &self.backends,
+        }
+    }
+
+    /// Takes the region out of the region table (if it is still there).
+    pub(crate) fn unlist(&self, core: &Arc<RegionCore>) {
+        let mut regs = lock(&self.regions);
+        if regs
+            .by_addr
+            .get(&core.addr)
+            .is_some_and(|r| Arc::ptr_eq(r, core))
+        {
+            regs.by_addr.remove(&core.addr);
+            regs.bytes -= core.len;
         }
     }
 
@@ -512,6 +530,7 @@ impl EngineInner {
 
     /// Leaves `Connected`: ends every link of the engine and stops serving.
     pub(crate) fn stop(&self) {
+        self.open.store(false, Ordering::SeqCst);
         self.close_async_links(true);
         self.close_links();
         self.stop_server();
