@@ -117,8 +117,7 @@ impl Hixl {
         for p in reqs.values() {
             p.req.cancel();
         }
-        let links: Vec<_> = lock(&self.links).drain().map(|(_, l)| l).collect();
-        for l in links {
+        for l in self.peers.drop_all(false) {
             l.close_quietly();
         }
         for p in reqs.values() {
@@ -332,9 +331,7 @@ impl Hixl {
             ));
         }
         if e.is_open() {
-            let held = std::mem::take(&mut *lock(&self.links));
-            lock(&self.gone).extend(held.keys().cloned());
-            drop(held); // closing a link waits for its requests: not under the lock
+            drop(self.peers.drop_all(true)); // closed here: closing waits for their requests
             e.close();
         }
         let r = f(&e);
@@ -350,8 +347,7 @@ impl Hixl {
 
     /// Links in either direction: ours (held or in the async queue) and peers' to us.
     fn link_count(&self, e: &Engine) -> usize {
-        let links = lock(&self.links);
-        let held = links.values().filter(|l| !l.is_broken()).count();
+        let held = self.peers.usable_count();
         let queued = e
             .async_connect_statuses()
             .values()

@@ -139,7 +139,8 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use crate::Status;
-use crate::runtime::handle::{Engine, LinkHandle, RegionHandle, ReqHandle};
+use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
+use crate::runtime::peers::Peers;
 
 /// A registered region: caller-managed memory ([`Hixl::register_mem`]) or a buffer the engine
 /// allocated ([`Hixl::alloc_host_mem`]); the engine's record either way.
@@ -227,14 +228,8 @@ struct Pending {
 /// The runtime-checked engine (HIXL's `hixl::Hixl`). `Send + Sync`: share it by `&` or `Arc`.
 pub struct Hixl {
     core: RwLock<Core>,
-    /// Links by remote key (the peer's socket address).
-    links: Mutex<HashMap<String, Arc<LinkHandle>>>,
-    /// Serialises on-demand connects (AutoConnect), so two callers do not race for one name.
-    connecting: Mutex<()>,
-    /// Remotes whose broken link was dropped (AutoConnect, or a new registration's clean-up)
-    /// and not connected since: `disconnect` of one of them succeeds, as HIXL's does for a peer
-    /// that went away.
-    gone: Mutex<std::collections::HashSet<String>>,
+    /// Links by remote name (the core floor's table, with HIXL's rules for them).
+    peers: Peers,
     reqs: Mutex<BTreeMap<TransferReq, Pending>>,
     /// The next request id (memory handles are unique in the process: `lifecycle::next_handle`).
     next_id: AtomicU64,
@@ -272,9 +267,7 @@ impl Hixl {
     pub fn new() -> Self {
         Self {
             core: RwLock::new(Core::default()),
-            links: Mutex::new(HashMap::new()),
-            connecting: Mutex::new(()),
-            gone: Mutex::new(std::collections::HashSet::new()),
+            peers: Peers::default(),
             reqs: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
         }
