@@ -129,6 +129,7 @@
 mod auth;
 mod buffers;
 pub mod compat;
+pub mod cs;
 pub mod datadist;
 
 mod device;
