@@ -250,8 +250,13 @@ pub(super) fn check(text: Option<&str>, side: Side) -> Result<Vec<(String, Strin
 /// The client's RDMA environment as upstream reads it: `HCCL_RDMA_RETRY_CNT` (1..=7) and
 /// `HCCL_RDMA_TIMEOUT` (5..=20), when set.
 pub(super) fn check_env() -> Result<(), String> {
+    check_env_of(|name| std::env::var_os(name))
+}
+
+/// [`check_env`] over the environment `var` reads.
+fn check_env_of(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<(), String> {
     for (name, lo, hi) in [("HCCL_RDMA_RETRY_CNT", 1, 7), ("HCCL_RDMA_TIMEOUT", 5, 20)] {
-        if let Some(v) = std::env::var_os(name) {
+        if let Some(v) = var(name) {
             let ok = v
                 .to_str()
                 .and_then(|s| s.trim().parse::<u32>().ok())
@@ -303,5 +308,27 @@ mod tests {
         );
         let deep = "[".repeat(100) + &"]".repeat(100);
         assert!(check(Some(&format!("{{\"a\":{deep}}}")), Side::Server).is_err());
+    }
+
+    #[test]
+    fn the_rdma_environment_is_checked_as_upstream() {
+        let env = |pairs: Vec<(&'static str, &'static str)>| {
+            move |name: &str| {
+                (pairs.iter())
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        assert!(check_env_of(env(vec![])).is_ok());
+        let good = vec![("HCCL_RDMA_RETRY_CNT", "7"), ("HCCL_RDMA_TIMEOUT", " 5 ")];
+        assert!(check_env_of(env(good)).is_ok());
+        for bad in [
+            ("HCCL_RDMA_RETRY_CNT", "9"),
+            ("HCCL_RDMA_RETRY_CNT", "0"),
+            ("HCCL_RDMA_TIMEOUT", "21"),
+            ("HCCL_RDMA_TIMEOUT", "x"),
+        ] {
+            assert!(check_env_of(env(vec![bad])).is_err(), "{bad:?}");
+        }
     }
 }
