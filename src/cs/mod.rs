@@ -43,6 +43,7 @@
 //! file that names [`crate::compat`].
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{MemType, Status};
@@ -120,6 +121,29 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A RoCE endpoint of `ip` (protocol 1; address type 0 with an IPv4 address, 1 with an
+    /// IPv6 one) on the host (location 1), the rest zero: what a client and a server on hixl's
+    /// TCP, same-host or HCCL paths name each other by.
+    pub fn roce(ip: IpAddr) -> Endpoint {
+        let mut bytes = [0u8; ENDPOINT_LEN];
+        bytes[0..4].copy_from_slice(&1i32.to_ne_bytes());
+        match ip {
+            IpAddr::V4(a) => bytes[8..12].copy_from_slice(&a.octets()),
+            IpAddr::V6(a) => {
+                bytes[4..8].copy_from_slice(&1i32.to_ne_bytes());
+                bytes[8..24].copy_from_slice(&a.octets());
+            }
+        }
+        Endpoint { bytes }.at(1)
+    }
+
+    /// The same endpoint at location `location` (0 device, 1 host; anything else is refused
+    /// where an endpoint is taken).
+    pub fn at(mut self, location: i32) -> Endpoint {
+        self.bytes[44..48].copy_from_slice(&location.to_ne_bytes());
+        self
+    }
+
     fn i32_at(&self, o: usize) -> i32 {
         let b = &self.bytes;
         i32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
@@ -319,6 +343,10 @@ mod tests {
         assert!(!roce.matches(&ep(1, 1, &[127, 0, 0, 1])));
         assert!(ep(0, 2, &[5, 0, 0, 0]).matches(&ep(0, 3, &[5, 0, 0, 0])));
         assert!(ep(4, 3, &[9; 16]).matches(&ep(4, 3, &[9; 16])));
+        let v4 = Endpoint::roce([127, 0, 0, 1].into());
+        assert!(v4.matches(&roce) && v4.location() == 1 && v4.at(0).location() == 0);
+        let v6 = Endpoint::roce(std::net::Ipv6Addr::LOCALHOST.into());
+        assert!(v6.matches(&v6) && !v6.matches(&v4));
         assert!(!ep(2, 0, &[1; 4]).matches(&ep(2, 0, &[1; 4])));
         assert_eq!(roce.location(), 1);
         assert!(roce.check_location("e").is_ok());

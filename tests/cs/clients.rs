@@ -5,10 +5,10 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use hixl::cs::{BUILTIN_TAG, Client, ClientDesc, Mem, MemHandle, OpDesc};
+use hixl::cs::{BUILTIN_TAG, Client, ClientDesc, Endpoint, Mem, MemHandle, OpDesc};
 use hixl::{MemType, Status, TransferOp};
 
-use super::support::{Buf, at, client_with, connected, endpoint, listening, local, serve, status};
+use super::support::{Buf, client_with, connected, listening, local, serve, status};
 use crate::common::Rng;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -19,16 +19,16 @@ fn create_refuses_bad_input() {
         server_ip: Ipv4Addr::LOCALHOST.into(),
         server_port: port,
         local_endpoint: local,
-        remote_endpoint: endpoint(Ipv4Addr::LOCALHOST),
+        remote_endpoint: Endpoint::roce(Ipv4Addr::LOCALHOST.into()),
     };
-    let host = endpoint(Ipv4Addr::LOCALHOST);
+    let host = Endpoint::roce(Ipv4Addr::LOCALHOST.into());
     assert_eq!(
         status(Client::new(&desc(0, host), None)),
         Status::PARAM_INVALID,
         "port 0"
     );
     assert_eq!(
-        status(Client::new(&desc(1, at(host, 2)), None)),
+        status(Client::new(&desc(1, host.at(2)), None)),
         Status::PARAM_INVALID,
         "a location neither device nor host"
     );

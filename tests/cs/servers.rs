@@ -3,20 +3,20 @@
 
 use std::net::Ipv4Addr;
 
-use hixl::cs::{MAX_ENDPOINTS, MAX_MEMS, MAX_TAG, Mem, MemHandle, Server};
+use hixl::cs::{Endpoint, MAX_ENDPOINTS, MAX_MEMS, MAX_TAG, Mem, MemHandle, Server};
 use hixl::{MemType, Status};
 
-use super::support::{Buf, at, endpoint, listening, status};
+use super::support::{Buf, listening, status};
 
 fn server(port: u16, config: Option<&str>) -> hixl::cs::Result<Server> {
-    let ep = [endpoint(Ipv4Addr::LOCALHOST)];
+    let ep = [Endpoint::roce(Ipv4Addr::LOCALHOST.into())];
     Server::new(Ipv4Addr::LOCALHOST.into(), port, &ep, config)
 }
 
 #[test]
 fn create_refuses_bad_endpoints_and_configs() {
     let ip = Ipv4Addr::LOCALHOST.into();
-    let ep = endpoint(Ipv4Addr::LOCALHOST);
+    let ep = Endpoint::roce(Ipv4Addr::LOCALHOST.into());
     assert_eq!(status(Server::new(ip, 1, &[], None)), Status::PARAM_INVALID);
     let many = vec![ep; MAX_ENDPOINTS + 1];
     assert_eq!(
@@ -24,7 +24,7 @@ fn create_refuses_bad_endpoints_and_configs() {
         Status::PARAM_INVALID
     );
     assert!(Server::new(ip, 1, &many[..MAX_ENDPOINTS], None).is_ok());
-    let reserved = at(ep, 2);
+    let reserved = ep.at(2);
     assert_eq!(
         status(Server::new(ip, 1, &[ep, reserved], None)),
         Status::PARAM_INVALID

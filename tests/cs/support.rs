@@ -4,26 +4,8 @@
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
-use hixl::cs::{
-    Client, ClientDesc, CompleteStatus, Completion, ENDPOINT_LEN, Endpoint, Mem, MemHandle, Server,
-};
+use hixl::cs::{Client, ClientDesc, CompleteStatus, Completion, Endpoint, Mem, MemHandle, Server};
 use hixl::{MemType, Status};
-
-/// A RoCE endpoint of `ip` on the host (`EndpointDesc`: protocol, address type and address,
-/// location at byte 44).
-pub fn endpoint(ip: Ipv4Addr) -> Endpoint {
-    let mut bytes = [0u8; ENDPOINT_LEN];
-    bytes[0..4].copy_from_slice(&1i32.to_ne_bytes());
-    bytes[8..12].copy_from_slice(&ip.octets());
-    bytes[44..48].copy_from_slice(&1i32.to_ne_bytes());
-    Endpoint { bytes }
-}
-
-/// The same endpoint at another location type (0 device, 1 host, else invalid).
-pub fn at(mut e: Endpoint, location: i32) -> Endpoint {
-    e.bytes[44..48].copy_from_slice(&location.to_ne_bytes());
-    e
-}
 
 /// The HIXL status of a failed call.
 #[track_caller]
@@ -90,7 +72,7 @@ pub fn listening(mut before: impl FnMut(&Server)) -> (Server, u16) {
         let s = Server::new(
             Ipv4Addr::LOCALHOST.into(),
             port,
-            &[endpoint(Ipv4Addr::LOCALHOST)],
+            &[Endpoint::roce(Ipv4Addr::LOCALHOST.into())],
             None,
         )
         .unwrap();
@@ -114,8 +96,8 @@ pub fn client_with(port: u16, remote_ip: Ipv4Addr, config: Option<&str>) -> Clie
     let desc = ClientDesc {
         server_ip: Ipv4Addr::LOCALHOST.into(),
         server_port: port,
-        local_endpoint: endpoint(Ipv4Addr::LOCALHOST),
-        remote_endpoint: endpoint(remote_ip),
+        local_endpoint: Endpoint::roce(Ipv4Addr::LOCALHOST.into()),
+        remote_endpoint: Endpoint::roce(remote_ip.into()),
     };
     Client::new(&desc, config).unwrap()
 }

@@ -12,25 +12,15 @@ use std::io::{BufRead, Write};
 use std::net::{Ipv4Addr, TcpListener};
 
 use hixl::MemType;
-use hixl::cs::{ENDPOINT_LEN, Endpoint, Mem, Server};
+use hixl::cs::{Endpoint, Mem, Server};
 use hixl::testkit::{Rng, fnv1a};
 
 type Failure = Box<dyn std::error::Error>;
 
-/// A RoCE endpoint of `ip` on the host (`EndpointDesc`: protocol, address type and address,
-/// location at byte 44).
-pub fn endpoint(ip: Ipv4Addr) -> Endpoint {
-    let mut bytes = [0u8; ENDPOINT_LEN];
-    bytes[0..4].copy_from_slice(&1i32.to_ne_bytes());
-    bytes[8..12].copy_from_slice(&ip.octets());
-    bytes[44..48].copy_from_slice(&1i32.to_ne_bytes());
-    Endpoint { bytes }
-}
-
 pub fn cs_serve(size: usize, seed: u64) -> Result<(), Failure> {
     let mut kv = Rng::new(seed).bytes(size);
     let base = kv.as_mut_ptr();
-    let ep = [endpoint(Ipv4Addr::LOCALHOST)];
+    let ep = [Endpoint::roce(Ipv4Addr::LOCALHOST.into())];
     let mut listening = None;
     for _ in 0..50 {
         // a port free a moment ago: another process may take it first, then the next one
