@@ -292,6 +292,9 @@ macro_rules! raw_handle {
 raw_handle!(MemHandle);
 raw_handle!(Completion);
 
+static_assertions::assert_impl_all!(Server: Send, Sync);
+static_assertions::assert_impl_all!(Client: Send, Sync);
+
 /// Numbers for handles, unique in the process (multiples of 16 from 2^32: never 0, never a
 /// small integer a caller makes up, apart from the C ABI's own handle numbers).
 fn next_id() -> u64 {
