@@ -42,10 +42,6 @@ pub use server::{
     HixlCSServerUnregMem,
 };
 
-/// Most async batches a client has issued and not yet seen reported COMPLETED or FAILED
-/// (upstream's host flag queue).
-pub const MAX_HANDLES: usize = cs::MAX_HANDLES;
-
 /// `CommMem`: `{CommMemType type; void *addr; uint64_t size}` (24 bytes on LP64); the address
 /// as an integer, so the client's arrays of them are `Send`.
 #[repr(C)]

@@ -35,6 +35,40 @@
 //! [`BUILTIN_TAG`] as upstream's built-in completion flag is: here it is the published list
 //! itself (read-only to clients).
 //!
+//! ```no_run
+//! use std::net::Ipv4Addr;
+//! use std::time::Duration;
+//! use hixl::cs::{Client, ClientDesc, Endpoint, Mem, OpDesc, Server};
+//! use hixl::{MemType, TransferOp};
+//!
+//! # fn main() -> Result<(), hixl::cs::Error> {
+//! let ip = Ipv4Addr::LOCALHOST.into();
+//! let mut kv = vec![0u8; 1 << 20];
+//! let server = Server::new(ip, 26000, &[Endpoint::roce(ip)], None)?;
+//! let mem = Mem { typ: MemType::Host, addr: kv.as_mut_ptr() as usize, size: kv.len() };
+//! // SAFETY: `kv` outlives the server, and nothing reads it while clients write it.
+//! unsafe { server.register(b"kv", mem) }?;
+//! server.listen()?;
+//!
+//! let desc = ClientDesc {
+//!     server_ip: ip,
+//!     server_port: 26000,
+//!     local_endpoint: Endpoint::roce(ip),
+//!     remote_endpoint: Endpoint::roce(ip),
+//! };
+//! let client = Client::new(&desc, None)?;
+//! client.connect(Duration::from_secs(5))?;
+//! let remote = client.remote_mems(Duration::from_secs(5))?; // [built-in, kv]
+//! let mut mine = vec![7u8; 4096];
+//! let local = Mem { typ: MemType::Host, addr: mine.as_mut_ptr() as usize, size: mine.len() };
+//! // SAFETY: `mine` outlives the client, and nothing touches it during batches.
+//! unsafe { client.register(local) }?;
+//! let put = OpDesc { remote_addr: remote[1].addr, local_addr: local.addr, len: 4096 };
+//! client.batch_sync(TransferOp::Write, &[put], Duration::from_secs(5))?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The code by job: this file holds the types and what the server and the client share;
 //! `server.rs` the server (its registrations and the list it publishes); `client.rs` the
 //! client (connect, the server's list, client registrations); `batch.rs` the batches (the
