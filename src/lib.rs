@@ -129,6 +129,7 @@
 mod auth;
 mod buffers;
 pub mod compat;
+pub mod cs;
 pub mod datadist;
 
 mod device;
@@ -142,6 +143,11 @@ mod metrics;
 mod notify;
 mod options;
 mod process;
+// A published table (the header, the seqlock, the fetch with retry) that LLM-DataDist and HIXL-CS
+// share: public for the fuzz targets of their codecs, hidden from the docs and not part of the
+// semver surface.
+#[doc(hidden)]
+pub mod published;
 mod request;
 mod runtime;
 // The engine's state graph for the `typestate` crate's checks: test support (feature `testkit`).

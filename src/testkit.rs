@@ -39,15 +39,8 @@ impl Rng {
     }
 }
 
-/// FNV-1a over `data`, to compare memory across processes.
-pub fn fnv1a(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in data {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+/// FNV-1a over bytes, to compare memory across processes (the published tables' checksum).
+pub use crate::published::fnv1a;
 
 /// Builds the ACL/HCCL ABI test double (`tests/ascend_double/double.c`, compiled with the
 /// system `cc`) into `dir` and returns the path of the shared library, for tests that run the

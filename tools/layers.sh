@@ -14,8 +14,10 @@
 #                 connects, serve/, revoke/, transports.rs), src/options.rs (the engine's
 #                 configuration), src/buffers.rs (HostBuffer), src/metrics.rs, src/notify.rs
 #    3 api        src/lib.rs, src/engine/, src/link.rs, src/memory.rs,
-#                 src/request.rs, src/compat/, src/datadist/ (LLM-DataDist, over compat),
-#                 src/spec.rs, src/testkit.rs, src/bin/
+#                 src/request.rs, src/compat/, src/spec.rs, src/bin/
+#    4 products   src/datadist/ (LLM-DataDist), src/cs/ (HIXL-CS: client, server, memory list),
+#                 both over compat; src/published.rs (the published table they share: header,
+#                 seqlock, fetch with retry); src/testkit.rs (test support, over everything)
 #    A root path (`crate::Name`, `crate::function`: a re-export of lib.rs) is api. A file, or a
 #    module of lib.rs, that is in no layer fails the check: place it in this list and in
 #    `file_layer`/`path_layer` below.
@@ -60,8 +62,9 @@ file_layer() {
     src/runtime/* | src/options.rs | src/buffers.rs | src/metrics.rs | src/notify.rs)
       echo "2 runtime" ;;
     src/lib.rs | src/engine/* | src/link.rs | src/memory.rs | src/request.rs \
-      | src/compat/* | src/datadist/* | src/spec.rs | src/testkit.rs | src/bin/*)
+      | src/compat/* | src/spec.rs | src/bin/*)
       echo "3 api" ;;
+    src/datadist/* | src/cs/* | src/published.rs | src/testkit.rs) echo "4 products" ;;
     *) echo "- none" ;;
   esac
 }
@@ -80,7 +83,8 @@ path_layer() {
         *) echo "1 transport" ;;
       esac ;;
     runtime | options | buffers | metrics | notify) echo "2 runtime" ;;
-    engine | link | memory | request | compat | datadist | spec | testkit) echo "3 api" ;;
+    engine | link | memory | request | compat | spec) echo "3 api" ;;
+    datadist | cs | published | testkit) echo "4 products" ;;
     *)
       # a module of lib.rs this list does not place; anything else is a root item (api)
       if grep -qxE "(pub(\([a-z]+\))? )?mod $a;" src/lib.rs; then echo "- none"; else echo "3 api"; fi ;;
@@ -293,6 +297,8 @@ self_test() {
   fresh; plant src/transport/mod.rs 'fn planted(_: &crate::options::Options) {}'
   expect_fail "rule 1: the transport layer importing the runtime" \
     "src/transport/mod.rs -> crate::options"
+  fresh; plant src/compat/mod.rs 'use crate::published::Format;'
+  expect_fail "rule 1: a face importing a product" "src/compat/mod.rs -> crate::published"
   # rule 2
   fresh; plant src/transport/same_host/backend.rs 'use crate::transport::ucx::UcxBackend;'
   expect_fail "rule 2: same_host importing ucx" \

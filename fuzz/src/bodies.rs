@@ -7,6 +7,7 @@
 //! main crate, run by `cargo test`): an input a fuzzer found goes into `fuzz/corpus/<target>/` and
 //! is a regression test from then on. Only `hixl`'s public API is used.
 
+use hixl::cs::list as cs_list;
 use hixl::wire::{self, DeviceInfo, FabricInfo, Hello, Kind, Refuse, UcxInfo, Welcome};
 
 /// A target's body.
@@ -378,36 +379,36 @@ pub fn serve_handshake(data: &[u8]) {
     }
 }
 
-/// The HIXL-CS server's memory list codec (`hixl-capi/src/cs/table.rs`), compiled in from its
-/// source: `hixl-capi` is a C library only (a cdylib), and the file uses nothing but `std`.
-#[path = "../../hixl-capi/src/cs/table.rs"]
-#[allow(dead_code)]
-mod cs_table;
-
-/// The HIXL-CS server's memory list, which a client READs one-sidedly from the server's memory
-/// (so a peer writes every byte of it): the bytes as the whole region (a header, then the
-/// payload it announces, whatever its checksum) and as a bare payload. What decodes holds its
-/// limits (counts, memory types, non-empty ranges without overflow, tags without a NUL) and
-/// re-encodes to the same bytes.
+/// The HIXL-CS server's memory list (`hixl::cs::list`, a published table:
+/// `hixl::published`), which a client READs one-sidedly from the server's memory (so a peer
+/// writes every byte of it): the bytes as the whole region (a header, then the payload it
+/// announces, whatever its checksum; and opened, checksum checked) and as a bare payload. What
+/// decodes holds its limits (counts, memory types, non-empty ranges without overflow, tags
+/// without a NUL) and re-encodes to the same bytes.
 pub fn cs_list(data: &[u8]) {
-    if let Ok((_version, len, _sum)) = cs_table::decode_header(data) {
-        assert!(len <= cs_table::TABLE_LEN - cs_table::HEADER_LEN);
-        if let Some(p) = data.get(cs_table::HEADER_LEN..cs_table::HEADER_LEN + len) {
+    use hixl::published::HEADER_LEN;
+    let format = cs_list::FORMAT;
+    if let Ok(h) = format.decode_header(data) {
+        assert!(h.len <= format.max_payload() && h.version % 2 == 0);
+        if let Some(p) = data.get(HEADER_LEN..HEADER_LEN + h.len) {
             cs_list_payload(p);
         }
+    }
+    if let Ok(p) = format.open(data) {
+        assert_eq!(format.decode_header(data).map(|h| h.len), Ok(p.len()));
     }
     cs_list_payload(data);
 }
 
 fn cs_list_payload(p: &[u8]) {
-    let Ok(t) = cs_table::decode_payload(p) else {
+    let Ok(t) = cs_list::decode_payload(p) else {
         return;
     };
-    assert!(t.endpoints.len() <= cs_table::MAX_ENDPOINTS && t.mems.len() <= cs_table::MAX_MEMS);
+    assert!(t.endpoints.len() <= cs_list::MAX_ENDPOINTS && t.mems.len() <= cs_list::MAX_MEMS);
     for m in &t.mems {
         assert!(m.typ == 0 || m.typ == 1, "memory type {}", m.typ);
         assert!(m.size > 0 && m.addr.checked_add(m.size).is_some());
-        assert!(m.tag.len() <= cs_table::MAX_TAG && !m.tag.contains(&0));
+        assert!(m.tag.len() <= cs_list::MAX_TAG && !m.tag.contains(&0));
     }
     assert_eq!(t.payload_len(), p.len());
     assert_eq!(t.encode_payload(), p);
@@ -417,15 +418,9 @@ fn cs_list_payload(p: &[u8]) {
 /// as the server writes it, then the payload) and bare payloads, an empty list, and truncated
 /// ones. `tests/fuzz_corpus.rs` writes them (`HIXL_WRITE_FUZZ_SEEDS=1`).
 pub fn cs_list_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use cs_table::{ENDPOINT_LEN, HEADER_LEN, MAGIC, Mem, Table, fnv1a};
-    let region = |p: &[u8]| {
-        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
-        for w in [MAGIC, 2, p.len() as u64, fnv1a(p)] {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.extend_from_slice(p);
-        out
-    };
+    use cs_list::{ENDPOINT_LEN, Entry as Mem, FORMAT, Table};
+    use hixl::published::HEADER_LEN;
+    let region = |p: &[u8]| FORMAT.image(2, p);
     let mut endpoint = [0u8; ENDPOINT_LEN];
     endpoint[..4].copy_from_slice(&1i32.to_ne_bytes()); // RoCE
     endpoint[8..12].copy_from_slice(&[127, 0, 0, 1]);

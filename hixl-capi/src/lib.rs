@@ -163,20 +163,7 @@ fn fail(e: compat::Error) -> Fail {
 /// own error there (`HIXL_CHK_ACL_RET` / `ADXL_CHK_ACL_RET` on `aclrtGetDevice`: 107002
 /// `ACL_ERROR_RT_CONTEXT_NULL` on a thread with no device); any other failure as [`fail`].
 pub(crate) fn start_fail(e: compat::Error) -> Fail {
-    use std::error::Error as _;
-    let acl = e
-        .source()
-        .and_then(|s| s.downcast_ref::<hixl_rs::Error>())
-        .and_then(|t| match t {
-            hixl_rs::Error::Native {
-                library: "acl",
-                call: "aclrtGetDevice",
-                code,
-                ..
-            } => u32::try_from(*code).ok(),
-            _ => None,
-        });
-    match acl {
+    match e.acl_start_code() {
         Some(code) => (code, e.message().to_owned()),
         None => fail(e),
     }

@@ -37,6 +37,21 @@ impl Error {
     pub fn message(&self) -> &str {
         &self.message
     }
+    /// ACL's own error code when the engine could not read its device as it started
+    /// (`aclrtGetDevice` failed: 107002 `ACL_ERROR_RT_CONTEXT_NULL` on a thread with no device),
+    /// which HIXL, ADXL and HIXL-CS return as it is (`HIXL_CHK_ACL_RET` on `aclrtGetDevice`);
+    /// `None` for any other failure.
+    pub fn acl_start_code(&self) -> Option<u32> {
+        match self.source.as_deref()? {
+            crate::Error::Native {
+                library: "acl",
+                call: "aclrtGetDevice",
+                code,
+                ..
+            } => u32::try_from(*code).ok(),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Error {

@@ -1,23 +1,22 @@
 //! The cache table: what an LLM-DataDist instance publishes of its caches, for peers to fetch
-//! once per link (a one-sided READ of the read-only region it lives in; see `core.rs`). Its
-//! bytes come from the peer: the decoder checks every count and length against the bytes there
-//! are before it reads them, and never panics.
+//! once per link (a one-sided READ of the read-only region it lives in; see `core.rs`). It is a
+//! published table ([`crate::published`]: the header, the seqlock, the fetch with retry); this
+//! file is its payload's codec. Its bytes come from the peer: the decoder checks every count
+//! and length against the bytes there are before it reads them, and never panics.
 //!
-//! Layout (little-endian): a header `{u64 magic "HXLCTBL2"; u64 version (odd while it is being
-//! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload `{u32 caches;
-//! u32 keys; caches × {i64 cache_id; u32 kind; u32 placement; u32 num_tensors; u32 zero; u64
-//! tensor_size; u64 stride; u64 count; u64 address × num_tensors}; keys × {i64 cache_id; u64
+//! Payload (little-endian, after the published table's header with the magic "HXLCTBL2"): `{u32
+//! caches; u32 keys; caches × {i64 cache_id; u32 kind; u32 placement; u32 num_tensors; u32 zero;
+//! u64 tensor_size; u64 stride; u64 count; u64 address × num_tensors}; keys × {i64 cache_id; u64
 //! req_id; u64 model_id; u64 batch}}` (a key names one batch of its cache: several keys, one per
 //! request, share a cache of batches).
 
 use super::types::{CacheKind, Placement};
+use crate::published::Format;
 
 /// The table's region: at most this many bytes, header included.
 pub(crate) const TABLE_LEN: usize = 1 << 20;
-/// The header's bytes.
-pub(crate) const HEADER_LEN: usize = 32;
-/// The header's magic ("HXLCTBL2": keys carry their batch).
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"HXLCTBL2");
+/// The cache table as a published table ("HXLCTBL2": keys carry their batch).
+pub(crate) const FORMAT: Format = Format::new(*b"HXLCTBL2", TABLE_LEN);
 /// Most tensors one cache has.
 pub(crate) const MAX_TENSORS: u32 = 1 << 16;
 
@@ -54,29 +53,10 @@ pub(crate) struct Table {
     pub keys: Vec<Key>,
 }
 
-/// Why a table's bytes were refused.
+/// Why a table's payload was refused: a length or count beyond the bytes, a bad value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum TableError {
-    /// Not a cache table (its magic).
-    #[error("not a cache table (magic {0:#018x})")]
-    Magic(u64),
-    /// It was being rewritten when it was read (an odd version), or changed meanwhile.
-    #[error("the table changed while it was read")]
-    Torn,
-    /// A length or count beyond the bytes, a checksum that does not match, a bad value.
-    #[error("malformed cache table: {0}")]
-    Malformed(&'static str),
-}
-
-/// FNV-1a over `bytes`.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+#[error("malformed cache table: {0}")]
+pub(crate) struct Malformed(pub &'static str);
 
 impl Table {
     /// The payload's bytes.
@@ -106,65 +86,34 @@ impl Table {
         out
     }
 
-    /// The payload length and checksum `header` states, checked: `Err` for another magic or
-    /// a version that says it is being rewritten.
-    pub(crate) fn decode_header(header: &[u8]) -> Result<(u64, usize, u64), TableError> {
-        let w = |i: usize| -> Result<u64, TableError> {
-            let b = header
-                .get(i * 8..i * 8 + 8)
-                .ok_or(TableError::Malformed("a header of 32 bytes"))?;
-            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        };
-        let magic = w(0)?;
-        if magic != MAGIC {
-            return Err(TableError::Magic(magic));
-        }
-        let version = w(1)?;
-        if version % 2 == 1 {
-            return Err(TableError::Torn);
-        }
-        let len = w(2)?;
-        if len > (TABLE_LEN - HEADER_LEN) as u64 {
-            return Err(TableError::Malformed("a payload longer than the table"));
-        }
-        Ok((version, len as usize, w(3)?))
-    }
-
-    /// Decodes a payload whose header said `sum`.
-    pub(crate) fn decode_payload(p: &[u8], sum: u64) -> Result<Table, TableError> {
-        if fnv1a(p) != sum {
-            return Err(TableError::Torn);
-        }
+    /// Decodes a payload (its checksum checked already: [`Format::fetch`], [`Format::open`]).
+    pub(crate) fn decode_payload(p: &[u8]) -> Result<Table, Malformed> {
         let mut r = Reader { p, at: 0 };
         let caches = r.u32()?;
         let keys = r.u32()?;
         // every entry takes at least 48 bytes and every key 32: counts beyond the bytes fail
         // here, before anything is allocated for them
         if u64::from(caches) * 48 + u64::from(keys) * 32 > p.len() as u64 {
-            return Err(TableError::Malformed("more entries than bytes"));
+            return Err(Malformed("more entries than bytes"));
         }
         let mut entries = Vec::with_capacity(caches as usize);
         for _ in 0..caches {
             let cache_id = r.u64()? as i64;
-            let kind =
-                CacheKind::from_value(r.u32()?).ok_or(TableError::Malformed("a cache kind"))?;
-            let placement =
-                Placement::from_value(r.u32()?).ok_or(TableError::Malformed("a placement"))?;
+            let kind = CacheKind::from_value(r.u32()?).ok_or(Malformed("a cache kind"))?;
+            let placement = Placement::from_value(r.u32()?).ok_or(Malformed("a placement"))?;
             let n = r.u32()?;
             if n == 0 || n > MAX_TENSORS {
-                return Err(TableError::Malformed("a tensor count"));
+                return Err(Malformed("a tensor count"));
             }
             if r.u32()? != 0 {
-                return Err(TableError::Malformed("a reserved word"));
+                return Err(Malformed("a reserved word"));
             }
             let (tensor_size, stride, count) = (r.u64()?, r.u64()?, r.u64()?);
             if stride == 0 || stride.checked_mul(count) != Some(tensor_size) {
-                return Err(TableError::Malformed(
-                    "a stride that does not divide the tensor",
-                ));
+                return Err(Malformed("a stride that does not divide the tensor"));
             }
             if u64::from(n) * 8 > r.left() as u64 {
-                return Err(TableError::Malformed("more addresses than bytes"));
+                return Err(Malformed("more addresses than bytes"));
             }
             let mut addrs = Vec::with_capacity(n as usize);
             for _ in 0..n {
@@ -172,7 +121,7 @@ impl Table {
                 // addresses overflows
                 let a = r.u64()?;
                 if a.checked_add(tensor_size).is_none() {
-                    return Err(TableError::Malformed("a tensor past the end of memory"));
+                    return Err(Malformed("a tensor past the end of memory"));
                 }
                 addrs.push(a);
             }
@@ -196,7 +145,7 @@ impl Table {
             });
         }
         if r.left() != 0 {
-            return Err(TableError::Malformed("bytes after the keys"));
+            return Err(Malformed("bytes after the keys"));
         }
         Ok(Table { entries, keys: ks })
     }
@@ -208,26 +157,20 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], TableError> {
+    fn take(&mut self, n: usize) -> Result<&[u8], Malformed> {
         let b = self
             .p
-            .get(
-                self.at
-                    ..self
-                        .at
-                        .checked_add(n)
-                        .ok_or(TableError::Malformed("a length"))?,
-            )
-            .ok_or(TableError::Malformed("a table cut short"))?;
+            .get(self.at..self.at.checked_add(n).ok_or(Malformed("a length"))?)
+            .ok_or(Malformed("a table cut short"))?;
         self.at += n;
         Ok(b)
     }
-    fn u32(&mut self) -> Result<u32, TableError> {
+    fn u32(&mut self) -> Result<u32, Malformed> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn u64(&mut self) -> Result<u64, TableError> {
+    fn u64(&mut self) -> Result<u64, Malformed> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
@@ -239,11 +182,8 @@ impl Reader<'_> {
 
 /// Decodes a whole table image (header and payload), as a fuzzer feeds it.
 pub fn decode(bytes: &[u8]) -> Result<(), String> {
-    let (_, len, sum) = Table::decode_header(bytes).map_err(|e| e.to_string())?;
-    let p = bytes
-        .get(HEADER_LEN..HEADER_LEN + len)
-        .ok_or("a payload cut short")?;
-    Table::decode_payload(p, sum)
+    let p = FORMAT.open(bytes).map_err(|e| e.to_string())?;
+    Table::decode_payload(p)
         .map(drop)
         .map_err(|e| e.to_string())
 }
@@ -284,27 +224,17 @@ mod tests {
     }
 
     fn image(t: &Table, version: u64) -> Vec<u8> {
-        let p = t.encode_payload();
-        let mut out = Vec::new();
-        for w in [MAGIC, version, p.len() as u64, fnv1a(&p)] {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.extend_from_slice(&p);
-        out
+        FORMAT.image(version, &t.encode_payload())
     }
 
     #[test]
     fn round_trip_and_every_truncation_or_flip_is_refused_or_decodes() {
         let t = sample();
         let img = image(&t, 2);
-        let (_, len, sum) = Table::decode_header(&img).unwrap();
+        assert_eq!(Table::decode_payload(FORMAT.open(&img).unwrap()), Ok(t));
         assert_eq!(
-            Table::decode_payload(&img[HEADER_LEN..HEADER_LEN + len], sum),
-            Ok(t)
-        );
-        assert_eq!(
-            Table::decode_header(&image(&sample(), 3)),
-            Err(TableError::Torn)
+            decode(&image(&sample(), 3)),
+            Err("the table is being rewritten".to_owned())
         );
         for cut in 0..img.len() {
             assert!(decode(&img[..cut]).is_err(), "cut at {cut}");
@@ -314,7 +244,7 @@ mod tests {
             let mut bad = img.clone();
             bad[i] ^= 0x41;
             let _ = decode(&bad); // never panics
-            if i >= HEADER_LEN {
+            if i >= crate::published::HEADER_LEN {
                 assert!(decode(&bad).is_err(), "flip at {i}");
             }
         }
@@ -340,8 +270,8 @@ mod tests {
         p.extend_from_slice(&u32::MAX.to_le_bytes());
         p.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(
-            Table::decode_payload(&p, fnv1a(&p)),
-            Err(TableError::Malformed("more entries than bytes"))
+            Table::decode_payload(&p),
+            Err(Malformed("more entries than bytes"))
         );
     }
 }

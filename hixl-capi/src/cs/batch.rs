@@ -1,45 +1,29 @@
-//! HIXL-CS batches: PUT (a WRITE) and GET (a READ), sync and async; completion handles (at
-//! most [`MAX_HANDLES`] unqueried); the latch a failed or timed-out batch sets.
+//! The client's batches: `HixlCSClientBatch*` and `HixlCSClientQueryCompleteStatus` over
+//! [`cs::Client`]'s.
 
 use std::ffi::c_void;
 
-use hixl_rs::compat::{self, TransferStatus};
-use hixl_rs::{Status, TransferOp};
+use hixl_rs::{TransferOp, cs};
 
-use super::client::ClientState;
-use super::{
-    HixlOneSideOpDesc, MAX_HANDLES, TIMEOUT, clients, cs_fail, failed, lock, lookup, millis,
-    next_handle,
-};
+use super::{HixlOneSideOpDesc, clients, fail, handle, lookup, millis};
 use crate::{R, entry, invalid, put};
 
-impl ClientState {
-    /// Latches the client on a failed or timed-out batch.
-    fn after(&mut self, r: R<()>) -> R<()> {
-        if let Err((code, _)) = &r
-            && *code != Status::PARAM_INVALID.code()
-            && *code != Status::RESOURCE_EXHAUSTED.code()
-        {
-            self.latched = true;
-        }
-        r
-    }
-}
-
+/// The batch as the library's descriptors.
+///
 /// # Safety
 /// `desc_list` is null or `list_num` descriptors.
-unsafe fn batch_descs<'a>(
-    list_num: u32,
-    desc_list: *const HixlOneSideOpDesc,
-) -> R<&'a [HixlOneSideOpDesc]> {
-    if list_num == 0 {
-        return Err(invalid("list_num is 0"));
-    }
-    if desc_list.is_null() {
-        return Err(invalid("desc_list is null"));
-    }
-    // SAFETY: the caller's contract.
-    unsafe { crate::slice(desc_list, list_num as usize, "desc_list") }
+unsafe fn descs(list_num: u32, desc_list: *const HixlOneSideOpDesc) -> R<Vec<cs::OpDesc>> {
+    // SAFETY: the caller's contract (none is read when `list_num` is 0: the library refuses
+    // an empty batch).
+    let list = unsafe { crate::slice(desc_list, list_num as usize, "desc_list") }?;
+    Ok(list
+        .iter()
+        .map(|d| cs::OpDesc {
+            remote_addr: d.remote_buf as u64,
+            local_addr: d.local_buf as usize,
+            len: d.len,
+        })
+        .collect())
 }
 
 /// # Safety
@@ -57,38 +41,10 @@ unsafe fn batch_async(
             return Err(invalid("complete_handle is null"));
         }
         // SAFETY: the caller's contract.
-        let descs = unsafe { batch_descs(list_num, desc_list) }?;
-        let mut st = lock(&c.state);
-        if st.latched {
-            return Err(failed(
-                "an earlier batch failed or timed out: destroy the client and create it again",
-            ));
-        }
-        let descs = st.descs(descs)?;
-        if st.handles.len() >= MAX_HANDLES {
-            return Err((
-                Status::RESOURCE_EXHAUSTED.code(),
-                format!("{MAX_HANDLES} async batches are not yet reported COMPLETED or FAILED"),
-            ));
-        }
-        let r = st
-            .engine
-            .transfer_async(&st.remote, op, &descs, compat::TransferArgs::default())
-            .map_err(cs_fail);
-        let req = match r {
-            Ok(req) => req,
-            Err(e) => return st.after(Err(e)),
-        };
-        let h = next_handle();
-        st.handles.insert(h, req);
+        let descs = unsafe { descs(list_num, desc_list) }?;
+        let h = c.client.batch_async(op, &descs).map_err(fail)?;
         // SAFETY: checked not null, writable by the caller's contract.
-        unsafe {
-            put(
-                complete_handle,
-                h as usize as *mut c_void,
-                "complete_handle",
-            )
-        }
+        unsafe { put(complete_handle, handle(h.into_raw()), "complete_handle") }
     })
 }
 
@@ -104,22 +60,10 @@ unsafe fn batch_sync(
     entry(|| {
         let c = lookup(clients(), client_handle, "client")?;
         // SAFETY: the caller's contract.
-        let descs = unsafe { batch_descs(list_num, desc_list) }?;
-        let mut st = lock(&c.state);
-        if st.latched {
-            return Err(failed(
-                "an earlier batch failed or timed out: destroy the client and create it again",
-            ));
-        }
-        let descs = st.descs(descs)?;
-        if timeout_ms == 0 {
-            return st.after(Err((TIMEOUT, "timeout_ms is 0".into())));
-        }
-        let r = st
-            .engine
-            .transfer_sync(&st.remote, op, &descs, millis(timeout_ms))
-            .map_err(cs_fail);
-        st.after(r)
+        let descs = unsafe { descs(list_num, desc_list) }?;
+        (c.client)
+            .batch_sync(op, &descs, millis(timeout_ms))
+            .map_err(fail)
     })
 }
 
@@ -230,26 +174,10 @@ pub unsafe extern "C" fn HixlCSClientQueryCompleteStatus(
         if complete_status.is_null() {
             return Err(invalid("complete_status is null"));
         }
-        let mut st = lock(&c.state);
-        let key = complete_handle as usize as u64;
-        let Some(&req) = st.handles.get(&key) else {
-            return Err(invalid(format!(
-                "{complete_handle:p} is not a live completion handle of this client (never \
-                 issued, or already reported COMPLETED or FAILED)"
-            )));
-        };
-        let s = match st.engine.get_transfer_status(req) {
-            Ok(TransferStatus::Waiting) => 0,
-            Ok(TransferStatus::Completed) => 1,
-            Ok(_) | Err(_) => 3,
-        };
-        if s != 0 {
-            st.handles.remove(&key);
-        }
-        if s == 3 {
-            st.latched = true;
-        }
+        let s = (c.client)
+            .query(cs::Completion::from_raw(complete_handle as u64))
+            .map_err(fail)?;
         // SAFETY: checked not null, writable by the caller's contract.
-        unsafe { put(complete_status, s, "complete_status") }
+        unsafe { put(complete_status, s as i32, "complete_status") }
     })
 }

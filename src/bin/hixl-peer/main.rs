@@ -15,6 +15,8 @@
 //! hixl-peer withhold-flush DIR   (a FUSE file whose closes never end; withhold.rs)
 //! hixl-peer datadist-serve [--cluster ID] [--tensors N] [--blocks N] [--block BYTES] [--seed N] [--model ID]
 //!                          (an LLM-DataDist prompt cluster with one blocks cache; see datadist.rs)
+//! hixl-peer cs-serve [--size BYTES] [--seed N]
+//!                          (a HIXL-CS server with one seeded host region; see cs.rs)
 //! ```
 //!
 //! The command line is clap's (`hixl-peer --help`, `hixl-peer COMMAND --help`): flags in any
@@ -71,6 +73,7 @@
 //! do), and prints `PIDREUSE <write result> <decoy unchanged after it> <pid write reached the
 //! decoy>`, or `SKIP <why>` when the kernel would not reuse the pid.
 
+mod cs;
 mod datadist;
 mod forge;
 mod probes;
@@ -192,6 +195,15 @@ enum Cli {
     Norandom,
     /// An LLM-DataDist prompt cluster (the typed layer) with one seeded blocks cache
     DatadistServe(datadist::Args),
+    /// A HIXL-CS server with one seeded host region tagged `kv` (see cs.rs)
+    CsServe {
+        /// Bytes of the region
+        #[arg(long, default_value_t = 1 << 20)]
+        size: usize,
+        /// The testkit::Rng seed of its bytes
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// A hostile server naming its client's own process as itself (see forge.rs)
     ForgeServer,
     /// A FUSE file system of one file whose FLUSHes are held (see withhold.rs; as root)
@@ -336,6 +348,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Cli::Norandom => norandom(),
         Cli::DatadistServe(a) => datadist::datadist_serve(a),
+        Cli::CsServe { size, seed } => cs::cs_serve(size, seed),
         Cli::UcxClient { name, psk } => ucx_client(&name, &psk),
         Cli::ForgeServer => forge::forge_server(),
         Cli::WithholdFlush { dir } => withhold::withhold_flush(&dir),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::uses::InUse;
 use super::{DataDist, LocalCache, Pool};
 use crate::compat;
-use crate::datadist::table::{self, Entry, HEADER_LEN, Key, TABLE_LEN, Table};
+use crate::datadist::table::{self, Entry, FORMAT, Key, Table};
 use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Placement, Result};
 use crate::sync::lock;
 
@@ -141,7 +141,7 @@ impl DataDist {
                 .chain(keys.iter().map(|k| key(new.cache_id, k)))
                 .collect(),
         };
-        if t.encode_payload().len() > TABLE_LEN - HEADER_LEN {
+        if t.encode_payload().len() > FORMAT.max_payload() {
             return Err(Error::new(
                 LlmStatus::LLM_OUT_OF_MEMORY,
                 "the caches do not fit the cache table (1 MiB)",
@@ -308,33 +308,16 @@ impl DataDist {
                 .collect(),
         };
         let payload = t.encode_payload();
-        if payload.len() > TABLE_LEN - HEADER_LEN {
-            return Err(Error::new(
+        let base = live.table.as_ptr();
+        // SAFETY: the table's region is FORMAT's region_len bytes, alive while `live` is (the
+        // state lock is held), and written only here, under the caches lock; peers READ it
+        // meanwhile (raw bytes, never a reference).
+        unsafe { caches.publisher.publish(&FORMAT, base, &payload) }.map_err(|_| {
+            Error::new(
                 LlmStatus::LLM_OUT_OF_MEMORY,
                 "the caches do not fit the cache table (1 MiB)",
-            ));
-        }
-        let base = live.table.as_ptr();
-        let word = |i: usize, v: u64| {
-            // SAFETY: the table's region is TABLE_LEN bytes, alive while `live` is (the state
-            // lock is held); peers READ it meanwhile (raw bytes, never a reference), which the
-            // odd version and the checksum make them retry.
-            unsafe { std::ptr::write_volatile(base.add(i * 8).cast::<[u8; 8]>(), v.to_le_bytes()) }
-        };
-        caches.version += 1;
-        word(1, caches.version); // odd: being written
-        std::sync::atomic::fence(Ordering::SeqCst);
-        // SAFETY: as above; the payload fits the region (checked).
-        unsafe {
-            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.add(HEADER_LEN), payload.len())
-        };
-        word(0, table::MAGIC);
-        word(2, payload.len() as u64);
-        word(3, table::fnv1a(&payload));
-        std::sync::atomic::fence(Ordering::SeqCst);
-        caches.version += 1;
-        word(1, caches.version);
-        Ok(())
+            )
+        })
     }
 }
 

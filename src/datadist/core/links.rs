@@ -11,11 +11,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::{DataDist, Inbound, MAX_LINKS, PeerLink, last_failure, not_initialized, set_device};
+use crate::TransferOp;
 use crate::compat::{self, NotifyDesc, TransferOpDesc};
-use crate::datadist::table::{self, HEADER_LEN, TABLE_LEN, Table};
+use crate::datadist::table::{FORMAT, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
+use crate::published::FetchError;
 use crate::sync::lock;
-use crate::{Access, MemType, TransferOp};
 
 /// The notification a cluster sends on a link it made: `"<its cluster id> <ip:port it listens on>"`.
 pub(super) const LINK_NOTE: &str = "hixl.datadist.link";
@@ -359,65 +360,50 @@ impl DataDist {
         self.peer(engine, cluster)
     }
 
-    /// READs `remote`'s cache table: its header, then the whole table; retried while it is
-    /// being rewritten.
+    /// READs `remote`'s cache table (a published table: [`FORMAT`]'s fetch, retried while it
+    /// is being rewritten) from the first region of the link's table that holds one.
     fn fetch_table(&self, engine: &compat::Hixl, remote: &str) -> Result<Table> {
         let regions = engine.remote_regions(remote)?;
-        let candidates: Vec<_> = regions
-            .iter()
-            .filter(|r| {
-                r.access == Access::Read && r.mem_type == MemType::Host && r.len == TABLE_LEN as u64
-            })
-            .collect();
         let (timeout, download) = {
             let s = lock(&self.state);
             let l = s.as_ref().ok_or_else(not_initialized)?;
             (
                 l.config.sync_timeout_ms,
-                (l.download.addr(), l.download.as_ptr()),
+                (l.download.addr(), l.download.as_ptr(), l.download.len()),
             )
         };
         let _one = lock(&self.fetch);
-        let read = |addr: u64, len: usize| -> Result<Vec<u8>> {
-            let d = TransferOpDesc {
-                local_addr: download.0,
-                remote_addr: addr as usize,
-                len,
-            };
-            engine.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;
-            let mut v = vec![0u8; len];
-            // SAFETY: the download buffer holds TABLE_LEN >= len bytes and is alive while the
-            // instance is (this call holds the engine); only this instance's READs write it,
-            // one at a time (`fetch`), and that READ returned.
-            unsafe { std::ptr::copy_nonoverlapping(download.1, v.as_mut_ptr(), len) };
-            Ok(v)
-        };
         let mut why = String::from("the peer publishes no cache table");
-        for r in candidates {
-            for _ in 0..8 {
-                let header = read(r.addr, HEADER_LEN)?;
-                let (version, len, _) = match Table::decode_header(&header) {
-                    Ok(h) => h,
-                    Err(table::TableError::Torn) => continue,
-                    Err(e) => {
-                        why = e.to_string();
-                        break;
-                    }
-                };
-                let img = read(r.addr, HEADER_LEN + len)?;
-                match Table::decode_header(&img) {
-                    Ok((v, l, sum)) if v == version && l == len => {
-                        match Table::decode_payload(&img[HEADER_LEN..], sum) {
-                            Ok(t) => return Ok(t),
-                            Err(table::TableError::Torn) => continue,
-                            Err(e) => {
-                                why = e.to_string();
-                                break;
-                            }
-                        }
-                    }
-                    _ => continue,
+        for r in regions
+            .iter()
+            .filter(|r| FORMAT.is_region(r.access, r.mem_type, r.len))
+        {
+            let read = |buf: &mut [u8]| -> Result<()> {
+                if buf.len() > download.2 {
+                    return Err(Error::new(
+                        LlmStatus::LLM_FAILED,
+                        "a READ past the download buffer",
+                    ));
                 }
+                let d = TransferOpDesc {
+                    local_addr: download.0,
+                    remote_addr: r.addr as usize,
+                    len: buf.len(),
+                };
+                engine.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;
+                // SAFETY: the download buffer holds buf.len() bytes (checked) and is alive
+                // while the instance is (this call holds the engine); only this instance's
+                // READs write it, one at a time (`fetch`), and that READ returned.
+                unsafe { std::ptr::copy_nonoverlapping(download.1, buf.as_mut_ptr(), buf.len()) };
+                Ok(())
+            };
+            match FORMAT.fetch(read) {
+                Ok(p) => match Table::decode_payload(&p) {
+                    Ok(t) => return Ok(t),
+                    Err(e) => why = e.to_string(),
+                },
+                Err(FetchError::Read(e)) => return Err(e),
+                Err(e) => why = e.to_string(),
             }
         }
         Err(Error::new(

@@ -90,8 +90,8 @@ struct Caches {
     by_id: BTreeMap<i64, LocalCache>,
     /// The memory pools (`register_pool`): registered once, for caches carved from them.
     pools: Vec<Pool>,
-    /// The table's version (even: complete).
-    version: u64,
+    /// The published table's writer (its version).
+    publisher: crate::published::Publisher,
 }
 
 /// A memory pool: one engine registration that caches inside it share.

@@ -5,7 +5,7 @@
 
 /// A JSON value, as far as the config needs it.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Value {
+pub(super) enum Value {
     Num(f64),
     Str(String),
     Bool(bool),
@@ -16,7 +16,7 @@ pub(crate) enum Value {
 
 /// Parses a JSON object into its top-level `(key, value)` pairs; `Err` for anything that is not
 /// one JSON object (nesting at most 64 deep).
-pub(crate) fn parse_object(text: &str) -> Result<Vec<(String, Value)>, String> {
+pub(super) fn parse_object(text: &str) -> Result<Vec<(String, Value)>, String> {
     let mut p = Parser {
         b: text.as_bytes(),
         i: 0,
@@ -192,7 +192,7 @@ impl Parser<'_> {
 
 /// Which side reads the config (the keys each side takes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
+pub(super) enum Side {
     Server,
     Client,
 }
@@ -213,7 +213,7 @@ fn int(key: &str, v: &Value, lo: u64, hi: u64) -> Result<u64, String> {
 /// starting with `hixl.` (a hixl extension; upstream reads no such key) are options of the
 /// engine under the server or client (`"hixl.SameHost": "off"`, ...), returned as strings and
 /// checked by the engine's option parser; other keys are not read.
-pub(crate) fn check(text: Option<&str>, side: Side) -> Result<Vec<(String, String)>, String> {
+pub(super) fn check(text: Option<&str>, side: Side) -> Result<Vec<(String, String)>, String> {
     let mut engine = Vec::new();
     let Some(text) = text.filter(|t| !t.is_empty()) else {
         return Ok(engine);
@@ -226,7 +226,7 @@ pub(crate) fn check(text: Option<&str>, side: Side) -> Result<Vec<(String, Strin
                 Value::Bool(b) => if b { "1" } else { "0" }.to_owned(),
                 _ => return Err(format!("{k} must be a string, an integer or a boolean")),
             };
-            hixl_rs::Options::from_pairs([(k.as_str(), v.as_str())])
+            crate::Options::from_pairs([(k.as_str(), v.as_str())])
                 .map_err(|e| format!("{k}: {e}"))?;
             engine.push((k, v));
             continue;
@@ -249,9 +249,14 @@ pub(crate) fn check(text: Option<&str>, side: Side) -> Result<Vec<(String, Strin
 
 /// The client's RDMA environment as upstream reads it: `HCCL_RDMA_RETRY_CNT` (1..=7) and
 /// `HCCL_RDMA_TIMEOUT` (5..=20), when set.
-pub(crate) fn check_env() -> Result<(), String> {
+pub(super) fn check_env() -> Result<(), String> {
+    check_env_of(|name| std::env::var_os(name))
+}
+
+/// [`check_env`] over the environment `var` reads.
+fn check_env_of(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<(), String> {
     for (name, lo, hi) in [("HCCL_RDMA_RETRY_CNT", 1, 7), ("HCCL_RDMA_TIMEOUT", 5, 20)] {
-        if let Some(v) = std::env::var_os(name) {
+        if let Some(v) = var(name) {
             let ok = v
                 .to_str()
                 .and_then(|s| s.trim().parse::<u32>().ok())
@@ -303,5 +308,27 @@ mod tests {
         );
         let deep = "[".repeat(100) + &"]".repeat(100);
         assert!(check(Some(&format!("{{\"a\":{deep}}}")), Side::Server).is_err());
+    }
+
+    #[test]
+    fn the_rdma_environment_is_checked_as_upstream() {
+        let env = |pairs: Vec<(&'static str, &'static str)>| {
+            move |name: &str| {
+                (pairs.iter())
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        assert!(check_env_of(env(vec![])).is_ok());
+        let good = vec![("HCCL_RDMA_RETRY_CNT", "7"), ("HCCL_RDMA_TIMEOUT", " 5 ")];
+        assert!(check_env_of(env(good)).is_ok());
+        for bad in [
+            ("HCCL_RDMA_RETRY_CNT", "9"),
+            ("HCCL_RDMA_RETRY_CNT", "0"),
+            ("HCCL_RDMA_TIMEOUT", "21"),
+            ("HCCL_RDMA_TIMEOUT", "x"),
+        ] {
+            assert!(check_env_of(env(vec![bad])).is_err(), "{bad:?}");
+        }
     }
 }

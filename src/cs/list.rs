@@ -1,42 +1,42 @@
 //! The memory list a HIXL-CS server publishes: its endpoints and its tagged regions, in a
-//! read-only host region of its engine ([`TABLE_LEN`] bytes) that clients READ at connect and
-//! at every `HixlCSClientGetRemoteMem`, and find in the link's region table (the read-only host
-//! region of that size whose bytes start with [`MAGIC`]). Its bytes come from the peer: the
+//! read-only host region of its engine ([`FORMAT`]'s region) that clients READ at connect and
+//! at every [`Client::remote_mems`](super::Client::remote_mems), and find in the link's region
+//! table by its size. It is a published table ([`crate::published`]: the header, the seqlock,
+//! the fetch with retry); this file is its payload's codec. Its bytes come from the peer: the
 //! decoder checks every count and length against the bytes there are before it reads them, and
 //! never panics.
 //!
-//! Layout (little-endian): a header `{u64 magic "HXLCSMT1"; u64 version (odd while it is being
-//! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload `{u32
+//! Payload (little-endian, after the published table's header with the magic "HXLCSMT1"): `{u32
 //! endpoints; u32 mems; endpoints × 160 bytes (an EndpointDesc as the server got it); mems ×
 //! {i32 type (0 device, 1 host); u32 tag length; u64 addr; u64 size; tag bytes}}`.
 //!
-//! This file uses nothing but `std`: the fuzz crate compiles it in (`fuzz/src/bodies.rs`, target
-//! `cs_list`), as `hixl-capi` is a C library only.
+//! Public for the fuzz target `cs_list`, hidden from the docs and not part of the semver
+//! surface.
 
-/// The table's region: this many bytes, header included (distinct from LLM-DataDist's 1 MiB
-/// cache table, so neither is mistaken for the other).
-pub(crate) const TABLE_LEN: usize = (1 << 20) + 4096;
-/// The header's bytes.
-pub(crate) const HEADER_LEN: usize = 32;
-/// The header's magic ("HXLCSMT1").
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"HXLCSMT1");
+use crate::published::Format;
+
+/// The list as a published table ("HXLCSMT1"), in a region of 1 MiB + 4 KiB: distinct from
+/// LLM-DataDist's 1 MiB cache table, so neither is mistaken for the other.
+pub const FORMAT: Format = Format::new(*b"HXLCSMT1", (1 << 20) + 4096);
 /// An endpoint descriptor's bytes (`EndpointDesc`).
-pub(crate) const ENDPOINT_LEN: usize = 160;
+pub const ENDPOINT_LEN: usize = 160;
 /// Most regions a server registers (upstream's `kMaxUserRemoteMemNum`).
-pub(crate) const MAX_MEMS: usize = 4096;
+pub const MAX_MEMS: usize = 4096;
 /// Most endpoints a server has.
-pub(crate) const MAX_ENDPOINTS: usize = 1024;
+pub const MAX_ENDPOINTS: usize = 1024;
 /// Longest tag, in bytes.
-pub(crate) const MAX_TAG: usize = 4096;
+pub const MAX_TAG: usize = 4096;
 /// Bytes of one region's entry before its tag.
 const MEM_FIXED: usize = 24;
 
 /// One region of the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mem {
+pub struct Entry {
     /// `CommMemType`: 0 device, 1 host.
     pub typ: i32,
+    /// The first byte, in the server's address space.
     pub addr: u64,
+    /// Bytes (not 0).
     pub size: u64,
     /// No NUL inside.
     pub tag: Vec<u8>,
@@ -44,24 +44,16 @@ pub(crate) struct Mem {
 
 /// A decoded list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Table {
+pub struct Table {
+    /// The server's endpoints, as it got them.
     pub endpoints: Vec<[u8; ENDPOINT_LEN]>,
-    pub mems: Vec<Mem>,
-}
-
-/// FNV-1a over `bytes`.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    /// Its registered regions, with their tags.
+    pub mems: Vec<Entry>,
 }
 
 impl Table {
     /// The payload's bytes (what [`decode_payload`] reads).
-    pub(crate) fn encode_payload(&self) -> Vec<u8> {
+    pub fn encode_payload(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&(self.endpoints.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.mems.len() as u32).to_le_bytes());
@@ -79,7 +71,7 @@ impl Table {
     }
 
     /// The payload's length, without encoding it.
-    pub(crate) fn payload_len(&self) -> usize {
+    pub fn payload_len(&self) -> usize {
         8 + self.endpoints.len() * ENDPOINT_LEN
             + self
                 .mems
@@ -87,26 +79,6 @@ impl Table {
                 .map(|m| MEM_FIXED + m.tag.len())
                 .sum::<usize>()
     }
-}
-
-/// The header's fields: `(version, payload length, checksum)`, or why they are refused.
-pub(crate) fn decode_header(h: &[u8]) -> Result<(u64, usize, u64), &'static str> {
-    if h.len() < HEADER_LEN {
-        return Err("short header");
-    }
-    let word = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&h[i * 8..i * 8 + 8]);
-        u64::from_le_bytes(b)
-    };
-    if word(0) != MAGIC {
-        return Err("not a HIXL-CS memory list");
-    }
-    let len = usize::try_from(word(2)).map_err(|_| "payload length overflows")?;
-    if len > TABLE_LEN - HEADER_LEN {
-        return Err("payload longer than the table");
-    }
-    Ok((word(1), len, word(3)))
 }
 
 /// A little-endian reader over peer bytes that never reads past the end.
@@ -137,7 +109,7 @@ impl<'a> Reader<'a> {
 
 /// Decodes a payload; refuses counts beyond the limits or the bytes, a type that is not 0 or 1,
 /// an empty or wrapping range, a tag with a NUL, trailing bytes.
-pub(crate) fn decode_payload(b: &[u8]) -> Result<Table, &'static str> {
+pub fn decode_payload(b: &[u8]) -> Result<Table, &'static str> {
     let mut r = Reader { b };
     let endpoints = r.u32()? as usize;
     let mems = r.u32()? as usize;
@@ -172,7 +144,7 @@ pub(crate) fn decode_payload(b: &[u8]) -> Result<Table, &'static str> {
         if tag.contains(&0) {
             return Err("a tag with a NUL");
         }
-        t.mems.push(Mem {
+        t.mems.push(Entry {
             typ,
             addr,
             size,
@@ -193,13 +165,13 @@ mod tests {
         Table {
             endpoints: vec![[7u8; ENDPOINT_LEN], [9u8; ENDPOINT_LEN]],
             mems: vec![
-                Mem {
+                Entry {
                     typ: 1,
                     addr: 0x1000,
                     size: 4096,
                     tag: b"kv".to_vec(),
                 },
-                Mem {
+                Entry {
                     typ: 0,
                     addr: 0x9000,
                     size: 1,
@@ -247,10 +219,5 @@ mod tests {
         let mut q = vec![0xff; 8];
         q.extend_from_slice(&[0; 16]);
         assert!(decode_payload(&q).is_err());
-        let mut h = vec![0u8; HEADER_LEN];
-        h[..8].copy_from_slice(&MAGIC.to_le_bytes());
-        h[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(decode_header(&h).is_err());
-        assert!(decode_header(&h[..31]).is_err());
     }
 }

@@ -1,0 +1,295 @@
+//! The HIXL-CS server: an engine listening on its control address, its tagged registrations,
+//! and the memory list it publishes (rewritten at every registration).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, MutexGuard};
+
+use super::config::{self, Side};
+use super::engine::{self, Buffer, Engine, Registration};
+use super::list::{self, ENDPOINT_LEN, FORMAT, MAX_ENDPOINTS, MAX_MEMS, MAX_TAG};
+use super::{Endpoint, Error, Mem, MemHandle, Result, comm_type, overlaps};
+use crate::Access;
+use crate::published::Publisher;
+use crate::sync::lock;
+
+/// A registration of the server's.
+struct SMem {
+    tag: Vec<u8>,
+    mem: Mem,
+    /// The engine's registration, once listening.
+    engine: Option<Registration>,
+}
+
+struct State {
+    name: String,
+    port: u16,
+    /// The engine's options (`hixl.*` keys of the config).
+    options: Vec<(String, String)>,
+    endpoints: Vec<[u8; ENDPOINT_LEN]>,
+    /// Started at Listen.
+    engine: Option<Engine>,
+    /// The published list's region, once listening.
+    table: Option<Buffer>,
+    publisher: Publisher,
+    mems: BTreeMap<MemHandle, SMem>,
+    closed: bool,
+}
+
+/// A HIXL-CS server (`HixlCSServerCreate`): `Send + Sync`. Its engine stops when it is closed
+/// or dropped.
+pub struct Server {
+    state: Mutex<State>,
+}
+
+impl State {
+    /// The list as it is published.
+    fn list(&self) -> list::Table {
+        list::Table {
+            endpoints: self.endpoints.clone(),
+            mems: (self.mems.values())
+                .map(|m| list::Entry {
+                    typ: comm_type(m.mem.typ),
+                    addr: m.mem.addr as u64,
+                    size: m.mem.size as u64,
+                    tag: m.tag.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Rewrites the published list (nothing before Listen).
+    fn publish(&mut self) -> Result<()> {
+        let payload = self.list().encode_payload();
+        let Some(table) = &self.table else {
+            return Ok(());
+        };
+        // SAFETY: the region is FORMAT's region_len bytes (allocated so at Listen), alive while
+        // `self.table` is (this borrow), and written only here, under the server's lock; clients
+        // only READ it.
+        unsafe { self.publisher.publish(&FORMAT, table.as_ptr(), &payload) }
+            .map_err(|_| Error::exhausted("the memory list does not fit the server's table"))
+    }
+
+    /// A registration of `mem` under `tag` is refused: a tag too long or with a NUL, a full
+    /// table, a list that would not fit its region, a range that overlaps a registered one.
+    fn check_new(&self, mem: &Mem, tag: &[u8]) -> Result<()> {
+        if tag.len() > MAX_TAG {
+            return Err(Error::invalid(format!(
+                "mem_tag is {} bytes (at most {MAX_TAG})",
+                tag.len()
+            )));
+        }
+        if tag.contains(&0) {
+            return Err(Error::invalid("mem_tag has a NUL byte"));
+        }
+        if self.mems.len() >= MAX_MEMS {
+            return Err(Error::exhausted(format!(
+                "the server has {MAX_MEMS} registrations already"
+            )));
+        }
+        let mut t = self.list();
+        t.mems.push(list::Entry {
+            typ: comm_type(mem.typ),
+            addr: mem.addr as u64,
+            size: mem.size as u64,
+            tag: tag.to_vec(),
+        });
+        if t.payload_len() > FORMAT.max_payload() {
+            return Err(Error::exhausted(
+                "the memory list would not fit the server's table (1 MiB)",
+            ));
+        }
+        let (addr, size) = (mem.addr, mem.size);
+        if let Some(m) = (self.mems.values()).find(|m| overlaps(m.mem.addr, m.mem.size, addr, size))
+        {
+            return Err(Error::invalid(format!(
+                "{addr:#x}+{size} overlaps memory registered already ({:#x}+{})",
+                m.mem.addr, m.mem.size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Registers `m` with `e`.
+///
+/// # Safety
+/// [`Server::register`]'s contract, under which the memory was given.
+unsafe fn engine_register(e: &Engine, m: &Mem) -> Result<Registration> {
+    // SAFETY: the caller's contract.
+    unsafe { e.register(m.typ, m.addr, m.size, false) }
+}
+
+impl Server {
+    /// A server for `server_ip:server_port` with `endpoints`, not listening yet
+    /// (`HixlCSServerCreate`). `config` is `global_resource_config` (`None` or "" for none).
+    /// With a device endpoint, the calling thread's device is read now, as upstream's Create
+    /// does, and the engine at [`Server::listen`] takes it. Port 0 is accepted here and refused
+    /// by [`Server::listen`].
+    ///
+    /// # Errors
+    /// `PARAM_INVALID`: no endpoint or more than [`MAX_ENDPOINTS`], an endpoint whose location
+    /// is neither device nor host, a bad config; ACL's own code (107002) for a device endpoint
+    /// on a thread with no device.
+    pub fn new(
+        server_ip: IpAddr,
+        server_port: u16,
+        endpoints: &[Endpoint],
+        config: Option<&str>,
+    ) -> Result<Server> {
+        let mut options = config::check(config, Side::Server).map_err(Error::invalid)?;
+        if endpoints.is_empty() {
+            return Err(Error::invalid("a server needs an endpoint (none given)"));
+        }
+        if endpoints.len() > MAX_ENDPOINTS {
+            return Err(Error::invalid(format!(
+                "{} endpoints (at most {MAX_ENDPOINTS})",
+                endpoints.len()
+            )));
+        }
+        for (i, e) in endpoints.iter().enumerate() {
+            e.check_location(&format!("endpoint {i}"))?;
+        }
+        if endpoints.iter().any(|e| e.location() == 0) {
+            // device endpoints: the thread's device is read now, as upstream's Create does
+            // (RegisterDeviceTransFinishedFlag), and its engine at Listen takes that device
+            options.push(("hixl.ascend.require_device".into(), "1".into()));
+            engine::check_device(&options)?;
+        }
+        Ok(Server {
+            state: Mutex::new(State {
+                name: SocketAddr::new(server_ip, server_port).to_string(),
+                port: server_port,
+                options,
+                endpoints: endpoints.iter().map(|e| e.bytes).collect(),
+                engine: None,
+                table: None,
+                publisher: Publisher::default(),
+                mems: BTreeMap::new(),
+                closed: false,
+            }),
+        })
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        let st = lock(&self.state);
+        if st.closed {
+            return Err(Error::failed("the server is closed"));
+        }
+        Ok(st)
+    }
+
+    /// Registers `mem` under `tag` (`HixlCSServerRegMem`; no NUL inside, at most
+    /// [`MAX_TAG`] bytes): in the list clients fetch, and with the engine once listening.
+    ///
+    /// # Safety
+    /// The memory stays valid for reads and writes of any bytes until it is deregistered or
+    /// the server closed or dropped, and nothing else accesses it in a way that conflicts with
+    /// transfers: clients PUT into it and GET from it at any time (the engine's `register_mem`
+    /// contract).
+    ///
+    /// # Errors
+    /// `PARAM_INVALID`: a null, empty or wrapping range, a bad tag, a range that overlaps a
+    /// registered one; `RESOURCE_EXHAUSTED`: [`MAX_MEMS`] registrations, or a list that would
+    /// not fit its region; the engine's errors; `FAILED` once closed.
+    pub unsafe fn register(&self, tag: &[u8], mem: Mem) -> Result<MemHandle> {
+        mem.check()?;
+        let mut st = self.state()?;
+        st.check_new(&mem, tag)?;
+        let mut m = SMem {
+            tag: tag.to_vec(),
+            mem,
+            engine: None,
+        };
+        if let Some(e) = &st.engine {
+            // SAFETY: this function's contract.
+            m.engine = Some(unsafe { engine_register(e, &mem) }?);
+        }
+        let h = MemHandle::next();
+        st.mems.insert(h, m);
+        st.publish()?;
+        Ok(h)
+    }
+
+    /// Starts listening (`HixlCSServerListen`): the engine starts on the server's address, and
+    /// registers the memory registered so far.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for port 0 (nothing to listen on); `FAILED` when listening already, when
+    /// the engine cannot listen, once closed; the engine's errors.
+    pub fn listen(&self) -> Result<()> {
+        let mut st = self.state()?;
+        if st.engine.is_some() {
+            return Err(Error::failed("the server is listening already"));
+        }
+        if st.port == 0 {
+            return Err(Error::invalid(
+                "server_port is 0: there is nothing to listen on",
+            ));
+        }
+        let e = Engine::start(&st.name, st.options.clone())
+            .map_err(|e| Error::failed(format!("cannot listen: {}", e.message())))?;
+        let table = e.buffer(FORMAT.region_len(), Access::Read)?;
+        let mut regs = Vec::with_capacity(st.mems.len());
+        for m in st.mems.values() {
+            // SAFETY: `register`'s contract, under which the memory was given.
+            match unsafe { engine_register(&e, &m.mem) } {
+                Ok(r) => regs.push(r),
+                Err(err) => {
+                    e.finalize();
+                    return Err(err);
+                }
+            }
+        }
+        for (m, r) in st.mems.values_mut().zip(regs) {
+            m.engine = Some(r);
+        }
+        st.table = Some(table);
+        st.engine = Some(e);
+        st.publish()
+    }
+
+    /// Deregisters `h` (`HixlCSServerUnregMem`): it leaves the list and the engine.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a handle that is not a registration of this server; the engine's
+    /// errors (it stays registered then); `FAILED` once closed.
+    pub fn deregister(&self, h: MemHandle) -> Result<()> {
+        let mut st = self.state()?;
+        let Some(m) = st.mems.get(&h) else {
+            return Err(Error::invalid(format!(
+                "{:#x} is not a registration of this server",
+                h.into_raw()
+            )));
+        };
+        if let (Some(e), Some(r)) = (&st.engine, m.engine) {
+            e.deregister(r)?;
+        }
+        st.mems.remove(&h);
+        st.publish()
+    }
+
+    /// Stops the server (`HixlCSServerDestroy`): its engine is finalized (links, listener and
+    /// registrations end), and every later call is `FAILED`.
+    pub fn close(&self) {
+        let mut st = lock(&self.state);
+        st.closed = true;
+        if let Some(e) = st.engine.take() {
+            e.finalize();
+        }
+        st.table = None;
+        st.mems.clear();
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = lock(&self.state);
+        f.debug_struct("cs::Server")
+            .field("name", &st.name)
+            .field("listening", &st.engine.is_some())
+            .field("mems", &st.mems.len())
+            .finish_non_exhaustive()
+    }
+}
