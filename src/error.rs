@@ -540,6 +540,23 @@ pub enum Error {
 }
 
 impl Error {
+    /// ACL's own error code when an engine could not read its device as it started
+    /// (`aclrtGetDevice` failed: 107002 `ACL_ERROR_RT_CONTEXT_NULL` on a thread with no device),
+    /// which HIXL, ADXL and HIXL-CS return as it is (`HIXL_CHK_ACL_RET` on `aclrtGetDevice`);
+    /// `None` for any other failure.
+    pub fn acl_start_code(&self) -> Option<u32> {
+        match self {
+            Error::Native {
+                library: "acl",
+                call: "aclrtGetDevice",
+                code,
+                ..
+            } => u32::try_from(*code).ok(),
+            Error::Shared(e) => e.acl_start_code(),
+            _ => None,
+        }
+    }
+
     /// [`Error::InvalidOption`]: `key=value` is outside what `problem` says the key takes.
     pub(crate) fn invalid_option(key: &str, value: &str, problem: &'static str) -> Self {
         Error::InvalidOption {

@@ -254,7 +254,7 @@ impl<'e> Link<'e> {
     /// HIXL: none of its peers has it). Block `i` is `layout.block_size()` bytes at
     /// `local_idx[i] * local_stride` in the layout's local range and at
     /// `remote_idx[i] * remote_stride` in its remote range; the index arrays (`&[u32]` or
-    /// `&[u64]`) have the same length, at most [`MAX_BATCH`].
+    /// `&[u64]`) have the same length, at most [`MAX_BATCH`](crate::MAX_BATCH).
     ///
     /// The batch is checked once, not per block: the layout, the arrays' lengths, and each
     /// side's largest index against its range (overflow-checked). It moves without being

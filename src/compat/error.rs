@@ -42,15 +42,7 @@ impl Error {
     /// which HIXL, ADXL and HIXL-CS return as it is (`HIXL_CHK_ACL_RET` on `aclrtGetDevice`);
     /// `None` for any other failure.
     pub fn acl_start_code(&self) -> Option<u32> {
-        match self.source.as_deref()? {
-            crate::Error::Native {
-                library: "acl",
-                call: "aclrtGetDevice",
-                code,
-                ..
-            } => u32::try_from(*code).ok(),
-            _ => None,
-        }
+        self.source.as_deref()?.acl_start_code()
     }
 }
 

@@ -10,12 +10,12 @@ use super::{
     RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
     TransferStatus, millis, not_initialized,
 };
-use crate::runtime::check::{self, Local};
+use crate::runtime::address::{self, AddrDesc};
+use crate::runtime::check;
 use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
 use crate::runtime::link::LinkShared;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
-use crate::types::BatchDesc;
 use crate::{Status, TransferOp};
 
 impl Hixl {
@@ -37,7 +37,7 @@ impl Hixl {
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.on_link(remote_engine, |_, e, link| {
-            let (xds, bytes) = batch(e, link, op, op_descs, None)?;
+            let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), None)?;
             Ok(link.run(op, &xds, bytes, timeout)?)
         })
     }
@@ -56,7 +56,7 @@ impl Hixl {
     ) -> Result<TransferReq> {
         self.on_link(remote_engine, |_, e, link| {
             let mut keep = Vec::new();
-            let (xds, bytes) = batch(e, link, op, op_descs, Some(&mut keep))?;
+            let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
             let req =
                 (link.shared()).start(op, xds, bytes, keep, ASYNC_DEADLINE, args.user_data)?;
             // recorded while the core's read lock is held: `finalize` (which takes the write
@@ -94,7 +94,7 @@ impl Hixl {
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.on_link(remote_engine, |_, e, link| {
-            let (region, off) = local_base(e, desc.local_addr)?;
+            let (region, off) = local_base(e, desc)?;
             let layout = block_layout(link, &region, off, desc)?;
             let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
             Ok(link.run_blocks(op, &b, timeout)?)
@@ -116,7 +116,7 @@ impl Hixl {
         args: TransferArgs,
     ) -> Result<TransferReq> {
         self.on_link(remote_engine, |_, e, link| {
-            let (region, off) = local_base(e, desc.local_addr)?;
+            let (region, off) = local_base(e, desc)?;
             let layout = block_layout(link, &region, off, desc)?;
             let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
             let keep = vec![RegionUse::new(&region)];
@@ -340,127 +340,26 @@ fn status_of(r: &ReqHandle) -> TransferStatus {
     }
 }
 
-/// A batch's descriptors checked (`runtime::check::list`) against this engine's regions (its
-/// index, one lookup per descriptor, the region the one before fell in tried first) and the
-/// peer's table; with `keep`, the regions it touches, for an async request to hold. A
-/// fabric-memory engine's batch may also name local device memory that is not registered
-/// (upstream's FabricMem engine copies such memory): it takes [`batch_fabric`].
-fn batch(
-    e: &Engine,
-    link: &LinkShared,
-    op: TransferOp,
-    descs: &[TransferOpDesc],
-    keep: Option<&mut Vec<RegionUse>>,
-) -> Result<(Vec<BatchDesc>, u64)> {
-    let mut xds = Vec::new();
-    let r = e.with_index(|ix| {
-        let pairs = descs.iter().enumerate().map(|(index, d)| {
-            let core =
-                ix.find(d.local_addr, d.len)
-                    .ok_or_else(|| crate::Error::LocalNotRegistered {
-                        index,
-                        addr: d.local_addr,
-                        len: d.len,
-                        why: String::new(),
-                    })?;
-            let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
-            let local = Local {
-                core,
-                offset: d.local_addr - core.addr,
-                len: d.len,
-            };
-            Ok((local, remote))
-        });
-        let bytes = check::list(link, op, descs.len(), pairs, &mut xds)?;
-        if let Some(keep) = keep {
-            for d in descs {
-                let core = ix.find(d.local_addr, d.len).expect("found above");
-                if !keep.iter().any(|k| Arc::ptr_eq(k.core(), core)) {
-                    keep.push(RegionUse::new(core));
-                }
-            }
-        }
-        Ok(bytes)
-    });
-    match r {
-        Ok(bytes) => Ok((xds, bytes)),
-        Err(crate::Error::LocalNotRegistered { .. }) if e.options.ascend.enable_fabric_mem => {
-            batch_fabric(e, link, op, descs)
-        }
-        Err(err) => Err(err.into()),
-    }
+/// A batch's descriptors as the core's address descriptors.
+fn addrs(descs: &[TransferOpDesc]) -> impl ExactSizeIterator<Item = AddrDesc> + Clone + '_ {
+    descs.iter().map(|d| AddrDesc {
+        local: d.local_addr,
+        remote: d.remote_addr as u64,
+        len: d.len,
+    })
 }
 
-/// [`batch`] on a fabric-memory engine whose batch names local memory that is not registered:
-/// each such range must lie inside one live ACL device allocation, which carries it as a region
-/// of its own for this call (and its async request).
-fn batch_fabric(
-    e: &Engine,
-    link: &LinkShared,
-    op: TransferOp,
-    descs: &[TransferOpDesc],
-) -> Result<(Vec<BatchDesc>, u64)> {
-    // the region (registered, or an unregistered device allocation found in this call) and
-    // the offset of each descriptor's local range
-    let mut found: Vec<RegionHandle> = Vec::new();
-    let mut at: Vec<(RegionHandle, usize)> = Vec::with_capacity(descs.len());
-    for (index, d) in descs.iter().enumerate() {
-        let inside = |r: &RegionHandle| {
-            d.len > 0
-                && d.local_addr >= r.addr
-                && d.local_addr
-                    .checked_add(d.len)
-                    .is_some_and(|end| end <= r.addr + r.len)
-        };
-        let registered = e.with_index(|ix| ix.find(d.local_addr, d.len).cloned());
-        let region = match registered.or_else(|| found.iter().find(|r| inside(r)).cloned()) {
-            Some(r) => r,
-            None => {
-                let r = e.unregistered_device(d.local_addr, d.len).map_err(|why| {
-                    crate::Error::LocalNotRegistered {
-                        index,
-                        addr: d.local_addr,
-                        len: d.len,
-                        why: format!(
-                            ", nor unregistered device memory a fabric-memory engine copies: \
-                             {why}"
-                        ),
-                    }
-                })?;
-                found.push(r.clone());
-                r
-            }
-        };
-        let off = d.local_addr - region.addr;
-        at.push((region, off));
-    }
-    let pairs = descs.iter().zip(&at).map(|(d, (region, off))| {
-        let remote = link.remote(d.remote_addr as u64, d.len as u64)?;
-        let local = Local {
-            core: region,
-            offset: *off,
-            len: d.len,
-        };
-        Ok((local, remote))
-    });
-    let mut xds = Vec::new();
-    let bytes = check::list(link, op, descs.len(), pairs, &mut xds)?;
-    Ok((xds, bytes))
-}
-
-/// The registered region holding local address `addr`, and its offset in it.
-fn local_base(e: &Engine, addr: usize) -> Result<(RegionHandle, usize)> {
-    e.with_index(|ix| ix.at(addr).cloned())
-        .map(|r| {
-            let off = addr - r.addr;
-            (r, off)
-        })
-        .ok_or_else(|| {
-            Error::new(
-                Status::PARAM_INVALID,
-                format!("block base {addr:#x} is not inside a region registered with this engine"),
-            )
-        })
+/// A block batch's local base: the registered region holding it, and its offset there.
+fn local_base(e: &Engine, desc: &BlockDesc) -> Result<(RegionHandle, usize)> {
+    address::local_base(e, desc.local_addr).map_err(|_| {
+        Error::new(
+            Status::PARAM_INVALID,
+            format!(
+                "block base {:#x} is not inside a region registered with this engine",
+                desc.local_addr
+            ),
+        )
+    })
 }
 
 /// A block transfer's layout: from each base address to the end of its region.
@@ -470,25 +369,23 @@ fn block_layout<'a>(
     off: usize,
     desc: &BlockDesc,
 ) -> Result<check::Layout<'a>> {
-    let local = Local {
-        core: region,
-        offset: off,
-        len: region.len - off,
-    };
-    let addr = desc.remote_addr as u64;
-    let remote = link.remote_from(addr).map_err(|_| {
+    let strides = (desc.local_stride, desc.remote_stride);
+    address::block_layout(
+        link,
+        region,
+        off,
+        desc.remote_addr as u64,
+        desc.block_size,
+        strides,
+    )
+    .map_err(|_| {
         Error::new(
             Status::PARAM_INVALID,
-            format!("remote block base {addr:#x} is not inside a region of the peer's table"),
+            format!(
+                "remote block base {:#x} is not inside a region of the peer's table",
+                desc.remote_addr
+            ),
         )
-    })?;
-    let stride = |s: u64| if s == 0 { desc.block_size } else { s };
-    Ok(check::Layout {
-        local,
-        remote,
-        block: desc.block_size,
-        local_stride: stride(desc.local_stride),
-        remote_stride: stride(desc.remote_stride),
     })
 }
 

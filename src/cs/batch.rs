@@ -125,14 +125,14 @@ impl Client {
     /// already reported COMPLETED or FAILED); `FAILED` once closed.
     pub fn query(&self, c: Completion) -> Result<CompleteStatus> {
         let mut st = self.state()?;
-        let Some(&req) = st.handles.get(&c) else {
+        let Some(req) = st.handles.get(&c).cloned() else {
             return Err(Error::invalid(format!(
                 "{:#x} is not a live completion of this client (never issued, or already \
                  reported COMPLETED or FAILED)",
                 c.into_raw()
             )));
         };
-        let s = st.engine.status(req);
+        let s = st.engine.status(&req);
         if s != CompleteStatus::Waiting {
             st.handles.remove(&c);
         }

@@ -345,7 +345,7 @@ impl Client {
             return Err(Error::failed("internal: a handle without its range"));
         };
         if m.refs == 1 {
-            st.engine.deregister(m.engine)?;
+            st.engine.deregister(&m.engine)?;
             st.mems.remove(&addr);
         } else if let Some(m) = st.mems.get_mut(&addr) {
             m.refs -= 1;

@@ -1,20 +1,46 @@
-//! The engine under HIXL-CS: today the runtime-checked engine in HIXL's shape
-//! ([`crate::compat::Hixl`]). This is the only file of `cs/` that names `compat`: the server,
-//! the client and the batches call these few functions, with CS's types and status codes, so
-//! that moving CS onto another engine API is an edit of this file.
+//! The engine under HIXL-CS: the core floor's handle API (`runtime::handle`: an engine, its
+//! regions' records, links by remote name through `runtime::peers`, batches given as addresses
+//! through `runtime::address`), beside the compat face rather than on it. This is the only file
+//! of `cs/` that names the engine: the server, the client and the batches call these few
+//! functions, with CS's types and status codes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CompleteStatus, Error, OpDesc};
-use crate::compat::{self, MemDesc, TransferArgs, TransferOpDesc, TransferStatus};
-use crate::{Access, MemType, Status, TransferOp};
+use crate::runtime::address::{self, AddrDesc};
+use crate::runtime::handle::{Engine as Core, RegionHandle, ReqHandle};
+use crate::runtime::peers::Peers;
+use crate::runtime::request::TransferStatus;
+use crate::{Access, MemDesc, MemType, Options, Status, TransferOp};
+
+/// The deadline the engine enforces on an async batch (upstream leaves it to the caller,
+/// whose status queries never end a request that hangs; as the compat engine's).
+const ASYNC_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A registration with the engine.
-pub(super) type Registration = compat::MemHandle;
+pub(super) type Registration = RegionHandle;
 /// An async batch of the engine.
-pub(super) type Request = compat::TransferReq;
-/// A host buffer the engine allocated and registered (the published list, a download buffer).
-pub(super) type Buffer = compat::HostMem;
+pub(super) type Request = Arc<ReqHandle>;
+
+/// A host buffer the engine allocated and registered (the published list, a download buffer):
+/// its record, which keeps it mapped while it lives.
+pub(super) struct Buffer(RegionHandle);
+
+impl Buffer {
+    /// Its first byte.
+    pub(super) fn as_ptr(&self) -> *mut u8 {
+        self.0.ptr_at(0)
+    }
+    /// Its address.
+    pub(super) fn addr(&self) -> usize {
+        self.0.addr
+    }
+    /// Its length.
+    pub(super) fn len(&self) -> usize {
+        self.0.len
+    }
+}
 
 /// A region of a peer's table, as a link has it.
 #[derive(Debug, Clone, Copy)]
@@ -25,11 +51,23 @@ pub(super) struct RemoteRegion {
     pub access: Access,
 }
 
-/// An engine (finalized when dropped).
-pub(super) struct Engine(compat::Hixl);
+/// An engine and its links by remote name (finalized when dropped).
+pub(super) struct Engine {
+    core: Core,
+    peers: Peers,
+    /// The buffers it allocated: their pages are made private when it ends (a same-host peer
+    /// that mapped one reaches nothing its owner reads afterwards).
+    buffers: std::sync::Mutex<Vec<RegionHandle>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.finalize();
+    }
+}
 
 /// The engine's error with HIXL-CS's codes: the engine's connection statuses are `FAILED`.
-pub(super) fn fail(e: compat::Error) -> Error {
+pub(super) fn fail(e: crate::Error) -> Error {
     let s = e.status();
     let status = if [
         Status::PARAM_INVALID,
@@ -43,17 +81,17 @@ pub(super) fn fail(e: compat::Error) -> Error {
     } else {
         Status::FAILED
     };
-    Error::with(status, e.message())
+    Error::with(status, e.to_string())
 }
 
 /// An engine that could not start (or a device that could not be read at Create): ACL's own
 /// code where reading the device failed (as upstream's `HIXL_CHK_ACL_RET` on `aclrtGetDevice`
 /// returns it), else as [`fail`].
-pub(super) fn start_fail(e: compat::Error) -> Error {
+pub(super) fn start_fail(e: crate::Error) -> Error {
     match e.acl_start_code() {
         Some(code) => Error {
             code,
-            message: e.message().to_owned(),
+            message: e.to_string(),
         },
         None => fail(e),
     }
@@ -63,36 +101,43 @@ pub(super) fn start_fail(e: compat::Error) -> Error {
 /// server with a device endpoint does it at Create, as upstream's does), or the error of that
 /// (ACL's own code where no device is set).
 pub(super) fn check_device(options: &[(String, String)]) -> Result<(), Error> {
-    crate::Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .and_then(|o| o.calling_thread_device())
         .map(drop)
-        .map_err(|e| start_fail(e.into()))
-}
-
-/// Milliseconds for the engine: at least 1, at most `i32::MAX`.
-fn millis(d: Duration) -> i32 {
-    i32::try_from(d.as_millis()).unwrap_or(i32::MAX).max(1)
+        .map_err(start_fail)
 }
 
 impl Engine {
     /// An engine named `name` (a listen address, or a client's own host) with `options`,
-    /// AutoConnect off (a CS client connects explicitly).
-    pub(super) fn start(name: &str, mut options: Vec<(String, String)>) -> Result<Engine, Error> {
-        let e = compat::Hixl::new();
-        options.push(("AutoConnect".into(), "0".into()));
-        e.initialize(name, options).map_err(start_fail)?;
-        Ok(Engine(e))
+    /// open to links at once; a CS client connects explicitly.
+    pub(super) fn start(name: &str, options: Vec<(String, String)>) -> Result<Engine, Error> {
+        let opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(start_fail)?;
+        // "ip:0": listen on a port the OS chooses (a name without a port is a client)
+        let ephemeral = name.ends_with(":0");
+        let core = Core::initialize(name, opts, ephemeral).map_err(start_fail)?;
+        core.open().map_err(start_fail)?;
+        Ok(Engine {
+            core,
+            peers: Peers::default(),
+            buffers: Default::default(),
+        })
     }
 
     /// A host buffer of `len` bytes that peers may access as `access` says.
     pub(super) fn buffer(&self, len: usize, access: Access) -> Result<Buffer, Error> {
-        self.0.alloc_host_mem_with(len, access).map_err(fail)
+        let buf = crate::HostBuffer::new(len).map_err(fail)?;
+        let r = (self.core)
+            .register_owned(buf, access, false)
+            .map_err(|h| fail(h.error))?;
+        crate::sync::lock(&self.buffers).push(r.clone());
+        Ok(Buffer(r))
     }
 
     /// Registers `len` bytes at `addr` of `typ`; `local_only`: not offered to peers.
     ///
     /// # Safety
-    /// The engine's `register_mem` contract: the memory stays valid for reads and writes of any
+    /// [`Core::register_raw`]'s contract: the memory stays valid for reads and writes of any
     /// bytes until it is deregistered or the engine finalized, and peers (unless `local_only`)
     /// and transfers access it meanwhile.
     pub(super) unsafe fn register(
@@ -102,35 +147,49 @@ impl Engine {
         len: usize,
         local_only: bool,
     ) -> Result<Registration, Error> {
-        let desc = MemDesc {
-            addr,
-            len,
-            local_only,
+        let access = if local_only {
+            Access::None
+        } else {
+            Access::ReadWrite
         };
         // SAFETY: the caller's contract.
-        unsafe { self.0.register_mem(desc, typ) }.map_err(fail)
+        unsafe { (self.core).register_raw(MemDesc { addr, len }, typ, access) }.map_err(fail)
     }
 
     /// Ends a registration (refused while a transfer uses it).
-    pub(super) fn deregister(&self, r: Registration) -> Result<(), Error> {
-        self.0.deregister_mem(r).map_err(fail)
+    pub(super) fn deregister(&self, r: &Registration) -> Result<(), Error> {
+        self.core.deregister(r).map_err(fail)
     }
 
     /// Connects to the engine named `remote` within `timeout`.
     pub(super) fn connect(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
-        self.0.connect(remote, millis(timeout)).map_err(fail)
+        let (key, _) = self.core.remote_key(remote).map_err(fail)?;
+        (self.peers)
+            .connect(&self.core, remote, &key, timeout)
+            .map_err(fail)
     }
 
     /// Disconnects from `remote` (best effort: a peer that went away is gone all the same).
     pub(super) fn disconnect(&self, remote: &str) {
-        let _ = self.0.disconnect(remote, 1000);
+        if let Ok((key, _)) = self.core.remote_key(remote)
+            && let Ok(Some(l)) = self.peers.take(&self.core, remote, &key)
+        {
+            let _ = l.close_timeout(Duration::from_secs(1));
+        }
+    }
+
+    /// The link to `remote` (connected before: a CS client connects explicitly).
+    fn link(&self, remote: &str) -> Result<Arc<crate::runtime::handle::LinkHandle>, Error> {
+        let (key, _) = self.core.remote_key(remote).map_err(fail)?;
+        (self.peers)
+            .link_for(&self.core, false, Duration::from_secs(1), remote, &key)
+            .map_err(fail)
     }
 
     /// The regions of `remote`'s table, as the link got them.
     pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<RemoteRegion>, Error> {
-        let regions = self.0.remote_regions(remote).map_err(fail)?;
-        Ok(regions
-            .iter()
+        let link = self.link(remote)?;
+        Ok((link.table.iter())
             .map(|r| RemoteRegion {
                 addr: r.addr,
                 len: r.len,
@@ -157,14 +216,12 @@ impl Engine {
         if buf.len() > buffer.len() {
             return Err(Error::failed("a READ longer than the download buffer"));
         }
-        let d = TransferOpDesc {
+        let d = OpDesc {
             local_addr: buffer.addr(),
-            remote_addr: addr as usize,
-            len: buf.len(),
+            remote_addr: addr,
+            len: buf.len() as u64,
         };
-        self.0
-            .transfer_sync(remote, TransferOp::Read, &[d], millis(timeout))
-            .map_err(fail)?;
+        self.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;
         // SAFETY: the buffer holds buf.len() bytes (checked) while `buffer` lives, that READ
         // returned, and nothing else writes it (the caller's contract).
         unsafe { std::ptr::copy_nonoverlapping(buffer.as_ptr(), buf.as_mut_ptr(), buf.len()) };
@@ -179,47 +236,60 @@ impl Engine {
         descs: &[OpDesc],
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.0
-            .transfer_sync(remote, op, &descs_of(descs), millis(timeout))
+        let link = self.link(remote)?;
+        let (xds, bytes) =
+            address::batch(&self.core, &link, op, addrs(descs), None).map_err(fail)?;
+        link.run(op, &xds, bytes, timeout.max(Duration::from_millis(1)))
             .map_err(fail)
     }
 
-    /// A batch to `remote`, started (the engine's default deadline).
+    /// A batch to `remote`, started (with [`ASYNC_DEADLINE`]).
     pub(super) fn transfer_async(
         &self,
         remote: &str,
         op: TransferOp,
         descs: &[OpDesc],
     ) -> Result<Request, Error> {
-        self.0
-            .transfer_async(remote, op, &descs_of(descs), TransferArgs::default())
-            .map_err(fail)
+        let link = self.link(remote)?;
+        let mut keep = Vec::new();
+        let (xds, bytes) =
+            address::batch(&self.core, &link, op, addrs(descs), Some(&mut keep)).map_err(fail)?;
+        let h = (link.shared())
+            .start(op, xds, bytes, keep, ASYNC_DEADLINE, 0)
+            .map_err(fail)?;
+        Ok(Arc::new(h))
     }
 
     /// An async batch's state: a deadline passed or an error is `Failed`.
-    pub(super) fn status(&self, r: Request) -> CompleteStatus {
-        match self.0.get_transfer_status(r) {
-            Ok(TransferStatus::Waiting) => CompleteStatus::Waiting,
-            Ok(TransferStatus::Completed) => CompleteStatus::Completed,
-            Ok(_) | Err(_) => CompleteStatus::Failed,
+    pub(super) fn status(&self, r: &Request) -> CompleteStatus {
+        match r.status() {
+            TransferStatus::Waiting => CompleteStatus::Waiting,
+            TransferStatus::Completed => CompleteStatus::Completed,
+            _ => CompleteStatus::Failed,
         }
     }
 
-    /// Finalizes the engine: its links, listener and registrations end.
+    /// Finalizes the engine: its links, listener and registrations end; the buffers it
+    /// allocated get private pages.
     pub(super) fn finalize(&self) {
-        self.0.finalize();
+        for l in self.peers.drop_all(false) {
+            l.close_quietly();
+        }
+        self.core.finalize();
+        for b in std::mem::take(&mut *crate::sync::lock(&self.buffers)) {
+            if let Err(e) = b.privatize() {
+                tracing::warn!(region = b.id, error = %e, "a HIXL-CS buffer could not be made private");
+            }
+        }
     }
 }
 
-/// The engine's descriptors of a batch checked already (`batch.rs`: each range inside one
-/// registration, so every address and length fits a `usize`).
-fn descs_of(descs: &[OpDesc]) -> Vec<TransferOpDesc> {
-    descs
-        .iter()
-        .map(|d| TransferOpDesc {
-            local_addr: d.local_addr,
-            remote_addr: d.remote_addr as usize,
-            len: d.len as usize,
-        })
-        .collect()
+/// A batch's descriptors (checked already: `batch.rs`, each range inside one registration, so
+/// every address and length fits a `usize`) as the core's address descriptors.
+fn addrs(descs: &[OpDesc]) -> impl ExactSizeIterator<Item = AddrDesc> + Clone + '_ {
+    descs.iter().map(|d| AddrDesc {
+        local: d.local_addr,
+        remote: d.remote_addr,
+        len: d.len as usize,
+    })
 }

@@ -73,8 +73,8 @@
 //! `server.rs` the server (its registrations and the list it publishes); `client.rs` the
 //! client (connect, the server's list, client registrations); `batch.rs` the batches (the
 //! address checks, PUT/GET sync and async, completions, the failure latch); `config.rs` the
-//! config's JSON; `list.rs` the list's encoding; `engine.rs` the engine under them, the only
-//! file that names [`crate::compat`].
+//! config's JSON; `list.rs` the list's encoding; `engine.rs` the engine under them (the core
+//! floor's handle API, as the compat face's; the only file that names the engine).
 
 use std::fmt;
 use std::net::IpAddr;

@@ -263,7 +263,7 @@ impl Server {
                 h.into_raw()
             )));
         };
-        if let (Some(e), Some(r)) = (&st.engine, m.engine) {
+        if let (Some(e), Some(r)) = (&st.engine, &m.engine) {
             e.deregister(r)?;
         }
         st.mems.remove(&h);

@@ -3,6 +3,7 @@
 //! link core, the executor, the region records, the serving engine (`serve/`) and revocation
 //! (`revoke/`: fences, quarantine).
 
+pub(crate) mod address;
 pub(crate) mod check;
 pub(crate) mod connect;
 pub(crate) mod engine;
