@@ -31,6 +31,13 @@
 #    serving engine's, imported directly, not through a re-export in the registry.
 # 4. named imports: no glob import (`use super::*;`, `use crate::a::*;`, a `*` in a group) at
 #    a file's top level. Inside a file, `mod tests { use super::*; }` is fine.
+# 5. faces and products apart: every face and product is a sibling on the core floor
+#    (src/runtime/: its handle API), none reaching another's insides. The typed face
+#    (src/engine/, src/link.rs, src/memory.rs, src/request.rs) names no `crate::compat` path;
+#    the compat face and the products (src/datadist/, src/cs/, src/published.rs) name none of
+#    the typed face's modules (`crate::engine`, `::link`, `::memory`, `::request`: the public
+#    types re-exported at the root, `crate::TransferOp` and the like, are fine); the products
+#    name no `crate::compat` path.
 #
 # Not read: comment lines, and `#[cfg(test)]` / `#[cfg(all(test, …))]` modules written inline
 # (`mod tests { … }` up to the next `}` in column 0). A test module in a file of its own is read
@@ -178,6 +185,23 @@ imports() {
   done | sort -u
 }
 
+# rule 5: which face or product a file is, and which one a path names ("-": neither)
+face_of() {
+  case "$1" in
+    src/engine/* | src/link.rs | src/memory.rs | src/request.rs) echo typed ;;
+    src/compat/*) echo compat ;;
+    src/datadist/* | src/cs/* | src/published.rs) echo product ;;
+    *) echo - ;;
+  esac
+}
+face_path() {
+  case "${1#crate::}" in
+    engine | engine::* | link | link::* | memory | memory::* | request | request::*) echo typed ;;
+    compat | compat::*) echo compat ;;
+    *) echo - ;;
+  esac
+}
+
 # rule 3's one exception: the serving engine and the link core may name TCP
 tcp_exception() {
   [ "$2" = crate::transport::tcp ] || return 1
@@ -213,6 +237,10 @@ check() {
       && [ "$fn" != "$pn" ]; then rule=2
     elif [ "$pr" = 1 ] && [ "$pn" != transport ] && [ "${f#src/transport/}" = "$f" ] \
       && [ "$f" != src/runtime/transports.rs ] && ! tcp_exception "$f" "$p"; then rule=3
+    else
+      case "$(face_of "$f") $(face_path "$p")" in
+        "typed compat" | "compat typed" | "product typed" | "product compat") rule=5 ;;
+      esac
     fi
     if [ "$list" = 1 ]; then
       printf '%-34s %-11s -> %-28s %s%s\n' "$f" "$fn" "$p" "$pn" "${rule:+   VIOLATION ($rule)}" >&2
@@ -227,12 +255,13 @@ check() {
   fi
   { grep -v '^#' "$allow" || true; } | sed '/^$/d' >"$allowed"
   cut -d' ' -f2- "$found" | grep -vxF -f "$allowed" >"$new" || true
-  for rule in 1 2 3 4; do
+  for rule in 1 2 3 4 5; do
     case $rule in
       1) title="imports that go up a layer" ;;
       2) title="a transport that imports another" ;;
       3) title="a transport named outside src/transport/ and src/runtime/transports.rs" ;;
       4) title="glob imports at a file's top level (name what you import)" ;;
+      5) title="a face or product reaching another's insides (siblings on the core floor)" ;;
     esac
     hits=$(grep "^$rule " "$found" | cut -d' ' -f2- | grep -xF -f "$new" || true)
     if [ -n "$hits" ]; then
@@ -328,6 +357,15 @@ self_test() {
   expect_fail "rule 4: use super::* at the top of a file" "src/engine/connected.rs -> use super::*"
   fresh; plant src/link.rs 'use crate::types::{*, raw::RawMemory};'
   expect_fail "rule 4: a glob in a group" "src/link.rs -> use crate::types::*"
+  # rule 5: each direction
+  fresh; plant src/compat/mod.rs 'fn planted(_: &crate::link::Link<'"'"'_>) {}'
+  expect_fail "rule 5: compat naming the typed face" "src/compat/mod.rs -> crate::link"
+  fresh; plant src/link.rs 'fn planted(_: &crate::compat::Hixl) {}'
+  expect_fail "rule 5: the typed face naming compat" "src/link.rs -> crate::compat"
+  fresh; plant src/cs/mod.rs 'fn planted(_: &crate::compat::Hixl) {}'
+  expect_fail "rule 5: a product naming compat" "src/cs/mod.rs -> crate::compat"
+  fresh; plant src/cs/mod.rs 'fn planted(_: &crate::engine::Connected) {}'
+  expect_fail "rule 5: a product naming the typed face" "src/cs/mod.rs -> crate::engine"
   # a file or a module in no layer
   fresh; plant src/planted.rs 'use crate::types::MemType;'
   expect_fail "a file in no layer" "src/planted.rs: in no layer"
