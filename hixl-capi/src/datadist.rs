@@ -3,11 +3,17 @@
 //! `llm_datadist::LlmDataDist` (`cxx/llm_datadist.cc`) and any C caller.
 //!
 //! The rules are the engine ABI's (`lib.rs`), with LLM-DataDist's status codes: every entry
-//! point runs under `catch_unwind` (a panic is `LLM_FAILED`), checks its pointers (null →
+//! point runs under `catch_unwind` (a panic is `LLM_FAILED`), translates its pointers (null →
 //! `LLM_PARAM_INVALID`), strings (not UTF-8 → `LLM_PARAM_INVALID`), enum values and counts,
 //! and looks its handle up in a registry (an unknown or destroyed handle is
 //! `LLM_PARAM_INVALID`, never a dereference); a failure leaves its cause for
-//! `hixl_last_error_message` (the same thread-local buffer as the engine's calls).
+//! `hixl_last_error_message` (the same thread-local buffer as the engine's calls). What an
+//! argument may be is the instance's to say (`hixl_rs::datadist::args`): nothing here checks a
+//! value, and a translation that fails on a live handle is reported after what the instance
+//! reports first ([`DataDist::refuse`]: `LLM_FAILED` before `Initialize`).
+//!
+//! `cann.rs`: the calls of CANN's C++ class in its own argument forms (`hixl_dd_cann_*`), which
+//! `cxx/llm_datadist.cc` forwards to.
 
 use std::collections::HashMap;
 use std::ffi::c_char;
@@ -16,10 +22,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_rs::datadist::{
     CacheDesc, ClusterInfo, DataDist, DataType, Error, IpInfo, Layers, LlmStatus, Placement,
-    RemoteCache, Role,
+    RemoteCache, Role, args,
 };
 
 use crate::{put, set_error, slice, string};
+
+mod cann;
 
 /// A status code: LLM-DataDist's values (0 `LLM_SUCCESS`, 0x5010B005 `LLM_PARAM_INVALID`, ...).
 pub type LlmStatusCode = u32;
@@ -133,6 +141,12 @@ fn invalid(msg: impl Into<String>) -> Fail {
 
 fn fail(e: Error) -> Fail {
     (e.status, e.message)
+}
+
+/// A failed translation of a call's arguments, as the live instance `d` reports it (after its
+/// own failure, [`DataDist::refuse`]).
+fn refused(d: &DataDist) -> impl Fn(Fail) -> Fail + '_ {
+    move |(status, msg)| fail(d.refuse(Error::new(status, msg)))
 }
 
 /// The engine ABI's failures (`PARAM_INVALID` of its pointer helpers) as LLM ones.
@@ -252,7 +266,8 @@ unsafe fn put_rets(rets: *mut u32, got: &[LlmStatus]) -> R<()> {
     Ok(())
 }
 
-/// The layers of `p` (null: every tensor, two per layer).
+/// The layers of `p` (null: every tensor, two per layer), as the C ABI encodes them
+/// ([`args::layers_of_ends`]).
 ///
 /// # Safety
 /// `p` is null or readable.
@@ -262,23 +277,12 @@ unsafe fn layers(p: *const DdLayers) -> R<Layers> {
     }
     // SAFETY: not null; readable by the caller's contract (no alignment assumed).
     let l = unsafe { p.read_unaligned() };
-    if l.tensor_num_per_layer == 0 {
-        return Err(invalid("tensor_num_per_layer must be at least 1"));
-    }
-    let side = |first: i32, last: i32, what: &str| -> R<Option<(u32, u32)>> {
-        match (first, last) {
-            (-1, -1) => Ok(None),
-            (f, l) if f >= 0 && l >= f => Ok(Some((f as u32, l as u32))),
-            _ => Err(invalid(format!(
-                "{what} layer range [{first}, {last}]: -1, -1, or 0 <= first <= last"
-            ))),
-        }
-    };
-    Ok(Layers {
-        src: side(l.src_first, l.src_last, "source")?,
-        dst: side(l.dst_first, l.dst_last, "destination")?,
-        per_layer: l.tensor_num_per_layer,
-    })
+    args::layers_of_ends(
+        (l.src_first, l.src_last),
+        (l.dst_first, l.dst_last),
+        l.tensor_num_per_layer,
+    )
+    .map_err(fail)
 }
 
 /// # Safety
@@ -302,13 +306,23 @@ fn by_id(i: &DdCacheIndex) -> RemoteCache {
 /// # Safety
 /// `src` and `dst` are null (with `count` 0) or arrays of `count` block indices.
 unsafe fn blocks<'a>(src: *const u64, dst: *const u64, count: usize) -> R<(&'a [u64], &'a [u64])> {
-    if count == 0 {
-        return Err(invalid("no blocks: at least one"));
-    }
     // SAFETY: the caller's contract.
-    let s = unsafe { slice(src, count, "src_blocks") }.map_err(of_engine)?;
+    unsafe { lists(src, count, dst, count) }
+}
+
+/// # Safety
+/// `src` is null (with `src_count` 0) or an array of `src_count` block indices; `dst` as
+/// much with `dst_count`.
+unsafe fn lists<'a>(
+    src: *const u64,
+    src_count: usize,
+    dst: *const u64,
+    dst_count: usize,
+) -> R<(&'a [u64], &'a [u64])> {
     // SAFETY: the caller's contract.
-    let d = unsafe { slice(dst, count, "dst_blocks") }.map_err(of_engine)?;
+    let s = unsafe { slice(src, src_count, "src_blocks") }.map_err(of_engine)?;
+    // SAFETY: the caller's contract.
+    let d = unsafe { slice(dst, dst_count, "dst_blocks") }.map_err(of_engine)?;
     Ok((s, d))
 }
 
@@ -405,9 +419,9 @@ pub unsafe extern "C" fn hixl_dd_set_role(
 ) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
-        let role = self::role(role)?;
+        let role = self::role(role).map_err(refused(&d))?;
         // SAFETY: the caller's contract.
-        let opts = unsafe { options(keys, values, count) }?;
+        let opts = unsafe { options(keys, values, count) }.map_err(refused(&d))?;
         d.set_role(role, &opts).map_err(fail)
     })
 }
@@ -442,25 +456,12 @@ pub unsafe extern "C" fn hixl_dd_link_clusters(
     timeout_in_millis: i32,
     rets: *mut u32,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let cs = unsafe { self::clusters(clusters, count) }?;
-        if rets.is_null() && count > 0 {
-            return Err(invalid("rets is null"));
-        }
-        let (last, each) = d.link_clusters(&cs, timeout_in_millis).map_err(fail)?;
-        // SAFETY: the caller's contract (`count` statuses).
-        unsafe { put_rets(rets, &each) }?;
-        if last == LlmStatus::LLM_SUCCESS {
-            Ok(())
-        } else {
-            Err((
-                last,
-                format!("a link failed ({last}); rets has each cluster's status"),
-            ))
-        }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        links(dd, clusters, count, rets, std::ptr::null_mut(), |d, cs| {
+            d.link_clusters(cs, timeout_in_millis)
+        })
+    }
 }
 
 /// `UnlinkLlmClusters`: as [`hixl_dd_link_clusters`]; `force` tells the peer nothing (and
@@ -477,24 +478,49 @@ pub unsafe extern "C" fn hixl_dd_unlink_clusters(
     force: bool,
     rets: *mut u32,
 ) -> LlmStatusCode {
+    // SAFETY: the caller's contract.
+    unsafe {
+        links(dd, clusters, count, rets, std::ptr::null_mut(), |d, cs| {
+            d.unlink_clusters(cs, timeout_in_millis, force)
+        })
+    }
+}
+
+/// A call on each of `count` clusters: `call` with them translated, its statuses into `rets`,
+/// the last failure (or success) returned; `rets` is not written when the call fails before
+/// the clusters (a translation, a rule of the call's), and `*reached` (when not null) says
+/// whether it was.
+///
+/// # Safety
+/// As [`hixl_dd_link_clusters`]; `reached` is null or writable.
+unsafe fn links(
+    dd: *mut HixlDd,
+    clusters: *const DdClusterInfo,
+    count: usize,
+    rets: *mut u32,
+    reached: *mut bool,
+    call: impl FnOnce(&DataDist, &[ClusterInfo]) -> Result<(LlmStatus, Vec<LlmStatus>), Error>,
+) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let cs = unsafe { self::clusters(clusters, count) }?;
+        let cs = unsafe { self::clusters(clusters, count) }.map_err(refused(&d))?;
         if rets.is_null() && count > 0 {
-            return Err(invalid("rets is null"));
+            return Err(refused(&d)(invalid("rets is null")));
         }
-        let (last, each) = d
-            .unlink_clusters(&cs, timeout_in_millis, force)
-            .map_err(fail)?;
+        let (last, each) = call(&d, &cs).map_err(fail)?;
         // SAFETY: the caller's contract (`count` statuses).
         unsafe { put_rets(rets, &each) }?;
+        if !reached.is_null() {
+            // SAFETY: not null; writable by the caller's contract.
+            unsafe { reached.write_unaligned(true) };
+        }
         if last == LlmStatus::LLM_SUCCESS {
             Ok(())
         } else {
             Err((
                 last,
-                format!("an unlink failed ({last}); rets has each cluster's status"),
+                format!("{last} for a cluster; rets has each cluster's status"),
             ))
         }
     })
@@ -591,23 +617,9 @@ pub unsafe extern "C" fn hixl_dd_register_cache(
 ) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
-        if desc.is_null() || cache_id.is_null() {
-            return Err(invalid("desc or cache_id is null"));
-        }
-        // SAFETY: not null; readable by the caller's contract (no alignment assumed).
-        let c = unsafe { desc.read_unaligned() };
-        let placement = Placement::from_value(c.placement)
-            .ok_or_else(|| invalid(format!("{} is not a placement (0, 1)", c.placement)))?;
-        // SAFETY: the caller's contract.
-        let shape = unsafe { slice(c.shape, c.shape_len, "shape") }.map_err(of_engine)?;
-        // SAFETY: the caller's contract.
-        let addrs = unsafe { slice(addrs, count, "addrs") }.map_err(of_engine)?;
-        let desc = CacheDesc {
-            placement,
-            num_tensors: c.num_tensors,
-            data_type: DataType(c.data_type),
-            shape: shape.to_vec(),
-        };
+        // SAFETY: the caller's contract (this function's `# Safety`).
+        let (desc, addrs) =
+            unsafe { cache_desc(desc, addrs, count, cache_id) }.map_err(refused(&d))?;
         // SAFETY: the caller's contract is `register_cache`'s (this function's `# Safety`).
         let id =
             unsafe { d.register_cache(&desc, addrs, hixl_rs::datadist::CacheKind::Mix, 0, &[]) }
@@ -615,6 +627,36 @@ pub unsafe extern "C" fn hixl_dd_register_cache(
         // SAFETY: checked not null; writable by the caller's contract.
         unsafe { put(cache_id, id, "cache_id") }.map_err(of_engine)
     })
+}
+
+/// The description `desc` and the `count` addresses at `addrs` of a registration.
+///
+/// # Safety
+/// As [`hixl_dd_register_cache`]'s (`cache_id` is only checked for null).
+unsafe fn cache_desc<'a>(
+    desc: *const DdCacheDesc,
+    addrs: *const u64,
+    count: usize,
+    cache_id: *mut i64,
+) -> R<(CacheDesc, &'a [u64])> {
+    if desc.is_null() || cache_id.is_null() {
+        return Err(invalid("desc or cache_id is null"));
+    }
+    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
+    let c = unsafe { desc.read_unaligned() };
+    let placement = Placement::from_value(c.placement)
+        .ok_or_else(|| invalid(format!("{} is not a placement (0, 1)", c.placement)))?;
+    // SAFETY: the caller's contract.
+    let shape = unsafe { slice(c.shape, c.shape_len, "shape") }.map_err(of_engine)?;
+    // SAFETY: the caller's contract.
+    let addrs = unsafe { slice(addrs, count, "addrs") }.map_err(of_engine)?;
+    let desc = CacheDesc {
+        placement,
+        num_tensors: c.num_tensors,
+        data_type: DataType(c.data_type),
+        shape: shape.to_vec(),
+    };
+    Ok((desc, addrs))
 }
 
 /// `UnregisterKvCache`: the cache leaves the table and its tensors are deregistered; an
@@ -645,7 +687,8 @@ pub unsafe extern "C" fn hixl_dd_pull_cache(
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let (src, layers) = unsafe { (index(src, "src")?, self::layers(layers)?) };
+        let (src, layers) = unsafe { (index(src, "src"), self::layers(layers)) };
+        let (src, layers) = (src.map_err(refused(&d))?, layers.map_err(refused(&d))?);
         d.pull(
             &by_id(&src),
             dst_cache_id,
@@ -678,20 +721,15 @@ pub unsafe extern "C" fn hixl_dd_pull_blocks(
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let src = unsafe { index(src, "src") }?;
-        if src.batch_index != 0 {
-            return Err(invalid(format!(
-                "src batch_index {}: a pull of blocks takes 0",
-                src.batch_index
-            )));
-        }
-        // SAFETY: the caller's contract.
-        let (blocks, layers) = unsafe {
+        let (src, blocks, layers) = unsafe {
             (
-                self::blocks(src_blocks, dst_blocks, count)?,
-                self::layers(layers)?,
+                index(src, "src"),
+                self::blocks(src_blocks, dst_blocks, count),
+                self::layers(layers),
             )
         };
+        let src = src.map_err(refused(&d))?;
+        let (blocks, layers) = (blocks.map_err(refused(&d))?, layers.map_err(refused(&d))?);
         d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(blocks), &layers)
             .map_err(fail)
     })
@@ -715,12 +753,9 @@ pub unsafe extern "C" fn hixl_dd_push_cache(
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let (dst, layers) = unsafe { (index(dst, "dst")?, self::layers(layers)?) };
-        if size != -1 {
-            return Err(invalid(format!(
-                "size {size}: a push moves whole batches (-1)"
-            )));
-        }
+        let (dst, layers) = unsafe { (index(dst, "dst"), self::layers(layers)) };
+        let (dst, layers) = (dst.map_err(refused(&d))?, layers.map_err(refused(&d))?);
+        args::push_size(size).map_err(|e| fail(d.refuse(e)))?;
         d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &layers)
             .map_err(fail)
     })
@@ -745,20 +780,15 @@ pub unsafe extern "C" fn hixl_dd_push_blocks(
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let dst = unsafe { index(dst, "dst") }?;
-        if dst.batch_index != 0 {
-            return Err(invalid(format!(
-                "dst batch_index {}: a push of blocks takes 0",
-                dst.batch_index
-            )));
-        }
-        // SAFETY: the caller's contract.
-        let (blocks, layers) = unsafe {
+        let (dst, blocks, layers) = unsafe {
             (
-                self::blocks(src_blocks, dst_blocks, count)?,
-                self::layers(layers)?,
+                index(dst, "dst"),
+                self::blocks(src_blocks, dst_blocks, count),
+                self::layers(layers),
             )
         };
+        let dst = dst.map_err(refused(&d))?;
+        let (blocks, layers) = (blocks.map_err(refused(&d))?, layers.map_err(refused(&d))?);
         d.push(src_cache_id, &by_id(&dst), 0, Some(blocks), &layers)
             .map_err(fail)
     })
