@@ -154,7 +154,7 @@ pub(super) fn pull(
 
 /// A push's arguments on their own (`PushKvCache`, `PushKvBlocks`, `push_cache`,
 /// `push_blocks`): not to the instance's own cluster; a peer cache id not below 0; the block
-/// lists ([`push_blocks`]); the layers ([`layers`]).
+/// lists ([`push_blocks`]); the layers ([`layers`], of one span: [`spans`]).
 pub(super) fn push(
     own: u64,
     dst: &RemoteCache,
@@ -169,7 +169,8 @@ pub(super) fn push(
         push_blocks(s, d)?;
         by_id_batch_zero(dst)?;
     }
-    layers(l)
+    layers(l)?;
+    spans(l)
 }
 
 /// A push's `size`, where a surface has one (`PushKvCache`, `push_cache`, `hixl_dd_push_cache`):
@@ -243,7 +244,7 @@ fn same_length(s: &[u64], d: &[u64]) -> Result<()> {
 }
 
 /// A transfer's layers on their own: at least one tensor per layer, both sides' ranges or
-/// neither, each `first <= last`, both as many layers.
+/// neither, each `first <= last`.
 fn layers(l: &Layers) -> Result<()> {
     if l.per_layer == 0 {
         return Err(Error::param("tensor_num_per_layer should be >= 1"));
@@ -258,14 +259,20 @@ fn layers(l: &Layers) -> Result<()> {
                     )));
                 }
             }
-            if s.1 - s.0 != d.1 - d.0 {
-                return Err(Error::param(format!(
-                    "src_layer_range {s:?} and dst_layer_range {d:?} differ in length"
-                )));
-            }
             Ok(())
         }
         _ => Err(Error::param("give both layer ranges or neither")),
+    }
+}
+
+/// Both layer ranges (checked by [`layers`]) span as many layers: a push's argument rule; a
+/// pull's, checked once the link and both caches are known (where every surface reported it).
+pub(super) fn spans(l: &Layers) -> Result<()> {
+    match (l.src, l.dst) {
+        (Some(s), Some(d)) if s.1 - s.0 != d.1 - d.0 => Err(Error::param(format!(
+            "src_layer_range {s:?} and dst_layer_range {d:?} differ in length"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -44,6 +44,7 @@ impl DataDist {
         let (local, _in_use) = self.local(dst_cache)?;
         args::local_kind(local.kind, blocks.is_some(), dst_cache)?;
         let (remote, r, src_batch) = self.find_remote(&engine, src)?;
+        args::spans(layers)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
         let ops = match blocks {
             Some(([], d)) if r.kind == CacheKind::Cache => {
