@@ -35,8 +35,21 @@ pub(super) fn int<'py, T: FromPyObject<'py>>(
 
 /// A `list` or `tuple` of `int`s, each a `uint64`.
 pub(super) fn u64s(obj: &Bound<'_, PyAny>, what: &str) -> Result<Vec<u64>, Error> {
-    let each =
-        |i: usize, item: Bound<'_, PyAny>| int::<u64>(&item, &format!("{what}[{i}]"), "uint64");
+    // (this runs once per block: an item's name is made only for its message, and an `int`
+    // is converted by the one C call that `extract` would make after checking it again)
+    let each = |i: usize, item: Bound<'_, PyAny>| match item.downcast::<PyInt>() {
+        Ok(n) if !item.is_instance_of::<PyBool>() => {
+            // SAFETY: `n` is a live `int` (checked above, and held by `item`), which is all
+            // `PyLong_AsUnsignedLongLong` takes; a value it cannot convert is reported through
+            // the error indicator, taken right below while the GIL is held.
+            let v = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLong(n.as_ptr()) };
+            if v == u64::MAX && PyErr::take(item.py()).is_some() {
+                return int::<u64>(&item, &format!("{what}[{i}]"), "uint64");
+            }
+            Ok(v)
+        }
+        _ => int::<u64>(&item, &format!("{what}[{i}]"), "uint64"),
+    };
     if let Ok(l) = obj.downcast::<PyList>() {
         return (l.iter().enumerate()).map(|(i, x)| each(i, x)).collect();
     }
