@@ -72,7 +72,8 @@ impl DataDist {
     }
 
     /// `PullKvCache` / `PullKvBlocks` with CANN's `KvCacheExtParam`
-    /// ([`ExtParam::pull_layers`]); then [`DataDist::pull`].
+    /// ([`ExtParam::pull_layers`]), source blocks required (CANN's class has no pull of a
+    /// peer's batch into blocks); then [`DataDist::pull`].
     ///
     /// # Errors
     /// As [`DataDist::pull`].
@@ -86,6 +87,10 @@ impl DataDist {
         ext: &ExtParam,
     ) -> Result<()> {
         self.ready()?;
+        if blocks.is_some_and(|(s, _)| s.is_empty()) {
+            // (CANN's class has no pull of a peer's batch cut into blocks)
+            return Err(Error::param("src_blocks can not be empty."));
+        }
         let layers = ext.pull_layers()?;
         self.pull(src, dst_cache, dst_batch, size, blocks, &layers)
     }
