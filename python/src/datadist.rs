@@ -276,6 +276,13 @@ impl PyDataDist {
         status(&py.allow_threads(move || dd.unlink_comm(comm_id)))
     }
 
+    /// The address peers link to (`"ip:port"`, the port chosen for `llm.ListenIpInfo` port
+    /// 0), or `None` for an instance that does not listen.
+    #[getter]
+    fn listen_addr(&self) -> Option<String> {
+        self.dd.listen_addr().map(|a| a.to_string())
+    }
+
     /// Whether cluster `cluster_id` is linked.
     fn is_linked(&self, cluster_id: u64) -> bool {
         self.dd.is_linked(cluster_id)

@@ -1,8 +1,7 @@
 //! LLM-DataDist's cases through `hixl::datadist::DataDist` (the Rust API).
 
 use hixl::datadist::{
-    CacheKey, CacheKind, ClusterInfo, DataDist, Error, IpInfo, Layers, LlmStatus, RemoteCache,
-    Role,
+    CacheKey, CacheKind, ClusterInfo, DataDist, Error, IpInfo, Layers, LlmStatus, RemoteCache, Role,
 };
 
 use crate::peer::{self, BATCHES_SHAPE, BLOCKS_SHAPE, DdPeer, ME, PEER, TENSORS};
@@ -180,10 +179,12 @@ pub fn run(case: &Case, peer: &DdPeer) -> u32 {
             status(unsafe { me.register_cache(&d, &addrs, CacheKind::Cache, 0, &keys) })
         }
         "unregister" => status(me.unregister_cache(case.int("id", 0))),
-        "link" => match me.link_clusters(&[cluster(case, peer)], case.int("timeout", 1000) as i32) {
-            Ok((ret, _)) => ret.code(),
-            Err(e) => e.status.code(),
-        },
+        "link" => {
+            match me.link_clusters(&[cluster(case, peer)], case.int("timeout", 1000) as i32) {
+                Ok((ret, _)) => ret.code(),
+                Err(e) => e.status.code(),
+            }
+        }
         "unlink" => {
             let r = me.unlink_clusters(
                 &[cluster(case, peer)],

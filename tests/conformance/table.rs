@@ -62,8 +62,8 @@ impl Case {
 
 /// The table's cases.
 pub fn load(path: &Path) -> Vec<Case> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let doc: Value = serde_json::from_str(&text).expect("cases.json is JSON");
     let surfaces = &doc["surfaces"];
     doc["cases"]
