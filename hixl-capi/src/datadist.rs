@@ -148,6 +148,20 @@ fn refused(d: &DataDist) -> impl Fn(Fail) -> Fail + '_ {
     move |(status, msg)| fail(d.refuse(Error::new(status, msg)))
 }
 
+/// Runs `call` on the instance `dd` with the arguments `args` translates (a translation's
+/// failure reported after the instance's own, [`refused`]).
+fn with<A>(
+    dd: *mut HixlDd,
+    args: impl FnOnce() -> R<A>,
+    call: impl FnOnce(&DataDist, A) -> Result<(), Error>,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        let a = args().map_err(refused(&d))?;
+        call(&d, a).map_err(fail)
+    })
+}
+
 /// The engine ABI's failures (`PARAM_INVALID` of its pointer helpers) as LLM ones.
 fn of_engine((status, msg): (u32, String)) -> Fail {
     let s = hixl_rs::Status::from_code(status).unwrap_or(hixl_rs::Status::FAILED);
@@ -240,6 +254,7 @@ pub unsafe extern "C" fn hixl_dd_initialize(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
+    // (not `with`: before it, nothing else fails first)
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
@@ -273,13 +288,9 @@ pub unsafe extern "C" fn hixl_dd_set_role(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        let role = self::role(role).map_err(refused(&d))?;
-        // SAFETY: the caller's contract.
-        let opts = unsafe { options(keys, values, count) }.map_err(refused(&d))?;
-        d.set_role(role, &opts).map_err(fail)
-    })
+    // SAFETY: the caller's contract.
+    let args = || Ok((self::role(role)?, unsafe { options(keys, values, count) }?));
+    with(dd, args, |d, (role, opts)| d.set_role(role, &opts))
 }
 
 /// The instance's current role (1, 2, 3) in `*role`.
@@ -508,22 +519,12 @@ pub unsafe extern "C" fn hixl_dd_pull_cache(
     dst_cache_id: i64,
     dst_batch_index: u32,
     size: i64,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, layers) = unsafe { (index(src, "src"), self::layers(layers)) };
-        let (src, layers) = (src.map_err(refused(&d))?, layers.map_err(refused(&d))?);
-        d.pull(
-            &by_id(&src),
-            dst_cache_id,
-            dst_batch_index,
-            size,
-            None,
-            &layers,
-        )
-        .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((index(src, "src")?, layers(l)?)) };
+    with(dd, args, |d, (src, l)| {
+        d.pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &l)
     })
 }
 
@@ -542,22 +543,15 @@ pub unsafe extern "C" fn hixl_dd_pull_blocks(
     src_blocks: *const u64,
     dst_blocks: *const u64,
     count: usize,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, blocks, layers) = unsafe {
-            (
-                index(src, "src"),
-                self::blocks(src_blocks, dst_blocks, count),
-                self::layers(layers),
-            )
-        };
-        let src = src.map_err(refused(&d))?;
-        let (blocks, layers) = (blocks.map_err(refused(&d))?, layers.map_err(refused(&d))?);
-        d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(blocks), &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = blocks(src_blocks, dst_blocks, count)?;
+        Ok((index(src, "src")?, b, layers(l)?))
+    };
+    with(dd, args, |d, (src, b, l)| {
+        d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(b), &l)
     })
 }
 
@@ -574,16 +568,13 @@ pub unsafe extern "C" fn hixl_dd_push_cache(
     src_batch_index: u32,
     dst: *const DdCacheIndex,
     size: i64,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (dst, layers) = unsafe { (index(dst, "dst"), self::layers(layers)) };
-        let (dst, layers) = (dst.map_err(refused(&d))?, layers.map_err(refused(&d))?);
-        args::push_size(size).map_err(|e| fail(d.refuse(e)))?;
-        d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((index(dst, "dst")?, layers(l)?)) };
+    with(dd, args, |d, (dst, l)| {
+        args::push_size(size).map_err(|e| d.refuse(e))?;
+        d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &l)
     })
 }
 
@@ -601,21 +592,14 @@ pub unsafe extern "C" fn hixl_dd_push_blocks(
     src_blocks: *const u64,
     dst_blocks: *const u64,
     count: usize,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (dst, blocks, layers) = unsafe {
-            (
-                index(dst, "dst"),
-                self::blocks(src_blocks, dst_blocks, count),
-                self::layers(layers),
-            )
-        };
-        let dst = dst.map_err(refused(&d))?;
-        let (blocks, layers) = (blocks.map_err(refused(&d))?, layers.map_err(refused(&d))?);
-        d.push(src_cache_id, &by_id(&dst), 0, Some(blocks), &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = blocks(src_blocks, dst_blocks, count)?;
+        Ok((index(dst, "dst")?, b, layers(l)?))
+    };
+    with(dd, args, |d, (dst, b, l)| {
+        d.push(src_cache_id, &by_id(&dst), 0, Some(b), &l)
     })
 }

@@ -10,7 +10,7 @@ use hixl_rs::datadist::{CacheArg, ExtParam};
 
 use super::{
     DdCacheIndex, DdClusterInfo, DdLayers, HixlDd, LlmStatusCode, R, by_id, entry, fail, index,
-    instance, invalid, links, lists, options, refused,
+    instance, invalid, links, lists, options, with,
 };
 
 /// `hixl_dd_cache_arg`: the `Cache` argument of CANN's pushes (its id and the description its
@@ -147,20 +147,10 @@ pub unsafe extern "C" fn hixl_dd_cann_pull_cache(
     size: i64,
     ext: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, ext) = unsafe { (index(src, "src"), self::ext(ext)) };
-        let (src, ext) = (src.map_err(refused(&d))?, ext.map_err(refused(&d))?);
-        d.cann_pull(
-            &by_id(&src),
-            dst_cache_id,
-            dst_batch_index,
-            size,
-            None,
-            &ext,
-        )
-        .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((index(src, "src")?, self::ext(ext)?)) };
+    with(dd, args, |d, (src, e)| {
+        d.cann_pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &e)
     })
 }
 
@@ -180,20 +170,13 @@ pub unsafe extern "C" fn hixl_dd_cann_pull_blocks(
     dst_count: usize,
     ext: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, blocks, ext) = unsafe {
-            (
-                index(src, "src"),
-                lists(src_blocks, src_count, dst_blocks, dst_count),
-                self::ext(ext),
-            )
-        };
-        let src = src.map_err(refused(&d))?;
-        let (blocks, ext) = (blocks.map_err(refused(&d))?, ext.map_err(refused(&d))?);
-        d.cann_pull(&by_id(&src), dst_cache_id, 0, -1, Some(blocks), &ext)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = lists(src_blocks, src_count, dst_blocks, dst_count)?;
+        Ok((index(src, "src")?, b, self::ext(ext)?))
+    };
+    with(dd, args, |d, (src, b, e)| {
+        d.cann_pull(&by_id(&src), dst_cache_id, 0, -1, Some(b), &e)
     })
 }
 
@@ -212,14 +195,10 @@ pub unsafe extern "C" fn hixl_dd_cann_push_cache(
     size: i64,
     ext: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, dst, ext) = unsafe { (cache_arg(src), index(dst, "dst"), self::ext(ext)) };
-        let src = src.map_err(refused(&d))?;
-        let (dst, ext) = (dst.map_err(refused(&d))?, ext.map_err(refused(&d))?);
-        d.cann_push(&src, &by_id(&dst), src_batch_index, size, None, &ext)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((cache_arg(src)?, index(dst, "dst")?, self::ext(ext)?)) };
+    with(dd, args, |d, (src, dst, e)| {
+        d.cann_push(&src, &by_id(&dst), src_batch_index, size, None, &e)
     })
 }
 
@@ -240,20 +219,12 @@ pub unsafe extern "C" fn hixl_dd_cann_push_blocks(
     dst_count: usize,
     ext: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, dst, blocks, ext) = unsafe {
-            (
-                cache_arg(src),
-                index(dst, "dst"),
-                lists(src_blocks, src_count, dst_blocks, dst_count),
-                self::ext(ext),
-            )
-        };
-        let (src, dst) = (src.map_err(refused(&d))?, dst.map_err(refused(&d))?);
-        let (blocks, ext) = (blocks.map_err(refused(&d))?, ext.map_err(refused(&d))?);
-        d.cann_push(&src, &by_id(&dst), 0, -1, Some(blocks), &ext)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = lists(src_blocks, src_count, dst_blocks, dst_count)?;
+        Ok((cache_arg(src)?, index(dst, "dst")?, b, self::ext(ext)?))
+    };
+    with(dd, args, |d, (src, dst, b, e)| {
+        d.cann_push(&src, &by_id(&dst), 0, -1, Some(b), &e)
     })
 }

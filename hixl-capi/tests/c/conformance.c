@@ -30,6 +30,7 @@
 
 /* conformance_cs.c */
 unsigned cs_case(char **tok, int n);
+char *unescape(char *s);
 
 enum { REGION = 4096, TENSORS = 4, MAX_TOK = 64, MAX_LIST = 64 };
 
@@ -38,8 +39,8 @@ static uintptr_t peer_region;
 static const char *dd_ip;
 static uint16_t dd_port;
 
-/* %XX escapes decoded in place; `~` is "" */
-static char *unescape(char *s) {
+/* %XX escapes decoded in place; `~` is "" (conformance_cs.c's strings too) */
+char *unescape(char *s) {
   if (strcmp(s, "~") == 0) {
     s[0] = '\0';
     return s;

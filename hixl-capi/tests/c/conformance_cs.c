@@ -22,21 +22,11 @@
 
 enum { BUF = 8192 };
 
-static char *unescape_cs(char *s) {
-  if (strcmp(s, "~") == 0) return NULL;
-  char *w = s;
-  for (char *r = s; *r; r++) {
-    if (r[0] == '%' && r[1] && r[2]) {
-      char hex[3] = {r[1], r[2], 0};
-      *w++ = (char)strtol(hex, NULL, 16);
-      r += 2;
-    } else {
-      *w++ = *r;
-    }
-  }
-  *w = '\0';
-  return s;
-}
+/* conformance.c's: %XX escapes decoded in place, `~` the empty string */
+char *unescape(char *s);
+
+/* a string argument: `~` for none (a null pointer), else %-escaped */
+static const char *text(char *s) { return strcmp(s, "~") == 0 ? NULL : unescape(s); }
 
 static EndpointDesc endpoint(void) {
   EndpointDesc e;
@@ -78,12 +68,12 @@ unsigned cs_case(char **tok, int n) {
     HixlServerDesc d;
     memset(&d, 0, sizeof d);
     d.server_port = (uint32_t)strtoul(tok[6], NULL, 10);
-    d.server_ip = strcmp(tok[7], "null") == 0 ? NULL : unescape_cs(tok[7]);
+    d.server_ip = strcmp(tok[7], "null") == 0 ? NULL : unescape(tok[7]);
     d.endpoint_list = strcmp(tok[8], "null") == 0 ? NULL : &ep;
     d.endpoint_list_num = strcmp(tok[8], "null") == 0 ? 1 : (uint32_t)strtoul(tok[8], NULL, 10);
     HixlServerConfig c;
     memset(&c, 0, sizeof c);
-    c.global_resource_config = unescape_cs(tok[9]);
+    c.global_resource_config = text(tok[9]);
     HixlServerHandle made = NULL;
     st = HixlCSServerCreate(tok[3][0] == '1' ? &d : NULL, tok[4][0] == '1' ? &c : NULL,
                             tok[5][0] == '1' ? &made : NULL);
