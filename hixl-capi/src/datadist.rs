@@ -254,12 +254,27 @@ pub unsafe extern "C" fn hixl_dd_initialize(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
-    // (not `with`: before it, nothing else fails first)
+    // SAFETY: the caller's contract.
+    unsafe { initialize(dd, keys, values, count, DataDist::initialize) }
+}
+
+/// An `Initialize`: `call` with the `count` option pairs at `keys` and `values` (not
+/// [`with`]: nothing is reported before an `Initialize`'s arguments).
+///
+/// # Safety
+/// As [`hixl_dd_initialize`].
+unsafe fn initialize(
+    dd: *mut HixlDd,
+    keys: *const *const c_char,
+    values: *const *const c_char,
+    count: usize,
+    call: impl FnOnce(&DataDist, &[(String, String)]) -> Result<(), Error>,
+) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
         let opts = unsafe { options(keys, values, count) }?;
-        d.initialize(&opts).map_err(fail)
+        call(&d, &opts).map_err(fail)
     })
 }
 

@@ -6,11 +6,11 @@
 
 use std::ffi::c_char;
 
-use hixl_rs::datadist::{CacheArg, ExtParam};
+use hixl_rs::datadist::{CacheArg, DataDist, ExtParam};
 
 use super::{
-    DdCacheIndex, DdClusterInfo, DdLayers, HixlDd, LlmStatusCode, R, by_id, entry, fail, index,
-    instance, invalid, links, lists, options, with,
+    DdCacheIndex, DdClusterInfo, DdLayers, HixlDd, LlmStatusCode, R, by_id, index, initialize,
+    invalid, links, lists, with,
 };
 
 /// `hixl_dd_cache_arg`: the `Cache` argument of CANN's pushes (its id and the description its
@@ -75,12 +75,8 @@ pub unsafe extern "C" fn hixl_dd_cann_initialize(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let opts = unsafe { options(keys, values, count) }?;
-        d.cann_initialize(&opts).map_err(fail)
-    })
+    // SAFETY: the caller's contract.
+    unsafe { initialize(dd, keys, values, count, DataDist::cann_initialize) }
 }
 
 /// `LinkLlmClusters` of CANN's C++ class ([`DataDist::cann_link_clusters`]: at least one
