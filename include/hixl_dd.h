@@ -14,7 +14,9 @@
  * the library gives HIXL_LLM_FAILED. Calls on an instance not initialized (or finalized) give
  * HIXL_LLM_FAILED, as LLM-DataDist's. Instances are thread-safe.
  *
- * What the calls do, and the order of their checks: docs/c-and-cpp.md ("LLM-DataDist").
+ * What the calls do, and the order of their checks: docs/c-and-cpp.md ("LLM-DataDist"). The
+ * rules an argument must follow are hixl::datadist's (src/datadist/core/args.rs), the same for
+ * the Rust API, this ABI and the Python package.
  */
 #ifndef HIXL_DD_H_
 #define HIXL_DD_H_
@@ -189,6 +191,46 @@ hixl_status hixl_dd_push_cache(hixl_dd *dd, int64_t src_cache_id, uint32_t src_b
 hixl_status hixl_dd_push_blocks(hixl_dd *dd, int64_t src_cache_id, const hixl_dd_cache_index *dst,
                                 const uint64_t *src_blocks, const uint64_t *dst_blocks,
                                 size_t count, const hixl_dd_layers *layers);
+
+/* CANN's C++ class llm_datadist::LlmDataDist (libllm_datadist.so) in its own argument forms:
+ * its calls forward here and check nothing themselves. As the calls above, with CANN's rules
+ * for its forms: Initialize requires llm.DeviceId; links take at least one cluster and IPv4
+ * addresses, and *reached says whether the call got to the clusters (and wrote rets); an
+ * unlinked cluster counts as unlinked (HIXL_LLM_SUCCESS) when that was the call's failure.
+ * Block lists come with a count each (C++ vectors: their lengths are the rules' to compare).
+ * `ext` is a KvCacheExtParam in hixl_dd_layers' layout: each side {first, last} (-1 or more,
+ * first <= last; a first below 0: no range), a pull's layers both ranges when both are set,
+ * else every tensor; a push takes a cache the argument places on the device, both ranges of
+ * one span, and without a source range every layer of the argument's num_tensors (a last
+ * partial layer counts as one). */
+typedef struct {
+  int64_t cache_id;
+  uint32_t placement;   /* HIXL_DD_PLACEMENT_*, as the caller's Cache says */
+  uint32_t num_tensors; /* as the caller's Cache says */
+} hixl_dd_cache_arg;
+
+hixl_status hixl_dd_cann_initialize(hixl_dd *dd, const char *const *keys, const char *const *values,
+                                    size_t count);
+hixl_status hixl_dd_cann_link_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clusters,
+                                       size_t count, int32_t timeout_in_millis, uint32_t *rets,
+                                       bool *reached);
+hixl_status hixl_dd_cann_unlink_clusters(hixl_dd *dd, const hixl_dd_cluster_info *clusters,
+                                         size_t count, int32_t timeout_in_millis, bool force,
+                                         uint32_t *rets, bool *reached);
+hixl_status hixl_dd_cann_pull_cache(hixl_dd *dd, const hixl_dd_cache_index *src,
+                                    int64_t dst_cache_id, uint32_t dst_batch_index, int64_t size,
+                                    const hixl_dd_layers *ext);
+hixl_status hixl_dd_cann_pull_blocks(hixl_dd *dd, const hixl_dd_cache_index *src,
+                                     int64_t dst_cache_id, const uint64_t *src_blocks,
+                                     size_t src_count, const uint64_t *dst_blocks,
+                                     size_t dst_count, const hixl_dd_layers *ext);
+hixl_status hixl_dd_cann_push_cache(hixl_dd *dd, const hixl_dd_cache_arg *src,
+                                    uint32_t src_batch_index, const hixl_dd_cache_index *dst,
+                                    int64_t size, const hixl_dd_layers *ext);
+hixl_status hixl_dd_cann_push_blocks(hixl_dd *dd, const hixl_dd_cache_arg *src,
+                                     const hixl_dd_cache_index *dst, const uint64_t *src_blocks,
+                                     size_t src_count, const uint64_t *dst_blocks,
+                                     size_t dst_count, const hixl_dd_layers *ext);
 
 #ifdef __cplusplus
 }

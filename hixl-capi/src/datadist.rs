@@ -3,23 +3,30 @@
 //! `llm_datadist::LlmDataDist` (`cxx/llm_datadist.cc`) and any C caller.
 //!
 //! The rules are the engine ABI's (`lib.rs`), with LLM-DataDist's status codes: every entry
-//! point runs under `catch_unwind` (a panic is `LLM_FAILED`), checks its pointers (null →
+//! point runs under `catch_unwind` (a panic is `LLM_FAILED`), translates its pointers (null →
 //! `LLM_PARAM_INVALID`), strings (not UTF-8 → `LLM_PARAM_INVALID`), enum values and counts,
 //! and looks its handle up in a registry (an unknown or destroyed handle is
 //! `LLM_PARAM_INVALID`, never a dereference); a failure leaves its cause for
-//! `hixl_last_error_message` (the same thread-local buffer as the engine's calls).
+//! `hixl_last_error_message` (the same thread-local buffer as the engine's calls). What an
+//! argument may be is the instance's to say (`hixl_rs::datadist::args`): nothing here checks a
+//! value, and a translation that fails on a live handle is reported after what the instance
+//! reports first ([`DataDist::refuse`]: `LLM_FAILED` before `Initialize`).
+//!
+//! `cann.rs`: the calls of CANN's C++ class in its own argument forms (`hixl_dd_cann_*`), which
+//! `cxx/llm_datadist.cc` forwards to.
 
 use std::collections::HashMap;
 use std::ffi::c_char;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hixl_rs::datadist::{
-    CacheDesc, ClusterInfo, DataDist, DataType, Error, IpInfo, Layers, LlmStatus, Placement,
-    RemoteCache, Role,
-};
+use hixl_rs::datadist::{ClusterInfo, DataDist, Error, LlmStatus, Role, args};
 
 use crate::{put, set_error, slice, string};
+
+mod cann;
+mod translate;
+use translate::{blocks, by_id, cache_desc, clusters, index, layers, lists, options, put_rets};
 
 /// A status code: LLM-DataDist's values (0 `LLM_SUCCESS`, 0x5010B005 `LLM_PARAM_INVALID`, ...).
 pub type LlmStatusCode = u32;
@@ -135,6 +142,26 @@ fn fail(e: Error) -> Fail {
     (e.status, e.message)
 }
 
+/// A failed translation of a call's arguments, as the live instance `d` reports it (after its
+/// own failure, [`DataDist::refuse`]).
+fn refused(d: &DataDist) -> impl Fn(Fail) -> Fail + '_ {
+    move |(status, msg)| fail(d.refuse(Error::new(status, msg)))
+}
+
+/// Runs `call` on the instance `dd` with the arguments `args` translates (a translation's
+/// failure reported after the instance's own, [`refused`]).
+fn with<A>(
+    dd: *mut HixlDd,
+    args: impl FnOnce() -> R<A>,
+    call: impl FnOnce(&DataDist, A) -> Result<(), Error>,
+) -> LlmStatusCode {
+    entry(|| {
+        let d = instance(dd)?;
+        let a = args().map_err(refused(&d))?;
+        call(&d, a).map_err(fail)
+    })
+}
+
 /// The engine ABI's failures (`PARAM_INVALID` of its pointer helpers) as LLM ones.
 fn of_engine((status, msg): (u32, String)) -> Fail {
     let s = hixl_rs::Status::from_code(status).unwrap_or(hixl_rs::Status::FAILED);
@@ -167,149 +194,6 @@ fn instance(h: *mut HixlDd) -> R<Arc<DataDist>> {
 
 fn role(v: i32) -> R<Role> {
     Role::from_value(v).ok_or_else(|| invalid(format!("{v} is not a role (1, 2, 3)")))
-}
-
-/// # Safety
-/// `keys` and `values` are null (with `count` 0) or arrays of `count` NUL-terminated strings.
-unsafe fn options(
-    keys: *const *const c_char,
-    values: *const *const c_char,
-    count: usize,
-) -> R<Vec<(String, String)>> {
-    // SAFETY: the caller's contract.
-    let (ks, vs) = unsafe { (slice(keys, count, "keys"), slice(values, count, "values")) };
-    let (ks, vs) = (ks.map_err(of_engine)?, vs.map_err(of_engine)?);
-    let mut out = Vec::with_capacity(count);
-    for (k, v) in ks.iter().zip(vs) {
-        // SAFETY: the caller's contract: each element is a NUL-terminated string.
-        let (k, v) = unsafe { (string(*k, "option key"), string(*v, "option value")) };
-        out.push((
-            k.map_err(of_engine)?.to_owned(),
-            v.map_err(of_engine)?.to_owned(),
-        ));
-    }
-    Ok(out)
-}
-
-/// # Safety
-/// `p` is null (with `count` 0) or an array of `count` addresses whose `ip` is a
-/// NUL-terminated string.
-unsafe fn ip_infos(p: *const DdIpInfo, count: usize, what: &str) -> R<Vec<IpInfo>> {
-    // SAFETY: the caller's contract.
-    let infos = unsafe { slice(p, count, what) }.map_err(of_engine)?;
-    infos
-        .iter()
-        .map(|i| {
-            // SAFETY: the caller's contract.
-            let ip = unsafe { string(i.ip, "ip") }.map_err(of_engine)?;
-            if ip.is_empty() {
-                return Err(invalid(format!("{what}: an empty ip")));
-            }
-            let ip = ip
-                .parse()
-                .map_err(|_| invalid(format!("{what}: {ip:?} is not an IP address")))?;
-            Ok(IpInfo { ip, port: i.port })
-        })
-        .collect()
-}
-
-/// # Safety
-/// `p` is null (with `count` 0) or an array of `count` valid cluster descriptions.
-unsafe fn clusters(p: *const DdClusterInfo, count: usize) -> R<Vec<ClusterInfo>> {
-    // SAFETY: the caller's contract.
-    let cs = unsafe { slice(p, count, "clusters") }.map_err(of_engine)?;
-    cs.iter()
-        .map(|c| {
-            Ok(ClusterInfo {
-                remote_cluster_id: c.remote_cluster_id,
-                remote_role_type: c.remote_role_type,
-                // SAFETY: the caller's contract.
-                local_ip_infos: unsafe {
-                    ip_infos(c.local_ip_infos, c.local_ip_count, "local_ip_infos")
-                }?,
-                // SAFETY: the caller's contract.
-                remote_ip_infos: unsafe {
-                    ip_infos(c.remote_ip_infos, c.remote_ip_count, "remote_ip_infos")
-                }?,
-            })
-        })
-        .collect()
-}
-
-/// # Safety
-/// `rets` is null or writable for `n` statuses.
-unsafe fn put_rets(rets: *mut u32, got: &[LlmStatus]) -> R<()> {
-    if got.is_empty() {
-        return Ok(());
-    }
-    if rets.is_null() {
-        return Err(invalid("rets is null"));
-    }
-    for (i, s) in got.iter().enumerate() {
-        // SAFETY: `i < n`, the caller's array's length (its contract); no alignment assumed.
-        unsafe { rets.add(i).write_unaligned(s.code()) };
-    }
-    Ok(())
-}
-
-/// The layers of `p` (null: every tensor, two per layer).
-///
-/// # Safety
-/// `p` is null or readable.
-unsafe fn layers(p: *const DdLayers) -> R<Layers> {
-    if p.is_null() {
-        return Ok(Layers::all());
-    }
-    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
-    let l = unsafe { p.read_unaligned() };
-    if l.tensor_num_per_layer == 0 {
-        return Err(invalid("tensor_num_per_layer must be at least 1"));
-    }
-    let side = |first: i32, last: i32, what: &str| -> R<Option<(u32, u32)>> {
-        match (first, last) {
-            (-1, -1) => Ok(None),
-            (f, l) if f >= 0 && l >= f => Ok(Some((f as u32, l as u32))),
-            _ => Err(invalid(format!(
-                "{what} layer range [{first}, {last}]: -1, -1, or 0 <= first <= last"
-            ))),
-        }
-    };
-    Ok(Layers {
-        src: side(l.src_first, l.src_last, "source")?,
-        dst: side(l.dst_first, l.dst_last, "destination")?,
-        per_layer: l.tensor_num_per_layer,
-    })
-}
-
-/// # Safety
-/// `p` is null or readable.
-unsafe fn index(p: *const DdCacheIndex, what: &str) -> R<DdCacheIndex> {
-    if p.is_null() {
-        return Err(invalid(format!("{what} is null")));
-    }
-    // SAFETY: not null; readable by the caller's contract (no alignment assumed).
-    Ok(unsafe { p.read_unaligned() })
-}
-
-fn by_id(i: &DdCacheIndex) -> RemoteCache {
-    RemoteCache::ById {
-        cluster_id: i.cluster_id,
-        cache_id: i.cache_id,
-        batch_index: i.batch_index,
-    }
-}
-
-/// # Safety
-/// `src` and `dst` are null (with `count` 0) or arrays of `count` block indices.
-unsafe fn blocks<'a>(src: *const u64, dst: *const u64, count: usize) -> R<(&'a [u64], &'a [u64])> {
-    if count == 0 {
-        return Err(invalid("no blocks: at least one"));
-    }
-    // SAFETY: the caller's contract.
-    let s = unsafe { slice(src, count, "src_blocks") }.map_err(of_engine)?;
-    // SAFETY: the caller's contract.
-    let d = unsafe { slice(dst, count, "dst_blocks") }.map_err(of_engine)?;
-    Ok((s, d))
 }
 
 /// Creates an LLM-DataDist instance for `cluster_id` in `role` (1 prompt, 2 decoder, 3 mix),
@@ -370,11 +254,27 @@ pub unsafe extern "C" fn hixl_dd_initialize(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
+    // SAFETY: the caller's contract.
+    unsafe { initialize(dd, keys, values, count, DataDist::initialize) }
+}
+
+/// An `Initialize`: `call` with the `count` option pairs at `keys` and `values` (not
+/// [`with`]: nothing is reported before an `Initialize`'s arguments).
+///
+/// # Safety
+/// As [`hixl_dd_initialize`].
+unsafe fn initialize(
+    dd: *mut HixlDd,
+    keys: *const *const c_char,
+    values: *const *const c_char,
+    count: usize,
+    call: impl FnOnce(&DataDist, &[(String, String)]) -> Result<(), Error>,
+) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
         let opts = unsafe { options(keys, values, count) }?;
-        d.initialize(&opts).map_err(fail)
+        call(&d, &opts).map_err(fail)
     })
 }
 
@@ -403,13 +303,9 @@ pub unsafe extern "C" fn hixl_dd_set_role(
     values: *const *const c_char,
     count: usize,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        let role = self::role(role)?;
-        // SAFETY: the caller's contract.
-        let opts = unsafe { options(keys, values, count) }?;
-        d.set_role(role, &opts).map_err(fail)
-    })
+    // SAFETY: the caller's contract.
+    let args = || Ok((self::role(role)?, unsafe { options(keys, values, count) }?));
+    with(dd, args, |d, (role, opts)| d.set_role(role, &opts))
 }
 
 /// The instance's current role (1, 2, 3) in `*role`.
@@ -442,25 +338,12 @@ pub unsafe extern "C" fn hixl_dd_link_clusters(
     timeout_in_millis: i32,
     rets: *mut u32,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let cs = unsafe { self::clusters(clusters, count) }?;
-        if rets.is_null() && count > 0 {
-            return Err(invalid("rets is null"));
-        }
-        let (last, each) = d.link_clusters(&cs, timeout_in_millis).map_err(fail)?;
-        // SAFETY: the caller's contract (`count` statuses).
-        unsafe { put_rets(rets, &each) }?;
-        if last == LlmStatus::LLM_SUCCESS {
-            Ok(())
-        } else {
-            Err((
-                last,
-                format!("a link failed ({last}); rets has each cluster's status"),
-            ))
-        }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        links(dd, clusters, count, rets, std::ptr::null_mut(), |d, cs| {
+            d.link_clusters(cs, timeout_in_millis)
+        })
+    }
 }
 
 /// `UnlinkLlmClusters`: as [`hixl_dd_link_clusters`]; `force` tells the peer nothing (and
@@ -477,24 +360,49 @@ pub unsafe extern "C" fn hixl_dd_unlink_clusters(
     force: bool,
     rets: *mut u32,
 ) -> LlmStatusCode {
+    // SAFETY: the caller's contract.
+    unsafe {
+        links(dd, clusters, count, rets, std::ptr::null_mut(), |d, cs| {
+            d.unlink_clusters(cs, timeout_in_millis, force)
+        })
+    }
+}
+
+/// A call on each of `count` clusters: `call` with them translated, its statuses into `rets`,
+/// the last failure (or success) returned; `rets` is not written when the call fails before
+/// the clusters (a translation, a rule of the call's), and `*reached` (when not null) says
+/// whether it was.
+///
+/// # Safety
+/// As [`hixl_dd_link_clusters`]; `reached` is null or writable.
+unsafe fn links(
+    dd: *mut HixlDd,
+    clusters: *const DdClusterInfo,
+    count: usize,
+    rets: *mut u32,
+    reached: *mut bool,
+    call: impl FnOnce(&DataDist, &[ClusterInfo]) -> Result<(LlmStatus, Vec<LlmStatus>), Error>,
+) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
         // SAFETY: the caller's contract.
-        let cs = unsafe { self::clusters(clusters, count) }?;
+        let cs = unsafe { self::clusters(clusters, count) }.map_err(refused(&d))?;
         if rets.is_null() && count > 0 {
-            return Err(invalid("rets is null"));
+            return Err(refused(&d)(invalid("rets is null")));
         }
-        let (last, each) = d
-            .unlink_clusters(&cs, timeout_in_millis, force)
-            .map_err(fail)?;
+        let (last, each) = call(&d, &cs).map_err(fail)?;
         // SAFETY: the caller's contract (`count` statuses).
         unsafe { put_rets(rets, &each) }?;
+        if !reached.is_null() {
+            // SAFETY: not null; writable by the caller's contract.
+            unsafe { reached.write_unaligned(true) };
+        }
         if last == LlmStatus::LLM_SUCCESS {
             Ok(())
         } else {
             Err((
                 last,
-                format!("an unlink failed ({last}); rets has each cluster's status"),
+                format!("{last} for a cluster; rets has each cluster's status"),
             ))
         }
     })
@@ -591,23 +499,9 @@ pub unsafe extern "C" fn hixl_dd_register_cache(
 ) -> LlmStatusCode {
     entry(|| {
         let d = instance(dd)?;
-        if desc.is_null() || cache_id.is_null() {
-            return Err(invalid("desc or cache_id is null"));
-        }
-        // SAFETY: not null; readable by the caller's contract (no alignment assumed).
-        let c = unsafe { desc.read_unaligned() };
-        let placement = Placement::from_value(c.placement)
-            .ok_or_else(|| invalid(format!("{} is not a placement (0, 1)", c.placement)))?;
-        // SAFETY: the caller's contract.
-        let shape = unsafe { slice(c.shape, c.shape_len, "shape") }.map_err(of_engine)?;
-        // SAFETY: the caller's contract.
-        let addrs = unsafe { slice(addrs, count, "addrs") }.map_err(of_engine)?;
-        let desc = CacheDesc {
-            placement,
-            num_tensors: c.num_tensors,
-            data_type: DataType(c.data_type),
-            shape: shape.to_vec(),
-        };
+        // SAFETY: the caller's contract (this function's `# Safety`).
+        let (desc, addrs) =
+            unsafe { cache_desc(desc, addrs, count, cache_id) }.map_err(refused(&d))?;
         // SAFETY: the caller's contract is `register_cache`'s (this function's `# Safety`).
         let id =
             unsafe { d.register_cache(&desc, addrs, hixl_rs::datadist::CacheKind::Mix, 0, &[]) }
@@ -640,21 +534,12 @@ pub unsafe extern "C" fn hixl_dd_pull_cache(
     dst_cache_id: i64,
     dst_batch_index: u32,
     size: i64,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (src, layers) = unsafe { (index(src, "src")?, self::layers(layers)?) };
-        d.pull(
-            &by_id(&src),
-            dst_cache_id,
-            dst_batch_index,
-            size,
-            None,
-            &layers,
-        )
-        .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((index(src, "src")?, layers(l)?)) };
+    with(dd, args, |d, (src, l)| {
+        d.pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &l)
     })
 }
 
@@ -673,27 +558,15 @@ pub unsafe extern "C" fn hixl_dd_pull_blocks(
     src_blocks: *const u64,
     dst_blocks: *const u64,
     count: usize,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let src = unsafe { index(src, "src") }?;
-        if src.batch_index != 0 {
-            return Err(invalid(format!(
-                "src batch_index {}: a pull of blocks takes 0",
-                src.batch_index
-            )));
-        }
-        // SAFETY: the caller's contract.
-        let (blocks, layers) = unsafe {
-            (
-                self::blocks(src_blocks, dst_blocks, count)?,
-                self::layers(layers)?,
-            )
-        };
-        d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(blocks), &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = blocks(src_blocks, dst_blocks, count)?;
+        Ok((index(src, "src")?, b, layers(l)?))
+    };
+    with(dd, args, |d, (src, b, l)| {
+        d.pull(&by_id(&src), dst_cache_id, 0, -1, Some(b), &l)
     })
 }
 
@@ -710,19 +583,13 @@ pub unsafe extern "C" fn hixl_dd_push_cache(
     src_batch_index: u32,
     dst: *const DdCacheIndex,
     size: i64,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let (dst, layers) = unsafe { (index(dst, "dst")?, self::layers(layers)?) };
-        if size != -1 {
-            return Err(invalid(format!(
-                "size {size}: a push moves whole batches (-1)"
-            )));
-        }
-        d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe { Ok((index(dst, "dst")?, layers(l)?)) };
+    with(dd, args, |d, (dst, l)| {
+        args::push_size(size).map_err(|e| d.refuse(e))?;
+        d.push(src_cache_id, &by_id(&dst), src_batch_index, None, &l)
     })
 }
 
@@ -740,26 +607,14 @@ pub unsafe extern "C" fn hixl_dd_push_blocks(
     src_blocks: *const u64,
     dst_blocks: *const u64,
     count: usize,
-    layers: *const DdLayers,
+    l: *const DdLayers,
 ) -> LlmStatusCode {
-    entry(|| {
-        let d = instance(dd)?;
-        // SAFETY: the caller's contract.
-        let dst = unsafe { index(dst, "dst") }?;
-        if dst.batch_index != 0 {
-            return Err(invalid(format!(
-                "dst batch_index {}: a push of blocks takes 0",
-                dst.batch_index
-            )));
-        }
-        // SAFETY: the caller's contract.
-        let (blocks, layers) = unsafe {
-            (
-                self::blocks(src_blocks, dst_blocks, count)?,
-                self::layers(layers)?,
-            )
-        };
-        d.push(src_cache_id, &by_id(&dst), 0, Some(blocks), &layers)
-            .map_err(fail)
+    // SAFETY: the caller's contract.
+    let args = || unsafe {
+        let b = blocks(src_blocks, dst_blocks, count)?;
+        Ok((index(dst, "dst")?, b, layers(l)?))
+    };
+    with(dd, args, |d, (dst, b, l)| {
+        d.push(src_cache_id, &by_id(&dst), 0, Some(b), &l)
     })
 }

@@ -5,25 +5,33 @@
 //! and tuples that return LLM-DataDist's status codes (`0`, `0x5010B005`, ...) or
 //! `(status, value)` tuples and never raise for an LLM-DataDist error; the message of the last
 //! failure on the calling thread is `last_error_message()` (of `hixl._hixl`). The package's
-//! Python layer (`llm_datadist/v2/*.py`) checks the arguments as CANN's does and raises
-//! `LLMException` with the status. Every call that can block (initialize, finalize, role
-//! changes, links, registrations, pulls and pushes) releases the GIL.
+//! Python layer (`llm_datadist/v2/*.py`) raises `LLMException` with the status. Every call that
+//! can block (initialize, finalize, role changes, links, registrations, pulls and pushes)
+//! releases the GIL.
 //!
-//! A malformed argument the Python layer let through (a negative id, a wrong type) raises
-//! `TypeError` / `OverflowError` from the conversion, never reaches the instance.
+//! The arguments a caller of the package gives (block lists, batch indices, sizes, layer
+//! ranges, tensors per layer, addresses, ids, timeouts) arrive as Python objects: `typing.rs`
+//! reads them into the instance's types, a wrong type or a value beyond its type being
+//! `LLM_PARAM_INVALID` (as upstream's checks raise it), reported after the instance's own
+//! failure ([`Core::refuse`]: `LLM_FAILED` when not initialized). What a value may be is the
+//! instance's rules' (`hixl::datadist::args`): the Python layer checks none of them. Arguments
+//! the package itself builds (cluster tuples, cache descriptions) are extracted by PyO3.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use hixl::datadist::{
-    CacheDesc, CacheKey, CacheKind, ClusterInfo, DataDist as Core, DataType, Error, IpInfo, Layers,
-    LlmStatus, Placement, RemoteCache, Role,
+    CacheDesc, CacheKey, CacheKind, ClusterInfo, DataDist as Core, DataType, Error, IpInfo,
+    LayerRange, LlmStatus, Placement, Role, args,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::set_last_error;
+
+mod typing;
+use typing::{int, layer_range, remote, u64s};
 
 /// The status of a result, recording its message for `last_error_message()`.
 fn status<T>(r: &Result<T, Error>) -> u32 {
@@ -85,39 +93,43 @@ fn clusters_of(v: Vec<ClusterTuple>) -> PyResult<Vec<ClusterInfo>> {
         .collect()
 }
 
-/// A peer's cache as the Python layer packs it: `(0, cluster, cache_id, batch_index)`
-/// (`CacheKeyByIdAndIndex`), `(1, cluster, model_id, 0)` (`BlocksCacheKey`), `(2, cluster,
-/// req_id, model_id)` (`CacheKey`).
-fn remote_of(k: (u32, u64, u64, u64)) -> PyResult<RemoteCache> {
-    let (kind, cluster_id, a, b) = k;
-    Ok(match kind {
-        0 => RemoteCache::ById {
-            cluster_id,
-            cache_id: i64::try_from(a)
-                .map_err(|_| PyValueError::new_err(format!("cache id {a} is not an int64")))?,
-            batch_index: u32::try_from(b)
-                .map_err(|_| PyValueError::new_err(format!("batch index {b} is not a uint32")))?,
-        },
-        1 => RemoteCache::Blocks {
-            cluster_id,
-            model_id: a,
-        },
-        2 => RemoteCache::Request {
-            cluster_id,
-            req_id: a,
-            model_id: b,
-        },
-        _ => return Err(PyValueError::new_err(format!("cache key kind {kind}"))),
-    })
-}
-
-fn layers_of(src: Option<(u32, u32)>, dst: Option<(u32, u32)>, per_layer: u32) -> Layers {
-    Layers {
-        src,
-        dst,
-        per_layer,
+/// The status of a call whose arguments `args` read (or the failure reading them, reported
+/// after the instance's own), running `call` on them without the GIL.
+fn run<A: Send>(
+    py: Python<'_>,
+    dd: &Arc<Core>,
+    args: Result<A, Error>,
+    call: impl FnOnce(&Core, A) -> Result<(), Error> + Send,
+) -> u32 {
+    match args {
+        Err(e) => status::<()>(&Err(dd.refuse(e))),
+        Ok(a) => {
+            let dd = dd.clone();
+            py.allow_threads(move || status(&call(&dd, a)))
+        }
     }
 }
+
+/// `(src_blocks, dst_blocks)` of a pull or push, as the Python layer hands them (`None`: a
+/// transfer of batches).
+type BlockArgs<'py> = Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>;
+
+/// Two block lists read.
+type Lists = (Vec<u64>, Vec<u64>);
+
+fn block_lists(blocks: &BlockArgs<'_>) -> Result<Option<Lists>, Error> {
+    blocks
+        .as_ref()
+        .map(|(s, d)| Ok((u64s(s, "src_blocks")?, u64s(d, "dst_blocks")?)))
+        .transpose()
+}
+
+/// Two block lists read, each `None` where none was given.
+type MaybeLists = (Option<Vec<u64>>, Option<Vec<u64>>);
+
+/// A link call's `(status, each cluster's status)` from `call` on the read timeout `t`, or
+/// `(status, None)` when the call failed before the clusters.
+type Links = (u32, Option<Vec<u32>>);
 
 /// One LLM-DataDist instance (a cluster): `DataDist(cluster_id, role)`, role 1 (prompt),
 /// 2 (decoder) or 3 (mix). Thread-safe; the Python layer keeps one per process, as CANN's.
@@ -131,6 +143,29 @@ impl Drop for PyDataDist {
         let dd = self.dd.clone();
         // collected while initialized: finalize without the GIL (it waits for transfers)
         Python::with_gil(|py| py.allow_threads(move || dd.finalize()));
+    }
+}
+
+impl PyDataDist {
+    /// See [`Links`].
+    fn links(
+        &self,
+        py: Python<'_>,
+        t: Result<i32, Error>,
+        call: impl FnOnce(&Core, i32) -> Result<(LlmStatus, Vec<LlmStatus>), Error> + Send,
+    ) -> Links {
+        let r = match t {
+            Err(e) => Err(self.dd.refuse(e)),
+            Ok(t) => {
+                let dd = self.dd.clone();
+                py.allow_threads(move || call(&dd, t))
+            }
+        };
+        let c = status(&r);
+        match r {
+            Ok((last, rets)) => (last.code(), Some(rets.iter().map(|s| s.code()).collect())),
+            Err(_) => (c, None),
+        }
     }
 }
 
@@ -184,40 +219,31 @@ impl PyDataDist {
         Ok(py.allow_threads(move || status(&dd.set_role(role, &opts))))
     }
 
-    /// `link_clusters([(id, role, [(ip, port)], [(ip, port)])], timeout_ms) -> (int, [int])`.
+    /// `link_clusters([(id, role, [(ip, port)], [(ip, port)])], timeout_ms) -> (int, [int] |
+    /// None)`: `None` when the call failed before the clusters (then the package raises).
     fn link_clusters(
         &self,
         py: Python<'_>,
         clusters: Vec<ClusterTuple>,
-        timeout_ms: i32,
-    ) -> PyResult<(u32, Vec<u32>)> {
+        timeout_ms: &Bound<'_, PyAny>,
+    ) -> PyResult<(u32, Option<Vec<u32>>)> {
         let clusters = clusters_of(clusters)?;
-        let dd = self.dd.clone();
-        let r = py.allow_threads(move || dd.link_clusters(&clusters, timeout_ms));
-        let c = status(&r);
-        Ok(match r {
-            Ok((last, rets)) => (last.code(), rets.into_iter().map(|s| s.code()).collect()),
-            Err(_) => (c, Vec::new()),
-        })
+        let t = int(timeout_ms, "timeout", "int32");
+        Ok(self.links(py, t, move |dd, t| dd.link_clusters(&clusters, t)))
     }
 
     /// `unlink_clusters([(id, role, [(ip, port)], [(ip, port)])], timeout_ms, force) -> (int,
-    /// [int])`.
+    /// [int] | None)`, as `link_clusters`.
     fn unlink_clusters(
         &self,
         py: Python<'_>,
         clusters: Vec<ClusterTuple>,
-        timeout_ms: i32,
+        timeout_ms: &Bound<'_, PyAny>,
         force: bool,
-    ) -> PyResult<(u32, Vec<u32>)> {
+    ) -> PyResult<(u32, Option<Vec<u32>>)> {
         let clusters = clusters_of(clusters)?;
-        let dd = self.dd.clone();
-        let r = py.allow_threads(move || dd.unlink_clusters(&clusters, timeout_ms, force));
-        let c = status(&r);
-        Ok(match r {
-            Ok((last, rets)) => (last.code(), rets.into_iter().map(|s| s.code()).collect()),
-            Err(_) => (c, Vec::new()),
-        })
+        let t = int(timeout_ms, "timeout", "int32");
+        Ok(self.links(py, t, move |dd, t| dd.unlink_clusters(&clusters, t, force)))
     }
 
     /// `link_comm(comm_name, [(cluster_id, rank)], rank_table) -> (int, comm_id)`: CANN's
@@ -250,6 +276,13 @@ impl PyDataDist {
         status(&py.allow_threads(move || dd.unlink_comm(comm_id)))
     }
 
+    /// The address peers link to (`"ip:port"`, the port chosen for `llm.ListenIpInfo` port
+    /// 0), or `None` for an instance that does not listen.
+    #[getter]
+    fn listen_addr(&self) -> Option<String> {
+        self.dd.listen_addr().map(|a| a.to_string())
+    }
+
     /// Whether cluster `cluster_id` is linked.
     fn is_linked(&self, cluster_id: u64) -> bool {
         self.dd.is_linked(cluster_id)
@@ -267,7 +300,7 @@ impl PyDataDist {
         num_tensors: u32,
         data_type: i32,
         shape: Vec<i64>,
-        addrs: Vec<u64>,
+        addrs: &Bound<'_, PyAny>,
         kind: u32,
         batch_dim: usize,
         keys: Vec<(u64, u64)>,
@@ -286,6 +319,10 @@ impl PyDataDist {
             .into_iter()
             .map(|(req_id, model_id)| CacheKey { req_id, model_id })
             .collect();
+        let addrs = match u64s(addrs, "addrs") {
+            Ok(a) => a,
+            Err(e) => return Ok((status::<()>(&Err(self.dd.refuse(e))), -1)),
+        };
         let dd = self.dd.clone();
         let r = py.allow_threads(move || {
             // SAFETY: CANN's `register_cache` contract, which this package's users accept as
@@ -320,57 +357,115 @@ impl PyDataDist {
     }
 
     /// `unregister_cache(cache_id) -> int` (an unknown id succeeds, as CANN's).
-    fn unregister_cache(&self, py: Python<'_>, cache_id: i64) -> u32 {
-        let dd = self.dd.clone();
-        py.allow_threads(move || status(&dd.unregister_cache(cache_id)))
+    fn unregister_cache(&self, py: Python<'_>, cache_id: &Bound<'_, PyAny>) -> u32 {
+        let id = int(cache_id, "cache_id", "int64");
+        run(py, &self.dd, id, |dd, id| dd.unregister_cache(id))
     }
 
     /// `pull(key, dst_cache_id, dst_batch, size, blocks, src_layers, dst_layers, per_layer) ->
-    /// int`: `key` as `remote_of` reads it, `blocks` `None` or `(src_blocks, dst_blocks)`, layer
-    /// ranges `None` or inclusive `(first, last)`.
+    /// int`: `key` as `typing::remote` reads it, `blocks` `None` or `(src_blocks, dst_blocks)`
+    /// (lists or tuples of ints), layer ranges `None` or `range`s.
     #[allow(clippy::too_many_arguments)]
     fn pull(
         &self,
         py: Python<'_>,
-        key: (u32, u64, u64, u64),
+        key: &Bound<'_, PyAny>,
         dst_cache_id: i64,
-        dst_batch: u32,
-        size: i64,
-        blocks: Option<(Vec<u64>, Vec<u64>)>,
-        src_layers: Option<(u32, u32)>,
-        dst_layers: Option<(u32, u32)>,
-        per_layer: u32,
-    ) -> PyResult<u32> {
-        let src = remote_of(key)?;
-        let layers = layers_of(src_layers, dst_layers, per_layer);
-        let dd = self.dd.clone();
-        Ok(py.allow_threads(move || {
-            let b = blocks.as_ref().map(|(s, d)| (s.as_slice(), d.as_slice()));
-            status(&dd.pull(&src, dst_cache_id, dst_batch, size, b, &layers))
-        }))
+        dst_batch: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        blocks: BlockArgs<'_>,
+        src_layers: &Bound<'_, PyAny>,
+        dst_layers: &Bound<'_, PyAny>,
+        per_layer: &Bound<'_, PyAny>,
+    ) -> u32 {
+        let args = (|| {
+            let src = remote(key)?;
+            let dst_batch: u32 = int(dst_batch, "batch_index", "uint32")?;
+            let size: i64 = int(size, "size", "int64")?;
+            let blocks = block_lists(&blocks)?;
+            let per = int(per_layer, "tensor_num_per_layer", "uint32")?;
+            let layers = LayerRange::pull_layers(
+                layer_range(src_layers, "src_layer_range")?,
+                layer_range(dst_layers, "dst_layer_range")?,
+                per,
+            )?;
+            Ok((src, dst_batch, size, blocks, layers))
+        })();
+        run(
+            py,
+            &self.dd,
+            args,
+            move |dd, (src, batch, size, blocks, layers)| {
+                let b = blocks.as_ref().map(|(s, d)| (s.as_slice(), d.as_slice()));
+                dd.pull(&src, dst_cache_id, batch, size, b, &layers)
+            },
+        )
     }
 
-    /// `push(src_cache_id, key, src_batch, blocks, src_layers, dst_layers, per_layer) -> int`
-    /// (arguments as `pull`'s): one WRITE per layer.
+    /// `push(src_cache_id, key, src_batch, size, blocks, src_layers, dst_layers, per_layer,
+    /// num_tensors) -> int` (arguments as `pull`'s; `size` -1; a side without a range: every
+    /// layer of `num_tensors`, the source cache's): one WRITE per layer.
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
         py: Python<'_>,
         src_cache_id: i64,
-        key: (u32, u64, u64, u64),
-        src_batch: u32,
-        blocks: Option<(Vec<u64>, Vec<u64>)>,
-        src_layers: Option<(u32, u32)>,
-        dst_layers: Option<(u32, u32)>,
-        per_layer: u32,
-    ) -> PyResult<u32> {
-        let dst = remote_of(key)?;
-        let layers = layers_of(src_layers, dst_layers, per_layer);
-        let dd = self.dd.clone();
-        Ok(py.allow_threads(move || {
-            let b = blocks.as_ref().map(|(s, d)| (s.as_slice(), d.as_slice()));
-            status(&dd.push(src_cache_id, &dst, src_batch, b, &layers))
-        }))
+        key: &Bound<'_, PyAny>,
+        src_batch: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        blocks: BlockArgs<'_>,
+        src_layers: &Bound<'_, PyAny>,
+        dst_layers: &Bound<'_, PyAny>,
+        per_layer: &Bound<'_, PyAny>,
+        num_tensors: u32,
+    ) -> u32 {
+        let args = (|| {
+            let dst = remote(key)?;
+            let src_batch: u32 = int(src_batch, "src_batch_index", "uint32")?;
+            args::push_size(int(size, "size", "int64")?)?;
+            let blocks = block_lists(&blocks)?;
+            let per = int(per_layer, "tensor_num_per_layer", "uint32")?;
+            let layers = LayerRange::push_layers(
+                layer_range(src_layers, "src_layer_range")?,
+                layer_range(dst_layers, "dst_layer_range")?,
+                per,
+                num_tensors,
+            )?;
+            Ok((dst, src_batch, blocks, layers))
+        })();
+        run(
+            py,
+            &self.dd,
+            args,
+            move |dd, (dst, batch, blocks, layers)| {
+                let b = blocks.as_ref().map(|(s, d)| (s.as_slice(), d.as_slice()));
+                dd.push(src_cache_id, &dst, batch, b, &layers)
+            },
+        )
+    }
+
+    /// `ready() -> int`: `LLM_FAILED` when the instance is not initialized (or finalized),
+    /// which the package reports before its own typing of a call's Python objects.
+    fn ready(&self) -> u32 {
+        status(&self.dd.ready())
+    }
+
+    /// `block_indices(src, dst) -> (int, (list | None, list | None))`: `transfer_cache_async`'s
+    /// block indices (`None`, or lists or tuples of ints) read as the pushes take them.
+    fn block_indices(
+        &self,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+    ) -> (u32, Option<MaybeLists>) {
+        let read = |o: &Bound<'_, PyAny>, what| (!o.is_none()).then(|| u64s(o, what)).transpose();
+        let r = (|| {
+            Ok((
+                read(src, "src_block_indices")?,
+                read(dst, "dst_block_indices")?,
+            ))
+        })();
+        let r = r.map_err(|e| self.dd.refuse(e));
+        (status(&r), r.ok())
     }
 }
 

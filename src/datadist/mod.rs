@@ -23,6 +23,12 @@
 //! type state, pulls and pushes only on a [`LinkedCluster`], caches as [`Cache`] capabilities
 //! that carry their geometry).
 //!
+//! Every argument rule is checked once, here, for every surface ([`args`]: block lists, batch
+//! indices, sizes, layer ranges, registrations, timeouts; and the forms only CANN's C++ class
+//! has, [`ExtParam`] and [`CacheArg`], behind `DataDist::cann_*`); the C ABI, the C++ class
+//! and the Python package translate their types into these and check nothing themselves. The
+//! conformance table (`tests/conformance/cases.json`) runs each rule through every surface.
+//!
 //! Status codes are LLM-DataDist's numeric values (`LLM_PARAM_INVALID` 0x5010B005, ...); the
 //! engine's map as upstream's `hixl` backend maps them ([`LlmStatus::of_engine`]).
 
@@ -31,6 +37,7 @@ pub mod table;
 pub mod typed;
 mod types;
 
+pub use self::core::args::{self, CacheArg, ExtParam, LayerRange};
 pub use self::core::{DataDist, MAX_COMMS, MAX_LINKS, RegisterMemStatus};
 pub use typed::{
     Cache, Cluster, Decoder, Layout, LinkedCluster, Mix, PeerCache, Prompt, Rejected, RoleState,

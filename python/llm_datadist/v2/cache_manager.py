@@ -1,9 +1,16 @@
 """The cache manager (CANN's ``llm_datadist.v2.cache_manager``): registers caches, pulls from
 and pushes to linked clusters' caches. Every transfer is a batch of one-sided READs (pull) or
-WRITEs (push, one batch per layer) of hixl's engine; the native calls release the GIL."""
+WRITEs (push, one batch per layer) of hixl's engine; the native calls release the GIL.
+
+This layer translates: it checks the Python classes of its arguments (a ``Cache``, a key) and
+hands everything else to the native instance as it came, whose Rust rules
+(``hixl::datadist::args``) check the values (block lists, batch indices, sizes, layer ranges,
+tensors per layer, addresses) and whose typing reads the ints and lists (a wrong type is
+``LLM_PARAM_INVALID`` there, as upstream's checks raise it). No block list is walked here."""
 
 import ctypes
 import json
+from contextlib import contextmanager
 from typing import Dict, List, Optional, Tuple, Union
 
 from llm_datadist.status import (
@@ -14,7 +21,7 @@ from llm_datadist.status import (
     raise_if_true,
 )
 from llm_datadist.utils import log
-from llm_datadist.utils.utils import check_int64, check_isinstance, check_list_uint64, check_uint32
+from llm_datadist.utils.utils import check_isinstance
 from llm_datadist.v2.llm_types import (
     BlocksCacheKey,
     Cache,
@@ -25,9 +32,8 @@ from llm_datadist.v2.llm_types import (
     LayerSynchronizer,
     MemInfo,
     Placement,
-    check_layer_range,
 )
-from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, inclusive, pack_key, start_transfer
+from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, pack_key, start_transfer
 
 _INVALID_ID = 2**64 - 1
 _KIND_CACHE = 0
@@ -136,17 +142,6 @@ def _pool_size(name, text):
     return size
 
 
-def _check_blocks(name, blocks):
-    check_isinstance(name, blocks, [list, tuple], int, allow_none=False)
-    check_list_uint64(name, blocks)
-
-
-def _check_tnpl(func, tnpl, cache):
-    check_uint32("tensor_num_per_layer", tnpl)
-    raise_if_false(tnpl > 0, "[{0}] param check failed, tensor_num_per_layer ({1}) is invalid, should [1, {2}]",
-                   func, tnpl, cache.cache_desc.num_tensors)
-
-
 class CacheManager:
     """The cache manager of an initialized ``LLMDataDist`` (``datadist.cache_manager``)."""
 
@@ -185,26 +180,33 @@ class CacheManager:
         raise_if_false(self._initialized, "the LLMDataDist of this cache manager is finalized",
                        status_code=LLMStatusCode.LLM_FAILED)
 
+    @contextmanager
+    def _typing(self, func):
+        """The Python classes of a call's arguments, checked here: a failure is raised after the
+        instance's own (not initialized: ``LLM_FAILED``), which every call reports first."""
+        try:
+            yield
+        except LLMException:
+            handle_llm_status(self._native.ready(), f"[{func}]", "the instance is not initialized")
+            raise
+
     def set_is_call_linked(self):
         self._is_call_linked = True
 
     # ---- registration ----
 
     def _register(self, func, cache_desc, addrs, kind, keys, remote_accessible, is_blocks):
-        self._check()
-        check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
-        check_isinstance("addrs", addrs, list, int, allow_none=False)
-        check_isinstance("remote_accessible", remote_accessible, bool)
-        raise_if_true(self._is_call_linked and remote_accessible,
-                      "you can not register remote accessible cache after link.")
-        raise_if_false(len(addrs) > 0, "addrs can not be empty.")
-        raise_if_false(len(addrs) == cache_desc.num_tensors, "addrs length should be equal to num_tensors.")
-        for a in addrs:
-            raise_if_false(0 < a < 2**64, "addr can not be zero.")
+        with self._typing(func):
+            check_isinstance("cache_desc", cache_desc, CacheDesc, allow_none=False)
+            check_isinstance("addrs", addrs, list, allow_none=False)
+            check_isinstance("remote_accessible", remote_accessible, bool)
+            # (this package's link mode: the instance does not know it)
+            raise_if_true(self._is_call_linked and remote_accessible,
+                          "you can not register remote accessible cache after link.")
         batch_dim = cache_desc.batch_dim if kind == _KIND_CACHE else 0
         ret, cache_id = self._native.register_cache(int(cache_desc.placement), cache_desc.num_tensors,
                                                     cache_desc.data_type.value, list(cache_desc.shape),
-                                                    list(addrs), kind, batch_dim, keys)
+                                                    addrs, kind, batch_dim, keys)
         handle_llm_status(ret, f"[{func}]", f"cache_desc = {cache_desc}")
         cache = Cache(cache_id, cache_desc, list(addrs), self, True, is_blocks)
         self._caches[cache_id] = cache
@@ -217,7 +219,8 @@ class CacheManager:
         """Registers `num_tensors` tensors at `addrs` as a cache of batches (peers find it by
         its id, or by one of `cache_keys`). The tensors must stay allocated until
         ``unregister_cache``."""
-        check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
+        with self._typing("register_cache"):
+            check_isinstance("cache_keys", cache_keys, [tuple, list], CacheKey, allow_none=False)
         # key i names batch i (one request a batch): at most one key a batch
         keys = [(k.req_id, k.model_id) for k in cache_keys]
         return self._register("register_cache", cache_desc, addrs, _KIND_CACHE, keys, remote_accessible, False)
@@ -227,7 +230,8 @@ class CacheManager:
                               remote_accessible: Optional[bool] = None) -> Cache:
         """Registers `num_tensors` tensors at `addrs` as a blocks cache (`shape[0]` blocks per
         tensor); peers find it by `blocks_cache_key` (or its id)."""
-        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        with self._typing("register_blocks_cache"):
+            check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
         keys = [] if blocks_cache_key is None else [(_INVALID_ID, blocks_cache_key.model_id)]
         cache_desc._is_blocks = True
         return self._register("register_blocks_cache", cache_desc, addrs, _KIND_BLOCKS, keys,
@@ -236,8 +240,6 @@ class CacheManager:
     def unregister_cache(self, cache_id: int) -> None:
         """Unregisters a cache (an unknown id is fine). When it returns, no peer reads or writes
         its tensors."""
-        self._check()
-        check_int64("cache_id", cache_id)
         ret = self._native.unregister_cache(cache_id)
         handle_llm_status(ret, "[unregister_cache]", f"cache_id = {cache_id}")
         self._caches.pop(cache_id, None)
@@ -249,11 +251,10 @@ class CacheManager:
         src_layer_range = kwargs.pop("src_layer_range", None)
         dst_layer_range = kwargs.pop("dst_layer_range", None)
         tnpl = kwargs.pop("tensor_num_per_layer", NUM_TENSORS_PER_LAYER)
-        raise_if_true(kwargs, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
-        _check_tnpl(func, tnpl, dst_cache)
-        src, dst = inclusive(src_layer_range), inclusive(dst_layer_range)
-        raise_if_true((src is None) != (dst is None), "[{0}] give both layer ranges or neither", func)
-        ret = self._native.pull(pack_key(key), dst_cache.cache_id, batch_index, size, blocks, src, dst, tnpl)
+        with self._typing(func):
+            raise_if_true(kwargs, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
+        ret = self._native.pull(pack_key(key), dst_cache.cache_id, batch_index, size, blocks, src_layer_range,
+                                dst_layer_range, tnpl)
         handle_llm_status(ret, f"[{func}]", f"cache_key = {key}")
         log.info("[%s] success", func)
 
@@ -262,73 +263,47 @@ class CacheManager:
         """Pulls a peer's batch (the key's `batch_index`, or the batch its `CacheKey` names)
         into batch `batch_index` of `cache`: `size` bytes of each tensor (`-1`: a whole batch).
         ``src_layer_range``/``dst_layer_range``/``tensor_num_per_layer`` select layers."""
-        self._check()
-        check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
-        check_isinstance("cache", cache, Cache, allow_none=False)
-        check_uint32("batch_index", batch_index)
-        check_int64("size", size)
-        raise_if_true(cache.is_blocks_cache, "param check failed, cache can not be blocks cache.")
-        raise_if_false(size == -1 or size > 0,
-                       "[pull_cache] param check failed, size ({0}) is invalid, should be = -1 or > 0", size)
+        with self._typing("pull_cache"):
+            check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
+            check_isinstance("cache", cache, Cache, allow_none=False)
         self._pull("pull_cache", cache_key, cache, batch_index, size, None, kwargs)
 
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int], List[int]]] = (),
                     dst_blocks: Union[Tuple[int], List[int]] = (), **kwargs):
         """Pulls block `src_blocks[i]` of each of a peer's blocks cache's tensors into block
-        `dst_blocks[i]` of `dst_cache`'s (consecutive runs as one descriptor)."""
-        self._check()
-        check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
-                         allow_none=False)
-        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
-        _check_blocks("src_blocks", src_blocks)
-        _check_blocks("dst_blocks", dst_blocks)
-        raise_if_false(dst_cache.is_blocks_cache, "param check failed, dst_cache should be blocks cache.")
-        raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
-        if not isinstance(src_cache_key, BlocksCacheKey):
-            # CANN's cache→blocks pull: the peer's batch cut into blocks of dst_cache, piece j
-            # into dst_blocks[j]
-            raise_if_false(len(src_blocks) == 0,
-                           "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
-            self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, ([], list(dst_blocks)), kwargs)
-            return
-        raise_if_false(len(src_blocks) > 0, "src_blocks can not be empty.")
-        raise_if_false(len(src_blocks) == len(dst_blocks),
-                       "src_blocks ({0}) and dst_blocks ({1}) differ in length", len(src_blocks), len(dst_blocks))
-        self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, (list(src_blocks), list(dst_blocks)), kwargs)
+        `dst_blocks[i]` of `dst_cache`'s (consecutive runs as one descriptor). With a
+        ``CacheKey`` or ``CacheKeyByIdAndIndex`` (CANN's cache-to-blocks pull) the peer's batch
+        is cut into blocks of `dst_cache`, piece j into `dst_blocks[j]`, and `src_blocks` stays
+        empty."""
+        with self._typing("pull_blocks"):
+            check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
+                             allow_none=False)
+            check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+            # which key names blocks is this API's: the C ABI pulls blocks by a cache id
+            raise_if_true(not isinstance(src_cache_key, BlocksCacheKey) and isinstance(src_blocks, (list, tuple))
+                          and len(src_blocks) > 0,
+                          "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
+        self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, (src_blocks, dst_blocks), kwargs)
 
     # ---- pushes ----
 
-    @staticmethod
-    def _push_layers(func, src_cache, src_layer_range, dst_layer_range, tnpl):
-        _check_tnpl(func, tnpl, src_cache)
-        check_layer_range("src_layer_range", src_layer_range, True)
-        check_layer_range("dst_layer_range", dst_layer_range, True)
-        every = range(0, src_cache.cache_desc.num_tensors // tnpl)
-        src = src_layer_range if src_layer_range is not None else every
-        dst = dst_layer_range if dst_layer_range is not None else every
-        raise_if_false(len(src) > 0, "[{0}] no layer to push: {1} tensors, {2} per layer", func,
-                       src_cache.cache_desc.num_tensors, tnpl)
-        raise_if_false(len(src) == len(dst), "src_layer_range size should be equal to size of dst_layer_range size.")
-        return inclusive(src), inclusive(dst)
+    def _push(self, func, key, src_cache, batch, size, blocks, src_layer_range, dst_layer_range, tnpl):
+        ret = self._native.push(src_cache.cache_id, pack_key(key), batch, size, blocks, src_layer_range,
+                                dst_layer_range, tnpl, src_cache.cache_desc.num_tensors)
+        handle_llm_status(ret, f"[{func}]", f"dst_cache_key = {key}")
+        log.info("[%s] success", func)
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
                    src_layer_range: range = None, dst_layer_range: range = None, size: int = -1,
                    tensor_num_per_layer=NUM_TENSORS_PER_LAYER) -> None:
         """Pushes batch `src_batch_index` of `src_cache` into the peer's batch the key names,
         one WRITE batch per layer (every layer by default)."""
-        self._check()
-        check_isinstance("dst_cache_key", dst_cache_key, [CacheKeyByIdAndIndex], allow_none=False)
-        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
-        check_uint32("src_batch_index", src_batch_index)
-        raise_if_false(not src_cache.is_blocks_cache, "param check failed, cache can not be blocks cache.")
-        check_int64("size", size)
-        raise_if_false(size == -1, "[push_cache] param check failed, size ({0}) is invalid, should be = -1.", size)
-        src, dst = self._push_layers("push_cache", src_cache, src_layer_range, dst_layer_range, tensor_num_per_layer)
-        ret = self._native.push(src_cache.cache_id, pack_key(dst_cache_key), src_batch_index, None, src, dst,
-                                tensor_num_per_layer)
-        handle_llm_status(ret, "[push_cache]", f"dst_cache_key = {dst_cache_key}")
-        log.info("[push_cache] success")
+        with self._typing("push_cache"):
+            check_isinstance("dst_cache_key", dst_cache_key, [CacheKeyByIdAndIndex], allow_none=False)
+            check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        self._push("push_cache", dst_cache_key, src_cache, src_batch_index, size, None, src_layer_range,
+                   dst_layer_range, tensor_num_per_layer)
 
     def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int], List[int]]] = (),
@@ -336,21 +311,11 @@ class CacheManager:
                     dst_layer_range: range = None, tensor_num_per_layer=NUM_TENSORS_PER_LAYER):
         """Pushes block `src_blocks[i]` of `src_cache`'s tensors into block `dst_blocks[i]` of the
         peer's blocks cache, one WRITE batch per layer (every layer by default)."""
-        self._check()
-        check_isinstance("dst_cache_key", dst_cache_key, [BlocksCacheKey], allow_none=False)
-        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
-        _check_blocks("src_blocks", src_blocks)
-        _check_blocks("dst_blocks", dst_blocks)
-        raise_if_false(src_cache.is_blocks_cache, "param check failed, cache should be blocks cache.")
-        raise_if_false(len(dst_blocks) > 0, "dst_blocks can not be empty.")
-        raise_if_false(len(src_blocks) == len(dst_blocks),
-                       "src_blocks ({0}) and dst_blocks ({1}) differ in length", len(src_blocks), len(dst_blocks))
-        src, dst = self._push_layers("push_blocks", src_cache, src_layer_range, dst_layer_range,
-                                     tensor_num_per_layer)
-        ret = self._native.push(src_cache.cache_id, pack_key(dst_cache_key), 0,
-                                (list(src_blocks), list(dst_blocks)), src, dst, tensor_num_per_layer)
-        handle_llm_status(ret, "[push_blocks]", f"dst_cache_key = {dst_cache_key}")
-        log.info("[push_blocks] success")
+        with self._typing("push_blocks"):
+            check_isinstance("dst_cache_key", dst_cache_key, [BlocksCacheKey], allow_none=False)
+            check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        self._push("push_blocks", dst_cache_key, src_cache, 0, -1, (src_blocks, dst_blocks), src_layer_range,
+                   dst_layer_range, tensor_num_per_layer)
 
     def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer, transfer_configs,
                              src_block_indices: Optional[Union[List[int], Tuple[int]]] = None,
@@ -360,7 +325,7 @@ class CacheManager:
         `transfer_configs` (``TransferWithCacheKeyConfig``), each layer once
         `layer_synchronizer.synchronize_layer` returns True, on a thread; the task's
         ``synchronize()`` / ``get_results()`` wait for it."""
-        self._check()
+        handle_llm_status(self._native.ready(), "[transfer_cache_async]", "the instance is not initialized")
         check_isinstance("src_cache", src_cache, Cache, allow_none=False)
         # CANN refuses a host `src_cache` here (its layer pushes run on device streams); hixl's
         # engine pushes host memory as it pushes device memory
@@ -436,8 +401,8 @@ class CacheManager:
     def remove_cache_key(self, cache_key: CacheKey) -> None:
         """Removes a key from the cache it names: a peer that fetches this cluster's cache table
         from now on does not find it (a key no cache has: nothing happens)."""
-        self._check()
-        check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
+        with self._typing("remove_cache_key"):
+            check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
         ret = self._native.remove_cache_key(cache_key.req_id, cache_key.model_id)
         handle_llm_status(ret, "[remove_cache_key]", f"cache_key = {cache_key}")
         log.info("[remove_cache_key] success")

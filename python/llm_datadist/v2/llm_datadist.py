@@ -19,7 +19,7 @@ from llm_datadist.status import (
     raise_if_true,
 )
 from llm_datadist.utils import log
-from llm_datadist.utils.utils import check_dict, check_int32, check_isinstance, check_uint32, check_uint64
+from llm_datadist.utils.utils import check_dict, check_isinstance, check_uint32, check_uint64
 from llm_datadist.v2.cache_manager import CacheManager
 from llm_datadist.v2.config import parse_listen_ip_info
 from llm_datadist.v2.llm_types import RegisterMemStatus
@@ -128,20 +128,20 @@ class LLMDataDist:
     # ---- links by listen address ----
 
     @staticmethod
-    def _check_clusters(clusters, timeout):
-        check_int32("timeout", timeout)
-        raise_if_false(timeout > 0, "Param timeout should be greater than 0.")
-        check_isinstance("clusters", clusters, [list, tuple], LLMClusterInfo, allow_none=False)
-        for c in clusters:
-            check_uint64("remote_cluster_id", c.remote_cluster_id)
+    def _statuses(func, ret, rets):
+        """A link call's ``(status, [status per cluster])``; a call refused before the clusters
+        (a timeout not above 0, not an int32: the instance's rules) raises."""
+        if rets is None:
+            handle_llm_status(ret, f"[{func}]", "the call was refused")
+        return code_2_status(ret), [code_2_status(r) for r in rets]
 
     def link_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo]], timeout=3000):
         """Links to each cluster's listen address (its one remote ip info) by `timeout` ms:
         ``(status, [status per cluster])``, the status the last failure (no exception)."""
         self._check_is_inited()
-        self._check_clusters(clusters, timeout)
+        check_isinstance("clusters", clusters, [list, tuple], LLMClusterInfo, allow_none=False)
         ret, rets = self._native.link_clusters([c._pack() for c in clusters], timeout)
-        return code_2_status(ret), [code_2_status(r) for r in rets]
+        return self._statuses("link_clusters", ret, rets)
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo]], timeout=3000,
                         force=False):
@@ -150,10 +150,10 @@ class LLMDataDist:
         linked to holds no link of its own (hixl's links are one-directional), so there is
         nothing to tear down, as CANN's force unlink of the listening half."""
         self._check_is_inited()
-        self._check_clusters(clusters, timeout)
+        check_isinstance("clusters", clusters, [list, tuple], LLMClusterInfo, allow_none=False)
         check_isinstance("force", force, bool)
         ret, rets = self._native.unlink_clusters([c._pack() for c in clusters], timeout, bool(force))
-        rets = [code_2_status(r) for r in rets]
+        ret, rets = self._statuses("unlink_clusters", ret, rets)
         if force:
             rets = [LLMStatusCode.LLM_SUCCESS if r == LLMStatusCode.LLM_NOT_YET_LINK else r for r in rets]
             failed = [r for r in rets if r != LLMStatusCode.LLM_SUCCESS]

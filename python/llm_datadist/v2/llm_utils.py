@@ -1,12 +1,13 @@
-"""Helpers of the cache manager (CANN's ``llm_datadist.v2.llm_utils``): keys and layer ranges as
-the native module takes them, and ``transfer_cache_async``'s worker thread."""
+"""Helpers of the cache manager (CANN's ``llm_datadist.v2.llm_utils``): keys as the native module
+takes them, and ``transfer_cache_async``'s worker thread. The values are the native instance's
+to check (``hixl::datadist::args``)."""
 
 from threading import Thread
 from typing import Dict, List, Optional
 
-from llm_datadist.status import LLMStatusCode, code_2_status, raise_if_false, raise_if_true
+from llm_datadist.status import LLMStatusCode, code_2_status, handle_llm_status, raise_if_false, raise_if_true
 from llm_datadist.utils import log
-from llm_datadist.utils.utils import check_isinstance, check_list_uint64, check_uint32
+from llm_datadist.utils.utils import check_isinstance
 from llm_datadist.v2.llm_types import (
     BlocksCacheKey,
     CacheKey,
@@ -22,28 +23,10 @@ NUM_TENSORS_PER_LAYER = 2
 def pack_key(key):
     """A peer's cache as the native module names it: ``(kind, cluster, a, b)``."""
     if isinstance(key, CacheKeyByIdAndIndex):
-        raise_if_false(key.cache_id >= 0, "cache_id ({0}) should be >= 0", key.cache_id)
         return (0, key.cluster_id, key.cache_id, key.batch_index)
     if isinstance(key, BlocksCacheKey):
         return (1, key.cluster_id, key.model_id, 0)
     return (2, key.cluster_id, key.req_id, key.model_id)
-
-
-def inclusive(layer_range: Optional[range]):
-    """A layer ``range`` as the native module's inclusive ``(first, last)``, or ``None``."""
-    if layer_range is None:
-        return None
-    check_isinstance("layer_range", layer_range, range, allow_none=False)
-    raise_if_false(layer_range.step == 1, "param check failed, layer range step must be 1.")
-    raise_if_false(0 <= layer_range.start < layer_range.stop, "layer range {0} is empty or negative", layer_range)
-    check_uint32("layer_range", layer_range.stop - 1)
-    return (layer_range.start, layer_range.stop - 1)
-
-
-def check_block_indices(arg_name, arg_value):
-    if arg_value is not None:
-        check_isinstance(arg_name, arg_value, [list, tuple], int, allow_none=False)
-        check_list_uint64(arg_name, arg_value)
 
 
 class TransferCacheJob:
@@ -80,8 +63,9 @@ class TransferCacheJob:
         else:
             blocks = None
             batch = config.src_batch_index
-        ret = self._cm._native.push(self._cache.cache_id, pack_key(key), batch, blocks, (src_layer, src_layer),
-                                    (dst_layer, dst_layer), NUM_TENSORS_PER_LAYER)
+        ret = self._cm._native.push(self._cache.cache_id, pack_key(key), batch, -1, blocks,
+                                    range(src_layer, src_layer + 1), range(dst_layer, dst_layer + 1),
+                                    NUM_TENSORS_PER_LAYER, self._cache.cache_desc.num_tensors)
         return code_2_status(ret)
 
     def run(self):
@@ -134,9 +118,11 @@ class TransferAsyncThread(Thread):
 
 def start_transfer(cache_manager, src_cache, layer_synchronizer, transfer_configs, src_blocks, dst_blocks,
                    dst_block_memory_size):
-    """Checks `transfer_cache_async`'s arguments and starts its thread."""
-    check_block_indices("src_block_indices", src_blocks)
-    check_block_indices("dst_block_indices", dst_blocks)
+    """Checks `transfer_cache_async`'s arguments and starts its thread (the block indices read
+    natively, as the pushes take them)."""
+    ret, lists = cache_manager._native.block_indices(src_blocks, dst_blocks)
+    handle_llm_status(ret, "[transfer_cache_async]", "block indices")
+    src_blocks, dst_blocks = lists
     check_isinstance("layer_synchronizer", layer_synchronizer, LayerSynchronizer, allow_none=False)
     check_isinstance("transfer_configs", transfer_configs, [list, tuple], allow_none=False)
     for c in transfer_configs:
@@ -157,4 +143,4 @@ def start_transfer(cache_manager, src_cache, layer_synchronizer, transfer_config
     return t
 
 
-__all__ = ["CacheKey", "pack_key", "inclusive", "start_transfer", "NUM_TENSORS_PER_LAYER"]
+__all__ = ["CacheKey", "pack_key", "start_transfer", "NUM_TENSORS_PER_LAYER"]

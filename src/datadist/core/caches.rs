@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::uses::InUse;
-use super::{DataDist, LocalCache, Pool};
+use super::{DataDist, LocalCache, Pool, args};
 use crate::compat;
-use crate::datadist::table::{self, Entry, FORMAT, Key, Table};
+use crate::datadist::table::{Entry, FORMAT, Key, Table};
 use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Placement, Result};
 use crate::sync::lock;
 
@@ -47,33 +47,7 @@ impl DataDist {
         // handles (`relisten` registers what is recorded)
         let _regs = lock(&self.regs);
         let (engine, _) = self.live()?;
-        if addrs.is_empty() || addrs.len() != desc.num_tensors as usize {
-            return Err(Error::param(format!(
-                "{} addresses for a cache of {} tensors",
-                addrs.len(),
-                desc.num_tensors
-            )));
-        }
-        if addrs.len() > table::MAX_TENSORS as usize {
-            return Err(Error::param("more tensors than a cache holds (65,536)"));
-        }
-        if addrs.contains(&0) {
-            return Err(Error::param("a tensor address is 0"));
-        }
-        let tensor_size = desc.tensor_size()?;
-        if addrs.iter().any(|a| a.checked_add(tensor_size).is_none()) {
-            return Err(Error::param("a tensor past the end of memory"));
-        }
-        let dim = if kind == CacheKind::Cache {
-            batch_dim
-        } else {
-            0
-        };
-        let count = *desc
-            .shape
-            .get(dim)
-            .ok_or_else(|| Error::param(format!("batch dimension {dim} is not in the shape")))?
-            as u64;
+        let (tensor_size, count) = args::register(desc, addrs, kind, batch_dim, keys.len())?;
         let entry = Entry {
             cache_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             kind,
@@ -83,13 +57,6 @@ impl DataDist {
             count,
             addrs: addrs.to_vec(),
         };
-        let most = if kind == CacheKind::Cache { count } else { 1 };
-        if keys.len() as u64 > most {
-            return Err(Error::param(format!(
-                "{} keys for a cache of {most} batches (one key names one batch)",
-                keys.len()
-            )));
-        }
         let batch = |i: usize| {
             if kind == CacheKind::Cache {
                 i as u64
@@ -222,11 +189,7 @@ impl DataDist {
     pub unsafe fn register_pool(&self, placement: Placement, addr: u64, len: u64) -> Result<()> {
         let _regs = lock(&self.regs);
         let (engine, _) = self.live()?;
-        if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
-            return Err(Error::param(format!(
-                "a pool of {len} bytes at {addr:#x}: a non-null address, a length, inside memory"
-            )));
-        }
+        args::pool(addr, len)?;
         let mut caches = lock(&self.caches);
         if caches
             .pools

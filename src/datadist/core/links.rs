@@ -10,7 +10,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{DataDist, Inbound, MAX_LINKS, PeerLink, last_failure, not_initialized, set_device};
+use super::{
+    DataDist, Inbound, MAX_LINKS, PeerLink, args, last_failure, not_initialized, set_device,
+};
 use crate::TransferOp;
 use crate::compat::{self, NotifyDesc, TransferOpDesc};
 use crate::datadist::table::{FORMAT, Table};
@@ -38,9 +40,7 @@ impl DataDist {
         timeout_ms: i32,
     ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
         let (mut engine, config) = self.live()?;
-        if timeout_ms <= 0 {
-            return Err(Error::param("the timeout must be positive"));
-        }
+        args::timeout(timeout_ms)?;
         if config.listen.is_none() && lock(&self.links).is_empty() && !self.comms.any() {
             // a cluster that does not listen starts to, so that its peers can link back
             let ip = clusters
@@ -77,16 +77,7 @@ impl DataDist {
     }
 
     fn link_one(&self, engine: &compat::Hixl, c: &ClusterInfo, timeout_ms: i32) -> Result<()> {
-        let [ip] = c.remote_ip_infos.as_slice() else {
-            return Err(Error::param(format!(
-                "cluster {}: link to exactly one remote address, not {}",
-                c.remote_cluster_id,
-                c.remote_ip_infos.len()
-            )));
-        };
-        if c.remote_cluster_id == self.cluster_id {
-            return Err(Error::param("a cluster does not link to itself"));
-        }
+        let ip = args::link_target(self.cluster_id, c)?;
         let remote = std::net::SocketAddr::new(ip.ip, ip.port).to_string();
         {
             let links = lock(&self.links);
@@ -268,9 +259,7 @@ impl DataDist {
         force: bool,
     ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
         let (engine, _) = self.live()?;
-        if timeout_ms <= 0 {
-            return Err(Error::param("the timeout must be positive"));
-        }
+        args::timeout(timeout_ms)?;
         self.take_notes(&engine);
         let mut rets = Vec::with_capacity(clusters.len());
         for c in clusters {

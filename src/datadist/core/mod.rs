@@ -24,9 +24,12 @@ use crate::Access;
 use crate::compat::{self, HostMem};
 use crate::sync::lock;
 
-// the instance's methods by job, as child modules (they see its private fields): caches and
-// the table peers fetch, links by listen address, pulls and pushes, links by a rank table
+// the instance's methods by job, as child modules (they see its private fields): the argument
+// rules of every surface, CANN's C++ forms, caches and the table peers fetch, links by listen
+// address, pulls and pushes, links by a rank table
+pub mod args;
 mod caches;
+mod cann;
 mod links;
 mod moves;
 mod rank;

@@ -1,6 +1,6 @@
 //! Pulls and pushes: a peer's cache entry found, the descriptors of blocks or batches built, one engine batch moved.
 
-use super::DataDist;
+use super::{DataDist, args};
 use crate::TransferOp;
 use crate::compat::TransferOpDesc;
 use crate::datadist::table::{Entry, Table};
@@ -20,11 +20,15 @@ impl DataDist {
     /// A `CacheKey` the peer's table (fetched at the link's first use) does not have makes
     /// this fetch the table again, once: caches of requests come and go after a link.
     ///
+    /// The arguments are checked on their own first (`args.rs`: the own cluster, block lists,
+    /// size, layers), then against the local cache (its kind: blocks move in a blocks cache,
+    /// batches in a cache of batches, both in a mixed one), then against the peer's.
+    ///
     /// # Errors
-    /// `LLM_NOT_YET_LINK` (no link to the cluster), `LLM_KV_CACHE_NOT_EXIST` (no such local or
-    /// remote cache), `LLM_PARAM_INVALID` (a block or batch outside a cache, mismatched lists
-    /// or tensor counts, a bad size or layer range, the own cluster), `LLM_TIMEOUT`, the
-    /// engine's other errors.
+    /// `LLM_FAILED` (not initialized), `LLM_NOT_YET_LINK` (no link to the cluster),
+    /// `LLM_KV_CACHE_NOT_EXIST` (no such local or remote cache), `LLM_PARAM_INVALID` (a block or
+    /// batch outside a cache, mismatched lists or tensor counts, a bad size or layer range, the
+    /// own cluster, a local cache of the other kind), `LLM_TIMEOUT`, the engine's other errors.
     pub fn pull(
         &self,
         src: &RemoteCache,
@@ -35,16 +39,21 @@ impl DataDist {
         layers: &Layers,
     ) -> Result<()> {
         let (engine, config) = self.live()?;
-        if src.cluster_id() == self.cluster_id {
-            return Err(Error::param("a pull from this instance's own cluster"));
-        }
+        args::pull(self.cluster_id, src, size, blocks, layers)?;
         // counted as a use of the cache until the READ returned: unregistering waits for it
         let (local, _in_use) = self.local(dst_cache)?;
+        args::local_kind(local.kind, blocks.is_some(), dst_cache)?;
         let (remote, r, src_batch) = self.find_remote(&engine, src)?;
+        args::spans(layers)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
         let ops = match blocks {
             Some(([], d)) if r.kind == CacheKind::Cache => {
                 batch_to_block_ops(&r, &local, &ri, &li, src_batch, d)?
+            }
+            Some(([], _)) => {
+                return Err(Error::param(
+                    "src_blocks can not be empty: only a peer's cache of batches is cut into blocks",
+                ));
             }
             Some((s, d)) => block_ops(&r, &local, &ri, &li, s, d, TransferOp::Read)?,
             None => {
@@ -82,11 +91,10 @@ impl DataDist {
         layers: &Layers,
     ) -> Result<()> {
         let (engine, config) = self.live()?;
-        if dst.cluster_id() == self.cluster_id {
-            return Err(Error::param("a push to this instance's own cluster"));
-        }
+        args::push(self.cluster_id, dst, blocks, layers)?;
         // counted as a use of the cache until the last WRITE returned (`pull`)
         let (local, _in_use) = self.local(src_cache)?;
+        args::local_kind(local.kind, blocks.is_some(), src_cache)?;
         let (remote, r, dst_batch) = self.find_remote(&engine, dst)?;
         let dst_batch =
             u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;
@@ -170,16 +178,13 @@ fn find(t: &Table, key: &RemoteCache) -> Result<(Entry, u64)> {
 }
 
 /// The tensor indices of each side (`local`, `remote`) a transfer pairs, from its layer
-/// ranges. `pull`: the remote side is the source.
+/// ranges (checked on their own already, `args.rs`). `pull`: the remote side is the source.
 fn tensor_pairs(
     layers: &Layers,
     local_n: usize,
     remote_n: usize,
     pull: bool,
 ) -> Result<(Vec<usize>, Vec<usize>)> {
-    if layers.per_layer == 0 {
-        return Err(Error::param("tensor_num_per_layer must be at least 1"));
-    }
     let per = layers.per_layer as usize;
     let (src_n, dst_n) = if pull {
         (remote_n, local_n)
@@ -187,11 +192,6 @@ fn tensor_pairs(
         (local_n, remote_n)
     };
     let range = |r: (u32, u32), n: usize, what: &str| -> Result<Vec<usize>> {
-        if r.0 > r.1 {
-            return Err(Error::param(format!(
-                "{what} layer range {r:?} is reversed"
-            )));
-        }
         let (a, b) = (r.0 as usize * per, (r.1 as usize + 1) * per);
         if b > n {
             return Err(Error::param(format!(
@@ -209,16 +209,11 @@ fn tensor_pairs(
             }
             ((0..src_n).collect(), (0..dst_n).collect())
         }
-        (Some(sr), Some(dr)) => {
-            let (s, d) = (
-                range(sr, src_n, "source")?,
-                range(dr, dst_n, "destination")?,
-            );
-            if s.len() != d.len() {
-                return Err(Error::param("the layer ranges differ in length"));
-            }
-            (s, d)
-        }
+        (Some(sr), Some(dr)) => (
+            range(sr, src_n, "source")?,
+            range(dr, dst_n, "destination")?,
+        ),
+        // (`args.rs`: both or neither)
         _ => return Err(Error::param("give both layer ranges or neither")),
     };
     Ok(if pull { (d, s) } else { (s, d) })
@@ -249,11 +244,7 @@ fn batch_ops(
     } else {
         src.stride
     };
-    if size == 0 || size < -1 {
-        return Err(Error::param(format!(
-            "size {size}: -1, or a positive number"
-        )));
-    }
+    // (`size` is -1 or positive: `args.rs`)
     let len = if size == -1 { stride } else { size as u64 };
     if len > src.stride || len > dst.stride {
         return Err(Error::param(format!(
@@ -282,7 +273,7 @@ fn batch_ops(
 }
 
 /// Descriptors of block runs: for each run of pairs consecutive on both sides, one per tensor
-/// pair. The block size is the local cache's stride.
+/// pair (lists of one length, not empty: `args.rs`). The block size is the local cache's stride.
 fn block_ops(
     src: &Entry,
     dst: &Entry,
@@ -292,13 +283,6 @@ fn block_ops(
     dst_blocks: &[u64],
     op: TransferOp,
 ) -> Result<Vec<TransferOpDesc>> {
-    if src_blocks.is_empty() || src_blocks.len() != dst_blocks.len() {
-        return Err(Error::param(format!(
-            "{} source and {} destination blocks: the same number, at least one",
-            src_blocks.len(),
-            dst_blocks.len()
-        )));
-    }
     let bs = if op == TransferOp::Read {
         dst.stride
     } else {
