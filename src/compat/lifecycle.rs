@@ -75,18 +75,6 @@ impl Hixl {
         }
     }
 
-    /// The engine's device context, detached (to bind it on another thread): what
-    /// LLM-DataDist's rank-table link runs HCCL under.
-    ///
-    /// # Errors
-    /// `FAILED` before `initialize` or after `finalize`.
-    pub(crate) fn detach_context(&self) -> Result<crate::DetachedContext> {
-        match &self.read().engine {
-            Some(e) => Ok(crate::DetachedContext::new(e.id, e.device.clone())),
-            None => Err(not_initialized()),
-        }
-    }
-
     /// An extension: the engine's [`Metrics`](crate::Metrics) (regions, links, and the
     /// memory held until same-host peers cannot reach it any more: `quarantined_regions`,
     /// `quarantined_bytes`).

@@ -113,9 +113,9 @@ impl Error {
     }
 }
 
-impl From<crate::compat::Error> for Error {
-    fn from(e: crate::compat::Error) -> Self {
-        Error::new(LlmStatus::of_engine(e.status()), e.message().to_owned())
+impl From<crate::Error> for Error {
+    fn from(e: crate::Error) -> Self {
+        Error::new(LlmStatus::of_engine(e.status()), e.to_string())
     }
 }
 

@@ -3,11 +3,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::engine::DdEngine;
 use super::uses::InUse;
 use super::{DataDist, LocalCache, Pool, args};
-use crate::compat;
 use crate::datadist::table::{Entry, FORMAT, Key, Table};
 use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Placement, Result};
+use crate::runtime::handle::RegionHandle;
 use crate::sync::lock;
 
 impl DataDist {
@@ -119,7 +120,7 @@ impl DataDist {
 
     /// Takes cache `id` out again and deregisters its tensors; a tensor the engine keeps
     /// (it refused to let go) stays registered under `id`, for `unregister_cache` to retry.
-    fn undo(&self, engine: &compat::Hixl, id: i64) {
+    fn undo(&self, engine: &DdEngine, id: i64) {
         let mut caches = lock(&self.caches);
         let Some(mut c) = caches.by_id.remove(&id) else {
             return;
@@ -198,14 +199,9 @@ impl DataDist {
         {
             return Err(Error::param("a pool that overlaps another"));
         }
-        let desc = compat::MemDesc {
-            addr: addr as usize,
-            len: len as usize,
-            local_only: false,
-        };
         // SAFETY: the caller promised the engine's contract for the range until finalize (the
         // pool is deregistered with the engine then, before the memory may go)
-        unsafe { engine.register_mem(desc, placement.mem_type()) }?;
+        unsafe { engine.register_mem(addr as usize, len as usize, placement.mem_type()) }?;
         caches.pools.push(Pool {
             addr,
             len,
@@ -287,10 +283,10 @@ impl DataDist {
 /// Registers each distinct tensor of `e` with `engine`, but those inside one of `pools`
 /// (registered already); on failure the ones registered go.
 pub(super) fn register_tensors(
-    engine: &compat::Hixl,
+    engine: &DdEngine,
     e: &Entry,
     pools: &[Pool],
-) -> Result<Vec<compat::MemHandle>> {
+) -> Result<Vec<RegionHandle>> {
     let mut handles = Vec::new();
     let mut seen = Vec::new();
     for &a in &e.addrs {
@@ -298,18 +294,14 @@ pub(super) fn register_tensors(
             continue;
         }
         seen.push(a);
-        let desc = compat::MemDesc {
-            addr: a as usize,
-            len: e.tensor_size as usize,
-            local_only: false,
-        };
+        let (addr, len) = (a as usize, e.tensor_size as usize);
         // SAFETY: the caller of `register_cache` promised this for each tensor (its `# Safety`),
         // for as long as the cache is registered; the handles go before the memory may
-        let r = unsafe { engine.register_mem(desc, e.placement.mem_type()) };
+        let r = unsafe { engine.register_mem(addr, len, e.placement.mem_type()) };
         match r {
             Ok(h) => handles.push(h),
             Err(err) => {
-                for h in handles {
+                for h in &handles {
                     let _ = engine.deregister_mem(h);
                 }
                 return Err(err.into());
@@ -320,9 +312,9 @@ pub(super) fn register_tensors(
 }
 
 /// Deregisters each of `handles` from `engine`, keeping those it refuses; the first refusal.
-fn deregister_all(engine: &compat::Hixl, handles: &mut Vec<compat::MemHandle>) -> Result<()> {
+fn deregister_all(engine: &DdEngine, handles: &mut Vec<RegionHandle>) -> Result<()> {
     let mut refused = None;
-    handles.retain(|h| match engine.deregister_mem(*h) {
+    handles.retain(|h| match engine.deregister_mem(h) {
         Ok(()) => false,
         Err(e) => {
             refused.get_or_insert(e);

@@ -10,14 +10,15 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::engine::DdEngine;
 use super::{
     DataDist, Inbound, MAX_LINKS, PeerLink, args, last_failure, not_initialized, set_device,
 };
 use crate::TransferOp;
-use crate::compat::{self, NotifyDesc, TransferOpDesc};
 use crate::datadist::table::{FORMAT, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
 use crate::published::FetchError;
+use crate::runtime::address::AddrDesc;
 use crate::sync::lock;
 
 /// The notification a cluster sends on a link it made: `"<its cluster id> <ip:port it listens on>"`.
@@ -76,7 +77,7 @@ impl DataDist {
         Ok((last_failure(&rets), rets))
     }
 
-    fn link_one(&self, engine: &compat::Hixl, c: &ClusterInfo, timeout_ms: i32) -> Result<()> {
+    fn link_one(&self, engine: &DdEngine, c: &ClusterInfo, timeout_ms: i32) -> Result<()> {
         let ip = args::link_target(self.cluster_id, c)?;
         let remote = std::net::SocketAddr::new(ip.ip, ip.port).to_string();
         {
@@ -115,7 +116,7 @@ impl DataDist {
 
     /// Tells the cluster at `remote` where it can link back to this one (best effort: a peer
     /// that does not take it cannot pull from or push to this cluster, nothing else).
-    fn announce(&self, engine: &compat::Hixl, c: &ClusterInfo, remote: &str) {
+    fn announce(&self, engine: &DdEngine, c: &ClusterInfo, remote: &str) {
         let Some(mut me) = self.listen_addr() else {
             return;
         };
@@ -126,11 +127,8 @@ impl DataDist {
                 None => return,
             }
         }
-        let note = NotifyDesc {
-            name: LINK_NOTE.into(),
-            notify_msg: format!("{} {me}", self.cluster_id),
-        };
-        if let Err(e) = engine.send_notify(remote, &note, NOTE_MS) {
+        let msg = format!("{} {me}", self.cluster_id);
+        if let Err(e) = engine.send_notify(remote, LINK_NOTE, &msg, NOTE_MS) {
             tracing::debug!(remote, error = %e, "the peer did not take where to link back");
         }
     }
@@ -143,10 +141,8 @@ impl DataDist {
     /// note from that same engine (or an unlink here) ends it; a link note for a cluster that
     /// is bound to another engine, or linked already, changes nothing, and a new binding counts
     /// against [`MAX_LINKS`] with the links.
-    pub(super) fn take_notes(&self, engine: &compat::Hixl) {
-        let Ok(notes) = engine.take_notifies() else {
-            return;
-        };
+    pub(super) fn take_notes(&self, engine: &DdEngine) {
+        let notes = engine.take_notifies();
         for n in notes {
             match n.name.as_str() {
                 LINK_NOTE => {
@@ -213,7 +209,7 @@ impl DataDist {
     }
 
     /// Links back to cluster `id` if it linked to this one and said where it listens.
-    fn link_back(&self, engine: &compat::Hixl, id: u64, timeout_ms: i32) -> Result<()> {
+    fn link_back(&self, engine: &DdEngine, id: u64, timeout_ms: i32) -> Result<()> {
         let Some(bound) = lock(&self.inbound).get(&id).cloned() else {
             return Err(Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
@@ -268,11 +264,8 @@ impl DataDist {
             let inbound = lock(&self.inbound).remove(&c.remote_cluster_id).is_some();
             if let Some(l) = &link {
                 // the peer drops its link back (best effort: it may be gone)
-                let note = NotifyDesc {
-                    name: UNLINK_NOTE.into(),
-                    notify_msg: self.cluster_id.to_string(),
-                };
-                let _ = engine.send_notify(&l.remote, &note, timeout_ms.min(NOTE_MS));
+                let msg = self.cluster_id.to_string();
+                let _ = engine.send_notify(&l.remote, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
             }
             rets.push(match link {
                 // a cluster that linked here, and was never linked back to
@@ -297,7 +290,7 @@ impl DataDist {
     pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
         let (engine, config) = self.live().ok()?;
         config.listen.as_ref()?;
-        engine.local_engine().ok()?.parse().ok()
+        engine.local_engine().parse().ok()
     }
 
     /// Whether cluster `id` is linked.
@@ -306,7 +299,7 @@ impl DataDist {
     }
 
     /// The peer's engine name and table (fetched now if it was not yet).
-    pub(super) fn peer(&self, engine: &compat::Hixl, cluster: u64) -> Result<(String, Arc<Table>)> {
+    pub(super) fn peer(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
         if !self.is_linked(cluster) {
@@ -338,11 +331,7 @@ impl DataDist {
     }
 
     /// The peer's engine name and its table fetched anew.
-    pub(super) fn refetch(
-        &self,
-        engine: &compat::Hixl,
-        cluster: u64,
-    ) -> Result<(String, Arc<Table>)> {
+    pub(super) fn refetch(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
         if let Some(l) = lock(&self.links).get_mut(&cluster) {
             l.table = None;
         }
@@ -351,7 +340,7 @@ impl DataDist {
 
     /// READs `remote`'s cache table (a published table: [`FORMAT`]'s fetch, retried while it
     /// is being rewritten) from the first region of the link's table that holds one.
-    fn fetch_table(&self, engine: &compat::Hixl, remote: &str) -> Result<Table> {
+    fn fetch_table(&self, engine: &DdEngine, remote: &str) -> Result<Table> {
         let regions = engine.remote_regions(remote)?;
         let (timeout, download) = {
             let s = lock(&self.state);
@@ -374,9 +363,9 @@ impl DataDist {
                         "a READ past the download buffer",
                     ));
                 }
-                let d = TransferOpDesc {
-                    local_addr: download.0,
-                    remote_addr: r.addr as usize,
+                let d = AddrDesc {
+                    local: download.0,
+                    remote: r.addr,
                     len: buf.len(),
                 };
                 engine.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;

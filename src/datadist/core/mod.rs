@@ -1,5 +1,5 @@
 //! The LLM-DataDist instance, checked at run time ([`DataDist`]): one cluster, its caches and
-//! its links to other clusters, over one [`compat::Hixl`](crate::compat::Hixl) engine. The C
+//! its links to other clusters, over one engine of the core floor (`engine.rs`). The C
 //! ABI (and through it the C++ class), the Python package and the typed layer sit on it.
 //!
 //! - The engine listens on `llm.ListenIpInfo` (a client only without it) and links are its
@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::table::{Entry, TABLE_LEN, Table};
 use super::types::{CacheKey, Error, LlmStatus, Placement, Result, Role};
 use crate::Access;
-use crate::compat::{self, HostMem};
+use crate::runtime::handle::RegionHandle;
 use crate::sync::lock;
+use engine::{Buffer, DdEngine};
 
 // the instance's methods by job, as child modules (they see its private fields): the argument
 // rules of every surface, CANN's C++ forms, caches and the table peers fetch, links by listen
@@ -30,6 +31,7 @@ use crate::sync::lock;
 pub mod args;
 mod caches;
 mod cann;
+mod engine;
 mod links;
 mod moves;
 mod rank;
@@ -42,11 +44,11 @@ pub use rank::{MAX_COMMS, RegisterMemStatus};
 pub const MAX_LINKS: usize = 512;
 
 /// A local cache: its geometry, its tensors and their registrations.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct LocalCache {
     entry: Entry,
     /// The engine handles of its tensors (one per distinct tensor).
-    handles: Vec<compat::MemHandle>,
+    handles: Vec<RegionHandle>,
     /// Its keys, each with the batch it names.
     keys: Vec<(CacheKey, u64)>,
     /// Its running pulls and pushes (`uses.rs`): unregistering waits for them.
@@ -139,12 +141,12 @@ pub struct DataDist {
 
 /// An initialized instance's engine and buffers.
 struct Live {
-    engine: Arc<compat::Hixl>,
+    engine: Arc<DdEngine>,
     config: Config,
     /// The published cache table (read-only for peers).
-    table: HostMem,
+    table: Buffer,
     /// Where peers' tables are READ into (not in peers' view).
-    download: HostMem,
+    download: Buffer,
 }
 
 fn not_initialized() -> Error {
@@ -231,7 +233,6 @@ impl DataDist {
 
     /// The engine and buffers of `config`.
     fn start(config: &Config) -> Result<Live> {
-        let engine = compat::Hixl::new();
         let name = config.listen.clone().unwrap_or_else(|| "127.0.0.1".into());
         let mut opts = config.engine_options.clone();
         opts.push(("AutoConnect".into(), "0".into()));
@@ -242,7 +243,7 @@ impl DataDist {
             opts.push(("hixl.ascend.device_id".into(), dev.to_string()));
             opts.push(("hixl.ascend.enable".into(), "auto".into()));
         }
-        engine.initialize(&name, opts)?;
+        let engine = DdEngine::initialize(&name, &opts)?;
         let table = engine.alloc_host_mem_with(TABLE_LEN, Access::Read)?;
         let download = engine.alloc_host_mem_with(TABLE_LEN, Access::None)?;
         Ok(Live {
@@ -254,7 +255,7 @@ impl DataDist {
     }
 
     /// The engine, its configuration and the download buffer's address, or `FAILED`.
-    fn live(&self) -> Result<(Arc<compat::Hixl>, Config)> {
+    fn live(&self) -> Result<(Arc<DdEngine>, Config)> {
         let s = lock(&self.state);
         let l = s.as_ref().ok_or_else(not_initialized)?;
         Ok((l.engine.clone(), l.config.clone()))
@@ -339,13 +340,9 @@ impl DataDist {
         // registered there: on failure the old engine (and its handles) stays, the new one goes
         let mut pools = Vec::with_capacity(caches.pools.len());
         for p in &caches.pools {
-            let desc = compat::MemDesc {
-                addr: p.addr as usize,
-                len: p.len as usize,
-                local_only: false,
-            };
+            let (addr, len) = (p.addr as usize, p.len as usize);
             // SAFETY: the caller of `register_pool` promised this for the pool until finalize
-            match unsafe { live.engine.register_mem(desc, p.placement.mem_type()) } {
+            match unsafe { live.engine.register_mem(addr, len, p.placement.mem_type()) } {
                 Ok(_) => pools.push(*p),
                 Err(e) => {
                     drop(caches);

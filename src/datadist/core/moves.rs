@@ -1,10 +1,13 @@
-//! Pulls and pushes: a peer's cache entry found, the descriptors of blocks or batches built, one engine batch moved.
+//! Pulls and pushes: a peer's cache entry found once, then blocks moved as one block batch a
+//! tensor pair (all in flight at once: `engine.rs`), batches as one batch of a descriptor a
+//! tensor pair.
 
+use super::engine::{BlockMove, DdEngine, TensorPair};
 use super::{DataDist, args};
 use crate::TransferOp;
-use crate::compat::TransferOpDesc;
 use crate::datadist::table::{Entry, Table};
 use crate::datadist::types::{CacheKind, Error, Layers, LlmStatus, RemoteCache, Result};
+use crate::runtime::address::AddrDesc;
 
 impl DataDist {
     /// Pulls from a peer's cache into local cache `dst_cache` (`PullKvCache`, `PullKvBlocks`).
@@ -46,6 +49,7 @@ impl DataDist {
         let (remote, r, src_batch) = self.find_remote(&engine, src)?;
         args::spans(layers)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
+        let timeout = config.sync_timeout_ms;
         let ops = match blocks {
             Some(([], d)) if r.kind == CacheKind::Cache => {
                 batch_to_block_ops(&r, &local, &ri, &li, src_batch, d)?
@@ -55,7 +59,18 @@ impl DataDist {
                     "src_blocks can not be empty: only a peer's cache of batches is cut into blocks",
                 ));
             }
-            Some((s, d)) => block_ops(&r, &local, &ri, &li, s, d, TransferOp::Read)?,
+            Some((s, d)) => {
+                let (pairs, block) = block_pairs(&r, &local, &ri, &li, s, d, TransferOp::Read)?;
+                let m = BlockMove {
+                    op: TransferOp::Read,
+                    pairs: &pairs,
+                    block,
+                    local_idx: d,
+                    remote_idx: s,
+                };
+                engine.blocks(&remote, &m, timeout)?;
+                return Ok(());
+            }
             None => {
                 let src_batch = u32::try_from(src_batch)
                     .map_err(|_| Error::param("a batch index beyond u32"))?;
@@ -71,7 +86,7 @@ impl DataDist {
                 )?
             }
         };
-        engine.transfer_sync(&remote, TransferOp::Read, &ops, config.sync_timeout_ms)?;
+        engine.transfer_sync(&remote, TransferOp::Read, &ops, timeout)?;
         Ok(())
     }
 
@@ -102,8 +117,20 @@ impl DataDist {
         let per = layers.per_layer.max(1) as usize;
         // one WRITE per layer: the pairs `per` at a time
         for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
+            let timeout = config.sync_timeout_ms;
             let ops = match blocks {
-                Some((s, d)) => block_ops(&local, &r, ls, rs, s, d, TransferOp::Write)?,
+                Some((s, d)) => {
+                    let (pairs, block) = block_pairs(&local, &r, ls, rs, s, d, TransferOp::Write)?;
+                    let m = BlockMove {
+                        op: TransferOp::Write,
+                        pairs: &pairs,
+                        block,
+                        local_idx: s,
+                        remote_idx: d,
+                    };
+                    engine.blocks(&remote, &m, timeout)?;
+                    continue;
+                }
                 None => batch_ops(
                     &local,
                     &r,
@@ -115,18 +142,14 @@ impl DataDist {
                     TransferOp::Write,
                 )?,
             };
-            engine.transfer_sync(&remote, TransferOp::Write, &ops, config.sync_timeout_ms)?;
+            engine.transfer_sync(&remote, TransferOp::Write, &ops, timeout)?;
         }
         Ok(())
     }
 
     /// The peer's engine name, the entry `key` names in its table and the batch the key names;
     /// a `CacheKey` the table lacks fetches it again, once.
-    fn find_remote(
-        &self,
-        engine: &crate::compat::Hixl,
-        key: &RemoteCache,
-    ) -> Result<(String, Entry, u64)> {
+    fn find_remote(&self, engine: &DdEngine, key: &RemoteCache) -> Result<(String, Entry, u64)> {
         let (remote, table) = self.peer(engine, key.cluster_id())?;
         match find(&table, key) {
             Err(e)
@@ -232,7 +255,7 @@ fn batch_ops(
     dst_batch: u32,
     size: i64,
     op: TransferOp,
-) -> Result<Vec<TransferOpDesc>> {
+) -> Result<Vec<AddrDesc>> {
     // a pull offsets both sides by the local (destination) cache's stride, as upstream's; a
     // push each side by its own
     let (src_stride, dst_stride) = match op {
@@ -272,9 +295,11 @@ fn batch_ops(
     Ok(ops)
 }
 
-/// Descriptors of block runs: for each run of pairs consecutive on both sides, one per tensor
-/// pair (lists of one length, not empty: `args.rs`). The block size is the local cache's stride.
-fn block_ops(
+/// The tensor pairs of a block move and its block size (the local cache's stride): each pair
+/// moves as one block batch (`engine.rs`), the block lists (one length, not empty: `args.rs`)
+/// checked here against each side's cache once (the remote side's blocks counted in the local
+/// block size) and by the engine against the spans.
+fn block_pairs(
     src: &Entry,
     dst: &Entry,
     src_tensors: &[usize],
@@ -282,7 +307,7 @@ fn block_ops(
     src_blocks: &[u64],
     dst_blocks: &[u64],
     op: TransferOp,
-) -> Result<Vec<TransferOpDesc>> {
+) -> Result<(Vec<TensorPair>, u64)> {
     let bs = if op == TransferOp::Read {
         dst.stride
     } else {
@@ -300,25 +325,28 @@ fn block_ops(
             )));
         }
     }
-    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
-    for (&s, &d) in src_blocks.iter().zip(dst_blocks) {
-        match runs.last_mut() {
-            Some((rs, rd, n)) if *rs + *n == s && *rd + *n == d => *n += 1,
-            _ => runs.push((s, d, 1)),
-        }
-    }
-    let mut ops = Vec::with_capacity(runs.len() * src_tensors.len());
-    for (&st, &dt) in src_tensors.iter().zip(dst_tensors) {
-        for &(s, d, n) in &runs {
-            ops.push(desc(
-                op,
-                src.addrs[st] + s * bs,
-                dst.addrs[dt] + d * bs,
-                n * bs,
-            ));
-        }
-    }
-    Ok(ops)
+    // the local side is the destination of a READ, the source of a WRITE
+    let (local, remote) = match op {
+        TransferOp::Read => (dst, src),
+        TransferOp::Write => (src, dst),
+    };
+    let pairs = src_tensors
+        .iter()
+        .zip(dst_tensors)
+        .map(|(&st, &dt)| {
+            let (lt, rt) = match op {
+                TransferOp::Read => (dt, st),
+                TransferOp::Write => (st, dt),
+            };
+            TensorPair {
+                local: local.addrs[lt] as usize,
+                remote: remote.addrs[rt],
+                local_len: local.tensor_size as usize,
+                remote_len: remote.tensor_size,
+            }
+        })
+        .collect();
+    Ok((pairs, bs))
 }
 
 /// A READ of batch `batch` of each of the peer's tensors (`src`, a cache of batches) cut into
@@ -331,7 +359,7 @@ fn batch_to_block_ops(
     dst_tensors: &[usize],
     batch: u64,
     dst_blocks: &[u64],
-) -> Result<Vec<TransferOpDesc>> {
+) -> Result<Vec<AddrDesc>> {
     if batch >= src.count {
         return Err(Error::param(format!(
             "batch {batch} outside the peer's cache of {} batches",
@@ -371,14 +399,14 @@ fn batch_to_block_ops(
 
 /// The engine descriptor moving `len` bytes from `src` to `dst`: for a READ the local side is
 /// the destination, for a WRITE the source.
-fn desc(op: TransferOp, src: u64, dst: u64, len: u64) -> TransferOpDesc {
+fn desc(op: TransferOp, src: u64, dst: u64, len: u64) -> AddrDesc {
     let (local, remote) = match op {
         TransferOp::Read => (dst, src),
         TransferOp::Write => (src, dst),
     };
-    TransferOpDesc {
-        local_addr: local as usize,
-        remote_addr: remote as usize,
+    AddrDesc {
+        local: local as usize,
+        remote,
         len: len as usize,
     }
 }

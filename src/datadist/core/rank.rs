@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::engine::DdEngine;
 use super::{Config, DataDist, PeerLink, set_device};
-use crate::compat;
 use crate::datadist::table::TABLE_LEN;
 use crate::datadist::types::{Error, LlmStatus, Result};
 use crate::runtime::transports::{RankComm, rank_server_ip};
@@ -103,7 +103,7 @@ struct Outcome {
 /// What the task needs.
 struct Job {
     ctx: DetachedContext,
-    engine: Arc<compat::Hixl>,
+    engine: Arc<DdEngine>,
     own_rank: u32,
     /// The peer clusters and their ranks.
     peers: Vec<(u64, u32)>,
@@ -217,7 +217,7 @@ impl DataDist {
             let s = lock(&self.state);
             s.as_ref().map(|l| l.table.addr() as u64).unwrap_or(0)
         };
-        let mut name = engine.local_engine()?;
+        let mut name = engine.local_engine();
         // a wildcard listen address is no name to reach: the rank's host address is
         if let Ok(sa) = name.parse::<std::net::SocketAddr>()
             && sa.ip().is_unspecified()
@@ -232,7 +232,7 @@ impl DataDist {
             cache_table_size: TABLE_LEN as u64,
         }
         .to_json();
-        let ctx = engine.detach_context()?;
+        let ctx = engine.detach_context();
         let option = |k: &str| {
             config
                 .engine_options
@@ -347,7 +347,7 @@ impl DataDist {
     }
 
     /// Stops `c`'s task, unlinks what it linked, destroys its communicator.
-    fn release(&self, engine: Option<&compat::Hixl>, mut c: CommLink) -> Result<()> {
+    fn release(&self, engine: Option<&DdEngine>, mut c: CommLink) -> Result<()> {
         c.cancel.store(true, Ordering::Relaxed);
         let mut linked = std::mem::take(&mut c.linked);
         let mut unadopted = Vec::new();

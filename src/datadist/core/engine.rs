@@ -1,0 +1,366 @@
+//! The engine under LLM-DataDist: the core floor's handle API (`runtime::handle`: an engine and
+//! its regions' records, links by remote name through `runtime::peers`), beside the compat face
+//! rather than on it. A cache keeps its tensors' region records; a block pull or push resolves
+//! the peer's tensors in the link's table once per tensor, and moves each tensor pair as one
+//! checked block batch (`check::blocks`: XFER_BLOCKS on the wire, the remote indices checked
+//! once by the server), all of a call's tensor pairs in flight at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::runtime::address::{self, AddrDesc};
+use crate::runtime::check::{self, Layout, Local};
+use crate::runtime::handle::{Engine, LinkHandle, RegionHandle};
+use crate::runtime::peers::Peers;
+use crate::runtime::region::RegionUse;
+use crate::runtime::request::TransferStatus;
+use crate::sync::lock;
+use crate::types::blocks::BlockIndices;
+use crate::wire::TableEntry;
+use crate::{Access, DetachedContext, MemDesc, MemType, Notify, Options, TransferOp};
+
+/// A host buffer the engine allocated and registered (the published cache table, the download
+/// buffer peers' tables are READ into): its record, which keeps it mapped while it lives.
+#[derive(Clone)]
+pub(super) struct Buffer(RegionHandle);
+
+impl Buffer {
+    /// Its first byte.
+    pub(super) fn as_ptr(&self) -> *mut u8 {
+        self.0.ptr_at(0)
+    }
+    /// Its address.
+    pub(super) fn addr(&self) -> usize {
+        self.0.addr
+    }
+    /// Its length.
+    pub(super) fn len(&self) -> usize {
+        self.0.len
+    }
+}
+
+/// A timeout in HIXL's milliseconds (≤ 0: `PARAM_INVALID`).
+fn millis(ms: i32) -> Result<Duration, Error> {
+    crate::timeout_from_millis(ms)
+}
+
+/// One tensor pair of a block batch: the local tensor's address and the peer's, each `len`
+/// bytes long.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TensorPair {
+    pub(super) local: usize,
+    pub(super) remote: u64,
+    pub(super) local_len: usize,
+    pub(super) remote_len: u64,
+}
+
+/// A block move: block `local_idx[i]` of each pair's local tensor and block `remote_idx[i]` of
+/// its remote tensor, blocks of `block` bytes, packed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockMove<'a> {
+    pub(super) op: TransferOp,
+    pub(super) pairs: &'a [TensorPair],
+    pub(super) block: u64,
+    pub(super) local_idx: &'a [u64],
+    pub(super) remote_idx: &'a [u64],
+}
+
+/// An engine and its links by remote name (finalized when dropped).
+pub(super) struct DdEngine {
+    core: Engine,
+    peers: Peers,
+    /// The buffers it allocated: their pages are made private when it ends (a same-host peer
+    /// that mapped one reaches nothing its owner reads afterwards).
+    buffers: Mutex<Vec<RegionHandle>>,
+}
+
+impl Drop for DdEngine {
+    fn drop(&mut self) {
+        self.finalize();
+    }
+}
+
+impl DdEngine {
+    /// An engine named `name` (`"ip:port"` listens there, port 0 on one the OS chooses;
+    /// `"ip"` is a client only) with HIXL's options, open to links at once.
+    ///
+    /// # Errors
+    /// The options' and the engine's start errors.
+    pub(super) fn initialize(name: &str, options: &[(String, String)]) -> Result<Self, Error> {
+        let mut opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        opts.auto_connect = false; // links are made explicitly (`links.rs`, `rank.rs`)
+        let ephemeral = name.ends_with(":0");
+        let core = Engine::initialize(name, opts, ephemeral)?;
+        core.open()?;
+        Ok(DdEngine {
+            core,
+            peers: Peers::default(),
+            buffers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The engine's name as peers connect to it (with the port it got, for port 0).
+    pub(super) fn local_engine(&self) -> String {
+        self.core.name.clone()
+    }
+
+    /// The engine's device context, detached (what a rank-table link runs HCCL under).
+    pub(super) fn detach_context(&self) -> DetachedContext {
+        DetachedContext::new(self.core.id, self.core.device.clone())
+    }
+
+    /// A host buffer of `len` bytes that peers may access as `access` says.
+    ///
+    /// # Errors
+    /// The allocation's or the registration's.
+    pub(super) fn alloc_host_mem_with(&self, len: usize, access: Access) -> Result<Buffer, Error> {
+        let buf = crate::HostBuffer::new(len)?;
+        let r = (self.core)
+            .register_owned(buf, access, false)
+            .map_err(|h| h.error)?;
+        lock(&self.buffers).push(r.clone());
+        Ok(Buffer(r))
+    }
+
+    /// Registers `len` bytes at `addr` of `mem_type`, read-write for peers.
+    ///
+    /// # Safety
+    /// [`Engine::register_raw`]'s contract: the memory stays valid for reads and writes of any
+    /// bytes until it is deregistered or the engine finalized, and peers and transfers access it
+    /// meanwhile.
+    ///
+    /// # Errors
+    /// [`Engine::register_raw`]'s.
+    pub(super) unsafe fn register_mem(
+        &self,
+        addr: usize,
+        len: usize,
+        mem_type: MemType,
+    ) -> Result<RegionHandle, Error> {
+        let desc = MemDesc { addr, len };
+        // SAFETY: the caller's contract.
+        unsafe { self.core.register_raw(desc, mem_type, Access::ReadWrite) }
+    }
+
+    /// Ends a registration, through the core's one in-use rule (refused while a transfer of
+    /// this engine uses it).
+    ///
+    /// # Errors
+    /// [`Engine::deregister`]'s: a region of another engine, one in use.
+    pub(super) fn deregister_mem(&self, r: &RegionHandle) -> Result<(), Error> {
+        self.core.deregister(r)
+    }
+
+    /// Connects to the engine named `remote`.
+    ///
+    /// # Errors
+    /// A bad name or timeout, `ALREADY_CONNECTED`, the connect's own.
+    pub(super) fn connect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
+        let timeout = millis(timeout_ms)?;
+        let (key, _) = self.core.remote_key(remote)?;
+        self.peers.connect(&self.core, remote, &key, timeout)
+    }
+
+    /// Closes the link to `remote`, telling the peer (a peer already gone is not an error).
+    ///
+    /// # Errors
+    /// A bad name or timeout; `NOT_CONNECTED` without a link; the goodbye's other errors.
+    pub(super) fn disconnect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
+        let timeout = millis(timeout_ms)?;
+        let (key, _) = self.core.remote_key(remote)?;
+        let Some(link) = self.peers.take(&self.core, remote, &key)? else {
+            return Ok(());
+        };
+        match link.close_timeout(timeout) {
+            Err(e) if e.status() == crate::Status::NOT_CONNECTED => Ok(()),
+            r => r,
+        }
+    }
+
+    /// The link to `remote` (made before).
+    fn link(&self, remote: &str) -> Result<Arc<LinkHandle>, Error> {
+        let (key, _) = self.core.remote_key(remote)?;
+        (self.peers).link_for(&self.core, false, Duration::from_secs(1), remote, &key)
+    }
+
+    /// Sends a notification to `remote` (delivered after every transfer started before it on
+    /// the link).
+    ///
+    /// # Errors
+    /// A bad timeout, a name or message over 1024 bytes, no link, the peer's refusal.
+    pub(super) fn send_notify(
+        &self,
+        remote: &str,
+        name: &str,
+        msg: &str,
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
+        let timeout = millis(timeout_ms)?;
+        for (what, s) in [("name", name), ("message", msg)] {
+            if s.len() > crate::notify::MAX_NOTIFY_LEN {
+                return Err(Error::NotifyTooLong {
+                    what,
+                    len: s.len(),
+                    limit: crate::notify::MAX_NOTIFY_LEN,
+                });
+            }
+        }
+        let link = self.link(remote)?;
+        link.notify(name, msg, std::time::Instant::now(), timeout)
+    }
+
+    /// Every notification received so far, oldest first, with the name each sender's engine
+    /// gave in its handshake.
+    pub(super) fn take_notifies(&self) -> Vec<Notify> {
+        self.core.notifies.drain()
+    }
+
+    /// The region table `remote` sent at connect.
+    ///
+    /// # Errors
+    /// A bad name; no link.
+    pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<TableEntry>, Error> {
+        Ok(self.link(remote)?.table.clone())
+    }
+
+    /// A batch of address descriptors to `remote`, waited for.
+    ///
+    /// # Errors
+    /// The batch's checks, the transfer's errors.
+    pub(super) fn transfer_sync(
+        &self,
+        remote: &str,
+        op: TransferOp,
+        descs: &[AddrDesc],
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
+        let timeout = millis(timeout_ms)?;
+        let link = self.link(remote)?;
+        let (xds, bytes) = address::batch(&self.core, &link, op, descs.iter().copied(), None)?;
+        link.run(op, &xds, bytes, timeout)
+    }
+
+    /// A block move ([`BlockMove`]), READ or WRITE: one checked block batch a tensor pair, every
+    /// pair's in flight at once (async requests on the link's lanes), waited for within
+    /// `timeout_ms`. On a failure the others are cancelled and waited for; the first failure is
+    /// the error.
+    ///
+    /// # Errors
+    /// A tensor in no region of this engine or of the peer's table; the block batches'
+    /// checks; the transfers' errors (a deadline missed: `TIMEOUT`).
+    pub(super) fn blocks(
+        &self,
+        remote: &str,
+        m: &BlockMove<'_>,
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
+        let timeout = millis(timeout_ms)?;
+        let BlockMove {
+            op,
+            pairs,
+            block,
+            local_idx,
+            remote_idx,
+        } = *m;
+        let link = self.link(remote)?;
+        // each tensor's region and the peer's table entry, once per tensor (not per block)
+        let mut spans = Vec::with_capacity(pairs.len());
+        for (index, p) in pairs.iter().enumerate() {
+            let region = self
+                .core
+                .with_index(|ix| ix.find(p.local, p.local_len).cloned())
+                .ok_or(Error::LocalNotRegistered {
+                    index,
+                    addr: p.local,
+                    len: p.local_len,
+                    why: " (a cache tensor)".into(),
+                })?;
+            let remote = link.remote(p.remote, p.remote_len)?;
+            spans.push((region, p.local, p.local_len, remote));
+        }
+        // all checked before anything starts
+        let mut batches = Vec::with_capacity(spans.len());
+        for (region, addr, len, remote) in &spans {
+            let layout = Layout {
+                local: Local {
+                    core: region,
+                    offset: addr - region.addr,
+                    len: *len,
+                },
+                remote: *remote,
+                block,
+                local_stride: block,
+                remote_stride: block,
+            };
+            let b = check::blocks(
+                &link,
+                op,
+                &layout,
+                BlockIndices::U64(local_idx),
+                BlockIndices::U64(remote_idx),
+            )?;
+            batches.push((b.to_owned(), RegionUse::new(region)));
+        }
+        if let [(b, _)] = &batches[..] {
+            return link.run_blocks(op, &b.batch(), timeout);
+        }
+        let mut reqs = Vec::with_capacity(batches.len());
+        for (b, keep) in batches {
+            match (link.shared()).start_blocks(op, b, vec![keep], timeout, 0) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    for r in &reqs {
+                        r.cancel();
+                    }
+                    for r in &reqs {
+                        while !r.wait(Duration::from_secs(1)).is_terminal() {}
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut first = None;
+        for r in &reqs {
+            let st = loop {
+                let st = r.wait(Duration::from_secs(1));
+                if st.is_terminal() {
+                    break st;
+                }
+            };
+            if first.is_none() && !matches!(st, TransferStatus::Completed) {
+                first = Some(st);
+                for other in &reqs {
+                    other.cancel();
+                }
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(TransferStatus::Failed(e)) => Err(Error::Shared(e)),
+            Some(TransferStatus::TimedOut) => Err(Error::Timeout {
+                op: op.name(),
+                peer: remote.to_owned(),
+                elapsed: timeout,
+            }),
+            Some(_) => Err(Error::Cancelled {
+                op: op.name(),
+                peer: remote.to_owned(),
+            }),
+        }
+    }
+
+    /// Finalizes the engine: its links, listener and registrations end; the buffers it
+    /// allocated get private pages.
+    pub(super) fn finalize(&self) {
+        for l in self.peers.drop_all(false) {
+            l.close_quietly();
+        }
+        self.core.finalize();
+        for b in std::mem::take(&mut *lock(&self.buffers)) {
+            if let Err(e) = b.privatize() {
+                tracing::warn!(region = b.id, error = %e, "an LLM-DataDist buffer could not be made private");
+            }
+        }
+    }
+}
