@@ -1,5 +1,5 @@
 //! `--datadist`: LLM-DataDist's `pull_blocks` (the typed layer, `hixl::datadist::typed`)
-//! against the engine's own READ of the same descriptors, in one invocation.
+//! against the engine's own block READ of the same blocks, in one invocation.
 //!
 //! A prompt cluster runs in a child process (`bench --datadist-serve`): one blocks cache of
 //! `--dd-tensors` tensors (default 4: two layers of K and V) of 4096 blocks of `--dd-block`
@@ -7,11 +7,11 @@
 //! linked to the prompt. For 64 and for 4096 blocks (random, distinct block lists on both
 //! sides, so no two blocks merge into one descriptor: blocks x tensors descriptors per call)
 //! each round times
-//! - `typed`: `LinkedCluster::pull_blocks` (cache table lookup, checks, the descriptors, one
-//!   batch READ of the DataDist's engine), and
-//! - `engine`: `compat::Hixl::transfer_sync(READ)` of the very descriptors the pull makes
-//!   (same local and remote addresses, same order), by a second engine in this process that
-//!   registers the decoder cache's memory and links to the prompt's engine,
+//! - `typed`: `LinkedCluster::pull_blocks` (cache table lookup, checks, one block batch a
+//!   tensor pair on the DataDist's engine, all in flight at once), and
+//! - `engine`: `compat::Hixl::transfer_blocks_sync(READ)` of the same blocks, one call a tensor
+//!   in turn (the same local and remote bases and index lists), by a second engine in this
+//!   process that registers the decoder cache's memory and links to the prompt's engine,
 //!
 //! interleaved (ABBA from round to round), each a batch of calls sized to about 0.2 s. The row
 //! has each side's median over `--dd-rounds` rounds (default 9) of the wall time per call and of
@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hixl::HostBuffer;
-use hixl::compat::{self, TransferOpDesc};
+use hixl::compat::{self, BlockDesc};
 use hixl::datadist::typed::{Cache, Cluster, Decoder, Layout, PeerCache, Prompt};
 use hixl::datadist::{CacheDesc, CacheKey, DataType, Placement};
 use hixl::testkit::Rng;
@@ -158,8 +158,8 @@ fn measure(
     let mut rng = Rng::new(7);
     if !s.json {
         println!(
-            "\nLLM-DataDist pull_blocks vs the engine's READ of the same descriptors ({} tensors x \
-             {} B blocks, random blocks, {transport:?}, median of {} rounds)",
+            "\nLLM-DataDist pull_blocks vs the engine's block READ of the same blocks ({} tensors \
+             x {} B blocks, random blocks, {transport:?}, median of {} rounds)",
             s.tensors, s.block, s.rounds
         );
         println!(
@@ -180,25 +180,27 @@ fn measure(
     for n in [64usize, 4096] {
         let (src, dst) = (shuffled(&mut rng, n), shuffled(&mut rng, n));
         let bs = s.block;
-        let descs: Vec<TransferOpDesc> = (0..s.tensors as usize)
-            .flat_map(|t| {
-                let local = cache.tensor_addr(t).unwrap_or(0) as u64;
-                let remote = remote[t];
-                src.iter().zip(&dst).map(move |(&sb, &db)| TransferOpDesc {
-                    local_addr: (local + db * bs) as usize,
-                    remote_addr: (remote + sb * bs) as usize,
-                    len: bs as usize,
-                })
+        // the engine's block READ: one call a tensor, from each tensor's base
+        let bases: Vec<BlockDesc> = (0..s.tensors as usize)
+            .map(|t| BlockDesc {
+                local_addr: cache.tensor_addr(t).unwrap_or(0),
+                remote_addr: remote[t] as usize,
+                block_size: bs,
+                local_stride: 0,
+                remote_stride: 0,
             })
             .collect();
+        let descs = n * s.tensors as usize;
         let typed = || {
             link.pull_blocks(key, &cache, &src, &dst)
                 .map_err(Failure::from)
         };
-        let read = || {
-            engine
-                .transfer_sync(&peer, TransferOp::Read, &descs, 60_000)
-                .map_err(Failure::from)
+        let read = || -> Result<(), Failure> {
+            for b in &bases {
+                let (l, r) = (hixl::BlockIndices::U64(&dst), hixl::BlockIndices::U64(&src));
+                engine.transfer_blocks_sync(&peer, TransferOp::Read, b, l, r, 60_000)?;
+            }
+            Ok(())
         };
         // warm-up, and the calls per sample (about 0.2 s)
         let t0 = Instant::now();
@@ -252,7 +254,7 @@ fn measure(
                 }
             }
             if engine_side {
-                engine.transfer_sync(&peer, TransferOp::Read, &descs, 60_000)?;
+                read()?;
             } else {
                 link.pull_blocks(key, &cache, &src, &dst)?;
             }
@@ -277,7 +279,7 @@ fn measure(
                  \"calls\":{calls},\"typed_us\":{:.1},\"engine_us\":{:.1},\"overhead_pct\":{over:.2},\
                  \"typed_cpu_us\":{:.1},\"engine_cpu_us\":{:.1},\"typed_checks_us\":{:.1},\
                  \"typed_samples_us\":{:?},\"engine_samples_us\":{:?}}}",
-                descs.len(),
+                descs,
                 s.tensors,
                 s.rounds,
                 ta * 1e6,
@@ -291,7 +293,7 @@ fn measure(
         } else {
             println!(
                 "{n:>7} {:>7} {:>10} | {:>11.1} {:>6.2} {:>9.1} | {:>11.1} {:>6.2} {:>9.1} | {:>+8.2}% | {:>9.1}",
-                descs.len(),
+                descs,
                 bytes as u64,
                 ta * 1e6,
                 bytes / ta / 1e9,
