@@ -37,6 +37,7 @@ use hixl_rs::{AsyncConnectStatus, MemType, Status, TransferOp};
 mod acl_errmsg;
 pub mod cs;
 pub mod datadist;
+pub mod requests;
 
 /// A status code (HIXL's values: 0 success, 103900 `PARAM_INVALID`, ...).
 pub type HixlStatus = u32;

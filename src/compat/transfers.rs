@@ -50,8 +50,39 @@ impl Hixl {
         op_descs: &[TransferOpDesc],
         args: TransferArgs,
     ) -> Result<TransferReq> {
+        self.start_async(remote_engine, op, op_descs, args, ASYNC_DEADLINE)
+    }
+
+    /// [`Hixl::transfer_async`] with the request's deadline `timeout_in_millis` from now (an
+    /// extension of HIXL, whose requests carry none: what NIXL's HIXL backend gives each
+    /// posted transfer). Past it the request ends `Timeout`, and from then on the engine no
+    /// longer touches its local buffers.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a timeout ≤ 0; the validation errors of [`Hixl::transfer_sync`],
+    /// before anything starts.
+    pub fn transfer_async_within(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        args: TransferArgs,
+        timeout_in_millis: i32,
+    ) -> Result<TransferReq> {
+        let deadline = millis(timeout_in_millis)?;
+        self.start_async(remote_engine, op, op_descs, args, deadline)
+    }
+
+    fn start_async(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        args: TransferArgs,
+        deadline: Duration,
+    ) -> Result<TransferReq> {
         self.on_link(remote_engine, |core, link| {
-            let targs = crate::TransferArgs::tagged(args.user_data).timeout(ASYNC_DEADLINE);
+            let targs = crate::TransferArgs::tagged(args.user_data).timeout(deadline);
             let req: crate::TransferReq<'static> =
                 with_descriptors(
                     core,
