@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds NIXL's HIXL backend plugin, libplugin_HIXL.so, beside libhixl.so:
-#   hixl-nixl/build.sh [DIR]     DIR: where libhixl.so is (default: target/release)
+#   hixl-nixl/build.sh [DIR]     DIR: where libhixl.so is (default: ${CARGO_TARGET_DIR:-target}/release)
 # C++20 and libstdc++'s new ABI, as NIXL 1.5.1 is built; against this directory's own
 # declarations of NIXL's plugin interface (nixl_abi.h: no NIXL header is needed) and hixl's C
 # ABI (include/hixl_c.h). The plugin needs libhixl.so at run time, found beside it
@@ -8,7 +8,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
-DIR=${1:-$ROOT/target/release}
+DIR=${1:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 if [ ! -f "$DIR/libhixl.so" ]; then
   echo "build.sh: no $DIR/libhixl.so (build it first: cargo build --release -p hixl-capi)" >&2
   exit 1

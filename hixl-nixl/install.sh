@@ -6,7 +6,9 @@
 #   hixl-nixl/install.sh --uninstall [PYTHON]
 #
 # Builds libhixl.so (cargo build --release -p hixl-capi) when target/release has none, then
-# libplugin_HIXL.so (build.sh), and copies both into the wheel's plugin directory: the
+# libplugin_HIXL.so (build.sh), checks it against the wheel's own engines (abi_check.py: it
+# refuses a wheel whose plugin interface differs), and copies both into the wheel's plugin
+# directory: the
 # `plugins` directory beside the wheel's libnixl.so (what NIXL searches when NIXL_PLUGIN_DIR
 # is not set: setting it replaces that directory, so the wheel's UCX would be gone). Works for
 # the wheels nixl-cu12 and nixl-cu13 (and `nixl`, which installs one of them); checked with
@@ -40,11 +42,16 @@ if [ "$UNINSTALL" = 1 ]; then
   exit 0
 fi
 
-LIB=${HIXL_NIXL_LIB_DIR:-$ROOT/target/release}
+LIB=${HIXL_NIXL_LIB_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 if [ ! -f "$LIB/libhixl.so" ]; then
   (cd "$ROOT" && cargo build --release -p hixl-capi)
 fi
 "$HERE/build.sh" "$LIB" >/dev/null
+if command -v nm >/dev/null && command -v readelf >/dev/null && command -v c++filt >/dev/null; then
+  "$PY" "$HERE/abi_check.py" "$LIB/libplugin_HIXL.so" "$DIR"
+else
+  echo "install.sh: no binutils (nm, readelf, c++filt): the plugin is not checked against this wheel" >&2
+fi
 install -m 0755 "$LIB/libhixl.so" "$DIR/libhixl.so.tmp"
 install -m 0755 "$LIB/libplugin_HIXL.so" "$DIR/libplugin_HIXL.so.tmp"
 mv -f "$DIR/libhixl.so.tmp" "$DIR/libhixl.so"
