@@ -6,6 +6,7 @@
 #define HIXL_NIXL_ENGINE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -34,6 +35,8 @@ struct Settings {
   int32_t deadline_ms = 60000;      /* "deadline_ms": every posted transfer's deadline */
   int32_t connect_timeout_ms = 5000;  /* "connect_timeout_ms" */
   int32_t notify_timeout_ms = 5000;   /* "notify_timeout_ms": per notification part */
+  int32_t poll_wait_ms = 1;           /* "poll_wait_ms": see nixlHixlEngine::checkXfer (0: never) */
+  int32_t lanes = 2;                  /* "lanes": hixl requests one large transfer is split into */
   std::vector<std::pair<std::string, std::string>> hixl_options; /* "hixl.*" keys, passed on */
 
   /* std::nullopt (and why) for an unknown key or a bad value */
@@ -65,16 +68,30 @@ class RemoteMD : public nixlBackendMD {
   size_t len;
 };
 
-/* A NIXL transfer handle: the batch (made once, by prepXfer) and its posted hixl request. */
+/* A NIXL transfer handle: the batch, made once by prepXfer, in parts of about equal bytes (a
+ * large batch is split over hixl lanes, as hixl's own sync calls split one), each posted as
+ * one hixl request. The handle is done when every part ended; it failed if one did. */
 class Request : public nixlBackendReqH {
  public:
+  struct Part {
+    std::vector<hixl_transfer_op_desc> descs;
+    hixl_transfer_req req = nullptr; /* posted, its end not reported yet */
+    int32_t status = HIXL_TRANSFER_COMPLETED; /* its end, once reported */
+  };
   int32_t op = HIXL_READ;
   std::string agent;
-  std::vector<hixl_transfer_op_desc> descs;
-  hixl_transfer_req req = nullptr; /* posted, its end not reported yet */
-  bool notify = false;             /* a notification to deliver once it completed */
+  std::vector<Part> parts;
+  bool posted = false;   /* a post whose end checkXfer has not returned yet */
+  bool stopping = false; /* a part failed: the others were cancelled */
+  bool notify = false;   /* a notification to deliver once it completed */
   nixl_blob_t notif;
+  std::chrono::steady_clock::time_point checked{}; /* when checkXfer last returned for it */
 };
+
+/* `descs` cut into up to `lanes` parts of about equal bytes (descriptors cut where needed), or
+ * one part when each would have less than `min_part` bytes */
+std::vector<Request::Part> split(const std::vector<hixl_transfer_op_desc> &descs, size_t lanes,
+                                 uint64_t min_part);
 
 class nixlHixlEngine : public nixlBackendEngine {
  public:
@@ -153,6 +170,7 @@ class nixlHixlEngine : public nixlBackendEngine {
   void renew_if_stale(const std::string &agent, const std::string &name) const;
   nixl_status_t send_blob(const std::string &agent, const std::string &blob) const;
   void ended(hixl_transfer_req req) const;
+  void stop_parts(Request &r) const;
   nixl_status_t failure(hixl_status st, const std::string &what, const std::string &agent) const;
 };
 

@@ -8,15 +8,16 @@ This process drives a target and an initiator process (each a NIXL agent whose o
 HIXL) over their stdin/stdout, and checks, with random data compared at both ends:
 - the wheel lists HIXL beside its own plugins (UCX stays available);
 - metadata exchanged (getLocalMD / loadRemoteMD) carries hixl's engine name and regions;
-- WRITE and READ of 64 blocks in permuted order through prep_xfer_dlist / make_prepped_xfer /
+- WRITE and READ of 64 blocks of 16 KiB in permuted order through prep_xfer_dlist / make_prepped_xfer /
   transfer / check_xfer_state, each with a notification the target receives after the data;
 - a 100 kB binary notification (NULs included) and notifications both ways;
 - a descriptor outside the target's registered memory: NIXL's nixlNotFoundError; a region the
   target deregistered after the initiator linked: the transfer ends ERR (NIXL_ERR_BACKEND), the
   target's bytes untouched; VRAM registered with HIXL: nixlBackendError, the backend saying why;
-- a READ from a stopped target (SIGSTOP, the state seen by waitpid) ends ERR at the backend's
-  deadline, and a READ released while in flight returns at once; neither writes its local
-  buffer, checked again after the target resumed and served later transfers.
+- a 16 MiB READ (split into two hixl requests) from a stopped target (SIGSTOP, the state seen
+  by waitpid) ends ERR at the backend's deadline, and one released while in flight returns at
+  once; neither writes its local buffer, checked after the target resumed and served later
+  transfers.
 Exits 0 with "ok", or fails with the first difference. No fixed port: the agents' metadata goes
 through this process, and hixl engines listen on ephemeral ports.
 """
@@ -264,9 +265,9 @@ def run(t, i):
     check(i("load", md=rt["md"])["name"] == "target", "loaded the target's metadata")
     check(t("load", md=ri["md"])["name"] == "initiator", "loaded the initiator's metadata")
 
-    # memory: the target serves A (4 MiB) and C (1 MiB, deregistered later); registered before
-    # the metadata goes out again so the initiator knows both
-    A = 4 << 20
+    # memory: the target serves A (32 MiB) and C (1 MiB, deregistered later); registered
+    # before the metadata goes out again so the initiator knows both
+    A = 32 << 20
     ta = t("alloc", bufs={"A": A, "C": 1 << 20})["addrs"]
     ia = i("alloc", bufs={"B": A})["addrs"]
     # the metadata again, now with the regions (getLocalMD: hixl's public data per region)
@@ -337,10 +338,12 @@ def run(t, i):
     i("release", id="c")
 
     # the deadline: a READ from a stopped target ends ERR at deadline_ms and writes nothing
-    dl = [(1 << 20, 1 << 20)]
-    dr = [(ta["A"], 1 << 20)]
+    # (16 MiB: the backend splits it into two hixl requests, both of which must end)
+    D = 16 << 20
+    dl = [(8 << 20, D)]
+    dr = [(ta["A"], D)]
     i("prep", id="d", xop="READ", buf="B", local=dl, remote=dr, peer="target")
-    untouched = i("sha", buf="B", off=1 << 20, len=1 << 20)["sha"]
+    untouched = i("sha", buf="B", off=8 << 20, len=D)["sha"]
     stop(t)
     i("post", id="d")
     r = i("wait", id="d")
@@ -361,7 +364,7 @@ def run(t, i):
     i("post", id="w")
     check(i("wait", id="w")["state"] == "DONE", "a WRITE after the target resumed")
     t("take_notif", peer="initiator", count=1)
-    check(i("sha", buf="B", off=1 << 20, len=1 << 20)["sha"] == untouched,
+    check(i("sha", buf="B", off=8 << 20, len=D)["sha"] == untouched,
           "a READ that ended ERR (deadline, or released) wrote its local buffer afterwards")
     i("release", id="d")
     i("bye")
