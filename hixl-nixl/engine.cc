@@ -560,12 +560,15 @@ nixl_status_t nixlHixlEngine::postXfer(const nixl_xfer_op_t &, const nixl_meta_d
     hixl_transfer_req req = nullptr;
     hixl_status st = HIXL_NOT_CONNECTED;
     /* a link that broke fails its next call, which drops it; the retry makes it again */
+    bool broke = false;
     for (int attempt = 0; attempt < 2 && st == HIXL_NOT_CONNECTED; attempt++) {
       st = hixl_transfer_async_within(hx_, name->c_str(), r->op, part.descs.data(),
                                       part.descs.size(), nullptr, settings_.deadline_ms, &req);
+      broke |= st == HIXL_NOT_CONNECTED;
     }
     if (st != HIXL_SUCCESS) {
-      nixl_status_t e = failure(st, "postXfer", r->agent);
+      /* a link that broke and cannot be made again: the peer is gone */
+      nixl_status_t e = failure(broke ? HIXL_NOT_CONNECTED : st, "postXfer", r->agent);
       stop_parts(*r); /* the parts already started end before the post returns */
       return e;
     }

@@ -17,7 +17,8 @@ HIXL) over their stdin/stdout, and checks, with random data compared at both end
 - a 16 MiB READ (split into two hixl requests) from a stopped target (SIGSTOP, the state seen
   by waitpid) ends ERR at the backend's deadline, and one released while in flight returns at
   once; neither writes its local buffer, checked after the target resumed and served later
-  transfers.
+  transfers;
+- a transfer to a target that was killed: nixlRemoteDisconnectError.
 Exits 0 with "ok", or fails with the first difference. No fixed port: the agents' metadata goes
 through this process, and hixl engines listen on ephemeral ports.
 """
@@ -367,10 +368,19 @@ def run(t, i):
     check(i("sha", buf="B", off=8 << 20, len=D)["sha"] == untouched,
           "a READ that ended ERR (deadline, or released) wrote its local buffer afterwards")
     i("release", id="d")
+    # a peer that died: the next transfer to it ends NIXL_ERR_REMOTE_DISCONNECT, at the post
+    # or at its check (whichever finds the link broken first)
+    t.p.kill()
+    t.p.wait()
+    r = i("post", id="r")
+    if r["state"] == "PROC":
+        r = i("wait", id="r")
+        dead = r["code"]
+    else:
+        dead = r["state"].removeprefix("ERR:")
+    check(dead == "nixlRemoteDisconnectError", f"a transfer to a peer that died: {r}")
     i("bye")
-    t("bye")
-    for a in (i, t):
-        a.p.wait(timeout=60)
+    i.p.wait(timeout=60)
     err = i.stderr()
     check("VRAM_SEG memory is not supported by the HIXL backend" in err,
           "the backend says why VRAM is refused")
