@@ -664,7 +664,7 @@ nixl_status_t nixlHixlEngine::checkXfer(nixlBackendReqH *handle) const {
       return NIXL_ERR_REMOTE_DISCONNECT;
     }
     log_error("a transfer to agent " + r->agent +
-              " failed (refused by the peer: a region it no longer serves?)");
+              " failed (refused by the peer: a region it no longer serves; or cancelled)");
     return NIXL_ERR_BACKEND;
   }
   return r->notify ? send_blob(r->agent, r->notif) : NIXL_SUCCESS;

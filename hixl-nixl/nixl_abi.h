@@ -125,6 +125,11 @@ class NIXL_ABI_VISIBLE nixlDescList {
   nixlDescList(const nixlDescList &) = delete;
   nixlDescList &operator=(const nixlDescList &) = delete;
   virtual ~nixlDescList();
+#ifdef HIXL_NIXL_HARNESS
+  /* for tests/harness.cc, which plays NIXL's agent (and defines the destructor) */
+  explicit nixlDescList(nixl_mem_t t) : type(t) {}
+  void add(const T &d) { descs.push_back(d); }
+#endif
 
   nixl_mem_t getType() const { return type; }
   int descCount() const { return static_cast<int>(descs.size()); }
@@ -217,6 +222,9 @@ class NIXL_ABI_VISIBLE nixlBackendEngine {
   /* slots 0 and 1: the complete and the deleting destructor */
   virtual ~nixlBackendEngine() = default;
 
+  /* the agent's accessors (inline, non-virtual) */
+  bool getInitErr() const noexcept { return initErr; }
+  const nixl_backend_t &getType() const noexcept { return backendType; }
   const nixl_b_params_t &getCustomParams() const noexcept { return customParams; }
 
   /* slots 2..26, in NIXL 1.5.1's order */
