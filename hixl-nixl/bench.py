@@ -31,6 +31,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from peer import Peer, commands, nixl_api, reply  # noqa: E402
 
 
 # ------------------------------------------------------------------------------- one agent
@@ -39,15 +41,7 @@ ROOT = os.path.dirname(HERE)
 def child(role, backend):
     import numpy as np
 
-    try:
-        from nixl import nixl_agent, nixl_agent_config
-    except ImportError:
-        from nixl_cu12 import nixl_agent, nixl_agent_config
-
-    def reply(**kw):
-        sys.stdout.write("@@ " + json.dumps(kw) + "\n")
-        sys.stdout.flush()
-
+    nixl_agent, nixl_agent_config = nixl_api()
     ag = nixl_agent(role, nixl_agent_config(backends=[]))
     params = {"ip": "127.0.0.1", **json.loads(os.environ.get("HIXL_NIXL_BENCH_PARAMS", "{}"))}
     ag.create_backend(backend, params if backend == "HIXL" else {})
@@ -55,8 +49,7 @@ def child(role, backend):
     buf = None
     handle = None
     block = n = 0
-    for line in sys.stdin:
-        cmd = json.loads(line)
+    for cmd in commands():
         op = cmd["op"]
         if op == "alloc":
             block, n = cmd["block"], cmd["n"]
@@ -82,7 +75,7 @@ def child(role, backend):
                 while s == "PROC":
                     s = ag.check_xfer_state(handle)
                 if s != "DONE":
-                    reply(error=f"state {s}")
+                    reply(failed=f"state {s}")
                     break
                 if k >= cmd["warmup"]:
                     lat.append(time.perf_counter() - t0)
@@ -104,45 +97,13 @@ def child(role, backend):
             break
 
 
-class Agent:
-    def __init__(self, role, backend, env):
-        self.p = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--child", role, backend],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=env)
-        self.role = role
-
-    def __call__(self, op, **kw):
-        kw["op"] = op
-        self.p.stdin.write(json.dumps(kw) + "\n")
-        self.p.stdin.flush()
-        for line in self.p.stdout:
-            if line.startswith("@@ "):
-                r = json.loads(line[3:])
-                if "error" in r:
-                    raise RuntimeError(f"{self.role}: {op}: {r['error']}")
-                return r
-        raise RuntimeError(f"{self.role}: ended during {op}")
-
-    def close(self):
-        try:
-            self("bye")
-        except Exception:
-            pass
-        try:
-            self.p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-
-
 def nixl_row(backend, op, block, n, iters, warmup, seed):
     """One NIXL row: (GB/s, p50 us), data checked."""
     env = dict(os.environ)
     if backend == "UCX":
         env.update(UCX_TLS="tcp", UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
-    t = Agent("target", backend, env)
-    i = Agent("initiator", backend, env)
+    t = Peer(__file__, ["target", backend], "target", env)
+    i = Peer(__file__, ["initiator", backend], "initiator", env)
     try:
         rt = t("alloc", block=block, n=n)
         ri = i("alloc", block=block, n=n)
@@ -205,8 +166,8 @@ def main():
         for op in a.ops.split(","):
             for block, n in shapes:
                 total = block * n
-                iters = max(3, min(200, int(2e9 // total)))  # about 2 GB per row
-                warmup = 1 if total >= 64 << 20 else 5
+                iters = max(8, min(200, int(4e9 // total)))  # about 4 GB per row
+                warmup = 2 if total >= 64 << 20 else 10
                 for kind in kinds:
                     if kind == "own":
                         g, p50 = own_row(op, block, n, 2.0)

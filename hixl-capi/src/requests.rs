@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hixl_rs::compat;
 
-use super::{HixlEngine, HixlStatus, TransferArgs, batch, entry, fail, invalid, put};
+use super::{HixlEngine, HixlStatus, TransferArgs, entry, fail, invalid, put};
 
 /// `hixl_transfer_async` with the request's deadline `timeout_in_millis` from now (> 0);
 /// past it the request ends `HIXL_TRANSFER_TIMEOUT`, and the engine no longer touches its local
@@ -26,31 +26,19 @@ pub unsafe extern "C" fn hixl_transfer_async_within(
     timeout_in_millis: i32,
     req: *mut *mut c_void,
 ) -> HixlStatus {
-    entry(|| {
-        let e = super::engine(engine)?;
-        if req.is_null() {
-            return Err(invalid("req is null"));
-        }
-        // SAFETY: the caller's contract.
-        let (remote, op, descs) = unsafe { batch(remote, operation, descs, count) }?;
-        let user_data = if args.is_null() {
-            0
-        } else {
-            // SAFETY: not null; readable by the caller's contract.
-            unsafe { args.read_unaligned() }.user_data as usize as u64
-        };
-        let id = e
-            .transfer_async_within(
-                remote,
-                op,
-                descs,
-                compat::TransferArgs { user_data },
-                timeout_in_millis,
-            )
-            .map_err(fail)?;
-        // SAFETY: checked not null; writable by the caller's contract.
-        unsafe { put(req, id as usize as *mut c_void, "req") }
-    })
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        super::start_async(
+            engine,
+            remote,
+            operation,
+            descs,
+            count,
+            args,
+            Some(timeout_in_millis),
+            req,
+        )
+    }
 }
 
 /// Asks the engine to stop an async request: descriptors not started are skipped, and it ends

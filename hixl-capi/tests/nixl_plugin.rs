@@ -19,16 +19,11 @@ fn the_plugin_as_nixls_agent_drives_it() {
     };
     let dir = common::lib_dir();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
     let built = Command::new("bash")
         .arg(root.join("hixl-nixl/build.sh"))
         .arg(&dir)
         .env("CXX", &cxx)
-        .env("HIXL_NIXL_CXXFLAGS", asan.join(" "))
+        .env("HIXL_NIXL_CXXFLAGS", common::asan_flags().join(" "))
         .output()
         .expect("run hixl-nixl/build.sh");
     assert!(
@@ -38,24 +33,23 @@ fn the_plugin_as_nixls_agent_drives_it() {
     );
     let scratch = common::scratch("nixl-plugin");
     let harness = scratch.join("harness");
-    let o = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-g", "-DHIXL_NIXL_HARNESS"])
-        .args(["-Wall", "-Wextra", "-Werror"])
-        .args(asan)
-        .arg("-I")
-        .arg(root.join("hixl-nixl"))
-        .arg("-I")
-        .arg(common::include_dir())
-        .arg(root.join("hixl-nixl/tests/harness.cc"))
-        .arg("-o")
-        .arg(&harness)
-        .arg("-ldl")
-        .output()
-        .expect("run the compiler");
-    assert!(
-        o.status.success(),
-        "{cxx} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let plugin_dir = format!("-I{}", root.join("hixl-nixl").display());
+    // (linked with libhixl too, which it does not call: the plugin brings its own copy's name)
+    common::build(
+        &cxx,
+        &[
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-DHIXL_NIXL_HARNESS",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            &plugin_dir,
+        ],
+        "hixl",
+        &[root.join("hixl-nixl/tests/harness.cc")],
+        &harness,
     );
     let run = Command::new(&harness)
         .arg(dir.join("libplugin_HIXL.so"))

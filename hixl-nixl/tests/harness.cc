@@ -26,23 +26,17 @@ namespace {
 
 int failures = 0;
 
-#define EXPECT(got, want)                                                                   \
-  do {                                                                                      \
-    long long g_ = static_cast<long long>(got), w_ = static_cast<long long>(want);          \
-    if (g_ != w_) {                                                                         \
-      std::fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__, #got, g_, \
-                   w_);                                                                     \
-      failures++;                                                                           \
-    }                                                                                       \
-  } while (0)
+/* a difference is reported with its line and the expression, and counted */
+void expect(long long got, long long want, const char *what, int line) {
+  if (got != want) {
+    std::fprintf(stderr, "harness.cc:%d: %s is %lld, expected %lld\n", line, what, got, want);
+    failures++;
+  }
+}
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s is false\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                            \
-    }                                                                        \
-  } while (0)
+#define EXPECT(got, want) \
+  expect(static_cast<long long>(got), static_cast<long long>(want), #got, __LINE__)
+#define CHECK(cond) expect((cond) ? 1 : 0, 1, #cond, __LINE__)
 
 nixlBackendPlugin *plugin = nullptr;
 

@@ -23,13 +23,13 @@ Exits 0 with "ok", or fails with the first difference. No fixed port: the agents
 through this process, and hixl engines listen on ephemeral ports.
 """
 import hashlib
-import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from peer import Peer, PeerFailed, commands, nixl_api, reply  # noqa: E402
 
 DEADLINE_MS = 1500  # the initiator's backend parameter deadline_ms
 BLOCK = 16384
@@ -47,13 +47,7 @@ def sha(buf):
 def child(role):
     import numpy as np
 
-    try:
-        from nixl import nixl_agent, nixl_agent_config
-        import nixl._bindings as bind
-    except ImportError:
-        from nixl_cu12 import nixl_agent, nixl_agent_config
-        import nixl_cu12._bindings as bind
-
+    nixl_agent, nixl_agent_config = nixl_api()
     rng = np.random.default_rng(46 if role == "target" else 64)
     bufs = {}
     regs = {}
@@ -64,12 +58,7 @@ def child(role):
     def addr(name, off=0):
         return bufs[name].ctypes.data + off
 
-    def reply(**kw):
-        sys.stdout.write("@@ " + json.dumps(kw) + "\n")
-        sys.stdout.flush()
-
-    for line in sys.stdin:
-        cmd = json.loads(line)
+    for cmd in commands():
         op = cmd["op"]
         try:
             if op == "init":
@@ -184,46 +173,17 @@ def child(role):
                 reply()
                 break
             else:
-                reply(error=f"unknown op {op}")
+                reply(failed=f"unknown op {op}")
         except Exception as e:
-            reply(error=f"{type(e).__name__}: {e}")
+            reply(failed=f"{type(e).__name__}: {e}")
             raise
 
 
 # ------------------------------------------------------------------------------- the checks
 
 
-class Agent:
-    def __init__(self, role):
-        self.role = role
-        # stderr to a file: NIXL logs there, and a full pipe would stall the agent
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.p = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--child", role],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-
-    def __call__(self, op, **kw):
-        kw["op"] = op
-        self.p.stdin.write(json.dumps(kw) + "\n")
-        self.p.stdin.flush()
-        for line in self.p.stdout:
-            if line.startswith("@@ "):
-                r = json.loads(line[3:])
-                if isinstance(r.get("error"), str) and ":" in r["error"]:
-                    self.fail(f"{op}: {r['error']}")
-                return r
-        self.fail(f"{op}: the {self.role} process ended")
-
-    def stderr(self):
-        self.log.seek(0)
-        return self.log.read()
-
-    def fail(self, why):
-        if self.p.poll() is None:
-            os.kill(self.p.pid, signal.SIGCONT)
-            self.p.kill()
-        self.p.wait()
-        raise SystemExit(f"{self.role}: {why}\n--- its stderr:\n{self.stderr()[-4000:]}")
+def agent(role):
+    return Peer(__file__, [role], role)
 
 
 def check(cond, why):
@@ -243,17 +203,15 @@ def resume(agent):
 
 
 def main():
-    t = Agent("target")
-    i = Agent("initiator")
+    t = agent("target")
+    i = agent("initiator")
     try:
         run(t, i)
+    except PeerFailed as e:
+        raise SystemExit(f"FAILED: {e}")
     finally:
         for a in (t, i):
-            if a.p.poll() is None:
-                try:
-                    os.kill(a.p.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            a.close()
 
 
 def run(t, i):
@@ -379,8 +337,7 @@ def run(t, i):
     else:
         dead = r["state"].removeprefix("ERR:")
     check(dead == "nixlRemoteDisconnectError", f"a transfer to a peer that died: {r}")
-    i("bye")
-    i.p.wait(timeout=60)
+    i.close()
     err = i.stderr()
     check("VRAM_SEG memory is not supported by the HIXL backend" in err,
           "the backend says why VRAM is refused")
