@@ -16,9 +16,10 @@ ends compare what they hold. The backends:
 and, the anchor of the same invocation, hixl's own engine on the same shape without NIXL:
 - own:   examples/bench --transport tcp --memory user --op OP --block BLOCK --batch N --ws B*N
          (the typed engine, the serving engine in a child process, the same memory every call)
-Rounds interleave the three, so the machine's noise hits all alike; the figure is the median GB/s
-(1e9 bytes/s) over the rounds, with the ratios hixl/ucx and hixl/own. No fixed port: the agents'
-metadata goes through this process.
+Rounds interleave the three, so the machine's noise hits all alike; the figures are the median
+GB/s (1e9 bytes/s) over the rounds, and the ratios hixl/ucx and hixl/own the median of the
+rounds' own ratios (each row against its anchors of the same round, run back to back). No
+fixed port: the agents' metadata goes through this process.
 """
 import argparse
 import hashlib
@@ -176,13 +177,21 @@ def main():
                     res.setdefault((op, block, n, kind), []).append((g, p50))
                     print(f"round {rnd + 1}: {op:5} {block:>8} x {n:<6} {kind:5} {g:7.3f} GB/s",
                           file=sys.stderr, flush=True)
+    # the ratios: per round (a row and its anchors run back to back), their median; the
+    # machine's load moves all three of a round alike more than it moves rounds alike
+    def ratio(op, block, n, k):
+        if k not in kinds:
+            return None
+        rs = [h[0] / o[0] for h, o in zip(res[(op, block, n, "hixl")], res[(op, block, n, k)])]
+        return statistics.median(rs)
+
     print(f"{'op':5} {'block':>8} {'batch':>6} | " + " | ".join(f"{k + ' GB/s':>10}" for k in kinds)
           + " | hixl/ucx | hixl/own")
     for op in a.ops.split(","):
         for block, n in shapes:
             med = {k: statistics.median(g for g, _ in res[(op, block, n, k)]) for k in kinds}
-            ratio_u = med["hixl"] / med["ucx"] if "ucx" in med else None
-            ratio_o = med["hixl"] / med["own"] if "own" in med else None
+            ratio_u = ratio(op, block, n, "ucx")
+            ratio_o = ratio(op, block, n, "own")
             if a.json:
                 print(json.dumps({"op": op.upper(), "block": block, "batch": n, "gbps": med,
                                   "rounds": {k: [round(g, 3) for g, _ in res[(op, block, n, k)]]

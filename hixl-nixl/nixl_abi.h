@@ -12,9 +12,11 @@
  *     keeps its symbol table) lists them, slot by slot, by mangled name;
  *   - the class names (typeinfo names are compared by string across libraries);
  *   - the layouts the agent reads or writes in our objects, and those we read in its: taken
- *     from the wheel's code (nixlPosixEngine's constructor inlines nixlBackendEngine's and
- *     reads every nixlBackendInitParams field; its prepXfer reads nixlDescList<nixlMetaDesc>;
- *     nixlUcxEngine::postXfer reads nixlBackendOptionalArgs::hasNotif) and asserted below.
+ *     from the wheel's code (nixlPosixEngine's constructor inlines nixlBackendEngine's, so it
+ *     writes every engine member and reads the init parameters it copies; its prepXfer reads
+ *     nixlDescList<nixlMetaDesc>; nixlUcxEngine::postXfer reads
+ *     nixlBackendOptionalArgs::hasNotif) and asserted below; the init parameters' members
+ *     between those the constructor reads follow from their declared order.
  *
  * Only what the plugin uses is declared; nothing here is defined out of line in NIXL (the
  * plugin is linked with -z defs, so a declaration that would need NIXL's code fails the link).
