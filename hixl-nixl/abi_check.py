@@ -2,7 +2,7 @@
 """Checks libplugin_HIXL.so's engine against the NIXL wheel installed beside it: the engine's
 vtable must list, slot by slot, the same functions (name and parameter types, demangled) as an
 engine the wheel ships (nixlPosixEngine in libplugin_POSIX.so, whose symbol table is kept), and
-the plugin's exported entry points must be NIXL's two.
+the plugin's exported C entry points must be NIXL's two and hixl's two.
 
     python3 hixl-nixl/abi_check.py PLUGIN.so WHEEL_PLUGIN_DIR
 
@@ -67,12 +67,14 @@ def main():
             continue
         if a != b:
             sys.exit(f"abi_check: slot {i}: ours {a!r}, the wheel's {b!r}")
+    # the C functions it exports: NIXL's two, and hixl's own two (engine-allocated memory)
     exported = sorted(
         l.split()[-1] for l in run("nm", "-D", "--defined-only", plugin).splitlines()
-        if " T " in l and "nixl_plugin" in l
+        if " T " in l and ("nixl_plugin" in l or "hixl_nixl_" in l)
     )
-    if exported != ["nixl_plugin_fini", "nixl_plugin_init"]:
-        sys.exit(f"abi_check: exported entry points {exported}")
+    want = ["hixl_nixl_alloc", "hixl_nixl_free", "nixl_plugin_fini", "nixl_plugin_init"]
+    if exported != want:
+        sys.exit(f"abi_check: exported C entry points {exported}, expected {want}")
     print(f"abi_check: {len(ours)} vtable slots match the wheel's nixlPosixEngine; "
           "nixl_plugin_init and nixl_plugin_fini exported")
 

@@ -298,7 +298,7 @@ nixl_status_t nixlHixlEngine::registerMem(const nixlBlobDesc &mem, const nixl_me
   hixl_mem_handle h = nullptr;
   hixl_status st = hixl_register_mem(hx_, &d, HIXL_MEM_HOST, &h);
   if (st != HIXL_SUCCESS) return failure(st, "registerMem", localAgent);
-  regions_.emplace(mem.addr, Region{mem.len, h, 1});
+  regions_.emplace(mem.addr, Region{mem.len, h, 1, false});
   out = new LocalMD(mem.addr, mem.len, mem.addr);
   return NIXL_SUCCESS;
 }
@@ -313,7 +313,7 @@ nixl_status_t nixlHixlEngine::deregisterMem(nixlBackendMD *meta) {
     std::lock_guard g(reg_m_);
     auto it = regions_.find(start);
     if (it == regions_.end()) return NIXL_ERR_INVALID_PARAM;
-    if (--it->second.refs > 0) {
+    if (--it->second.refs > 0 || it->second.allocated) { /* (an allocation stays till free) */
       delete m;
       return NIXL_SUCCESS;
     }
@@ -351,6 +351,41 @@ nixl_status_t nixlHixlEngine::deregisterMem(nixlBackendMD *meta) {
     }
   }
   if (st != HIXL_SUCCESS) return failure(st, "deregisterMem", localAgent);
+  return NIXL_SUCCESS;
+}
+
+nixl_status_t nixlHixlEngine::alloc(size_t size, void *&addr) {
+  hixl_mem_handle h = nullptr;
+  void *a = nullptr;
+  hixl_status st = hixl_alloc_host_mem(hx_, size, &a, &h);
+  if (st != HIXL_SUCCESS) return failure(st, "hixl_nixl_alloc", localAgent);
+  std::lock_guard g(reg_m_);
+  regions_.emplace(reinterpret_cast<uintptr_t>(a), Region{size, h, 0, true});
+  addr = a;
+  return NIXL_SUCCESS;
+}
+
+nixl_status_t nixlHixlEngine::free(void *addr) {
+  hixl_mem_handle h = nullptr;
+  {
+    std::lock_guard g(reg_m_);
+    auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
+    if (it == regions_.end() || !it->second.allocated) {
+      log_error("hixl_nixl_free: not memory hixl_nixl_alloc gave this agent");
+      return NIXL_ERR_INVALID_PARAM;
+    }
+    if (it->second.refs > 0) {
+      log_error("hixl_nixl_free: the memory is still registered with NIXL (deregister it first)");
+      return NIXL_ERR_NOT_ALLOWED;
+    }
+    h = it->second.handle;
+  }
+  /* the engine frees it once no peer can touch it (a same-host peer's link may still map it);
+   * refused (RESOURCE_EXHAUSTED) while a posted transfer uses it: it stays allocated */
+  hixl_status st = hixl_deregister_mem(hx_, h);
+  if (st != HIXL_SUCCESS) return failure(st, "hixl_nixl_free", localAgent);
+  std::lock_guard g(reg_m_);
+  regions_.erase(reinterpret_cast<uintptr_t>(addr));
   return NIXL_SUCCESS;
 }
 

@@ -128,11 +128,18 @@ class nixlHixlEngine : public nixlBackendEngine {
   nixl_status_t getNotifs(notif_list_t &notif_list) override;
   nixl_status_t genNotif(const std::string &remote_agent, const std::string &msg) const override;
 
+  /* hixl_nixl_alloc / hixl_nixl_free (plugin.cc): host memory the engine allocates, which a
+   * peer on this host reaches over hixl's same-host path once NIXL registered it */
+  nixl_status_t alloc(size_t size, void *&addr);
+  nixl_status_t free(void *addr);
+  const std::string &agent() const { return localAgent; }
+
  private:
   struct Region {
     size_t len;
     hixl_mem_handle handle;
-    size_t refs;
+    size_t refs;            /* NIXL registrations inside it */
+    bool allocated = false; /* the engine's memory (alloc): kept until free, not at refs 0 */
   };
   /* a posted request's peer and the local ranges it touches (for a deregistration that finds
    * memory still in use) */

@@ -23,6 +23,27 @@ def nixl_api():
     return nixl_agent, nixl_agent_config
 
 
+def hixl_plugin():
+    """libplugin_HIXL.so as a ctypes library: the copy NIXL loaded (the same file opens as the
+    same library), beside the plugins of the wheel NIXL's Python API came from. Its
+    hixl_nixl_alloc / hixl_nixl_free give engine memory (docs/nixl.md)."""
+    import ctypes
+    import importlib.util
+
+    for name in ("nixl_cu12", "nixl_cu13"):
+        spec = importlib.util.find_spec(name)
+        if spec and spec.origin:
+            site = os.path.dirname(os.path.dirname(spec.origin))
+            path = os.path.join(site, f".{name}.mesonpy.libs", "plugins", "libplugin_HIXL.so")
+            if os.path.exists(path):
+                lib = ctypes.CDLL(path)
+                lib.hixl_nixl_alloc.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.POINTER(ctypes.c_void_p)]
+                lib.hixl_nixl_free.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+                return lib
+    raise RuntimeError("no libplugin_HIXL.so beside a NIXL wheel's plugins (hixl-nixl/install.sh)")
+
+
 def commands():
     """The child's side: the commands, one dict each."""
     for line in sys.stdin:

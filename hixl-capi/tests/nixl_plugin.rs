@@ -3,8 +3,8 @@
 //! `hixl-nixl/tests/harness.cc` drives it as NIXL 1.5.1's agent does (dlopen, the plugin's entry
 //! points, two engines' virtual calls), checking every NIXL status code the plugin returns:
 //! registrations (DRAM, VRAM, shared, overlapping), metadata, WRITE and READ with random data and
-//! a notification, a split batch, release in flight, bad batches, binary notifications, and a
-//! deregistration under a posted transfer. The same plugin against the real wheel, two agents
+//! a notification, a split batch, release in flight, bad batches, binary notifications, a
+//! deregistration under a posted transfer, and engine memory (`hixl_nixl_alloc`). The same plugin against the real wheel, two agents
 //! in two processes: `hixl-nixl/tests/two_agents.py` (`.ci/run`).
 
 mod common;

@@ -3,7 +3,8 @@
  * dlopen (RTLD_NOW | RTLD_LOCAL), nixl_plugin_init, create_engine, and the engine's virtual
  * calls through hixl-nixl/nixl_abi.h, with two engines (two "agents") in this process. What the
  * wheel's agent collapses into NIXL_ERR_BACKEND (or refuses before the plugin sees it) is checked
- * here code by code. Run by hixl-capi/tests/nixl_plugin.rs (cargo test); prints "ok".
+ * here code by code; and the plugin's own hixl_nixl_alloc / hixl_nixl_free. Run by
+ * hixl-capi/tests/nixl_plugin.rs (cargo test); prints "ok".
  *
  *   harness PATH/libplugin_HIXL.so
  */
@@ -241,6 +242,38 @@ int main(int argc, char **argv) {
   nixl_status_t st = finish(b, h);
   CHECK(st == NIXL_SUCCESS || st == NIXL_ERR_BACKEND);
   EXPECT(b->releaseReqH(h), NIXL_SUCCESS);
+
+  /* engine memory (the plugin's hixl_nixl_alloc / hixl_nixl_free): registered with NIXL,
+   * read by the other engine (the same-host path), freed only once deregistered */
+  auto ealloc = reinterpret_cast<int (*)(const char *, size_t, void **)>(
+      dlsym(lib, "hixl_nixl_alloc"));
+  auto efree = reinterpret_cast<int (*)(const char *, void *)>(dlsym(lib, "hixl_nixl_free"));
+  CHECK(ealloc != nullptr && efree != nullptr);
+  void *em = nullptr;
+  EXPECT(ealloc("nobody", 4096, &em), NIXL_ERR_NOT_FOUND);
+  EXPECT(ealloc("A", 0, &em), NIXL_ERR_INVALID_PARAM);
+  EXPECT(ealloc("A", 1u << 20, &em), NIXL_SUCCESS);
+  auto eb = random_bytes(1u << 20, 5);
+  std::memcpy(em, eb.data(), eb.size());
+  nixlBackendMD *mde = nullptr, *rme = nullptr;
+  EXPECT(a->registerMem(blob(static_cast<char *>(em) + 4096, 65536), DRAM_SEG, mde), NIXL_SUCCESS);
+  std::string pe;
+  EXPECT(a->getPublicData(mde, pe), NIXL_SUCCESS);
+  EXPECT(b->loadRemoteMD(blob(static_cast<char *>(em) + 4096, 65536, pe), DRAM_SEG, "A", rme),
+         NIXL_SUCCESS);
+  nixl_meta_dlist_t el(DRAM_SEG), er(DRAM_SEG);
+  el.add(meta(reinterpret_cast<uintptr_t>(mb.data()), 65536, mdb));
+  er.add(meta(reinterpret_cast<uintptr_t>(em) + 4096, 65536, rme));
+  EXPECT(b->prepXfer(NIXL_READ, el, er, "A", h, nullptr), NIXL_SUCCESS);
+  EXPECT(b->postXfer(NIXL_READ, el, er, "A", h, nullptr), NIXL_IN_PROG);
+  EXPECT(finish(b, h), NIXL_SUCCESS);
+  CHECK(std::memcmp(mb.data(), eb.data() + 4096, 65536) == 0);
+  EXPECT(b->releaseReqH(h), NIXL_SUCCESS);
+  EXPECT(efree("A", em), NIXL_ERR_NOT_ALLOWED); /* NIXL still has it registered */
+  EXPECT(efree("A", mb.data()), NIXL_ERR_INVALID_PARAM);
+  EXPECT(b->unloadMD(rme), NIXL_SUCCESS);
+  EXPECT(a->deregisterMem(mde), NIXL_SUCCESS);
+  EXPECT(efree("A", em), NIXL_SUCCESS);
 
   /* teardown, in NIXL's order */
   EXPECT(b->disconnect("A"), NIXL_SUCCESS);

@@ -18,6 +18,9 @@ HIXL) over their stdin/stdout, and checks, with random data compared at both end
   by waitpid) ends ERR at the backend's deadline, and one released while in flight returns at
   once; neither writes its local buffer, checked after the target resumed and served later
   transfers;
+- engine memory at the target (hixl_nixl_alloc, exported by the plugin): READ and WRITE of it
+  complete while the target is stopped (hixl's same-host path, one-sided), data checked, and
+  hixl_nixl_free refused while NIXL has it registered;
 - a transfer to a target that was killed: nixlRemoteDisconnectError.
 Exits 0 with "ok", or fails with the first difference. No fixed port: the agents' metadata goes
 through this process, and hixl engines listen on ephemeral ports.
@@ -29,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from peer import Peer, PeerFailed, commands, nixl_api, reply  # noqa: E402
+from peer import Peer, PeerFailed, commands, hixl_plugin, nixl_api, reply  # noqa: E402
 
 DEADLINE_MS = 1500  # the initiator's backend parameter deadline_ms
 BLOCK = 16384
@@ -81,6 +84,29 @@ def child(role):
                     regs[name] = ag.register_memory(
                         [(addr(name), size, 0, "")], "DRAM", backends=["HIXL"])
                 reply(addrs={n: addr(n) for n in cmd["bufs"]})
+            elif op == "alloc_engine":
+                # engine memory (hixl_nixl_alloc): a peer on this host reaches it one-sidedly
+                import ctypes
+                lib = hixl_plugin()
+                p = ctypes.c_void_p()
+                st = lib.hixl_nixl_alloc(role.encode(), cmd["len"], ctypes.byref(p))
+                if st != 0:
+                    reply(failed=f"hixl_nixl_alloc: {st}")
+                    continue
+                mem = (ctypes.c_uint8 * cmd["len"]).from_address(p.value)
+                bufs[cmd["buf"]] = np.ctypeslib.as_array(mem)
+                bufs[cmd["buf"]][:] = rng.integers(0, 256, cmd["len"], dtype=np.uint8)
+                regs[cmd["buf"]] = ag.register_memory(
+                    [(p.value, cmd["len"], 0, "")], "DRAM", backends=["HIXL"])
+                reply(addr=p.value, unknown=lib.hixl_nixl_alloc(b"nobody", 4096, ctypes.byref(p)))
+            elif op == "free_engine":
+                lib = hixl_plugin()
+                a = bufs[cmd["buf"]].ctypes.data
+                early = lib.hixl_nixl_free(role.encode(), a)  # still registered with NIXL
+                ag.deregister_memory(regs.pop(cmd["buf"]), backends=["HIXL"])
+                freed = lib.hixl_nixl_free(role.encode(), a)
+                del bufs[cmd["buf"]]
+                reply(early=early, freed=freed)
             elif op == "sha":
                 b = bufs[cmd["buf"]]
                 reply(sha=sha(b[cmd["off"]:cmd["off"] + cmd["len"]]))
@@ -326,6 +352,41 @@ def run(t, i):
     check(i("sha", buf="B", off=8 << 20, len=D)["sha"] == untouched,
           "a READ that ended ERR (deadline, or released) wrote its local buffer afterwards")
     i("release", id="d")
+
+    # engine memory (hixl_nixl_alloc) at the target: a new region, so the initiator's link is
+    # made again with the target's new table; then READ and WRITE complete while the target is
+    # stopped: hixl's same-host path, one-sided (over TCP they would wait for the target)
+    E = 8 << 20
+    r = t("alloc_engine", buf="E", len=E)
+    check(r["unknown"] == -4, f"hixl_nixl_alloc for an agent without HIXL: {r['unknown']}")
+    ea = r["addr"]
+    check(i("load", md=t("md")["md"])["name"] == "target", "the target's metadata with E")
+    el = [(24 << 20, E)]
+    i("prep", id="er", xop="READ", buf="B", local=el, remote=[(ea, E)], peer="target")
+    i("prep", id="ew", xop="WRITE", buf="B", local=[(0, 1 << 20)], remote=[(ea + (1 << 20), 1 << 20)],
+      peer="target")
+    stop(t)
+    i("post", id="er")
+    r = i("wait", id="er")
+    check(r["state"] == "DONE", f"a READ of engine memory while the target is stopped: {r}")
+    i("post", id="ew")
+    r = i("wait", id="ew")
+    check(r["state"] == "DONE", f"a WRITE into engine memory while the target is stopped: {r}")
+    resume(t)
+    # (the WRITE, after the READ, changed E's second MiB: the READ's copy of it is older)
+    for off, n in ((0, 1 << 20), (2 << 20, E - (2 << 20))):
+        check(i("sha", buf="B", off=(24 << 20) + off, len=n)["sha"]
+              == t("sha", buf="E", off=off, len=n)["sha"],
+              "READ of engine memory: the initiator's bytes differ from the target's")
+    check(i("sha", buf="B", off=0, len=1 << 20)["sha"]
+          == t("sha", buf="E", off=1 << 20, len=1 << 20)["sha"],
+          "WRITE into engine memory: the target's bytes differ from the initiator's")
+    i("release", id="er")
+    i("release", id="ew")
+    r = t("free_engine", buf="E")
+    check((r["early"], r["freed"]) == (-6, 0),
+          f"hixl_nixl_free while registered, then after: {r}")
+
     # a peer that died: the next transfer to it ends NIXL_ERR_REMOTE_DISCONNECT, at the post
     # or at its check (whichever finds the link broken first)
     t.p.kill()
