@@ -17,7 +17,7 @@ CXX=${CXX:-c++}
 "$CXX" -std=c++20 -O2 -g -fPIC -shared -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=1 \
   -Wall -Wextra -Werror ${HIXL_NIXL_CXXFLAGS:-} \
   -I "$ROOT/include" -I "$HERE" \
-  "$HERE/engine.cc" "$HERE/notif.cc" "$HERE/plugin.cc" \
+  "$HERE/engine.cc" "$HERE/settings.cc" "$HERE/notif.cc" "$HERE/plugin.cc" \
   -o "$DIR/libplugin_HIXL.so.tmp" \
   -L "$DIR" -lhixl -Wl,-z,defs -Wl,-rpath,'$ORIGIN'
 # moved into place whole: a process never loads half a library
