@@ -181,6 +181,23 @@ hixl_status hixl_get_transfer_statuses(hixl_engine *engine,
                                        size_t *count);
 /* Requests not yet reported terminal (a capacity for hixl_get_transfer_statuses). */
 hixl_status hixl_pending_transfers(hixl_engine *engine, size_t *count);
+/* hixl extensions (HIXL has no such calls; NIXL's HIXL backend, nixl-plugin/, uses them):
+ * hixl_transfer_async_within: hixl_transfer_async with the request's own deadline,
+ * timeout_in_millis from now (> 0, else HIXL_PARAM_INVALID; hixl_transfer_async's is 60 s):
+ * past it the request ends HIXL_TRANSFER_TIMEOUT, and the engine no longer touches its local
+ * buffers (a terminal status always means that).
+ * hixl_cancel_transfer: asks the engine to stop a request; it ends HIXL_TRANSFER_FAILED (or
+ * COMPLETED if its data had moved) once what was running returned, and stays known until its
+ * terminal status is reported. Unknown or already reported: HIXL_FAILED.
+ * hixl_wait_transfer: waits up to timeout_in_millis (>= 0; 0 does not wait) for a request to
+ * end, then reports as hixl_get_transfer_status does (a terminal status once). */
+hixl_status hixl_transfer_async_within(hixl_engine *engine, const char *remote_engine,
+                                       int32_t op, const hixl_transfer_op_desc *descs,
+                                       size_t count, const hixl_transfer_args *args,
+                                       int32_t timeout_in_millis, hixl_transfer_req *req);
+hixl_status hixl_cancel_transfer(hixl_engine *engine, hixl_transfer_req req);
+hixl_status hixl_wait_transfer(hixl_engine *engine, hixl_transfer_req req,
+                               int32_t timeout_in_millis, int32_t *status);
 
 /* Notifications. */
 hixl_status hixl_send_notify(hixl_engine *engine, const char *remote_engine, const char *name,

@@ -39,6 +39,7 @@ mod acl_errmsg;
 pub mod cann_abi;
 pub mod cs;
 pub mod datadist;
+pub mod requests;
 
 /// A status code (HIXL's values: 0 success, 103900 `PARAM_INVALID`, ...).
 pub type HixlStatus = u32;
@@ -651,6 +652,26 @@ pub unsafe extern "C" fn hixl_transfer_async(
     args: *const TransferArgs,
     req: *mut *mut c_void,
 ) -> HixlStatus {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { start_async(engine, remote, operation, descs, count, args, None, req) }
+}
+
+/// [`hixl_transfer_async`], and with `Some(timeout)` `hixl_transfer_async_within`
+/// ([`requests`]): starts the batch, its id in `*req`.
+///
+/// # Safety
+/// As [`hixl_transfer_async`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn start_async(
+    engine: *mut HixlEngine,
+    remote: *const c_char,
+    operation: i32,
+    descs: *const compat::TransferOpDesc,
+    count: usize,
+    args: *const TransferArgs,
+    timeout_in_millis: Option<i32>,
+    req: *mut *mut c_void,
+) -> HixlStatus {
     entry(|| {
         let e = self::engine(engine)?;
         if req.is_null() {
@@ -664,9 +685,12 @@ pub unsafe extern "C" fn hixl_transfer_async(
             // SAFETY: not null; readable by the caller's contract.
             unsafe { args.read_unaligned() }.user_data as usize as u64
         };
-        let id = e
-            .transfer_async(remote, op, descs, compat::TransferArgs { user_data })
-            .map_err(fail)?;
+        let args = compat::TransferArgs { user_data };
+        let id = match timeout_in_millis {
+            None => e.transfer_async(remote, op, descs, args),
+            Some(t) => e.transfer_async_within(remote, op, descs, args, t),
+        }
+        .map_err(fail)?;
         // SAFETY: checked not null; writable by the caller's contract.
         unsafe { put(req, id as usize as *mut c_void, "req") }
     })

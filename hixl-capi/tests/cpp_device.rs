@@ -177,11 +177,7 @@ fn hixl_style_device_program_runs_as_two_processes_on_the_double() {
     // the program, as HIXL's examples are built
     let lib = common::lib_dir();
     let exe = dir.join("hixl_device");
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
+    let asan = common::asan_flags();
     let out = Command::new("c++")
         .args(common::HIXL_EXAMPLE_FLAGS)
         .args(asan)

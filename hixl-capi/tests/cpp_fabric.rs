@@ -42,11 +42,7 @@ fn a_fabric_mem_program_moves_vmm_memory_on_the_double() {
 
     let lib = common::lib_dir();
     let exe = dir.join("fabric_mem");
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
+    let asan = common::asan_flags();
     let out = Command::new("c++")
         .args(common::HIXL_EXAMPLE_FLAGS)
         .args(asan)
@@ -120,11 +116,7 @@ fn a_failure_after_acl_loads_late_reaches_its_error_channel() {
     common::build_double(&double);
     let lib = common::lib_dir();
     let exe = dir.join("acl_errmsg_late");
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
+    let asan = common::asan_flags();
     let out = Command::new("cc")
         .args(asan)
         .arg("-I")

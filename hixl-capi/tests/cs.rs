@@ -161,11 +161,7 @@ fn two_c_processes_over_hixl_cs_device_memory() {
 
     let lib = common::lib_dir();
     let exe = dir.join("cs_dev");
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
+    let asan = common::asan_flags();
     let out = Command::new(&cc)
         .args([
             "-std=c11",

@@ -243,11 +243,7 @@ fn build(dir: &Path, device: bool) -> Option<(PathBuf, Option<PathBuf>)> {
         None
     };
     let exe = dir.join(if device { "dd_device" } else { "dd_host" });
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
+    let asan = common::asan_flags();
     let mut cmd = Command::new(&cxx);
     cmd.args(common::HIXL_EXAMPLE_FLAGS)
         .args(asan)

@@ -54,11 +54,41 @@ impl Hixl {
         op_descs: &[TransferOpDesc],
         args: TransferArgs,
     ) -> Result<TransferReq> {
+        self.start_async(remote_engine, op, op_descs, args, ASYNC_DEADLINE)
+    }
+
+    /// [`Hixl::transfer_async`] with the request's deadline `timeout_in_millis` from now (an
+    /// extension of HIXL, whose requests carry none: what NIXL's HIXL backend gives each
+    /// posted transfer). Past it the request ends `Timeout`, and from then on the engine no
+    /// longer touches its local buffers.
+    ///
+    /// # Errors
+    /// `PARAM_INVALID` for a timeout ≤ 0; the validation errors of [`Hixl::transfer_sync`],
+    /// before anything starts.
+    pub fn transfer_async_within(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        args: TransferArgs,
+        timeout_in_millis: i32,
+    ) -> Result<TransferReq> {
+        let deadline = millis(timeout_in_millis)?;
+        self.start_async(remote_engine, op, op_descs, args, deadline)
+    }
+
+    fn start_async(
+        &self,
+        remote_engine: &str,
+        op: TransferOp,
+        op_descs: &[TransferOpDesc],
+        args: TransferArgs,
+        deadline: Duration,
+    ) -> Result<TransferReq> {
         self.on_link(remote_engine, |_, e, link| {
             let mut keep = Vec::new();
             let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
-            let req =
-                (link.shared()).start(op, xds, bytes, keep, ASYNC_DEADLINE, args.user_data)?;
+            let req = (link.shared()).start(op, xds, bytes, keep, deadline, args.user_data)?;
             // recorded while the core's read lock is held: `finalize` (which takes the write
             // lock) either runs before the request starts, or finds it here
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -92,3 +92,82 @@ fn wait_cancel_regions_transport() {
     server.finalize();
     assert!(a.iter().all(|&x| x == 5));
 }
+
+/// `transfer_async_within` (what NIXL's HIXL backend posts): the request ends `Timeout` at its
+/// own deadline, a cancel ends it well before, and neither writes the local buffer; a timeout
+/// that is not positive is refused before anything starts.
+#[test]
+fn requests_end_at_their_own_deadline_or_when_cancelled() {
+    // a serving engine that handshakes and then answers nothing
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = l.local_addr().unwrap().to_string();
+    const BASE: u64 = 0x7000_0000;
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                crate::common::fake_serve(
+                    s,
+                    vec![crate::common::entry(
+                        0,
+                        BASE,
+                        1 << 20,
+                        Access::ReadWrite,
+                        -1,
+                    )],
+                    None,
+                )
+            });
+        }
+    });
+    let mut b = hixl::testkit::Rng::new(46).bytes(1 << 16);
+    let before = b.clone();
+    let client = Hixl::new();
+    client
+        .initialize("127.0.0.1", [("AutoConnect", "0")])
+        .unwrap();
+    // SAFETY: `b` outlives the engine (finalized below) and is read only after every request
+    // ended.
+    unsafe { client.register_mem(desc(&mut b), MemType::Host) }.unwrap();
+    client.connect(&name, 5000).unwrap();
+    let d = [TransferOpDesc {
+        local_addr: b.as_ptr() as usize,
+        remote_addr: BASE as usize,
+        len: 1 << 16,
+    }];
+    for bad in [0, -1] {
+        assert_eq!(
+            client
+                .transfer_async_within(&name, TransferOp::Read, &d, TransferArgs::default(), bad)
+                .unwrap_err()
+                .status(),
+            Status::PARAM_INVALID
+        );
+    }
+    assert_eq!(client.pending_transfers(), 0);
+
+    let t0 = std::time::Instant::now();
+    let req = client
+        .transfer_async_within(&name, TransferOp::Read, &d, TransferArgs::default(), 300)
+        .unwrap();
+    let st = client.wait_transfer(req, Duration::from_secs(30)).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(st, TransferStatus::Timeout);
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+
+    let t0 = std::time::Instant::now();
+    let req = client
+        .transfer_async_within(&name, TransferOp::Read, &d, TransferArgs::default(), 60_000)
+        .unwrap();
+    client.cancel_transfer(req).unwrap();
+    let st = client.wait_transfer(req, Duration::from_secs(30)).unwrap();
+    assert_eq!(st, TransferStatus::Failed);
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    client.finalize();
+    assert!(
+        b == before,
+        "a request that ended without data wrote the buffer"
+    );
+}

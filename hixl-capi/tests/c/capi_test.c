@@ -520,6 +520,25 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
   same = 1;
   for (size_t i = 0; i < 3000; i++) same &= mem[800000 + i] == pattern(500000 + i);
   CHECK(same);
+  /* extensions: a request with its own deadline, waited for; cancel and wait's bad input */
+  for (size_t i = 0; i < 2000; i++) mem[810000 + i] = rnd();
+  hixl_transfer_op_desc within = desc(mem, 810000, raddr, 510000, 2000);
+  EXPECT(hixl_transfer_async_within(e, name, HIXL_READ, &within, 1, NULL, 0, &req), HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_async_within(e, name, HIXL_READ, &within, 1, NULL, 30000, NULL),
+         HIXL_PARAM_INVALID);
+  EXPECT(hixl_transfer_async_within(e, name, HIXL_READ, &within, 1, NULL, 30000, &req), HIXL_SUCCESS);
+  EXPECT(hixl_wait_transfer(e, req, -1, &st), HIXL_PARAM_INVALID);
+  EXPECT(hixl_wait_transfer(e, req, 30000, NULL), HIXL_PARAM_INVALID);
+  EXPECT(hixl_wait_transfer(e, req, 30000, &st), HIXL_SUCCESS);
+  CHECK(st == HIXL_TRANSFER_COMPLETED);
+  same = 1;
+  for (size_t i = 0; i < 2000; i++) same &= mem[810000 + i] == pattern(510000 + i);
+  CHECK(same);
+  EXPECT(hixl_wait_transfer(e, req, 0, &st), HIXL_FAILED); /* reported: released */
+  CHECK(st == HIXL_TRANSFER_FAILED);
+  EXPECT(hixl_cancel_transfer(e, req), HIXL_FAILED);
+  EXPECT(hixl_cancel_transfer(e, (hixl_transfer_req)(uintptr_t)0xdead), HIXL_FAILED);
+
   size_t n = 5;
   EXPECT(hixl_get_transfer_statuses(e, NULL, res, 4, &n), HIXL_SUCCESS);
   CHECK(n == 0);

@@ -107,20 +107,25 @@ pub fn build_double(dir: &Path) {
     assert!(out.status.success(), "tools/ascend-double.sh: {out:?}");
 }
 
+/// The flags a C or C++ program (or library) of the tests takes in the AddressSanitizer build
+/// (`--cfg hixl_asan`: gcc's runtime then serves the instrumented `libhixl.so`), none otherwise.
+pub fn asan_flags() -> &'static [&'static str] {
+    if cfg!(hixl_asan) {
+        &["-fsanitize=address"]
+    } else {
+        &[]
+    }
+}
+
 /// Compiles `sources` with `compiler` and `flags` into `out`, linked with `-l<lib>` (`hixl`, or
 /// `cann_hixl`: the same library under HIXL's name; rpath set). In the AddressSanitizer build
 /// (`--cfg hixl_asan`) the program is built with `-fsanitize=address` too: its runtime serves
 /// the instrumented `libhixl.so`.
 pub fn build(compiler: &str, flags: &[&str], lib: &str, sources: &[PathBuf], out: &Path) {
     let dir = lib_dir();
-    let asan: &[&str] = if cfg!(hixl_asan) {
-        &["-fsanitize=address"]
-    } else {
-        &[]
-    };
     let o = Command::new(compiler)
         .args(flags)
-        .args(asan)
+        .args(asan_flags())
         .arg("-I")
         .arg(include_dir())
         .args(sources)
