@@ -433,7 +433,7 @@ fn skip_empty(local: &[IoVec], li: &mut usize, remote: &[IoVec], ri: &mut usize)
 /// kernel (or this architecture's option number) does not tell.
 fn netns_cookie(s: &impl AsFd) -> Option<u64> {
     // the option's number in the generic socket.h (not alpha, mips, parisc, sparc)
-    #[cfg(any(
+    let generic = cfg!(any(
         target_arch = "x86_64",
         target_arch = "x86",
         target_arch = "aarch64",
@@ -442,19 +442,11 @@ fn netns_cookie(s: &impl AsFd) -> Option<u64> {
         target_arch = "powerpc64",
         target_arch = "s390x",
         target_arch = "loongarch64"
-    ))]
+    ));
+    if !generic {
+        return None;
+    }
     const SO_NETNS_COOKIE: libc::c_int = 71;
-    #[cfg(not(any(
-        target_arch = "x86_64",
-        target_arch = "x86",
-        target_arch = "aarch64",
-        target_arch = "arm",
-        target_arch = "riscv64",
-        target_arch = "powerpc64",
-        target_arch = "s390x",
-        target_arch = "loongarch64"
-    )))]
-    return None;
     let mut v = 0u64;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `v`, a live u64, and its length.

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::{CompleteStatus, Error, OpDesc};
 use crate::runtime::address::{self, AddrDesc};
-use crate::runtime::handle::{Engine as Core, RegionHandle, ReqHandle};
-use crate::runtime::peers::Peers;
+use crate::runtime::handle::{RegionHandle, ReqHandle};
+pub(super) use crate::runtime::named::Buffer;
+use crate::runtime::named::Named;
 use crate::runtime::request::TransferStatus;
 use crate::{Access, MemDesc, MemType, Options, Status, TransferOp};
 
@@ -23,25 +24,6 @@ pub(super) type Registration = RegionHandle;
 /// An async batch of the engine.
 pub(super) type Request = Arc<ReqHandle>;
 
-/// A host buffer the engine allocated and registered (the published list, a download buffer):
-/// its record, which keeps it mapped while it lives.
-pub(super) struct Buffer(RegionHandle);
-
-impl Buffer {
-    /// Its first byte.
-    pub(super) fn as_ptr(&self) -> *mut u8 {
-        self.0.ptr_at(0)
-    }
-    /// Its address.
-    pub(super) fn addr(&self) -> usize {
-        self.0.addr
-    }
-    /// Its length.
-    pub(super) fn len(&self) -> usize {
-        self.0.len
-    }
-}
-
 /// A region of a peer's table, as a link has it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RemoteRegion {
@@ -52,19 +34,7 @@ pub(super) struct RemoteRegion {
 }
 
 /// An engine and its links by remote name (finalized when dropped).
-pub(super) struct Engine {
-    core: Core,
-    peers: Peers,
-    /// The buffers it allocated: their pages are made private when it ends (a same-host peer
-    /// that mapped one reaches nothing its owner reads afterwards).
-    buffers: std::sync::Mutex<Vec<RegionHandle>>,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.finalize();
-    }
-}
+pub(super) struct Engine(Named);
 
 /// The engine's error with HIXL-CS's codes: the engine's connection statuses are `FAILED`.
 pub(super) fn fail(e: crate::Error) -> Error {
@@ -113,25 +83,12 @@ impl Engine {
     pub(super) fn start(name: &str, options: Vec<(String, String)>) -> Result<Engine, Error> {
         let opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(start_fail)?;
-        // "ip:0": listen on a port the OS chooses (a name without a port is a client)
-        let ephemeral = name.ends_with(":0");
-        let core = Core::initialize(name, opts, ephemeral).map_err(start_fail)?;
-        core.open().map_err(start_fail)?;
-        Ok(Engine {
-            core,
-            peers: Peers::default(),
-            buffers: Default::default(),
-        })
+        Ok(Engine(Named::start(name, opts).map_err(start_fail)?))
     }
 
     /// A host buffer of `len` bytes that peers may access as `access` says.
     pub(super) fn buffer(&self, len: usize, access: Access) -> Result<Buffer, Error> {
-        let buf = crate::HostBuffer::new(len).map_err(fail)?;
-        let r = (self.core)
-            .register_owned(buf, access, false)
-            .map_err(|h| fail(h.error))?;
-        crate::sync::lock(&self.buffers).push(r.clone());
-        Ok(Buffer(r))
+        self.0.buffer(len, access).map_err(fail)
     }
 
     /// Registers `len` bytes at `addr` of `typ`; `local_only`: not offered to peers.
@@ -153,42 +110,27 @@ impl Engine {
             Access::ReadWrite
         };
         // SAFETY: the caller's contract.
-        unsafe { (self.core).register_raw(MemDesc { addr, len }, typ, access) }.map_err(fail)
+        unsafe { (self.0.core).register_raw(MemDesc { addr, len }, typ, access) }.map_err(fail)
     }
 
     /// Ends a registration (refused while a transfer uses it).
     pub(super) fn deregister(&self, r: &Registration) -> Result<(), Error> {
-        self.core.deregister(r).map_err(fail)
+        self.0.core.deregister(r).map_err(fail)
     }
 
     /// Connects to the engine named `remote` within `timeout`.
     pub(super) fn connect(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
-        let (key, _) = self.core.remote_key(remote).map_err(fail)?;
-        (self.peers)
-            .connect(&self.core, remote, &key, timeout)
-            .map_err(fail)
+        self.0.connect(remote, timeout).map_err(fail)
     }
 
     /// Disconnects from `remote` (best effort: a peer that went away is gone all the same).
     pub(super) fn disconnect(&self, remote: &str) {
-        if let Ok((key, _)) = self.core.remote_key(remote)
-            && let Ok(Some(l)) = self.peers.take(&self.core, remote, &key)
-        {
-            let _ = l.close_timeout(Duration::from_secs(1));
-        }
-    }
-
-    /// The link to `remote` (connected before: a CS client connects explicitly).
-    fn link(&self, remote: &str) -> Result<Arc<crate::runtime::handle::LinkHandle>, Error> {
-        let (key, _) = self.core.remote_key(remote).map_err(fail)?;
-        (self.peers)
-            .link_for(&self.core, false, Duration::from_secs(1), remote, &key)
-            .map_err(fail)
+        let _ = self.0.disconnect(remote, Duration::from_secs(1));
     }
 
     /// The regions of `remote`'s table, as the link got them.
     pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<RemoteRegion>, Error> {
-        let link = self.link(remote)?;
+        let link = self.0.link(remote).map_err(fail)?;
         Ok((link.table.iter())
             .map(|r| RemoteRegion {
                 addr: r.addr,
@@ -236,9 +178,9 @@ impl Engine {
         descs: &[OpDesc],
         timeout: Duration,
     ) -> Result<(), Error> {
-        let link = self.link(remote)?;
+        let link = self.0.link(remote).map_err(fail)?;
         let (xds, bytes) =
-            address::batch(&self.core, &link, op, addrs(descs), None).map_err(fail)?;
+            address::batch(&self.0.core, &link, op, addrs(descs), None).map_err(fail)?;
         link.run(op, &xds, bytes, timeout.max(Duration::from_millis(1)))
             .map_err(fail)
     }
@@ -250,10 +192,10 @@ impl Engine {
         op: TransferOp,
         descs: &[OpDesc],
     ) -> Result<Request, Error> {
-        let link = self.link(remote)?;
+        let link = self.0.link(remote).map_err(fail)?;
         let mut keep = Vec::new();
         let (xds, bytes) =
-            address::batch(&self.core, &link, op, addrs(descs), Some(&mut keep)).map_err(fail)?;
+            address::batch(&self.0.core, &link, op, addrs(descs), Some(&mut keep)).map_err(fail)?;
         let h = (link.shared())
             .start(op, xds, bytes, keep, ASYNC_DEADLINE, 0)
             .map_err(fail)?;
@@ -272,15 +214,7 @@ impl Engine {
     /// Finalizes the engine: its links, listener and registrations end; the buffers it
     /// allocated get private pages.
     pub(super) fn finalize(&self) {
-        for l in self.peers.drop_all(false) {
-            l.close_quietly();
-        }
-        self.core.finalize();
-        for b in std::mem::take(&mut *crate::sync::lock(&self.buffers)) {
-            if let Err(e) = b.privatize() {
-                tracing::warn!(region = b.id, error = %e, "a HIXL-CS buffer could not be made private");
-            }
-        }
+        self.0.finalize();
     }
 }
 

@@ -143,19 +143,23 @@ mod tests {
     /// never stops (until the receiver closes), a receive of 64 GiB (more than any machine
     /// moves in its 100 ms), and the receive ends `TimedOut` with bytes still to come (it would
     /// otherwise run for the whole payload).
-    #[test]
-    fn a_paced_peer_still_meets_the_deadline() {
+    /// A socket whose peer sends without end (until it is dropped), its sender, and a 64 GiB
+    /// receive of it: every piece lands in the same MiB of `sink` (its bytes are not looked at).
+    fn endless(sink: &mut [u8]) -> (Sock, std::thread::JoinHandle<()>, Vec<IoVec>) {
         let (mut c, mut sock) = pair();
         sock.set_fixed_timeout(Duration::from_millis(5)).unwrap();
-        const MIB: usize = 1 << 20;
         let writer = std::thread::spawn(move || {
-            let chunk = vec![7u8; MIB];
+            let chunk = vec![7u8; 1 << 20];
             while c.write_all(&chunk).is_ok() {}
         });
-        let mut sink = vec![0u8; MIB];
-        let base = sink.as_mut_ptr() as usize;
-        // every piece lands in the same MiB (its bytes are not looked at)
-        let mut iov = vec![IoVec { base, len: MIB }; 64 << 10];
+        let (base, len) = (sink.as_mut_ptr() as usize, sink.len());
+        (sock, writer, vec![IoVec { base, len }; 64 << 10])
+    }
+
+    #[test]
+    fn a_paced_peer_still_meets_the_deadline() {
+        let mut sink = vec![0u8; 1 << 20];
+        let (mut sock, writer, mut iov) = endless(&mut sink);
         let (mut pos, start) = (0, Instant::now());
         let deadline = Some(start + Duration::from_millis(100));
         let mut resumed = false;
@@ -190,16 +194,9 @@ mod tests {
     /// a few windows, and asks whether others wait only at the end of a window.
     #[test]
     fn a_paced_peer_yields_when_others_wait() {
-        let (mut c, mut sock) = pair();
-        sock.set_fixed_timeout(Duration::from_millis(5)).unwrap();
         const MIB: usize = 1 << 20;
-        let writer = std::thread::spawn(move || {
-            let chunk = vec![7u8; MIB];
-            while c.write_all(&chunk).is_ok() {}
-        });
         let mut sink = vec![0u8; MIB];
-        let base = sink.as_mut_ptr() as usize;
-        let mut iov = vec![IoVec { base, len: MIB }; 64 << 10];
+        let (mut sock, writer, mut iov) = endless(&mut sink);
         let (mut pos, start) = (0, Instant::now());
         let deadline = Some(start + Duration::from_secs(60));
         let asked = std::cell::Cell::new(0u32);

@@ -107,6 +107,21 @@ impl LinkShared {
     }
 }
 
+/// A batch of `n` descriptors or blocks: not empty ([`Error::EmptyBatch`]), at most
+/// [`MAX_BATCH`] ([`Error::BatchTooLarge`]).
+fn count(n: usize) -> Result<(), Error> {
+    if n == 0 {
+        return Err(Error::EmptyBatch);
+    }
+    if n > MAX_BATCH {
+        return Err(Error::BatchTooLarge {
+            count: n,
+            limit: MAX_BATCH,
+        });
+    }
+    Ok(())
+}
+
 /// A span of another engine or link: [`Error::ForeignHandle`].
 fn owned(link: &LinkShared, local: &Local<'_>, remote: &Remote) -> Result<(), Error> {
     let (engine, id) = (link.engine_id, link.id);
@@ -173,15 +188,7 @@ pub(crate) fn list<'a>(
     descs: impl Iterator<Item = Result<(Local<'a>, Remote), Error>>,
     out: &mut Vec<BatchDesc>,
 ) -> Result<u64, Error> {
-    if n == 0 {
-        return Err(Error::EmptyBatch);
-    }
-    if n > MAX_BATCH {
-        return Err(Error::BatchTooLarge {
-            count: n,
-            limit: MAX_BATCH,
-        });
-    }
+    count(n)?;
     let mut bytes = 0u64;
     out.reserve(n);
     let host_only = !link.has_device_path();
@@ -256,16 +263,7 @@ pub(crate) fn blocks<'i>(
             remote: remote_idx.len(),
         });
     }
-    let n = local_idx.len();
-    if n == 0 {
-        return Err(Error::EmptyBatch);
-    }
-    if n > MAX_BATCH {
-        return Err(Error::BatchTooLarge {
-            count: n,
-            limit: MAX_BATCH,
-        });
-    }
+    count(local_idx.len())?;
     let (local, remote) = (&layout.local, &layout.remote);
     owned(link, local, remote)?;
     permitted(op, !link.has_device_path(), local, remote)?;

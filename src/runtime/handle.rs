@@ -452,12 +452,8 @@ impl LinkShared {
         timeout: Duration,
         user_data: u64,
     ) -> Result<ReqHandle, Error> {
-        let timeout = check_timeout(timeout)?;
-        self.check_usable()?;
-        let st = self.start_async(op, xds, bytes, keep, timeout, user_data)?;
-        Ok(ReqHandle {
-            st,
-            link: self.clone(),
+        self.request(timeout, |t| {
+            self.start_async(op, xds, bytes, keep, t, user_data)
         })
     }
 
@@ -473,11 +469,21 @@ impl LinkShared {
         timeout: Duration,
         user_data: u64,
     ) -> Result<ReqHandle, Error> {
+        self.request(timeout, |t| {
+            self.start_async_blocks(op, b, keep, t, user_data)
+        })
+    }
+
+    /// A request `start` makes once the timeout and the link are fine.
+    fn request(
+        self: &Arc<Self>,
+        timeout: Duration,
+        start: impl FnOnce(Duration) -> Result<Arc<ReqState>, Error>,
+    ) -> Result<ReqHandle, Error> {
         let timeout = check_timeout(timeout)?;
         self.check_usable()?;
-        let st = self.start_async_blocks(op, b, keep, timeout, user_data)?;
         Ok(ReqHandle {
-            st,
+            st: start(timeout)?,
             link: self.clone(),
         })
     }

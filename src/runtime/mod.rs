@@ -10,6 +10,7 @@ pub(crate) mod engine;
 pub(crate) mod executor;
 pub(crate) mod handle;
 pub(crate) mod link;
+pub(crate) mod named;
 pub(crate) mod peers;
 pub(crate) mod region;
 pub(crate) mod request;

@@ -5,38 +5,17 @@
 //! checked block batch (`check::blocks`: XFER_BLOCKS on the wire, the remote indices checked
 //! once by the server).
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::runtime::address::{self, AddrDesc};
 use crate::runtime::check::{self, Layout, Local};
-use crate::runtime::handle::{Engine, LinkHandle, RegionHandle};
-use crate::runtime::peers::Peers;
-use crate::sync::lock;
+use crate::runtime::handle::RegionHandle;
+pub(super) use crate::runtime::named::Buffer;
+use crate::runtime::named::Named;
 use crate::types::blocks::BlockIndices;
 use crate::wire::TableEntry;
 use crate::{Access, DetachedContext, MemDesc, MemType, Notify, Options, TransferOp};
-
-/// A host buffer the engine allocated and registered (the published cache table, the download
-/// buffer peers' tables are READ into): its record, which keeps it mapped while it lives.
-#[derive(Clone)]
-pub(super) struct Buffer(RegionHandle);
-
-impl Buffer {
-    /// Its first byte.
-    pub(super) fn as_ptr(&self) -> *mut u8 {
-        self.0.ptr_at(0)
-    }
-    /// Its address.
-    pub(super) fn addr(&self) -> usize {
-        self.0.addr
-    }
-    /// Its length.
-    pub(super) fn len(&self) -> usize {
-        self.0.len
-    }
-}
 
 /// A timeout in HIXL's milliseconds (≤ 0: `PARAM_INVALID`).
 fn millis(ms: i32) -> Result<Duration, Error> {
@@ -65,19 +44,7 @@ pub(super) struct BlockMove<'a> {
 }
 
 /// An engine and its links by remote name (finalized when dropped).
-pub(super) struct DdEngine {
-    core: Engine,
-    peers: Peers,
-    /// The buffers it allocated: their pages are made private when it ends (a same-host peer
-    /// that mapped one reaches nothing its owner reads afterwards).
-    buffers: Mutex<Vec<RegionHandle>>,
-}
-
-impl Drop for DdEngine {
-    fn drop(&mut self) {
-        self.finalize();
-    }
-}
+pub(super) struct DdEngine(Named);
 
 impl DdEngine {
     /// An engine named `name` (`"ip:port"` listens there, port 0 on one the OS chooses;
@@ -86,26 +53,18 @@ impl DdEngine {
     /// # Errors
     /// The options' and the engine's start errors.
     pub(super) fn initialize(name: &str, options: &[(String, String)]) -> Result<Self, Error> {
-        let mut opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-        opts.auto_connect = false; // links are made explicitly (`links.rs`, `rank.rs`)
-        let ephemeral = name.ends_with(":0");
-        let core = Engine::initialize(name, opts, ephemeral)?;
-        core.open()?;
-        Ok(DdEngine {
-            core,
-            peers: Peers::default(),
-            buffers: Mutex::new(Vec::new()),
-        })
+        let opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        Ok(DdEngine(Named::start(name, opts)?))
     }
 
     /// The engine's name as peers connect to it (with the port it got, for port 0).
     pub(super) fn local_engine(&self) -> String {
-        self.core.name.clone()
+        self.0.core.name.clone()
     }
 
     /// The engine's device context, detached (what a rank-table link runs HCCL under).
     pub(super) fn detach_context(&self) -> DetachedContext {
-        DetachedContext::new(self.core.id, self.core.device.clone())
+        DetachedContext::new(self.0.core.id, self.0.core.device.clone())
     }
 
     /// A host buffer of `len` bytes that peers may access as `access` says.
@@ -113,12 +72,7 @@ impl DdEngine {
     /// # Errors
     /// The allocation's or the registration's.
     pub(super) fn alloc_host_mem_with(&self, len: usize, access: Access) -> Result<Buffer, Error> {
-        let buf = crate::HostBuffer::new(len)?;
-        let r = (self.core)
-            .register_owned(buf, access, false)
-            .map_err(|h| h.error)?;
-        lock(&self.buffers).push(r.clone());
-        Ok(Buffer(r))
+        self.0.buffer(len, access)
     }
 
     /// Registers `len` bytes at `addr` of `mem_type`, read-write for peers.
@@ -138,7 +92,7 @@ impl DdEngine {
     ) -> Result<RegionHandle, Error> {
         let desc = MemDesc { addr, len };
         // SAFETY: the caller's contract.
-        unsafe { self.core.register_raw(desc, mem_type, Access::ReadWrite) }
+        unsafe { self.0.core.register_raw(desc, mem_type, Access::ReadWrite) }
     }
 
     /// Ends a registration, through the core's one in-use rule (refused while a transfer of
@@ -147,7 +101,7 @@ impl DdEngine {
     /// # Errors
     /// [`Engine::deregister`]'s: a region of another engine, one in use.
     pub(super) fn deregister_mem(&self, r: &RegionHandle) -> Result<(), Error> {
-        self.core.deregister(r)
+        self.0.core.deregister(r)
     }
 
     /// Connects to the engine named `remote`.
@@ -155,9 +109,7 @@ impl DdEngine {
     /// # Errors
     /// A bad name or timeout, `ALREADY_CONNECTED`, the connect's own.
     pub(super) fn connect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
-        let timeout = millis(timeout_ms)?;
-        let (key, _) = self.core.remote_key(remote)?;
-        self.peers.connect(&self.core, remote, &key, timeout)
+        self.0.connect(remote, millis(timeout_ms)?)
     }
 
     /// Closes the link to `remote`, telling the peer (a peer already gone is not an error).
@@ -165,21 +117,7 @@ impl DdEngine {
     /// # Errors
     /// A bad name or timeout; `NOT_CONNECTED` without a link; the goodbye's other errors.
     pub(super) fn disconnect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
-        let timeout = millis(timeout_ms)?;
-        let (key, _) = self.core.remote_key(remote)?;
-        let Some(link) = self.peers.take(&self.core, remote, &key)? else {
-            return Ok(());
-        };
-        match link.close_timeout(timeout) {
-            Err(e) if e.status() == crate::Status::NOT_CONNECTED => Ok(()),
-            r => r,
-        }
-    }
-
-    /// The link to `remote` (made before).
-    fn link(&self, remote: &str) -> Result<Arc<LinkHandle>, Error> {
-        let (key, _) = self.core.remote_key(remote)?;
-        (self.peers).link_for(&self.core, false, Duration::from_secs(1), remote, &key)
+        self.0.disconnect(remote, millis(timeout_ms)?)
     }
 
     /// Sends a notification to `remote` (delivered after every transfer started before it on
@@ -204,14 +142,14 @@ impl DdEngine {
                 });
             }
         }
-        let link = self.link(remote)?;
+        let link = self.0.link(remote)?;
         link.notify(name, msg, std::time::Instant::now(), timeout)
     }
 
     /// Every notification received so far, oldest first, with the name each sender's engine
     /// gave in its handshake.
     pub(super) fn take_notifies(&self) -> Vec<Notify> {
-        self.core.notifies.drain()
+        self.0.core.notifies.drain()
     }
 
     /// The region table `remote` sent at connect.
@@ -219,7 +157,7 @@ impl DdEngine {
     /// # Errors
     /// A bad name; no link.
     pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<TableEntry>, Error> {
-        Ok(self.link(remote)?.table.clone())
+        Ok(self.0.link(remote)?.table.clone())
     }
 
     /// A batch of address descriptors to `remote`, waited for.
@@ -234,8 +172,8 @@ impl DdEngine {
         timeout_ms: i32,
     ) -> Result<(), Error> {
         let timeout = millis(timeout_ms)?;
-        let link = self.link(remote)?;
-        let (xds, bytes) = address::batch(&self.core, &link, op, descs.iter().copied(), None)?;
+        let link = self.0.link(remote)?;
+        let (xds, bytes) = address::batch(&self.0.core, &link, op, descs.iter().copied(), None)?;
         link.run(op, &xds, bytes, timeout)
     }
 
@@ -259,12 +197,11 @@ impl DdEngine {
             local_idx,
             remote_idx,
         } = *m;
-        let link = self.link(remote)?;
+        let link = self.0.link(remote)?;
         // each tensor's region and the peer's table entry, once per tensor (not per block)
         let mut spans = Vec::with_capacity(pairs.len());
         for (index, p) in pairs.iter().enumerate() {
-            let region = self
-                .core
+            let region = (self.0.core)
                 .with_index(|ix| ix.find(p.local, p.local_len).cloned())
                 .ok_or(Error::LocalNotRegistered {
                     index,
@@ -319,14 +256,6 @@ impl DdEngine {
     /// Finalizes the engine: its links, listener and registrations end; the buffers it
     /// allocated get private pages.
     pub(super) fn finalize(&self) {
-        for l in self.peers.drop_all(false) {
-            l.close_quietly();
-        }
-        self.core.finalize();
-        for b in std::mem::take(&mut *lock(&self.buffers)) {
-            if let Err(e) = b.privatize() {
-                tracing::warn!(region = b.id, error = %e, "an LLM-DataDist buffer could not be made private");
-            }
-        }
+        self.0.finalize();
     }
 }

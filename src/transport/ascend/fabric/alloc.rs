@@ -118,19 +118,8 @@ pub(crate) fn malloc_with(lib: &Lib, mem_type: MemType, size: usize) -> Result<u
     // SAFETY: a fresh reservation of this process and a live handle.
     let mut rc = unsafe { (api.map)(va, len, 0, h, 0) };
     if rc == 0 && mem_type == MemType::Host {
-        let mut logic = 0i32;
-        // SAFETY: out-pointer.
-        let r = unsafe { (api.logic_dev_id)(device, &mut logic) };
-        let mut desc = MemAccessDesc {
-            flags: ffi::ACCESS_READWRITE,
-            location: MemLocation {
-                id: if r == 0 { logic as u32 } else { device as u32 },
-                kind: ffi::LOCATION_DEVICE,
-            },
-            rsv: [0; 12],
-        };
-        // SAFETY: the range was just mapped; one descriptor.
-        rc = unsafe { (api.set_access)(va, len, &mut desc, 1) };
+        // SAFETY: the range was just mapped.
+        rc = unsafe { set_access(api, device, va, len) };
         if rc != 0 {
             // SAFETY: the mapping just made.
             unsafe { (api.unmap)(va) };
@@ -154,6 +143,28 @@ pub(crate) fn malloc_with(lib: &Lib, mem_type: MemType, size: usize) -> Result<u
         },
     );
     Ok(va as usize)
+}
+
+/// Gives `device` read-write access to host memory mapped at `va..va + len`
+/// (`aclrtMemSetAccess`, with ACL's logical id of the device; the id itself where ACL does not
+/// say it); ACL's return code.
+///
+/// # Safety
+/// `va..va + len` must be mapped (VMM memory of this process).
+pub(super) unsafe fn set_access(api: &FabricApi, device: i32, va: *mut c_void, len: usize) -> i32 {
+    let mut logic = 0i32;
+    // SAFETY: out-pointer.
+    let r = unsafe { (api.logic_dev_id)(device, &mut logic) };
+    let mut desc = MemAccessDesc {
+        flags: ffi::ACCESS_READWRITE,
+        location: MemLocation {
+            id: if r == 0 { logic as u32 } else { device as u32 },
+            kind: ffi::LOCATION_DEVICE,
+        },
+        rsv: [0; 12],
+    };
+    // SAFETY: the caller's contract; one descriptor.
+    unsafe { (api.set_access)(va, len, &mut desc, 1) }
 }
 
 /// HIXL's `FreeMem(ptr)`: unmaps, releases the address range and frees the physical memory of

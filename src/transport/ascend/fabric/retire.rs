@@ -24,7 +24,7 @@
 use std::ffi::c_void;
 use std::time::Duration;
 
-use super::ffi::{self, MemAccessDesc, MemLocation, PhysicalMemProp};
+use super::ffi::{self, PhysicalMemProp};
 use super::{Block, FabricRt, GRANULE};
 use crate::error::Error;
 
@@ -170,19 +170,8 @@ impl FabricRt {
     /// [`super::alloc::malloc_mem`] does.
     fn grant_access(&self, va: usize, len: usize) -> Result<(), Error> {
         let device = self.acl().device()?;
-        let mut logic = 0i32;
-        // SAFETY: out-pointer.
-        let r = unsafe { (self.api.logic_dev_id)(device, &mut logic) };
-        let mut desc = MemAccessDesc {
-            flags: ffi::ACCESS_READWRITE,
-            location: MemLocation {
-                id: if r == 0 { logic as u32 } else { device as u32 },
-                kind: ffi::LOCATION_DEVICE,
-            },
-            rsv: [0; 12],
-        };
-        // SAFETY: the range is mapped; one descriptor.
-        let rc = unsafe { (self.api.set_access)(va as *mut c_void, len, &mut desc, 1) };
+        // SAFETY: the callers' ranges are mapped (the block, or the scratch mapping just made).
+        let rc = unsafe { super::alloc::set_access(&self.api, device, va as *mut c_void, len) };
         self.check("aclrtMemSetAccess", rc)
     }
 }
