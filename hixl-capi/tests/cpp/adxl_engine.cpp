@@ -243,18 +243,25 @@ int Client(const std::string &name, uintptr_t raddr, size_t rlen) {
 }
 }  // namespace
 
-// ADXL reads the thread's device when it starts, as upstream's (aclrtGetDevice): on a thread
-// with none, Initialize fails with ACL's ACL_ERROR_RT_CONTEXT_NULL; once aclrtSetDevice ran,
-// it succeeds. ACL is reached with dlopen, as the program links -lllm_datadist alone.
-int NoDevice() {
+using SetDevice = int (*)(int32_t);
+
+// ACL's aclrtSetDevice-shaped call `name`, reached with dlopen (the program links
+// -lllm_datadist alone), or null with the reason on stderr.
+SetDevice AclCall(const char *name) {
   void *acl = dlopen("libascendcl.so", RTLD_NOW | RTLD_GLOBAL);
   if (acl == nullptr) {
     std::fprintf(stderr, "no libascendcl.so: %s\n", dlerror());
-    return 1;
+    return nullptr;
   }
-  using SetDevice = int (*)(int32_t);
-  auto set_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtSetDevice"));
-  auto reset_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtResetDevice"));
+  return reinterpret_cast<SetDevice>(dlsym(acl, name));
+}
+
+// ADXL reads the thread's device when it starts, as upstream's (aclrtGetDevice): on a thread
+// with none, Initialize fails with ACL's ACL_ERROR_RT_CONTEXT_NULL; once aclrtSetDevice ran,
+// it succeeds.
+int NoDevice() {
+  auto set_device = AclCall("aclrtSetDevice");
+  auto reset_device = AclCall("aclrtResetDevice");
   CHECK(set_device != nullptr && reset_device != nullptr);
   if (set_device == nullptr || reset_device == nullptr) return 1;
   std::map<AscendString, AscendString> none;
@@ -286,13 +293,7 @@ int NoDevice() {
 // statuses for the connect; nothing crashes or touches freed memory (the AddressSanitizer
 // step runs it too).
 int Race() {
-  void *acl = dlopen("libascendcl.so", RTLD_NOW | RTLD_GLOBAL);
-  if (acl == nullptr) {
-    std::fprintf(stderr, "no libascendcl.so: %s\n", dlerror());
-    return 1;
-  }
-  using SetDevice = int (*)(int32_t);
-  auto set_device = reinterpret_cast<SetDevice>(dlsym(acl, "aclrtSetDevice"));
+  auto set_device = AclCall("aclrtSetDevice");
   CHECK(set_device != nullptr);
   if (set_device == nullptr) return 1;
   std::map<AscendString, AscendString> none;
