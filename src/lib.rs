@@ -78,7 +78,7 @@
 //! ## Thread safety
 //!
 //! `Hixl<S>`, [`Region`] and [`Link`] are `Send + Sync`. Many threads may transfer on one link
-//! at once: a batch runs on the link's first data path that covers it (Ascend, UCX, same host),
+//! at once: a batch runs on the link's first data path that reaches its regions (Ascend, UCX, same host),
 //! else over TCP, where each transfer in flight takes a lane of its own (a TCP connection, up to
 //! [`Options::max_lanes`]; beyond that it waits for a free one). Device-bound calls take a
 //! [`ContextToken`], which is `!Send + !Sync`; [`DetachedContext`] carries the context to

@@ -232,14 +232,16 @@ impl<'e> Link<'e> {
         Ok(TransferReq::new(h))
     }
 
-    /// Checks a block batch once (`runtime::check::blocks`): nothing is checked per block.
-    fn prepare_blocks<'i>(
+    /// Checks a block batch's layout once (`runtime::check::layouts`: nothing is checked
+    /// per block), then hands the checked batch to `then`.
+    fn place<R>(
         &self,
         op: TransferOp,
         layout: &BlockLayout<'_>,
-        local_idx: BlockIndices<'i>,
-        remote_idx: BlockIndices<'i>,
-    ) -> Result<BlockBatch<'i>, Error> {
+        local_idx: BlockIndices<'_>,
+        remote_idx: BlockIndices<'_>,
+        then: impl FnOnce(BlockBatch<'_>) -> Result<R, Error>,
+    ) -> Result<R, Error> {
         let l = check::Layout {
             local: layout.local.span(),
             remote: layout.remote.span,
@@ -247,7 +249,12 @@ impl<'e> Link<'e> {
             local_stride: layout.local_stride,
             remote_stride: layout.remote_stride,
         };
-        check::blocks(&self.shared, op, &l, local_idx, remote_idx)
+        let layouts = check::layouts(&self.shared, op, &[l], local_idx, remote_idx)?;
+        then(BlockBatch {
+            layouts: &layouts,
+            local_idx,
+            remote_idx,
+        })
     }
 
     /// Runs a block-indexed batch and returns when every block has moved (an extension of
@@ -292,8 +299,9 @@ impl<'e> Link<'e> {
         timeout: Duration,
     ) -> Result<(), Error> {
         let timeout = check_timeout(timeout)?;
-        let b = self.prepare_blocks(op, layout, local_idx.into(), remote_idx.into())?;
-        self.shared.run_blocks(op, &b, timeout)
+        self.place(op, layout, local_idx.into(), remote_idx.into(), |b| {
+            self.shared.run(op, b, b.bytes(), timeout)
+        })
     }
 
     /// Starts a block-indexed batch ([`Link::transfer_blocks_sync`]) and returns at once, as
@@ -313,10 +321,11 @@ impl<'e> Link<'e> {
     ) -> Result<TransferReq<'s>, Error> {
         let timeout = check_timeout(args.timeout)?;
         self.shared.check_usable()?;
-        let b = self.prepare_blocks(op, layout, local_idx.into(), remote_idx.into())?;
-        let keep = vec![RegionUse::new(layout.local.core)];
-        let h = (self.shared).start_blocks(op, b.to_owned(), keep, timeout, args.user_data)?;
-        Ok(TransferReq::new(h))
+        self.place(op, layout, local_idx.into(), remote_idx.into(), |b| {
+            let keep = vec![RegionUse::new(layout.local.core)];
+            let h = (self.shared).start(op, b, b.bytes(), keep, timeout, args.user_data)?;
+            Ok(TransferReq::new(h))
+        })
     }
 
     /// Sends a notification to the peer and waits for its acknowledgement (HIXL `SendNotify`).
@@ -503,7 +512,7 @@ impl fmt::Debug for RemoteRange<'_> {
 ///
 /// The lengths of both sides must match; the transfer checks it and reports the index of a
 /// descriptor that does not ([`Error::LengthMismatch`](crate::Error::LengthMismatch)).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct TransferDesc<'a> {
     pub(crate) local: LocalRange<'a>,
     pub(crate) remote: RemoteRange<'a>,
@@ -524,15 +533,6 @@ impl<'a> TransferDesc<'a> {
     }
 }
 
-impl fmt::Debug for TransferDesc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TransferDesc")
-            .field("local", &self.local)
-            .field("remote", &self.remote)
-            .finish()
-    }
-}
-
 /// The geometry of a block-indexed transfer ([`Link::transfer_blocks_sync`]): a local range
 /// and a remote range (each the base of its blocks: block `k` of a side starts at `k * stride`
 /// in its range), the block size, and a stride per side (by default the block size: blocks
@@ -540,7 +540,7 @@ impl fmt::Debug for TransferDesc<'_> {
 /// layer-interleaved cache). An extension of HIXL.
 ///
 /// It is checked when a transfer uses it ([`Error::InvalidBlockLayout`]), with the indices.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct BlockLayout<'a> {
     pub(crate) local: LocalRange<'a>,
     pub(crate) remote: RemoteRange<'a>,
@@ -583,17 +583,5 @@ impl<'a> BlockLayout<'a> {
     /// The remote range.
     pub fn remote(&self) -> RemoteRange<'a> {
         self.remote
-    }
-}
-
-impl fmt::Debug for BlockLayout<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockLayout")
-            .field("local", &self.local)
-            .field("remote", &self.remote)
-            .field("block_size", &self.block_size)
-            .field("local_stride", &self.local_stride)
-            .field("remote_stride", &self.remote_stride)
-            .finish()
     }
 }

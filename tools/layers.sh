@@ -4,7 +4,7 @@
 # violation of any of these rules that tools/layers.allow does not list:
 #
 # 1. layers: a file imports only from its own layer and the ones below it. Layers, lowest first:
-#    0 leaf       src/types/, src/error.rs, src/sync.rs (lock helper, loom switch), src/wire/
+#    0 leaf       src/types/, src/error.rs (and error/), src/sync.rs (lock helper, loom switch), src/wire/
 #                 (the protocol's codec), src/io/ (deadline socket I/O), src/dl.rs (run-time
 #                 loading), src/auth.rs, src/process.rs (other processes of this host, shared
 #                 memory), src/device/ (ACL device memory, pinned host memory, device contexts)
@@ -58,7 +58,7 @@ allow=tools/layers.allow
 # layer of a source file: "<rank> <name>" (name: the transport, for layer 1), or "- none"
 file_layer() {
   case "$1" in
-    src/types/* | src/error.rs | src/sync.rs | src/wire/* | src/io/* | src/dl.rs | src/auth.rs \
+    src/types/* | src/error.rs | src/error/* | src/sync.rs | src/wire/* | src/io/* | src/dl.rs | src/auth.rs \
       | src/process.rs | src/process/* | src/device/*)
       echo "0 leaf" ;;
     src/transport/mod.rs) echo "1 transport" ;;

@@ -16,6 +16,7 @@ use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
 use crate::runtime::link::LinkShared;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
+use crate::types::blocks::{BlockBatch, Placed};
 use crate::{Status, TransferOp};
 
 impl Hixl {
@@ -89,18 +90,18 @@ impl Hixl {
             let mut keep = Vec::new();
             let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
             let req = (link.shared()).start(op, xds, bytes, keep, deadline, args.user_data)?;
-            // recorded while the core's read lock is held: `finalize` (which takes the write
-            // lock) either runs before the request starts, or finds it here
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            lock(&self.reqs).insert(
-                id,
-                Pending {
-                    req: Arc::new(req),
-                    user_data: args.user_data,
-                },
-            );
-            Ok(id)
+            Ok(self.record(req, args.user_data))
         })
+    }
+
+    /// A started request's id, the request recorded under it. Called while the core's read
+    /// lock is held: `finalize` (which takes the write lock) either runs before the request
+    /// starts, or finds it here.
+    fn record(&self, req: ReqHandle, user_data: u64) -> TransferReq {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let req = Arc::new(req);
+        lock(&self.reqs).insert(id, Pending { req, user_data });
+        id
     }
 
     /// A block-indexed READ or WRITE (an extension of HIXL; see
@@ -124,10 +125,13 @@ impl Hixl {
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.on_link(remote_engine, |_, e, link| {
-            let (region, off) = local_base(e, desc)?;
-            let layout = block_layout(link, &region, off, desc)?;
-            let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
-            Ok(link.run_blocks(op, &b, timeout)?)
+            let (_, layouts) = placed(e, link, op, desc, local_idx, remote_idx)?;
+            let b = BlockBatch {
+                layouts: &layouts,
+                local_idx,
+                remote_idx,
+            };
+            Ok(link.run(op, b, b.bytes(), timeout)?)
         })
     }
 
@@ -146,26 +150,16 @@ impl Hixl {
         args: TransferArgs,
     ) -> Result<TransferReq> {
         self.on_link(remote_engine, |_, e, link| {
-            let (region, off) = local_base(e, desc)?;
-            let layout = block_layout(link, &region, off, desc)?;
-            let b = check::blocks(link, op, &layout, local_idx, remote_idx)?;
+            let (region, layouts) = placed(e, link, op, desc, local_idx, remote_idx)?;
+            let b = BlockBatch {
+                layouts: &layouts,
+                local_idx,
+                remote_idx,
+            };
             let keep = vec![RegionUse::new(&region)];
-            let req = (link.shared()).start_blocks(
-                op,
-                b.to_owned(),
-                keep,
-                ASYNC_DEADLINE,
-                args.user_data,
-            )?;
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            lock(&self.reqs).insert(
-                id,
-                Pending {
-                    req: Arc::new(req),
-                    user_data: args.user_data,
-                },
-            );
-            Ok(id)
+            let user_data = args.user_data;
+            let req = (link.shared()).start(op, b, b.bytes(), keep, ASYNC_DEADLINE, user_data)?;
+            Ok(self.record(req, user_data))
         })
     }
 
@@ -379,9 +373,17 @@ fn addrs(descs: &[TransferOpDesc]) -> impl ExactSizeIterator<Item = AddrDesc> + 
     })
 }
 
-/// A block batch's local base: the registered region holding it, and its offset there.
-fn local_base(e: &Engine, desc: &BlockDesc) -> Result<(RegionHandle, usize)> {
-    address::local_base(e, desc.local_addr).map_err(|_| {
+/// A block batch checked (`check::layouts`): the registered region holding its local base, and
+/// its layout from each base address to the end of its region.
+fn placed(
+    e: &Engine,
+    link: &LinkShared,
+    op: TransferOp,
+    desc: &BlockDesc,
+    local_idx: crate::BlockIndices<'_>,
+    remote_idx: crate::BlockIndices<'_>,
+) -> Result<(RegionHandle, Vec<Placed>)> {
+    let (region, off) = address::local_base(e, desc.local_addr).map_err(|_| {
         Error::new(
             Status::PARAM_INVALID,
             format!(
@@ -389,34 +391,18 @@ fn local_base(e: &Engine, desc: &BlockDesc) -> Result<(RegionHandle, usize)> {
                 desc.local_addr
             ),
         )
-    })
-}
-
-/// A block transfer's layout: from each base address to the end of its region.
-fn block_layout<'a>(
-    link: &LinkShared,
-    region: &'a RegionHandle,
-    off: usize,
-    desc: &BlockDesc,
-) -> Result<check::Layout<'a>> {
+    })?;
     let strides = (desc.local_stride, desc.remote_stride);
-    address::block_layout(
-        link,
-        region,
-        off,
-        desc.remote_addr as u64,
-        desc.block_size,
-        strides,
-    )
-    .map_err(|_| {
-        Error::new(
-            Status::PARAM_INVALID,
-            format!(
-                "remote block base {:#x} is not inside a region of the peer's table",
-                desc.remote_addr
-            ),
-        )
-    })
+    let remote = desc.remote_addr as u64;
+    let layout = address::block_layout(link, &region, off, remote, desc.block_size, strides)
+        .map_err(|_| {
+            Error::new(
+                Status::PARAM_INVALID,
+                format!("remote block base {remote:#x} is not inside a region of the peer's table"),
+            )
+        })?;
+    let layouts = check::layouts(link, op, &[layout], local_idx, remote_idx)?;
+    Ok((region, layouts))
 }
 
 /// Sends a notification on `link` (the checks of the typed `Link::send_notify`).

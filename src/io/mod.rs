@@ -129,6 +129,18 @@ pub(crate) struct IoVec {
     pub len: usize,
 }
 
+impl IoVec {
+    /// Appends `len` bytes at `base` to `v`, in the last `iovec` when they follow it in memory
+    /// (the byte stream is the same; the kernel walks fewer segments).
+    #[inline]
+    pub(crate) fn push_joined(v: &mut Vec<IoVec>, base: usize, len: usize) {
+        match v.last_mut() {
+            Some(t) if t.base + t.len == base => t.len += len,
+            _ => v.push(IoVec { base, len }),
+        }
+    }
+}
+
 static_assertions::assert_eq_size!(IoVec, libc::iovec);
 static_assertions::assert_eq_align!(IoVec, libc::iovec);
 

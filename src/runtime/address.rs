@@ -2,7 +2,7 @@
 //! them (the compat engine, HIXL-CS): each descriptor's local range is found in the engine's
 //! regions (its index, [`Engine::with_index`]), its remote range in the link's peer table
 //! ([`LinkShared::remote`]), then the batch is checked as any other (`check::list`,
-//! `check::blocks`).
+//! `check::layouts`).
 
 use std::sync::Arc;
 

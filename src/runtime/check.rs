@@ -1,5 +1,5 @@
 //! The client-side checks of a batch, once for every face: a batch is a list of (local span,
-//! remote span) pairs, or a block layout with two index arrays, and what it may move is decided
+//! remote span) pairs, or block layouts sharing two index arrays, and what it may move is decided
 //! here before any data path sees it. The typed face builds the spans from its capabilities
 //! ([`LocalRange`](crate::LocalRange), [`RemoteRange`](crate::RemoteRange)); the compat engine,
 //! LLM-DataDist and HIXL-CS from addresses, through the engine's region index and the link's
@@ -8,7 +8,7 @@
 use crate::error::Error;
 use crate::runtime::link::{LinkShared, MAX_BATCH};
 use crate::runtime::region::RegionCore;
-use crate::types::blocks::{BlockBatch, BlockIndices, WireBlocks};
+use crate::types::blocks::{BlockIndices, Placed, WireBlocks};
 use crate::types::{Access, BatchDesc, MemType, TransferOp, WireDesc};
 
 /// A local span: `len` bytes at `offset` in a region of this engine (checked against the region
@@ -216,7 +216,7 @@ pub(crate) fn list<'a>(
     Ok(bytes)
 }
 
-/// A block layout in spans: blocks of `block` bytes, block `k` of a side at `k * stride` in
+/// A block layout in spans (one of a block batch's): blocks of `block` bytes, block `k` of a side at `k * stride` in
 /// its span.
 #[derive(Clone, Copy)]
 pub(crate) struct Layout<'a> {
@@ -227,36 +227,22 @@ pub(crate) struct Layout<'a> {
     pub(crate) remote_stride: u64,
 }
 
-/// Checks a block batch once (its layout, both index arrays' lengths, each side's largest
-/// index against its span, overflow-checked; ownership, access and memory type as for a list
-/// batch): nothing is checked per block.
+/// Checks a block batch once: each layout (its block and strides; ownership, access and
+/// memory type as for a list batch), both index arrays' lengths, and each side's largest index
+/// (found once) against each layout's span, overflow-checked: nothing is checked per block.
+/// Returns the layouts as a data path moves them, for a [`BlockBatch`] over the same indices.
 ///
 /// # Errors
 /// `PARAM_INVALID`: [`Error::InvalidBlockLayout`], [`Error::BlockCountMismatch`],
-/// [`Error::EmptyBatch`], [`Error::BatchTooLarge`], [`Error::BlockOutOfBounds`], and those of
-/// [`list`].
-pub(crate) fn blocks<'i>(
+/// [`Error::EmptyBatch`] (no index, or no layout), [`Error::BatchTooLarge`],
+/// [`Error::BlockOutOfBounds`], and those of [`list`].
+pub(crate) fn layouts(
     link: &LinkShared,
     op: TransferOp,
-    layout: &Layout<'_>,
-    local_idx: BlockIndices<'i>,
-    remote_idx: BlockIndices<'i>,
-) -> Result<BlockBatch<'i>, Error> {
-    let (block, ls, rs) = (layout.block, layout.local_stride, layout.remote_stride);
-    let bad_layout = |problem| Error::InvalidBlockLayout {
-        block_size: block,
-        local_stride: ls,
-        remote_stride: rs,
-        problem,
-    };
-    if block == 0 {
-        return Err(bad_layout("the block size is zero"));
-    }
-    if ls < block || rs < block {
-        return Err(bad_layout(
-            "a stride is smaller than the block (its blocks would overlap)",
-        ));
-    }
+    layouts: &[Layout<'_>],
+    local_idx: BlockIndices<'_>,
+    remote_idx: BlockIndices<'_>,
+) -> Result<Vec<Placed>, Error> {
     if local_idx.len() != remote_idx.len() {
         return Err(Error::BlockCountMismatch {
             local: local_idx.len(),
@@ -264,12 +250,36 @@ pub(crate) fn blocks<'i>(
         });
     }
     count(local_idx.len())?;
-    let (local, remote) = (&layout.local, &layout.remote);
-    owned(link, local, remote)?;
-    permitted(op, !link.has_device_path(), local, remote)?;
-    let extent = |side, idx: BlockIndices<'_>, stride: u64, span_len: u64| {
-        let max = idx.max().unwrap_or(0);
-        match max.checked_mul(stride).and_then(|o| o.checked_add(block)) {
+    if layouts.is_empty() {
+        return Err(Error::EmptyBatch);
+    }
+    let host_only = !link.has_device_path();
+    // each side's largest index, once for every layout
+    let (lmax, rmax) = (local_idx.max().unwrap_or(0), remote_idx.max().unwrap_or(0));
+    let mut out = Vec::with_capacity(layouts.len());
+    for layout in layouts {
+        let (block, ls, rs) = (layout.block, layout.local_stride, layout.remote_stride);
+        let bad_layout = |problem| Error::InvalidBlockLayout {
+            block_size: block,
+            local_stride: ls,
+            remote_stride: rs,
+            problem,
+        };
+        if block == 0 {
+            return Err(bad_layout("the block size is zero"));
+        }
+        if ls < block || rs < block {
+            return Err(bad_layout(
+                "a stride is smaller than the block (its blocks would overlap)",
+            ));
+        }
+        let (local, remote) = (&layout.local, &layout.remote);
+        owned(link, local, remote)?;
+        permitted(op, host_only, local, remote)?;
+        let extent = |side, idx: BlockIndices<'_>, max: u64, stride: u64, span_len: u64| match max
+            .checked_mul(stride)
+            .and_then(|o| o.checked_add(block))
+        {
             Some(end) if end <= span_len => Ok(end),
             _ => Err(Error::BlockOutOfBounds {
                 side,
@@ -279,22 +289,19 @@ pub(crate) fn blocks<'i>(
                 block_size: block,
                 range_len: span_len,
             }),
-        }
-    };
-    let local_extent = extent("local", local_idx, ls, local.len as u64)?;
-    let remote_extent = extent("remote", remote_idx, rs, remote.len)?;
-    Ok(BlockBatch {
-        local: local.ptr(),
-        local_stride: ls,
-        remote: WireBlocks {
-            region: remote.region,
-            offset: remote.offset,
-            block,
-            stride: rs,
-        },
-        local_idx,
-        remote_idx,
-        local_extent,
-        remote_extent,
-    })
+        };
+        out.push(Placed {
+            local: local.ptr(),
+            local_stride: ls,
+            remote: WireBlocks {
+                region: remote.region,
+                offset: remote.offset,
+                block,
+                stride: rs,
+            },
+            local_extent: extent("local", local_idx, lmax, ls, local.len as u64)?,
+            remote_extent: extent("remote", remote_idx, rmax, rs, remote.len)?,
+        });
+    }
+    Ok(out)
 }

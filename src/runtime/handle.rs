@@ -16,13 +16,12 @@ use crate::options::Options;
 use crate::runtime::connect::AsyncConnectStatus;
 use crate::runtime::engine::EngineInner;
 use crate::runtime::link::{LinkShared, SELF_LINK_REFUSED};
-use crate::runtime::region::{RegionCore, RegionUse};
+use crate::runtime::region::RegionCore;
 use crate::runtime::request::{Outcome, Phase, ReqState, TransferStatus, to_status};
-use crate::sync::model::lock;
-use crate::types::blocks::{BlockBatch, OwnedBlocks};
+use crate::sync::{lock, model};
 use crate::types::engine_name::EngineName;
 use crate::types::raw::{RawMemory, RegistrableMemory};
-use crate::types::{Access, BatchDesc, MemDesc, MemType, TransferOp};
+use crate::types::{Access, MemDesc, MemType};
 
 /// A registered region of an engine: the record every face holds (the typed `Region<M>`, the
 /// compat engine's handles, LLM-DataDist's caches).
@@ -408,87 +407,6 @@ pub(crate) fn close_link(shared: &LinkShared, engine: Option<&EngineInner>) {
     }
 }
 
-impl LinkShared {
-    /// Runs a checked list batch (`check::list`) and returns when it has ended.
-    ///
-    /// # Errors
-    /// The data paths' ([`Error::Timeout`], [`Error::NotConnected`], ...).
-    pub(crate) fn run(
-        &self,
-        op: TransferOp,
-        xds: &[BatchDesc],
-        bytes: u64,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        let started = Instant::now();
-        self.run_sync(op, xds, bytes, xds.len(), started, started + timeout)
-    }
-
-    /// Runs a checked block batch (`check::blocks`) and returns when it has ended.
-    ///
-    /// # Errors
-    /// As [`LinkShared::run`].
-    pub(crate) fn run_blocks(
-        &self,
-        op: TransferOp,
-        b: &BlockBatch<'_>,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        let started = Instant::now();
-        self.run_sync_blocks(op, b, started, started + timeout)
-    }
-
-    /// Starts a checked list batch as an async request that keeps `keep` (the regions it
-    /// touches) in use until it ends.
-    ///
-    /// # Errors
-    /// [`Error::NotConnected`] on a broken link; [`Error::InvalidTimeout`].
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        op: TransferOp,
-        xds: Vec<BatchDesc>,
-        bytes: u64,
-        keep: Vec<RegionUse>,
-        timeout: Duration,
-        user_data: u64,
-    ) -> Result<ReqHandle, Error> {
-        self.request(timeout, |t| {
-            self.start_async(op, xds, bytes, keep, t, user_data)
-        })
-    }
-
-    /// [`LinkShared::start`] for a checked block batch (its indices are copied).
-    ///
-    /// # Errors
-    /// As [`LinkShared::start`].
-    pub(crate) fn start_blocks(
-        self: &Arc<Self>,
-        op: TransferOp,
-        b: OwnedBlocks,
-        keep: Vec<RegionUse>,
-        timeout: Duration,
-        user_data: u64,
-    ) -> Result<ReqHandle, Error> {
-        self.request(timeout, |t| {
-            self.start_async_blocks(op, b, keep, t, user_data)
-        })
-    }
-
-    /// A request `start` makes once the timeout and the link are fine.
-    fn request(
-        self: &Arc<Self>,
-        timeout: Duration,
-        start: impl FnOnce(Duration) -> Result<Arc<ReqState>, Error>,
-    ) -> Result<ReqHandle, Error> {
-        let timeout = check_timeout(timeout)?;
-        self.check_usable()?;
-        Ok(ReqHandle {
-            st: start(timeout)?,
-            link: self.clone(),
-        })
-    }
-}
-
 /// An async request: its state and its link's (it owns what its transfer touches). Dropping
 /// it is safe: a request that has not started is cancelled, a running one finishes on its own
 /// unless its link closes first, which cancels it and waits for it.
@@ -516,7 +434,7 @@ impl ReqHandle {
         let until = Instant::now() + timeout;
         loop {
             self.expire_if_due();
-            let g = lock(&self.st.m);
+            let g = model::lock(&self.st.m);
             if let Phase::Done(o) = &g.phase {
                 return to_status(o);
             }

@@ -224,24 +224,16 @@ impl RegionCore {
         raw: RawMemory,
         access: Access,
     ) -> Self {
-        Self {
-            id,
-            engine,
+        let desc = MemDesc {
             addr: raw.ptr.as_ptr() as usize,
             len: raw.len,
-            mem_type: raw.mem_type,
-            access,
-            fd: raw.fd,
-            exposed: std::sync::atomic::AtomicBool::new(false),
-            owned: Some((raw, release::<M> as unsafe fn(RawMemory))),
-            dup: duplicator::<M>(),
-            blockers: std::sync::Mutex::new(Vec::new()),
-            stats: Default::default(),
-            uses: crate::sync::model::AtomicUsize::new(0),
-            device: None,
-            registrations: Vec::new(),
-            gate: Default::default(),
-        }
+        };
+        let mut r = Self::new_raw(id, engine, desc, raw.mem_type, access);
+        r.fd = raw.fd;
+        r.dup = duplicator::<M>();
+        // released with `release::<M>` when the record goes
+        r.owned = Some((raw, release::<M> as unsafe fn(RawMemory)));
+        r
     }
 
     pub(crate) fn new_raw(

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::sync::model::{Condvar, Mutex, lock};
 use crate::transport::Cancel;
-use crate::types::BatchDesc;
 use crate::types::TransferOp;
 
 /// Optional arguments of [`Link::transfer_async`](crate::Link::transfer_async) (HIXL `TransferArgs`).
@@ -154,9 +153,8 @@ impl<T: Settle> Settle for Arc<T> {
 /// descriptors.
 pub(crate) struct QueuedBatch {
     pub state: Arc<ReqState>,
-    pub xds: Vec<BatchDesc>,
-    /// A block batch's blocks (then `xds` is empty).
-    pub blocks: Option<crate::types::blocks::OwnedBlocks>,
+    /// Its descriptors (a list or a block batch).
+    pub descs: crate::types::batch::OwnedDescs,
 }
 
 impl ReqState {

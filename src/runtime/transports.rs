@@ -1,6 +1,6 @@
 //! The one place a transport is registered: the backends an engine uses besides TCP, in
-//! preference order (a link's batches take the first of its data paths that covers them; every
-//! link adds TCP's after theirs, which covers every batch), and the engine's device, which the
+//! preference order (a link's batches take the first of its data paths that reaches their
+//! regions; every link adds TCP's after theirs, which reaches every region), and the engine's device, which the
 //! Ascend transport opens. A new transport is a [`DataPath`](crate::transport::DataPath) and a
 //! [`Backend`] in its own folder under `src/transport/`, and one line here.
 
@@ -29,7 +29,7 @@ pub use crate::transport::ascend::fabric::{
     FabricBuffer, export_to_shareable_handle, free_mem, malloc_mem,
 };
 
-/// TCP's data path over a link's `lanes` (last of a link's data paths: it covers every batch);
+/// TCP's data path over a link's `lanes` (last of a link's data paths: it reaches every region);
 /// a large sync batch takes up to `parallel` of them.
 pub(crate) fn tcp_path(lanes: Arc<Lanes>, parallel: usize) -> Box<dyn DataPath> {
     Box::new(TcpPath::new(lanes, parallel))

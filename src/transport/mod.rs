@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Status};
-use crate::types::blocks::BlockBatch;
-use crate::types::{BatchDesc, MemType, RegionView, TransferOp};
+use crate::types::batch::Descs;
+use crate::types::{MemType, RegionView, TransferOp};
 use crate::wire::{Kind, TableEntry, WireError};
 
 /// A registered region as a transport sees it. A transport that keeps the `Arc` keeps the
@@ -221,15 +221,25 @@ pub(crate) struct Batch<'a> {
     pub(crate) peer: &'a str,
     pub(crate) op: TransferOp,
     /// Every local range lies in registered memory and every remote range in the peer's table.
-    pub(crate) descs: &'a [BatchDesc],
+    pub(crate) descs: Descs<'a>,
     /// The bytes of all of them.
     pub(crate) bytes: u64,
     /// When the call (or the async request) started, for its timeout error.
     pub(crate) started: Instant,
     /// When it must have ended.
     pub(crate) deadline: Instant,
-    /// An async request's cancellation; `None` for a sync transfer, which nothing cancels.
-    pub(crate) cancel: Option<&'a dyn Cancel>,
+    /// Whether the caller waits for it, or it is an async request (and how to cancel it).
+    pub(crate) mode: Mode<'a>,
+}
+
+/// How a batch runs: on the caller's thread, which waits for it (nothing cancels it), or as an
+/// async request, which a cancel ends.
+#[derive(Clone, Copy)]
+pub(crate) enum Mode<'a> {
+    /// A sync transfer.
+    Sync,
+    /// An async request's batch, and its cancellation.
+    Request(&'a dyn Cancel),
 }
 
 impl Batch<'_> {
@@ -241,8 +251,8 @@ impl Batch<'_> {
     /// [`PathFail::NotStarted`] when the request has ended meanwhile (cancelled, or its deadline
     /// passed): the path returns it without touching memory.
     pub(crate) fn start(&self, sock: Option<BorrowedFd<'_>>) -> Result<(), PathFail> {
-        match self.cancel {
-            Some(c) if !c.start(sock) => Err(PathFail::NotStarted),
+        match self.mode {
+            Mode::Request(c) if !c.start(sock) => Err(PathFail::NotStarted),
             _ => Ok(()),
         }
     }
@@ -250,12 +260,12 @@ impl Batch<'_> {
     /// A cancel no longer touches the socket given to [`Batch::start`], which may be closed
     /// now. Whether a cancel was asked for (the socket may have been shut down).
     pub(crate) fn unwatch(&self) -> bool {
-        self.cancel.is_some_and(|c| c.unwatch())
+        matches!(self.mode, Mode::Request(c) if c.unwatch())
     }
 
     /// Whether a cancel was asked for.
     pub(crate) fn cancel_requested(&self) -> bool {
-        self.cancel.is_some_and(|c| c.requested())
+        matches!(self.mode, Mode::Request(c) if c.requested())
     }
 }
 
@@ -273,15 +283,25 @@ pub(crate) trait Cancel: Sync {
     fn requested(&self) -> bool;
 }
 
-/// A way to move a batch of descriptors. A link tries its data paths in preference order (the
-/// transports' as `runtime::transports` registers them, then TCP's, which covers every batch)
-/// and takes the first that [`covers`](DataPath::covers) the batch.
+/// A way to move a batch of descriptors. A link decides, for each region of the peer's table,
+/// which of its data paths reach it (the transports' in preference order, as
+/// `runtime::transports` registers them, then TCP's, which reaches every region) the first
+/// time a batch touches it; a batch runs on the first path that reaches all its regions and
+/// [`covers`](DataPath::covers) its local ranges.
 pub(crate) trait DataPath: Send + Sync {
     /// The transport it belongs to.
     fn kind(&self) -> TransportKind;
 
-    /// Whether it moves this batch (every region of the batch is reachable by it).
-    fn covers(&self, descs: &[BatchDesc]) -> bool;
+    /// Whether it reaches region `region` of the peer's table: asked once per region and link
+    /// (the answer is kept for the link's life).
+    fn reaches(&self, region: u32) -> bool;
+
+    /// Whether it moves this batch, whose remote regions it [`reaches`](Self::reaches): by
+    /// default yes; a path that moves only some local memory (HCCL: regions bound to its
+    /// communicator) looks at the local ranges here.
+    fn covers(&self, _descs: &Descs<'_>) -> bool {
+        true
+    }
 
     /// Whether it writes and reads a same-host peer's memory one-sidedly, so a batch runs
     /// inside the server's fence for the link (see `runtime::revoke`), when the link has one.
@@ -299,42 +319,16 @@ pub(crate) trait DataPath: Send + Sync {
     /// poisons); the others check the peer themselves.
     fn refused_when_broken(&self) -> bool;
 
-    /// Moves the batch by its deadline. Before it touches memory it calls
-    /// [`Batch::start`] (and returns its [`PathFail::NotStarted`]); a path that can be stopped
-    /// while it runs says how there, or polls [`Batch::cancel_requested`].
+    /// Moves the batch by its deadline: a list or a block batch (a path that takes
+    /// descriptors only expands a block batch once, [`Descs::expand`]). Before it touches
+    /// memory it calls [`Batch::start`] (and returns its [`PathFail::NotStarted`]); a path that
+    /// can be stopped while it runs says how there, or polls [`Batch::cancel_requested`].
     ///
     /// # Safety
-    /// Every descriptor's local range is valid registered memory (readable for WRITE, writable
-    /// and unaliased for READ) for the whole call, and its remote range was checked against
-    /// the peer's table.
+    /// Every descriptor's (and block's) local range is valid registered memory (readable for
+    /// WRITE, writable and unaliased for READ) for the whole call, and its remote range was
+    /// checked against the peer's table.
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail>;
-
-    /// Whether it moves this block batch: by default, whether it covers one descriptor
-    /// spanning the local range and the remote region of every block.
-    fn covers_blocks(&self, blocks: &BlockBatch<'_>) -> bool {
-        self.covers(&[blocks.span()])
-    }
-
-    /// Moves a block batch (`batch.descs` is empty; `bytes`, the deadline and the cancel are
-    /// the batch's). By default it is expanded once into descriptors and run with
-    /// [`DataPath::run`] (UCX, Ascend); TCP and same-host take it as it is.
-    ///
-    /// # Safety
-    /// [`DataPath::run`]'s, for every block.
-    unsafe fn run_blocks(
-        &self,
-        batch: &Batch<'_>,
-        blocks: &BlockBatch<'_>,
-    ) -> Result<(), PathFail> {
-        let xds = blocks.expand();
-        // SAFETY: the caller's promise, for each block (each descriptor is one block).
-        unsafe {
-            self.run(&Batch {
-                descs: &xds,
-                ..*batch
-            })
-        }
-    }
 
     /// Whether it moves device memory (a link without such a path moves host memory only).
     fn moves_device_memory(&self) -> bool {

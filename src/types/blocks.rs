@@ -138,58 +138,31 @@ impl WireBlocks {
     }
 }
 
-/// A checked block batch as a data path moves it: the local base address (inside a registered
-/// region the caller keeps alive: every block of it, `local + idx * local_stride` for each
-/// local index, lies in it), the local stride, the remote half, and the index arrays (same
-/// length, not empty). `local_extent` and `remote_extent` are the bytes from each base to the
-/// end of its furthest block.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BlockBatch<'a> {
+/// One layout of a checked block batch: the local base address (inside a registered region
+/// the caller keeps alive: every block of it, `local + idx * local_stride` for each local
+/// index, lies in it), the local stride and the remote half. `local_extent` and
+/// `remote_extent` are the bytes from each base to the end of its furthest block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
     pub(crate) local: usize,
     pub(crate) local_stride: u64,
     pub(crate) remote: WireBlocks,
-    pub(crate) local_idx: BlockIndices<'a>,
-    pub(crate) remote_idx: BlockIndices<'a>,
     pub(crate) local_extent: u64,
     pub(crate) remote_extent: u64,
 }
 
-impl<'a> BlockBatch<'a> {
-    /// How many blocks.
-    pub(crate) fn count(&self) -> usize {
-        self.local_idx.len()
-    }
-    /// Bytes in all.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.count() as u64 * self.remote.block
-    }
-    /// Local address of block `i` of the batch.
+impl Placed {
+    /// The local address of the block at index `idx`.
     #[inline]
-    pub(crate) fn local_at(&self, i: usize) -> usize {
-        self.local + (self.local_idx.at(i) * self.local_stride) as usize
+    pub(crate) fn local_at(&self, idx: u64) -> usize {
+        self.local + (idx * self.local_stride) as usize
     }
-    /// Offset in the peer's region of block `i` of the batch.
+    /// The offset in the peer's region of the block at index `idx`.
     #[inline]
-    pub(crate) fn remote_at(&self, i: usize) -> u64 {
-        self.remote.offset + self.remote_idx.at(i) * self.remote.stride
+    pub(crate) fn remote_at(&self, idx: u64) -> u64 {
+        self.remote.offset + idx * self.remote.stride
     }
-    /// Block `i` as a descriptor.
-    #[inline]
-    pub(crate) fn desc(&self, i: usize) -> BatchDesc {
-        BatchDesc {
-            local: self.local_at(i),
-            remote: WireDesc {
-                region: self.remote.region,
-                offset: self.remote_at(i),
-                len: self.remote.block,
-            },
-        }
-    }
-    /// The whole batch as descriptors (for data paths that take descriptors only).
-    pub(crate) fn expand(&self) -> Vec<BatchDesc> {
-        (0..self.count()).map(|i| self.desc(i)).collect()
-    }
-    /// One descriptor spanning both extents: what a data path's `covers` needs to see (the
+    /// One descriptor spanning both extents: what a data path needs to see of the layout (the
     /// local range and the remote region of every block).
     pub(crate) fn span(&self) -> BatchDesc {
         BatchDesc {
@@ -201,50 +174,94 @@ impl<'a> BlockBatch<'a> {
             },
         }
     }
-    /// Blocks `range` of the batch (its extents stay those of the whole batch: an upper bound).
+}
+
+/// A checked block batch as a data path moves it: one or more layouts (LLM-DataDist's tensors
+/// of one cache: the same blocks of each) sharing one pair of index arrays (same length, not
+/// empty). Block `i` of layout `l` moves between `layouts[l].local_at(local_idx[i])` and
+/// `layouts[l].remote_at(remote_idx[i])`; the layouts move one after the other.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BlockBatch<'a> {
+    pub(crate) layouts: &'a [Placed],
+    pub(crate) local_idx: BlockIndices<'a>,
+    pub(crate) remote_idx: BlockIndices<'a>,
+}
+
+impl<'a> BlockBatch<'a> {
+    /// How many index pairs (blocks a layout).
+    pub(crate) fn indices(&self) -> usize {
+        self.local_idx.len()
+    }
+    /// How many blocks in all (every layout's).
+    pub(crate) fn count(&self) -> usize {
+        self.layouts.len() * self.indices()
+    }
+    /// Bytes in all.
+    pub(crate) fn bytes(&self) -> u64 {
+        let per: u64 = self.layouts.iter().map(|l| l.remote.block).sum();
+        per * self.indices() as u64
+    }
+    /// Block `i` of layout `l` as a descriptor.
+    #[inline]
+    pub(crate) fn desc(&self, l: &Placed, i: usize) -> BatchDesc {
+        BatchDesc {
+            local: l.local_at(self.local_idx.at(i)),
+            remote: WireDesc {
+                region: l.remote.region,
+                offset: l.remote_at(self.remote_idx.at(i)),
+                len: l.remote.block,
+            },
+        }
+    }
+    /// The whole batch as descriptors, layout after layout (for data paths that take
+    /// descriptors only).
+    pub(crate) fn expand(&self) -> Vec<BatchDesc> {
+        let mut out = Vec::with_capacity(self.count());
+        for l in self.layouts {
+            out.extend((0..self.indices()).map(|i| self.desc(l, i)));
+        }
+        out
+    }
+    /// Layout `l` alone, with the same indices.
+    pub(crate) fn layout(&self, l: usize) -> BlockBatch<'a> {
+        BlockBatch {
+            layouts: &self.layouts[l..=l],
+            ..*self
+        }
+    }
+    /// Index pairs `range` of the batch, in every layout (the extents stay those of the whole
+    /// batch: an upper bound).
     pub(crate) fn slice(&self, range: std::ops::Range<usize>) -> BlockBatch<'a> {
         BlockBatch {
+            layouts: self.layouts,
             local_idx: self.local_idx.slice(range.clone()),
             remote_idx: self.remote_idx.slice(range),
-            ..*self
         }
     }
     /// An owned copy, for an async request.
     pub(crate) fn to_owned(self) -> OwnedBlocks {
         OwnedBlocks {
-            local: self.local,
-            local_stride: self.local_stride,
-            remote: self.remote,
+            layouts: self.layouts.to_vec(),
             local_idx: self.local_idx.to_owned(),
             remote_idx: self.remote_idx.to_owned(),
-            local_extent: self.local_extent,
-            remote_extent: self.remote_extent,
         }
     }
 }
 
-/// A [`BlockBatch`] that owns its indices (an async request's).
+/// A [`BlockBatch`] that owns its layouts and indices (an async request's).
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedBlocks {
-    local: usize,
-    local_stride: u64,
-    remote: WireBlocks,
+    layouts: Vec<Placed>,
     local_idx: OwnedIndices,
     remote_idx: OwnedIndices,
-    local_extent: u64,
-    remote_extent: u64,
 }
 
 impl OwnedBlocks {
     pub(crate) fn batch(&self) -> BlockBatch<'_> {
         BlockBatch {
-            local: self.local,
-            local_stride: self.local_stride,
-            remote: self.remote,
+            layouts: &self.layouts,
             local_idx: self.local_idx.borrow(),
             remote_idx: self.remote_idx.borrow(),
-            local_extent: self.local_extent,
-            remote_extent: self.remote_extent,
         }
     }
 }

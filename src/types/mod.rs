@@ -9,6 +9,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 
+pub(crate) mod batch;
 pub(crate) mod blocks;
 pub(crate) mod engine_name;
 pub(crate) mod raw;
@@ -192,7 +193,7 @@ pub struct WireDesc {
 
 /// One descriptor of a batch as a data path moves it: a local address (already resolved from a
 /// region the caller keeps alive) and the peer's range.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BatchDesc {
     /// Local address (inside a registered region the caller keeps alive).
     pub local: usize,

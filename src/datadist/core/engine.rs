@@ -1,11 +1,11 @@
 //! The engine under LLM-DataDist: the core floor's handle API (`runtime::handle`: an engine and
 //! its regions' records, links by remote name through `runtime::peers`), beside the compat face
 //! rather than on it. A cache keeps its tensors' region records; a block pull or push resolves
-//! the peer's tensors in the link's table once per tensor, and moves each tensor pair as one
-//! checked block batch (`check::blocks`: XFER_BLOCKS on the wire, the remote indices checked
-//! once by the server).
+//! the peer's tensors in the link's table once per tensor, and moves every tensor pair in one
+//! checked block batch, a layout per pair over the same index arrays (`check::layouts`:
+//! XFER_BLOCKS frames on the wire, the remote indices checked once by the server).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::Error;
 use crate::runtime::address::{self, AddrDesc};
@@ -13,7 +13,7 @@ use crate::runtime::check::{self, Layout, Local};
 use crate::runtime::handle::RegionHandle;
 pub(super) use crate::runtime::named::Buffer;
 use crate::runtime::named::Named;
-use crate::types::blocks::BlockIndices;
+use crate::types::blocks::{BlockBatch, BlockIndices};
 use crate::wire::TableEntry;
 use crate::{Access, DetachedContext, MemDesc, MemType, Notify, Options, TransferOp};
 
@@ -41,6 +41,13 @@ pub(super) struct BlockMove<'a> {
     pub(super) block: u64,
     pub(super) local_idx: &'a [u64],
     pub(super) remote_idx: &'a [u64],
+}
+
+/// What a transfer moves: address descriptors (one READ or WRITE), or a block move.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Moved<'a> {
+    Addrs(TransferOp, &'a [AddrDesc]),
+    Blocks(BlockMove<'a>),
 }
 
 /// An engine and its links by remote name (finalized when dropped).
@@ -160,43 +167,36 @@ impl DdEngine {
         Ok(self.0.link(remote)?.table.clone())
     }
 
-    /// A batch of address descriptors to `remote`, waited for.
+    /// A READ or WRITE to `remote`, waited for within `timeout_ms`: a batch of address
+    /// descriptors, or a block move (one checked block batch whose layouts are the tensor
+    /// pairs, all checked before anything moves).
     ///
     /// # Errors
-    /// The batch's checks, the transfer's errors.
-    pub(super) fn transfer_sync(
+    /// The batch's checks (a tensor in no region of this engine or of the peer's table); the
+    /// transfer's errors (a deadline missed: `TIMEOUT`).
+    pub(super) fn transfer(
         &self,
         remote: &str,
-        op: TransferOp,
-        descs: &[AddrDesc],
+        what: Moved<'_>,
         timeout_ms: i32,
     ) -> Result<(), Error> {
         let timeout = millis(timeout_ms)?;
-        let link = self.0.link(remote)?;
-        let (xds, bytes) = address::batch(&self.0.core, &link, op, descs.iter().copied(), None)?;
-        link.run(op, &xds, bytes, timeout)
-    }
-
-    /// A block move ([`BlockMove`]), READ or WRITE: one checked block batch a tensor pair (all
-    /// checked before any moves), the pairs in turn, within `timeout_ms` in all.
-    ///
-    /// # Errors
-    /// A tensor in no region of this engine or of the peer's table; the block batches'
-    /// checks; the transfers' errors (a deadline missed: `TIMEOUT`).
-    pub(super) fn blocks(
-        &self,
-        remote: &str,
-        m: &BlockMove<'_>,
-        timeout_ms: i32,
-    ) -> Result<(), Error> {
-        let timeout = millis(timeout_ms)?;
+        let m = match what {
+            Moved::Addrs(op, descs) => {
+                let link = self.0.link(remote)?;
+                let (xds, bytes) =
+                    address::batch(&self.0.core, &link, op, descs.iter().copied(), None)?;
+                return link.run(op, &xds, bytes, timeout);
+            }
+            Moved::Blocks(m) => m,
+        };
         let BlockMove {
             op,
             pairs,
             block,
             local_idx,
             remote_idx,
-        } = *m;
+        } = m;
         let link = self.0.link(remote)?;
         // each tensor's region and the peer's table entry, once per tensor (not per block)
         let mut spans = Vec::with_capacity(pairs.len());
@@ -212,10 +212,8 @@ impl DdEngine {
             let remote = link.remote(p.remote, p.remote_len)?;
             spans.push((region, p.local, p.local_len, remote));
         }
-        // all checked before anything moves
-        let mut batches = Vec::with_capacity(spans.len());
-        for (region, addr, len, remote) in &spans {
-            let layout = Layout {
+        let layouts: Vec<Layout<'_>> = (spans.iter())
+            .map(|(region, addr, len, remote)| Layout {
                 local: Local {
                     core: region,
                     offset: addr - region.addr,
@@ -225,32 +223,22 @@ impl DdEngine {
                 block,
                 local_stride: block,
                 remote_stride: block,
-            };
-            batches.push(check::blocks(
-                &link,
-                op,
-                &layout,
-                BlockIndices::U64(local_idx),
-                BlockIndices::U64(remote_idx),
-            )?);
+            })
+            .collect();
+        // all checked before anything moves; then one batch: the same blocks of every tensor,
+        // tensor after tensor (XFER_BLOCKS frames on one request's lanes over TCP, one copy
+        // loop a tensor on the same host)
+        if layouts.is_empty() {
+            return Ok(()); // a cache of no tensor: nothing moves
         }
-        // one pair after the other on this thread, as the engine's own block calls run (a
-        // same-host batch already shares its copies with the path's helper; a TCP one its
-        // lanes): measured, pairs in flight at once on the link's workers were no faster
-        // here (2 cores) and slower for small pulls
-        let deadline = Instant::now() + timeout;
-        for b in &batches {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Timeout {
-                    op: op.name(),
-                    peer: remote.to_owned(),
-                    elapsed: timeout,
-                });
-            }
-            link.run_blocks(op, b, left)?;
-        }
-        Ok(())
+        let (local_idx, remote_idx) = (BlockIndices::U64(local_idx), BlockIndices::U64(remote_idx));
+        let placed = check::layouts(&link, op, &layouts, local_idx, remote_idx)?;
+        let b = BlockBatch {
+            layouts: &placed,
+            local_idx,
+            remote_idx,
+        };
+        link.run(op, b, b.bytes(), timeout)
     }
 
     /// Finalizes the engine: its links, listener and registrations end; the buffers it

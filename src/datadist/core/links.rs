@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::engine::DdEngine;
+use super::engine::{DdEngine, Moved};
 use super::{
     DataDist, Inbound, MAX_LINKS, PeerLink, args, last_failure, not_initialized, set_device,
 };
@@ -368,7 +368,7 @@ impl DataDist {
                     remote: r.addr,
                     len: buf.len(),
                 };
-                engine.transfer_sync(remote, TransferOp::Read, &[d], timeout)?;
+                engine.transfer(remote, Moved::Addrs(TransferOp::Read, &[d]), timeout)?;
                 // SAFETY: the download buffer holds buf.len() bytes (checked) and is alive
                 // while the instance is (this call holds the engine); only this instance's
                 // READs write it, one at a time (`fetch`), and that READ returned.

@@ -2,7 +2,7 @@
 //! tensor pair (all in flight at once: `engine.rs`), batches as one batch of a descriptor a
 //! tensor pair.
 
-use super::engine::{BlockMove, DdEngine, TensorPair};
+use super::engine::{BlockMove, DdEngine, Moved, TensorPair};
 use super::{DataDist, args};
 use crate::TransferOp;
 use crate::datadist::table::{Entry, Table};
@@ -68,7 +68,7 @@ impl DataDist {
                     local_idx: d,
                     remote_idx: s,
                 };
-                engine.blocks(&remote, &m, timeout)?;
+                engine.transfer(&remote, Moved::Blocks(m), timeout)?;
                 return Ok(());
             }
             None => {
@@ -86,7 +86,7 @@ impl DataDist {
                 )?
             }
         };
-        engine.transfer_sync(&remote, TransferOp::Read, &ops, timeout)?;
+        engine.transfer(&remote, Moved::Addrs(TransferOp::Read, &ops), timeout)?;
         Ok(())
     }
 
@@ -128,7 +128,7 @@ impl DataDist {
                         local_idx: s,
                         remote_idx: d,
                     };
-                    engine.blocks(&remote, &m, timeout)?;
+                    engine.transfer(&remote, Moved::Blocks(m), timeout)?;
                     continue;
                 }
                 None => batch_ops(
@@ -142,7 +142,7 @@ impl DataDist {
                     TransferOp::Write,
                 )?,
             };
-            engine.transfer_sync(&remote, TransferOp::Write, &ops, timeout)?;
+            engine.transfer(&remote, Moved::Addrs(TransferOp::Write, &ops), timeout)?;
         }
         Ok(())
     }

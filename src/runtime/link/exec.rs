@@ -1,102 +1,90 @@
-//! How a link runs a batch: on the first data path that covers it (device, UCX, same-host,
-//! then TCP, which covers every batch), async requests on the link's queue, and notifications
-//! ordered after earlier transfers.
+//! How a link runs a batch, a list or a block batch alike: `run` (the caller waits) and `start`
+//! (an async request on the link's queue), each on the batch's route (the first data path that
+//! reaches its regions: device, UCX, same-host, then TCP, which reaches every region), and
+//! notifications ordered after earlier transfers.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{LinkShared, Unfinished};
 use crate::error::Error;
+use crate::error::check_timeout;
 use crate::runtime::executor::Handler;
+use crate::runtime::handle::ReqHandle;
 use crate::runtime::region::RegionUse;
 use crate::runtime::request::{Outcome, QueuedBatch, ReqState, Settle, Started};
 use crate::sync::lock;
-use crate::transport::{Batch, PathFail};
-use crate::types::blocks::{BlockBatch, OwnedBlocks};
-use crate::types::{BatchDesc, TransferOp};
+use crate::transport::{Batch, Mode, PathFail};
+use crate::types::TransferOp;
+use crate::types::batch::{Descs, OwnedDescs};
 
 impl LinkShared {
-    /// Runs a checked batch (`xds`, `bytes` in all, from `ndescs` descriptors) by `deadline`.
-    /// It is listed among the link's unfinished transfers while it runs, so a notification sent
-    /// meanwhile (from another thread) follows its data, and `close` waits for it.
-    pub(crate) fn run_sync(
+    /// Runs a checked batch (`check::list` or `check::layouts`: `bytes` in all) and returns
+    /// when it has ended, by `timeout` from now. It is listed among the link's unfinished
+    /// transfers while it runs, so a notification sent meanwhile (from another thread) follows
+    /// its data, and `close` waits for it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTimeout`]; the data paths' ([`Error::Timeout`],
+    /// [`Error::NotConnected`], ...).
+    pub(crate) fn run<'d>(
         &self,
         op: TransferOp,
-        xds: &[BatchDesc],
+        descs: impl Into<Descs<'d>>,
         bytes: u64,
-        ndescs: usize,
-        started: Instant,
-        deadline: Instant,
+        timeout: Duration,
     ) -> Result<(), Error> {
-        self.run_sync_any(op, xds, None, bytes, ndescs, started, deadline)
-    }
-
-    /// [`LinkShared::run_sync`] for a checked block batch.
-    pub(crate) fn run_sync_blocks(
-        &self,
-        op: TransferOp,
-        blocks: &BlockBatch<'_>,
-        started: Instant,
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        let (bytes, n) = (blocks.bytes(), blocks.count());
-        self.run_sync_any(op, &[], Some(blocks), bytes, n, started, deadline)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_sync_any(
-        &self,
-        op: TransferOp,
-        xds: &[BatchDesc],
-        blocks: Option<&BlockBatch<'_>>,
-        bytes: u64,
-        ndescs: usize,
-        started: Instant,
-        deadline: Instant,
-    ) -> Result<(), Error> {
+        let descs = descs.into();
+        let timeout = check_timeout(timeout)?;
+        let started = Instant::now();
         let seq = self.begin(|u, seq| u.syncs.push(seq))?.0;
         // listed until it returns, or unwinds
         let _listed = Listed(self, seq);
         self.counters.start(op);
-        let r = self.run_batch(
-            &Batch {
-                peer: &self.peer,
-                op,
-                descs: xds,
-                bytes,
-                started,
-                deadline,
-                cancel: None,
-            },
-            blocks,
-        );
+        let r = self.run_batch(&Batch {
+            peer: &self.peer,
+            op,
+            descs,
+            bytes,
+            started,
+            deadline: started + timeout,
+            mode: Mode::Sync,
+        });
         let took = started.elapsed();
         self.counters
             .finish(op, bytes, took, r.as_ref().err().map(Error::status));
+        let n = descs.count();
         match &r {
             Ok(()) => {
-                tracing::trace!(parent: &self.span, %op, descs = ndescs, us = took.as_micros() as u64, "transfer done")
+                tracing::trace!(parent: &self.span, %op, descs = n, us = took.as_micros() as u64, "transfer done")
             }
             Err(e) => {
-                tracing::trace!(parent: &self.span, %op, descs = ndescs, error = %e, "transfer failed")
+                tracing::trace!(parent: &self.span, %op, descs = n, error = %e, "transfer failed")
             }
         }
         r
     }
 
-    /// Queues a checked batch as an async request holding `keep` until it ends; the deadline
-    /// watcher ends it if it is still queued at `timeout` from now. `NOT_CONNECTED` once the
-    /// link was closed (a close cancels and waits for every request it sees, so none may start
+    /// Starts a checked batch as an async request that keeps `keep` (the regions it touches)
+    /// in use until it ends; the deadline watcher ends it if it is still queued at `timeout`
+    /// from now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTimeout`]; [`Error::NotConnected`] on a broken link, or once the link
+    /// was closed (a close cancels and waits for every request it sees, so none may start
     /// after it).
-    pub(crate) fn start_async(
+    pub(crate) fn start(
         self: &Arc<Self>,
         op: TransferOp,
-        xds: Vec<BatchDesc>,
+        descs: impl Into<OwnedDescs>,
         bytes: u64,
         keep: Vec<RegionUse>,
         timeout: Duration,
         user_data: u64,
-    ) -> Result<Arc<ReqState>, Error> {
+    ) -> Result<ReqHandle, Error> {
+        let timeout = check_timeout(timeout)?;
+        let descs = descs.into();
+        self.check_usable()?;
         let (_, state) = self.begin(|u, seq| {
             let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
             u.reqs.insert(seq, Arc::downgrade(&state));
@@ -106,35 +94,12 @@ impl LinkShared {
         crate::runtime::request::watch(&state, self);
         self.enqueue(QueuedBatch {
             state: state.clone(),
-            xds,
-            blocks: None,
+            descs,
         });
-        Ok(state)
-    }
-
-    /// [`LinkShared::start_async`] for a checked block batch (its indices copied).
-    pub(crate) fn start_async_blocks(
-        self: &Arc<Self>,
-        op: TransferOp,
-        blocks: OwnedBlocks,
-        keep: Vec<RegionUse>,
-        timeout: Duration,
-        user_data: u64,
-    ) -> Result<Arc<ReqState>, Error> {
-        let bytes = blocks.batch().bytes();
-        let (_, state) = self.begin(|u, seq| {
-            let state = Arc::new(ReqState::new(seq, op, user_data, bytes, timeout, keep));
-            u.reqs.insert(seq, Arc::downgrade(&state));
-            state
-        })?;
-        self.counters.start(op);
-        crate::runtime::request::watch(&state, self);
-        self.enqueue(QueuedBatch {
-            state: state.clone(),
-            xds: Vec::new(),
-            blocks: Some(blocks),
-        });
-        Ok(state)
+        Ok(ReqHandle {
+            st: state,
+            link: self.clone(),
+        })
     }
 
     /// Sends a notification once every transfer started before it has ended, and waits for
@@ -176,17 +141,13 @@ impl LinkShared {
         Ok(())
     }
 
-    /// Runs a batch on the first data path that covers it and turns its failure into the
-    /// caller's error, breaking the link where the failure says so.
+    /// Runs a batch on its route (the first data path that reaches its regions and covers it)
+    /// and turns its failure into the caller's error, breaking the link where the failure says
+    /// so.
     ///
     /// The caller keeps every local range registered and alive for the call.
-    fn run_batch(&self, b: &Batch<'_>, blocks: Option<&BlockBatch<'_>>) -> Result<(), Error> {
-        let path = (self.paths.iter())
-            .find(|p| match blocks {
-                Some(bb) => p.covers_blocks(bb),
-                None => p.covers(b.descs),
-            })
-            .expect("the last data path, TCP's, covers every batch");
+    fn run_batch(&self, b: &Batch<'_>) -> Result<(), Error> {
+        let path = self.routes.path(&b.descs, &self.paths);
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
         let pass = match (&self.fence, path.enters_fence()) {
@@ -199,22 +160,17 @@ impl LinkShared {
         if path.fenced() {
             crate::runtime::revoke::fence::test_pause();
         }
-        tracing::trace!(transport = ?path.kind(), descs = b.descs.len(), op = %b.op, "batch on a data path");
+        tracing::trace!(transport = ?path.kind(), descs = b.descs.count(), op = %b.op, "batch on a data path");
         let r = if path.refused_when_broken() {
             self.check_usable()
         } else {
             Ok(())
         };
-        // SAFETY: `prepare` checked every local range against the caller's registered regions,
-        // which the caller's borrows (sync) or the request's state (async) hold alive for the
-        // call, and every remote range against the peer's table.
-        let run = || match blocks {
-            // SAFETY: as above (`Link::prepare_blocks` checked every block).
-            Some(bb) => unsafe { path.run_blocks(b, bb) },
-            // SAFETY: as above.
-            None => unsafe { path.run(b) },
-        };
-        let r = r.and_then(|()| match run() {
+        // SAFETY: `runtime::check` checked every local range (every block, by its largest
+        // index) against the caller's registered regions, which the caller's borrows (sync) or
+        // the request's state (async) hold alive for the call, and every remote range against
+        // the peer's table.
+        let r = r.and_then(|()| match unsafe { path.run(b) } {
             Ok(()) => Ok(()),
             Err(PathFail::Gone(why)) => {
                 self.mark_broken(why.clone());
@@ -260,19 +216,15 @@ impl LinkShared {
             return; // resolved while queued (deadline, cancel)
         }
         let req = Started::new(st);
-        let blocks = job.blocks.as_ref().map(OwnedBlocks::batch);
-        let r = self.run_batch(
-            &Batch {
-                peer: &self.peer,
-                op: st.op,
-                descs: &job.xds,
-                bytes: st.bytes,
-                started: st.started,
-                deadline: st.deadline,
-                cancel: Some(&req),
-            },
-            blocks.as_ref(),
-        );
+        let r = self.run_batch(&Batch {
+            peer: &self.peer,
+            op: st.op,
+            descs: job.descs.borrow(),
+            bytes: st.bytes,
+            started: st.started,
+            deadline: st.deadline,
+            mode: Mode::Request(&req),
+        });
         let outcome = match (req.unstarted(), r) {
             // it ended (cancelled, or its deadline passed) before its path started it
             (Some(o), _) => o,

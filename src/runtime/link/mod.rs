@@ -1,11 +1,12 @@
 //! The link core: one link's state under the `Link` handle — its data paths (the transports'
-//! in preference order, then TCP's, which covers every batch), its TCP lanes (which also carry
+//! in preference order, then TCP's, which reaches every region), its TCP lanes (which also carry
 //! its control messages: NOTIFY, PING, BYE), the server's fence, opening
-//! (`LinkShared::open`), heartbeat and close. How a batch runs (on the first data path that
-//! covers it, async requests on the link's queue, notifications ordered after earlier
-//! transfers) is in `exec.rs`.
+//! (`LinkShared::open`), heartbeat and close. How a batch runs (on its route, the first data path
+//! that reaches its regions, decided per region in `route.rs`; async requests on the link's
+//! queue; notifications ordered after earlier transfers) is in `exec.rs`.
 
 mod exec;
+mod route;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -89,8 +90,10 @@ pub(crate) struct LinkShared {
     finished_cv: Condvar,
     pub(crate) counters: LinkCounters,
     /// The data paths in preference order (device, UCX, same host: the ones the engine's
-    /// transports set up with the peer), then TCP's, which covers every batch: never empty.
+    /// transports set up with the peer), then TCP's, which reaches every region: never empty.
     paths: Vec<Box<dyn DataPath>>,
+    /// Which of `paths` reach each region of the peer's table.
+    routes: route::Routes,
     /// The link's TCP lanes: their state is the link's (broken, closed), and the control
     /// messages go over them.
     lanes: Arc<Lanes>,
@@ -250,6 +253,7 @@ impl LinkShared {
             peer,
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
+            routes: route::Routes::new(&welcome.table),
             table: welcome.table,
             engine_id: engine.engine_id,
             queue: Queue::new(max_lanes),
@@ -284,20 +288,11 @@ impl LinkShared {
         self.paths[0].kind()
     }
 
-    /// The transport that moves batches on region `id` of the peer's table (the first data
-    /// path that covers it, as for a batch).
+    /// The transport that moves batches on region `id` of the peer's table (its route's
+    /// first data path).
     pub(crate) fn transport_of(&self, id: u32) -> TransportKind {
-        let probe = [crate::types::BatchDesc {
-            local: 0,
-            remote: crate::types::WireDesc {
-                region: id,
-                offset: 0,
-                len: 1,
-            },
-        }];
-        (self.paths.iter())
-            .find(|p| p.covers(&probe))
-            .map_or(TransportKind::Tcp, |p| p.kind())
+        let m = self.routes.mask(id, &self.paths);
+        self.paths[m.trailing_zeros() as usize].kind()
     }
 
     pub(crate) fn is_closed(&self) -> bool {

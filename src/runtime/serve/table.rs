@@ -9,8 +9,8 @@ use crate::io::IoVec;
 use crate::runtime::region::RegionCore;
 use crate::sync::lock;
 use crate::transport::tcp::serve::Served;
-use crate::types::blocks::WireBlocks;
-use crate::types::{TransferOp, WireDesc};
+use crate::types::TransferOp;
+use crate::types::batch::WireDescs;
 use crate::wire::{self, TableEntry};
 
 /// The region table a serving engine exposes, sorted by region id. Regions come and go while it
@@ -120,8 +120,8 @@ pub(crate) struct Held {
     _entered: Entered,
 }
 
-// SAFETY: `validate` (and `validate_blocks`, whose every block lies at or below its largest
-// index's, which it checks) admits only ranges inside host regions of the table, within their bounds,
+// SAFETY: `validate` (for a block batch: every block lies at or below its largest index's,
+// which it checks) admits only ranges inside host regions of the table, within their bounds,
 // whose memory is valid for reads and for writes of any bytes, by anyone (the
 // RegistrableMemory / register_raw contracts); the snapshot in `Held` keeps the regions'
 // records (and owned memory) alive, and the gates it entered keep them registered: withdrawing
@@ -132,7 +132,7 @@ unsafe impl Served for ServeTable {
     fn admit(
         &self,
         op: TransferOp,
-        descs: &[WireDesc],
+        descs: WireDescs<'_>,
         targets: &mut Vec<IoVec>,
     ) -> Result<Held, (Status, String)> {
         let mut entered = Entered::default();
@@ -143,60 +143,93 @@ unsafe impl Served for ServeTable {
             _entered: entered,
         })
     }
-
-    fn admit_blocks(
-        &self,
-        op: TransferOp,
-        blocks: &WireBlocks,
-        idx: &[u64],
-        targets: &mut Vec<IoVec>,
-    ) -> Result<Held, (Status, String)> {
-        let mut entered = Entered::default();
-        let snapshot = self.snapshot();
-        validate_blocks(&snapshot, op, blocks, idx, targets, &mut entered)?;
-        Ok(Held {
-            _snapshot: snapshot,
-            _entered: entered,
-        })
-    }
 }
 
-/// Checks a block batch against the table once (its region, its largest index against the
-/// region's bounds, overflow-checked, the access rights, host memory) and computes the memory
-/// its blocks touch (blocks adjacent in memory in one range); `entered` holds the region's gate
-/// until the request is done with it.
-fn validate_blocks(
+/// Checks a batch against the table and computes the memory it touches (ranges adjacent in
+/// memory in one `iovec`: the byte stream is the same); `entered` holds the regions' gates
+/// until the request is done with them. A list is checked descriptor by descriptor; a block
+/// batch once, by its largest index (every other block lies at or below it).
+///
+/// Never trusts the peer: unknown (or withdrawn) regions, empty, overflowing or out-of-bounds
+/// ranges and forbidden operations are refused before any memory is touched.
+fn validate(
     table: &[Arc<RegionCore>],
     op: TransferOp,
-    b: &WireBlocks,
-    idx: &[u64],
+    descs: WireDescs<'_>,
     targets: &mut Vec<IoVec>,
     entered: &mut Entered,
 ) -> Result<(), (Status, String)> {
     targets.clear();
-    // one pass for the largest index: the only one whose bounds are checked
-    let max = idx.iter().copied().max().unwrap_or(0);
-    let Some(r) = ServeTable::get(table, b.region) else {
-        return Err((
-            Status::PARAM_INVALID,
-            format!("block batch: no region {}", b.region),
-        ));
+    match descs {
+        WireDescs::List(descs) => {
+            for (i, d) in descs.iter().enumerate() {
+                let fits = |len: u64| {
+                    d.len > 0 && d.offset.checked_add(d.len).is_some_and(|end| end <= len)
+                };
+                let outside = |r: &RegionCore| {
+                    format!(
+                        "range {}+{} outside region {} of {} bytes",
+                        d.offset, d.len, r.id, r.len
+                    )
+                };
+                let what = || format!("descriptor {i}");
+                let r = admit_region(table, op, d.region, fits, outside, what, entered)?;
+                IoVec::push_joined(targets, r.addr + d.offset as usize, d.len as usize);
+            }
+        }
+        WireDescs::Blocks(b, idx) => {
+            // one pass for the largest index: the only one whose bounds are checked
+            let max = idx.iter().copied().max().unwrap_or(0);
+            let fits =
+                |len: u64| b.block > 0 && b.stride >= b.block && b.block_offset(max, len).is_some();
+            let outside = |r: &RegionCore| {
+                format!(
+                    "block index {max} (stride {}, {} bytes, base {}) outside region {} of {} \
+                     bytes",
+                    b.stride, b.block, b.offset, r.id, r.len
+                )
+            };
+            let what = || "block batch".to_owned();
+            let r = admit_region(table, op, b.region, fits, outside, what, entered)?;
+            // every index is at most `max`, whose block lies inside the region: no overflow
+            let (base, stride, block) = (
+                r.addr + b.offset as usize,
+                b.stride as usize,
+                b.block as usize,
+            );
+            targets.reserve(idx.len());
+            for &i in idx {
+                IoVec::push_joined(targets, base + i as usize * stride, block);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The region `id` of the table for a range that `fits` it (given its length; `outside` says
+/// how it does not), `op` permitted there, host memory, its gate entered; `what` names the
+/// range in the refusal.
+fn admit_region<'t>(
+    table: &'t [Arc<RegionCore>],
+    op: TransferOp,
+    id: u32,
+    fits: impl Fn(u64) -> bool,
+    outside: impl Fn(&RegionCore) -> String,
+    what: impl Fn() -> String,
+    entered: &mut Entered,
+) -> Result<&'t RegionCore, (Status, String)> {
+    let Some(r) = ServeTable::get(table, id) else {
+        return Err((Status::PARAM_INVALID, format!("{}: no region {id}", what())));
     };
-    if b.block == 0 || b.stride < b.block || b.block_offset(max, r.len as u64).is_none() {
-        return Err((
-            Status::PARAM_INVALID,
-            format!(
-                "block batch: block index {max} (stride {}, {} bytes, base {}) outside region {} \
-                 of {} bytes",
-                b.stride, b.block, b.offset, r.id, r.len
-            ),
-        ));
+    if !fits(r.len as u64) {
+        return Err((Status::PARAM_INVALID, format!("{}: {}", what(), outside(r))));
     }
     if !r.access.permits(op) {
         return Err((
             Status::PARAM_INVALID,
             format!(
-                "block batch: {op} not permitted on region {} ({})",
+                "{}: {op} not permitted on region {} ({})",
+                what(),
                 r.id,
                 r.access.name()
             ),
@@ -205,96 +238,14 @@ fn validate_blocks(
     if r.mem_type != crate::types::MemType::Host {
         return Err((
             Status::UNSUPPORTED,
-            "block batch: device memory over tcp".into(),
+            format!("{}: device memory over tcp", what()),
         ));
     }
     if !entered.enter(r) {
         return Err((
             Status::PARAM_INVALID,
-            format!("block batch: region {} was deregistered", r.id),
+            format!("{}: region {} was deregistered", what(), r.id),
         ));
     }
-    // every index is at most `max`, whose block lies inside the region: no overflow below
-    let (base, stride, block) = (
-        r.addr + b.offset as usize,
-        b.stride as usize,
-        b.block as usize,
-    );
-    targets.reserve(idx.len());
-    for &i in idx {
-        let at = base + i as usize * stride;
-        match targets.last_mut() {
-            Some(t) if t.base + t.len == at => t.len += block,
-            _ => targets.push(IoVec {
-                base: at,
-                len: block,
-            }),
-        }
-    }
-    Ok(())
-}
-
-/// Checks a batch against the table and computes the memory it touches; `entered` holds the
-/// regions' gates until the request is done with them.
-///
-/// Never trusts the peer: unknown (or withdrawn) regions, empty, overflowing or out-of-bounds
-/// ranges and forbidden operations are refused before any memory is touched.
-fn validate(
-    table: &[Arc<RegionCore>],
-    op: TransferOp,
-    descs: &[WireDesc],
-    targets: &mut Vec<IoVec>,
-    entered: &mut Entered,
-) -> Result<(), (Status, String)> {
-    targets.clear();
-    for (i, d) in descs.iter().enumerate() {
-        let Some(r) = ServeTable::get(table, d.region) else {
-            return Err((
-                Status::PARAM_INVALID,
-                format!("descriptor {i}: no region {}", d.region),
-            ));
-        };
-        let in_bounds = d.len > 0
-            && d.offset
-                .checked_add(d.len)
-                .is_some_and(|end| end <= r.len as u64);
-        if !in_bounds {
-            return Err((
-                Status::PARAM_INVALID,
-                format!(
-                    "descriptor {i}: range {}+{} outside region {} of {} bytes",
-                    d.offset, d.len, r.id, r.len
-                ),
-            ));
-        }
-        if !r.access.permits(op) {
-            return Err((
-                Status::PARAM_INVALID,
-                format!(
-                    "descriptor {i}: {op} not permitted on region {} ({})",
-                    r.id,
-                    r.access.name()
-                ),
-            ));
-        }
-        if r.mem_type != crate::types::MemType::Host {
-            return Err((
-                Status::UNSUPPORTED,
-                format!("descriptor {i}: device memory over tcp"),
-            ));
-        }
-        if !entered.enter(r) {
-            return Err((
-                Status::PARAM_INVALID,
-                format!("descriptor {i}: region {} was deregistered", r.id),
-            ));
-        }
-        // ranges adjacent in memory in one iovec: the byte stream is the same
-        let (base, len) = (r.addr + d.offset as usize, d.len as usize);
-        match targets.last_mut() {
-            Some(t) if t.base + t.len == base => t.len += len,
-            _ => targets.push(IoVec { base, len }),
-        }
-    }
-    Ok(())
+    Ok(r)
 }

@@ -380,19 +380,12 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
         }
         // what the request has left to move, past what it does at once
         let mut pending = match frame {
-            (Kind::Xfer, p) => {
-                let x = match xfer.decode(p) {
+            (kind @ (Kind::Xfer | Kind::XferBlocks), p) => {
+                let x = match xfer.decode(kind, p) {
                     Ok(x) => x,
                     Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
                 xfer.apply(x, inb, deadline, &*shared.table)
-            }
-            (Kind::XferBlocks, p) => {
-                let x = match xfer.decode_blocks(p) {
-                    Ok(x) => x,
-                    Err(e) => return Err(violation(sock, out, e, deadline)),
-                };
-                xfer.apply_blocks(x, inb, deadline, &*shared.table)
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {

@@ -28,9 +28,9 @@ use crate::device::acl::Stream;
 use crate::error::{Error, Status};
 use crate::sync::lock;
 use crate::transport::{Batch, Control, DataPath, PathFail, Region, TransportKind};
-use crate::types::Access;
-use crate::types::BatchDesc;
 use crate::types::TransferOp;
+use crate::types::batch::Descs;
+use crate::types::{Access, BatchDesc, RegionView};
 use crate::wire::{DeviceInfo, Kind, TableEntry};
 
 /// How long a failed link waits after `aclrtStreamAbort` before it destroys the communicator:
@@ -515,18 +515,29 @@ impl DataPath for Mutex<Option<DeviceLink>> {
     /// A link with a device path moves every batch whose local ranges lie in regions bound to
     /// its communicator (all of the engine's when the link was made, and those registered
     /// since that could be bound).
-    fn covers(&self, descs: &[BatchDesc]) -> bool {
+    /// Every region of the peer: its table's regions are the communicator's to reach.
+    fn reaches(&self, _region: u32) -> bool {
+        true
+    }
+
+    fn covers(&self, descs: &Descs<'_>) -> bool {
         let guard = lock(self);
         let Some(d) = guard.as_ref() else { return true };
         let p = lock(&d.path);
         if p.comm.is_none() {
             return true; // closed: `run` says so
         }
-        let bound: Vec<_> = p.bound.iter().map(|r| r.view()).collect();
-        descs.iter().all(|x| {
-            bound
-                .iter()
-                .any(|v| x.local >= v.addr && x.local - v.addr + x.remote.len as usize <= v.len)
+        // the region of the span before is looked at first (a batch in one region: one scan)
+        let mut last: Option<RegionView> = None;
+        descs.spans().all(|x| {
+            let inside = |v: &RegionView| {
+                x.local >= v.addr && x.local - v.addr + x.remote.len as usize <= v.len
+            };
+            if last.as_ref().is_some_and(inside) {
+                return true;
+            }
+            last = p.bound.iter().map(|r| r.view()).find(inside);
+            last.is_some()
         })
     }
 
@@ -551,7 +562,8 @@ impl DataPath for Mutex<Option<DeviceLink>> {
     /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).
     /// A batch is not cancelled once it started (it ends by its deadline).
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
-        let (peer, op, descs, deadline) = (batch.peer, batch.op, batch.descs, batch.deadline);
+        let (peer, op, deadline) = (batch.peer, batch.op, batch.deadline);
+        let descs = &batch.descs.expand();
         batch.start(None)?;
         let guard = lock(self);
         let Some(d) = guard.as_ref() else {

@@ -30,11 +30,11 @@
 //! from it; a read the peer did not outlive fails (`ESRCH`).
 
 mod backend;
-mod helper;
+mod copy;
+mod parts;
 pub(crate) mod path;
 
 pub(crate) use backend::SameHostBackend;
-pub(crate) use helper::{BlockCopy, Halt, MemCopy, Stop, copy_all, copy_blocks, pvm_all};
 
 use crate::process::PeerProc;
 use crate::types::HostId;

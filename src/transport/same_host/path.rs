@@ -1,7 +1,8 @@
 //! The same-host data path of one link: the peer's regions as this process reaches them (mapped
 //! memfds, or `process_vm_readv`/`/proc/PID/mem`), and the batch runner ([`DataPath`]).
 
-use super::{BlockCopy, Halt, MemCopy, Stop, copy_all, copy_blocks, pvm_all};
+use super::copy::{Indexed, MemCopy, Pairs, Strided, copy_all, copy_indexed, pvm_all};
+use super::parts::{Halt, Stop};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -9,8 +10,9 @@ use crate::error::Error;
 use crate::io::IoVec;
 use crate::process::{Mapping, PeerProc};
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
-use crate::types::blocks::BlockBatch;
-use crate::types::{Access, BatchDesc, TransferOp};
+use crate::types::Access;
+use crate::types::TransferOp;
+use crate::types::batch::Descs;
 use crate::wire::{self, TableEntry};
 
 /// A peer region as the same-host path reaches it: mapped (its memfd, mapped on first use), or
@@ -166,14 +168,12 @@ impl<'a> Finder<'a> {
 }
 
 impl SameHostPath {
-    /// Whether every region of the batch is reachable one-sidedly (the others go over TCP): a
-    /// region without a memfd through `process_vm_*`, one with a memfd through its mapping.
-    fn covers(&self, xds: &[BatchDesc]) -> bool {
-        let mut f = Finder::new(&self.regions);
-        xds.iter().all(|d| {
-            f.find(d.remote.region)
-                .is_some_and(|r| r.fd < 0 || r.mapping(&self.proc).is_some())
-        })
+    /// Whether the peer's region `id` is reachable one-sidedly (the others go over TCP): a
+    /// region without a memfd through `process_vm_*`, one with a memfd through its mapping
+    /// (made now).
+    fn reaches(&self, id: u32) -> bool {
+        (Finder::new(&self.regions).find(id))
+            .is_some_and(|r| r.fd < 0 || r.mapping(&self.proc).is_some())
     }
 
     pub(crate) fn setup(
@@ -261,8 +261,8 @@ impl DataPath for SameHostPath {
         TransportKind::SameHost
     }
 
-    fn covers(&self, descs: &[BatchDesc]) -> bool {
-        SameHostPath::covers(self, descs)
+    fn reaches(&self, region: u32) -> bool {
+        SameHostPath::reaches(self, region)
     }
 
     fn fenced(&self) -> bool {
@@ -278,103 +278,30 @@ impl DataPath for SameHostPath {
         Health::Watched
     }
 
-    fn covers_blocks(&self, blocks: &BlockBatch<'_>) -> bool {
-        SameHostPath::covers(self, &[blocks.span()])
-    }
-
-    /// A block batch: for a mapped region a copy loop over the index arrays as they are (no
-    /// descriptor per block), shared with the helper thread from 1 MiB on; otherwise
-    /// `process_vm_*` over the blocks' iovecs (adjacent blocks in one).
-    unsafe fn run_blocks(
-        &self,
-        batch: &Batch<'_>,
-        blocks: &BlockBatch<'_>,
-    ) -> Result<(), PathFail> {
+    /// Memory copies for mapped regions (a block batch's as a copy loop over its index arrays,
+    /// never expanded into descriptors), `process_vm_readv`/`writev` for the others (ranges
+    /// adjacent on both sides in one pair), in parts between which the batch stops at its
+    /// deadline (`TIMEOUT`) or a cancel, shared with the helper thread from 1 MiB on; it
+    /// returns once no part of it is moving.
+    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
         let (peer, op) = (batch.peer, batch.op);
         batch.start(None)?;
         if !self.proc.alive(&self.watch) {
             return Err(PathFail::Gone("the peer exited or closed the link".into()));
         }
-        let region = blocks.remote.region;
-        let unknown = || {
-            PathFail::Failed(Error::UnknownRemoteRegion {
-                peer: peer.to_owned(),
-                region,
-                offset: blocks.remote.offset,
-                len: blocks.remote_extent,
-            })
-        };
-        let Some(r) = Finder::new(&self.regions).find(region) else {
-            return Err(unknown());
-        };
+        let plan = self.plan(batch)?;
         let cancelled = || batch.cancel_requested();
         let stop = Stop {
             deadline: batch.deadline,
             cancelled: &cancelled,
         };
-        let block = blocks.remote.block as usize;
-        let (ls, rs) = (blocks.local_stride as usize, blocks.remote.stride as usize);
-        let r = match (r.fd, r.mapping(&self.proc)) {
-            (_, Some(m)) => {
-                let remote = m.at(blocks.remote.offset);
-                let (li, ri) = (blocks.local_idx, blocks.remote_idx);
-                let copy = match op {
-                    TransferOp::Write => BlockCopy {
-                        src: blocks.local,
-                        src_stride: ls,
-                        src_idx: li,
-                        dst: remote,
-                        dst_stride: rs,
-                        dst_idx: ri,
-                        block,
-                    },
-                    TransferOp::Read => BlockCopy {
-                        src: remote,
-                        src_stride: rs,
-                        src_idx: ri,
-                        dst: blocks.local,
-                        dst_stride: ls,
-                        dst_idx: li,
-                        block,
-                    },
-                };
-                // SAFETY: every local block lies in a registered region the caller keeps
-                // alive (checked once, by its largest index); every remote block lies in the
-                // peer's region (checked the same way against its table), whose mapping covers
-                // the whole region (the memfd is sealed against shrinking and was checked to be
-                // at least that long). Local and mapped memory are distinct mappings.
-                unsafe { copy_blocks(&copy, blocks.count(), &stop) }
-            }
-            // `covers_blocks` keeps such batches off this path (never process_vm for a memfd)
-            (fd, None) if fd >= 0 => return Err(unknown()),
-            (_, None) => {
-                let (mut lo, mut ro): (Vec<IoVec>, Vec<IoVec>) = (Vec::new(), Vec::new());
-                let remote = (r.addr + blocks.remote.offset) as usize;
-                for k in 0..blocks.count() {
-                    let l = blocks.local_at(k);
-                    let rr = remote + blocks.remote_idx.at(k) as usize * rs;
-                    match (lo.last_mut(), ro.last_mut()) {
-                        (Some(a), Some(b)) if a.base + a.len == l && b.base + b.len == rr => {
-                            a.len += block;
-                            b.len += block;
-                        }
-                        _ => {
-                            lo.push(IoVec {
-                                base: l,
-                                len: block,
-                            });
-                            ro.push(IoVec {
-                                base: rr,
-                                len: block,
-                            });
-                        }
-                    }
-                }
-                // SAFETY: the local iovecs are blocks of a registered region the caller keeps
-                // alive.
-                unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro, &stop) }
-            }
-        };
+        // SAFETY: each local range (each block, by its largest index) lies in a registered
+        // region the caller keeps alive; each remote range was validated against the peer's
+        // table, and its mapping covers the whole region (the memfd is sealed against
+        // shrinking and was checked to be at least that long). Local and mapped memory are
+        // distinct mappings. The peer may write its pages meanwhile: they are copied as raw
+        // bytes, never made into Rust references.
+        let r = unsafe { plan.run(&self.proc, op, &stop) };
         r.map_err(|halt| match halt {
             Halt::Deadline => PathFail::Failed(Error::Timeout {
                 op: op.name(),
@@ -396,95 +323,152 @@ impl DataPath for SameHostPath {
             }),
         })
     }
+}
 
-    /// Memory copies for mapped regions, `process_vm_readv`/`writev` for the others, in parts
-    /// between which the batch stops at its deadline (`TIMEOUT`) or a cancel; it returns once no
-    /// part of it is moving.
-    unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
-        let (peer, op, xds) = (batch.peer, batch.op, batch.descs);
-        batch.start(None)?;
-        if !self.proc.alive(&self.watch) {
-            return Err(PathFail::Gone("the peer exited or closed the link".into()));
-        }
-        let (mut lo, mut ro, mut index) = (Vec::new(), Vec::new(), Vec::new());
-        let mut copies = Vec::with_capacity(xds.len());
-        let mut f = Finder::new(&self.regions);
-        for (i, d) in xds.iter().enumerate() {
-            let Some(r) = f.find(d.remote.region) else {
-                return Err(PathFail::Failed(Error::UnknownRemoteRegion {
-                    peer: peer.to_owned(),
-                    region: d.remote.region,
-                    offset: d.remote.offset,
-                    len: d.remote.len,
-                }));
+/// How a same-host batch moves: copies of mapped memory (a list's, a block batch's layouts
+/// over its index arrays), then `process_vm_*` pairs for the regions without a memfd.
+struct Plan<'a> {
+    copies: Vec<MemCopy>,
+    strided: Vec<Strided>,
+    /// A block batch's index arrays as the copies' sources and destinations.
+    idx: Option<(
+        crate::types::blocks::BlockIndices<'a>,
+        crate::types::blocks::BlockIndices<'a>,
+    )>,
+    pairs: Pairs,
+}
+
+impl Plan<'_> {
+    /// # Safety
+    /// Every range in it is valid for the whole call (sources readable, destinations
+    /// writable, the two not overlapping); the pairs' local ranges as `PeerProc::pvm` needs.
+    unsafe fn run(&self, proc: &PeerProc, op: TransferOp, stop: &Stop<'_>) -> Result<(), Halt> {
+        // SAFETY: the caller's contract.
+        unsafe { copy_all(&self.copies, stop) }?;
+        if let Some((src_idx, dst_idx)) = self.idx.filter(|_| !self.strided.is_empty()) {
+            let b = Indexed {
+                layouts: &self.strided,
+                src_idx,
+                dst_idx,
             };
-            let len = d.remote.len as usize;
-            match (r.fd, r.mapping(&self.proc)) {
-                (_, Some(m)) => {
-                    if op == TransferOp::Write {
-                        // a WRITE's copies fault once per page (a write fault maps one page);
-                        // a READ's read faults map sixteen (fault-around) on both copy threads,
-                        // which measured faster than populating first on this one
-                        r.prefault(m, d.remote.offset, len, &self.budget);
-                    }
-                    let (src, dst) = match op {
-                        TransferOp::Write => (d.local, m.at(d.remote.offset)),
-                        TransferOp::Read => (m.at(d.remote.offset), d.local),
-                    };
-                    copies.push(MemCopy { src, dst, len });
-                }
-                (fd, None) if fd >= 0 => {
-                    // `covers` keeps such batches off this path (never process_vm for a memfd)
-                    return Err(PathFail::Failed(Error::UnknownRemoteRegion {
-                        peer: peer.to_owned(),
-                        region: d.remote.region,
-                        offset: d.remote.offset,
-                        len: d.remote.len,
-                    }));
-                }
-                (_, None) => {
-                    lo.push(IoVec { base: d.local, len });
-                    ro.push(IoVec {
-                        base: (r.addr + d.remote.offset) as usize,
-                        len,
-                    });
-                    index.push(i);
-                }
-            }
+            // SAFETY: the caller's contract.
+            unsafe { copy_indexed(&b, stop) }?;
         }
-        let cancelled = || batch.cancel_requested();
-        let stop = Stop {
-            deadline: batch.deadline,
-            cancelled: &cancelled,
+        if !self.pairs.is_empty() {
+            // SAFETY: the caller's contract.
+            unsafe { pvm_all(proc, op == TransferOp::Write, &self.pairs, stop) }?;
+        }
+        Ok(())
+    }
+}
+
+impl SameHostPath {
+    /// The batch's plan: each of its regions found once per run of descriptors in it (each
+    /// layout's once); `UnknownRemoteRegion` for one the path does not reach.
+    fn plan<'a>(&self, batch: &Batch<'a>) -> Result<Plan<'a>, PathFail> {
+        let (peer, op) = (batch.peer, batch.op);
+        let unknown = |region, offset, len| {
+            PathFail::Failed(Error::UnknownRemoteRegion {
+                peer: peer.to_owned(),
+                region,
+                offset,
+                len,
+            })
         };
-        // SAFETY: each local range lies in a registered region the caller keeps alive; each
-        // remote range was validated against the peer's table, and its mapping covers the whole
-        // region (the memfd is sealed against shrinking and was checked to be at least that
-        // long). Local and mapped memory are distinct mappings.
-        let mut r = unsafe { copy_all(&copies, &stop) };
-        if r.is_ok() && !lo.is_empty() {
-            // SAFETY: the local iovecs are ranges of registered regions the caller keeps alive.
-            r = unsafe { pvm_all(&self.proc, op == TransferOp::Write, &lo, &ro, &stop) };
-        }
-        r.map_err(|halt| match halt {
-            Halt::Deadline => PathFail::Failed(Error::Timeout {
-                op: op.name(),
-                peer: peer.to_owned(),
-                elapsed: batch.started.elapsed(),
-            }),
-            Halt::Cancelled => PathFail::Failed(Error::Cancelled {
-                op: op.name(),
-                peer: peer.to_owned(),
-            }),
-            Halt::Failed(e, _) if e.raw_os_error() == Some(libc::ESRCH) => {
-                PathFail::Gone("the peer exited".into())
+        let mut plan = Plan {
+            copies: Vec::new(),
+            strided: Vec::new(),
+            idx: None,
+            pairs: Pairs::default(),
+        };
+        let mut f = Finder::new(&self.regions);
+        match batch.descs {
+            Descs::List(xds) => {
+                plan.copies.reserve(xds.len());
+                for (i, d) in xds.iter().enumerate() {
+                    let (region, off, len) = (d.remote.region, d.remote.offset, d.remote.len);
+                    let Some(r) = f.find(region) else {
+                        return Err(unknown(region, off, len));
+                    };
+                    match (r.fd, r.mapping(&self.proc)) {
+                        (_, Some(m)) => {
+                            if op == TransferOp::Write {
+                                // a WRITE's copies fault once per page (a write fault maps one
+                                // page); a READ's read faults map sixteen (fault-around) on both
+                                // copy threads, which measured faster than populating first
+                                r.prefault(m, off, len as usize, &self.budget);
+                            }
+                            let (src, dst) = match op {
+                                TransferOp::Write => (d.local, m.at(off)),
+                                TransferOp::Read => (m.at(off), d.local),
+                            };
+                            plan.copies.push(MemCopy {
+                                src,
+                                dst,
+                                len: len as usize,
+                            });
+                        }
+                        // a memfd region is reached through its mapping or not at all (never
+                        // process_vm: `reaches` keeps such batches off this path)
+                        (fd, None) if fd >= 0 => return Err(unknown(region, off, len)),
+                        (_, None) => {
+                            let at = (r.addr + off) as usize;
+                            plan.pairs.push(i, d.local, at, len as usize);
+                        }
+                    }
+                }
             }
-            Halt::Failed(e, at) => PathFail::Failed(Error::SameHost {
-                op: op.name(),
-                peer: peer.to_owned(),
-                index: index[at],
-                source: e,
-            }),
-        })
+            Descs::Blocks(b) => {
+                let (li, ri) = (b.local_idx, b.remote_idx);
+                plan.idx = Some(match op {
+                    TransferOp::Write => (li, ri),
+                    TransferOp::Read => (ri, li),
+                });
+                for (l, lay) in b.layouts.iter().enumerate() {
+                    let w = lay.remote;
+                    let Some(r) = f.find(w.region) else {
+                        return Err(unknown(w.region, w.offset, lay.remote_extent));
+                    };
+                    let (block, ls, rs) = (
+                        w.block as usize,
+                        lay.local_stride as usize,
+                        w.stride as usize,
+                    );
+                    match (r.fd, r.mapping(&self.proc)) {
+                        (_, Some(m)) => {
+                            let remote = m.at(w.offset);
+                            plan.strided.push(match op {
+                                TransferOp::Write => Strided {
+                                    src: lay.local,
+                                    src_stride: ls,
+                                    dst: remote,
+                                    dst_stride: rs,
+                                    block,
+                                },
+                                TransferOp::Read => Strided {
+                                    src: remote,
+                                    src_stride: rs,
+                                    dst: lay.local,
+                                    dst_stride: ls,
+                                    block,
+                                },
+                            });
+                        }
+                        (fd, None) if fd >= 0 => {
+                            return Err(unknown(w.region, w.offset, lay.remote_extent));
+                        }
+                        (_, None) => {
+                            let base = (r.addr + w.offset) as usize;
+                            for k in 0..b.indices() {
+                                let remote = base + ri.at(k) as usize * rs;
+                                let local = lay.local_at(li.at(k));
+                                plan.pairs.push(l * b.indices() + k, local, remote, block);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(plan)
     }
 }

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use crate::auth::Psk;
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
-use crate::types::BatchDesc;
 use crate::types::TransferOp;
-use crate::types::blocks::BlockBatch;
+use crate::types::batch::Descs;
 use crate::wire::{self, Hello, Kind, Refuse, Welcome};
 
 /// How a lane operation failed.
@@ -152,58 +151,32 @@ impl Lane {
         }
     }
 
-    /// Runs one batch (at most [`wire::MAX_DESCS_PER_FRAME`] descriptors) on this lane.
+    /// Runs one frame of a batch (at most [`wire::MAX_DESCS_PER_FRAME`] descriptors or
+    /// blocks, a block batch's of one layout) on this lane: an XFER for a list, an
+    /// XFER_BLOCKS carrying the remote indices for blocks; the local ranges are the payload's
+    /// targets.
     ///
     /// # Safety
-    /// Every descriptor's local range is valid registered memory for the whole call: readable
-    /// for WRITE, writable with any bytes (and not otherwise referenced) for READ.
+    /// Every descriptor's (block's) local range is valid registered memory for the whole call:
+    /// readable for WRITE, writable with any bytes (and not otherwise referenced) for READ.
     pub(super) unsafe fn xfer(
         &mut self,
         op: TransferOp,
         req: u64,
-        descs: &[BatchDesc],
+        descs: Descs<'_>,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        wire::encode_xfer(&mut self.out, op, req, descs.iter().map(|d| d.remote));
-        // the payload's local ranges, in order; ranges adjacent in memory in one iovec (the
-        // byte stream is the same, the kernel walks fewer segments)
-        self.targets.clear();
-        for d in descs {
-            let (base, len) = (d.local, d.remote.len as usize);
-            match self.targets.last_mut() {
-                Some(t) if t.base + t.len == base => t.len += len,
-                _ => self.targets.push(IoVec { base, len }),
+        match descs {
+            Descs::List(x) => wire::encode_xfer(&mut self.out, op, req, x.iter().map(|d| d.remote)),
+            Descs::Blocks(b) => {
+                debug_assert_eq!(b.layouts.len(), 1, "a frame carries one layout");
+                wire::encode_xfer_blocks(&mut self.out, op, req, &b.layouts[0].remote, b.remote_idx)
             }
         }
-        // SAFETY: the targets are the descriptors' local ranges (this function's contract).
-        unsafe { self.exchange_xfer(op, req, deadline) }
-    }
-
-    /// Runs one block batch (at most [`wire::MAX_DESCS_PER_FRAME`] blocks) on this lane: one
-    /// XFER_BLOCKS frame carrying the remote indices; the local blocks are the payload's
-    /// targets (blocks adjacent in memory in one `iovec`).
-    ///
-    /// # Safety
-    /// Every block's local range is valid registered memory for the whole call: readable for
-    /// WRITE, writable with any bytes (and not otherwise referenced) for READ.
-    pub(super) unsafe fn xfer_blocks(
-        &mut self,
-        op: TransferOp,
-        req: u64,
-        b: &BlockBatch<'_>,
-        deadline: Instant,
-    ) -> Result<(), LaneFail> {
-        wire::encode_xfer_blocks(&mut self.out, op, req, &b.remote, b.remote_idx);
         self.targets.clear();
-        let block = b.remote.block as usize;
-        for i in 0..b.count() {
-            let base = b.local_at(i);
-            match self.targets.last_mut() {
-                Some(t) if t.base + t.len == base => t.len += block,
-                _ => self.targets.push(IoVec { base, len: block }),
-            }
-        }
-        // SAFETY: the targets are the blocks' local ranges (this function's contract).
+        let t = &mut self.targets;
+        descs.for_each_local(|base, len| IoVec::push_joined(t, base, len));
+        // SAFETY: the targets are the local ranges (this function's contract).
         unsafe { self.exchange_xfer(op, req, deadline) }
     }
 

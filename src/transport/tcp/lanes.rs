@@ -16,8 +16,8 @@ use crate::auth::Psk;
 use crate::error::{Error, RemoteRefusal, Status};
 use crate::sync::lock;
 use crate::transport::Control;
-use crate::types::blocks::BlockBatch;
-use crate::types::{BatchDesc, TransferOp};
+use crate::types::TransferOp;
+use crate::types::batch::Descs;
 use crate::wire::{self, Hello, Kind, LaneRole, Welcome};
 
 /// What a new lane says to JOIN its link.
@@ -304,82 +304,42 @@ impl Lanes {
         e.map_or(Ok(()), Err)
     }
 
-    /// Runs `xds` on a lane of its own: a sync transfer's batch, or one part of it.
+    /// Runs a batch on a lane of its own: a sync transfer's batch, or one part of it.
     ///
     /// # Safety
     /// As [`Lanes::xfer`].
     pub(super) unsafe fn transfer(
         &self,
         op: TransferOp,
-        xds: &[BatchDesc],
+        descs: Descs<'_>,
         started: Instant,
         deadline: Instant,
     ) -> Result<(), Error> {
         self.with_lane(op.name(), started, deadline, |lane| {
             // SAFETY: this function's contract.
-            unsafe { self.xfer(lane, op, xds, deadline) }
+            unsafe { self.xfer(lane, op, descs, deadline) }
         })
     }
 
-    /// Runs `xds` on `lane`, in frames of at most 65,536 descriptors.
+    /// Runs a batch on `lane`, in frames of at most 65,536 descriptors (or blocks of one
+    /// layout).
     ///
     /// # Safety
-    /// Every local range of `xds` is valid registered memory for the whole call: readable for
-    /// WRITE, writable with any bytes (and not otherwise referenced) for READ.
+    /// Every local range of the batch (every block's) is valid registered memory for the whole
+    /// call: readable for WRITE, writable with any bytes (and not otherwise referenced) for
+    /// READ.
     pub(super) unsafe fn xfer(
         &self,
         lane: &mut Lane,
         op: TransferOp,
-        xds: &[BatchDesc],
+        descs: Descs<'_>,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        for chunk in xds.chunks(wire::MAX_DESCS_PER_FRAME) {
+        descs.try_frames(wire::MAX_DESCS_PER_FRAME, |frame| {
             let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: the chunk's ranges are some of `xds`' (this function's contract).
-            unsafe { lane.xfer(op, req, chunk, deadline) }?;
-        }
-        Ok(())
-    }
-
-    /// Runs a block batch on a lane of its own: a sync transfer's batch, or one part of it.
-    ///
-    /// # Safety
-    /// As [`Lanes::xfer_blocks`].
-    pub(super) unsafe fn transfer_blocks(
-        &self,
-        op: TransferOp,
-        b: &BlockBatch<'_>,
-        started: Instant,
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        self.with_lane(op.name(), started, deadline, |lane| {
-            // SAFETY: this function's contract.
-            unsafe { self.xfer_blocks(lane, op, b, deadline) }
+            // SAFETY: the frame's ranges are some of the batch's (this function's contract).
+            unsafe { lane.xfer(op, req, frame, deadline) }
         })
-    }
-
-    /// Runs a block batch on `lane`, in frames of at most 65,536 blocks.
-    ///
-    /// # Safety
-    /// Every block's local range is valid registered memory for the whole call: readable for
-    /// WRITE, writable with any bytes (and not otherwise referenced) for READ.
-    pub(super) unsafe fn xfer_blocks(
-        &self,
-        lane: &mut Lane,
-        op: TransferOp,
-        b: &BlockBatch<'_>,
-        deadline: Instant,
-    ) -> Result<(), LaneFail> {
-        let n = b.count();
-        let mut at = 0;
-        while at < n {
-            let end = n.min(at + wire::MAX_DESCS_PER_FRAME);
-            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: the chunk's blocks are some of `b`'s (this function's contract).
-            unsafe { lane.xfer_blocks(op, req, &b.slice(at..end), deadline) }?;
-            at = end;
-        }
-        Ok(())
     }
 
     /// Sends notification `req` and waits for its acknowledgement, by `deadline`.

@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use super::lanes::{LaneAfter, Lanes, lane_error};
 use crate::error::Error;
-use crate::transport::{Batch, DataPath, PathFail, TransportKind};
-use crate::types::BatchDesc;
-use crate::types::blocks::BlockBatch;
+use crate::transport::{Batch, DataPath, Mode, PathFail, TransportKind};
+use crate::types::batch::Descs;
 
 /// Bytes per lane below which a TCP transfer is not split across lanes.
 pub(crate) const SPLIT_MIN: u64 = 8 << 20;
@@ -24,22 +23,29 @@ impl TcpPath {
         Self { lanes, parallel }
     }
 
-    /// A sync batch: one part per lane when it is large, run side by side.
+    /// A sync batch: when it is large, in parts of about equal bytes (a list cut where a part
+    /// is full, a block batch in runs of its indices) on up to `parallel` lanes side by side.
     ///
     /// # Safety
     /// [`DataPath::run`]'s.
     unsafe fn run_sync(&self, b: &Batch<'_>) -> Result<(), Error> {
-        let parts = split(b.descs, b.bytes, self.parallel, SPLIT_MIN);
-        // SAFETY: each part's local ranges are ranges of the batch's, cut where a descriptor
-        // was split: valid for the whole call (this function's contract), and the scope below
-        // ends every helper before it returns.
-        let run = |p: &[BatchDesc]| unsafe { self.lanes.transfer(b.op, p, b.started, b.deadline) };
-        if parts.len() < 2 {
+        // SAFETY: each part's local ranges are ranges of the batch's (a descriptor cut where a
+        // part was full, or some of its blocks): valid for the whole call (this function's
+        // contract), and the scope below ends every helper before it returns.
+        let run = |p: Descs<'_>| unsafe { self.lanes.transfer(b.op, p, b.started, b.deadline) };
+        let n = (self.parallel as u64).min(b.bytes / SPLIT_MIN) as usize;
+        if n < 2 {
             return run(b.descs);
         }
+        let parts = b.descs.split(n);
         std::thread::scope(|s| {
-            let helpers: Vec<_> = parts[1..].iter().map(|p| s.spawn(move || run(p))).collect();
-            let first = run(&parts[0]);
+            let helpers: Vec<_> = (1..parts.len())
+                .map(|k| {
+                    let p = parts.get(k);
+                    s.spawn(move || run(p))
+                })
+                .collect();
+            let first = run(parts.get(0));
             helpers
                 .into_iter()
                 .map(|h| {
@@ -86,88 +92,14 @@ impl TcpPath {
     }
 }
 
-impl TcpPath {
-    /// A sync block batch: in parts of about equal bytes (a run of its indices each) on up to
-    /// `parallel` lanes when it is large, run side by side.
-    ///
-    /// # Safety
-    /// [`DataPath::run_blocks`]'s.
-    unsafe fn run_blocks_sync(&self, b: &Batch<'_>, blocks: &BlockBatch<'_>) -> Result<(), Error> {
-        let n = blocks.count();
-        let parts = (self.parallel as u64)
-            .min(b.bytes / SPLIT_MIN)
-            .clamp(1, n as u64) as usize;
-        // SAFETY: each part's blocks are some of the batch's, valid for the whole call (this
-        // function's contract); the scope below ends every helper before it returns.
-        let run = |p: &BlockBatch<'_>| unsafe {
-            self.lanes.transfer_blocks(b.op, p, b.started, b.deadline)
-        };
-        if parts < 2 {
-            return run(blocks);
-        }
-        let cut = |k: usize| n * k / parts;
-        let pieces: Vec<BlockBatch<'_>> = (0..parts)
-            .map(|k| blocks.slice(cut(k)..cut(k + 1)))
-            .collect();
-        std::thread::scope(|s| {
-            let helpers: Vec<_> = pieces[1..]
-                .iter()
-                .map(|p| s.spawn(move || run(p)))
-                .collect();
-            let first = run(&pieces[0]);
-            helpers
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Protocol {
-                            peer: b.peer.to_owned(),
-                            problem: "a transfer helper thread panicked".into(),
-                        })
-                    })
-                })
-                .fold(first, |acc, r| acc.and(r))
-        })
-    }
-
-    /// An async block request: on one lane, as [`TcpPath::run_request`].
-    ///
-    /// # Safety
-    /// [`DataPath::run_blocks`]'s.
-    unsafe fn run_blocks_request(
-        &self,
-        b: &Batch<'_>,
-        blocks: &BlockBatch<'_>,
-    ) -> Result<(), PathFail> {
-        let lanes = &self.lanes;
-        let mut lane = lanes
-            .checkout(b.deadline, b.started, b.op.name())
-            .map_err(PathFail::Failed)?;
-        if let Err(e) = b.start(Some(lane.fd())) {
-            lanes.checkin(lane);
-            return Err(e);
-        }
-        // SAFETY: the batch's blocks are valid for the whole call (this function's contract).
-        let r = unsafe { lanes.xfer_blocks(&mut lane, b.op, blocks, b.deadline) };
-        let after = if b.unwatch() {
-            LaneAfter::Discard
-        } else {
-            LaneAfter::of(r.as_ref().err())
-        };
-        let e = r
-            .err()
-            .map(|f| lane_error(f, b.op.name(), b.peer, b.started, false));
-        lanes.release(lane, after);
-        e.map_or(Ok(()), |e| Err(PathFail::Failed(e)))
-    }
-}
-
 impl DataPath for TcpPath {
     fn kind(&self) -> TransportKind {
         TransportKind::Tcp
     }
 
-    /// Every batch: the server validates each descriptor against its table.
-    fn covers(&self, _descs: &[BatchDesc]) -> bool {
+    /// Every region: the server validates each descriptor (each block batch, by its largest
+    /// index) against its table.
+    fn reaches(&self, _region: u32) -> bool {
         true
     }
 
@@ -180,48 +112,33 @@ impl DataPath for TcpPath {
         false
     }
 
-    /// Every block batch: the server checks it against its table.
-    fn covers_blocks(&self, _blocks: &BlockBatch<'_>) -> bool {
-        true
-    }
-
-    unsafe fn run_blocks(
-        &self,
-        batch: &Batch<'_>,
-        blocks: &BlockBatch<'_>,
-    ) -> Result<(), PathFail> {
-        match batch.cancel {
-            // SAFETY: the caller's promise, `DataPath::run_blocks`'s.
-            None => unsafe { self.run_blocks_sync(batch, blocks) }.map_err(PathFail::Failed),
-            // SAFETY: as above.
-            Some(_) => unsafe { self.run_blocks_request(batch, blocks) },
-        }
-    }
-
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
-        match batch.cancel {
+        match batch.mode {
             // SAFETY: the caller's promise, `DataPath::run`'s.
-            None => unsafe { self.run_sync(batch) }.map_err(PathFail::Failed),
+            Mode::Sync => unsafe { self.run_sync(batch) }.map_err(PathFail::Failed),
             // SAFETY: as above.
-            Some(_) => unsafe { self.run_request(batch) },
+            Mode::Request(_) => unsafe { self.run_request(batch) },
         }
     }
-}
-
-/// Splits a batch into up to `lanes` parts of about equal bytes (cutting descriptors where
-/// needed), or returns it whole when it is too small to gain from more lanes.
-fn split(xds: &[BatchDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<BatchDesc>> {
-    let parts = (lanes as u64).min(bytes / min_part).max(1) as usize;
-    if parts < 2 {
-        return Vec::new();
-    }
-    crate::types::split::split(xds, parts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::WireDesc;
+    use crate::types::batch::Parts;
+    use crate::types::{BatchDesc, WireDesc};
+
+    /// A sync batch's parts as `TcpPath::run_sync` cuts them (none when it runs whole).
+    fn split(xds: &[BatchDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<BatchDesc>> {
+        let n = (lanes as u64).min(bytes / min_part) as usize;
+        if n < 2 {
+            return Vec::new();
+        }
+        match Descs::List(xds).split(n) {
+            Parts::List(p) => p,
+            Parts::Blocks(_) => unreachable!("a list"),
+        }
+    }
 
     fn xd(local: usize, region: u32, offset: u64, len: u64) -> BatchDesc {
         BatchDesc {

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Pace, Sock};
+use crate::types::batch::WireDescs;
 use crate::types::blocks::WireBlocks;
 use crate::types::{TransferOp, WireDesc};
-use crate::wire::{self, WireError};
+use crate::wire::{self, Kind, WireError};
 
 /// Most entries a serving connection keeps in its descriptor vectors between requests.
 const KEEP_DESCS: usize = 4096;
@@ -28,30 +29,17 @@ pub(crate) unsafe trait Served {
     /// with their memory.
     type Held;
 
-    /// Checks a batch against the regions (each descriptor's region, its bounds with overflow
-    /// checks, the access rights, host memory) and puts the memory it touches in `targets`, in
-    /// order.
+    /// Checks a batch against the regions (each descriptor's region, or a block batch's
+    /// once, by its largest index; bounds with overflow checks, the access rights, host
+    /// memory) and puts the memory it touches in `targets`, in order (ranges adjacent in memory
+    /// in one).
     ///
     /// # Errors
     /// The status and reason the client is told: nothing was touched.
     fn admit(
         &self,
         op: TransferOp,
-        descs: &[WireDesc],
-        targets: &mut Vec<IoVec>,
-    ) -> Result<Self::Held, (Status, String)>;
-
-    /// Checks a block batch against the regions (its region; its largest index, once, against
-    /// the region's bounds with overflow checks; access rights, host memory) and puts
-    /// the memory of its blocks in `targets`, in order (blocks adjacent in memory in one).
-    ///
-    /// # Errors
-    /// As [`Served::admit`].
-    fn admit_blocks(
-        &self,
-        op: TransferOp,
-        blocks: &WireBlocks,
-        idx: &[u64],
+        descs: WireDescs<'_>,
         targets: &mut Vec<IoVec>,
     ) -> Result<Self::Held, (Status, String)>;
 }
@@ -157,16 +145,15 @@ impl<H> Pending<H> {
     }
 }
 
-/// One XFER request, decoded.
+/// One XFER or XFER_BLOCKS request, decoded (its descriptors or indices are kept by the
+/// [`XferServer`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Xfer {
     op: TransferOp,
     req: u64,
+    /// An XFER_BLOCKS' layout (its indices in `XferServer::idx`); `None` for an XFER.
+    blocks: Option<WireBlocks>,
 }
-
-/// One XFER_BLOCKS request, decoded (its indices are kept by the [`XferServer`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct XferBlocks(wire::XferBlocks);
 
 /// A serving connection's XFER half: the buffers its requests reuse.
 #[derive(Default)]
@@ -177,20 +164,34 @@ pub(crate) struct XferServer {
 }
 
 impl XferServer {
-    /// Decodes an XFER frame's payload (its descriptors are kept for [`XferServer::apply`]).
+    /// Decodes an XFER (`kind` [`Kind::Xfer`]) or XFER_BLOCKS frame's payload (its descriptors
+    /// or indices are kept for [`XferServer::apply`]).
     ///
     /// # Errors
-    /// The frame is not a valid XFER.
-    pub(crate) fn decode(&mut self, payload: &[u8]) -> Result<Xfer, WireError> {
-        let (op, req) = wire::decode_xfer(payload, &mut self.descs)?;
-        Ok(Xfer { op, req })
+    /// The frame is not a valid request of its kind.
+    pub(crate) fn decode(&mut self, kind: Kind, payload: &[u8]) -> Result<Xfer, WireError> {
+        if kind == Kind::Xfer {
+            let (op, req) = wire::decode_xfer(payload, &mut self.descs)?;
+            return Ok(Xfer {
+                op,
+                req,
+                blocks: None,
+            });
+        }
+        let x = wire::decode_xfer_blocks(payload, &mut self.idx)?;
+        Ok(Xfer {
+            op: x.op,
+            req: x.req,
+            blocks: Some(x.blocks),
+        })
     }
 
-    /// Starts the request just decoded, due by `deadline`: checked against `served`, then the
-    /// WRITE's payload is to be received into the targets (what already came with the frame is
-    /// copied at once), or the READ's to be sent from them, with the client's DONE (a refused
-    /// READ gets its reason, and the connection goes on; a refused WRITE's connection closes).
-    /// The caller moves the rest with [`Pending::progress`].
+    /// Starts the request just decoded, due by `deadline`: checked against `served` (a block
+    /// batch once, by its largest index, never expanded into descriptors), then the WRITE's
+    /// payload is to be received into the targets (what already came with the frame is copied
+    /// at once), or the READ's to be sent from them, with the client's DONE (a refused READ
+    /// gets its reason, and the connection goes on; a refused WRITE's connection closes). The
+    /// caller moves the rest with [`Pending::progress`].
     pub(crate) fn apply<S: Served>(
         &mut self,
         x: Xfer,
@@ -198,35 +199,12 @@ impl XferServer {
         deadline: Option<Instant>,
         served: &S,
     ) -> Box<Pending<S::Held>> {
-        let admitted = served.admit(x.op, &self.descs, &mut self.targets);
-        self.start(x, admitted, inb, deadline)
-    }
-
-    /// Decodes an XFER_BLOCKS frame's payload (its indices are kept for
-    /// [`XferServer::apply_blocks`]).
-    ///
-    /// # Errors
-    /// The frame is not a valid XFER_BLOCKS.
-    pub(crate) fn decode_blocks(&mut self, payload: &[u8]) -> Result<XferBlocks, WireError> {
-        wire::decode_xfer_blocks(payload, &mut self.idx).map(XferBlocks)
-    }
-
-    /// Starts the block request just decoded, as [`XferServer::apply`]: checked against
-    /// `served` once (its largest index), never expanded into descriptors.
-    pub(crate) fn apply_blocks<S: Served>(
-        &mut self,
-        x: XferBlocks,
-        inb: &mut Inbound,
-        deadline: Option<Instant>,
-        served: &S,
-    ) -> Box<Pending<S::Held>> {
-        let x = x.0;
-        let admitted = served.admit_blocks(x.op, &x.blocks, &self.idx, &mut self.targets);
-        let head = Xfer {
-            op: x.op,
-            req: x.req,
+        let descs = match &x.blocks {
+            None => WireDescs::List(&self.descs),
+            Some(b) => WireDescs::Blocks(b, &self.idx),
         };
-        self.start(head, admitted, inb, deadline)
+        let admitted = served.admit(x.op, descs, &mut self.targets);
+        self.start(x, admitted, inb, deadline)
     }
 
     /// A request admitted (or refused) by `served`: its DONE, and the payload to move.

@@ -298,9 +298,9 @@ impl UcxLink {
         })
     }
 
-    /// Whether every descriptor's region has a key (otherwise the batch goes over TCP).
-    pub(crate) fn covers(&self, xds: &[BatchDesc]) -> bool {
-        xds.iter().all(|d| self.keys.contains_key(&d.remote.region))
+    /// Whether the peer's region `region` has a key (otherwise its batches go over TCP).
+    pub(crate) fn reaches(&self, region: u32) -> bool {
+        self.keys.contains_key(&region)
     }
 
     /// Whether the endpoint failed (the peer died, a flush timed out).
@@ -421,8 +421,8 @@ impl DataPath for UcxLink {
         TransportKind::Ucx
     }
 
-    fn covers(&self, descs: &[BatchDesc]) -> bool {
-        UcxLink::covers(self, descs)
+    fn reaches(&self, region: u32) -> bool {
+        UcxLink::reaches(self, region)
     }
 
     fn fenced(&self) -> bool {
@@ -446,9 +446,11 @@ impl DataPath for UcxLink {
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
         batch.start(None)?;
         let stop = || batch.cancel_requested();
+        // a block batch as descriptors: UCX posts one operation each
+        let xds = batch.descs.expand();
         // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the
         // buffers before it returns.
-        let r = unsafe { UcxLink::run(self, batch.op, batch.descs, batch.deadline, &stop) };
+        let r = unsafe { UcxLink::run(self, batch.op, &xds, batch.deadline, &stop) };
         r.map_err(|e| match e {
             Error::Cancelled { .. } => PathFail::Failed(e),
             e => PathFail::Poisoned {

@@ -292,12 +292,10 @@ impl DataPath for Mutex<Option<FabricLink>> {
 
     /// Every batch whose remote ranges lie in blocks the server sent (the rest: PARAM_INVALID
     /// from `run`, when nothing else covers them).
-    fn covers(&self, descs: &[BatchDesc]) -> bool {
+    fn reaches(&self, region: u32) -> bool {
         let g = lock(self);
         let Some(l) = g.as_ref() else { return true };
-        descs
-            .iter()
-            .all(|d| l.blocks.contains_key(&d.remote.region))
+        l.blocks.contains_key(&region)
     }
 
     fn fenced(&self) -> bool {
@@ -341,7 +339,8 @@ impl DataPath for Mutex<Option<FabricLink>> {
             return Err(gone("before this transfer started"));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { l.transfer(batch.op, batch.descs, batch.deadline) }.map_err(PathFail::Failed)?;
+        unsafe { l.transfer(batch.op, &batch.descs.expand(), batch.deadline) }
+            .map_err(PathFail::Failed)?;
         if l.peer_gone() {
             return Err(gone(
                 "while this transfer ran; its bytes may not be in its memory",
