@@ -21,6 +21,8 @@ use crate::error::Error;
 pub(crate) struct Library {
     handle: Handle,
     name: String,
+    /// The `dlopen` handle as a number: the same for every open of one loaded object.
+    raw: usize,
 }
 
 /// What `libloading` says went wrong, with its cause (`dlerror`'s text).
@@ -45,9 +47,14 @@ impl Library {
             // finalisers): the documented contract of choosing to load that vendor library.
             match unsafe { Handle::open(Some(*name), RTLD_NOW | RTLD_LOCAL) } {
                 Ok(handle) => {
+                    let raw = handle.into_raw();
+                    // SAFETY: the handle `into_raw` just gave up, taken back at once (only its
+                    // value is kept, to compare).
+                    let handle = unsafe { Handle::from_raw(raw) };
                     return Ok(Self {
                         handle,
                         name: (*name).to_string(),
+                        raw: raw as usize,
                     });
                 }
                 Err(e) => last = describe(&e),
@@ -62,6 +69,12 @@ impl Library {
     /// The name the library was opened by.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether `other` is the same loaded object (`dlopen` counts references: two opens of one
+    /// library, by one name or two, hand back one handle).
+    pub(crate) fn same_object(&self, other: &Library) -> bool {
+        self.raw == other.raw
     }
 
     /// Looks up `symbol` and returns it as a `T` (a function pointer type).
@@ -119,6 +132,10 @@ mod tests {
     fn a_missing_symbol_is_a_typed_error_and_a_present_one_works() {
         let lib = Library::open(&["libc.so.6"]).expect("libc loads");
         assert_eq!(lib.name(), "libc.so.6");
+        let again = Library::open(&["libc.so.6"]).expect("libc loads");
+        assert!(lib.same_object(&again), "one loaded object, one handle");
+        let other = Library::open(&["libm.so.6"]).expect("libm loads");
+        assert!(!lib.same_object(&other));
         // SAFETY: strlen's C signature is size_t strlen(const char *).
         let strlen: unsafe extern "C" fn(*const libc::c_char) -> usize =
             unsafe { lib.sym("strlen") }.expect("strlen exists");

@@ -1,17 +1,22 @@
-//! Device memory and device contexts: a leaf the API and the Ascend transport both use.
+//! Device memory and device contexts: a leaf the API and the Ascend transport both use, in
+//! cudarc's three levels.
 //!
-//! - [`Device`]: the ACL runtime loaded with `dlopen`, the device an engine took on the thread
-//!   that initialized it, and that thread's device context; copies in and out of registered
-//!   memory with `aclrtMemcpy` under that context.
-//! - [`DeviceBuffer`] (`aclrtMalloc`) and [`PinnedHostBuffer`] (`aclrtMallocHost`): the memory
-//!   an engine hands to the caller, registrable with it (`buffer.rs`).
-//! - [`ContextToken`] and [`DetachedContext`]: device-bound calls as types (`context.rs`).
-//! - `acl/` (ACL's devices, contexts, memory and streams, every failure a typed error) over
-//!   `ffi.rs` (ACL's C entry points, and the loader both CANN libraries share).
+//! - `sys/`: the loader (`dl_api!`, one macro for every CANN table) and ACL's C entry points in
+//!   one table, opened once per process. Private to this floor: no code outside `device/`
+//!   calls ACL raw.
+//! - `acl/`: the result level, every ACL call a `Result` through one check: devices, contexts,
+//!   memory (`AclBuffer`), streams, virtual memory (`vmm.rs`).
+//! - The safe level: [`Device`] (the ACL runtime, the device an engine took on the thread that
+//!   initialized it, and that thread's device context; copies in and out of registered memory
+//!   with `aclrtMemcpy` under that context); [`DeviceBuffer`] (`aclrtMalloc`),
+//!   [`PinnedHostBuffer`] (`aclrtMallocHost`) and [`FabricBuffer`] (ACL virtual memory) over
+//!   one device-memory type (`memory.rs`), with fabric memory's allocator statics (HIXL's
+//!   `MallocMem`, `FreeMem`, `ExportToShareableHandle`: `fabric.rs`); [`ContextToken`] and
+//!   [`DetachedContext`]: device-bound calls as types (`context.rs`).
 //!
-//! The HCCL data path (communicators, one-sided put/get, registration of memory with HCCL) is
-//! the Ascend transport's (`transport/ascend/`): it builds on this leaf, and this leaf names no
-//! transport.
+//! The HCCL data path (communicators, one-sided put/get, registration of memory with HCCL) and
+//! fabric memory's links are the Ascend transport's (`transport/ascend/`): they build on this
+//! leaf, and this leaf names no transport.
 
 /// Takes `$value` apart without running its `Drop`, for the methods that release a native
 /// handle explicitly and report the error that `Drop` could only log (`AclBuffer::free`, and
@@ -30,15 +35,18 @@ macro_rules! take_apart {
 pub(crate) use take_apart;
 
 pub(crate) mod acl;
-mod buffer;
 mod context;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) mod double;
-pub(crate) mod ffi;
+mod fabric;
+mod memory;
+pub(crate) mod sys;
 
-pub use self::buffer::{DeviceBuffer, PinnedHostBuffer};
 pub(crate) use self::context::bind;
 pub use self::context::{ContextToken, DetachedContext};
+pub(crate) use self::fabric::replace_physical;
+pub use self::fabric::{export_to_shareable_handle, free_mem, malloc_mem};
+pub use self::memory::{DeviceBuffer, FabricBuffer, PinnedHostBuffer};
 
 use std::fmt;
 
@@ -100,7 +108,7 @@ impl Device {
             None => match acl.device() {
                 Ok(d) => d,
                 Err(Error::Native { code, .. })
-                    if code == i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL) && !require_device =>
+                    if code == i64::from(acl::ACL_ERROR_RT_CONTEXT_NULL) && !require_device =>
                 {
                     acl.init()?;
                     acl.set_device(0)?;
@@ -148,7 +156,7 @@ impl Device {
             return Err(Error::Native {
                 library: "acl",
                 call: "aclrtGetCurrentContext",
-                code: i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL),
+                code: i64::from(acl::ACL_ERROR_RT_CONTEXT_NULL),
                 detail: "the engine's context did not become current".into(),
             });
         }

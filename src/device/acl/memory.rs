@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 
 use super::{Acl, Context, MallocPolicy};
-use crate::device::ffi;
+use crate::device::sys::acl as sys;
 use crate::error::Error;
 
 /// Device memory (`aclrtMalloc`) or pinned host memory (`aclrtMallocHost`), freed on drop under
@@ -34,16 +34,11 @@ impl AclBuffer {
     pub(crate) fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
     }
-    /// The raw pointer.
-    pub(crate) fn as_ptr(&self) -> *mut c_void {
-        self.ptr.as_ptr()
-    }
     /// Its length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
     }
     /// Whether it is pinned host memory (`aclrtMallocHost`).
-    #[cfg(test)]
     pub(crate) fn is_host(&self) -> bool {
         self.host
     }
@@ -89,8 +84,8 @@ impl Acl {
         self.check("aclrtMalloc", rc)?;
         let buf = self.own(p, len, false, "aclrtMalloc")?;
         if policy.huge_only()
-            && len.is_multiple_of(ffi::HUGE_PAGE)
-            && !buf.addr().is_multiple_of(ffi::HUGE_PAGE)
+            && len.is_multiple_of(sys::HUGE_PAGE)
+            && !buf.addr().is_multiple_of(sys::HUGE_PAGE)
         {
             let addr = buf.addr();
             if let Err(e) = buf.free() {
@@ -99,7 +94,7 @@ impl Acl {
             return Err(Error::Native {
                 library: "acl",
                 call: "aclrtMalloc",
-                code: i64::from(ffi::ACL_ERROR_MEMORY_ADDRESS_UNALIGNED),
+                code: i64::from(sys::ACL_ERROR_MEMORY_ADDRESS_UNALIGNED),
                 detail: format!(
                     "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED: a HUGE_ONLY allocation of {len} bytes \
                      returned {addr:#x}, not 2 MiB aligned"
@@ -161,18 +156,6 @@ impl Acl {
         }
     }
 
-    fn range_check(buf: &AclBuffer, offset: usize, len: usize) -> Result<(), Error> {
-        match offset.checked_add(len) {
-            Some(end) if end <= buf.len => Ok(()),
-            _ => Err(Error::RangeOutOfBounds {
-                region: 0,
-                offset: offset as u64,
-                len: len as u64,
-                region_len: buf.len as u64,
-            }),
-        }
-    }
-
     /// `aclrtMemcpy(dst, dst_max, src, count, kind)`.
     ///
     /// # Safety
@@ -192,11 +175,13 @@ impl Acl {
     }
 
     /// Copies `src` into `buf` at `offset` (`aclrtMemcpy`, host to device or host to host).
+    /// (The engine's buffers copy through `memory.rs`'s one device-memory type.)
     ///
     /// # Errors
     /// [`Error::RangeOutOfBounds`] if the range does not fit; [`Error::Native`].
+    #[cfg(test)]
     pub(crate) fn write(&self, buf: &AclBuffer, offset: usize, src: &[u8]) -> Result<(), Error> {
-        Self::range_check(buf, offset, src.len())?;
+        check_range(offset, src.len(), buf.len)?;
         // SAFETY: the destination range lies inside the allocation (checked above), which is
         // alive for the call; `src` is a valid slice of `src.len()` bytes.
         unsafe {
@@ -214,8 +199,9 @@ impl Acl {
     ///
     /// # Errors
     /// [`Error::RangeOutOfBounds`] if the range does not fit; [`Error::Native`].
+    #[cfg(test)]
     pub(crate) fn read(&self, buf: &AclBuffer, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
-        Self::range_check(buf, offset, dst.len())?;
+        check_range(offset, dst.len(), buf.len)?;
         // SAFETY: the source range lies inside the live allocation (checked above); `dst` is an
         // exclusively borrowed slice of `dst.len()` bytes.
         unsafe {
@@ -283,20 +269,38 @@ impl Acl {
     }
 }
 
+/// `Ok` when `offset..offset + len` lies inside memory of `region_len` bytes, else
+/// [`Error::RangeOutOfBounds`]: the range check of every copy into or out of the engine's
+/// memory (its buffers', and the raw ones').
+///
+/// # Errors
+/// As said.
+pub(crate) fn check_range(offset: usize, len: usize, region_len: usize) -> Result<(), Error> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len => Ok(()),
+        _ => Err(Error::RangeOutOfBounds {
+            region: 0,
+            offset: offset as u64,
+            len: len as u64,
+            region_len: region_len as u64,
+        }),
+    }
+}
+
 /// The `aclrtMemcpyKind` of a copy from the host into device memory (`device`) or host memory.
 fn copy_to(device: bool) -> c_int {
     if device {
-        ffi::ACL_MEMCPY_HOST_TO_DEVICE
+        sys::ACL_MEMCPY_HOST_TO_DEVICE
     } else {
-        ffi::ACL_MEMCPY_HOST_TO_HOST
+        sys::ACL_MEMCPY_HOST_TO_HOST
     }
 }
 
 /// The `aclrtMemcpyKind` of a copy from device memory (`device`) or host memory to the host.
 fn copy_from(device: bool) -> c_int {
     if device {
-        ffi::ACL_MEMCPY_DEVICE_TO_HOST
+        sys::ACL_MEMCPY_DEVICE_TO_HOST
     } else {
-        ffi::ACL_MEMCPY_HOST_TO_HOST
+        sys::ACL_MEMCPY_HOST_TO_HOST
     }
 }

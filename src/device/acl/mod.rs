@@ -1,4 +1,6 @@
-//! Thin wrappers over the ACL runtime: devices, contexts, memory, streams.
+//! The device floor's result level (cudarc's `result`): thin wrappers over the ACL runtime's
+//! table (`device/sys/acl.rs`), every call a `Result` through one check ([`Acl::check`]):
+//! devices, contexts, memory, streams, virtual memory.
 //!
 //! Every failure becomes an [`Error`]: a stream-sync timeout is [`Error::Timeout`] (`TIMEOUT`),
 //! anything else [`Error::Native`] with `library: "acl"`, the code, its header name and
@@ -6,11 +8,13 @@
 //! streams remember the context they were made in, and release themselves under it.
 //!
 //! Files: `memory` (device and pinned host memory, [`AclBuffer`], and copies), `stream`
-//! (streams, [`Stream`]: create, synchronise, abort); this file has the loaded runtime, its
-//! errors, devices and contexts.
+//! (streams, [`Stream`]: create, synchronise, abort), `vmm` (virtual memory: reservations,
+//! physical memory, mappings, fabric handles, and async device-to-device copies); this file has
+//! the loaded runtime, its errors, devices and contexts.
 
 mod memory;
 mod stream;
+mod vmm;
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
@@ -19,11 +23,17 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ffi::{self, AclApi, AclError};
+use crate::device::sys::acl::{self as sys, AclApi, AclError};
 use crate::error::Error;
 
-pub(crate) use self::memory::AclBuffer;
+pub(crate) use self::memory::{AclBuffer, check_range};
 pub(crate) use self::stream::Stream;
+pub(crate) use self::vmm::VMM_GRANULE;
+/// The ACL types and constants the floors above name (the table itself is the device floor's).
+pub(crate) use crate::device::sys::acl::{
+    ACL_DEV_ATTR_SUPER_POD_DEVICE_ID, ACL_DEV_ATTR_SUPER_POD_ID, ACL_ERROR_RT_CONTEXT_NULL,
+    MemLocation,
+};
 
 /// `aclrtMemMallocPolicy` values hixl uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,10 +56,10 @@ impl MallocPolicy {
     pub(crate) fn raw(self) -> u32 {
         match self {
             #[cfg(test)]
-            Self::HugeFirst => ffi::ACL_MEM_MALLOC_HUGE_FIRST,
-            Self::HugeOnly => ffi::ACL_MEM_MALLOC_HUGE_ONLY,
+            Self::HugeFirst => sys::ACL_MEM_MALLOC_HUGE_FIRST,
+            Self::HugeOnly => sys::ACL_MEM_MALLOC_HUGE_ONLY,
             #[cfg(test)]
-            Self::HugeOnlyP2p => ffi::ACL_MEM_MALLOC_HUGE_ONLY_P2P,
+            Self::HugeOnlyP2p => sys::ACL_MEM_MALLOC_HUGE_ONLY_P2P,
             #[cfg(test)]
             Self::Raw(v) => v,
         }
@@ -59,7 +69,7 @@ impl MallocPolicy {
     pub(crate) fn huge_only(self) -> bool {
         matches!(
             self.raw() & 0xff,
-            ffi::ACL_MEM_MALLOC_HUGE_ONLY | ffi::ACL_MEM_MALLOC_HUGE_ONLY_P2P
+            sys::ACL_MEM_MALLOC_HUGE_ONLY | sys::ACL_MEM_MALLOC_HUGE_ONLY_P2P
         )
     }
 }
@@ -108,14 +118,28 @@ impl Drop for ContextGuard {
 }
 
 impl Acl {
-    /// Loads the ACL runtime (see [`AclApi::load`] for the search order).
+    /// The ACL runtime (see [`AclApi::load`] for the search order): loaded once per process,
+    /// shared by every `Acl` from then on.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`].
     pub(crate) fn load(path: Option<&Path>) -> Result<Self, Error> {
         Ok(Self {
-            api: Arc::new(AclApi::load(path)?),
+            api: AclApi::load(path)?,
         })
+    }
+
+    /// Whether `other` calls the same table (the same loaded library).
+    #[cfg(test)]
+    pub(crate) fn same_table(&self, other: &Acl) -> bool {
+        Arc::ptr_eq(&self.api, &other.api)
+    }
+
+    /// How many times this process opened the ACL library `name` (once, however often and
+    /// from wherever it is loaded).
+    #[cfg(test)]
+    pub(crate) fn opened(name: &str) -> usize {
+        AclApi::opened(name)
     }
 
     /// The name the library was opened by.
@@ -141,7 +165,7 @@ impl Acl {
 
     /// The [`Error::Native`] for a failed call.
     pub(crate) fn error(&self, call: &'static str, code: AclError) -> Error {
-        let name = ffi::acl_error_name(code);
+        let name = sys::acl_error_name(code);
         let detail = match self.recent_message() {
             Some(m) => format!("{name}: {m}"),
             None => name.to_owned(),
@@ -156,7 +180,7 @@ impl Acl {
 
     /// `Ok` for `ACL_SUCCESS`, else [`error`](Self::error).
     pub(super) fn check(&self, call: &'static str, code: AclError) -> Result<(), Error> {
-        if code == ffi::ACL_SUCCESS {
+        if code == sys::ACL_SUCCESS {
             Ok(())
         } else {
             Err(self.error(call, code))
@@ -170,7 +194,7 @@ impl Acl {
     pub(crate) fn init(&self) -> Result<(), Error> {
         // SAFETY: NULL is documented as "no config file".
         let rc = unsafe { (self.api.init)(std::ptr::null()) };
-        if rc == ffi::ACL_ERROR_REPEAT_INITIALIZE {
+        if rc == sys::ACL_ERROR_REPEAT_INITIALIZE {
             return Ok(());
         }
         self.check("aclInit", rc)
@@ -275,7 +299,7 @@ impl Acl {
         NonNull::new(c).map(Context).ok_or_else(|| Error::Native {
             library: "acl",
             call: "aclrtGetCurrentContext",
-            code: i64::from(ffi::ACL_ERROR_RT_CONTEXT_NULL),
+            code: i64::from(sys::ACL_ERROR_RT_CONTEXT_NULL),
             detail: "ACL_ERROR_RT_CONTEXT_NULL: success with a null context".into(),
         })
     }

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::{Acl, Context, timeout_ms};
-use crate::device::ffi;
+use crate::device::sys::acl as sys;
 use crate::error::Error;
 
 /// An `aclrtStream`, destroyed on drop under the context it was created in.
@@ -38,7 +38,7 @@ impl Drop for Stream {
         let api = &self.acl.api;
         // SAFETY: the stream came from aclrtCreateStream and is destroyed once.
         let rc = unsafe { (api.destroy_stream)(self.raw.as_ptr()) };
-        if rc != ffi::ACL_SUCCESS {
+        if rc != sys::ACL_SUCCESS {
             tracing::warn!(
                 "aclrtDestroyStream failed: {}",
                 self.acl.error("aclrtDestroyStream", rc)
@@ -116,7 +116,7 @@ impl Acl {
         let rc = unsafe {
             (self.api.synchronize_stream_with_timeout)(stream.raw.as_ptr(), timeout_ms(timeout))
         };
-        if ffi::ACL_TIMEOUT_CODES.contains(&rc) {
+        if sys::ACL_TIMEOUT_CODES.contains(&rc) {
             let _ = self.recent_message();
             return Err(Error::Timeout {
                 op,

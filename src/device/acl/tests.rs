@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Acl, MallocPolicy, timeout_ms};
-use crate::device::{double, ffi};
+use super::{Acl, MallocPolicy, MemLocation, VMM_GRANULE, timeout_ms};
+use crate::device::double;
+use crate::device::sys::acl as sys;
 use crate::error::{Error, Status};
 
 /// A private double instance with its own log file; removes both on drop.
@@ -66,7 +67,7 @@ fn device_context_and_memory_round_trip() {
     assert_eq!(acl.device().unwrap(), 3);
     let ctx = acl.current_context().unwrap();
     let buf = acl.malloc_device(4 << 20, MallocPolicy::HugeOnly).unwrap();
-    assert_eq!(buf.addr() % ffi::HUGE_PAGE, 0, "HUGE_ONLY is 2 MiB aligned");
+    assert_eq!(buf.addr() % sys::HUGE_PAGE, 0, "HUGE_ONLY is 2 MiB aligned");
     assert_eq!(buf.len(), 4 << 20);
     acl.write(&buf, 10, b"hello ascend").unwrap();
     let mut back = [0u8; 12];
@@ -304,4 +305,65 @@ fn timeouts_round_up_to_whole_milliseconds() {
     assert!(MallocPolicy::HugeOnlyP2p.huge_only());
     assert!(!MallocPolicy::Raw(0x1000).huge_only());
     assert!(MallocPolicy::Raw(0x1001).huge_only());
+}
+
+/// The VMM calls on the double: physical memory reserved, mapped, exported as a fabric handle
+/// and imported at another address (the same physical memory); the handle of a process that
+/// has gone, and garbage, are ACL errors (`ACL_ERROR_RT_PARAM_INVALID`), never a crash.
+#[test]
+fn fabric_handles_round_trip_and_a_gone_exporter_is_an_acl_error() {
+    let f = Fixture::on_device("fabric-handles");
+    let acl = &f.acl;
+    acl.check_vmm().expect("the double has the VMM calls");
+    let g = VMM_GRANULE;
+    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
+    let va = acl.reserve(g).unwrap();
+    // SAFETY: a fresh reservation and a live handle.
+    unsafe { acl.map(va, g, h) }.unwrap();
+    // SAFETY: `va` is a live mapping of one granule (host memory on the double).
+    unsafe { std::ptr::write_bytes(va as *mut u8, 0x5A, 4096) };
+    // SAFETY: a live handle.
+    let handle = unsafe { acl.export_fabric(h) }.unwrap();
+    // imported and mapped at another address: the same physical memory
+    let h2 = acl.import_fabric(&handle).unwrap();
+    let va2 = acl.reserve(g).unwrap();
+    // SAFETY: as above; both mappings are the double's host memory, one granule each.
+    unsafe {
+        acl.map(va2, g, h2).unwrap();
+        assert_eq!(*(va2 as *const u8).add(100), 0x5A);
+        *(va2 as *mut u8).add(200) = 0x11;
+        assert_eq!(*(va as *const u8).add(200), 0x11);
+    }
+    // the handle of a process that has gone: its pid (bytes 8..12 of the double's handle)
+    // replaced by a reaped child's
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    let mut gone = handle;
+    gone[8..12].copy_from_slice(&pid.to_ne_bytes());
+    let e = acl.import_fabric(&gone).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Native {
+                call: "aclrtMemImportFromShareableHandleV2",
+                code: 107_000,
+                ..
+            }
+        ),
+        "ACL_ERROR_RT_PARAM_INVALID: {e:?}"
+    );
+    assert!(e.to_string().contains("is gone"), "{e}");
+    // garbage is refused too
+    let e = acl.import_fabric(&[0xEE; 128]).unwrap_err();
+    assert!(matches!(&e, Error::Native { code: 107_000, .. }), "{e:?}");
+    // SAFETY: teardown in order, each once.
+    unsafe {
+        acl.unmap(va2).unwrap();
+        acl.release(va2).unwrap();
+        acl.free_physical(h2).unwrap();
+        acl.unmap(va).unwrap();
+        acl.release(va).unwrap();
+        acl.free_physical(h).unwrap();
+    }
 }

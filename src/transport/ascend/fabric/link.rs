@@ -1,21 +1,37 @@
 //! The client side of a fabric link: the server's blocks imported and mapped into this
 //! process (by region), a batch translated onto those mappings and copied on the link's
 //! streams, the self-link's overlap rule, and the watch on the server's end (a server that
-//! stopped has moved its memory away: `retire`).
+//! stopped has moved its memory away: `retire`); and the count of an engine's live links, both
+//! sides ([`LiveLink`]).
 
 use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{FabricRt, GRANULE, LiveLink, ffi};
-use crate::device::acl::Stream;
+use super::rt::FabricRt;
+use crate::device::acl::{Stream, VMM_GRANULE};
 use crate::error::Error;
-use crate::sync::lock;
-use crate::transport::{Batch, DataPath, PathFail, TransportKind};
+use crate::transport::ascend::path::AscendLink;
+use crate::transport::{Batch, PathFail};
 use crate::types::{BatchDesc, TransferOp};
 use crate::wire::FabricBlock;
+
+/// Counts an engine's live fabric links (both sides) while it is held.
+pub(super) struct LiveLink(Arc<AtomicUsize>);
+
+impl LiveLink {
+    pub(super) fn new(n: &Arc<AtomicUsize>) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n.clone())
+    }
+}
+
+impl Drop for LiveLink {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// A peer's block, imported and mapped into a reservation of this process.
 struct Imported {
@@ -31,18 +47,18 @@ struct Imported {
 
 impl Drop for Imported {
     fn drop(&mut self) {
-        let api = &self.rt.api;
+        let acl = self.rt.acl();
         // SAFETY: what `import_block` made, each released once, the mapping before the
-        // reservation, the handle last.
+        // reservation, the handle last; the link that used the mapping is gone.
         unsafe {
-            if self.mapped && (api.unmap)(self.va as *mut c_void) != 0 {
+            if self.mapped && acl.unmap(self.va).is_err() {
                 tracing::warn!("aclrtUnmapMem of a peer's block failed");
                 return; // the reservation and the memory stay rather than be reused
             }
-            if self.va != 0 && (api.release)(self.va as *mut c_void) != 0 {
+            if self.va != 0 && acl.release(self.va).is_err() {
                 tracing::warn!("aclrtReleaseMemAddress of a peer's block failed");
             }
-            if (api.free_physical)(self.phys as *mut c_void) != 0 {
+            if acl.free_physical(self.phys).is_err() {
                 tracing::warn!("aclrtFreePhysical of an imported handle failed");
             }
         }
@@ -54,28 +70,20 @@ fn import_block(rt: &Arc<FabricRt>, b: &FabricBlock) -> Result<Imported, Error> 
         addr: b.base as usize,
         len: usize::MAX,
     })?;
-    let mut handle = b.handle;
-    let mut h: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `handle` is 128 readable bytes; `h` an out-pointer.
-    let rc = unsafe { (rt.api.import)(handle.as_mut_ptr().cast(), ffi::SHARE_FABRIC, 0, &mut h) };
-    rt.check("aclrtMemImportFromShareableHandleV2", rc)?;
+    let acl = rt.acl();
+    let phys = acl.import_fabric(&b.handle)?;
     let mut imp = Imported {
         rt: rt.clone(),
-        phys: h as usize,
+        phys,
         va: 0,
-        reserved: len.div_ceil(GRANULE) * GRANULE,
+        reserved: len.div_ceil(VMM_GRANULE) * VMM_GRANULE,
         mapped: false,
         peer_base: b.base,
         len,
     };
-    let mut va: *mut c_void = std::ptr::null_mut();
-    // SAFETY: out-pointer; the size is a multiple of the granularity.
-    let rc = unsafe { (rt.api.reserve)(&mut va, imp.reserved, 0, std::ptr::null_mut(), 1) };
-    rt.check("aclrtReserveMemAddress", rc)?;
-    imp.va = va as usize;
+    imp.va = acl.reserve(imp.reserved)?;
     // SAFETY: a fresh reservation of this process, and a live imported handle.
-    let rc = unsafe { (rt.api.map)(va, imp.reserved, 0, h, 0) };
-    rt.check("aclrtMapMem", rc)?;
+    unsafe { acl.map(imp.va, imp.reserved, phys) }?;
     imp.mapped = true;
     Ok(imp)
 }
@@ -253,17 +261,7 @@ impl FabricLink {
             // SAFETY: both ranges are mapped memory of this process (the local one registered
             // and kept by the caller, the remote one a live mapping of the peer's block held by
             // this link); a failure aborts the streams before the call returns.
-            let rc = unsafe {
-                (self.rt.api.memcpy_async)(
-                    dst as *mut c_void,
-                    len,
-                    src as *const c_void,
-                    len,
-                    ffi::ACL_MEMCPY_DEVICE_TO_DEVICE,
-                    s.as_raw(),
-                )
-            };
-            if let Err(e) = self.rt.check("aclrtMemcpyAsync", rc) {
+            if let Err(e) = unsafe { self.rt.acl().copy_device_async(dst, src, len, s) } {
                 self.abort_all();
                 return Err(e);
             }
@@ -285,63 +283,33 @@ impl FabricLink {
     }
 }
 
-impl DataPath for Mutex<Option<FabricLink>> {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Ascend
-    }
-
-    /// Every batch whose remote ranges lie in blocks the server sent (the rest: PARAM_INVALID
-    /// from `run`, when nothing else covers them).
-    fn reaches(&self, region: u32) -> bool {
-        let g = lock(self);
-        let Some(l) = g.as_ref() else { return true };
-        l.blocks.contains_key(&region)
-    }
-
-    fn fenced(&self) -> bool {
-        false
-    }
-
+/// The client's data path of a fabric link (`ClosablePath` closes it: its imports are
+/// unmapped and released when the link closes).
+impl AscendLink for FabricLink {
     /// A client on the server's host copies inside the server's fence: the server's `finalize`
     /// revokes it and waits for its batches before it moves its memory away (`retire`).
-    fn enters_fence(&self) -> bool {
-        true
-    }
+    const ENTERS_FENCE: bool = true;
 
-    fn refused_when_broken(&self) -> bool {
-        true
-    }
-
-    fn moves_device_memory(&self) -> bool {
-        true
-    }
-
-    fn close(&self) {
-        drop(lock(self).take());
+    /// The regions the server sent blocks of (a batch into another: PARAM_INVALID from `run`,
+    /// when nothing else reaches it).
+    fn reaches(&self, region: u32) -> bool {
+        self.blocks.contains_key(&region)
     }
 
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
-        batch.start(None)?;
-        let g = lock(self);
-        let Some(l) = g.as_ref() else {
-            return Err(PathFail::Failed(Error::NotConnected {
-                peer: batch.peer.to_owned(),
-                why: "disconnected".into(),
-            }));
-        };
         // a server that stopped (its connection closed) has moved its memory away from what
         // this link imported: nothing starts, and a batch it overlapped is not reported done
         let gone = |when: &str| {
             let why = format!("the server closed the link {when} (it stopped serving)");
             PathFail::Gone(why)
         };
-        if l.peer_gone() {
+        if self.peer_gone() {
             return Err(gone("before this transfer started"));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { l.transfer(batch.op, &batch.descs.expand(), batch.deadline) }
+        unsafe { self.transfer(batch.op, &batch.descs.expand(), batch.deadline) }
             .map_err(PathFail::Failed)?;
-        if l.peer_gone() {
+        if self.peer_gone() {
             return Err(gone(
                 "while this transfer ran; its bytes may not be in its memory",
             ));

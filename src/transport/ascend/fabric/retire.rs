@@ -11,8 +11,8 @@
 //! is unmapped from the old physical memory and the new one mapped in its place (with the same
 //! access for host memory). The old physical memory is left to the peers that imported it:
 //! this engine's references to it are released (the driver frees it once the last importer
-//! lets go), and the engine's allocator ([`super::alloc`]) hands out the new allocation's
-//! handle from then on, never the old one.
+//! lets go), and the allocator statics (the device floor's, `device/fabric.rs`) hand out the
+//! new allocation's handle from then on, never the old one.
 //!
 //! On a link whose client runs on this host, the client's batches are inside the server's
 //! fence (the fabric path enters it when the link has one), which `finalize` revokes and waits
@@ -21,11 +21,11 @@
 //! a batch that starts after it fails; one that was running may report `Ok` though its bytes
 //! went to the old memory (docs/ascend.md, "FabricMem").
 
-use std::ffi::c_void;
 use std::time::Duration;
 
-use super::ffi::{self, PhysicalMemProp};
-use super::{Block, FabricRt, GRANULE};
+use super::rt::{Block, FabricRt};
+use crate::device::acl::VMM_GRANULE;
+use crate::device::replace_physical;
 use crate::error::Error;
 
 impl FabricRt {
@@ -35,67 +35,50 @@ impl FabricRt {
     pub(super) fn retire(&self, b: &Block) -> Result<(), Error> {
         let r = self.move_block(b);
         // SAFETY: the handle `export_range` retained, released once.
-        let rc = unsafe { (self.api.free_physical)(b.phys as *mut c_void) };
-        if rc != 0 {
-            tracing::warn!("aclrtFreePhysical of a retained handle failed: {rc}");
+        if let Err(e) = unsafe { self.acl().free_physical(b.phys) } {
+            tracing::warn!("aclrtFreePhysical of a retained handle failed: {e}");
         }
         r
     }
 
     fn move_block(&self, b: &Block) -> Result<(), Error> {
         let _g = self.device.enter()?;
-        let api = &self.api;
+        let acl = self.acl();
         let len = b.len;
-        if len == 0 || !len.is_multiple_of(GRANULE) || !b.base.is_multiple_of(GRANULE) {
-            return Err(self.acl().error("aclrtMemGetAddressRange", 0));
+        if len == 0 || !len.is_multiple_of(VMM_GRANULE) || !b.base.is_multiple_of(VMM_GRANULE) {
+            return Err(acl.error("aclrtMemGetAddressRange", 0));
         }
-        let mut attr = ffi::PtrAttributes::default();
-        // SAFETY: `b.base` is only looked up; `attr` is a writable aclrtPtrAttributes.
-        let rc = unsafe { (api.pointer_attributes)(b.base as *const c_void, &mut attr) };
-        self.check("aclrtPointerGetAttributes", rc)?;
-        let host = attr.location.kind != ffi::LOCATION_DEVICE;
-        let prop = PhysicalMemProp {
-            mem_attr: if host {
-                ffi::ACL_MEM_P2P_HUGE
-            } else {
-                ffi::ACL_HBM_MEM_HUGE
-            },
-            location: attr.location,
-            ..PhysicalMemProp::default()
-        };
-        let mut fresh: *mut c_void = std::ptr::null_mut();
-        // SAFETY: an out-pointer and a valid property struct; a size of whole granules.
-        let rc = unsafe { (api.malloc_physical)(&mut fresh, len, &prop, 0) };
-        self.check("aclrtMallocPhysical", rc)?;
+        let location = acl.pointer_attributes(b.base)?.location;
+        let host = !location.is_device();
+        let fresh = acl.malloc_physical(len, location)?;
+        // SAFETY (the releases of `fresh` below): the allocation just made, released once, and
+        // never left mapped at the owner's range when released here.
         let copied = self.copy_into(b, fresh, host);
         if let Err(e) = copied {
-            // SAFETY: the allocation just made, never mapped at the owner's range.
-            unsafe { (api.free_physical)(fresh) };
+            // SAFETY: as said above.
+            let _ = unsafe { acl.free_physical(fresh) };
             return Err(e);
         }
         // the owner's range, from the old memory onto the new one
-        // SAFETY: `b.base` is the start of the mapping `export_range` found, still mapped.
-        let rc = unsafe { (api.unmap)(b.base as *mut c_void) };
-        if let Err(e) = self.check("aclrtUnmapMem", rc) {
-            // SAFETY: as above.
-            unsafe { (api.free_physical)(fresh) };
+        // SAFETY: `b.base` is the start of the mapping `export_range` found, still mapped; the
+        // registration is ending, so nothing of this engine copies into it.
+        if let Err(e) = unsafe { acl.unmap(b.base) } {
+            // SAFETY: as said above.
+            let _ = unsafe { acl.free_physical(fresh) };
             return Err(e);
         }
         // SAFETY: the range was just unmapped, inside the owner's reservation; `fresh` is live.
-        let rc = unsafe { (api.map)(b.base as *mut c_void, len, 0, fresh, 0) };
-        if let Err(e) = self.check("aclrtMapMem", rc) {
+        if let Err(e) = unsafe { acl.map(b.base, len, fresh) } {
             // back onto the old memory rather than leave the owner's range unmapped
             // SAFETY: the old handle is still retained (released by `retire` after this).
-            let back =
-                unsafe { (api.map)(b.base as *mut c_void, len, 0, b.phys as *mut c_void, 0) };
-            if back != 0 {
+            if unsafe { acl.map(b.base, len, b.phys) }.is_err() {
                 tracing::error!(
                     addr = b.base,
                     "a fabric region's range could not be mapped again"
                 );
             }
-            // SAFETY: as above.
-            unsafe { (api.free_physical)(fresh) };
+            // SAFETY: as said above.
+            let _ = unsafe { acl.free_physical(fresh) };
             return Err(e);
         }
         if host {
@@ -103,18 +86,17 @@ impl FabricRt {
         }
         // the engine's allocator keeps the new allocation's handle for `free_mem` (and gives
         // up the old one); memory the caller mapped itself keeps only the mapping's reference
-        match super::alloc::replace_physical(b.base, fresh as usize) {
+        match replace_physical(b.base, fresh) {
             Some(old) => {
                 // SAFETY: the allocator's handle of the old memory, released once (the
                 // importers' own references keep it alive for them).
-                let rc = unsafe { (api.free_physical)(old as *mut c_void) };
-                if rc != 0 {
-                    tracing::warn!("aclrtFreePhysical of the old allocation failed: {rc}");
+                if let Err(e) = unsafe { acl.free_physical(old) } {
+                    tracing::warn!("aclrtFreePhysical of the old allocation failed: {e}");
                 }
             }
             None => {
                 // SAFETY: `fresh` is mapped: its memory lives until the owner unmaps it.
-                unsafe { (api.free_physical)(fresh) };
+                let _ = unsafe { acl.free_physical(fresh) };
             }
         }
         Ok(())
@@ -122,27 +104,26 @@ impl FabricRt {
 
     /// Maps `fresh` at a scratch reservation and copies the block's bytes into it (waited
     /// for); the scratch mapping is gone when this returns.
-    fn copy_into(&self, b: &Block, fresh: *mut c_void, host: bool) -> Result<(), Error> {
-        let api = &self.api;
-        let mut va: *mut c_void = std::ptr::null_mut();
-        // SAFETY: an out-pointer; a size of whole granules.
-        let rc = unsafe { (api.reserve)(&mut va, b.len, 0, std::ptr::null_mut(), 1) };
-        self.check("aclrtReserveMemAddress", rc)?;
+    fn copy_into(&self, b: &Block, fresh: usize, host: bool) -> Result<(), Error> {
+        let acl = self.acl();
+        let va = acl.reserve(b.len)?;
         // SAFETY: a fresh reservation of this process, and a live handle.
-        let rc = unsafe { (api.map)(va, b.len, 0, fresh, 0) };
-        let mut r = self.check("aclrtMapMem", rc);
+        let mapped = unsafe { acl.map(va, b.len, fresh) };
+        let is_mapped = mapped.is_ok();
+        let mut r = mapped;
         if r.is_ok() && host {
-            r = self.grant_access(va as usize, b.len);
+            r = self.grant_access(va, b.len);
         }
         if r.is_ok() {
-            r = self.copy(va as usize, b.base, b.len);
+            r = self.copy(va, b.base, b.len);
         }
-        // SAFETY: the scratch mapping (if made) and reservation, each released once.
+        // SAFETY: the scratch mapping (if made; the copy into it was waited for) and
+        // reservation, each released once.
         unsafe {
-            if rc == 0 {
-                (api.unmap)(va);
+            if is_mapped {
+                let _ = acl.unmap(va);
             }
-            (api.release)(va);
+            let _ = acl.release(va);
         }
         r
     }
@@ -150,28 +131,18 @@ impl FabricRt {
     /// Copies `len` bytes from `src` to `dst` (device to device) and waits for it.
     fn copy(&self, dst: usize, src: usize, len: usize) -> Result<(), Error> {
         let s = self.acl().create_stream()?;
-        // SAFETY: both ranges are live mappings of this process of `len` bytes.
-        let rc = unsafe {
-            (self.api.memcpy_async)(
-                dst as *mut c_void,
-                len,
-                src as *const c_void,
-                len,
-                ffi::ACL_MEMCPY_DEVICE_TO_DEVICE,
-                s.as_raw(),
-            )
-        };
-        self.check("aclrtMemcpyAsync", rc)?;
+        // SAFETY: both ranges are live mappings of this process of `len` bytes, kept until the
+        // stream is synchronised below (a failed call queued nothing).
+        unsafe { self.acl().copy_device_async(dst, src, len, &s) }?;
         self.acl()
             .synchronize(&s, Duration::from_secs(60), "retire", "this engine")
     }
 
     /// Gives this engine's device read-write access to host memory mapped at `va`, as
-    /// [`super::alloc::malloc_mem`] does.
+    /// `malloc_mem` does.
     fn grant_access(&self, va: usize, len: usize) -> Result<(), Error> {
         let device = self.acl().device()?;
         // SAFETY: the callers' ranges are mapped (the block, or the scratch mapping just made).
-        let rc = unsafe { super::alloc::set_access(&self.api, device, va as *mut c_void, len) };
-        self.check("aclrtMemSetAccess", rc)
+        unsafe { self.acl().set_access(device, va, len) }
     }
 }

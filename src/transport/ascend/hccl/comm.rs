@@ -6,11 +6,11 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::sys as ffi;
 use super::{GlobalMem, Hccl, check};
 use crate::device::take_apart;
 use crate::error::Error;
 use crate::sync::lock;
-use crate::transport::ascend::ffi;
 
 /// Serialises `HcclCommInitClusterInfoMemConfig` in this process: HCCL does not support
 /// parallel communicator initialisation (HIXL guards it with a global mutex too).

@@ -5,9 +5,9 @@
 use std::ffi::c_char;
 use std::time::{Duration, Instant};
 
+use super::sys::{self as ffi, HcclMemDesc, HcclMemDescs};
 use super::{Comm, Hccl, check};
 use crate::error::Error;
-use crate::transport::ascend::ffi::{self, HcclMemDesc, HcclMemDescs};
 
 /// Most bytes of text one descriptor carries (the 504-byte field less its NUL).
 pub(crate) const MAX_DESC_TEXT: usize = ffi::HCCL_MEM_DESC_TEXT - 1;
@@ -31,7 +31,7 @@ impl Hccl {
         timeout: Duration,
         peer: &str,
     ) -> Result<Option<String>, Error> {
-        let f = self.api.exchange_mem_desc()?;
+        let f = self.api.exchange()?.exchange_mem_desc;
         let bytes = text.as_bytes();
         if bytes.len() > MAX_DESC_TEXT || bytes.contains(&0) {
             return Err(Error::InvalidOption {

@@ -8,12 +8,12 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use super::sys as ffi;
 use super::{Hccl, check};
 #[cfg(test)]
 use crate::device::take_apart;
 use crate::error::Error;
 use crate::sync::lock;
-use crate::transport::ascend::ffi;
 
 /// One process-wide HCCL registration: the library it was made with, its range and kind, the
 /// handle, and how many [`GlobalMem`]s share it.

@@ -1,10 +1,20 @@
-//! Thin wrappers over HCCL's one-sided API: global memory registration, communicators built
-//! from a rank table, and batched put/get on an ACL stream.
+//! HCCL's path of the Ascend transport, HIXL's default engine: one-sided transfers between
+//! device (and host) memory over a two-rank HCCL communicator per link.
 //!
-//! Failures become [`Error::Timeout`] for `HCCL_E_TIMEOUT` (`TIMEOUT`) and [`Error::Native`]
-//! with `library: "hccl"` otherwise (`FAILED`). A transfer follows HIXL's `CommChannel`: the
-//! descriptors are issued in calls of at most [`MAX_DESCS_PER_CALL`] (64 on Ascend950, see
-//! [`Soc`](super::Soc)), then the stream is synchronised with the caller's timeout.
+//! An engine with Ascend (where CANN loads, [`Options::ascend`](crate::Options::ascend) or the
+//! `hixl.ascend.*` keys) owns a [`Runtime`] (`runtime.rs`): its device (the device floor,
+//! `crate::device`) and HCCL. Every region of such an engine is registered with
+//! `HcclRegisterGlobalMem` ([`AscendBackend`]'s `register`, `backend.rs`); links between two
+//! Ascend engines move bytes with `HcclBatchPut`/`HcclBatchGet` (`link.rs`, over the rank table
+//! of `rank_table.rs`); LLM-DataDist's link by an explicit rank table is `rank_link.rs`.
+//!
+//! Below them, thin wrappers over HCCL's one-sided API (HCCL's result level over its table,
+//! `sys.rs`): global memory registration, communicators built from a rank table, and batched
+//! put/get on an ACL stream. Failures become [`Error::Timeout`] for `HCCL_E_TIMEOUT`
+//! (`TIMEOUT`) and [`Error::Native`] with `library: "hccl"` otherwise (`FAILED`). A transfer
+//! follows HIXL's `CommChannel`: the descriptors are issued in calls of at most
+//! [`MAX_DESCS_PER_CALL`] (64 on Ascend950, see [`Soc`](runtime::Soc)), then the stream is synchronised with
+//! the caller's timeout.
 //!
 //! Two rules of HCCL are process-wide and kept here: communicators are created one at a time
 //! ([`Hccl::init_comm`] holds a process-wide lock, as HIXL's `CommChannel` does, because HCCL
@@ -13,25 +23,34 @@
 //! refused), so [`Hccl::register_global_mem`] counts references per exact range and deregisters
 //! with the last one.
 //!
-//! Files: `mem` (the per-process registry of global memory, [`GlobalMem`]), `comm`
-//! (communicators, [`Comm`] and [`CommConfig`]), `exchange` (`HcclExchangeMemDesc`); this file
-//! has the loaded library, the error mapping and the batched transfer.
+//! Files: `sys` (the table), `mem` (the per-process registry of global memory, [`GlobalMem`]),
+//! `comm` (communicators, [`Comm`] and [`CommConfig`]), `exchange` (`HcclExchangeMemDesc`);
+//! `runtime`, `backend`, `link`, `rank_table`, `rank_link` as above; this file has the loaded
+//! library, the error mapping and the batched transfer.
 
+mod backend;
 mod comm;
 mod exchange;
+mod link;
 mod mem;
+pub(crate) mod rank_link;
+mod rank_table;
+mod runtime;
+pub(crate) mod sys;
 
 use std::ffi::c_void;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::ffi::{self, HcclApi, HcclResult};
+use self::sys::{HcclApi, HcclResult};
 use crate::device::acl::{Acl, Stream};
 use crate::error::Error;
 
+pub(crate) use self::backend::AscendBackend;
 pub(crate) use self::comm::{Comm, CommConfig};
 pub(crate) use self::mem::{GlobalMem, MemKind};
+pub(crate) use self::runtime::{Runtime, SuperIds, probe};
 
 /// Most descriptors HIXL passes to one `HcclBatchPut`/`HcclBatchGet` (`kMaxOpDescNum`).
 pub(crate) const MAX_DESCS_PER_CALL: usize = 256;
@@ -42,7 +61,7 @@ pub(crate) const MAX_DESCS_PER_CALL_V2: usize = 64;
 #[derive(Clone, Debug)]
 pub(crate) struct Hccl {
     /// The function table.
-    pub(super) api: Arc<HcclApi>,
+    api: Arc<HcclApi>,
 }
 
 /// One one-sided operation: `len` bytes between `local` (this process) and `remote` (the remote
@@ -85,7 +104,7 @@ pub(crate) fn hccl_error(
     peer: &str,
     elapsed: Duration,
 ) -> Error {
-    if code == ffi::HCCL_E_TIMEOUT {
+    if code == sys::HCCL_E_TIMEOUT {
         return Error::Timeout {
             op,
             peer: peer.to_owned(),
@@ -96,7 +115,7 @@ pub(crate) fn hccl_error(
         library: "hccl",
         call,
         code: i64::from(code),
-        detail: ffi::hccl_result_name(code).to_owned(),
+        detail: sys::hccl_result_name(code).to_owned(),
     }
 }
 
@@ -108,7 +127,7 @@ pub(super) fn check(
     peer: &str,
     start: Instant,
 ) -> Result<(), Error> {
-    if code == ffi::HCCL_SUCCESS {
+    if code == sys::HCCL_SUCCESS {
         Ok(())
     } else {
         Err(hccl_error(call, code, op, peer, start.elapsed()))
@@ -116,14 +135,22 @@ pub(super) fn check(
 }
 
 impl Hccl {
-    /// Loads HCCL (see [`HcclApi::load`] for the search order).
+    /// HCCL (see [`HcclApi::load`] for the search order): loaded once per process, shared by
+    /// every `Hccl` from then on.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`].
     pub(crate) fn load(path: Option<&Path>) -> Result<Self, Error> {
         Ok(Self {
-            api: Arc::new(HcclApi::load(path)?),
+            api: HcclApi::load(path)?,
         })
+    }
+
+    /// How many times this process opened the HCCL library `name` (once, however often it is
+    /// loaded).
+    #[cfg(test)]
+    pub(crate) fn opened(name: &str) -> usize {
+        HcclApi::opened(name)
     }
 
     /// The name the library was opened by.
@@ -172,14 +199,14 @@ impl Hccl {
             Direction::Put => ("HcclBatchPut", self.api.batch_put),
             Direction::Get => ("HcclBatchGet", self.api.batch_get),
         };
-        let mut chunk: Vec<ffi::HcclOneSideOpDesc> = Vec::with_capacity(per_call.min(descs.len()));
+        let mut chunk: Vec<sys::HcclOneSideOpDesc> = Vec::with_capacity(per_call.min(descs.len()));
         for part in descs.chunks(per_call) {
             chunk.clear();
-            chunk.extend(part.iter().map(|d| ffi::HcclOneSideOpDesc {
+            chunk.extend(part.iter().map(|d| sys::HcclOneSideOpDesc {
                 local_addr: d.local as usize as *mut c_void,
                 remote_addr: d.remote as usize as *mut c_void,
                 count: d.len,
-                data_type: ffi::HCCL_DATA_TYPE_UINT8,
+                data_type: sys::HCCL_DATA_TYPE_UINT8,
             }));
             let n = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
             // SAFETY: `chunk` holds `n` initialised descriptors and lives across the call; the
@@ -202,6 +229,15 @@ impl Hccl {
         }
         acl.synchronize(stream, left, op, peer)
     }
+}
+
+/// A region's HCCL registration (`HcclRegisterGlobalMem`, made when it was registered with an
+/// engine that has a runtime: [`AscendBackend`]'s `register`), if it has one.
+pub(crate) fn hccl_mem(region: &dyn crate::transport::Region) -> Option<&GlobalMem> {
+    region
+        .registrations()
+        .iter()
+        .find_map(|r| (**r).downcast_ref::<GlobalMem>())
 }
 
 #[cfg(test)]

@@ -4,13 +4,13 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use super::sys as ffi;
 use super::{
     Comm, CommConfig, Direction, GlobalMem, Hccl, MAX_DESCS_PER_CALL, MemKind, OneSideDesc,
 };
 use crate::device::acl::tests::Fixture;
 use crate::device::acl::{MallocPolicy, Stream};
 use crate::error::{Error, Status};
-use crate::transport::ascend::ffi;
 
 /// A one-server rank table; every rank on physical device `phy` (the double maps logical
 /// device 0 to physical 10).

@@ -1,5 +1,6 @@
-//! Hand-written HCCL one-sided FFI, loaded with `dlopen` at run time (the ACL half, and the
-//! loader both CANN libraries share, are the device leaf's: `device/ffi.rs`).
+//! HCCL's one-sided entry points, in one table loaded with `dlopen` at run time, once per
+//! process, by the device floor's loader (`device/sys/`: `dl_api!`, which ACL's table uses
+//! too). Only `hccl/` calls the table (its fields are private to it).
 //!
 //! Only the C ABI is used: no header is needed at build time and nothing is linked. Every symbol
 //! is looked up when the library is loaded, so a missing one is [`Error::LibraryUnavailable`]
@@ -15,9 +16,9 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::device::ffi::{AclrtStream, candidates, open, syms};
-use crate::dl::Library;
+use crate::device::sys::{AclrtStream, candidates, dl_api};
 use crate::error::Error;
 
 /// `HcclResult` (a C enum, `int`).
@@ -303,106 +304,68 @@ pub(crate) const HCCL_DEFAULTS: &[&str] = &["libhcomm.so", "libhccl.so"];
 /// Environment variable naming the HCCL library to try before the defaults.
 pub(crate) const HCCL_ENV: &str = "HIXL_HCCL_LIB";
 
-/// The HCCL one-sided entry points, with the library that keeps them valid.
-#[derive(Debug)]
-pub(crate) struct HcclApi {
-    /// `HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle)`.
-    pub(crate) register_global_mem:
-        unsafe extern "C" fn(*const CommMem, *mut *mut c_void) -> HcclResult,
-    /// `HcclResult HcclDeregisterGlobalMem(void *memHandle)`.
-    pub(crate) deregister_global_mem: unsafe extern "C" fn(*mut c_void) -> HcclResult,
-    /// `HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson, uint32_t rank,
-    /// HcclCommConfig *cfg, HcclComm *comm)`.
-    pub(crate) comm_init_cluster_info_mem_config:
-        unsafe extern "C" fn(*const c_char, u32, *mut HcclCommConfig, *mut HcclComm) -> HcclResult,
-    /// `HcclResult HcclCommBindMem(HcclComm comm, void *memHandle)`.
-    pub(crate) comm_bind_mem: unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
-    /// `HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle)`.
-    pub(crate) comm_unbind_mem: unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
-    /// `HcclResult HcclCommPrepare(HcclComm comm, const HcclPrepareConfig *cfg,
-    /// const int timeout_s)`.
-    pub(crate) comm_prepare:
-        unsafe extern "C" fn(HcclComm, *const HcclPrepareConfig, c_int) -> HcclResult,
-    /// `HcclResult HcclBatchPut(HcclComm, u32 remoteRank, HcclOneSideOpDesc *desc, u32 descNum,
-    /// rtStream_t stream)`.
-    pub(crate) batch_put:
-        unsafe extern "C" fn(HcclComm, u32, *mut HcclOneSideOpDesc, u32, AclrtStream) -> HcclResult,
-    /// `HcclResult HcclBatchGet(...)`, as `HcclBatchPut`.
-    pub(crate) batch_get:
-        unsafe extern "C" fn(HcclComm, u32, *mut HcclOneSideOpDesc, u32, AclrtStream) -> HcclResult,
-    /// `HcclResult HcclCommDestroy(HcclComm comm)`.
-    pub(crate) comm_destroy: unsafe extern "C" fn(HcclComm) -> HcclResult,
+dl_api! {
+    /// The HCCL one-sided entry points, with the library that keeps them valid.
+    pub(crate) struct HcclApi fields(pub(super)) {
+        /// `HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle)`.
+        register_global_mem = "HcclRegisterGlobalMem":
+            unsafe extern "C" fn(*const CommMem, *mut *mut c_void) -> HcclResult,
+        /// `HcclResult HcclDeregisterGlobalMem(void *memHandle)`.
+        deregister_global_mem = "HcclDeregisterGlobalMem":
+            unsafe extern "C" fn(*mut c_void) -> HcclResult,
+        /// `HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson,
+        /// uint32_t rank, HcclCommConfig *cfg, HcclComm *comm)`.
+        comm_init_cluster_info_mem_config = "HcclCommInitClusterInfoMemConfig":
+            unsafe extern "C" fn(*const c_char, u32, *mut HcclCommConfig, *mut HcclComm)
+                -> HcclResult,
+        /// `HcclResult HcclCommBindMem(HcclComm comm, void *memHandle)`.
+        comm_bind_mem = "HcclCommBindMem": unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+        /// `HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle)`.
+        comm_unbind_mem = "HcclCommUnbindMem":
+            unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+        /// `HcclResult HcclCommPrepare(HcclComm comm, const HcclPrepareConfig *cfg,
+        /// const int timeout_s)`.
+        comm_prepare = "HcclCommPrepare":
+            unsafe extern "C" fn(HcclComm, *const HcclPrepareConfig, c_int) -> HcclResult,
+        /// `HcclResult HcclBatchPut(HcclComm, u32 remoteRank, HcclOneSideOpDesc *desc,
+        /// u32 descNum, rtStream_t stream)`.
+        batch_put = "HcclBatchPut": unsafe extern "C" fn(
+            HcclComm,
+            u32,
+            *mut HcclOneSideOpDesc,
+            u32,
+            AclrtStream,
+        ) -> HcclResult,
+        /// `HcclResult HcclBatchGet(...)`, as `HcclBatchPut`.
+        batch_get = "HcclBatchGet": unsafe extern "C" fn(
+            HcclComm,
+            u32,
+            *mut HcclOneSideOpDesc,
+            u32,
+            AclrtStream,
+        ) -> HcclResult,
+        /// `HcclResult HcclCommDestroy(HcclComm comm)`.
+        comm_destroy = "HcclCommDestroy": unsafe extern "C" fn(HcclComm) -> HcclResult,
+    }
     /// `HcclExchangeMemDesc` (LLM-DataDist's explicit-rank-table link), where the library has
-    /// it: optional, so that an HCCL without it still serves the engine; calling it without is
-    /// [`Error::LibraryUnavailable`] (see [`HcclApi::exchange_mem_desc`]).
-    exchange_mem_desc: Option<ExchangeMemDescFn>,
-    lib: Library,
+    /// it: optional, so that an HCCL without it (CANN before hcomm's one-sided descriptor
+    /// exchange) still serves the engine.
+    optional exchange: ExchangeApi("LLM-DataDist's explicit-rank-table link needs it") {
+        /// See [`ExchangeMemDescFn`].
+        exchange_mem_desc = "HcclExchangeMemDesc": ExchangeMemDescFn,
+    }
 }
 
 impl HcclApi {
-    /// Loads HCCL: `explicit` alone if given, else `$HIXL_HCCL_LIB` then `libhcomm.so`,
-    /// `libhccl.so`.
+    /// The process's HCCL table: `explicit` alone if given, else `$HIXL_HCCL_LIB` then
+    /// `libhcomm.so`, `libhccl.so` (and the same in CANN's `lib64`); opened on first use, shared
+    /// from then on.
     ///
     /// # Errors
     /// [`Error::LibraryUnavailable`] naming the candidates, or the first missing symbol.
-    pub(crate) fn load(explicit: Option<&Path>) -> Result<Self, Error> {
+    pub(crate) fn load(explicit: Option<&Path>) -> Result<Arc<Self>, Error> {
         let env = std::env::var_os(HCCL_ENV);
-        Self::load_from(&candidates(explicit, env.as_deref(), HCCL_DEFAULTS))
-    }
-
-    /// Loads HCCL from the first of `cands` that opens.
-    ///
-    /// # Errors
-    /// As [`HcclApi::load`].
-    pub(crate) fn load_from(cands: &[String]) -> Result<Self, Error> {
-        let lib = open(cands)?;
-        syms!(lib;
-            register_global_mem = "HcclRegisterGlobalMem",
-            deregister_global_mem = "HcclDeregisterGlobalMem",
-            comm_init_cluster_info_mem_config = "HcclCommInitClusterInfoMemConfig",
-            comm_bind_mem = "HcclCommBindMem",
-            comm_unbind_mem = "HcclCommUnbindMem",
-            comm_prepare = "HcclCommPrepare",
-            batch_put = "HcclBatchPut",
-            batch_get = "HcclBatchGet",
-            comm_destroy = "HcclCommDestroy",
-        );
-        // SAFETY: `ExchangeMemDescFn` is spelled from the C declaration of the symbol (see the
-        // type), and the pointer is stored next to the `Library` that keeps it valid.
-        let exchange_mem_desc = unsafe { lib.sym::<ExchangeMemDescFn>("HcclExchangeMemDesc") }.ok();
-        Ok(Self {
-            register_global_mem,
-            deregister_global_mem,
-            comm_init_cluster_info_mem_config,
-            comm_bind_mem,
-            comm_unbind_mem,
-            comm_prepare,
-            batch_put,
-            batch_get,
-            comm_destroy,
-            exchange_mem_desc,
-            lib,
-        })
-    }
-
-    /// `HcclExchangeMemDesc`, or [`Error::LibraryUnavailable`] naming it when the library has
-    /// none (CANN before hcomm's one-sided descriptor exchange).
-    ///
-    /// # Errors
-    /// As said.
-    pub(crate) fn exchange_mem_desc(&self) -> Result<ExchangeMemDescFn, Error> {
-        self.exchange_mem_desc
-            .ok_or_else(|| Error::LibraryUnavailable {
-                library: self.lib.name().to_owned(),
-                why: "missing symbol HcclExchangeMemDesc (LLM-DataDist's explicit-rank-table link \
-                      needs it)"
-                    .into(),
-            })
-    }
-
-    /// The name the library was opened by.
-    pub(crate) fn library(&self) -> &str {
-        self.lib.name()
+        Self::shared(&candidates(explicit, env.as_deref(), HCCL_DEFAULTS))
     }
 }
 
@@ -425,7 +388,7 @@ mod tests {
 
     #[test]
     fn a_missing_library_names_both_candidates() {
-        let e = HcclApi::load_from(&candidates(None, None, HCCL_DEFAULTS)).unwrap_err();
+        let e = HcclApi::shared(&candidates(None, None, HCCL_DEFAULTS)).unwrap_err();
         match &e {
             Error::LibraryUnavailable { library, .. } => {
                 assert!(library.contains("libhcomm.so"), "{library}");
@@ -448,7 +411,7 @@ mod tests {
     #[test]
     fn the_double_provides_every_symbol() {
         let so = crate::device::double::test_instance("ffi-load");
-        let acl = crate::device::ffi::AclApi::load(Some(&so)).expect("ACL symbols");
+        let acl = crate::device::acl::Acl::load(Some(&so)).expect("ACL symbols");
         let hccl = HcclApi::load(Some(&so)).expect("HCCL symbols");
         assert_eq!(acl.library(), hccl.library());
         let _ = std::fs::remove_file(so);
@@ -459,12 +422,18 @@ mod tests {
         // libc has none of HCCL's symbols: the table does not load at all
         assert!(HcclApi::load(Some(Path::new("libc.so.6"))).is_err());
         let so = crate::device::double::test_instance("ffi-exchange");
-        let mut hccl = HcclApi::load(Some(&so)).expect("HCCL symbols");
-        assert!(hccl.exchange_mem_desc().is_ok(), "the double has it");
+        let mut hccl = HcclApi::open_from(&[so.to_string_lossy().into_owned()]).expect("HCCL");
+        assert!(hccl.exchange().is_ok(), "the double has it");
         // an HCCL without it (as CANN before hcomm's descriptor exchange) still loads; the
-        // call is a typed error, never a panic
-        hccl.exchange_mem_desc = None;
-        let e = hccl.exchange_mem_desc().unwrap_err();
+        // call is a typed error, never a panic (the loader's own test, on libc, has a group
+        // that is missing for real)
+        hccl.exchange = Err((
+            hccl.library().to_owned(),
+            "missing symbol HcclExchangeMemDesc (LLM-DataDist's explicit-rank-table link needs \
+             it)"
+            .to_owned(),
+        ));
+        let e = hccl.exchange().map(|x| x.exchange_mem_desc).unwrap_err();
         assert!(
             matches!(&e, Error::LibraryUnavailable { why, .. } if why.contains("HcclExchangeMemDesc")),
             "{e:?}"

@@ -19,15 +19,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::hccl::{Comm, Direction, OneSideDesc};
 use super::rank_table::{
     CLIENT_RANK, SERVER_RANK, comm_name, my_dev, my_info, parse_dev, rank_table,
 };
-use super::{Runtime, hccl_mem};
+use super::{Comm, Direction, OneSideDesc, Runtime, hccl_mem};
 use crate::device::acl::Stream;
 use crate::error::{Error, Status};
 use crate::sync::lock;
-use crate::transport::{Batch, Control, DataPath, PathFail, Region, TransportKind};
+use crate::transport::ascend::path::AscendLink;
+use crate::transport::{Batch, Control, PathFail, Region};
 use crate::types::TransferOp;
 use crate::types::batch::Descs;
 use crate::types::{Access, BatchDesc, RegionView};
@@ -214,7 +214,7 @@ fn build(
     remote: HashMap<u32, u64>,
 ) -> Result<DeviceLink, Error> {
     let _guard = rt.enter()?;
-    let cfg = super::hccl::CommConfig {
+    let cfg = super::CommConfig {
         comm_name: name.clone(),
         ..rt.comm.clone()
     };
@@ -442,7 +442,7 @@ impl DeviceLink {
     ///
     /// # Errors
     /// [`Error::UnknownRemoteRegion`] for a region the peer's table lacks; what
-    /// [`Hccl::transfer`](super::hccl::Hccl::transfer) returns.
+    /// [`Hccl::transfer`](super::Hccl::transfer) returns.
     pub(crate) unsafe fn transfer(
         &self,
         op: TransferOp,
@@ -506,24 +506,21 @@ impl DeviceLink {
     }
 }
 
-/// The device data path of a link; `None` once it is closed.
-impl DataPath for Mutex<Option<DeviceLink>> {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Ascend
-    }
+/// The device data path of a link (`ClosablePath` closes it: the communicator is destroyed
+/// and the regions unbound when the link closes, not when the last worker lets go of it).
+impl AscendLink for DeviceLink {
+    const ENTERS_FENCE: bool = false;
 
-    /// A link with a device path moves every batch whose local ranges lie in regions bound to
-    /// its communicator (all of the engine's when the link was made, and those registered
-    /// since that could be bound).
     /// Every region of the peer: its table's regions are the communicator's to reach.
     fn reaches(&self, _region: u32) -> bool {
         true
     }
 
+    /// A link with a device path moves every batch whose local ranges lie in regions bound to
+    /// its communicator (all of the engine's when the link was made, and those registered
+    /// since that could be bound).
     fn covers(&self, descs: &Descs<'_>) -> bool {
-        let guard = lock(self);
-        let Some(d) = guard.as_ref() else { return true };
-        let p = lock(&d.path);
+        let p = lock(&self.path);
         if p.comm.is_none() {
             return true; // closed: `run` says so
         }
@@ -541,43 +538,16 @@ impl DataPath for Mutex<Option<DeviceLink>> {
         })
     }
 
-    fn fenced(&self) -> bool {
-        false
-    }
-
-    fn refused_when_broken(&self) -> bool {
-        true
-    }
-
-    fn moves_device_memory(&self) -> bool {
-        true
-    }
-
-    /// Unbinds the regions and destroys the communicator now, not when the last worker lets go
-    /// of the link.
-    fn close(&self) {
-        drop(lock(self).take());
-    }
-
     /// A failure poisons the link (HIXL: a failed channel is unusable until reconnected).
     /// A batch is not cancelled once it started (it ends by its deadline).
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
-        let (peer, op, deadline) = (batch.peer, batch.op, batch.deadline);
+        let (op, deadline) = (batch.op, batch.deadline);
         let descs = &batch.descs.expand();
-        batch.start(None)?;
-        let guard = lock(self);
-        let Some(d) = guard.as_ref() else {
-            return Err(PathFail::Failed(Error::NotConnected {
-                peer: peer.to_owned(),
-                why: "disconnected".into(),
-            }));
-        };
         let timeout = deadline.saturating_duration_since(Instant::now());
         // SAFETY: the caller keeps every local range registered and alive (sync: borrowed
         // ranges; async: the job holds the regions), and no Rust reference to registered memory
         // is ever made.
-        let r = unsafe { d.transfer(op, descs, timeout.max(Duration::from_millis(1))) };
-        drop(guard);
+        let r = unsafe { self.transfer(op, descs, timeout.max(Duration::from_millis(1))) };
         r.map_err(|e| PathFail::Poisoned {
             why: format!("a device transfer failed: {e}"),
             error: e,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::hccl::{Comm, CommConfig, Hccl};
+use super::{Comm, CommConfig, Hccl};
 use crate::error::Error;
 
 /// A communicator made from a caller's rank table, for the descriptor rendezvous.
@@ -47,7 +47,7 @@ impl RankComm {
         service_level: Option<u32>,
     ) -> Result<Self, Error> {
         let hccl = Hccl::load(None)?;
-        hccl.api.exchange_mem_desc()?;
+        hccl.api.exchange()?;
         let cfg = CommConfig {
             comm_name: name.to_owned(),
             traffic_class,

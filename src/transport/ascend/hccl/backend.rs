@@ -3,12 +3,12 @@
 //! both sides build their HCCL communicator (`link.rs`).
 
 use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::link::{connect, serve};
 use super::{Runtime, hccl_mem};
 use crate::error::Error;
-use crate::sync::lock;
+use crate::transport::ascend::path::{ClosablePath, RegionList};
 use crate::transport::{
     Accept, AcceptFail, Backend, DataPath, Region, Regions, Registration, Setup, TransportKind,
 };
@@ -20,15 +20,15 @@ use crate::wire::{DeviceInfo, Kind};
 pub(crate) struct AscendBackend {
     rt: Option<Arc<Runtime>>,
     /// The engine's regions while it is open to links.
-    regions: Mutex<Regions>,
+    regions: RegionList,
 }
 
 impl AscendBackend {
     /// Ascend with the engine's runtime (`None`: the engine has none).
     pub(crate) fn new(rt: Option<Arc<Runtime>>) -> Self {
         Self {
+            regions: RegionList::new(rt.is_some()),
             rt,
-            regions: Mutex::new(Vec::new()),
         }
     }
 }
@@ -53,13 +53,11 @@ impl Backend for AscendBackend {
     }
 
     fn activate(&self, regions: &Regions, _serving: bool, _span: &tracing::Span) {
-        if self.rt.is_some() {
-            *lock(&self.regions) = regions.clone();
-        }
+        self.regions.set(regions);
     }
 
     fn deactivate(&self) {
-        lock(&self.regions).clear();
+        self.regions.clear();
     }
 
     /// Links made from now on bind it; this engine's existing links bind it on their own
@@ -69,7 +67,7 @@ impl Backend for AscendBackend {
         if hccl_mem(&**region).is_none() {
             return;
         }
-        lock(&self.regions).push(region.clone());
+        self.regions.add(region);
         super::link::bind_everywhere(rt, region);
     }
 
@@ -79,13 +77,13 @@ impl Backend for AscendBackend {
     /// reconnected).
     fn region_withdrawn(&self, id: u32) {
         let Some(rt) = &self.rt else { return };
-        lock(&self.regions).retain(|r| r.view().id != id);
+        self.regions.withdraw(id);
         super::link::close_binding(rt, id);
     }
 
     fn connect(&self, setup: &mut Setup<'_>) -> Result<Option<Box<dyn DataPath>>, Error> {
         let Some(rt) = &self.rt else { return Ok(None) };
-        let regions = lock(&self.regions).clone();
+        let regions = self.regions.snapshot();
         let link = connect(
             rt,
             &mut *setup.ctl,
@@ -95,7 +93,7 @@ impl Backend for AscendBackend {
             setup.peer,
             setup.deadline,
         )?;
-        Ok(link.map(|l| Box::new(Mutex::new(Some(l))) as Box<dyn DataPath>))
+        Ok(link.map(|l| Box::new(ClosablePath::new(l)) as Box<dyn DataPath>))
     }
 
     fn request_kind(&self) -> Option<Kind> {
@@ -104,7 +102,7 @@ impl Backend for AscendBackend {
 
     fn accept(&self, req: Accept<'_>) -> Result<Option<Box<dyn Any + Send>>, AcceptFail> {
         let hello = DeviceInfo::decode(req.payload).map_err(AcceptFail::Violation)?;
-        let regions = lock(&self.regions).clone();
+        let regions = self.regions.snapshot();
         let served = serve(
             self.rt.as_ref(),
             &hello,

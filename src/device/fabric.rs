@@ -1,0 +1,161 @@
+//! The allocator statics of a fabric-memory process (HIXL's `MallocMem`, `FreeMem`,
+//! `ExportToShareableHandle`): VMM memory (`aclrtMallocPhysical` + `aclrtReserveMemAddress` +
+//! `aclrtMapMem`), on the calling thread's device, that a fabric-memory engine registers and
+//! exports. Process-wide, as upstream's are: the ACL runtime is the process's
+//! ([`Acl::load`]: `$HIXL_ACL_LIB`, then CANN's names), and the allocations are kept by address.
+//! [`FabricBuffer`](super::FabricBuffer) is the typed API's memory over them.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::acl::{Acl, MemLocation, VMM_GRANULE};
+use crate::error::Error;
+use crate::sync::lock;
+use crate::types::MemType;
+use crate::wire::FABRIC_HANDLE_LEN;
+
+struct Alloc {
+    acl: Acl,
+    phys: usize,
+    /// Exported once, then cached (upstream: "ACL export runs at most once per allocation").
+    handle: Option<[u8; FABRIC_HANDLE_LEN]>,
+}
+
+static ALLOCS: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
+
+/// The process's ACL runtime, with its VMM entry points.
+fn acl() -> Result<Acl, Error> {
+    Acl::load(None)
+        .and_then(|acl| acl.check_vmm().map(|()| acl))
+        .map_err(|e| Error::LibraryUnavailable {
+            library: "libacl_rt.so or libascendcl.so (with ACL's VMM calls)".into(),
+            why: e.to_string(),
+        })
+}
+
+fn param(why: String) -> Error {
+    Error::InvalidOption {
+        key: "addr".into(),
+        value: why,
+        problem: "an address MallocMem returned and FreeMem has not freed",
+    }
+}
+
+/// HIXL's `MallocMem(type, size, &ptr)`: `size` bytes (rounded up to 2 MiB) of VMM memory on
+/// the calling thread's device (`MemType::Device`: HBM, `ACL_HBM_MEM_HUGE`; `MemType::Host`:
+/// host memory the device may access, `ACL_MEM_P2P_HUGE`, with `aclrtMemSetAccess`), mapped
+/// at a reserved address, which it returns.
+///
+/// # Errors
+/// [`Error::LibraryUnavailable`] (`UNSUPPORTED`) without an ACL runtime with the VMM calls;
+/// [`Error::InvalidOption`] (`PARAM_INVALID`) for a zero size; [`Error::Native`] from ACL (no
+/// device on this thread: `ACL_ERROR_RT_CONTEXT_NULL`).
+pub fn malloc_mem(mem_type: MemType, size: usize) -> Result<usize, Error> {
+    malloc_with(&acl()?, mem_type, size)
+}
+
+/// [`malloc_mem`] with the given ACL runtime (a typed engine's own).
+///
+/// # Errors
+/// As [`malloc_mem`].
+pub(crate) fn malloc_with(acl: &Acl, mem_type: MemType, size: usize) -> Result<usize, Error> {
+    if size == 0 {
+        return Err(Error::InvalidOption {
+            key: "size".into(),
+            value: "0".into(),
+            problem: "a positive number of bytes",
+        });
+    }
+    let len = size.div_ceil(VMM_GRANULE) * VMM_GRANULE;
+    let device = acl.device()?;
+    let location = match mem_type {
+        MemType::Device => MemLocation::device(device as u32),
+        MemType::Host => MemLocation::host(),
+    };
+    let h = acl.malloc_physical(len, location)?;
+    let va = match acl.reserve(len) {
+        Ok(va) => va,
+        Err(e) => {
+            // SAFETY: the handle just made, released once.
+            let _ = unsafe { acl.free_physical(h) };
+            return Err(e);
+        }
+    };
+    // SAFETY: a fresh reservation of this process and a live handle.
+    let mut mapped = unsafe { acl.map(va, len, h) };
+    if mapped.is_ok() && mem_type == MemType::Host {
+        // SAFETY: the range was just mapped.
+        mapped = unsafe { acl.set_access(device, va, len) };
+        if mapped.is_err() {
+            // SAFETY: the mapping just made, which nothing uses.
+            let _ = unsafe { acl.unmap(va) };
+        }
+    }
+    if let Err(e) = mapped {
+        // SAFETY: the reservation (unmapped) and the handle just made, released once.
+        unsafe {
+            let _ = acl.release(va);
+            let _ = acl.free_physical(h);
+        }
+        return Err(e);
+    }
+    lock(&ALLOCS).insert(
+        va,
+        Alloc {
+            acl: acl.clone(),
+            phys: h,
+            handle: None,
+        },
+    );
+    Ok(va)
+}
+
+/// HIXL's `FreeMem(ptr)`: unmaps, releases the address range and frees the physical memory of
+/// a [`malloc_mem`] allocation.
+///
+/// # Errors
+/// `PARAM_INVALID` for an address [`malloc_mem`] did not return (or already freed);
+/// [`Error::Native`] from ACL.
+pub fn free_mem(addr: usize) -> Result<(), Error> {
+    let a = lock(&ALLOCS)
+        .remove(&addr)
+        .ok_or_else(|| param(format!("{addr:#x}")))?;
+    // SAFETY: what malloc_mem made (its caller no longer uses it: it frees it), released once
+    // in its order.
+    unsafe {
+        a.acl.unmap(addr)?;
+        a.acl.release(addr)?;
+        a.acl.free_physical(a.phys)
+    }
+}
+
+/// The allocation at `addr` now lives on the physical memory `phys` (a registration moved it
+/// there: the fabric path's `retire`): the allocator keeps that handle for [`free_mem`], forgets
+/// its export, and returns the old handle for the caller to release; `None` when `addr` is not
+/// an allocation of [`malloc_mem`] (memory the caller mapped itself).
+pub(crate) fn replace_physical(addr: usize, phys: usize) -> Option<usize> {
+    let mut allocs = lock(&ALLOCS);
+    let a = allocs.get_mut(&addr)?;
+    a.handle = None;
+    Some(std::mem::replace(&mut a.phys, phys))
+}
+
+/// HIXL's `ExportToShareableHandle(addr, handle)`: the fabric shareable handle of a
+/// [`malloc_mem`] allocation (exported once, then the cached one), which another process
+/// imports to map the same physical memory.
+///
+/// # Errors
+/// `PARAM_INVALID` for an address [`malloc_mem`] did not return; [`Error::Native`] from ACL.
+pub fn export_to_shareable_handle(addr: usize) -> Result<[u8; FABRIC_HANDLE_LEN], Error> {
+    let mut allocs = lock(&ALLOCS);
+    let a = allocs
+        .get_mut(&addr)
+        .ok_or_else(|| param(format!("{addr:#x}")))?;
+    if let Some(h) = a.handle {
+        return Ok(h);
+    }
+    // SAFETY: the allocation's live handle (kept in the table until `free_mem`).
+    let h = unsafe { a.acl.export_fabric(a.phys) }?;
+    a.handle = Some(h);
+    Ok(h)
+}
