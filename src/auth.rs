@@ -56,7 +56,8 @@ impl Psk {
     fn proof(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
         self.mac(role, cn, sn, name).finalize().into_bytes().into()
     }
-    fn check(
+    /// Checks the proof `role` sent, in constant time.
+    pub(crate) fn check(
         &self,
         role: Role,
         cn: &[u8; 32],
@@ -73,26 +74,6 @@ impl Psk {
     /// The client's proof (its nonces in the other order, under another label).
     pub(crate) fn client_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
         self.proof(Role::Client, cn, sn, name)
-    }
-    /// Checks a server proof in constant time.
-    pub(crate) fn check_server(
-        &self,
-        cn: &[u8; 32],
-        sn: &[u8; 32],
-        name: &str,
-        proof: &[u8; 32],
-    ) -> bool {
-        self.check(Role::Server, cn, sn, name, proof)
-    }
-    /// Checks a client proof in constant time.
-    pub(crate) fn check_client(
-        &self,
-        cn: &[u8; 32],
-        sn: &[u8; 32],
-        name: &str,
-        proof: &[u8; 32],
-    ) -> bool {
-        self.check(Role::Client, cn, sn, name, proof)
     }
 }
 
@@ -160,8 +141,10 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 
 /// Which side a proof is of.
 #[derive(Clone, Copy)]
-enum Role {
+pub(crate) enum Role {
+    /// The accepting side's (WELCOME).
     Server,
+    /// The connecting side's (PROOF).
     Client,
 }
 
@@ -231,13 +214,13 @@ mod tests {
         let (cn, sn) = ([1u8; 32], [2u8; 32]);
         let sp = k.server_proof(&cn, &sn, "10.0.0.1");
         let cp = k.client_proof(&cn, &sn, "10.0.0.1");
-        assert!(k.check_server(&cn, &sn, "10.0.0.1", &sp));
-        assert!(k.check_client(&cn, &sn, "10.0.0.1", &cp));
+        assert!(k.check(Role::Server, &cn, &sn, "10.0.0.1", &sp));
+        assert!(k.check(Role::Client, &cn, &sn, "10.0.0.1", &cp));
         assert_ne!(sp, cp, "a server proof must not pass as a client proof");
-        assert!(!k.check_client(&cn, &sn, "10.0.0.1", &sp));
-        assert!(!k.check_server(&cn, &[3; 32], "10.0.0.1", &sp));
-        assert!(!k.check_server(&cn, &sn, "10.0.0.2", &sp));
-        assert!(!Psk::new("another key 0123").check_server(&cn, &sn, "10.0.0.1", &sp));
+        assert!(!k.check(Role::Client, &cn, &sn, "10.0.0.1", &sp));
+        assert!(!k.check(Role::Server, &cn, &[3; 32], "10.0.0.1", &sp));
+        assert!(!k.check(Role::Server, &cn, &sn, "10.0.0.2", &sp));
+        assert!(!Psk::new("another key 0123").check(Role::Server, &cn, &sn, "10.0.0.1", &sp));
         assert_eq!(format!("{k:?}"), "Psk(<redacted>)");
     }
 }

@@ -16,7 +16,7 @@ use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
 use crate::runtime::link::LinkShared;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
-use crate::types::blocks::{BlockBatch, Placed};
+use crate::types::blocks::BlockBatch;
 use crate::{Status, TransferOp};
 
 impl Hixl {
@@ -125,13 +125,9 @@ impl Hixl {
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.on_link(remote_engine, |_, e, link| {
-            let (_, layouts) = placed(e, link, op, desc, local_idx, remote_idx)?;
-            let b = BlockBatch {
-                layouts: &layouts,
-                local_idx,
-                remote_idx,
-            };
-            Ok(link.run(op, b, b.bytes(), timeout)?)
+            placed(e, link, op, desc, local_idx, remote_idx, |_, b| {
+                Ok(link.run(op, b, b.bytes(), timeout)?)
+            })
         })
     }
 
@@ -150,16 +146,13 @@ impl Hixl {
         args: TransferArgs,
     ) -> Result<TransferReq> {
         self.on_link(remote_engine, |_, e, link| {
-            let (region, layouts) = placed(e, link, op, desc, local_idx, remote_idx)?;
-            let b = BlockBatch {
-                layouts: &layouts,
-                local_idx,
-                remote_idx,
-            };
-            let keep = vec![RegionUse::new(&region)];
-            let user_data = args.user_data;
-            let req = (link.shared()).start(op, b, b.bytes(), keep, ASYNC_DEADLINE, user_data)?;
-            Ok(self.record(req, user_data))
+            placed(e, link, op, desc, local_idx, remote_idx, |region, b| {
+                let keep = vec![RegionUse::new(region)];
+                let user_data = args.user_data;
+                let req =
+                    (link.shared()).start(op, b, b.bytes(), keep, ASYNC_DEADLINE, user_data)?;
+                Ok(self.record(req, user_data))
+            })
         })
     }
 
@@ -373,16 +366,17 @@ fn addrs(descs: &[TransferOpDesc]) -> impl ExactSizeIterator<Item = AddrDesc> + 
     })
 }
 
-/// A block batch checked (`check::layouts`): the registered region holding its local base, and
-/// its layout from each base address to the end of its region.
-fn placed(
+/// A block batch checked (`check::layouts`), handed to `then` with the registered region holding
+/// its local base (its layout runs from each base address to the end of its region).
+fn placed<R>(
     e: &Engine,
     link: &LinkShared,
     op: TransferOp,
     desc: &BlockDesc,
     local_idx: crate::BlockIndices<'_>,
     remote_idx: crate::BlockIndices<'_>,
-) -> Result<(RegionHandle, Vec<Placed>)> {
+    then: impl FnOnce(&RegionHandle, BlockBatch<'_>) -> Result<R>,
+) -> Result<R> {
     let (region, off) = address::local_base(e, desc.local_addr).map_err(|_| {
         Error::new(
             Status::PARAM_INVALID,
@@ -402,7 +396,12 @@ fn placed(
             )
         })?;
     let layouts = check::layouts(link, op, &[layout], local_idx, remote_idx)?;
-    Ok((region, layouts))
+    let batch = BlockBatch {
+        layouts: &layouts,
+        local_idx,
+        remote_idx,
+    };
+    then(&region, batch)
 }
 
 /// Sends a notification on `link` (the checks of the typed `Link::send_notify`).

@@ -25,13 +25,7 @@ pub(super) type Registration = RegionHandle;
 pub(super) type Request = Arc<ReqHandle>;
 
 /// A region of a peer's table, as a link has it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RemoteRegion {
-    pub addr: u64,
-    pub len: u64,
-    pub mem_type: MemType,
-    pub access: Access,
-}
+pub(super) type RemoteRegion = crate::wire::TableEntry;
 
 /// An engine and its links by remote name (finalized when dropped).
 pub(super) struct Engine(Named);
@@ -131,14 +125,7 @@ impl Engine {
     /// The regions of `remote`'s table, as the link got them.
     pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<RemoteRegion>, Error> {
         let link = self.0.link(remote).map_err(fail)?;
-        Ok((link.table.iter())
-            .map(|r| RemoteRegion {
-                addr: r.addr,
-                len: r.len,
-                mem_type: r.mem_type,
-                access: r.access,
-            })
-            .collect())
+        Ok(link.table.clone())
     }
 
     /// READs the first `buf.len()` bytes at `addr` of `remote` into `buffer`, then copies them

@@ -139,6 +139,26 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// One patient receive into `iov` (every iovec `endless`'s sink) with a 5 ms patience.
+    fn receive(
+        sock: &mut Sock,
+        iov: &mut [IoVec],
+        pos: &mut usize,
+        deadline: Option<Instant>,
+        resumed: bool,
+        others_wait: &dyn Fn() -> bool,
+    ) -> io::Result<bool> {
+        let pace = Pace {
+            deadline,
+            patience: Duration::from_millis(5),
+            resumed,
+            others_wait,
+        };
+        // SAFETY: every iovec is the caller's sink, alive and written only through them for
+        // the call.
+        unsafe { sock.move_patiently(false, iov, pos, &pace) }
+    }
+
     /// A peer that keeps pace does not keep a patient receive past its deadline: a sender that
     /// never stops (until the receiver closes), a receive of 64 GiB (more than any machine
     /// moves in its 100 ms), and the receive ends `TimedOut` with bytes still to come (it would
@@ -164,20 +184,7 @@ mod tests {
         let deadline = Some(start + Duration::from_millis(100));
         let mut resumed = false;
         let r = loop {
-            // SAFETY: every iovec is `sink`, alive and written only through them for the call.
-            match unsafe {
-                sock.move_patiently(
-                    false,
-                    &mut iov,
-                    &mut pos,
-                    &Pace {
-                        deadline,
-                        patience: Duration::from_millis(5),
-                        resumed,
-                        others_wait: &|| false,
-                    },
-                )
-            } {
+            match receive(&mut sock, &mut iov, &mut pos, deadline, resumed, &|| false) {
                 Ok(false) => resumed = true, // parked and resumed, as a server does
                 r => break r,
             }
@@ -204,20 +211,7 @@ mod tests {
             asked.set(asked.get() + 1);
             asked.get() >= 3
         };
-        // SAFETY: every iovec is `sink`, alive and written only through them for the call.
-        let r = unsafe {
-            sock.move_patiently(
-                false,
-                &mut iov,
-                &mut pos,
-                &Pace {
-                    deadline,
-                    patience: Duration::from_millis(5),
-                    resumed: false,
-                    others_wait: &others_wait,
-                },
-            )
-        };
+        let r = receive(&mut sock, &mut iov, &mut pos, deadline, false, &others_wait);
         assert!(!r.expect("no error"), "it yielded");
         assert_eq!(asked.get(), 3, "asked once a window, yielded when told");
         assert!(

@@ -419,7 +419,7 @@ impl ReqHandle {
     /// Resolves a request still queued at its deadline.
     fn expire_if_due(&self) {
         if Instant::now() >= self.st.deadline {
-            self.st.resolve_queued(&self.link, Outcome::TimedOut);
+            self.st.resolve_queued(&*self.link, Outcome::TimedOut);
         }
     }
 
@@ -454,7 +454,7 @@ impl ReqHandle {
 
     /// Cancels it; its status after.
     pub(crate) fn cancel(&self) -> TransferStatus {
-        self.st.cancel(&self.link);
+        self.st.cancel(&*self.link);
         self.st.status()
     }
 }
@@ -462,6 +462,6 @@ impl ReqHandle {
 impl Drop for ReqHandle {
     fn drop(&mut self) {
         // not started yet: nobody wants it any more. Running: let it finish on its own.
-        self.st.resolve_queued(&self.link, Outcome::Cancelled);
+        self.st.resolve_queued(&*self.link, Outcome::Cancelled);
     }
 }

@@ -136,19 +136,6 @@ pub(crate) trait Settle: Send + Sync + 'static {
     );
 }
 
-impl<T: Settle> Settle for Arc<T> {
-    fn settle(
-        &self,
-        seq: u64,
-        op: TransferOp,
-        bytes: u64,
-        took: std::time::Duration,
-        err: Option<crate::error::Status>,
-    ) {
-        T::settle(self, seq, op, bytes, took, err);
-    }
-}
-
 /// A queued async request: its state (which keeps its regions alive until it ends) and its
 /// descriptors.
 pub(crate) struct QueuedBatch {
@@ -362,7 +349,7 @@ pub(crate) fn watch<L: Settle>(st: &Arc<ReqState>, link: &Arc<L>) {
     let (st_w, link_w) = (Arc::downgrade(st), Arc::downgrade(link));
     crate::runtime::executor::at(st.deadline, move || {
         if let (Some(st), Some(link)) = (st_w.upgrade(), link_w.upgrade()) {
-            st.resolve_queued(&link, Outcome::TimedOut);
+            st.resolve_queued(&*link, Outcome::TimedOut);
         }
     });
 }

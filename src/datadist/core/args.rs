@@ -147,7 +147,7 @@ pub(super) fn pull(
         )));
     }
     if let Some((s, d)) = blocks {
-        pull_blocks(src, s, d)?;
+        block_lists(Some(src), s, d)?;
     }
     layers(l)
 }
@@ -166,7 +166,7 @@ pub(super) fn push(
     }
     peer_cache(dst)?;
     if let Some((s, d)) = blocks {
-        push_blocks(s, d)?;
+        block_lists(None, s, d)?;
         by_id_batch_zero(dst)?;
     }
     layers(l)?;
@@ -207,29 +207,24 @@ fn by_id_batch_zero(key: &RemoteCache) -> Result<()> {
     }
 }
 
-/// A pull's block lists: at least one destination block; source blocks as many, or none to
-/// cut a peer's batch into the destination blocks (by the peer cache's id or request key,
-/// never by a blocks cache's key); by id, with source blocks, batch index 0.
-fn pull_blocks(src: &RemoteCache, s: &[u64], d: &[u64]) -> Result<()> {
+/// A move's block lists: at least one destination block, source blocks as many. A pull
+/// (`pull_from`: the peer's cache) may give no source blocks to cut a peer's batch into the
+/// destination blocks (by the peer cache's id or request key, never by a blocks cache's key);
+/// a pull by id with source blocks takes batch index 0.
+fn block_lists(pull_from: Option<&RemoteCache>, s: &[u64], d: &[u64]) -> Result<()> {
     if d.is_empty() {
         return Err(Error::param("dst_blocks can not be empty."));
     }
-    if s.is_empty() {
+    if let Some(src) = pull_from
+        && s.is_empty()
+    {
         return match src {
             RemoteCache::Blocks { .. } => Err(Error::param("src_blocks can not be empty.")),
             _ => Ok(()),
         };
     }
     same_length(s, d)?;
-    by_id_batch_zero(src)
-}
-
-/// A push's block lists: at least one pair.
-fn push_blocks(s: &[u64], d: &[u64]) -> Result<()> {
-    if d.is_empty() {
-        return Err(Error::param("dst_blocks can not be empty."));
-    }
-    same_length(s, d)
+    pull_from.map_or(Ok(()), by_id_batch_zero)
 }
 
 fn same_length(s: &[u64], d: &[u64]) -> Result<()> {

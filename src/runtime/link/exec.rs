@@ -232,7 +232,7 @@ impl LinkShared {
             (None, Err(Error::LanesExhausted { .. } | Error::Timeout { .. })) => Outcome::TimedOut,
             (None, Err(e)) => Outcome::Failed(Arc::new(e)),
         };
-        st.finish(self, outcome);
+        st.finish(&**self, outcome);
     }
 
     /// Lists a new transfer among the unfinished ones under the next sequence number (`list`
@@ -275,7 +275,7 @@ impl LinkShared {
                     peer: self.peer.clone(),
                     lanes: 0,
                 };
-                st.finish(self, Outcome::Failed(Arc::new(e)));
+                st.finish(&**self, Outcome::Failed(Arc::new(e)));
             }
         }
     }

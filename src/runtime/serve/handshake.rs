@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use super::limits::{self, Progress};
-use crate::auth::Psk;
+use crate::auth::{Psk, Role};
 use crate::error::Status;
 use crate::types::HostId;
 use crate::wire::{self, Hello, Kind, LaneRole, Refuse, WireError};
@@ -207,7 +207,7 @@ impl Handshake {
                         "no key to check an AUTH against",
                     ));
                 };
-                if !key.check_client(&hello.nonce, &sn, &hello.name, &answer) {
+                if !key.check(Role::Client, &hello.nonce, &sn, &hello.name, &answer) {
                     let why = format!("engine {:?} failed authentication", hello.name);
                     return Step::Refuse(Refusal::new(
                         Status::PARAM_INVALID,
@@ -358,7 +358,7 @@ mod tests {
     fn challenge(p: &[u8], key: &Psk, h: &Hello) -> [u8; 32] {
         let f = wire::decode_auth(p, 2).unwrap();
         assert!(
-            key.check_server(&h.nonce, &f[0], &h.name, &f[1]),
+            key.check(Role::Server, &h.nonce, &f[0], &h.name, &f[1]),
             "the server's proof"
         );
         f[0]

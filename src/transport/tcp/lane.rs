@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use crate::auth::Psk;
+use crate::auth::{Psk, Role};
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
 use crate::types::TransferOp;
@@ -111,7 +111,7 @@ impl Lane {
                     let f =
                         wire::decode_auth(p, 2).map_err(|e| LaneFail::Protocol(e.to_string()))?;
                     let (sn, proof) = (f[0], f[1]);
-                    if !key.check_server(&hello.nonce, &sn, &hello.name, &proof) {
+                    if !key.check(Role::Server, &hello.nonce, &sn, &hello.name, &proof) {
                         return Err(LaneFail::Auth("the peer does not know the pre-shared key"));
                     }
                     let mine = key.client_proof(&hello.nonce, &sn, &hello.name);
