@@ -201,6 +201,21 @@ pub(crate) struct BatchDesc {
     pub remote: WireDesc,
 }
 
+#[cfg(test)]
+impl BatchDesc {
+    /// A descriptor from `local` to `len` bytes at `offset` of the peer's region `region`.
+    pub(crate) fn of(local: usize, region: u32, offset: u64, len: u64) -> Self {
+        BatchDesc {
+            local,
+            remote: WireDesc {
+                region,
+                offset,
+                len,
+            },
+        }
+    }
+}
+
 impl split::Cut for BatchDesc {
     fn bytes(&self) -> u64 {
         self.remote.len

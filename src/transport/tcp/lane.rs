@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::auth::{Psk, Role};
 use crate::error::Status;
 use crate::io::{Inbound, IoVec, Sock, read_frame};
-use crate::types::TransferOp;
 use crate::types::batch::Descs;
+use crate::types::{BatchDesc, TransferOp, WireDesc};
 use crate::wire::{self, Hello, Kind, Refuse, Welcome};
 
 /// How a lane operation failed.
@@ -37,6 +37,32 @@ pub(super) enum LaneFail {
 /// it and skip a wake-up; large ones spend at most this much CPU more per call.
 const REPLY_SPIN: Duration = Duration::from_micros(50);
 
+/// A list's descriptors as a request carries them, into `wire`, and its local ranges, into
+/// `targets` (both cleared first): a run of descriptors that follow each other on both sides
+/// (the next local address and the next offset of the same remote region) is one descriptor,
+/// and local ranges that follow each other are one range. The bytes moved and their order are the list's; the request is shorter (10⁵
+/// descriptors of consecutive blocks: one instead of 2 MB of them), and the server checks the
+/// joined range against the same region.
+fn join_list(x: &[BatchDesc], wire: &mut Vec<WireDesc>, targets: &mut Vec<IoVec>) {
+    wire.clear();
+    targets.clear();
+    let mut local_end = usize::MAX;
+    for d in x {
+        if let Some(w) = wire.last_mut()
+            && d.local == local_end
+            && d.remote.region == w.region
+            && w.offset.checked_add(w.len) == Some(d.remote.offset)
+        {
+            w.len += d.remote.len;
+            targets.last_mut().expect("a range for each descriptor").len += d.remote.len as usize;
+        } else {
+            wire.push(d.remote);
+            IoVec::push_joined(targets, d.local, d.remote.len as usize);
+        }
+        local_end = d.local.wrapping_add(d.remote.len as usize);
+    }
+}
+
 /// One connection of a link, client side.
 #[derive(Debug)]
 pub(super) struct Lane {
@@ -45,6 +71,8 @@ pub(super) struct Lane {
     out: Vec<u8>,
     iov: Vec<IoVec>,
     targets: Vec<IoVec>,
+    /// A list request's descriptors as sent (each run adjacent on both sides joined in one).
+    wire: Vec<WireDesc>,
 }
 
 impl Lane {
@@ -76,6 +104,7 @@ impl Lane {
             out: Vec::with_capacity(256),
             iov: Vec::new(),
             targets: Vec::new(),
+            wire: Vec::new(),
         };
         // with a key, the nonce vouches for it on this very connection (admission priority)
         let mut vouched;
@@ -166,16 +195,25 @@ impl Lane {
         descs: Descs<'_>,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
+        self.targets.clear();
         match descs {
-            Descs::List(x) => wire::encode_xfer(&mut self.out, op, req, x.iter().map(|d| d.remote)),
+            Descs::List(x) => {
+                join_list(x, &mut self.wire, &mut self.targets);
+                wire::encode_xfer(&mut self.out, op, req, self.wire.iter().copied());
+            }
             Descs::Blocks(b) => {
                 debug_assert_eq!(b.layouts.len(), 1, "a frame carries one layout");
-                wire::encode_xfer_blocks(&mut self.out, op, req, &b.layouts[0].remote, b.remote_idx)
+                wire::encode_xfer_blocks(
+                    &mut self.out,
+                    op,
+                    req,
+                    &b.layouts[0].remote,
+                    b.remote_idx,
+                );
+                let t = &mut self.targets;
+                descs.for_each_local(|base, len| IoVec::push_joined(t, base, len));
             }
         }
-        self.targets.clear();
-        let t = &mut self.targets;
-        descs.for_each_local(|base, len| IoVec::push_joined(t, base, len));
         // SAFETY: the targets are the local ranges (this function's contract).
         unsafe { self.exchange_xfer(op, req, deadline) }
     }
@@ -342,5 +380,48 @@ fn refusal(p: &[u8], usable: bool) -> LaneFail {
             usable,
         },
         Err(e) => LaneFail::Protocol(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(local: usize, region: u32, offset: u64, len: u64) -> BatchDesc {
+        BatchDesc::of(local, region, offset, len)
+    }
+
+    /// Descriptors adjacent on both sides join; adjacent on one side only, or in another
+    /// region, they stay apart (local ranges that follow each other still join); the bytes
+    /// and their order are the list's.
+    #[test]
+    fn a_list_joins_runs_adjacent_on_both_sides() {
+        let list = [
+            d(1000, 1, 0, 64),
+            d(1064, 1, 64, 64),   // joins: next local, next offset
+            d(1128, 1, 128, 32),  // joins
+            d(1160, 1, 4096, 64), // local adjacent, remote not: a new descriptor, same range
+            d(5000, 1, 4160, 64), // remote adjacent, local not: a new descriptor and range
+            d(5064, 2, 4224, 64), // local adjacent, another region
+            d(5128, 2, 4288, 8),  // joins the one before
+        ];
+        let (mut wire, mut targets) = (vec![d(9, 9, 9, 9).remote], vec![]);
+        join_list(&list, &mut wire, &mut targets);
+        let w = |region, offset, len| WireDesc {
+            region,
+            offset,
+            len,
+        };
+        assert_eq!(
+            wire,
+            [w(1, 0, 160), w(1, 4096, 64), w(1, 4160, 64), w(2, 4224, 72)]
+        );
+        let t: Vec<(usize, usize)> = targets.iter().map(|v| (v.base, v.len)).collect();
+        assert_eq!(t, [(1000, 224), (5000, 136)]);
+        let bytes = |it: &mut dyn Iterator<Item = u64>| it.sum::<u64>();
+        assert_eq!(
+            bytes(&mut wire.iter().map(|x| x.len)),
+            bytes(&mut list.iter().map(|x| x.remote.len))
+        );
     }
 }

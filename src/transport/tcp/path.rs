@@ -125,8 +125,8 @@ impl DataPath for TcpPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::BatchDesc;
     use crate::types::batch::Parts;
-    use crate::types::{BatchDesc, WireDesc};
 
     /// A sync batch's parts as `TcpPath::run_sync` cuts them (none when it runs whole).
     fn split(xds: &[BatchDesc], bytes: u64, lanes: usize, min_part: u64) -> Vec<Vec<BatchDesc>> {
@@ -141,14 +141,7 @@ mod tests {
     }
 
     fn xd(local: usize, region: u32, offset: u64, len: u64) -> BatchDesc {
-        BatchDesc {
-            local,
-            remote: WireDesc {
-                region,
-                offset,
-                len,
-            },
-        }
+        BatchDesc::of(local, region, offset, len)
     }
 
     #[test]
