@@ -16,13 +16,16 @@ pub(crate) trait Cut: Copy {
 pub(crate) fn split<T: Cut>(items: &[T], parts: usize) -> Vec<Vec<T>> {
     let total: u64 = items.iter().map(Cut::bytes).sum();
     let share = total.div_ceil(parts.max(1) as u64).max(1);
-    let mut out: Vec<Vec<T>> = vec![Vec::new()];
+    // each run holds about its share of the items (and the pieces of one cut at its ends)
+    let per = items.len() / parts.max(1) + 2;
+    let mut out: Vec<Vec<T>> = Vec::with_capacity(parts.max(1) + 1);
+    out.push(Vec::with_capacity(per));
     let mut room = share;
     for item in items {
         let mut rest = *item;
         while rest.bytes() > 0 {
             if room == 0 {
-                out.push(Vec::new());
+                out.push(Vec::with_capacity(per));
                 room = share;
             }
             let last = out.last_mut().expect("at least one run");
