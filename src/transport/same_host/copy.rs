@@ -18,6 +18,18 @@ pub(crate) struct MemCopy {
     pub len: usize,
 }
 
+impl MemCopy {
+    /// Appends a copy of `len` bytes from `src` to `dst`, in the last copy when it follows it on
+    /// both sides (as [`Pairs::push`] joins `process_vm_*` pairs): a batch of adjacent blocks is
+    /// one copy before it is cut into parts.
+    pub(crate) fn push_joined(v: &mut Vec<MemCopy>, src: usize, dst: usize, len: usize) {
+        match v.last_mut() {
+            Some(c) if c.src + c.len == src && c.dst + c.len == dst => c.len += len,
+            _ => v.push(MemCopy { src, dst, len }),
+        }
+    }
+}
+
 impl Cut for MemCopy {
     fn bytes(&self) -> u64 {
         self.len as u64

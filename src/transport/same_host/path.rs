@@ -402,17 +402,7 @@ impl SameHostPath {
                                 TransferOp::Write => (d.local, m.at(off)),
                                 TransferOp::Read => (m.at(off), d.local),
                             };
-                            // a copy that follows the one before on both sides joins it
-                            match plan.copies.last_mut() {
-                                Some(c) if c.src + c.len == src && c.dst + c.len == dst => {
-                                    c.len += len as usize;
-                                }
-                                _ => plan.copies.push(MemCopy {
-                                    src,
-                                    dst,
-                                    len: len as usize,
-                                }),
-                            }
+                            MemCopy::push_joined(&mut plan.copies, src, dst, len as usize);
                         }
                         // a memfd region is reached through its mapping or not at all (never
                         // process_vm: `reaches` keeps such batches off this path)

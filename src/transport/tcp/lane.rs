@@ -46,10 +46,11 @@ const REPLY_SPIN: Duration = Duration::from_micros(50);
 fn join_list(x: &[BatchDesc], wire: &mut Vec<WireDesc>, targets: &mut Vec<IoVec>) {
     wire.clear();
     targets.clear();
-    let mut local_end = usize::MAX;
     for d in x {
+        // the last range ends where the descriptor before this one ended locally
+        let follows_locally = targets.last().is_some_and(|t| t.base + t.len == d.local);
         if let Some(w) = wire.last_mut()
-            && d.local == local_end
+            && follows_locally
             && d.remote.region == w.region
             && w.offset.checked_add(w.len) == Some(d.remote.offset)
         {
@@ -59,7 +60,6 @@ fn join_list(x: &[BatchDesc], wire: &mut Vec<WireDesc>, targets: &mut Vec<IoVec>
             wire.push(d.remote);
             IoVec::push_joined(targets, d.local, d.remote.len as usize);
         }
-        local_end = d.local.wrapping_add(d.remote.len as usize);
     }
 }
 
@@ -195,7 +195,6 @@ impl Lane {
         descs: Descs<'_>,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        self.targets.clear();
         match descs {
             Descs::List(x) => {
                 join_list(x, &mut self.wire, &mut self.targets);
@@ -211,6 +210,7 @@ impl Lane {
                     b.remote_idx,
                 );
                 let t = &mut self.targets;
+                t.clear();
                 descs.for_each_local(|base, len| IoVec::push_joined(t, base, len));
             }
         }
