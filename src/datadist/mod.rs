@@ -38,7 +38,7 @@ pub mod typed;
 mod types;
 
 pub use self::core::args::{self, CacheArg, ExtParam, LayerRange};
-pub use self::core::{DataDist, MAX_COMMS, MAX_LINKS, RegisterMemStatus};
+pub use self::core::{CannPart, DataDist, MAX_COMMS, MAX_LINKS, RegisterMemStatus};
 pub use typed::{
     Cache, Cluster, Decoder, Layout, LinkedCluster, Mix, PeerCache, Prompt, Rejected, RoleState,
 };

@@ -122,51 +122,64 @@ impl From<crate::Error> for Error {
 /// The results of LLM-DataDist's calls.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A cluster's role (`llm_datadist::LlmRole`): a prompt (prefill) side, a decoder side, or
-/// both. It says who pulls and who pushes in the caller's design; links work both ways in any
-/// role (as upstream's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum Role {
-    /// `kPrompt` = 1.
-    Prompt = 1,
-    /// `kDecoder` = 2.
-    Decoder = 2,
-    /// `kMix` = 3.
-    Mix = 3,
-}
-
-impl Role {
-    /// The role for its value (1, 2, 3).
-    pub fn from_value(v: i32) -> Option<Role> {
-        match v {
-            1 => Some(Role::Prompt),
-            2 => Some(Role::Decoder),
-            3 => Some(Role::Mix),
-            _ => None,
+/// A C-valued enum of LLM-DataDist's: the declaration and its value both ways
+/// (`from_value`, `value`), each variant's value written once.
+macro_rules! valued {
+    (
+        $(#[$m:meta])*
+        pub enum $name:ident: $repr:ident {
+            $($(#[$vm:meta])* $var:ident = $val:literal,)*
         }
+    ) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[$vm])* $var = $val,)*
+        }
+
+        impl $name {
+            /// The variant for its value, if there is one.
+            pub fn from_value(v: $repr) -> Option<Self> {
+                match v {
+                    $($val => Some(Self::$var),)*
+                    _ => None,
+                }
+            }
+            /// Its value.
+            pub fn value(self) -> $repr {
+                self as $repr
+            }
+        }
+    };
+}
+pub(crate) use valued;
+
+valued! {
+    /// A cluster's role (`llm_datadist::LlmRole`): a prompt (prefill) side, a decoder side, or
+    /// both. It says who pulls and who pushes in the caller's design; links work both ways in any
+    /// role (as upstream's).
+    pub enum Role: i32 {
+        /// `kPrompt` = 1.
+        Prompt = 1,
+        /// `kDecoder` = 2.
+        Decoder = 2,
+        /// `kMix` = 3.
+        Mix = 3,
     }
 }
 
-/// Where a cache's tensors live (`CachePlacement`: `kHost` 0, `kDevice` 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Placement {
-    /// Host memory.
-    Host = 0,
-    /// Device memory (Ascend; on the ACL/HCCL test double without hardware).
-    Device = 1,
+valued! {
+    /// Where a cache's tensors live (`CachePlacement`: `kHost` 0, `kDevice` 1).
+    pub enum Placement: u32 {
+        /// Host memory.
+        Host = 0,
+        /// Device memory (Ascend; on the ACL/HCCL test double without hardware).
+        Device = 1,
+    }
 }
 
 impl Placement {
-    /// The placement for its value (0, 1).
-    pub fn from_value(v: u32) -> Option<Placement> {
-        match v {
-            0 => Some(Placement::Host),
-            1 => Some(Placement::Device),
-            _ => None,
-        }
-    }
     /// The engine's memory type for it.
     pub fn mem_type(self) -> crate::MemType {
         match self {
@@ -227,27 +240,15 @@ impl DataType {
     }
 }
 
-/// What a cache is, as a peer addresses it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum CacheKind {
-    /// Batches of sequences (`shape[batch_dim]` batches): pulled and pushed by batch index.
-    Cache = 0,
-    /// Blocks (`shape[0]` blocks, paged attention): pulled and pushed by block index.
-    Blocks = 1,
-    /// Both (the C++ API's `RegisterKvCache`): `shape[0]` batches that are also blocks.
-    Mix = 2,
-}
-
-impl CacheKind {
-    /// The kind for its value.
-    pub fn from_value(v: u32) -> Option<CacheKind> {
-        match v {
-            0 => Some(CacheKind::Cache),
-            1 => Some(CacheKind::Blocks),
-            2 => Some(CacheKind::Mix),
-            _ => None,
-        }
+valued! {
+    /// What a cache is, as a peer addresses it.
+    pub enum CacheKind: u32 {
+        /// Batches of sequences (`shape[batch_dim]` batches): pulled and pushed by batch index.
+        Cache = 0,
+        /// Blocks (`shape[0]` blocks, paged attention): pulled and pushed by block index.
+        Blocks = 1,
+        /// Both (the C++ API's `RegisterKvCache`): `shape[0]` batches that are also blocks.
+        Mix = 2,
     }
 }
 

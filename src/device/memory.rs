@@ -124,26 +124,53 @@ pub(crate) struct DeviceMem {
     engine: u64,
 }
 
+/// What a [`DeviceMem`] is allocated as: the three buffer kinds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Alloc {
+    /// Device memory: `aclrtMalloc` (`ACL_MEM_MALLOC_HUGE_ONLY`), a [`DeviceBuffer`].
+    Device,
+    /// Pinned host memory: `aclrtMallocHost`, zeroed, a [`PinnedHostBuffer`].
+    PinnedHost,
+    /// Fabric memory of this type (ACL's VMM, HIXL's `MallocMem`), a [`FabricBuffer`].
+    Fabric(MemType),
+}
+
 impl DeviceMem {
-    /// `len` bytes of `engine`'s memory on `dev` under its token `ctx`: `aclrtMalloc`
-    /// (`ACL_MEM_MALLOC_HUGE_ONLY`), or `aclrtMallocHost` for `host`.
-    fn alloc_acl(
-        dev: &Device,
+    /// `len` bytes of `engine`'s memory on `device` under its token `ctx`, as `kind` says:
+    /// the one allocation of every buffer kind, after the one check ([`check_alloc`]).
+    pub(crate) fn alloc(
+        device: &Arc<Device>,
         engine: u64,
         ctx: &ContextToken<'_>,
         len: usize,
-        host: bool,
+        kind: Alloc,
     ) -> Result<Self, Error> {
         check_alloc(engine, ctx, len)?;
-        let buf = if host {
-            dev.acl.malloc_host(len)?
-        } else {
-            dev.acl.malloc_device(len, MallocPolicy::HugeOnly)?
+        let acl = &device.acl;
+        let owner = match kind {
+            Alloc::Device => Owner::Acl(acl.malloc_device(len, MallocPolicy::HugeOnly)?),
+            Alloc::PinnedHost => {
+                let buf = acl.malloc_host(len)?;
+                // SAFETY: `aclrtMallocHost` returned `buf.len()` bytes of host memory owned by
+                // `buf`, not registered yet (no peer reaches it); they are zeroed through the
+                // raw pointer before any `&[u8]` to them exists (a slice over uninitialised
+                // bytes would be UB).
+                unsafe { std::ptr::write_bytes(buf.addr() as *mut u8, 0, buf.len()) };
+                Owner::Acl(buf)
+            }
+            Alloc::Fabric(mem_type) => {
+                acl.check_vmm()?;
+                let _g = device.enter()?;
+                let addr = fabric::malloc_with(acl, mem_type, len)?;
+                Owner::Vmm(Vmm {
+                    addr,
+                    len,
+                    mem_type,
+                    device: device.clone(),
+                })
+            }
         };
-        Ok(Self {
-            owner: Owner::Acl(buf),
-            engine,
-        })
+        Ok(Self { owner, engine })
     }
 
     fn addr(&self) -> usize {
@@ -266,15 +293,6 @@ impl fmt::Debug for DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    pub(crate) fn alloc(
-        dev: &Device,
-        engine: u64,
-        ctx: &ContextToken<'_>,
-        len: usize,
-    ) -> Result<Self, Error> {
-        DeviceMem::alloc_acl(dev, engine, ctx, len, false).map(|mem| Self { mem })
-    }
-
     /// The engine it was allocated by.
     pub fn engine_id(&self) -> u64 {
         self.mem.engine
@@ -299,22 +317,6 @@ pub struct PinnedHostBuffer {
 impl fmt::Debug for PinnedHostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.mem.debug(f, "PinnedHostBuffer").finish()
-    }
-}
-
-impl PinnedHostBuffer {
-    pub(crate) fn alloc(
-        dev: &Device,
-        engine: u64,
-        ctx: &ContextToken<'_>,
-        len: usize,
-    ) -> Result<Self, Error> {
-        let mem = DeviceMem::alloc_acl(dev, engine, ctx, len, true)?;
-        // SAFETY: `aclrtMallocHost` returned `len` bytes of host memory owned by `mem`; they are
-        // zeroed through the raw pointer before any `&[u8]` to them exists (a slice over
-        // uninitialised bytes would be UB).
-        unsafe { std::ptr::write_bytes(mem.addr() as *mut u8, 0, mem.len()) };
-        Ok(Self { mem })
     }
 }
 
@@ -355,30 +357,6 @@ impl fmt::Debug for FabricBuffer {
 }
 
 impl FabricBuffer {
-    pub(crate) fn alloc(
-        device: &Arc<Device>,
-        engine: u64,
-        ctx: &ContextToken<'_>,
-        mem_type: MemType,
-        len: usize,
-    ) -> Result<Self, Error> {
-        check_alloc(engine, ctx, len)?;
-        device.acl.check_vmm()?;
-        let _g = device.enter()?;
-        let addr = fabric::malloc_with(&device.acl, mem_type, len)?;
-        Ok(Self {
-            mem: DeviceMem {
-                owner: Owner::Vmm(Vmm {
-                    addr,
-                    len,
-                    mem_type,
-                    device: device.clone(),
-                }),
-                engine,
-            },
-        })
-    }
-
     /// Device or host memory.
     pub fn mem_type(&self) -> MemType {
         self.mem.mem_type()
@@ -437,3 +415,15 @@ unsafe impl RegistrableMemory for FabricBuffer {
         unsafe { DeviceMem::from_raw_parts(raw) }
     }
 }
+
+/// Each buffer kind over the memory [`DeviceMem::alloc`] made for it.
+macro_rules! from_mem {
+    ($($ty:ident),*) => {$(
+        impl From<DeviceMem> for $ty {
+            fn from(mem: DeviceMem) -> Self {
+                Self { mem }
+            }
+        }
+    )*};
+}
+from_mem!(DeviceBuffer, PinnedHostBuffer, FabricBuffer);

@@ -15,7 +15,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::device::{ContextToken, DetachedContext, Device};
+use crate::device::{Alloc, ContextToken, DetachedContext, DeviceMem};
 use crate::error::{Error, Status};
 use crate::link::Link;
 use crate::memory::Region;
@@ -259,7 +259,8 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::DeviceBuffer, Error> {
-        crate::DeviceBuffer::alloc(self.device()?, self.inner.id, ctx, len)
+        self.alloc(ctx, len, Alloc::Device)
+            .map(crate::DeviceBuffer::from)
     }
 
     /// Allocates `len` bytes of fabric memory (ACL virtual memory, HIXL's `MallocMem`) of
@@ -276,17 +277,8 @@ impl<S: State> Hixl<S> {
         mem_type: MemType,
         len: usize,
     ) -> Result<crate::fabric::FabricBuffer, Error> {
-        let device = match &self.inner.device {
-            Some(d) if self.inner.options.uses_fabric_mem() => d,
-            _ => {
-                return Err(Error::UnsupportedMemory {
-                    mem_type,
-                    why: "fabric memory needs a fabric-memory engine (Options::fabric_mem, or \
-                          EnableUseFabricMem=1)",
-                });
-            }
-        };
-        crate::fabric::FabricBuffer::alloc(device, self.inner.id, ctx, mem_type, len)
+        self.alloc(ctx, len, Alloc::Fabric(mem_type))
+            .map(crate::fabric::FabricBuffer::from)
     }
 
     /// Allocates `len` zeroed bytes of pinned host memory (`aclrtMallocHost`).
@@ -298,17 +290,31 @@ impl<S: State> Hixl<S> {
         ctx: &ContextToken<'_>,
         len: usize,
     ) -> Result<crate::PinnedHostBuffer, Error> {
-        crate::PinnedHostBuffer::alloc(self.device()?, self.inner.id, ctx, len)
+        self.alloc(ctx, len, Alloc::PinnedHost)
+            .map(crate::PinnedHostBuffer::from)
     }
 
-    fn device(&self) -> Result<&Device, Error> {
-        self.inner
-            .device
-            .as_deref()
-            .ok_or(Error::UnsupportedMemory {
-                mem_type: MemType::Device,
-                why: self.inner.no_device,
-            })
+    /// The one allocation of the three: on the engine's device (fabric memory only on a
+    /// fabric-memory engine), under the engine's token.
+    fn alloc(&self, ctx: &ContextToken<'_>, len: usize, kind: Alloc) -> Result<DeviceMem, Error> {
+        let device = match (&self.inner.device, kind) {
+            (Some(d), Alloc::Fabric(_)) if self.inner.options.uses_fabric_mem() => d,
+            (_, Alloc::Fabric(mem_type)) => {
+                return Err(Error::UnsupportedMemory {
+                    mem_type,
+                    why: "fabric memory needs a fabric-memory engine (Options::fabric_mem, or \
+                          EnableUseFabricMem=1)",
+                });
+            }
+            (Some(d), _) => d,
+            (None, _) => {
+                return Err(Error::UnsupportedMemory {
+                    mem_type: MemType::Device,
+                    why: self.inner.no_device,
+                });
+            }
+        };
+        DeviceMem::alloc(device, self.inner.id, ctx, len, kind)
     }
 }
 

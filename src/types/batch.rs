@@ -112,14 +112,10 @@ impl<'a> Descs<'a> {
     }
 }
 
-impl<'a> From<&'a [BatchDesc]> for Descs<'a> {
-    fn from(x: &'a [BatchDesc]) -> Self {
-        Self::List(x)
-    }
-}
-impl<'a> From<&'a Vec<BatchDesc>> for Descs<'a> {
-    fn from(x: &'a Vec<BatchDesc>) -> Self {
-        Self::List(x)
+/// A list from anything that lends its descriptors as a slice (a slice, a `Vec`, an array).
+impl<'a, T: AsRef<[BatchDesc]> + ?Sized> From<&'a T> for Descs<'a> {
+    fn from(x: &'a T) -> Self {
+        Self::List(x.as_ref())
     }
 }
 impl<'a> From<BlockBatch<'a>> for Descs<'a> {

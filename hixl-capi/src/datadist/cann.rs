@@ -6,7 +6,7 @@
 
 use std::ffi::c_char;
 
-use hixl_rs::datadist::{CacheArg, DataDist, ExtParam};
+use hixl_rs::datadist::{CacheArg, CannPart, DataDist, ExtParam};
 
 use super::{
     DdCacheIndex, DdClusterInfo, DdLayers, HixlDd, LlmStatusCode, R, by_id, index, initialize,
@@ -146,7 +146,11 @@ pub unsafe extern "C" fn hixl_dd_cann_pull_cache(
     // SAFETY: the caller's contract.
     let args = || unsafe { Ok((index(src, "src")?, self::ext(ext)?)) };
     with(dd, args, |d, (src, e)| {
-        d.cann_pull(&by_id(&src), dst_cache_id, dst_batch_index, size, None, &e)
+        let part = CannPart::Batch {
+            index: dst_batch_index,
+            size,
+        };
+        d.cann_pull(&by_id(&src), dst_cache_id, part, &e)
     })
 }
 
@@ -172,7 +176,12 @@ pub unsafe extern "C" fn hixl_dd_cann_pull_blocks(
         Ok((index(src, "src")?, b, self::ext(ext)?))
     };
     with(dd, args, |d, (src, b, e)| {
-        d.cann_pull(&by_id(&src), dst_cache_id, 0, -1, Some(b), &e)
+        let (src_blocks, dst_blocks) = b;
+        let part = CannPart::Blocks {
+            src: src_blocks,
+            dst: dst_blocks,
+        };
+        d.cann_pull(&by_id(&src), dst_cache_id, part, &e)
     })
 }
 
@@ -194,7 +203,11 @@ pub unsafe extern "C" fn hixl_dd_cann_push_cache(
     // SAFETY: the caller's contract.
     let args = || unsafe { Ok((cache_arg(src)?, index(dst, "dst")?, self::ext(ext)?)) };
     with(dd, args, |d, (src, dst, e)| {
-        d.cann_push(&src, &by_id(&dst), src_batch_index, size, None, &e)
+        let part = CannPart::Batch {
+            index: src_batch_index,
+            size,
+        };
+        d.cann_push(&src, &by_id(&dst), part, &e)
     })
 }
 
@@ -221,6 +234,11 @@ pub unsafe extern "C" fn hixl_dd_cann_push_blocks(
         Ok((cache_arg(src)?, index(dst, "dst")?, b, self::ext(ext)?))
     };
     with(dd, args, |d, (src, dst, b, e)| {
-        d.cann_push(&src, &by_id(&dst), 0, -1, Some(b), &e)
+        let (src_blocks, dst_blocks) = b;
+        let part = CannPart::Blocks {
+            src: src_blocks,
+            dst: dst_blocks,
+        };
+        d.cann_push(&src, &by_id(&dst), part, &e)
     })
 }

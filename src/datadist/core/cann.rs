@@ -72,7 +72,8 @@ impl DataDist {
     }
 
     /// `PullKvCache` / `PullKvBlocks` with CANN's `KvCacheExtParam`
-    /// ([`ExtParam::pull_layers`]), source blocks required (CANN's class has no pull of a
+    /// ([`ExtParam::pull_layers`]): into batch `index` of `dst_cache` (`size` bytes of each
+    /// tensor), or blocks from source blocks, which are required (CANN's class has no pull of a
     /// peer's batch into blocks); then [`DataDist::pull`].
     ///
     /// # Errors
@@ -81,22 +82,22 @@ impl DataDist {
         &self,
         src: &RemoteCache,
         dst_cache: i64,
-        dst_batch: u32,
-        size: i64,
-        blocks: Option<(&[u64], &[u64])>,
+        part: CannPart<'_>,
         ext: &ExtParam,
     ) -> Result<()> {
         self.ready()?;
-        if blocks.is_some_and(|(s, _)| s.is_empty()) {
+        if let CannPart::Blocks { src: [], .. } = part {
             // (CANN's class has no pull of a peer's batch cut into blocks)
             return Err(Error::param("src_blocks can not be empty."));
         }
         let layers = ext.pull_layers()?;
-        self.pull(src, dst_cache, dst_batch, size, blocks, &layers)
+        let (batch, size, blocks) = part.args();
+        self.pull(src, dst_cache, batch, size, blocks, &layers)
     }
 
     /// `PushKvCache` / `PushKvBlocks` with CANN's `Cache` argument and `KvCacheExtParam`
-    /// (`size` -1, [`ExtParam::push_layers`]); then [`DataDist::push`].
+    /// ([`ExtParam::push_layers`]): batch `index` of `src` (`size` -1), or its blocks; then
+    /// [`DataDist::push`].
     ///
     /// # Errors
     /// As [`DataDist::push`].
@@ -104,15 +105,48 @@ impl DataDist {
         &self,
         src: &CacheArg,
         dst: &RemoteCache,
-        src_batch: u32,
-        size: i64,
-        blocks: Option<(&[u64], &[u64])>,
+        part: CannPart<'_>,
         ext: &ExtParam,
     ) -> Result<()> {
         self.ready()?;
+        let (batch, size, blocks) = part.args();
         push_size(size)?;
         let layers = ext.push_layers(src)?;
-        self.push(src.cache_id, dst, src_batch, blocks, &layers)
+        self.push(src.cache_id, dst, batch, blocks, &layers)
+    }
+}
+
+/// What one of CANN's C++ class's moves names on the local side: its two forms, `…KvCache` and
+/// `…KvBlocks`, whose arguments never mix.
+#[derive(Debug, Clone, Copy)]
+pub enum CannPart<'a> {
+    /// `PullKvCache` / `PushKvCache`: a batch of the local cache and the bytes of each tensor
+    /// (`-1`: a whole batch; a push takes only `-1`).
+    Batch {
+        /// The batch index.
+        index: u32,
+        /// Bytes of each tensor.
+        size: i64,
+    },
+    /// `PullKvBlocks` / `PushKvBlocks`: block `src[i]` moves to block `dst[i]`.
+    Blocks {
+        /// The source side's block indices.
+        src: &'a [u64],
+        /// The destination side's block indices.
+        dst: &'a [u64],
+    },
+}
+
+/// The block lists as the instance's calls take them (source, destination), if any.
+type BlockLists<'a> = Option<(&'a [u64], &'a [u64])>;
+
+impl<'a> CannPart<'a> {
+    /// As the instance's calls take it: the batch, the size, the block lists.
+    fn args(self) -> (u32, i64, BlockLists<'a>) {
+        match self {
+            Self::Batch { index, size } => (index, size, None),
+            Self::Blocks { src, dst } => (0, -1, Some((src, dst))),
+        }
     }
 }
 

@@ -37,6 +37,7 @@ mod moves;
 mod rank;
 mod uses;
 use caches::register_tensors;
+pub use cann::CannPart;
 use moves::last_failure;
 pub use rank::{MAX_COMMS, RegisterMemStatus};
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 use super::engine::DdEngine;
 use super::{Config, DataDist, PeerLink, set_device};
 use crate::datadist::table::TABLE_LEN;
-use crate::datadist::types::{Error, LlmStatus, Result};
+use crate::datadist::types::{Error, LlmStatus, Result, valued};
 use crate::runtime::transports::{RankComm, rank_server_ip};
 use crate::sync::lock;
 use crate::{Access, DetachedContext, MemType};
@@ -42,22 +42,16 @@ use crate::{Access, DetachedContext, MemType};
 /// Most communicators an instance holds at a time (upstream's `kMaxLinkNum`).
 pub const MAX_COMMS: usize = 512;
 
-/// What [`DataDist::link_comm`]'s task is at (upstream's `RegisterMemStatus`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum RegisterMemStatus {
-    /// Linked: every peer's engine is linked, pulls and pushes work.
-    Ok = 0,
-    /// Still preparing (the communicator, the descriptor exchange, the engine links).
-    Preparing = 1,
-    /// It failed; [`DataDist::unlink_comm`] releases it.
-    Failed = 2,
-}
-
-impl RegisterMemStatus {
-    /// The Python package's value (`OK` 0, `PREPARING` 1, `FAILED` 2).
-    pub fn value(self) -> i32 {
-        self as i32
+valued! {
+    /// What [`DataDist::link_comm`]'s task is at (upstream's `RegisterMemStatus`; its value is
+    /// the Python package's: `OK` 0, `PREPARING` 1, `FAILED` 2).
+    pub enum RegisterMemStatus: i32 {
+        /// Linked: every peer's engine is linked, pulls and pushes work.
+        Ok = 0,
+        /// Still preparing (the communicator, the descriptor exchange, the engine links).
+        Preparing = 1,
+        /// It failed; [`DataDist::unlink_comm`] releases it.
+        Failed = 2,
     }
 }
 

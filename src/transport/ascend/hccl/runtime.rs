@@ -328,7 +328,14 @@ mod tests {
         let fabric = crate::transport::ascend::fabric::FabricRt::start(&o).expect("fabric");
         assert!(fabric.device.acl.same_table(&f.acl));
         let buf = crate::device::bind(7, Some(&fabric.device), |tok| {
-            crate::device::FabricBuffer::alloc(&fabric.device, 7, tok, MemType::Device, 4096)
+            crate::device::DeviceMem::alloc(
+                &fabric.device,
+                7,
+                tok,
+                4096,
+                crate::device::Alloc::Fabric(MemType::Device),
+            )
+            .map(crate::device::FabricBuffer::from)
         })
         .unwrap()
         .expect("fabric memory");
