@@ -36,6 +36,13 @@ from llm_datadist.v2.llm_types import (
 from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, pack_key, start_transfer
 
 _INVALID_ID = 2**64 - 1
+_SUCCESS = int(LLMStatusCode.LLM_SUCCESS)
+# the classes a move's arguments may be (checked by one isinstance each)
+_CACHE = (Cache,)
+_ID_KEY = (CacheKeyByIdAndIndex,)
+_BLOCKS_KEY = (BlocksCacheKey,)
+_BATCH_KEYS = (CacheKey, CacheKeyByIdAndIndex)
+_ANY_KEY = (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey)
 _KIND_CACHE = 0
 _KIND_BLOCKS = 1
 
@@ -190,6 +197,20 @@ class CacheManager:
             handle_llm_status(self._native.ready(), f"[{func}]", "the instance is not initialized")
             raise
 
+    def _classes(self, func, *args):
+        """Each ``(name, value, classes)`` of a move's arguments is an instance of `classes` (a
+        tuple); else ``LLM_PARAM_INVALID`` as ``check_isinstance`` words it, after the
+        instance's own failure. One ``isinstance`` each on the way to the native call."""
+        for name, value, classes in args:
+            if not isinstance(value, classes):
+                with self._typing(func):
+                    check_isinstance(name, value, list(classes), allow_none=False)
+
+    def _refuse(self, func, fmt, *args):
+        """Raises ``LLM_PARAM_INVALID`` with `fmt`, after the instance's own failure."""
+        with self._typing(func):
+            raise_if_true(True, fmt, *args)
+
     def set_is_call_linked(self):
         self._is_call_linked = True
 
@@ -251,11 +272,12 @@ class CacheManager:
         src_layer_range = kwargs.pop("src_layer_range", None)
         dst_layer_range = kwargs.pop("dst_layer_range", None)
         tnpl = kwargs.pop("tensor_num_per_layer", NUM_TENSORS_PER_LAYER)
-        with self._typing(func):
-            raise_if_true(kwargs, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
+        if kwargs:
+            self._refuse(func, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
         ret = self._native.pull(pack_key(key), dst_cache.cache_id, batch_index, size, blocks, src_layer_range,
                                 dst_layer_range, tnpl)
-        handle_llm_status(ret, f"[{func}]", f"cache_key = {key}")
+        if ret != _SUCCESS:
+            handle_llm_status(ret, f"[{func}]", f"cache_key = {key}")
         log.info("[%s] success", func)
 
     def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], cache: Cache, batch_index: int = 0,
@@ -263,9 +285,7 @@ class CacheManager:
         """Pulls a peer's batch (the key's `batch_index`, or the batch its `CacheKey` names)
         into batch `batch_index` of `cache`: `size` bytes of each tensor (`-1`: a whole batch).
         ``src_layer_range``/``dst_layer_range``/``tensor_num_per_layer`` select layers."""
-        with self._typing("pull_cache"):
-            check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
-            check_isinstance("cache", cache, Cache, allow_none=False)
+        self._classes("pull_cache", ("cache_key", cache_key, _BATCH_KEYS), ("cache", cache, _CACHE))
         self._pull("pull_cache", cache_key, cache, batch_index, size, None, kwargs)
 
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
@@ -276,14 +296,12 @@ class CacheManager:
         ``CacheKey`` or ``CacheKeyByIdAndIndex`` (CANN's cache-to-blocks pull) the peer's batch
         is cut into blocks of `dst_cache`, piece j into `dst_blocks[j]`, and `src_blocks` stays
         empty."""
-        with self._typing("pull_blocks"):
-            check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
-                             allow_none=False)
-            check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
-            # which key names blocks is this API's: the C ABI pulls blocks by a cache id
-            raise_if_true(not isinstance(src_cache_key, BlocksCacheKey) and isinstance(src_blocks, (list, tuple))
-                          and len(src_blocks) > 0,
-                          "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
+        self._classes("pull_blocks", ("src_cache_key", src_cache_key, _ANY_KEY), ("dst_cache", dst_cache, _CACHE))
+        # which key names blocks is this API's: the C ABI pulls blocks by a cache id
+        if (not isinstance(src_cache_key, BlocksCacheKey) and isinstance(src_blocks, (list, tuple))
+                and len(src_blocks) > 0):
+            self._refuse("pull_blocks",
+                         "src_blocks should be empty when src_cache_key is not instance of BlocksCacheKey.")
         self._pull("pull_blocks", src_cache_key, dst_cache, 0, -1, (src_blocks, dst_blocks), kwargs)
 
     # ---- pushes ----
@@ -291,7 +309,8 @@ class CacheManager:
     def _push(self, func, key, src_cache, batch, size, blocks, src_layer_range, dst_layer_range, tnpl):
         ret = self._native.push(src_cache.cache_id, pack_key(key), batch, size, blocks, src_layer_range,
                                 dst_layer_range, tnpl, src_cache.cache_desc.num_tensors)
-        handle_llm_status(ret, f"[{func}]", f"dst_cache_key = {key}")
+        if ret != _SUCCESS:
+            handle_llm_status(ret, f"[{func}]", f"dst_cache_key = {key}")
         log.info("[%s] success", func)
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
@@ -299,9 +318,7 @@ class CacheManager:
                    tensor_num_per_layer=NUM_TENSORS_PER_LAYER) -> None:
         """Pushes batch `src_batch_index` of `src_cache` into the peer's batch the key names,
         one WRITE batch per layer (every layer by default)."""
-        with self._typing("push_cache"):
-            check_isinstance("dst_cache_key", dst_cache_key, [CacheKeyByIdAndIndex], allow_none=False)
-            check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        self._classes("push_cache", ("dst_cache_key", dst_cache_key, _ID_KEY), ("src_cache", src_cache, _CACHE))
         self._push("push_cache", dst_cache_key, src_cache, src_batch_index, size, None, src_layer_range,
                    dst_layer_range, tensor_num_per_layer)
 
@@ -311,9 +328,7 @@ class CacheManager:
                     dst_layer_range: range = None, tensor_num_per_layer=NUM_TENSORS_PER_LAYER):
         """Pushes block `src_blocks[i]` of `src_cache`'s tensors into block `dst_blocks[i]` of the
         peer's blocks cache, one WRITE batch per layer (every layer by default)."""
-        with self._typing("push_blocks"):
-            check_isinstance("dst_cache_key", dst_cache_key, [BlocksCacheKey], allow_none=False)
-            check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        self._classes("push_blocks", ("dst_cache_key", dst_cache_key, _BLOCKS_KEY), ("src_cache", src_cache, _CACHE))
         self._push("push_blocks", dst_cache_key, src_cache, 0, -1, (src_blocks, dst_blocks), src_layer_range,
                    dst_layer_range, tensor_num_per_layer)
 
