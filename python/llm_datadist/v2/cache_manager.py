@@ -33,7 +33,7 @@ from llm_datadist.v2.llm_types import (
     MemInfo,
     Placement,
 )
-from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, pack_key, start_transfer
+from llm_datadist.v2.llm_utils import NUM_TENSORS_PER_LAYER, start_transfer
 
 _INVALID_ID = 2**64 - 1
 _SUCCESS = int(LLMStatusCode.LLM_SUCCESS)
@@ -274,7 +274,7 @@ class CacheManager:
         tnpl = kwargs.pop("tensor_num_per_layer", NUM_TENSORS_PER_LAYER)
         if kwargs:
             self._refuse(func, "[{0}] unsupported arguments: {1}", func, sorted(kwargs))
-        ret = self._native.pull(pack_key(key), dst_cache.cache_id, batch_index, size, blocks, src_layer_range,
+        ret = self._native.pull(key._packed, dst_cache.cache_id, batch_index, size, blocks, src_layer_range,
                                 dst_layer_range, tnpl)
         if ret != _SUCCESS:
             handle_llm_status(ret, f"[{func}]", f"cache_key = {key}")
@@ -307,7 +307,7 @@ class CacheManager:
     # ---- pushes ----
 
     def _push(self, func, key, src_cache, batch, size, blocks, src_layer_range, dst_layer_range, tnpl):
-        ret = self._native.push(src_cache.cache_id, pack_key(key), batch, size, blocks, src_layer_range,
+        ret = self._native.push(src_cache.cache_id, key._packed, batch, size, blocks, src_layer_range,
                                 dst_layer_range, tnpl, src_cache.cache_desc.num_tensors)
         if ret != _SUCCESS:
             handle_llm_status(ret, f"[{func}]", f"dst_cache_key = {key}")

@@ -238,6 +238,8 @@ class BlocksCacheKey:
         self._model_id = kwargs.get("model_id", 0)
         check_uint64("cluster_id", self._cluster_id)
         check_uint64("model_id", self._model_id)
+        # the native module's form of a key, made once (a key does not change): (kind, cluster, a, b)
+        self._packed = (1, self._cluster_id, self._model_id, 0)
 
     @property
     def prompt_cluster_id(self) -> int:
@@ -270,6 +272,7 @@ class CacheKey:
         check_uint64("req_id", self._req_id)
         check_uint64("model_id", self._model_id)
         check_uint64("prefix_id", self._prefix_id)
+        self._packed = (2, self._cluster_id, self._req_id, self._model_id)
 
     @property
     def prompt_cluster_id(self) -> int:
@@ -304,6 +307,7 @@ class CacheKeyByIdAndIndex:
         check_int64("cache_id", cache_id)
         check_uint32("batch_index", batch_index)
         self._cluster_id, self._cache_id, self._batch_index = cluster_id, cache_id, batch_index
+        self._packed = (0, cluster_id, cache_id, batch_index)
 
     @property
     def cluster_id(self) -> int:

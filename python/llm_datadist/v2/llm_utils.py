@@ -1,5 +1,5 @@
-"""Helpers of the cache manager (CANN's ``llm_datadist.v2.llm_utils``): keys as the native module
-takes them, and ``transfer_cache_async``'s worker thread. The values are the native instance's
+"""Helpers of the cache manager (CANN's ``llm_datadist.v2.llm_utils``): ``transfer_cache_async``'s
+worker thread (a key reaches the native module as its ``_packed`` form, made when the key is). The values are the native instance's
 to check (``hixl::datadist::args``)."""
 
 from threading import Thread
@@ -11,22 +11,12 @@ from llm_datadist.utils.utils import check_isinstance
 from llm_datadist.v2.llm_types import (
     BlocksCacheKey,
     CacheKey,
-    CacheKeyByIdAndIndex,
     LayerSynchronizer,
     TransferConfig,
     TransferWithCacheKeyConfig,
 )
 
 NUM_TENSORS_PER_LAYER = 2
-
-
-def pack_key(key):
-    """A peer's cache as the native module names it: ``(kind, cluster, a, b)``."""
-    if isinstance(key, CacheKeyByIdAndIndex):
-        return (0, key.cluster_id, key.cache_id, key.batch_index)
-    if isinstance(key, BlocksCacheKey):
-        return (1, key.cluster_id, key.model_id, 0)
-    return (2, key.cluster_id, key.req_id, key.model_id)
 
 
 class TransferCacheJob:
@@ -63,7 +53,7 @@ class TransferCacheJob:
         else:
             blocks = None
             batch = config.src_batch_index
-        ret = self._cm._native.push(self._cache.cache_id, pack_key(key), batch, -1, blocks,
+        ret = self._cm._native.push(self._cache.cache_id, key._packed, batch, -1, blocks,
                                     range(src_layer, src_layer + 1), range(dst_layer, dst_layer + 1),
                                     NUM_TENSORS_PER_LAYER, self._cache.cache_desc.num_tensors)
         return code_2_status(ret)
@@ -143,4 +133,4 @@ def start_transfer(cache_manager, src_cache, layer_synchronizer, transfer_config
     return t
 
 
-__all__ = ["CacheKey", "pack_key", "start_transfer", "NUM_TENSORS_PER_LAYER"]
+__all__ = ["CacheKey", "start_transfer", "NUM_TENSORS_PER_LAYER"]
