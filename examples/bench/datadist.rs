@@ -53,6 +53,8 @@ pub struct Spec {
     pub rounds: usize,
     /// JSON rows.
     pub json: bool,
+    /// Over TCP (`hixl.SameHost` off on the decoder and the baseline engine), not same host.
+    pub tcp: bool,
 }
 
 fn desc(tensors: u32, block: u64) -> CacheDesc {
@@ -116,9 +118,12 @@ pub fn rows(s: &Spec) -> Result<(), Failure> {
     }
     let addr: std::net::SocketAddr = w[1].parse()?;
     let remote: Vec<u64> = w[2..].iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
-    let r = Cluster::<Decoder>::scope(2, &[("llm.SyncKvCacheWaitTime", "60000")], |decoder| {
-        measure(s, &decoder, addr, &remote)
-    });
+    let same_host = if s.tcp { "off" } else { "auto" };
+    let options = [
+        ("llm.SyncKvCacheWaitTime", "60000"),
+        ("hixl.SameHost", same_host),
+    ];
+    let r = Cluster::<Decoder>::scope(2, &options, |decoder| measure(s, &decoder, addr, &remote));
     drop(input);
     child.wait()?;
     r?
@@ -138,7 +143,11 @@ fn measure(
     let link = decoder.link(1, addr, Duration::from_secs(10))?;
     // the engine of the baseline: the same local memory, linked to the prompt's engine
     let engine = compat::Hixl::new();
-    engine.initialize("127.0.0.1", [("AutoConnect", "0")])?;
+    let same_host = if s.tcp { "off" } else { "auto" };
+    engine.initialize(
+        "127.0.0.1",
+        [("AutoConnect", "0"), ("hixl.SameHost", same_host)],
+    )?;
     for t in 0..s.tensors as usize {
         let d = compat::MemDesc {
             addr: cache.tensor_addr(t).ok_or("tensor")?,

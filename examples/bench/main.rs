@@ -217,6 +217,9 @@ struct Cli {
     /// Rounds of the --datadist rows (the median is over them)
     #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
     dd_rounds: u64,
+    /// The --datadist rows over TCP (same host off), not the same-host path
+    #[arg(long)]
+    dd_tcp: bool,
     /// Skip the first-round-after-connect rows (`cold`)
     #[arg(long)]
     no_cold: bool,
@@ -305,6 +308,7 @@ fn parse() -> Result<Args, String> {
             tensors: c.dd_tensors,
             block: c.dd_block,
             rounds: c.dd_rounds as usize,
+            tcp: c.dd_tcp,
             json: c.json,
         }),
         cold: (!c.no_cold && (!c.no_main || c.cold)).then_some(cold::Spec {

@@ -97,11 +97,22 @@ impl<'a> Descs<'a> {
         }
     }
 
-    /// The batch in up to `parts` parts of about equal bytes, in order (a list cut where a
-    /// part is full, a block batch in runs of its index pairs, every layout in each).
+    /// The batch in up to `parts` parts of about equal bytes, in order: a list cut where a
+    /// part is full; a block batch of at least `parts` layouts in runs of whole layouts (each
+    /// layout still one frame, not one a part: LLM-DataDist's layout a tensor), else in runs of
+    /// its index pairs, every layout in each.
     pub(crate) fn split(&self, parts: usize) -> Parts<'a> {
         match *self {
             Self::List(x) => Parts::List(split(x, parts)),
+            Self::Blocks(b) if b.layouts.len() >= parts.max(2) => {
+                let n = b.layouts.len();
+                let cut = |k: usize| n * k / parts;
+                let part = |k: usize| BlockBatch {
+                    layouts: &b.layouts[cut(k)..cut(k + 1)],
+                    ..b
+                };
+                Parts::Blocks((0..parts).map(part).collect())
+            }
             Self::Blocks(b) => {
                 let n = b.indices();
                 let parts = parts.clamp(1, n.max(1));
@@ -245,6 +256,18 @@ mod tests {
             n += parts.get(k).count();
         }
         assert_eq!(n, 14);
+        // no more parts than layouts: whole layouts, each with every index
+        let parts = d.split(2);
+        assert_eq!(parts.len(), 2);
+        let mut joined = Vec::new();
+        for k in 0..parts.len() {
+            let Descs::Blocks(p) = parts.get(k) else {
+                panic!("a block part")
+            };
+            assert_eq!((p.layouts.len(), p.indices()), (1, 7));
+            joined.extend(p.expand());
+        }
+        assert_eq!(joined, all);
         let owned = OwnedDescs::from(b);
         assert_eq!(owned.borrow().expand().into_owned(), all);
     }

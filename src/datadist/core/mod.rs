@@ -209,6 +209,9 @@ impl DataDist {
     /// - `llm.TransferBackend`: `hixl` (the engine), or absent (the same engine here);
     /// - `llm.RdmaTrafficClass`, `llm.RdmaServiceLevel`, `llm.LocalCommRes`,
     ///   `llm.GlobalResourceConfig`: passed to the engine under HIXL's keys;
+    /// - hixl's own engine options (`hixl.*`: `hixl.SameHost`, `hixl.MaxLanes`, ... as
+    ///   [`Options::from_pairs`](crate::Options::from_pairs) reads them): passed to the engine as
+    ///   they are (a bad value fails `initialize` with the engine's error);
     /// - every other key (GE's `ge.*`, `llm.EnableSwitchRole`, `llm.BufPoolCfg`, ...) is
     ///   accepted and not used.
     ///
@@ -435,6 +438,7 @@ fn parse_options(options: &[(String, String)]) -> Result<Config> {
             "llm.GlobalResourceConfig" if !v.is_empty() => c
                 .engine_options
                 .push(("GlobalResourceConfig".into(), v.clone())),
+            k if k.starts_with("hixl.") => c.engine_options.push((k.into(), v.clone())),
             _ => {}
         }
     }

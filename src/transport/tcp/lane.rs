@@ -4,9 +4,11 @@
 //! DONE frame (the READ payload follows it straight into registered memory), a NOTIFY, a PING
 //! or the BYE; or, on a new link's first lane, the frames of a transport's setup.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::auth::{Psk, Role};
@@ -70,10 +72,32 @@ pub(super) struct Lane {
     inb: Inbound,
     out: Vec<u8>,
     iov: Vec<IoVec>,
-    targets: Vec<IoVec>,
     /// A list request's descriptors as sent (each run adjacent on both sides joined in one).
     wire: Vec<WireDesc>,
+    /// The requests sent and not answered yet, oldest first, and their request bytes.
+    sent: VecDeque<Sent>,
+    unanswered: usize,
+    /// Emptied range lists of answered requests, for the next ones.
+    spare: Vec<Vec<IoVec>>,
 }
+
+/// A request sent on a lane whose DONE has not been read.
+#[derive(Debug)]
+struct Sent {
+    req: u64,
+    /// Its encoded request's length.
+    bytes: usize,
+    /// Its local ranges: where a READ's payload goes.
+    targets: Vec<IoVec>,
+}
+
+/// Most requests a lane has unanswered (a pipelined batch's frames; their DONEs wait in this
+/// lane's socket buffer, a few dozen bytes each).
+pub(super) const IN_FLIGHT: usize = 64;
+
+/// Most bytes of READ requests a lane has unanswered (see [`Lane::xfer`]): below what any
+/// socket's buffers hold, so that the server can always read them while it sends payloads.
+pub(super) const READ_WINDOW: usize = 16 << 10;
 
 impl Lane {
     /// Its connection.
@@ -103,8 +127,10 @@ impl Lane {
             inb: Inbound::new(),
             out: Vec::with_capacity(256),
             iov: Vec::new(),
-            targets: Vec::new(),
             wire: Vec::new(),
+            sent: VecDeque::new(),
+            unanswered: 0,
+            spare: Vec::new(),
         };
         // with a key, the nonce vouches for it on this very connection (admission priority)
         let mut vouched;
@@ -180,10 +206,13 @@ impl Lane {
         }
     }
 
-    /// Runs one frame of a batch (at most [`wire::MAX_DESCS_PER_FRAME`] descriptors or
-    /// blocks, a block batch's of one layout) on this lane: an XFER for a list, an
-    /// XFER_BLOCKS carrying the remote indices for blocks; the local ranges are the payload's
-    /// targets.
+    /// Runs a batch (or a part of one) on this lane in frames of at most
+    /// [`wire::MAX_DESCS_PER_FRAME`] descriptors or blocks (a block batch's a layout at a
+    /// time), each an XFER for a list or an XFER_BLOCKS carrying the remote indices, numbered
+    /// from `reqs`. The frames are pipelined: a request goes out without waiting for the DONEs
+    /// of those before it (a block batch of one layout per tensor costs one round trip, not one
+    /// per tensor), up to [`IN_FLIGHT`] requests and, for READ, [`READ_WINDOW`] bytes of them
+    /// unanswered; the DONEs (and READ payloads) are read in order.
     ///
     /// # Safety
     /// Every descriptor's (block's) local range is valid registered memory for the whole call:
@@ -191,90 +220,160 @@ impl Lane {
     pub(super) unsafe fn xfer(
         &mut self,
         op: TransferOp,
-        req: u64,
         descs: Descs<'_>,
+        reqs: &AtomicU64,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        match descs {
+        // an earlier call's ranges must never be written after it returned: every call leaves
+        // no request unanswered (below), and a lane that did is not used again
+        if !self.sent.is_empty() {
+            return Err(LaneFail::Protocol(
+                "a lane with unanswered requests of an earlier batch".into(),
+            ));
+        }
+        let r = descs
+            .try_frames(wire::MAX_DESCS_PER_FRAME, |frame| {
+                let req = reqs.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: the frame's ranges are some of the batch's (this function's contract).
+                unsafe { self.send_request(op, req, frame, deadline) }
+            })
+            .and_then(|()| {
+                while !self.sent.is_empty() {
+                    // SAFETY: as above: each unanswered request's ranges are the batch's.
+                    unsafe { self.finish_oldest(op, deadline) }?;
+                }
+                Ok(())
+            });
+        if r.is_err() && !self.sent.is_empty() {
+            // requests are still unanswered: their replies would come to the next user
+            self.sent.clear();
+            if let Err(LaneFail::Refused { status, reason, .. }) = r {
+                return Err(LaneFail::Refused {
+                    status,
+                    reason,
+                    usable: false,
+                });
+            }
+        }
+        r
+    }
+
+    /// Encodes one frame's request into `self.out` and its local ranges, waits for the
+    /// oldest replies while the pipeline is full, then sends the request (with the WRITE
+    /// payload) and counts it unanswered.
+    ///
+    /// # Safety
+    /// The frame's local ranges are valid registered memory until its reply is read
+    /// ([`Lane::xfer`]'s contract).
+    unsafe fn send_request(
+        &mut self,
+        op: TransferOp,
+        req: u64,
+        frame: Descs<'_>,
+        deadline: Instant,
+    ) -> Result<(), LaneFail> {
+        let mut targets = self.spare.pop().unwrap_or_default();
+        match frame {
             Descs::List(x) => {
-                join_list(x, &mut self.wire, &mut self.targets);
+                join_list(x, &mut self.wire, &mut targets);
                 wire::encode_xfer(&mut self.out, op, req, self.wire.iter().copied());
             }
             Descs::Blocks(b) => {
                 debug_assert_eq!(b.layouts.len(), 1, "a frame carries one layout");
-                wire::encode_xfer_blocks(
-                    &mut self.out,
-                    op,
-                    req,
-                    &b.layouts[0].remote,
-                    b.remote_idx,
-                );
-                let t = &mut self.targets;
-                t.clear();
-                descs.for_each_local(|base, len| IoVec::push_joined(t, base, len));
+                let (layout, idx) = (&b.layouts[0].remote, b.remote_idx);
+                wire::encode_xfer_blocks(&mut self.out, op, req, layout, idx);
+                targets.clear();
+                frame.for_each_local(|base, len| IoVec::push_joined(&mut targets, base, len));
             }
         }
-        // SAFETY: the targets are the local ranges (this function's contract).
-        unsafe { self.exchange_xfer(op, req, deadline) }
-    }
-
-    /// Sends the request in `self.out` (with the WRITE payload from `self.targets`), reads its
-    /// DONE and the READ payload into `self.targets`.
-    ///
-    /// # Safety
-    /// `self.targets` are valid registered memory for the whole call: readable for WRITE,
-    /// writable with any bytes (and not otherwise referenced) for READ.
-    unsafe fn exchange_xfer(
-        &mut self,
-        op: TransferOp,
-        req: u64,
-        deadline: Instant,
-    ) -> Result<(), LaneFail> {
+        let bytes = self.out.len();
+        // a READ's server sends payloads while this lane may still be sending: the requests
+        // it has not read yet must fit its socket's buffers (a few KiB at the least), else both
+        // sides would wait on each other until the deadline
+        while !self.sent.is_empty()
+            && (self.sent.len() >= IN_FLIGHT
+                || (op == TransferOp::Read && self.unanswered + bytes > READ_WINDOW))
+        {
+            // SAFETY: the caller's contract, for the earlier frames too.
+            unsafe { self.finish_oldest(op, deadline) }?;
+        }
         let dl = Some(deadline);
         self.iov.clear();
         self.iov.push(IoVec {
             base: self.out.as_ptr() as usize,
-            len: self.out.len(),
+            len: bytes,
         });
         if op == TransferOp::Write {
-            self.iov.extend_from_slice(&self.targets);
+            self.iov.extend_from_slice(&targets);
         }
-        // SAFETY: the first iovec is `self.out`, alive for the call; the others are the local
-        // ranges, valid for reads for the whole call (this function's contract).
-        let sent = unsafe { self.sock.send_all(&mut self.iov, dl) };
-        if let Err(e) = sent {
-            // the peer may have refused and closed: prefer its reason to the broken pipe
-            if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
-                let quick = Some(Instant::now() + Duration::from_millis(50));
-                let reply = read_frame(&mut self.sock, &mut self.inb, quick, || quick);
-                if let Ok(Ok((Kind::Done, p))) = reply
-                    && let Ok((_, status, reason)) = wire::decode_done(p)
-                    && status != 0
-                {
-                    return Err(LaneFail::Refused {
-                        status: Status::from_peer(status),
-                        reason,
-                        usable: false,
-                    });
+        // SAFETY: the first iovec is `self.out`, alive for the call; the others are the
+        // frame's local ranges, valid for reads (this function's contract).
+        if let Err(e) = unsafe { self.sock.send_all(&mut self.iov, dl) } {
+            return Err(self.send_failed(op, e));
+        }
+        self.unanswered += bytes;
+        self.sent.push_back(Sent {
+            req,
+            bytes,
+            targets,
+        });
+        Ok(())
+    }
+
+    /// Why a send failed: a WRITE the peer refused (it closes the lane) has its reason in a
+    /// DONE, after those of the requests before it; else the I/O error.
+    fn send_failed(&mut self, op: TransferOp, e: io::Error) -> LaneFail {
+        if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
+            let quick = Some(Instant::now() + Duration::from_millis(50));
+            for _ in 0..=self.sent.len() {
+                match read_frame(&mut self.sock, &mut self.inb, quick, || quick) {
+                    Ok(Ok((Kind::Done, p))) => match wire::decode_done(p) {
+                        Ok((_, 0, _)) => continue,
+                        Ok((_, status, reason)) => {
+                            return LaneFail::Refused {
+                                status: Status::from_peer(status),
+                                reason,
+                                usable: false,
+                            };
+                        }
+                        Err(_) => break,
+                    },
+                    _ => break,
                 }
             }
-            return Err(LaneFail::Io(e));
         }
-        let (status, reason) = self.read_done(req, dl)?;
+        LaneFail::Io(e)
+    }
+
+    /// Reads the DONE of the oldest unanswered request, and its READ payload into its ranges.
+    ///
+    /// # Safety
+    /// Its local ranges are valid registered memory, writable with any bytes (and not
+    /// otherwise referenced) for READ ([`Lane::xfer`]'s contract).
+    unsafe fn finish_oldest(&mut self, op: TransferOp, deadline: Instant) -> Result<(), LaneFail> {
+        let dl = Some(deadline);
+        let Some(mut s) = self.sent.pop_front() else {
+            return Ok(());
+        };
+        self.unanswered -= s.bytes;
+        let (status, reason) = self.read_done(s.req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {
                 status: Status::from_peer(status),
                 reason,
-                // a refused READ leaves the lane in step; a refused WRITE is closed by the peer
+                // a refused READ leaves the lane in step (when nothing after it is unanswered:
+                // see `xfer`); a refused WRITE is closed by the peer
                 usable: op == TransferOp::Read,
             });
         }
         if op == TransferOp::Read {
-            // SAFETY: the targets are the local ranges, valid for writes of any bytes for the
-            // whole call (this function's contract).
-            unsafe { self.inb.recv_into(&mut self.sock, &mut self.targets, dl) }
+            // SAFETY: the request's local ranges, valid for writes of any bytes (this
+            // function's contract).
+            unsafe { self.inb.recv_into(&mut self.sock, &mut s.targets, dl) }
                 .map_err(LaneFail::Io)?;
         }
+        s.targets.clear();
+        self.spare.push(s.targets);
         Ok(())
     }
 

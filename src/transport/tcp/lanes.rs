@@ -7,7 +7,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use crate::sync::lock;
 use crate::transport::Control;
 use crate::types::TransferOp;
 use crate::types::batch::Descs;
-use crate::wire::{self, Hello, Kind, LaneRole, Welcome};
+use crate::wire::{Hello, Kind, LaneRole, Welcome};
 
 /// What a new lane says to JOIN its link.
 pub(crate) struct Join {
@@ -322,7 +322,7 @@ impl Lanes {
     }
 
     /// Runs a batch on `lane`, in frames of at most 65,536 descriptors (or blocks of one
-    /// layout).
+    /// layout), pipelined ([`Lane::xfer`]), numbered by the link's request counter.
     ///
     /// # Safety
     /// Every local range of the batch (every block's) is valid registered memory for the whole
@@ -335,11 +335,8 @@ impl Lanes {
         descs: Descs<'_>,
         deadline: Instant,
     ) -> Result<(), LaneFail> {
-        descs.try_frames(wire::MAX_DESCS_PER_FRAME, |frame| {
-            let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: the frame's ranges are some of the batch's (this function's contract).
-            unsafe { lane.xfer(op, req, frame, deadline) }
-        })
+        // SAFETY: this function's contract.
+        unsafe { lane.xfer(op, descs, &self.next_req, deadline) }
     }
 
     /// Sends notification `req` and waits for its acknowledgement, by `deadline`.
