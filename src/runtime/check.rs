@@ -10,6 +10,7 @@ use crate::runtime::link::{LinkShared, MAX_BATCH};
 use crate::runtime::region::RegionCore;
 use crate::types::blocks::{BlockIndices, Placed, WireBlocks};
 use crate::types::{Access, BatchDesc, MemType, TransferOp, WireDesc};
+use crate::wire::TableEntry;
 
 /// A local span: `len` bytes at `offset` in a region of this engine (checked against the region
 /// when it was made).
@@ -65,24 +66,19 @@ impl LinkShared {
         if end > e.addr + e.len {
             return Err(not_registered());
         }
-        Ok(self
-            .span(e.id, addr - e.addr, len)
-            .expect("inside the entry"))
+        Ok(self.in_entry(e, addr - e.addr, len))
     }
 
-    /// The span `offset..offset+len` of region `id` of the peer's table (`None`: no such
-    /// region, or the span leaves it or is empty).
-    pub(crate) fn span(&self, id: u32, offset: u64, len: u64) -> Option<Remote> {
-        let e = self.table.iter().find(|e| e.id == id)?;
-        let end = offset.checked_add(len)?;
-        (len > 0 && end <= e.len).then_some(Remote {
+    /// The span `offset..offset+len` of table entry `e` (checked by the caller).
+    fn in_entry(&self, e: &TableEntry, offset: u64, len: u64) -> Remote {
+        Remote {
             link: self.id,
             region: e.id,
             offset,
             len,
             access: e.access,
             mem_type: e.mem_type,
-        })
+        }
     }
 
     /// The span from `addr` to the end of the peer's region that holds it (a block layout's
@@ -101,9 +97,7 @@ impl LinkShared {
                 addr,
                 len: 0,
             })?;
-        Ok(self
-            .span(e.id, addr - e.addr, e.len - (addr - e.addr))
-            .expect("inside the entry"))
+        Ok(self.in_entry(e, addr - e.addr, e.len - (addr - e.addr)))
     }
 }
 

@@ -444,11 +444,12 @@ impl LayerRange {
         }
     }
 
-    /// A pull's layers as the Python package takes them: both ranges or neither.
+    /// A pull's layers as the Python package takes them (both ranges or neither, at least one
+    /// tensor a layer: the pull checks that, as it does for every surface's layers).
     ///
     /// # Errors
     /// `LLM_PARAM_INVALID` for a range of another step, an empty or negative one, one past
-    /// `uint32`, only one range, and as the transfer's rules.
+    /// `uint32`.
     pub fn pull_layers(
         src: Option<LayerRange>,
         dst: Option<LayerRange>,
@@ -456,13 +457,11 @@ impl LayerRange {
     ) -> Result<Layers> {
         let src = src.map(|r| r.inclusive("src_layer_range")).transpose()?;
         let dst = dst.map(|r| r.inclusive("dst_layer_range")).transpose()?;
-        let l = Layers {
+        Ok(Layers {
             src,
             dst,
             per_layer,
-        };
-        layers(&l)?;
-        Ok(l)
+        })
     }
 
     /// A push's layers as the Python package takes them: a side without a range is every

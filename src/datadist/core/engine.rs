@@ -199,19 +199,23 @@ impl DdEngine {
         } = m;
         let link = self.0.link(remote)?;
         // each tensor's region and the peer's table entry, once per tensor (not per block)
-        let mut spans = Vec::with_capacity(pairs.len());
-        for (index, p) in pairs.iter().enumerate() {
-            let region = (self.0.core)
-                .with_index(|ix| ix.find(p.local, p.local_len).cloned())
-                .ok_or(Error::LocalNotRegistered {
-                    index,
-                    addr: p.local,
-                    len: p.local_len,
-                    why: " (a cache tensor)".into(),
-                })?;
-            let remote = link.remote(p.remote, p.remote_len)?;
-            spans.push((region, p.local, p.local_len, remote));
-        }
+        // (the engine's regions locked once for every tensor's lookup)
+        let spans = self.0.core.with_index(|ix| {
+            (pairs.iter().enumerate())
+                .map(|(index, p)| {
+                    let region = ix.find(p.local, p.local_len).cloned().ok_or_else(|| {
+                        Error::LocalNotRegistered {
+                            index,
+                            addr: p.local,
+                            len: p.local_len,
+                            why: " (a cache tensor)".into(),
+                        }
+                    })?;
+                    let remote = link.remote(p.remote, p.remote_len)?;
+                    Ok((region, p.local, p.local_len, remote))
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        })?;
         let layouts: Vec<Layout<'_>> = (spans.iter())
             .map(|(region, addr, len, remote)| Layout {
                 local: Local {

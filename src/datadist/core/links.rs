@@ -302,6 +302,12 @@ impl DataDist {
     pub(super) fn peer(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
+        // the common case, a linked peer whose table was fetched: the links locked once
+        if let Some(l) = lock(&self.links).get(&cluster)
+            && let Some(t) = &l.table
+        {
+            return Ok((l.remote.clone(), t.clone()));
+        }
         if !self.is_linked(cluster) {
             // a rank-table link may have linked it since the last status query
             self.settle_comms();

@@ -143,7 +143,8 @@ pub struct DataDist {
 /// An initialized instance's engine and buffers.
 struct Live {
     engine: Arc<DdEngine>,
-    config: Config,
+    /// (shared: every pull and push reads it)
+    config: Arc<Config>,
     /// The published cache table (read-only for peers).
     table: Buffer,
     /// Where peers' tables are READ into (not in peers' view).
@@ -252,14 +253,14 @@ impl DataDist {
         let download = engine.alloc_host_mem_with(TABLE_LEN, Access::None)?;
         Ok(Live {
             engine: Arc::new(engine),
-            config: config.clone(),
+            config: Arc::new(config.clone()),
             table,
             download,
         })
     }
 
     /// The engine, its configuration and the download buffer's address, or `FAILED`.
-    fn live(&self) -> Result<(Arc<DdEngine>, Config)> {
+    fn live(&self) -> Result<(Arc<DdEngine>, Arc<Config>)> {
         let s = lock(&self.state);
         let l = s.as_ref().ok_or_else(not_initialized)?;
         Ok((l.engine.clone(), l.config.clone()))
@@ -334,9 +335,10 @@ impl DataDist {
     fn relisten(
         &self,
         _regs: &MutexGuard<'_, ()>,
-        mut config: Config,
+        config: Arc<Config>,
         addr: Option<String>,
     ) -> Result<()> {
+        let mut config = Config::clone(&config);
         config.listen = addr;
         let live = Self::start(&config)?;
         let mut caches = lock(&self.caches);

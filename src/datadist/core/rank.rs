@@ -454,7 +454,7 @@ impl DataDist {
     fn listen_for_comms(
         &self,
         regs: &MutexGuard<'_, ()>,
-        config: Config,
+        config: Arc<Config>,
         rank_table: &str,
         own_rank: u32,
     ) -> Result<()> {
