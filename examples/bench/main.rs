@@ -67,7 +67,8 @@
 //!   against the engine's own READ of the same descriptors, interleaved, the median of
 //!   `--dd-rounds` rounds (default 9), with the overhead; `--dd-tensors` (4) tensors of 4096
 //!   blocks of `--dd-block` bytes (16384) per side, the prompt in a child process
-//!   ([`datadist`]). `--no-main --datadist` for these rows alone
+//!   ([`datadist`]); same host unless `--dd-tcp` (`hixl.SameHost=off` on the decoder and the
+//!   baseline engine). `--no-main --datadist` for these rows alone
 //!
 //! Every row verifies its data (one call of the row again on fresh bytes, checked by the serving
 //! process: [`verify`]); a mismatch ends the benchmark with status 1 and says which row and
