@@ -2,7 +2,9 @@
 //! the allocator statics (`hixl::fabric::malloc_mem`), two engines whose share handles are
 //! exchanged at connect, random data written and read back (sync and async) through the
 //! peer's imported mapping, and the bad inputs: an address outside every mapping, deregistering
-//! while connected, the many-request status query, non-VMM memory, the AICPU path.
+//! while connected (refused to the side that made the link; the serving side's succeeds and
+//! the peer no longer reaches the memory), the many-request status query, non-VMM memory, the
+//! AICPU path.
 //!
 //! The statics load ACL as HIXL's do (`$HIXL_ACL_LIB`, then CANN's names), so the scenario runs
 //! in a child process of this test binary with `HIXL_ACL_LIB` naming a private copy of the
@@ -302,12 +304,30 @@ fn scenario() {
         .get_transfer_statuses(GetTransferStatusArgs::default())
         .unwrap_err();
     assert_eq!(err.status(), Status::UNSUPPORTED);
+    // the client holds a link it made (imports of the server's memory): upstream's FAILED
     let err = client.deregister_mem(c_hh).unwrap_err();
     assert_eq!(err.status(), Status::FAILED, "{err:?}");
-    let err = server.deregister_mem(s_h).unwrap_err();
-    assert_eq!(err.status(), Status::FAILED, "{err:?}");
+    // the server only serves the link: its deregistration succeeds, as upstream's does, and
+    // the region is retired: the client's import no longer reaches the memory handed back
+    server
+        .deregister_mem(s_h)
+        .expect("the server's, while it only serves the link");
+    let handed_back = bytes(s_mem, 4 * MIB);
+    assert_eq!(handed_back, before, "retired with its bytes");
+    let late = TransferOpDesc {
+        local_addr: c_dev,
+        remote_addr: s_mem,
+        len: MIB / 2,
+    };
+    // (the client's table still lists the region; its copy goes to what it imported)
+    let _ = client.transfer_sync(&server_name, TransferOp::Write, &[late], 10_000);
+    assert_eq!(
+        fnv1a(&bytes(s_mem, 4 * MIB)),
+        fnv1a(&handed_back),
+        "a peer wrote memory its owner deregistered"
+    );
 
-    // disconnected: deregistration succeeds, and the memory is freed
+    // disconnected: the client's deregistration succeeds, and the memory is freed
     client.disconnect(&server_name, 10_000).expect("disconnect");
     client
         .deregister_mem(c_h)
@@ -315,9 +335,6 @@ fn scenario() {
     client
         .deregister_mem(c_hh)
         .expect("deregister after disconnect");
-    server
-        .deregister_mem(s_h)
-        .expect("the server's, once no peer is connected");
     client.finalize();
     server.finalize();
     for a in [s_mem, c_dev, c_host] {

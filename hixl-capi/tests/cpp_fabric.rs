@@ -4,7 +4,7 @@
 //! fabric_mem_d2d sample maps it), built with the flags and link line of HIXL's examples and
 //! run on the ACL test double that `tools/ascend-double.sh` builds under CANN's names. It moves
 //! seeded random data (sync WRITE and READ, async WRITE polled with `GetTransferStatus`) and
-//! checks the bad inputs (an address outside every mapping, `DeregisterMem` while connected,
+//! checks the bad inputs (an address outside every mapping, `DeregisterMem` on the side that made a link,
 //! `BufferPool` other than `"0:0"`); it prints PASS.
 
 mod common;

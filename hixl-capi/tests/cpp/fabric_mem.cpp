@@ -3,8 +3,8 @@
 // MallocMem) and the client's VMM memory mapped by the program itself (aclrtReserveMemAddress +
 // aclrtMallocPhysical + aclrtMapMem, as upstream's fabric_mem_d2d sample does). Seeded random
 // data is written and read back (TransferSync, TransferAsync polled with GetTransferStatus),
-// then the bad inputs: an address outside every mapping (PARAM_INVALID), DeregisterMem while
-// connected (FAILED), the many-request GetTransferStatus (UNSUPPORTED), BufferPool other than
+// then the bad inputs: an address outside every mapping (PARAM_INVALID), DeregisterMem on the
+// side that made a link (FAILED), the many-request GetTransferStatus (UNSUPPORTED), BufferPool other than
 // "0:0" (PARAM_INVALID); local device memory that was never registered (aclrtMalloc's), and
 // what is refused beside it; the server's link to itself; a failure's message in ACL's error
 // channel (aclGetRecentErrMsg). Prints PASS on success; exits 1 naming the failed line otherwise.
@@ -168,8 +168,10 @@ int Run(uint64_t seed) {
   std::vector<uint8_t> after(4 * kMiB);
   EXPECT(FromDevice(after, smem), ACL_SUCCESS);
   CHECK(before == after);
+  // the client made the link (it holds imports of the server's memory): FAILED, upstream's
+  // rule; the server only serves it, so its DeregisterMem would succeed (tests/fabric.rs checks
+  // that, and that the peer then no longer reaches the memory): not here, the rest uses it
   EXPECT(client.DeregisterMem(ch), FAILED);
-  EXPECT(server.DeregisterMem(sh), FAILED);
 
   // the client's local memory unregistered, as upstream's FabricMem engine copies it: plain
   // aclrtMalloc device memory, WRITE from it and READ into it, sync and async

@@ -1,13 +1,13 @@
 //! The fabric path's engine-wide part ([`FabricBackend`]): every region of a fabric-memory
 //! engine registered (exported, `rt.rs`), its regions while it is open to links, the count of
-//! live links (deregistration waits for none), FABRIC_HELLO sent by a new link's client and
+//! the links it made (deregistration waits for none), FABRIC_HELLO sent by a new link's client and
 //! answered with the server's blocks (FABRIC_WELCOME), and the client's import (`link.rs`).
 
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::link::{FabricLink, LiveLink};
+use super::link::FabricLink;
 use super::rt::{FabricRt, fabric_reg};
 use crate::error::{Error, Status};
 use crate::transport::ascend::path::{ClosablePath, RegionList};
@@ -22,6 +22,7 @@ use crate::wire::{FabricBlock, FabricInfo, Kind};
 pub(crate) struct FabricBackend {
     rt: Option<Arc<FabricRt>>,
     regions: RegionList,
+    /// The links this engine made (its imports of peers' memory).
     live: Arc<AtomicUsize>,
 }
 
@@ -157,6 +158,11 @@ impl Backend for FabricBackend {
             blocks = info.blocks.len(),
             "fabric handles sent"
         );
-        Ok(Some(Box::new(LiveLink::new(&self.live))))
+        // (not counted: only the links this engine made keep its memory registered)
+        Ok(Some(Box::new(ServedLink)))
     }
 }
+
+/// The server's side of a fabric link: nothing to keep (its regions' handles are retired when
+/// their registrations end, whoever imported them).
+struct ServedLink;

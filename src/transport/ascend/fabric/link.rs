@@ -1,8 +1,8 @@
 //! The client side of a fabric link: the server's blocks imported and mapped into this
 //! process (by region), a batch translated onto those mappings and copied on the link's
 //! streams, the self-link's overlap rule, and the watch on the server's end (a server that
-//! stopped has moved its memory away: `retire`); and the count of an engine's live links, both
-//! sides ([`LiveLink`]).
+//! stopped has moved its memory away: `retire`); and the count of the links an engine made
+//! ([`LiveLink`]: its imports of peers' memory, upstream's channels).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +17,11 @@ use crate::transport::{Batch, PathFail};
 use crate::types::{BatchDesc, TransferOp};
 use crate::wire::FabricBlock;
 
-/// Counts an engine's live fabric links (both sides) while it is held.
+/// Counts a fabric link this engine made (a client's: it holds imports of the peer's memory)
+/// while it is held. Deregistration waits for none of them (upstream's `HasChannels`); links
+/// it serves are not counted: a region whose handles a peer imported is retired when its
+/// registration ends (`retire.rs`), so deregistering it while served keeps the peer's writes
+/// out of the memory handed back.
 pub(super) struct LiveLink(Arc<AtomicUsize>);
 
 impl LiveLink {

@@ -16,8 +16,10 @@
 //!   that holds it (none: `PARAM_INVALID`), copied with `aclrtMemcpyAsync` round-robin over
 //!   `fabric_memory.task_stream_num` streams, then each stream is synchronised; a failure
 //!   aborts the streams before the call returns, so no copy touches memory afterwards.
-//! - While any link of the engine (made or served) is up, deregistration is refused with
-//!   `FAILED` ("Disconnect peers before deregistering memory"), upstream's rule.
+//! - While a link this engine made is up (it holds imports of a peer's memory: upstream's
+//!   channels), deregistration is refused with `FAILED` ("Disconnect peers before
+//!   deregistering memory"), upstream's rule; links it serves do not block it (a region a peer
+//!   imported is retired when its registration ends, `retire.rs`).
 //! - A fabric-memory engine may connect to itself, as upstream's FabricMem engine does (its kv
 //!   benchmark links each engine to itself); hixl's other engines refuse (`PARAM_INVALID`, as
 //!   upstream's). The self-link is an ordinary link through the engine's own listener: its
