@@ -234,10 +234,13 @@ impl Inbound {
     /// # Safety
     /// As [`Inbound::recv_into`].
     unsafe fn copy_out(&mut self, targets: &mut [IoVec], pos: &mut usize) {
-        while *pos < targets.len() && targets[*pos].len == 0 {
-            *pos += 1;
-        }
-        while *pos < targets.len() && self.buffered() > 0 {
+        loop {
+            while *pos < targets.len() && targets[*pos].len == 0 {
+                *pos += 1;
+            }
+            if *pos == targets.len() || self.buffered() == 0 {
+                return;
+            }
             let t = targets[*pos];
             let take = t.len.min(self.buffered());
             // SAFETY: the source is initialised buffer memory, ours alone; the target is valid
@@ -254,9 +257,6 @@ impl Inbound {
             };
             self.take(take);
             advance(targets, pos, take);
-            while *pos < targets.len() && targets[*pos].len == 0 {
-                *pos += 1;
-            }
         }
     }
 }

@@ -302,33 +302,30 @@ impl DataDist {
     pub(super) fn peer(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
-        // the common case, a linked peer whose table was fetched: the links locked once
-        if let Some(l) = lock(&self.links).get(&cluster)
-            && let Some(t) = &l.table
-        {
-            return Ok((l.remote.clone(), t.clone()));
-        }
-        if !self.is_linked(cluster) {
+        // the link's engine name and its table if fetched (`None`: not linked), by one lock of
+        // the links
+        let known =
+            || (lock(&self.links).get(&cluster)).map(|l| (l.remote.clone(), l.table.clone()));
+        let mut link = known();
+        if link.is_none() {
             // a rank-table link may have linked it since the last status query
             self.settle_comms();
+            link = known();
         }
-        if !self.is_linked(cluster) {
+        if link.is_none() {
             let (_, config) = self.live()?;
             self.link_back(engine, cluster, config.sync_timeout_ms)?;
+            link = known();
         }
-        let remote = {
-            let links = lock(&self.links);
-            let l = links.get(&cluster).ok_or_else(|| {
-                Error::new(
-                    LlmStatus::LLM_NOT_YET_LINK,
-                    format!("cluster {cluster} is not linked"),
-                )
-            })?;
-            if let Some(t) = &l.table {
-                return Ok((l.remote.clone(), t.clone()));
-            }
-            l.remote.clone()
-        };
+        let (remote, table) = link.ok_or_else(|| {
+            Error::new(
+                LlmStatus::LLM_NOT_YET_LINK,
+                format!("cluster {cluster} is not linked"),
+            )
+        })?;
+        if let Some(t) = table {
+            return Ok((remote, t));
+        }
         let t = Arc::new(self.fetch_table(engine, &remote)?);
         if let Some(l) = lock(&self.links).get_mut(&cluster) {
             l.table = Some(t.clone());

@@ -74,9 +74,8 @@ pub(super) struct Lane {
     iov: Vec<IoVec>,
     /// A list request's descriptors as sent (each run adjacent on both sides joined in one).
     wire: Vec<WireDesc>,
-    /// The requests sent and not answered yet, oldest first, and their request bytes.
+    /// The requests sent and not answered yet, oldest first.
     sent: VecDeque<Sent>,
-    unanswered: usize,
     /// Emptied range lists of answered requests, for the next ones.
     spare: Vec<Vec<IoVec>>,
 }
@@ -129,7 +128,6 @@ impl Lane {
             iov: Vec::new(),
             wire: Vec::new(),
             sent: VecDeque::new(),
-            unanswered: 0,
             spare: Vec::new(),
         };
         // with a key, the nonce vouches for it on this very connection (admission priority)
@@ -290,9 +288,10 @@ impl Lane {
         // a READ's server sends payloads while this lane may still be sending: the requests
         // it has not read yet must fit its socket's buffers (a few KiB at the least), else both
         // sides would wait on each other until the deadline
+        let unanswered = |sent: &VecDeque<Sent>| sent.iter().map(|s| s.bytes).sum::<usize>();
         while !self.sent.is_empty()
             && (self.sent.len() >= IN_FLIGHT
-                || (op == TransferOp::Read && self.unanswered + bytes > READ_WINDOW))
+                || (op == TransferOp::Read && unanswered(&self.sent) + bytes > READ_WINDOW))
         {
             // SAFETY: the caller's contract, for the earlier frames too.
             unsafe { self.finish_oldest(op, deadline) }?;
@@ -311,7 +310,6 @@ impl Lane {
         if let Err(e) = unsafe { self.sock.send_all(&mut self.iov, dl) } {
             return Err(self.send_failed(op, e));
         }
-        self.unanswered += bytes;
         self.sent.push_back(Sent {
             req,
             bytes,
@@ -355,7 +353,6 @@ impl Lane {
         let Some(mut s) = self.sent.pop_front() else {
             return Ok(());
         };
-        self.unanswered -= s.bytes;
         let (status, reason) = self.read_done(s.req, dl)?;
         if status != 0 {
             return Err(LaneFail::Refused {

@@ -18,8 +18,8 @@ use crate::types::{BatchDesc, TransferOp};
 use crate::wire::FabricBlock;
 
 /// Counts a fabric link this engine made (a client's: it holds imports of the peer's memory)
-/// while it is held. Deregistration waits for none of them (upstream's `HasChannels`); links
-/// it serves are not counted: a region whose handles a peer imported is retired when its
+/// while it is held. Deregistration is refused while any is held (upstream's `HasChannels`);
+/// links it serves are not counted: a region whose handles a peer imported is retired when its
 /// registration ends (`retire.rs`), so deregistering it while served keeps the peer's writes
 /// out of the memory handed back.
 pub(super) struct LiveLink(Arc<AtomicUsize>);
