@@ -223,7 +223,7 @@ impl Inbound {
                 .position(|t| t.len < STAGED_BELOW)
                 .map_or(targets.len(), |k| pos + k);
             // SAFETY: the caller's contract for the targets.
-            unsafe { sock.io_all(Dir::Recv, &mut targets[pos..end], deadline) }?;
+            unsafe { sock.io_all(Dir::Recv, &mut targets[pos..end], deadline, true) }?;
             pos = end;
         }
     }

@@ -19,6 +19,53 @@ mod paced;
 pub(crate) use inbound::{Inbound, read_frame};
 pub(crate) use paced::Pace;
 
+/// Tests only: the socket buffers TCP gives connections under memory pressure, the smallest the
+/// kernel allows (a few KiB), for the engines a test makes while `TINY_LISTENER` is set on its
+/// thread: the receive buffer of their listener (what accepted connections inherit, before
+/// their window is set) and the send buffers of client lanes to them. The other two buffers are
+/// fixed at TCP's initial size, so that they do not grow past a test's payloads.
+#[cfg(test)]
+pub(crate) mod tiny {
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicU16, Ordering};
+
+    thread_local! {
+        /// Set: a listener bound on this thread gets the smallest buffers.
+        pub(crate) static TINY_LISTENER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// The port of the last such listener.
+    static PORT: AtomicU16 = AtomicU16::new(0);
+
+    /// Half TCP's initial buffer (the kernel doubles what it is given).
+    const FIXED: usize = 64 << 10;
+
+    /// A listener just bound.
+    pub(crate) fn listener(l: &TcpListener) {
+        if TINY_LISTENER.get() {
+            let s = socket2::SockRef::from(l);
+            // (the kernel raises 1 to its minimum)
+            s.set_recv_buffer_size(1).expect("SO_RCVBUF");
+            s.set_send_buffer_size(FIXED).expect("SO_SNDBUF");
+            PORT.store(
+                l.local_addr().expect("a bound port").port(),
+                Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// A client connection just made (a send buffer can shrink after the connect; a receive
+    /// buffer only keeps its initial size, else the kernel drops what the window let in).
+    pub(crate) fn client(stream: &TcpStream) {
+        let port = stream.peer_addr().map(|a| a.port()).ok();
+        if port.is_some_and(|p| p != 0 && p == PORT.load(Ordering::SeqCst)) {
+            let s = socket2::SockRef::from(stream);
+            s.set_send_buffer_size(1).expect("SO_SNDBUF");
+            s.set_recv_buffer_size(FIXED).expect("SO_RCVBUF");
+        }
+    }
+}
+
 /// Most iovecs passed to one system call (Linux `IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
 /// Pieces at least this large are received straight into their target, several to a call,
@@ -168,6 +215,8 @@ fn timed_out() -> io::Error {
 impl Sock {
     pub fn new(stream: TcpStream) -> io::Result<Self> {
         stream.set_nodelay(true)?;
+        #[cfg(test)]
+        tiny::client(&stream);
         Ok(Self::adopt(stream))
     }
 
@@ -241,7 +290,8 @@ impl Sock {
 
     /// Moves every byte described by `iov` (which it consumes as it goes) by `deadline`:
     /// sending, up to [`IOV_MAX`] pieces a call; receiving, a run of pieces of one size class a
-    /// call (`gather`; large ones waited for whole with `MSG_WAITALL`).
+    /// call (`gather`; large ones waited for whole with `MSG_WAITALL`). Without `wait` it moves
+    /// what the socket takes now and returns `false` where it would wait.
     ///
     /// # Safety
     /// For `Send`, every iovec must describe memory valid for reads; for `Recv`, valid for
@@ -251,7 +301,8 @@ impl Sock {
         dir: Dir,
         iov: &mut [IoVec],
         deadline: Option<Instant>,
-    ) -> io::Result<()> {
+        wait: bool,
+    ) -> io::Result<bool> {
         let fd = self.stream.as_raw_fd();
         let mut i = 0;
         let mut part = [IoVec { base: 0, len: 0 }; RECV_IOVS];
@@ -260,12 +311,22 @@ impl Sock {
                 i += 1;
             }
             if i == iov.len() {
-                return Ok(());
+                return Ok(true);
             }
-            self.arm(dir, deadline)?;
+            if wait {
+                self.arm(dir, deadline)?;
+            }
             // SAFETY: `fd` is this socket; the iovecs' memory is valid as the caller promises.
-            let n = unsafe { one_call(fd, dir == Dir::Send, iov, i, &mut part, false) };
+            let n = unsafe { one_call(fd, dir == Dir::Send, iov, i, &mut part, !wait) };
             if n < 0 {
+                if !wait {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::Interrupted => continue,
+                        io::ErrorKind::WouldBlock => return Ok(false),
+                        _ => return Err(e),
+                    }
+                }
                 retry_or_fail(deadline)?;
                 continue;
             }
@@ -289,7 +350,17 @@ impl Sock {
         deadline: Option<Instant>,
     ) -> io::Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.io_all(Dir::Send, iov, deadline) }
+        unsafe { self.io_all(Dir::Send, iov, deadline, true) }.map(|_| ())
+    }
+
+    /// Sends what the socket takes now of `iov` (which it consumes as it goes), without
+    /// waiting: `true` when every byte is sent, `false` when the socket would block first.
+    ///
+    /// # Safety
+    /// Every iovec must describe memory valid for reads for the call.
+    pub unsafe fn send_fitting(&mut self, iov: &mut [IoVec]) -> io::Result<bool> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.io_all(Dir::Send, iov, None, false) }
     }
 
     /// Sends a byte slice.

@@ -99,6 +99,8 @@ impl EngineInner {
                     addr: addr.to_string(),
                     source,
                 })?;
+                #[cfg(test)]
+                crate::io::tiny::listener(&l);
                 let actual = l.local_addr().map_err(|source| Error::Listen {
                     addr: addr.to_string(),
                     source,

@@ -354,39 +354,57 @@ mod tests {
         }
     }
 
+    /// `n` tensors of `blocks` blocks of `block` bytes on each side: `picked` random blocks of
+    /// each READ into random blocks, then `written` of them WRITTEN back with new bytes, every
+    /// block compared; with `tiny`, over the smallest socket buffers (`io::tiny`).
+    fn both_ways(n: usize, blocks: usize, block: usize, picked: usize, written: usize, tiny: bool) {
+        let mut rng = Rng::new(n as u64);
+        let mut srv = tensors(n, blocks, block, 100);
+        let mut cli = vec![vec![0u8; blocks * block]; n];
+        crate::io::tiny::TINY_LISTENER.set(tiny);
+        let (server, client, name) = engines();
+        crate::io::tiny::TINY_LISTENER.set(false);
+        register(&server, &mut srv);
+        register(&client, &mut cli);
+        client.connect(&name, 5000).unwrap();
+        let all: Vec<usize> = (0..n).collect();
+        let ps = pairs(&cli, &srv, &all);
+        let (from, to) = (
+            shuffled(&mut rng, blocks, picked),
+            shuffled(&mut rng, blocks, picked),
+        );
+        moved(&client, &name, TransferOp::Read, &ps, block, &to, &from).unwrap();
+        same_blocks(&srv, &cli, &all, block, &from, &to);
+        // and back: other blocks of the client's, new bytes, into other blocks of the server's
+        for (t, c) in cli.iter_mut().enumerate() {
+            c.copy_from_slice(&Rng::new(500 + t as u64).bytes(blocks * block));
+        }
+        let (from, to) = (
+            shuffled(&mut rng, blocks, written),
+            shuffled(&mut rng, blocks, written),
+        );
+        moved(&client, &name, TransferOp::Write, &ps, block, &from, &to).unwrap();
+        same_blocks(&cli, &srv, &all, block, &from, &to);
+        client.finalize();
+        server.finalize();
+    }
+
     #[test]
     fn pipelined_block_moves_land_every_tensor_in_both_directions() {
         // 80 tensors: more requests than a lane leaves unanswered; 3000 indices of 8 bytes a
         // request: more than a READ's window, one request at a time
-        for (n, blocks, block, picked) in [(80, 16, 64, 12), (5, 4096, 32, 3000)] {
-            let mut rng = Rng::new(n as u64);
-            let mut srv = tensors(n, blocks, block, 100);
-            let mut cli = vec![vec![0u8; blocks * block]; n];
-            let (server, client, name) = engines();
-            register(&server, &mut srv);
-            register(&client, &mut cli);
-            client.connect(&name, 5000).unwrap();
-            let all: Vec<usize> = (0..n).collect();
-            let ps = pairs(&cli, &srv, &all);
-            let (from, to) = (
-                shuffled(&mut rng, blocks, picked),
-                shuffled(&mut rng, blocks, picked),
-            );
-            moved(&client, &name, TransferOp::Read, &ps, block, &to, &from).unwrap();
-            same_blocks(&srv, &cli, &all, block, &from, &to);
-            // and back: other blocks of the client's, new bytes, into other blocks of the server's
-            for (t, c) in cli.iter_mut().enumerate() {
-                c.copy_from_slice(&Rng::new(500 + t as u64).bytes(blocks * block));
-            }
-            let (from, to) = (
-                shuffled(&mut rng, blocks, picked),
-                shuffled(&mut rng, blocks, picked),
-            );
-            moved(&client, &name, TransferOp::Write, &ps, block, &from, &to).unwrap();
-            same_blocks(&cli, &srv, &all, block, &from, &to);
-            client.finalize();
-            server.finalize();
-        }
+        both_ways(80, 16, 64, 12, 12, false);
+        both_ways(5, 4096, 32, 3000, 3000, false);
+    }
+
+    #[test]
+    fn a_pipelined_read_lands_with_the_smallest_socket_buffers() {
+        // under memory pressure TCP gives a connection its smallest buffers (a few KiB): the
+        // lane's unanswered READ requests (256 indices, 2 KiB each) no longer fit them while the
+        // server sends a 1 MiB payload the lane has not started reading; the lane must read
+        // replies while a request waits to go out, or both sides wait until the deadline (the
+        // WRITE back moves a few blocks a tensor: the server's small receive buffer is slow)
+        both_ways(32, 256, 4096, 256, 32, true);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! One lane: a TCP connection of a link, client side. It says HELLO (and proves the
-//! pre-shared key) to open, then carries one request at a time: an XFER frame with all its
-//! descriptors (the WRITE payload follows it straight from registered memory) answered by one
-//! DONE frame (the READ payload follows it straight into registered memory), a NOTIFY, a PING
-//! or the BYE; or, on a new link's first lane, the frames of a transport's setup.
+//! pre-shared key) to open, then carries requests, a batch's pipelined and answered in order:
+//! an XFER frame with all its descriptors (the WRITE payload follows it straight from
+//! registered memory) answered by one DONE frame (the READ payload follows it straight into
+//! registered memory), a NOTIFY, a PING or the BYE; or, on a new link's first lane, the frames
+//! of a transport's setup.
 
 use std::collections::VecDeque;
 use std::io;
@@ -65,6 +66,19 @@ fn join_list(x: &[BatchDesc], wire: &mut Vec<WireDesc>, targets: &mut Vec<IoVec>
     }
 }
 
+/// `f`, with the lane no longer usable: requests (or part of one) are out that nobody will
+/// read the replies of.
+fn out_of_step(f: LaneFail) -> LaneFail {
+    match f {
+        LaneFail::Refused { status, reason, .. } => LaneFail::Refused {
+            status,
+            reason,
+            usable: false,
+        },
+        other => other,
+    }
+}
+
 /// One connection of a link, client side.
 #[derive(Debug)]
 pub(super) struct Lane {
@@ -94,8 +108,10 @@ struct Sent {
 /// lane's socket buffer, a few dozen bytes each).
 pub(super) const IN_FLIGHT: usize = 64;
 
-/// Most bytes of READ requests a lane has unanswered (see [`Lane::xfer`]): below what any
-/// socket's buffers hold, so that the server can always read them while it sends payloads.
+/// Most bytes of READ requests a lane has unanswered (see [`Lane::xfer`]): the server reads the
+/// next request only once it has sent a payload, so a longer queue gains nothing; within this
+/// window the queue fits common socket buffers, and the lane seldom has to read replies early
+/// to get a request out (`send_request`).
 pub(super) const READ_WINDOW: usize = 16 << 10;
 
 impl Lane {
@@ -245,13 +261,7 @@ impl Lane {
         if r.is_err() && !self.sent.is_empty() {
             // requests are still unanswered: their replies would come to the next user
             self.sent.clear();
-            if let Err(LaneFail::Refused { status, reason, .. }) = r {
-                return Err(LaneFail::Refused {
-                    status,
-                    reason,
-                    usable: false,
-                });
-            }
+            return r.map_err(out_of_step);
         }
         r
     }
@@ -285,9 +295,6 @@ impl Lane {
             }
         }
         let bytes = self.out.len();
-        // a READ's server sends payloads while this lane may still be sending: the requests
-        // it has not read yet must fit its socket's buffers (a few KiB at the least), else both
-        // sides would wait on each other until the deadline
         let unanswered = |sent: &VecDeque<Sent>| sent.iter().map(|s| s.bytes).sum::<usize>();
         while !self.sent.is_empty()
             && (self.sent.len() >= IN_FLIGHT
@@ -305,10 +312,34 @@ impl Lane {
         if op == TransferOp::Write {
             self.iov.extend_from_slice(&targets);
         }
-        // SAFETY: the first iovec is `self.out`, alive for the call; the others are the
-        // frame's local ranges, valid for reads (this function's contract).
-        if let Err(e) = unsafe { self.sock.send_all(&mut self.iov, dl) } {
-            return Err(self.send_failed(op, e));
+        // While the request cannot go out, the replies of those before it are read: the
+        // server answers them in order, each whole, without waiting for anything more from
+        // this lane, and it reads this request only after it sent them. Waiting on the send
+        // alone could wait for good: the server stuck sending a payload this lane does not
+        // read, this lane stuck sending a request the server does not read, as soon as the
+        // socket buffers are smaller than the requests in flight (TCP shrinks them to a few
+        // KiB under memory pressure).
+        loop {
+            // SAFETY: the first iovec is `self.out`, alive for the call; the others are the
+            // frame's local ranges, valid for reads (this function's contract).
+            let sent = match unsafe { self.sock.send_fitting(&mut self.iov) } {
+                Ok(sent) => sent,
+                Err(e) => return Err(self.send_failed(op, e)),
+            };
+            if sent {
+                break;
+            }
+            if self.sent.is_empty() {
+                // nothing to read: the server reads this request as soon as it can
+                // SAFETY: as above (what is left of the same iovecs).
+                if let Err(e) = unsafe { self.sock.send_all(&mut self.iov, dl) } {
+                    return Err(self.send_failed(op, e));
+                }
+                break;
+            }
+            // SAFETY: the caller's contract, for the earlier frames too.
+            // (part of this request may be out already: the lane is out of step then)
+            unsafe { self.finish_oldest(op, deadline) }.map_err(out_of_step)?;
         }
         self.sent.push_back(Sent {
             req,
