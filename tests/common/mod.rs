@@ -362,8 +362,15 @@ pub fn fake_serve(
     while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
 }
 
-/// Whether UCX can be loaded here; if not, says so for `test` (which then returns).
-pub fn ucx_available(test: &str) -> bool {
+/// The host's network devices, as the tests of one binary see them: a test that adds and removes
+/// a veth pair (`netns::Netns`) holds this for writing while the pair exists; a UCX test holds
+/// it for reading (UCX lists the devices when a context is made, and a device that goes while
+/// a concurrent test's context uses it fails that test's transfers).
+pub static NET_DEVICES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Whether UCX can be loaded here; if not, says so for `test` (which then returns). While UCX
+/// is used, `test` holds the guard returned ([`NET_DEVICES`], for reading).
+pub fn ucx_available(test: &str) -> Option<std::sync::RwLockReadGuard<'static, ()>> {
     let p = hixl::probe();
     let u = p
         .iter()
@@ -371,8 +378,10 @@ pub fn ucx_available(test: &str) -> bool {
         .unwrap();
     if !u.available {
         eprintln!("{test}: skipped: {}", u.detail);
+        return None;
     }
-    u.available
+    // (a test that panicked holding it poisoned nothing it guards)
+    Some(NET_DEVICES.read().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Whether the same-host transport works here; if not, says so (its tests then check less).

@@ -24,6 +24,9 @@ pub struct Netns {
     pub name: String,
     /// The host's end of the pair.
     pub host_if: String,
+    /// No UCX test of this binary runs while the pair exists (`super::NET_DEVICES`); dropped
+    /// after the pair is removed.
+    _devices: std::sync::RwLockWriteGuard<'static, ()>,
 }
 
 impl Netns {
@@ -39,10 +42,15 @@ impl Netns {
         );
         let net = format!("10.{}.{}", 200 + tag, std::process::id() % 250);
         let (mine, theirs) = (format!("{net}.1"), format!("{net}.2"));
+        // (a test that panicked holding it poisoned nothing it guards)
+        let devices = super::NET_DEVICES
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         sh(&["ip", "netns", "add", &name])?;
         let ns = Netns {
             name: name.clone(),
             host_if: host_if.clone(),
+            _devices: devices,
         };
         sh(&[
             "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
