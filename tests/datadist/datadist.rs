@@ -283,6 +283,17 @@ fn pull_and_push_blocks_and_batches_between_two_clusters() {
             vec![LlmStatus::LLM_NOT_YET_LINK]
         )
     );
+    // linked again: a pull runs on the new link (not on the one its table was fetched over)
+    let (ret, _) = decoder
+        .link_clusters(&[cluster(PROMPT, pport)], 5000)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    decoder
+        .pull(&by_key, did, 0, -1, Some((&[7], &[3])), &Layers::all())
+        .unwrap();
+    for t in 0..4 {
+        assert_eq!(dk.block(t, 3), pk.block(t, 7), "tensor {t}, relinked");
+    }
     prompt.unregister_cache(pid).unwrap();
     prompt.unregister_cache(pid).unwrap(); // unknown: fine, as upstream's
     decoder.finalize();

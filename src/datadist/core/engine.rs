@@ -5,12 +5,13 @@
 //! checked block batch, a layout per pair over the same index arrays (`check::layouts`:
 //! XFER_BLOCKS frames on the wire, the remote indices checked once by the server).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::runtime::address::{self, AddrDesc};
 use crate::runtime::check::{self, Layout, Local};
-use crate::runtime::handle::RegionHandle;
+use crate::runtime::handle::{LinkHandle, RegionHandle};
 pub(super) use crate::runtime::named::Buffer;
 use crate::runtime::named::Named;
 use crate::types::blocks::{BlockBatch, BlockIndices};
@@ -164,28 +165,34 @@ impl DdEngine {
     /// # Errors
     /// A bad name; no link.
     pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<TableEntry>, Error> {
-        Ok(self.0.link(remote)?.table.clone())
+        Ok(self.link(remote)?.table.clone())
     }
 
-    /// A READ or WRITE to `remote`, waited for within `timeout_ms`: a batch of address
-    /// descriptors, or a block move (one checked block batch whose layouts are the tensor
-    /// pairs, all checked before anything moves).
+    /// The engine's link to `remote`.
+    ///
+    /// # Errors
+    /// A bad name; no link (`NOT_CONNECTED`).
+    pub(super) fn link(&self, remote: &str) -> Result<Arc<LinkHandle>, Error> {
+        self.0.link(remote)
+    }
+
+    /// A READ or WRITE on `link` (held by the caller: not looked up by name per move), waited
+    /// for within `timeout`: a batch of address descriptors, or a block move (one checked block
+    /// batch whose layouts are the tensor pairs, all checked before anything moves).
     ///
     /// # Errors
     /// The batch's checks (a tensor in no region of this engine or of the peer's table); the
     /// transfer's errors (a deadline missed: `TIMEOUT`).
     pub(super) fn transfer(
         &self,
-        remote: &str,
+        link: &LinkHandle,
         what: Moved<'_>,
-        timeout_ms: i32,
+        timeout: Duration,
     ) -> Result<(), Error> {
-        let timeout = millis(timeout_ms)?;
         let m = match what {
             Moved::Addrs(op, descs) => {
-                let link = self.0.link(remote)?;
                 let (xds, bytes) =
-                    address::batch(&self.0.core, &link, op, descs.iter().copied(), None)?;
+                    address::batch(&self.0.core, link, op, descs.iter().copied(), None)?;
                 return link.run(op, &xds, bytes, timeout);
             }
             Moved::Blocks(m) => m,
@@ -197,7 +204,6 @@ impl DdEngine {
             local_idx,
             remote_idx,
         } = m;
-        let link = self.0.link(remote)?;
         // each tensor's region and the peer's table entry, once per tensor (not per block)
         // (the engine's regions locked once for every tensor's lookup)
         let spans = self.0.core.with_index(|ix| {
@@ -236,7 +242,7 @@ impl DdEngine {
             return Ok(()); // a cache of no tensor: nothing moves
         }
         let (local_idx, remote_idx) = (BlockIndices::U64(local_idx), BlockIndices::U64(remote_idx));
-        let placed = check::layouts(&link, op, &layouts, local_idx, remote_idx)?;
+        let placed = check::layouts(link, op, &layouts, local_idx, remote_idx)?;
         let b = BlockBatch {
             layouts: &placed,
             local_idx,
@@ -329,7 +335,8 @@ mod tests {
             local_idx,
             remote_idx,
         };
-        e.transfer(peer, Moved::Blocks(m), 10_000)
+        let link = e.link(peer)?;
+        e.transfer(&link, Moved::Blocks(m), Duration::from_secs(10))
     }
 
     /// Block `from[i]` of each `src` tensor is block `to[i]` of its `dst` tensor.

@@ -8,7 +8,7 @@
 //! which then drops its link back.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::engine::{DdEngine, Moved};
 use super::{
@@ -19,6 +19,7 @@ use crate::datadist::table::{FORMAT, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
 use crate::published::FetchError;
 use crate::runtime::address::AddrDesc;
+use crate::runtime::handle::LinkHandle;
 use crate::sync::lock;
 
 /// The notification a cluster sends on a link it made: `"<its cluster id> <ip:port it listens on>"`.
@@ -108,6 +109,7 @@ impl DataDist {
             PeerLink {
                 remote,
                 table: None,
+                link: Weak::new(),
                 back: None,
             },
         );
@@ -237,6 +239,7 @@ impl DataDist {
             PeerLink {
                 remote,
                 table: None,
+                link: Weak::new(),
                 back: Some(bound.from),
             },
         );
@@ -298,14 +301,22 @@ impl DataDist {
         lock(&self.links).contains_key(&id)
     }
 
-    /// The peer's engine name and table (fetched now if it was not yet).
-    pub(super) fn peer(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
+    /// The engine's link to the peer and the peer's table (fetched now if it was not yet). The
+    /// link is the one found at the table's fetch, found by name again only once the engine let
+    /// it go.
+    pub(super) fn peer(
+        &self,
+        engine: &DdEngine,
+        cluster: u64,
+    ) -> Result<(Arc<LinkHandle>, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
-        // the link's engine name and its table if fetched (`None`: not linked), by one lock of
-        // the links
-        let known =
-            || (lock(&self.links).get(&cluster)).map(|l| (l.remote.clone(), l.table.clone()));
+        // the link's engine name, its table if fetched (`None`: not linked) and the engine's
+        // link as of then, by one lock of the links
+        let known = || {
+            (lock(&self.links).get(&cluster))
+                .map(|l| (l.remote.clone(), l.table.clone(), l.link.upgrade()))
+        };
         let mut link = known();
         if link.is_none() {
             // a rank-table link may have linked it since the last status query
@@ -317,24 +328,36 @@ impl DataDist {
             self.link_back(engine, cluster, config.sync_timeout_ms)?;
             link = known();
         }
-        let (remote, table) = link.ok_or_else(|| {
+        let (remote, table, held) = link.ok_or_else(|| {
             Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
                 format!("cluster {cluster} is not linked"),
             )
         })?;
-        if let Some(t) = table {
-            return Ok((remote, t));
+        let l = match (&table, held) {
+            (Some(t), Some(l)) => return Ok((l, t.clone())),
+            (_, Some(l)) => l,
+            (_, None) => engine.link(&remote)?,
+        };
+        let t = match table {
+            Some(t) => t,
+            None => Arc::new(self.fetch_table(engine, &l, &remote)?),
+        };
+        if let Some(p) = lock(&self.links).get_mut(&cluster)
+            && p.remote == remote
+        {
+            p.table = Some(t.clone());
+            p.link = Arc::downgrade(&l);
         }
-        let t = Arc::new(self.fetch_table(engine, &remote)?);
-        if let Some(l) = lock(&self.links).get_mut(&cluster) {
-            l.table = Some(t.clone());
-        }
-        Ok((remote, t))
+        Ok((l, t))
     }
 
-    /// The peer's engine name and its table fetched anew.
-    pub(super) fn refetch(&self, engine: &DdEngine, cluster: u64) -> Result<(String, Arc<Table>)> {
+    /// The engine's link to the peer and its table fetched anew.
+    pub(super) fn refetch(
+        &self,
+        engine: &DdEngine,
+        cluster: u64,
+    ) -> Result<(Arc<LinkHandle>, Arc<Table>)> {
         if let Some(l) = lock(&self.links).get_mut(&cluster) {
             l.table = None;
         }
@@ -343,13 +366,13 @@ impl DataDist {
 
     /// READs `remote`'s cache table (a published table: [`FORMAT`]'s fetch, retried while it
     /// is being rewritten) from the first region of the link's table that holds one.
-    fn fetch_table(&self, engine: &DdEngine, remote: &str) -> Result<Table> {
-        let regions = engine.remote_regions(remote)?;
+    fn fetch_table(&self, engine: &DdEngine, link: &LinkHandle, remote: &str) -> Result<Table> {
+        let regions = &link.table;
         let (timeout, download) = {
             let s = lock(&self.state);
             let l = s.as_ref().ok_or_else(not_initialized)?;
             (
-                l.config.sync_timeout_ms,
+                l.config.sync_timeout(),
                 (l.download.addr(), l.download.as_ptr(), l.download.len()),
             )
         };
@@ -371,7 +394,7 @@ impl DataDist {
                     remote: r.addr,
                     len: buf.len(),
                 };
-                engine.transfer(remote, Moved::Addrs(TransferOp::Read, &[d]), timeout)?;
+                engine.transfer(link, Moved::Addrs(TransferOp::Read, &[d]), timeout)?;
                 // SAFETY: the download buffer holds buf.len() bytes (checked) and is alive
                 // while the instance is (this call holds the engine); only this instance's
                 // READs write it, one at a time (`fetch`), and that READ returned.

@@ -16,12 +16,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::table::{Entry, TABLE_LEN, Table};
 use super::types::{CacheKey, Error, LlmStatus, Placement, Result, Role};
 use crate::Access;
-use crate::runtime::handle::RegionHandle;
+use crate::runtime::handle::{LinkHandle, RegionHandle};
 use crate::sync::lock;
 use engine::{Buffer, DdEngine};
 
@@ -63,6 +63,9 @@ struct PeerLink {
     remote: String,
     /// The peer's cache table, fetched at the first pull or push.
     table: Option<Arc<Table>>,
+    /// The engine's link to it, as of that fetch (the engine owns it; a pull or push holds it
+    /// while it runs, and finds it by name again once the engine let it go).
+    link: Weak<LinkHandle>,
     /// Made back to a cluster that linked to this one (it goes when that cluster unlinks):
     /// the engine that cluster linked from, whose notifications alone speak for it.
     back: Option<String>,
@@ -89,6 +92,13 @@ struct Config {
     link_total_time_s: Option<u32>,
     /// `llm.LinkRetryCount` (1..=100; 0 stands for the default, 1).
     link_retry_count: u32,
+}
+
+impl Config {
+    /// `llm.SyncKvCacheWaitTime`, checked positive when it was read.
+    fn sync_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.sync_timeout_ms.max(0) as u64)
+    }
 }
 
 #[derive(Default)]

@@ -8,6 +8,8 @@ use crate::TransferOp;
 use crate::datadist::table::{Entry, Table};
 use crate::datadist::types::{CacheKind, Error, Layers, LlmStatus, RemoteCache, Result};
 use crate::runtime::address::AddrDesc;
+use crate::runtime::handle::LinkHandle;
+use std::sync::Arc;
 
 impl DataDist {
     /// Pulls from a peer's cache into local cache `dst_cache` (`PullKvCache`, `PullKvBlocks`).
@@ -46,10 +48,10 @@ impl DataDist {
         // counted as a use of the cache until the READ returned: unregistering waits for it
         let (local, _in_use) = self.local(dst_cache)?;
         args::local_kind(local.kind, blocks.is_some(), dst_cache)?;
-        let (remote, r, src_batch) = self.find_remote(&engine, src)?;
+        let (link, r, src_batch) = self.find_remote(&engine, src)?;
         args::spans(layers)?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), true)?;
-        let timeout = config.sync_timeout_ms;
+        let timeout = config.sync_timeout();
         let ops = match blocks {
             Some(([], d)) if r.kind == CacheKind::Cache => {
                 batch_to_block_ops(&r, &local, &ri, &li, src_batch, d)?
@@ -68,7 +70,7 @@ impl DataDist {
                     local_idx: d,
                     remote_idx: s,
                 };
-                engine.transfer(&remote, Moved::Blocks(m), timeout)?;
+                engine.transfer(&link, Moved::Blocks(m), timeout)?;
                 return Ok(());
             }
             None => {
@@ -86,7 +88,7 @@ impl DataDist {
                 )?
             }
         };
-        engine.transfer(&remote, Moved::Addrs(TransferOp::Read, &ops), timeout)?;
+        engine.transfer(&link, Moved::Addrs(TransferOp::Read, &ops), timeout)?;
         Ok(())
     }
 
@@ -110,14 +112,14 @@ impl DataDist {
         // counted as a use of the cache until the last WRITE returned (`pull`)
         let (local, _in_use) = self.local(src_cache)?;
         args::local_kind(local.kind, blocks.is_some(), src_cache)?;
-        let (remote, r, dst_batch) = self.find_remote(&engine, dst)?;
+        let (link, r, dst_batch) = self.find_remote(&engine, dst)?;
         let dst_batch =
             u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), false)?;
         let per = layers.per_layer.max(1) as usize;
         // one WRITE per layer: the pairs `per` at a time
         for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
-            let timeout = config.sync_timeout_ms;
+            let timeout = config.sync_timeout();
             let ops = match blocks {
                 Some((s, d)) => {
                     let (pairs, block) = block_pairs(&local, &r, ls, rs, s, d, TransferOp::Write)?;
@@ -128,7 +130,7 @@ impl DataDist {
                         local_idx: s,
                         remote_idx: d,
                     };
-                    engine.transfer(&remote, Moved::Blocks(m), timeout)?;
+                    engine.transfer(&link, Moved::Blocks(m), timeout)?;
                     continue;
                 }
                 None => batch_ops(
@@ -142,25 +144,29 @@ impl DataDist {
                     TransferOp::Write,
                 )?,
             };
-            engine.transfer(&remote, Moved::Addrs(TransferOp::Write, &ops), timeout)?;
+            engine.transfer(&link, Moved::Addrs(TransferOp::Write, &ops), timeout)?;
         }
         Ok(())
     }
 
-    /// The peer's engine name, the entry `key` names in its table and the batch the key names;
-    /// a `CacheKey` the table lacks fetches it again, once.
-    fn find_remote(&self, engine: &DdEngine, key: &RemoteCache) -> Result<(String, Entry, u64)> {
-        let (remote, table) = self.peer(engine, key.cluster_id())?;
+    /// The engine's link to the peer, the entry `key` names in its table and the batch the key
+    /// names; a `CacheKey` the table lacks fetches it again, once.
+    fn find_remote(
+        &self,
+        engine: &DdEngine,
+        key: &RemoteCache,
+    ) -> Result<(Arc<LinkHandle>, Entry, u64)> {
+        let (link, table) = self.peer(engine, key.cluster_id())?;
         match find(&table, key) {
             Err(e)
                 if e.status == LlmStatus::LLM_KV_CACHE_NOT_EXIST
                     && matches!(key, RemoteCache::Request { .. }) =>
             {
-                let (remote, table) = self.refetch(engine, key.cluster_id())?;
+                let (link, table) = self.refetch(engine, key.cluster_id())?;
                 let (entry, batch) = find(&table, key)?;
-                Ok((remote, entry, batch))
+                Ok((link, entry, batch))
             }
-            r => r.map(|(entry, batch)| (remote, entry, batch)),
+            r => r.map(|(entry, batch)| (link, entry, batch)),
         }
     }
 }

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -442,6 +442,7 @@ impl DataDist {
                 PeerLink {
                     remote: name.clone(),
                     table: None,
+                    link: Weak::new(),
                     back: None,
                 },
             );
