@@ -54,6 +54,11 @@ pub(crate) mod tiny {
         }
     }
 
+    /// No listener's port gets the smallest buffers any more (the test that set one is done).
+    pub(crate) fn forget() {
+        PORT.store(0, Ordering::SeqCst);
+    }
+
     /// A client connection just made (a send buffer can shrink after the connect; a receive
     /// buffer only keeps its initial size, else the kernel drops what the window let in).
     pub(crate) fn client(stream: &TcpStream) {

@@ -394,6 +394,9 @@ mod tests {
         same_blocks(&cli, &srv, &all, block, &from, &to);
         client.finalize();
         server.finalize();
+        if tiny {
+            crate::io::tiny::forget();
+        }
     }
 
     #[test]

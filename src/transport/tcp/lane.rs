@@ -319,6 +319,8 @@ impl Lane {
         // read, this lane stuck sending a request the server does not read, as soon as the
         // socket buffers are smaller than the requests in flight (TCP shrinks them to a few
         // KiB under memory pressure).
+        let left = |iov: &[IoVec]| iov.iter().map(|v| v.len).sum::<usize>();
+        let whole = left(&self.iov);
         loop {
             // SAFETY: the first iovec is `self.out`, alive for the call; the others are the
             // frame's local ranges, valid for reads (this function's contract).
@@ -338,8 +340,14 @@ impl Lane {
                 break;
             }
             // SAFETY: the caller's contract, for the earlier frames too.
-            // (part of this request may be out already: the lane is out of step then)
-            unsafe { self.finish_oldest(op, deadline) }.map_err(out_of_step)?;
+            if let Err(e) = unsafe { self.finish_oldest(op, deadline) } {
+                // with part of this request out, the lane is out of step
+                return Err(if left(&self.iov) < whole {
+                    out_of_step(e)
+                } else {
+                    e
+                });
+            }
         }
         self.sent.push_back(Sent {
             req,
