@@ -714,3 +714,65 @@ fn caches_of_requests_one_key_a_batch_found_after_the_link_and_cut_into_blocks()
     decoder.finalize();
     prompt.finalize();
 }
+
+/// A peer that restarts on the same address publishes another table: a pull of a cluster whose
+/// table was fetched before reads through the new one, over the engine's new link, as soon as
+/// the engine has that link (here, made by linking a second cluster id at the same address once
+/// the old link broke), never through the old table, which names memory the new process may
+/// not have (it did: the pull was refused, `PARAM_INVALID`, a remote range in no region).
+#[test]
+fn a_peer_restarted_at_the_same_address_is_read_through_its_new_table() {
+    let (prompt, pport) = instance(PROMPT, Role::Prompt);
+    let (decoder, _) = instance(DECODER, Role::Decoder);
+    let model = CacheKey {
+        req_id: u64::MAX,
+        model_id: 7,
+    };
+    let mut pk = Tensors::new(2, 4, 4096, 21);
+    let mut dk = Tensors::new(2, 4, 4096, 22);
+    register(&prompt, &mut pk, CacheKind::Blocks, &[model]);
+    let did = register(&decoder, &mut dk, CacheKind::Blocks, &[model]);
+    let (ret, _) = decoder
+        .link_clusters(&[cluster(PROMPT, pport)], 5000)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    let by_key = RemoteCache::Blocks {
+        cluster_id: PROMPT,
+        model_id: 7,
+    };
+    decoder
+        .pull(&by_key, did, 0, -1, Some((&[1], &[1])), &Layers::all())
+        .unwrap();
+    assert_eq!(dk.block(0, 1), pk.block(0, 1));
+
+    // the prompt restarts on its port, its cache elsewhere with other bytes
+    prompt.finalize();
+    drop(prompt);
+    let again = DataDist::new(PROMPT, Role::Prompt);
+    let opts = [
+        ("llm.ListenIpInfo".to_owned(), format!("127.0.0.1:{pport}")),
+        ("llm.DeviceId".to_owned(), "0".to_owned()),
+    ];
+    again.initialize(&opts).unwrap();
+    let mut pk2 = Tensors::new(2, 4, 4096, 23);
+    register(&again, &mut pk2, CacheKind::Blocks, &[model]);
+    // the decoder's link to the old process is found broken by the next pull
+    let e = decoder
+        .pull(&by_key, did, 0, -1, Some((&[2], &[0])), &Layers::all())
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::LLM_NOT_YET_LINK, "{e:?}");
+    let (ret, rets) = decoder.link_clusters(&[cluster(2, pport)], 5000).unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS, "{rets:?}");
+    decoder
+        .pull(&by_key, did, 0, -1, Some((&[2], &[0])), &Layers::all())
+        .unwrap();
+    for t in 0..2 {
+        assert_eq!(
+            dk.block(t, 0),
+            pk2.block(t, 2),
+            "tensor {t}: the new process's block"
+        );
+    }
+    decoder.finalize();
+    again.finalize();
+}

@@ -8,7 +8,7 @@
 //! which then drops its link back.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::engine::{DdEngine, Moved};
 use super::{
@@ -104,15 +104,7 @@ impl DataDist {
             e
         })?;
         self.announce(engine, c, &remote);
-        lock(&self.links).insert(
-            c.remote_cluster_id,
-            PeerLink {
-                remote,
-                table: None,
-                link: Weak::new(),
-                back: None,
-            },
-        );
+        lock(&self.links).insert(c.remote_cluster_id, PeerLink::new(remote, None));
         Ok(())
     }
 
@@ -234,15 +226,7 @@ impl DataDist {
             return Ok(());
         }
         lock(&self.inbound).remove(&id);
-        links.insert(
-            id,
-            PeerLink {
-                remote,
-                table: None,
-                link: Weak::new(),
-                back: Some(bound.from),
-            },
-        );
+        links.insert(id, PeerLink::new(remote, Some(bound.from)));
         Ok(())
     }
 
@@ -301,9 +285,10 @@ impl DataDist {
         lock(&self.links).contains_key(&id)
     }
 
-    /// The engine's link to the peer and the peer's table (fetched now if it was not yet). The
-    /// link is the one found at the table's fetch, found by name again only once the engine let
-    /// it go.
+    /// The engine's link to the peer and the peer's table, fetched over that link. The table
+    /// is fetched now if it was not yet, or if the link it was fetched over is gone, broken or
+    /// closed (the engine's link by name may be a new one, to a peer that restarted: its table
+    /// may name other memory).
     pub(super) fn peer(
         &self,
         engine: &DdEngine,
@@ -311,11 +296,17 @@ impl DataDist {
     ) -> Result<(Arc<LinkHandle>, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
-        // the link's engine name, its table if fetched (`None`: not linked) and the engine's
-        // link as of then, by one lock of the links
+        // the link record: the engine name, which record it is, the table if fetched (`None`:
+        // not linked) and the link it was fetched over, by one lock of the links
         let known = || {
-            (lock(&self.links).get(&cluster))
-                .map(|l| (l.remote.clone(), l.table.clone(), l.link.upgrade()))
+            (lock(&self.links).get(&cluster)).map(|l| {
+                (
+                    l.remote.clone(),
+                    l.record,
+                    l.table.clone(),
+                    l.link.upgrade(),
+                )
+            })
         };
         let mut link = known();
         if link.is_none() {
@@ -328,23 +319,27 @@ impl DataDist {
             self.link_back(engine, cluster, config.sync_timeout_ms)?;
             link = known();
         }
-        let (remote, table, held) = link.ok_or_else(|| {
+        let (remote, record, table, held) = link.ok_or_else(|| {
             Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
                 format!("cluster {cluster} is not linked"),
             )
         })?;
-        let l = match (&table, held) {
-            (Some(t), Some(l)) => return Ok((l, t.clone())),
-            (_, Some(l)) => l,
-            (_, None) => engine.link(&remote)?,
+        let live = |l: &LinkHandle| !l.is_broken() && !l.is_closed();
+        if let (Some(t), Some(l)) = (&table, &held)
+            && live(l)
+        {
+            return Ok((l.clone(), t.clone()));
+        }
+        let l = engine.link(&remote)?;
+        let t = match (table, held) {
+            // the same link (a broken one: the move says so)
+            (Some(t), Some(h)) if Arc::ptr_eq(&h, &l) => t,
+            _ => Arc::new(self.fetch_table(engine, &l, &remote)?),
         };
-        let t = match table {
-            Some(t) => t,
-            None => Arc::new(self.fetch_table(engine, &l, &remote)?),
-        };
+        // (into the record this began with: not into one a later link made)
         if let Some(p) = lock(&self.links).get_mut(&cluster)
-            && p.remote == remote
+            && p.record == record
         {
             p.table = Some(t.clone());
             p.link = Arc::downgrade(&l);

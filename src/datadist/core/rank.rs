@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -437,15 +437,7 @@ impl DataDist {
             ));
         }
         for (c, name) in peers {
-            links.insert(
-                *c,
-                PeerLink {
-                    remote: name.clone(),
-                    table: None,
-                    link: Weak::new(),
-                    back: None,
-                },
-            );
+            links.insert(*c, PeerLink::new(name.clone(), None));
         }
         Ok(())
     }
