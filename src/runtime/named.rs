@@ -103,6 +103,26 @@ impl Named {
         }
     }
 
+    /// Closes `link`, a link to `remote` this engine made, telling the peer; the engine lets go
+    /// of it if it still holds it under `remote` (not of a link that superseded it there). A
+    /// peer already gone is not an error.
+    ///
+    /// # Errors
+    /// A bad name; the goodbye's other errors.
+    pub(crate) fn disconnect_link(
+        &self,
+        remote: &str,
+        link: &Arc<LinkHandle>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let (key, _) = self.core.remote_key(remote)?;
+        self.peers.take_if(&key, link);
+        match link.close_timeout(timeout) {
+            Err(e) if e.status() == Status::NOT_CONNECTED => Ok(()),
+            r => r,
+        }
+    }
+
     /// The link to `remote` (made before).
     ///
     /// # Errors

@@ -96,6 +96,15 @@ impl Peers {
         Ok(Some(link))
     }
 
+    /// Takes the held link to `key` out if it is `link` (a link since superseded stays: it is
+    /// another's).
+    pub(crate) fn take_if(&self, key: &str, link: &Arc<LinkHandle>) {
+        let mut links = lock(&self.links);
+        if links.get(key).is_some_and(|l| Arc::ptr_eq(l, link)) {
+            links.remove(key);
+        }
+    }
+
     /// Takes the held link to `key` out, if there is one (to close it).
     pub(crate) fn remove(&self, key: &str) -> Option<Arc<LinkHandle>> {
         lock(&self.links).remove(key)

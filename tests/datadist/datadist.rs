@@ -715,13 +715,15 @@ fn caches_of_requests_one_key_a_batch_found_after_the_link_and_cut_into_blocks()
     prompt.finalize();
 }
 
-/// A peer that restarts on the same address publishes another table: a pull of a cluster whose
-/// table was fetched before reads through the new one, over the engine's new link, as soon as
-/// the engine has that link (here, made by linking a second cluster id at the same address once
-/// the old link broke), never through the old table, which names memory the new process may
-/// not have (it did: the pull was refused, `PARAM_INVALID`, a remote range in no region).
+/// A cluster is reached only over the link it was linked with. Its peer restarts on the same
+/// address and the next pull finds the link broken (`LLM_NOT_YET_LINK`); another cluster id
+/// linked at that address gets a new link, which the first cluster never uses (before, a pull
+/// of the first cluster ran on it: with the old process's table it was refused, with a table
+/// fetched again it read the other cluster's memory); unlinking the first cluster leaves the
+/// second's link alone; linked again by its own id, the first cluster reads the new process's
+/// blocks.
 #[test]
-fn a_peer_restarted_at_the_same_address_is_read_through_its_new_table() {
+fn a_cluster_is_reached_only_over_its_own_link() {
     let (prompt, pport) = instance(PROMPT, Role::Prompt);
     let (decoder, _) = instance(DECODER, Role::Decoder);
     let model = CacheKey {
@@ -736,13 +738,21 @@ fn a_peer_restarted_at_the_same_address_is_read_through_its_new_table() {
         .link_clusters(&[cluster(PROMPT, pport)], 5000)
         .unwrap();
     assert_eq!(ret, LlmStatus::LLM_SUCCESS);
-    let by_key = RemoteCache::Blocks {
-        cluster_id: PROMPT,
+    let key = |cluster_id| RemoteCache::Blocks {
+        cluster_id,
         model_id: 7,
     };
-    decoder
-        .pull(&by_key, did, 0, -1, Some((&[1], &[1])), &Layers::all())
-        .unwrap();
+    let pull = |cluster_id, from: u64, to: u64| {
+        decoder.pull(
+            &key(cluster_id),
+            did,
+            0,
+            -1,
+            Some((&[from], &[to])),
+            &Layers::all(),
+        )
+    };
+    pull(PROMPT, 1, 1).unwrap();
     assert_eq!(dk.block(0, 1), pk.block(0, 1));
 
     // the prompt restarts on its port, its cache elsewhere with other bytes
@@ -756,16 +766,41 @@ fn a_peer_restarted_at_the_same_address_is_read_through_its_new_table() {
     again.initialize(&opts).unwrap();
     let mut pk2 = Tensors::new(2, 4, 4096, 23);
     register(&again, &mut pk2, CacheKind::Blocks, &[model]);
-    // the decoder's link to the old process is found broken by the next pull
-    let e = decoder
-        .pull(&by_key, did, 0, -1, Some((&[2], &[0])), &Layers::all())
-        .unwrap_err();
+    let e = pull(PROMPT, 2, 0).unwrap_err();
     assert_eq!(e.status, LlmStatus::LLM_NOT_YET_LINK, "{e:?}");
+
+    // another cluster id at that address: a new link, its own
     let (ret, rets) = decoder.link_clusters(&[cluster(2, pport)], 5000).unwrap();
     assert_eq!(ret, LlmStatus::LLM_SUCCESS, "{rets:?}");
-    decoder
-        .pull(&by_key, did, 0, -1, Some((&[2], &[0])), &Layers::all())
+    let e = pull(PROMPT, 2, 0).unwrap_err();
+    assert_eq!(e.status, LlmStatus::LLM_NOT_YET_LINK, "{e:?}");
+    pull(2, 3, 2).unwrap();
+    for t in 0..2 {
+        assert_eq!(dk.block(t, 2), pk2.block(t, 3), "tensor {t}, cluster 2");
+    }
+    // unlinking the first cluster closes its link, not the second's
+    let (ret, _) = decoder
+        .unlink_clusters(&[cluster(PROMPT, pport)], 5000, false)
         .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    pull(2, 1, 3).unwrap();
+    for t in 0..2 {
+        assert_eq!(
+            dk.block(t, 3),
+            pk2.block(t, 1),
+            "tensor {t}, cluster 2 after"
+        );
+    }
+    // linked again by its own id (the address is cluster 2's now: unlinked first)
+    let (ret, _) = decoder
+        .unlink_clusters(&[cluster(2, pport)], 5000, false)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+    let (ret, rets) = decoder
+        .link_clusters(&[cluster(PROMPT, pport)], 5000)
+        .unwrap();
+    assert_eq!(ret, LlmStatus::LLM_SUCCESS, "{rets:?}");
+    pull(PROMPT, 2, 0).unwrap();
     for t in 0..2 {
         assert_eq!(
             dk.block(t, 0),

@@ -15,7 +15,6 @@ use crate::runtime::handle::{LinkHandle, RegionHandle};
 pub(super) use crate::runtime::named::Buffer;
 use crate::runtime::named::Named;
 use crate::types::blocks::{BlockBatch, BlockIndices};
-use crate::wire::TableEntry;
 use crate::{Access, DetachedContext, MemDesc, MemType, Notify, Options, TransferOp};
 
 /// A timeout in HIXL's milliseconds (≤ 0: `PARAM_INVALID`).
@@ -112,30 +111,39 @@ impl DdEngine {
         self.0.core.deregister(r)
     }
 
-    /// Connects to the engine named `remote`.
+    /// Connects to the engine named `remote`: the link made (the engine holds it under that
+    /// name; a caller that keeps it keeps the link it made, not whatever link the name reaches
+    /// later).
     ///
     /// # Errors
     /// A bad name or timeout, `ALREADY_CONNECTED`, the connect's own.
-    pub(super) fn connect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
-        self.0.connect(remote, millis(timeout_ms)?)
+    pub(super) fn connect(&self, remote: &str, timeout_ms: i32) -> Result<Arc<LinkHandle>, Error> {
+        self.0.connect(remote, millis(timeout_ms)?)?;
+        self.0.link(remote)
     }
 
-    /// Closes the link to `remote`, telling the peer (a peer already gone is not an error).
+    /// Closes `link`, a link to `remote` [`DdEngine::connect`] made, telling the peer (a peer
+    /// already gone is not an error); a link that superseded it under that name stays.
     ///
     /// # Errors
-    /// A bad name or timeout; `NOT_CONNECTED` without a link; the goodbye's other errors.
-    pub(super) fn disconnect(&self, remote: &str, timeout_ms: i32) -> Result<(), Error> {
-        self.0.disconnect(remote, millis(timeout_ms)?)
+    /// A bad name or timeout; the goodbye's other errors.
+    pub(super) fn disconnect(
+        &self,
+        remote: &str,
+        link: &Arc<LinkHandle>,
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
+        self.0.disconnect_link(remote, link, millis(timeout_ms)?)
     }
 
-    /// Sends a notification to `remote` (delivered after every transfer started before it on
+    /// Sends a notification on `link` (delivered after every transfer started before it on
     /// the link).
     ///
     /// # Errors
-    /// A bad timeout, a name or message over 1024 bytes, no link, the peer's refusal.
+    /// A bad timeout, a name or message over 1024 bytes, a link gone, the peer's refusal.
     pub(super) fn send_notify(
         &self,
-        remote: &str,
+        link: &LinkHandle,
         name: &str,
         msg: &str,
         timeout_ms: i32,
@@ -150,7 +158,6 @@ impl DdEngine {
                 });
             }
         }
-        let link = self.0.link(remote)?;
         link.notify(name, msg, std::time::Instant::now(), timeout)
     }
 
@@ -158,22 +165,6 @@ impl DdEngine {
     /// gave in its handshake.
     pub(super) fn take_notifies(&self) -> Vec<Notify> {
         self.0.core.notifies.drain()
-    }
-
-    /// The region table `remote` sent at connect.
-    ///
-    /// # Errors
-    /// A bad name; no link.
-    pub(super) fn remote_regions(&self, remote: &str) -> Result<Vec<TableEntry>, Error> {
-        Ok(self.link(remote)?.table.clone())
-    }
-
-    /// The engine's link to `remote`.
-    ///
-    /// # Errors
-    /// A bad name; no link (`NOT_CONNECTED`).
-    pub(super) fn link(&self, remote: &str) -> Result<Arc<LinkHandle>, Error> {
-        self.0.link(remote)
     }
 
     /// A READ or WRITE on `link` (held by the caller: not looked up by name per move), waited
@@ -321,7 +312,7 @@ mod tests {
 
     fn moved(
         e: &DdEngine,
-        peer: &str,
+        link: &LinkHandle,
         op: TransferOp,
         pairs: &[TensorPair],
         block: usize,
@@ -335,8 +326,7 @@ mod tests {
             local_idx,
             remote_idx,
         };
-        let link = e.link(peer)?;
-        e.transfer(&link, Moved::Blocks(m), Duration::from_secs(10))
+        e.transfer(link, Moved::Blocks(m), Duration::from_secs(10))
     }
 
     /// Block `from[i]` of each `src` tensor is block `to[i]` of its `dst` tensor.
@@ -373,14 +363,14 @@ mod tests {
         crate::io::tiny::TINY_LISTENER.set(false);
         register(&server, &mut srv);
         register(&client, &mut cli);
-        client.connect(&name, 5000).unwrap();
+        let link = client.connect(&name, 5000).unwrap();
         let all: Vec<usize> = (0..n).collect();
         let ps = pairs(&cli, &srv, &all);
         let (from, to) = (
             shuffled(&mut rng, blocks, picked),
             shuffled(&mut rng, blocks, picked),
         );
-        moved(&client, &name, TransferOp::Read, &ps, block, &to, &from).unwrap();
+        moved(&client, &link, TransferOp::Read, &ps, block, &to, &from).unwrap();
         same_blocks(&srv, &cli, &all, block, &from, &to);
         // and back: other blocks of the client's, new bytes, into other blocks of the server's
         for (t, c) in cli.iter_mut().enumerate() {
@@ -390,7 +380,7 @@ mod tests {
             shuffled(&mut rng, blocks, written),
             shuffled(&mut rng, blocks, written),
         );
-        moved(&client, &name, TransferOp::Write, &ps, block, &from, &to).unwrap();
+        moved(&client, &link, TransferOp::Write, &ps, block, &from, &to).unwrap();
         same_blocks(&cli, &srv, &all, block, &from, &to);
         client.finalize();
         server.finalize();
@@ -425,7 +415,7 @@ mod tests {
         let (server, client, name) = engines();
         let regions = register(&server, &mut srv);
         register(&client, &mut cli);
-        client.connect(&name, 5000).unwrap();
+        let link = client.connect(&name, 5000).unwrap();
         // the client's table still has tensor 3 (fetched at connect): the server refuses the
         // request of that tensor, with requests for later tensors already sent behind it
         server.deregister_mem(&regions[3]).unwrap();
@@ -439,7 +429,7 @@ mod tests {
             );
             let e = moved(
                 &client,
-                &name,
+                &link,
                 TransferOp::Read,
                 &pairs(&cli, &srv, &all),
                 block,
@@ -458,7 +448,7 @@ mod tests {
                 }
             }
             let ps = pairs(&cli, &srv, &rest);
-            moved(&client, &name, TransferOp::Read, &ps, block, &to, &from).unwrap();
+            moved(&client, &link, TransferOp::Read, &ps, block, &to, &from).unwrap();
             same_blocks(&srv, &cli, &rest, block, &from, &to);
             // a WRITE refused the same way (the server closes that lane) changes nothing of the
             // deregistered tensor, and the next WRITE lands
@@ -468,7 +458,7 @@ mod tests {
             }
             let e = moved(
                 &client,
-                &name,
+                &link,
                 TransferOp::Write,
                 &pairs(&cli, &srv, &all),
                 block,
@@ -478,7 +468,7 @@ mod tests {
             .unwrap_err();
             assert_eq!(e.status(), Status::PARAM_INVALID, "{e}");
             assert!(srv[3] == before, "a deregistered tensor was written");
-            moved(&client, &name, TransferOp::Write, &ps, block, &from, &to).unwrap();
+            moved(&client, &link, TransferOp::Write, &ps, block, &from, &to).unwrap();
             same_blocks(&cli, &srv, &rest, block, &from, &to);
         }
         client.finalize();

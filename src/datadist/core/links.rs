@@ -8,7 +8,7 @@
 //! which then drops its link back.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::engine::{DdEngine, Moved};
 use super::{
@@ -96,21 +96,35 @@ impl DataDist {
                 ));
             }
         }
-        engine.connect(&remote, timeout_ms).map_err(|e| {
+        let link = engine.connect(&remote, timeout_ms).map_err(|e| {
             let mut e = Error::from(e);
             if e.status == LlmStatus::LLM_FAILED {
                 e.status = LlmStatus::LLM_LINK_FAILED;
             }
             e
         })?;
-        self.announce(engine, c, &remote);
-        lock(&self.links).insert(c.remote_cluster_id, PeerLink::new(remote, None));
+        self.announce(engine, c, &link);
+        let mut links = lock(&self.links);
+        if links.contains_key(&c.remote_cluster_id) {
+            // linked meanwhile (by another call, elsewhere): that link serves
+            drop(links);
+            let _ = engine.disconnect(&remote, &link, NOTE_MS);
+            return Err(Error::new(
+                LlmStatus::LLM_ALREADY_LINK,
+                format!("cluster {} is linked already", c.remote_cluster_id),
+            ));
+        }
+        links.insert(
+            c.remote_cluster_id,
+            PeerLink::new(remote, Arc::downgrade(&link), None),
+        );
         Ok(())
     }
 
-    /// Tells the cluster at `remote` where it can link back to this one (best effort: a peer
-    /// that does not take it cannot pull from or push to this cluster, nothing else).
-    fn announce(&self, engine: &DdEngine, c: &ClusterInfo, remote: &str) {
+    /// Tells the cluster at the other end of `link` where it can link back to this one (best
+    /// effort: a peer that does not take it cannot pull from or push to this cluster, nothing
+    /// else).
+    fn announce(&self, engine: &DdEngine, c: &ClusterInfo, link: &LinkHandle) {
         let Some(mut me) = self.listen_addr() else {
             return;
         };
@@ -122,8 +136,8 @@ impl DataDist {
             }
         }
         let msg = format!("{} {me}", self.cluster_id);
-        if let Err(e) = engine.send_notify(remote, LINK_NOTE, &msg, NOTE_MS) {
-            tracing::debug!(remote, error = %e, "the peer did not take where to link back");
+        if let Err(e) = engine.send_notify(link, LINK_NOTE, &msg, NOTE_MS) {
+            tracing::debug!(remote = link.peer, error = %e, "the peer did not take where to link back");
         }
     }
 
@@ -160,7 +174,9 @@ impl DataDist {
                         && let Some(l) = links.remove(&id)
                     {
                         drop(links);
-                        let _ = engine.disconnect(&l.remote, NOTE_MS);
+                        if let Some(k) = l.link.upgrade() {
+                            let _ = engine.disconnect(&l.remote, &k, NOTE_MS);
+                        }
                     }
                 }
                 _ => tracing::debug!(name = n.name, "a notification that is not a link's"),
@@ -211,7 +227,7 @@ impl DataDist {
             ));
         };
         let remote = bound.addr;
-        engine.connect(&remote, timeout_ms).map_err(|e| {
+        let link = engine.connect(&remote, timeout_ms).map_err(|e| {
             let mut e = Error::from(e);
             if e.status == LlmStatus::LLM_FAILED {
                 e.status = LlmStatus::LLM_LINK_FAILED;
@@ -222,11 +238,14 @@ impl DataDist {
         if links.contains_key(&id) {
             // linked meanwhile (by another call): that link serves
             drop(links);
-            let _ = engine.disconnect(&remote, NOTE_MS);
+            let _ = engine.disconnect(&remote, &link, NOTE_MS);
             return Ok(());
         }
         lock(&self.inbound).remove(&id);
-        links.insert(id, PeerLink::new(remote, Some(bound.from)));
+        links.insert(
+            id,
+            PeerLink::new(remote, Arc::downgrade(&link), Some(bound.from)),
+        );
         Ok(())
     }
 
@@ -249,18 +268,21 @@ impl DataDist {
             let link = lock(&self.links).remove(&c.remote_cluster_id);
             // one link between two clusters, as upstream's: the peer's way back goes too
             let inbound = lock(&self.inbound).remove(&c.remote_cluster_id).is_some();
-            if let Some(l) = &link {
+            // the record's own link (gone: the engine let it go when it broke)
+            let held = link.as_ref().map(|l| (l.remote.clone(), l.link.upgrade()));
+            if let Some((_, Some(k))) = &held {
                 // the peer drops its link back (best effort: it may be gone)
                 let msg = self.cluster_id.to_string();
-                let _ = engine.send_notify(&l.remote, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
+                let _ = engine.send_notify(k, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
             }
-            rets.push(match link {
+            rets.push(match held {
                 // a cluster that linked here, and was never linked back to
                 None if inbound => LlmStatus::LLM_SUCCESS,
                 None => LlmStatus::LLM_NOT_YET_LINK,
-                Some(l) => match engine.disconnect(&l.remote, timeout_ms) {
+                // the peer went away first: unlinked all the same
+                Some((_, None)) => LlmStatus::LLM_SUCCESS,
+                Some((remote, Some(k))) => match engine.disconnect(&remote, &k, timeout_ms) {
                     Ok(()) => LlmStatus::LLM_SUCCESS,
-                    // the peer went away first: unlinked all the same
                     Err(e) if force || e.status() == crate::Status::NOT_CONNECTED => {
                         LlmStatus::LLM_SUCCESS
                     }
@@ -285,10 +307,10 @@ impl DataDist {
         lock(&self.links).contains_key(&id)
     }
 
-    /// The engine's link to the peer and the peer's table, fetched over that link. The table
-    /// is fetched now if it was not yet, or if the link it was fetched over is gone, broken or
-    /// closed (the engine's link by name may be a new one, to a peer that restarted: its table
-    /// may name other memory).
+    /// The cluster's link (the one its record made) and the peer's table, fetched over that
+    /// link at its first use. Once that link went (the engine let it go when it broke), the
+    /// cluster is not linked until it is linked again by its own id: a link the engine made
+    /// since to the same address is another cluster's.
     pub(super) fn peer(
         &self,
         engine: &DdEngine,
@@ -296,17 +318,11 @@ impl DataDist {
     ) -> Result<(Arc<LinkHandle>, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
-        // the link record: the engine name, which record it is, the table if fetched (`None`:
-        // not linked) and the link it was fetched over, by one lock of the links
+        // the link record: the engine name, the table if fetched (`None`: not linked) and the
+        // record's link, by one lock of the links
         let known = || {
-            (lock(&self.links).get(&cluster)).map(|l| {
-                (
-                    l.remote.clone(),
-                    l.record,
-                    l.table.clone(),
-                    l.link.upgrade(),
-                )
-            })
+            (lock(&self.links).get(&cluster))
+                .map(|l| (l.remote.clone(), l.table.clone(), l.link.clone()))
         };
         let mut link = known();
         if link.is_none() {
@@ -319,30 +335,25 @@ impl DataDist {
             self.link_back(engine, cluster, config.sync_timeout_ms)?;
             link = known();
         }
-        let (remote, record, table, held) = link.ok_or_else(|| {
+        let not_linked = |why: &str| {
             Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
-                format!("cluster {cluster} is not linked"),
+                format!("cluster {cluster} is not linked{why}"),
             )
-        })?;
-        let live = |l: &LinkHandle| !l.is_broken() && !l.is_closed();
-        if let (Some(t), Some(l)) = (&table, &held)
-            && live(l)
-        {
-            return Ok((l.clone(), t.clone()));
-        }
-        let l = engine.link(&remote)?;
-        let t = match (table, held) {
-            // the same link (a broken one: the move says so)
-            (Some(t), Some(h)) if Arc::ptr_eq(&h, &l) => t,
-            _ => Arc::new(self.fetch_table(engine, &l, &remote)?),
         };
-        // (into the record this began with: not into one a later link made)
+        let (remote, table, own) = link.ok_or_else(|| not_linked(""))?;
+        let l = own
+            .upgrade()
+            .ok_or_else(|| not_linked(&format!(": its link to {remote} broke; link it again")))?;
+        if let Some(t) = table {
+            return Ok((l, t));
+        }
+        let t = Arc::new(self.fetch_table(engine, &l, &remote)?);
+        // (into this record: not into one a later link of the cluster made)
         if let Some(p) = lock(&self.links).get_mut(&cluster)
-            && p.record == record
+            && Weak::ptr_eq(&p.link, &own)
         {
             p.table = Some(t.clone());
-            p.link = Arc::downgrade(&l);
         }
         Ok((l, t))
     }

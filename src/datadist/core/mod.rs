@@ -63,35 +63,25 @@ struct PeerLink {
     remote: String,
     /// The peer's cache table, fetched at the first pull or push.
     table: Option<Arc<Table>>,
-    /// The engine's link the table was fetched over (the engine owns it; a pull or push holds
-    /// it while it runs). Once the engine let it go, or it broke or closed, the engine's link is
-    /// found by name again and the table fetched again over it.
+    /// The link this record made (or took from a rank-table link), which its table is fetched
+    /// over and its moves run on; the engine owns it. Never another link the engine has under
+    /// the same name: once this one broke or went, the cluster is linked again by its own id.
     link: Weak<LinkHandle>,
-    /// Which link record this is ([`PeerLink::next_record`]): a fetch stores its table and link
-    /// only into the record it began with, not into one a later link made.
-    record: u64,
     /// Made back to a cluster that linked to this one (it goes when that cluster unlinks):
     /// the engine that cluster linked from, whose notifications alone speak for it.
     back: Option<String>,
 }
 
 impl PeerLink {
-    /// A record of a link to the peer engine `remote`, nothing fetched yet (`back`: see the
-    /// field).
-    fn new(remote: String, back: Option<String>) -> Self {
+    /// A record of `link`, this engine's link to the peer engine `remote`, nothing fetched
+    /// yet (`back`: see the field).
+    fn new(remote: String, link: Weak<LinkHandle>, back: Option<String>) -> Self {
         PeerLink {
             remote,
             table: None,
-            link: Weak::new(),
-            record: Self::next_record(),
+            link,
             back,
         }
-    }
-
-    /// A number no other record of this process has.
-    fn next_record() -> u64 {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 }
 

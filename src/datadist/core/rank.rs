@@ -27,7 +27,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::runtime::handle::LinkHandle;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -84,14 +86,18 @@ struct CommLink {
     ctx: DetachedContext,
     /// The communicator, once the task returned it.
     comm: Option<RankComm>,
-    /// The clusters it linked (cluster id, engine name), once `OK`.
-    linked: Vec<(u64, String)>,
+    /// The clusters it linked, once `OK`.
+    linked: Vec<Linked>,
 }
+
+/// A peer cluster a rank-table task linked: its id, its engine's name and the link made (the
+/// engine owns it).
+type Linked = (u64, String, Weak<LinkHandle>);
 
 /// What the task hands back: the communicator, and the peers it linked (or why not).
 struct Outcome {
     comm: RankComm,
-    result: Result<Vec<(u64, String)>>,
+    result: Result<Vec<Linked>>,
 }
 
 /// What the task needs.
@@ -353,9 +359,10 @@ impl DataDist {
             unadopted = out.result.unwrap_or_default();
         }
         {
+            // the records of these links (a cluster unlinked and linked again since has another)
             let mut links = lock(&self.links);
-            linked.retain(|(cluster, name)| match links.get(cluster) {
-                Some(l) if &l.remote == name => {
+            linked.retain(|(cluster, _, link)| match links.get(cluster) {
+                Some(l) if Weak::ptr_eq(&l.link, link) => {
                     links.remove(cluster);
                     true
                 }
@@ -363,8 +370,11 @@ impl DataDist {
             });
         }
         if let Some(engine) = engine {
-            for (_, name) in linked.iter().chain(&unadopted) {
-                if let Err(e) = engine.disconnect(name, DISCONNECT_MS) {
+            for (_, name, link) in linked.iter().chain(&unadopted) {
+                let Some(link) = link.upgrade() else {
+                    continue; // the engine let it go: it broke
+                };
+                if let Err(e) = engine.disconnect(name, &link, DISCONNECT_MS) {
                     tracing::debug!(peer = %name, error = %e, "unlink: the engine link was gone");
                 }
             }
@@ -397,8 +407,10 @@ impl DataDist {
                         Ok(()) => Ok(peers),
                         Err(e) => {
                             if let Ok((engine, _)) = self.live() {
-                                for (_, name) in &peers {
-                                    let _ = engine.disconnect(name, DISCONNECT_MS);
+                                for (_, name, link) in &peers {
+                                    if let Some(link) = link.upgrade() {
+                                        let _ = engine.disconnect(name, &link, DISCONNECT_MS);
+                                    }
                                 }
                             }
                             Err(e)
@@ -422,9 +434,9 @@ impl DataDist {
     }
 
     /// Takes the peers a task linked as linked clusters, all or none.
-    fn adopt(&self, peers: &[(u64, String)]) -> Result<()> {
+    fn adopt(&self, peers: &[Linked]) -> Result<()> {
         let mut links = lock(&self.links);
-        if let Some((c, _)) = peers.iter().find(|(c, _)| links.contains_key(c)) {
+        if let Some((c, _, _)) = peers.iter().find(|(c, _, _)| links.contains_key(c)) {
             return Err(Error::new(
                 LlmStatus::LLM_ALREADY_LINK,
                 format!("cluster {c} is linked already"),
@@ -436,8 +448,8 @@ impl DataDist {
                 format!("at most {} linked clusters", super::MAX_LINKS),
             ));
         }
-        for (c, name) in peers {
-            links.insert(*c, PeerLink::new(name.clone(), None));
+        for (c, name, link) in peers {
+            links.insert(*c, PeerLink::new(name.clone(), link.clone(), None));
         }
         Ok(())
     }
@@ -485,7 +497,7 @@ fn run(job: Job, comm: RankComm) -> Outcome {
     Outcome { comm, result }
 }
 
-fn link_peers(job: &Job, comm: &RankComm) -> Result<Vec<(u64, String)>> {
+fn link_peers(job: &Job, comm: &RankComm) -> Result<Vec<Linked>> {
     for &(cluster, rank) in &job.peers {
         if rank == job.own_rank {
             return Err(Error::param(format!(
@@ -537,8 +549,10 @@ fn link_peers(job: &Job, comm: &RankComm) -> Result<Vec<(u64, String)>> {
     let mut linked = Vec::with_capacity(descs.len());
     let r = connect_all(job, &descs, &mut linked, go_on);
     if let Err(e) = r {
-        for (_, name) in &linked {
-            let _ = job.engine.disconnect(name, DISCONNECT_MS);
+        for (_, name, link) in &linked {
+            if let Some(link) = link.upgrade() {
+                let _ = job.engine.disconnect(name, &link, DISCONNECT_MS);
+            }
         }
         return Err(e);
     }
@@ -549,7 +563,7 @@ fn link_peers(job: &Job, comm: &RankComm) -> Result<Vec<(u64, String)>> {
 fn connect_all(
     job: &Job,
     descs: &[(u64, Desc)],
-    linked: &mut Vec<(u64, String)>,
+    linked: &mut Vec<Linked>,
     go_on: impl Fn() -> Result<()>,
 ) -> Result<()> {
     let timeout_ms = i32::try_from(job.total.as_millis())
@@ -557,16 +571,16 @@ fn connect_all(
         .max(1);
     for (cluster, d) in descs {
         go_on()?;
-        job.engine.connect(&d.engine, timeout_ms).map_err(|e| {
+        let link = job.engine.connect(&d.engine, timeout_ms).map_err(|e| {
             let mut e = Error::from(e);
             if e.status == LlmStatus::LLM_FAILED {
                 e.status = LlmStatus::LLM_LINK_FAILED;
             }
             e
         })?;
-        linked.push((*cluster, d.engine.clone()));
-        let regions = job.engine.remote_regions(&d.engine)?;
-        let serves = regions.iter().any(|r| {
+        linked.push((*cluster, d.engine.clone(), Arc::downgrade(&link)));
+        // (the table of the link made: the one the cluster's moves run on)
+        let serves = link.table.iter().any(|r| {
             r.addr == d.cache_table_addr
                 && r.len == d.cache_table_size
                 && r.access == Access::Read
