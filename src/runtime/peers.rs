@@ -161,7 +161,7 @@ impl Peers {
 
     /// The link to `key`: a held one; one an async connect finished; or, with `auto`
     /// (AutoConnect), a new one made within `connect_timeout`. A broken link is dropped first
-    /// with `auto`.
+    /// with `auto`, and gives way to a link an async connect finished since.
     ///
     /// # Errors
     /// `NOT_CONNECTED` without a link (and no `auto`); the connect's own.
@@ -173,10 +173,18 @@ impl Peers {
         remote: &str,
         key: &str,
     ) -> Result<Arc<LinkHandle>, Error> {
+        let held = lock(&self.links).get(key).cloned();
+        if let Some(l) = held
+            && !(l.is_broken()
+                && (auto || e.async_connect_status(remote) == AsyncConnectStatus::Connected))
+        {
+            return Ok(l);
+        }
         let broken = {
             let mut links = lock(&self.links);
             match links.get(key) {
-                Some(l) if !(auto && l.is_broken()) => return Ok(l.clone()),
+                // (another caller replaced it meanwhile)
+                Some(l) if !l.is_broken() => return Ok(l.clone()),
                 Some(_) => self.drop_broken(&mut links, key),
                 None => None,
             }

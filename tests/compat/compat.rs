@@ -464,6 +464,46 @@ fn async_connect_then_transfer() {
     peer.quit();
 }
 
+/// A link that broke (its peer restarted on the same address) gives way to the link an async
+/// connect made since: the transfers after it reach the new process (before, every transfer
+/// still ran on the broken link, `NOT_CONNECTED`, until a disconnect).
+#[test]
+fn an_async_connect_after_a_peer_restarted_replaces_the_broken_link() {
+    let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 61, &[]);
+    let port = peer.name.rsplit(':').next().unwrap().to_owned();
+    let mut mem = vec![0u8; 1 << 16];
+    let (e, _) = client(&[], &mut mem);
+    e.connect(&peer.name, 5000).unwrap();
+    let read = |e: &compat::Hixl, mem: &[u8], name: &str, addr: u64| {
+        e.transfer_sync(name, TransferOp::Read, &[desc(mem, 0, addr, 0, 4096)], 5000)
+    };
+    read(&e, &mem, &peer.name, peer.addr).unwrap();
+    assert_eq!(&mem[..4096], &Rng::new(61).bytes(4096)[..]);
+    let (name, old) = (peer.name.clone(), peer.addr);
+    peer.quit();
+    let peer = Peer::spawn_compat(&format!("127.0.0.1:{port}"), 1 << 16, 62, &[]);
+    assert_eq!(peer.name, name);
+    // the old link (its table the old process's) is found broken
+    assert_eq!(status(read(&e, &mem, &name, old)), Status::NOT_CONNECTED);
+    e.connect_async(&name, 5000).unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while matches!(
+        e.get_async_connect_status(&name).unwrap(),
+        AsyncConnectStatus::ConnectPending | AsyncConnectStatus::Connecting
+    ) && Instant::now() < until
+    {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        e.get_async_connect_status(&name).unwrap(),
+        AsyncConnectStatus::Connected
+    );
+    read(&e, &mem, &name, peer.addr).unwrap();
+    assert_eq!(&mem[..4096], &Rng::new(62).bytes(4096)[..]);
+    e.finalize();
+    peer.quit();
+}
+
 #[test]
 fn threads_share_one_engine_with_auto_connect() {
     let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 20, 51, &[]);
