@@ -103,21 +103,23 @@ impl DataDist {
             }
             e
         })?;
-        self.announce(engine, c, &link);
-        let mut links = lock(&self.links);
-        if links.contains_key(&c.remote_cluster_id) {
-            // linked meanwhile (by another call, elsewhere): that link serves
-            drop(links);
-            let _ = engine.disconnect(&remote, &link, NOTE_MS);
-            return Err(Error::new(
-                LlmStatus::LLM_ALREADY_LINK,
-                format!("cluster {} is linked already", c.remote_cluster_id),
-            ));
+        {
+            let mut links = lock(&self.links);
+            if links.contains_key(&c.remote_cluster_id) {
+                // linked meanwhile (by another call, elsewhere): that link serves
+                drop(links);
+                let _ = engine.disconnect(&remote, &link, NOTE_MS);
+                return Err(Error::new(
+                    LlmStatus::LLM_ALREADY_LINK,
+                    format!("cluster {} is linked already", c.remote_cluster_id),
+                ));
+            }
+            links.insert(
+                c.remote_cluster_id,
+                PeerLink::new(remote, Arc::downgrade(&link), None),
+            );
         }
-        links.insert(
-            c.remote_cluster_id,
-            PeerLink::new(remote, Arc::downgrade(&link), None),
-        );
+        self.announce(engine, c, &link);
         Ok(())
     }
 
