@@ -96,13 +96,7 @@ impl DataDist {
                 ));
             }
         }
-        let link = engine.connect(&remote, timeout_ms).map_err(|e| {
-            let mut e = Error::from(e);
-            if e.status == LlmStatus::LLM_FAILED {
-                e.status = LlmStatus::LLM_LINK_FAILED;
-            }
-            e
-        })?;
+        let link = connect_to(engine, &remote, timeout_ms)?;
         {
             let mut links = lock(&self.links);
             if links.contains_key(&c.remote_cluster_id) {
@@ -229,13 +223,7 @@ impl DataDist {
             ));
         };
         let remote = bound.addr;
-        let link = engine.connect(&remote, timeout_ms).map_err(|e| {
-            let mut e = Error::from(e);
-            if e.status == LlmStatus::LLM_FAILED {
-                e.status = LlmStatus::LLM_LINK_FAILED;
-            }
-            e
-        })?;
+        let link = connect_to(engine, &remote, timeout_ms)?;
         let mut links = lock(&self.links);
         if links.contains_key(&id) {
             // linked meanwhile (by another call): that link serves
@@ -423,6 +411,22 @@ impl DataDist {
             format!("cannot read {remote}'s cache table: {why}"),
         ))
     }
+}
+
+/// Links `engine` to the engine named `remote`: the link made (an engine failure is
+/// `LLM_LINK_FAILED`, as upstream's).
+pub(super) fn connect_to(
+    engine: &DdEngine,
+    remote: &str,
+    timeout_ms: i32,
+) -> Result<Arc<LinkHandle>> {
+    engine.connect(remote, timeout_ms).map_err(|e| {
+        let mut e = Error::from(e);
+        if e.status == LlmStatus::LLM_FAILED {
+            e.status = LlmStatus::LLM_LINK_FAILED;
+        }
+        e
+    })
 }
 
 /// Whether `addr`, the address a link note names, is the address of `from`, the engine that

@@ -571,13 +571,7 @@ fn connect_all(
         .max(1);
     for (cluster, d) in descs {
         go_on()?;
-        let link = job.engine.connect(&d.engine, timeout_ms).map_err(|e| {
-            let mut e = Error::from(e);
-            if e.status == LlmStatus::LLM_FAILED {
-                e.status = LlmStatus::LLM_LINK_FAILED;
-            }
-            e
-        })?;
+        let link = super::links::connect_to(&job.engine, &d.engine, timeout_ms)?;
         linked.push((*cluster, d.engine.clone(), Arc::downgrade(&link)));
         // (the table of the link made: the one the cluster's moves run on)
         let serves = link.table.iter().any(|r| {
