@@ -16,7 +16,8 @@ impl Hixl {
     pub fn connect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         self.with_remote(remote_engine, |e, key| {
-            Ok(self.peers.connect(e, remote_engine, &key, timeout)?)
+            self.peers.connect(e, remote_engine, &key, timeout)?;
+            Ok(())
         })
     }
 

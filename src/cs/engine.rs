@@ -114,7 +114,7 @@ impl Engine {
 
     /// Connects to the engine named `remote` within `timeout`.
     pub(super) fn connect(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
-        self.0.connect(remote, timeout).map_err(fail)
+        self.0.connect(remote, timeout).map(drop).map_err(fail)
     }
 
     /// Disconnects from `remote` (best effort: a peer that went away is gone all the same).

@@ -3,7 +3,7 @@
 //! ([`Peers`]), and the host buffers it allocated for itself (a published table, a download
 //! buffer), whose pages are made private when it ends.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::error::{Error, Status};
@@ -79,11 +79,15 @@ impl Named {
         Ok(Buffer(r))
     }
 
-    /// Connects to the engine named `remote`.
+    /// Connects to the engine named `remote`: the link made.
     ///
     /// # Errors
     /// A bad name or timeout, `ALREADY_CONNECTED`, the connect's own.
-    pub(crate) fn connect(&self, remote: &str, timeout: Duration) -> Result<(), Error> {
+    pub(crate) fn connect(
+        &self,
+        remote: &str,
+        timeout: Duration,
+    ) -> Result<Arc<LinkHandle>, Error> {
         let (key, _) = self.core.remote_key(remote)?;
         self.peers.connect(&self.core, remote, &key, timeout)
     }
@@ -105,18 +109,22 @@ impl Named {
 
     /// Closes `link`, a link to `remote` this engine made, telling the peer; the engine lets go
     /// of it if it still holds it under `remote` (not of a link that superseded it there). A
-    /// peer already gone is not an error.
+    /// link the engine let go of already (it broke and was superseded), or a peer already gone,
+    /// is not an error.
     ///
     /// # Errors
     /// A bad name; the goodbye's other errors.
     pub(crate) fn disconnect_link(
         &self,
         remote: &str,
-        link: &Arc<LinkHandle>,
+        link: &Weak<LinkHandle>,
         timeout: Duration,
     ) -> Result<(), Error> {
         let (key, _) = self.core.remote_key(remote)?;
-        self.peers.take_if(&key, link);
+        let Some(link) = link.upgrade() else {
+            return Ok(());
+        };
+        self.peers.take_if(&key, &link);
         match link.close_timeout(timeout) {
             Err(e) if e.status() == Status::NOT_CONNECTED => Ok(()),
             r => r,

@@ -51,7 +51,7 @@ impl Peers {
         Ok(())
     }
 
-    /// Connects to `remote` (key `key`) and holds the link (HIXL `Connect`).
+    /// Connects to `remote` (key `key`) and holds the link (HIXL `Connect`): the link made.
     ///
     /// # Errors
     /// [`Error::AlreadyConnected`]; the connect's own.
@@ -61,13 +61,13 @@ impl Peers {
         remote: &str,
         key: &str,
         timeout: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<Arc<LinkHandle>, Error> {
         let _serial = lock(&self.connecting);
         self.refuse_if_linked(key)?;
-        let link = LinkHandle::new(e, e.link(remote, timeout)?);
+        let link = Arc::new(LinkHandle::new(e, e.link(remote, timeout)?));
         // a broken link under this name is superseded (and closed when dropped)
-        self.hold(key, Arc::new(link));
-        Ok(())
+        self.hold(key, link.clone());
+        Ok(link)
     }
 
     /// Takes the link to `key` out (a held one, or one an async connect finished), to close it

@@ -5,7 +5,7 @@
 //! checked block batch, a layout per pair over the same index arrays (`check::layouts`:
 //! XFER_BLOCKS frames on the wire, the remote indices checked once by the server).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::error::Error;
@@ -118,19 +118,19 @@ impl DdEngine {
     /// # Errors
     /// A bad name or timeout, `ALREADY_CONNECTED`, the connect's own.
     pub(super) fn connect(&self, remote: &str, timeout_ms: i32) -> Result<Arc<LinkHandle>, Error> {
-        self.0.connect(remote, millis(timeout_ms)?)?;
-        self.0.link(remote)
+        self.0.connect(remote, millis(timeout_ms)?)
     }
 
-    /// Closes `link`, a link to `remote` [`DdEngine::connect`] made, telling the peer (a peer
-    /// already gone is not an error); a link that superseded it under that name stays.
+    /// Closes `link`, a link to `remote` [`DdEngine::connect`] made, telling the peer (one the
+    /// engine let go of already, or a peer already gone, is not an error); a link that
+    /// superseded it under that name stays.
     ///
     /// # Errors
     /// A bad name or timeout; the goodbye's other errors.
     pub(super) fn disconnect(
         &self,
         remote: &str,
-        link: &Arc<LinkHandle>,
+        link: &Weak<LinkHandle>,
         timeout_ms: i32,
     ) -> Result<(), Error> {
         self.0.disconnect_link(remote, link, millis(timeout_ms)?)

@@ -102,7 +102,7 @@ impl DataDist {
             if links.contains_key(&c.remote_cluster_id) {
                 // linked meanwhile (by another call, elsewhere): that link serves
                 drop(links);
-                let _ = engine.disconnect(&remote, &link, NOTE_MS);
+                let _ = engine.disconnect(&remote, &Arc::downgrade(&link), NOTE_MS);
                 return Err(Error::new(
                     LlmStatus::LLM_ALREADY_LINK,
                     format!("cluster {} is linked already", c.remote_cluster_id),
@@ -170,9 +170,7 @@ impl DataDist {
                         && let Some(l) = links.remove(&id)
                     {
                         drop(links);
-                        if let Some(k) = l.link.upgrade() {
-                            let _ = engine.disconnect(&l.remote, &k, NOTE_MS);
-                        }
+                        let _ = engine.disconnect(&l.remote, &l.link, NOTE_MS);
                     }
                 }
                 _ => tracing::debug!(name = n.name, "a notification that is not a link's"),
@@ -228,7 +226,7 @@ impl DataDist {
         if links.contains_key(&id) {
             // linked meanwhile (by another call): that link serves
             drop(links);
-            let _ = engine.disconnect(&remote, &link, NOTE_MS);
+            let _ = engine.disconnect(&remote, &Arc::downgrade(&link), NOTE_MS);
             return Ok(());
         }
         lock(&self.inbound).remove(&id);
@@ -259,20 +257,18 @@ impl DataDist {
             // one link between two clusters, as upstream's: the peer's way back goes too
             let inbound = lock(&self.inbound).remove(&c.remote_cluster_id).is_some();
             // the record's own link (gone: the engine let it go when it broke)
-            let held = link.as_ref().map(|l| (l.remote.clone(), l.link.upgrade()));
-            if let Some((_, Some(k))) = &held {
+            if let Some(k) = link.as_ref().and_then(|l| l.link.upgrade()) {
                 // the peer drops its link back (best effort: it may be gone)
                 let msg = self.cluster_id.to_string();
-                let _ = engine.send_notify(k, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
+                let _ = engine.send_notify(&k, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
             }
-            rets.push(match held {
+            rets.push(match link {
                 // a cluster that linked here, and was never linked back to
                 None if inbound => LlmStatus::LLM_SUCCESS,
                 None => LlmStatus::LLM_NOT_YET_LINK,
-                // the peer went away first: unlinked all the same
-                Some((_, None)) => LlmStatus::LLM_SUCCESS,
-                Some((remote, Some(k))) => match engine.disconnect(&remote, &k, timeout_ms) {
+                Some(l) => match engine.disconnect(&l.remote, &l.link, timeout_ms) {
                     Ok(()) => LlmStatus::LLM_SUCCESS,
+                    // the peer went away first: unlinked all the same
                     Err(e) if force || e.status() == crate::Status::NOT_CONNECTED => {
                         LlmStatus::LLM_SUCCESS
                     }

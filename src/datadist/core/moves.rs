@@ -117,9 +117,9 @@ impl DataDist {
             u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), false)?;
         let per = layers.per_layer.max(1) as usize;
+        let timeout = config.sync_timeout();
         // one WRITE per layer: the pairs `per` at a time
         for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
-            let timeout = config.sync_timeout();
             let ops = match blocks {
                 Some((s, d)) => {
                     let (pairs, block) = block_pairs(&local, &r, ls, rs, s, d, TransferOp::Write)?;

@@ -371,10 +371,7 @@ impl DataDist {
         }
         if let Some(engine) = engine {
             for (_, name, link) in linked.iter().chain(&unadopted) {
-                let Some(link) = link.upgrade() else {
-                    continue; // the engine let it go: it broke
-                };
-                if let Err(e) = engine.disconnect(name, &link, DISCONNECT_MS) {
+                if let Err(e) = engine.disconnect(name, link, DISCONNECT_MS) {
                     tracing::debug!(peer = %name, error = %e, "unlink: the engine link was gone");
                 }
             }
@@ -408,9 +405,7 @@ impl DataDist {
                         Err(e) => {
                             if let Ok((engine, _)) = self.live() {
                                 for (_, name, link) in &peers {
-                                    if let Some(link) = link.upgrade() {
-                                        let _ = engine.disconnect(name, &link, DISCONNECT_MS);
-                                    }
+                                    let _ = engine.disconnect(name, link, DISCONNECT_MS);
                                 }
                             }
                             Err(e)
@@ -550,9 +545,7 @@ fn link_peers(job: &Job, comm: &RankComm) -> Result<Vec<Linked>> {
     let r = connect_all(job, &descs, &mut linked, go_on);
     if let Err(e) = r {
         for (_, name, link) in &linked {
-            if let Some(link) = link.upgrade() {
-                let _ = job.engine.disconnect(name, &link, DISCONNECT_MS);
-            }
+            let _ = job.engine.disconnect(name, link, DISCONNECT_MS);
         }
         return Err(e);
     }

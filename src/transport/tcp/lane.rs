@@ -319,8 +319,6 @@ impl Lane {
         // read, this lane stuck sending a request the server does not read, as soon as the
         // socket buffers are smaller than the requests in flight (TCP shrinks them to a few
         // KiB under memory pressure).
-        let left = |iov: &[IoVec]| iov.iter().map(|v| v.len).sum::<usize>();
-        let whole = left(&self.iov);
         loop {
             // SAFETY: the first iovec is `self.out`, alive for the call; the others are the
             // frame's local ranges, valid for reads (this function's contract).
@@ -341,8 +339,9 @@ impl Lane {
             }
             // SAFETY: the caller's contract, for the earlier frames too.
             if let Err(e) = unsafe { self.finish_oldest(op, deadline) } {
-                // with part of this request out, the lane is out of step
-                return Err(if left(&self.iov) < whole {
+                // with part of this request out (the first iovec, the frame, goes first), the
+                // lane is out of step
+                return Err(if self.iov[0].len < bytes {
                     out_of_step(e)
                 } else {
                     e
