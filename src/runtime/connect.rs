@@ -232,6 +232,20 @@ impl ConnectPool {
     }
 }
 
+/// The link a slot holds, if it still reaches its peer: one heartbeat first (a PING over TCP,
+/// the peer's process checked on this host), for a link that sat in its slot since its connect
+/// is seen by nothing else. A broken one is closed and let go of, so the connect makes a new
+/// one (a peer that restarted on its address), instead of reporting a dead link as connected.
+fn live<E: Opener>(engine: &E, l: Arc<LinkShared>, timeout: Duration) -> Option<Arc<LinkShared>> {
+    l.heartbeat(timeout);
+    if !l.is_broken() {
+        return Some(l);
+    }
+    l.close_quietly();
+    engine.forget_link(&l);
+    None
+}
+
 fn pending(t: Task) -> AsyncConnectStatus {
     match t {
         Task::Connect(..) => AsyncConnectStatus::ConnectPending,
@@ -272,7 +286,7 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
         .get_mut(&key)
         .and_then(|s| s.link.take());
     let (status, link, error) = match task {
-        Task::Connect(addr, timeout) => match held {
+        Task::Connect(addr, timeout) => match held.and_then(|l| live(&*inner, l, timeout)) {
             Some(l) => (AsyncConnectStatus::Connected, Some(l), None),
             None => match inner.open_link(&key, addr, timeout) {
                 Ok(l) => (AsyncConnectStatus::Connected, Some(l), None),

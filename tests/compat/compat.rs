@@ -504,6 +504,53 @@ fn an_async_connect_after_a_peer_restarted_replaces_the_broken_link() {
     peer.quit();
 }
 
+/// An async connect to a peer whose link still waits in its slot (connected, no transfer yet)
+/// checks that link first: after the peer restarted on its address, the connect makes a new
+/// link and the next transfer reaches the new process (before, it reported the dead link as
+/// `Connected` and the transfer failed, `NOT_CONNECTED`). Over the same-host path (the peer's
+/// process checked) and over TCP (a PING).
+#[test]
+fn an_async_connect_checks_the_link_its_slot_holds() {
+    for opts in [&[][..], &[("hixl.SameHost", "off")][..]] {
+        let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 63, &[]);
+        let port = peer.name.rsplit(':').next().unwrap().to_owned();
+        let mut mem = vec![0u8; 1 << 16];
+        let (e, _) = client(opts, &mut mem);
+        let connected = |e: &compat::Hixl, name: &str| {
+            e.connect_async(name, 5000).unwrap();
+            let until = Instant::now() + Duration::from_secs(30);
+            while matches!(
+                e.get_async_connect_status(name).unwrap(),
+                AsyncConnectStatus::ConnectPending | AsyncConnectStatus::Connecting
+            ) && Instant::now() < until
+            {
+                std::thread::yield_now();
+            }
+            e.get_async_connect_status(name).unwrap()
+        };
+        assert_eq!(connected(&e, &peer.name), AsyncConnectStatus::Connected);
+        let name = peer.name.clone();
+        peer.quit();
+        let peer = Peer::spawn_compat(&format!("127.0.0.1:{port}"), 1 << 16, 64, &[]);
+        assert_eq!(peer.name, name);
+        assert_eq!(
+            connected(&e, &name),
+            AsyncConnectStatus::Connected,
+            "{opts:?}"
+        );
+        e.transfer_sync(
+            &name,
+            TransferOp::Read,
+            &[desc(&mem, 0, peer.addr, 0, 4096)],
+            5000,
+        )
+        .unwrap_or_else(|err| panic!("{opts:?}: {err}"));
+        assert_eq!(&mem[..4096], &Rng::new(64).bytes(4096)[..], "{opts:?}");
+        e.finalize();
+        peer.quit();
+    }
+}
+
 #[test]
 fn threads_share_one_engine_with_auto_connect() {
     let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 20, 51, &[]);

@@ -273,9 +273,14 @@ impl DataPath for SameHostPath {
         false
     }
 
-    /// A same-host peer is watched through its pidfd (a stopped peer still serves the link).
+    /// A same-host peer is watched through its pidfd (a stopped peer still serves the link);
+    /// one that exited, or closed the link, is seen at once (as a batch sees it).
     fn health(&self) -> Health {
-        Health::Watched
+        if self.proc.alive(&self.watch) {
+            Health::Watched
+        } else {
+            Health::Failed("the peer exited or closed the link".into())
+        }
     }
 
     /// Memory copies for mapped regions (a block batch's as a copy loop over its index arrays,
