@@ -232,13 +232,12 @@ impl ConnectPool {
     }
 }
 
-/// The link a slot holds, if it still reaches its peer: one heartbeat first (a PING over TCP,
-/// the peer's process checked on this host), for a link that sat in its slot since its connect
-/// is seen by nothing else. A broken one is closed and let go of, so the connect makes a new
-/// one (a peer that restarted on its address), instead of reporting a dead link as connected.
+/// The link a slot holds, if it still reaches its peer ([`LinkShared::reaches_peer`]: a link
+/// that sat in its slot since its connect is seen by nothing else). A broken one is closed and
+/// let go of, so the connect makes a new one (a peer that restarted on its address), instead of
+/// reporting a dead link as connected.
 fn live<E: Opener>(engine: &E, l: Arc<LinkShared>, timeout: Duration) -> Option<Arc<LinkShared>> {
-    l.heartbeat(timeout);
-    if !l.is_broken() {
+    if l.reaches_peer(timeout) {
         return Some(l);
     }
     l.close_quietly();

@@ -147,6 +147,59 @@ fn forged_link_notes_do_not_redirect_a_push_from_the_decoder_that_linked() {
     assert_eq!((redirected, missing, failed), (0, 0, 0));
 }
 
+/// A decoder that crashed and comes back (a new process, on another port) links to the prompt
+/// again, and the prompt's next push lands in the new process: the prompt's link back to the
+/// old process gives way to the new one's note (before, the note found the cluster linked
+/// already and every push failed until the prompt unlinked a cluster it never linked), and so
+/// does a binding to an old process that crashed before any push (before, the note found the
+/// cluster bound to another engine, and every push tried the dead one's address).
+#[test]
+fn a_crashed_decoder_that_links_again_gets_the_prompts_pushes() {
+    let len = (BLOCKS * BLOCK) as usize;
+    let prompt = listening(100, Role::Prompt);
+    let paddr = prompt.listen_addr().unwrap();
+    let mut pk: Vec<Vec<u8>> = (0..TENSORS)
+        .map(|t| Rng::new(70 + t as u64).bytes(len))
+        .collect();
+    let pid = register(&prompt, &mut pk, 0);
+    let key = RemoteCache::Blocks {
+        cluster_id: DECODER,
+        model_id: MODEL,
+    };
+    let (src, dst): (Vec<u64>, Vec<u64>) = (vec![3, 4, 9], vec![0, 1, 15]);
+    for (life, seed) in [(0, 80), (1, 90), (2, 100)] {
+        if life == 2 {
+            // a decoder that links and crashes before the prompt pushed to it
+            let mut gone = Peer::spawn(DECODER, TENSORS, BLOCKS, BLOCK, 95, MODEL);
+            assert_eq!(gone.link(100, paddr), LlmStatus::LLM_SUCCESS);
+            gone.kill();
+        }
+        let mut decoder = Peer::spawn(DECODER, TENSORS, BLOCKS, BLOCK, seed, MODEL);
+        assert_eq!(
+            decoder.link(100, paddr),
+            LlmStatus::LLM_SUCCESS,
+            "life {life}"
+        );
+        prompt
+            .push(pid, &key, 0, Some((&src, &dst)), &Layers::all())
+            .unwrap_or_else(|e| panic!("life {life}: {e}"));
+        for (t, ours) in pk.iter().enumerate() {
+            let mut theirs = Rng::new(seed + t as u64).bytes(len);
+            for (&s, &d) in src.iter().zip(&dst) {
+                let (s, d) = ((s * BLOCK) as usize, (d * BLOCK) as usize);
+                theirs[d..d + BLOCK as usize].copy_from_slice(&ours[s..s + BLOCK as usize]);
+            }
+            assert_eq!(
+                decoder.sum(t, 0, len as u64),
+                fnv1a(&theirs),
+                "life {life}, tensor {t}"
+            );
+        }
+        decoder.kill();
+    }
+    prompt.finalize();
+}
+
 #[test]
 fn a_link_note_names_its_own_sender_and_a_gone_one_fails_the_push_with_a_link_error() {
     // a malformed note, one naming this cluster, one naming an address that is not its

@@ -68,6 +68,12 @@ impl Peer {
         assert!(self.child.wait().unwrap().success());
     }
 
+    /// Kills the peer (a crash: it finalizes nothing, tells no one) and waits for it to end.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// Links the peer to cluster `id` listening at `addr`: the status of its `link_clusters`.
     pub fn link(&mut self, id: u64, addr: SocketAddr) -> LlmStatus {
         let line = self.ask(&format!("link {id} {addr}"));

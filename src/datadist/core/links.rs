@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use super::engine::{DdEngine, Moved};
 use super::{
@@ -150,7 +151,7 @@ impl DataDist {
         for n in notes {
             match n.name.as_str() {
                 LINK_NOTE => {
-                    if let Err(why) = self.bind(&n.from, &n.msg) {
+                    if let Err(why) = self.bind(engine, &n.from, &n.msg) {
                         tracing::debug!(from = n.from, msg = n.msg, why, "a link note refused");
                     }
                 }
@@ -179,8 +180,15 @@ impl DataDist {
     }
 
     /// Binds the cluster a link note (`"<cluster id> <ip:port>"`) names to the engine `from`
-    /// that sent it, or says why not.
-    fn bind(&self, from: &str, msg: &str) -> std::result::Result<(), &'static str> {
+    /// that sent it, or says why not. A link back to that cluster, or a binding of it to
+    /// another engine, whose peer went away gives way first ([`Self::drop_dead_link_back`],
+    /// [`Self::try_binding`]).
+    fn bind(
+        &self,
+        engine: &DdEngine,
+        from: &str,
+        msg: &str,
+    ) -> std::result::Result<(), &'static str> {
         let (id, addr) = msg
             .split_once(' ')
             .and_then(|(id, addr)| {
@@ -193,6 +201,8 @@ impl DataDist {
         if !names_itself(from, addr) {
             return Err("the address it names is not its sender's");
         }
+        self.drop_dead_link_back(engine, id);
+        self.try_binding(engine, id, from);
         let links = lock(&self.links);
         if links.contains_key(&id) {
             return Err("that cluster is linked already");
@@ -210,6 +220,57 @@ impl DataDist {
         let addr = addr.to_string();
         inbound.insert(id, Inbound { from, addr });
         Ok(())
+    }
+
+    /// Lets go of the link back to cluster `id` (made on a link note of that cluster) once its
+    /// peer went away: the link is gone, or fails a heartbeat now. A cluster that crashed or
+    /// restarted and links here again is bound anew (its note would find the cluster linked
+    /// already, and its pushes would fail until this cluster unlinked one it never linked). A
+    /// link that still reaches its peer stays; a link this cluster made itself is the caller's
+    /// to unlink.
+    fn drop_dead_link_back(&self, engine: &DdEngine, id: u64) {
+        let held = (lock(&self.links).get(&id))
+            .filter(|l| l.back.is_some())
+            .map(|l| (l.remote.clone(), l.link.clone()));
+        let Some((remote, own)) = held else { return };
+        let probe = Duration::from_millis(NOTE_MS.unsigned_abs().into());
+        if own.upgrade().is_some_and(|l| l.reaches_peer(probe)) {
+            return;
+        }
+        let gone = {
+            let mut links = lock(&self.links);
+            match links.get(&id) {
+                // (not a record made since)
+                Some(l) if Weak::ptr_eq(&l.link, &own) => links.remove(&id),
+                _ => None,
+            }
+        };
+        if gone.is_some() {
+            tracing::debug!(
+                cluster = id,
+                remote,
+                "a link back whose peer went away gives way"
+            );
+            let _ = engine.disconnect(&remote, &own, NOTE_MS);
+        }
+    }
+
+    /// A binding of cluster `id` to another engine than `from` is tried at once: it becomes
+    /// the link back if that engine is reached (the note of `from` is then refused: the cluster
+    /// is linked), and goes if it is not (a cluster that crashed before this one linked back,
+    /// and links here again from elsewhere; its pushes went to the dead engine's address).
+    fn try_binding(&self, engine: &DdEngine, id: u64, from: &str) {
+        let other = (lock(&self.inbound).get(&id))
+            .filter(|b| b.from != from)
+            .map(|b| b.from.clone());
+        let Some(old) = other else { return };
+        if let Err(e) = self.link_back(engine, id, NOTE_MS) {
+            tracing::debug!(cluster = id, old, error = %e, "a binding whose engine is not reached gives way");
+            let mut inbound = lock(&self.inbound);
+            if inbound.get(&id).is_some_and(|b| b.from == old) {
+                inbound.remove(&id);
+            }
+        }
     }
 
     /// Links back to cluster `id` if it linked to this one and said where it listens.

@@ -326,6 +326,14 @@ fn proven(
 }
 
 impl LinkShared {
+    /// Whether the link still reaches its peer, checked now: one [`heartbeat`](Self::heartbeat)
+    /// (a PING over TCP within `timeout`, the peer's process on this host), for a link that
+    /// nothing used for a while (a peer that exited or restarted is seen at once).
+    pub(crate) fn reaches_peer(&self, timeout: Duration) -> bool {
+        self.heartbeat(timeout);
+        !self.is_broken()
+    }
+
     /// One heartbeat: PING on an idle lane; no PONG within `timeout` breaks the link (a silent
     /// peer: stopped, hung, or cut off). Links that are busy (no idle lane) prove themselves by
     /// their transfers; same-host links watch the peer's pidfd instead (a stopped peer still
