@@ -232,12 +232,12 @@ impl ConnectPool {
     }
 }
 
-/// The link a slot holds, if it still reaches its peer ([`LinkShared::reaches_peer`]: a link
-/// that sat in its slot since its connect is seen by nothing else). A broken one is closed and
+/// The link a slot holds, unless its peer is provably gone ([`LinkShared::peer_gone`]: no
+/// transfer has used a link that sat in its slot since its connect). A gone one is closed and
 /// let go of, so the connect makes a new one (a peer that restarted on its address), instead of
-/// reporting a dead link as connected.
+/// reporting a dead link as connected; a slow peer's link stays.
 fn live<E: Opener>(engine: &E, l: Arc<LinkShared>, timeout: Duration) -> Option<Arc<LinkShared>> {
-    if l.reaches_peer(timeout) {
+    if l.peer_gone(timeout) != Some(true) {
         return Some(l);
     }
     l.close_quietly();

@@ -23,11 +23,17 @@ const BLOCK: u64 = 4096;
 
 /// A cluster of this process listening on an ephemeral port, with pulls and pushes of 10 s.
 fn listening(cluster: u64, role: Role) -> DataDist {
+    listening_with(cluster, role, &[])
+}
+
+/// [`listening`], with more options.
+fn listening_with(cluster: u64, role: Role, more: &[(&str, &str)]) -> DataDist {
     let dd = DataDist::new(cluster, role);
-    let opts = [
+    let mut opts = vec![
         ("llm.ListenIpInfo".to_owned(), "127.0.0.1:0".to_owned()),
         ("llm.SyncKvCacheWaitTime".to_owned(), "10000".to_owned()),
     ];
+    opts.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     dd.initialize(&opts).unwrap();
     dd
 }
@@ -147,57 +153,102 @@ fn forged_link_notes_do_not_redirect_a_push_from_the_decoder_that_linked() {
     assert_eq!((redirected, missing, failed), (0, 0, 0));
 }
 
-/// A decoder that crashed and comes back (a new process, on another port) links to the prompt
-/// again, and the prompt's next push lands in the new process: the prompt's link back to the
-/// old process gives way to the new one's note (before, the note found the cluster linked
-/// already and every push failed until the prompt unlinked a cluster it never linked), and so
-/// does a binding to an old process that crashed before any push (before, the note found the
-/// cluster bound to another engine, and every push tried the dead one's address).
-#[test]
-fn a_crashed_decoder_that_links_again_gets_the_prompts_pushes() {
-    let len = (BLOCKS * BLOCK) as usize;
-    let prompt = listening(100, Role::Prompt);
-    let paddr = prompt.listen_addr().unwrap();
-    let mut pk: Vec<Vec<u8>> = (0..TENSORS)
-        .map(|t| Rng::new(70 + t as u64).bytes(len))
-        .collect();
-    let pid = register(&prompt, &mut pk, 0);
-    let key = RemoteCache::Blocks {
-        cluster_id: DECODER,
-        model_id: MODEL,
-    };
-    let (src, dst): (Vec<u64>, Vec<u64>) = (vec![3, 4, 9], vec![0, 1, 15]);
-    for (life, seed) in [(0, 80), (1, 90), (2, 100)] {
-        if life == 2 {
-            // a decoder that links and crashes before the prompt pushed to it
-            let mut gone = Peer::spawn(DECODER, TENSORS, BLOCKS, BLOCK, 95, MODEL);
-            assert_eq!(gone.link(100, paddr), LlmStatus::LLM_SUCCESS);
-            gone.kill();
+/// A prompt cluster of this process with a blocks cache, pushing to decoders in processes of
+/// their own (`Peer`) that link to it.
+struct Pusher {
+    prompt: DataDist,
+    cluster: u64,
+    pid: i64,
+    pk: Vec<Vec<u8>>,
+}
+
+impl Pusher {
+    fn new(cluster: u64, opts: &[(&str, &str)]) -> Pusher {
+        let prompt = listening_with(cluster, Role::Prompt, opts);
+        let mut pk: Vec<Vec<u8>> = (0..TENSORS as u64)
+            .map(|t| Rng::new(70 + t).bytes((BLOCKS * BLOCK) as usize))
+            .collect();
+        let pid = register(&prompt, &mut pk, 0);
+        Pusher {
+            prompt,
+            cluster,
+            pid,
+            pk,
         }
-        let mut decoder = Peer::spawn(DECODER, TENSORS, BLOCKS, BLOCK, seed, MODEL);
-        assert_eq!(
-            decoder.link(100, paddr),
-            LlmStatus::LLM_SUCCESS,
-            "life {life}"
-        );
-        prompt
-            .push(pid, &key, 0, Some((&src, &dst)), &Layers::all())
-            .unwrap_or_else(|e| panic!("life {life}: {e}"));
-        for (t, ours) in pk.iter().enumerate() {
-            let mut theirs = Rng::new(seed + t as u64).bytes(len);
+    }
+
+    /// A decoder process (its tensors the `Rng` bytes of `seed + t`) linked to the prompt, and
+    /// what its tensors hold.
+    fn decoder(&self, seed: u64) -> (Peer, Vec<Vec<u8>>) {
+        let mut d = Peer::spawn(DECODER, TENSORS, BLOCKS, BLOCK, seed, MODEL);
+        let at = self.prompt.listen_addr().unwrap();
+        assert_eq!(d.link(self.cluster, at), LlmStatus::LLM_SUCCESS);
+        let held = (0..TENSORS as u64)
+            .map(|t| Rng::new(seed + t).bytes((BLOCKS * BLOCK) as usize))
+            .collect();
+        (d, held)
+    }
+
+    /// Pushes three blocks to the decoder cluster and checks the whole of each of `decoder`'s
+    /// tensors: what `theirs` held, with those blocks.
+    fn push_to(&self, decoder: &mut Peer, theirs: &mut [Vec<u8>], what: &str) {
+        let key = RemoteCache::Blocks {
+            cluster_id: DECODER,
+            model_id: MODEL,
+        };
+        let (src, dst) = ([3, 4, 9], [0, 1, 15]);
+        (self.prompt)
+            .push(self.pid, &key, 0, Some((&src, &dst)), &Layers::all())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (t, (ours, theirs)) in self.pk.iter().zip(theirs.iter_mut()).enumerate() {
             for (&s, &d) in src.iter().zip(&dst) {
                 let (s, d) = ((s * BLOCK) as usize, (d * BLOCK) as usize);
                 theirs[d..d + BLOCK as usize].copy_from_slice(&ours[s..s + BLOCK as usize]);
             }
-            assert_eq!(
-                decoder.sum(t, 0, len as u64),
-                fnv1a(&theirs),
-                "life {life}, tensor {t}"
-            );
+            let len = theirs.len() as u64;
+            assert_eq!(decoder.sum(t, 0, len), fnv1a(theirs), "{what}, tensor {t}");
         }
-        decoder.kill();
     }
-    prompt.finalize();
+}
+
+/// A decoder that crashed and comes back (a new process, on another port) links to the prompt
+/// again, and the prompt's next push lands in the new process, whether the prompt had linked
+/// back to the old process (its link gives way: before, the note found the cluster linked
+/// already and every push failed until the prompt unlinked a cluster it never linked) or had
+/// only its binding (before, the note found the cluster bound to another engine and every
+/// push tried the dead one's address). A live decoder keeps its cluster: another process
+/// claiming its id gets nothing. Over the same-host path (the old process's pidfd) and over
+/// TCP (a PING finds its connection reset).
+#[test]
+fn a_crashed_decoder_that_links_again_gets_the_prompts_pushes() {
+    for opts in [&[][..], &[("hixl.SameHost", "off")][..]] {
+        // linked back to, then crashed
+        let p = Pusher::new(100, opts);
+        let (mut d0, mut theirs) = p.decoder(80);
+        p.push_to(&mut d0, &mut theirs, &format!("{opts:?} d0"));
+        d0.kill();
+        let (mut d1, mut theirs) = p.decoder(90);
+        p.push_to(&mut d1, &mut theirs, &format!("{opts:?} d1"));
+        // a live decoder keeps its cluster
+        let (mut other, before) = p.decoder(99);
+        p.push_to(&mut d1, &mut theirs, &format!("{opts:?} d1 again"));
+        for (t, before) in before.iter().enumerate() {
+            let len = before.len() as u64;
+            assert_eq!(other.sum(t, 0, len), fnv1a(before), "{opts:?}: the claim");
+        }
+        other.quit();
+        d1.kill();
+        p.prompt.finalize();
+
+        // bound only (never linked back to), then crashed
+        let p = Pusher::new(101, opts);
+        let (gone, _) = p.decoder(95);
+        gone.kill();
+        let (mut d2, mut theirs) = p.decoder(100);
+        p.push_to(&mut d2, &mut theirs, &format!("{opts:?} d2"));
+        d2.kill();
+        p.prompt.finalize();
+    }
 }
 
 #[test]

@@ -151,7 +151,7 @@ impl DataDist {
         for n in notes {
             match n.name.as_str() {
                 LINK_NOTE => {
-                    if let Err(why) = self.bind(engine, &n.from, &n.msg) {
+                    if let Err(why) = self.bind(&n.from, &n.msg) {
                         tracing::debug!(from = n.from, msg = n.msg, why, "a link note refused");
                     }
                 }
@@ -180,15 +180,11 @@ impl DataDist {
     }
 
     /// Binds the cluster a link note (`"<cluster id> <ip:port>"`) names to the engine `from`
-    /// that sent it, or says why not. A link back to that cluster, or a binding of it to
-    /// another engine, whose peer went away gives way first ([`Self::drop_dead_link_back`],
-    /// [`Self::try_binding`]).
-    fn bind(
-        &self,
-        engine: &DdEngine,
-        from: &str,
-        msg: &str,
-    ) -> std::result::Result<(), &'static str> {
+    /// that sent it, or says why not. A note for a cluster linked back to already, or bound to
+    /// another engine, is kept as the cluster's claim (the latest one): it is taken at the
+    /// cluster's next pull or push only if the engine it has is gone by then
+    /// ([`Self::settle_claim`], [`Self::link_back`]). Nothing here waits on the network.
+    fn bind(&self, from: &str, msg: &str) -> std::result::Result<(), &'static str> {
         let (id, addr) = msg
             .split_once(' ')
             .and_then(|(id, addr)| {
@@ -201,96 +197,124 @@ impl DataDist {
         if !names_itself(from, addr) {
             return Err("the address it names is not its sender's");
         }
-        self.drop_dead_link_back(engine, id);
-        self.try_binding(engine, id, from);
-        let links = lock(&self.links);
-        if links.contains_key(&id) {
-            return Err("that cluster is linked already");
+        let note = Inbound {
+            from: from.to_owned(),
+            addr: addr.to_string(),
+            claim: None,
+        };
+        let mut links = lock(&self.links);
+        if let Some(l) = links.get_mut(&id) {
+            if l.back.is_none() {
+                return Err("that cluster is linked already (by this one)");
+            }
+            // (its engine, restarted on its address, too: the link back is to the old process)
+            l.claim = Some(note);
+            return Err("that cluster is linked back to: kept as its claim");
         }
         let mut inbound = lock(&self.inbound);
-        match inbound.get(&id) {
+        match inbound.get_mut(&id) {
             Some(b) if b.from == from => return Ok(()),
-            Some(_) => return Err("that cluster is bound to another engine"),
+            Some(b) => {
+                b.claim = Some(Box::new(note));
+                return Err("that cluster is bound to another engine: kept as its claim");
+            }
             None => {}
         }
         if links.len() + inbound.len() >= MAX_LINKS {
             return Err("as many clusters are linked or bound as an instance holds");
         }
-        let from = from.to_owned();
-        let addr = addr.to_string();
-        inbound.insert(id, Inbound { from, addr });
+        inbound.insert(id, note);
         Ok(())
     }
 
-    /// Lets go of the link back to cluster `id` (made on a link note of that cluster) once its
-    /// peer went away: the link is gone, or fails a heartbeat now. A cluster that crashed or
-    /// restarted and links here again is bound anew (its note would find the cluster linked
-    /// already, and its pushes would fail until this cluster unlinked one it never linked). A
-    /// link that still reaches its peer stays; a link this cluster made itself is the caller's
-    /// to unlink.
-    fn drop_dead_link_back(&self, engine: &DdEngine, id: u64) {
+    /// The claim on cluster `id`'s link back, settled before a pull or push uses that link:
+    /// if its peer is provably gone (the link went, or [`peer_gone`](crate::runtime::link::LinkShared::peer_gone):
+    /// the process exited, the connection reset) the record goes and the claim's engine is
+    /// bound instead (a decoder that crashed and linked again); if the peer answers, the
+    /// claim goes; if neither is known (no answer in time), both stay, and the move decides.
+    fn settle_claim(&self, engine: &DdEngine, id: u64) {
         let held = (lock(&self.links).get(&id))
-            .filter(|l| l.back.is_some())
-            .map(|l| (l.remote.clone(), l.link.clone()));
-        let Some((remote, own)) = held else { return };
-        let probe = Duration::from_millis(NOTE_MS.unsigned_abs().into());
-        if own.upgrade().is_some_and(|l| l.reaches_peer(probe)) {
+            .and_then(|l| Some((l.remote.clone(), l.link.clone(), l.claim.clone()?)));
+        let Some((remote, own, claim)) = held else {
             return;
-        }
-        let gone = {
-            let mut links = lock(&self.links);
-            match links.get(&id) {
-                // (not a record made since)
-                Some(l) if Weak::ptr_eq(&l.link, &own) => links.remove(&id),
-                _ => None,
-            }
         };
-        if gone.is_some() {
-            tracing::debug!(
-                cluster = id,
-                remote,
-                "a link back whose peer went away gives way"
-            );
-            let _ = engine.disconnect(&remote, &own, NOTE_MS);
-        }
-    }
-
-    /// A binding of cluster `id` to another engine than `from` is tried at once: it becomes
-    /// the link back if that engine is reached (the note of `from` is then refused: the cluster
-    /// is linked), and goes if it is not (a cluster that crashed before this one linked back,
-    /// and links here again from elsewhere; its pushes went to the dead engine's address).
-    fn try_binding(&self, engine: &DdEngine, id: u64, from: &str) {
-        let other = (lock(&self.inbound).get(&id))
-            .filter(|b| b.from != from)
-            .map(|b| b.from.clone());
-        let Some(old) = other else { return };
-        if let Err(e) = self.link_back(engine, id, NOTE_MS) {
-            tracing::debug!(cluster = id, old, error = %e, "a binding whose engine is not reached gives way");
-            let mut inbound = lock(&self.inbound);
-            if inbound.get(&id).is_some_and(|b| b.from == old) {
-                inbound.remove(&id);
+        let probe = Duration::from_millis(NOTE_MS.unsigned_abs().into());
+        let gone = own.upgrade().map_or(Some(true), |l| l.peer_gone(probe));
+        let mut links = lock(&self.links);
+        let Some(l) = links.get_mut(&id).filter(|l| Weak::ptr_eq(&l.link, &own)) else {
+            return; // (a record made since)
+        };
+        match gone {
+            Some(true) => {
+                // (the latest claim: another note may have come meanwhile)
+                let latest = links.remove(&id).and_then(|l| l.claim).unwrap_or(claim);
+                lock(&self.inbound).insert(id, latest);
+                drop(links);
+                tracing::debug!(
+                    cluster = id,
+                    remote,
+                    "a link back whose peer went away gives way to the cluster's claim"
+                );
+                let _ = engine.disconnect(&remote, &own, NOTE_MS);
             }
+            // (not a claim that came meanwhile)
+            Some(false) if l.claim.as_ref().is_some_and(|c| c.from == claim.from) => {
+                l.claim = None;
+            }
+            Some(false) => {}
+            None => {}
         }
     }
 
-    /// Links back to cluster `id` if it linked to this one and said where it listens.
+    /// Links back to cluster `id` if it linked to this one and said where it listens. If
+    /// nothing listens there any more (the connect is refused: that engine went away) and
+    /// another engine claimed the cluster since, that engine is bound and linked back to.
     fn link_back(&self, engine: &DdEngine, id: u64, timeout_ms: i32) -> Result<()> {
-        let Some(bound) = lock(&self.inbound).get(&id).cloned() else {
+        let Some(mut bound) = lock(&self.inbound).get(&id).cloned() else {
             return Err(Error::new(
                 LlmStatus::LLM_NOT_YET_LINK,
                 format!("cluster {id} is not linked"),
             ));
         };
+        let link = loop {
+            match engine.connect(&bound.addr, timeout_ms) {
+                Ok(l) => break l,
+                Err(crate::Error::ConnectFailed { source, .. })
+                    if source.kind() == std::io::ErrorKind::ConnectionRefused
+                        && bound.claim.is_some() =>
+                {
+                    let claim = *bound.claim.take().expect("checked");
+                    let mut inbound = lock(&self.inbound);
+                    match inbound.get_mut(&id) {
+                        Some(b) if b.from == bound.from => *b = claim.clone(),
+                        // bound anew meanwhile: the next pull or push takes it
+                        _ => return Err(not_linked_now(id)),
+                    }
+                    tracing::debug!(
+                        cluster = id,
+                        old = bound.from,
+                        new = claim.from,
+                        "a binding whose engine went away gives way to the cluster's claim"
+                    );
+                    bound = claim;
+                }
+                Err(e) => return Err(link_error(e)),
+            }
+        };
         let remote = bound.addr;
-        let link = connect_to(engine, &remote, timeout_ms)?;
         let mut links = lock(&self.links);
-        if links.contains_key(&id) {
-            // linked meanwhile (by another call): that link serves
-            drop(links);
+        let mut inbound = lock(&self.inbound);
+        if links.contains_key(&id) || inbound.get(&id).is_none_or(|b| b.from != bound.from) {
+            // linked or bound anew meanwhile (by another call): not this link
+            drop((links, inbound));
             let _ = engine.disconnect(&remote, &Arc::downgrade(&link), NOTE_MS);
-            return Ok(());
+            return match self.is_linked(id) {
+                true => Ok(()),
+                false => Err(not_linked_now(id)),
+            };
         }
-        lock(&self.inbound).remove(&id);
+        inbound.remove(&id);
+        drop(inbound);
         links.insert(
             id,
             PeerLink::new(remote, Arc::downgrade(&link), Some(bound.from)),
@@ -371,6 +395,9 @@ impl DataDist {
             (lock(&self.links).get(&cluster))
                 .map(|l| (l.remote.clone(), l.table.clone(), l.link.clone()))
         };
+        // a cluster linked back to that linked here again since: its new engine, if the old
+        // one is gone
+        self.settle_claim(engine, cluster);
         let mut link = known();
         if link.is_none() {
             // a rank-table link may have linked it since the last status query
@@ -471,19 +498,31 @@ impl DataDist {
 }
 
 /// Links `engine` to the engine named `remote`: the link made (an engine failure is
-/// `LLM_LINK_FAILED`, as upstream's).
+/// `LLM_LINK_FAILED`, as upstream's: [`link_error`]).
 pub(super) fn connect_to(
     engine: &DdEngine,
     remote: &str,
     timeout_ms: i32,
 ) -> Result<Arc<LinkHandle>> {
-    engine.connect(remote, timeout_ms).map_err(|e| {
-        let mut e = Error::from(e);
-        if e.status == LlmStatus::LLM_FAILED {
-            e.status = LlmStatus::LLM_LINK_FAILED;
-        }
-        e
-    })
+    engine.connect(remote, timeout_ms).map_err(link_error)
+}
+
+/// A connect's engine error as LLM-DataDist's: `LLM_LINK_FAILED` where the engine's status
+/// is `FAILED`.
+fn link_error(e: crate::Error) -> Error {
+    let mut e = Error::from(e);
+    if e.status == LlmStatus::LLM_FAILED {
+        e.status = LlmStatus::LLM_LINK_FAILED;
+    }
+    e
+}
+
+/// `LLM_NOT_YET_LINK` for a cluster whose binding changed during a link back.
+fn not_linked_now(id: u64) -> Error {
+    Error::new(
+        LlmStatus::LLM_NOT_YET_LINK,
+        format!("cluster {id} was bound anew while it was linked back to; try again"),
+    )
 }
 
 /// Whether `addr`, the address a link note names, is the address of `from`, the engine that

@@ -70,6 +70,9 @@ struct PeerLink {
     /// Made back to a cluster that linked to this one (it goes when that cluster unlinks):
     /// the engine that cluster linked from, whose notifications alone speak for it.
     back: Option<String>,
+    /// A later link note for the cluster (a process of it that crashed and came back, or a
+    /// claim): taken at the cluster's next pull or push if this link's peer is gone by then.
+    claim: Option<Inbound>,
 }
 
 impl PeerLink {
@@ -81,18 +84,24 @@ impl PeerLink {
             table: None,
             link,
             back,
+            claim: None,
         }
     }
 }
 
 /// Where a cluster that linked to this one listens (`links.rs`), as its link note said, and
-/// the engine that sent the note: the cluster is bound to that engine until it unlinks.
+/// the engine that sent the note: the cluster is bound to that engine until it unlinks, or
+/// until that engine is gone and another note claimed the cluster.
 #[derive(Debug, Clone)]
 struct Inbound {
     /// The sending engine's name.
     from: String,
     /// The address to link back to.
     addr: String,
+    /// A later note of another engine for the cluster: linked back to instead if nothing
+    /// listens at `addr` any more, at the cluster's next pull or push (a boxed `Inbound`
+    /// without a claim of its own).
+    claim: Option<Box<Inbound>>,
 }
 
 /// What `initialize` read of its options.

@@ -326,12 +326,23 @@ fn proven(
 }
 
 impl LinkShared {
-    /// Whether the link still reaches its peer, checked now: one [`heartbeat`](Self::heartbeat)
-    /// (a PING over TCP within `timeout`, the peer's process on this host), for a link that
-    /// nothing used for a while (a peer that exited or restarted is seen at once).
-    pub(crate) fn reaches_peer(&self, timeout: Duration) -> bool {
-        self.heartbeat(timeout);
-        !self.is_broken()
+    /// Whether the link's peer is provably gone, checked now, for a link that nothing used
+    /// for a while: `Some(true)` if the link is broken, a data path knows its peer failed (a
+    /// same-host peer's process exited), or a PING on an idle lane finds the connection reset
+    /// or hung up (a peer that exited, finalized or restarted); the link is then broken.
+    /// `Some(false)` if the PING was answered. `None` (no idle lane, no answer within
+    /// `timeout`) decides nothing and breaks nothing: a slow or stopped peer keeps its link.
+    pub(crate) fn peer_gone(&self, timeout: Duration) -> Option<bool> {
+        if self.is_broken() {
+            return Some(true);
+        }
+        for p in &self.paths {
+            if let Health::Failed(why) = p.health() {
+                self.mark_broken(why);
+                return Some(true);
+            }
+        }
+        self.lanes.peer_gone(timeout)
     }
 
     /// One heartbeat: PING on an idle lane; no PONG within `timeout` breaks the link (a silent

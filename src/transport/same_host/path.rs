@@ -274,12 +274,13 @@ impl DataPath for SameHostPath {
     }
 
     /// A same-host peer is watched through its pidfd (a stopped peer still serves the link);
-    /// one that exited, or closed the link, is seen at once (as a batch sees it).
+    /// one that exited is seen at once. (Not the link's first connection: it carries TCP
+    /// transfers too, which a cancel shuts down.)
     fn health(&self) -> Health {
-        if self.proc.alive(&self.watch) {
-            Health::Watched
+        if self.proc.exited() {
+            Health::Failed("the peer exited".into())
         } else {
-            Health::Failed("the peer exited or closed the link".into())
+            Health::Watched
         }
     }
 

@@ -400,6 +400,37 @@ impl Lanes {
         }
     }
 
+    /// Whether the peer is provably gone: PING on an idle lane. A PONG says no; a connection
+    /// the peer reset or hung up says yes (the link breaks, as it would on any lane); no
+    /// answer within `timeout`, or no idle lane, decides nothing (`None`: the lane is dropped,
+    /// the link stays). A broken or closed link is gone.
+    pub(crate) fn peer_gone(&self, timeout: Duration) -> Option<bool> {
+        let mut lane = {
+            let mut pool = lock(&self.pool);
+            if pool.closed || pool.broken.is_some() {
+                return Some(true);
+            }
+            pool.idle.pop()?
+        };
+        match lane.ping(Instant::now() + timeout) {
+            Ok(()) => {
+                self.checkin(lane);
+                Some(false)
+            }
+            Err(LaneFail::Io(e)) if is_gone(&e) => {
+                drop(lane);
+                self.discard(Some(format!("peer went away: {e}")));
+                Some(true)
+            }
+            Err(_) => {
+                // out of step (an answer may still come): not reused
+                drop(lane);
+                self.discard(None);
+                None
+            }
+        }
+    }
+
     /// Closes the link's lanes: says BYE on an idle one (unless the link is broken) and waits
     /// for the answer by `deadline`; from then on no lane is handed out, and every caller
     /// waiting for one gets `NOT_CONNECTED`.
