@@ -125,15 +125,17 @@ pub(crate) struct ReqState {
 /// Where a request's end is accounted (the link core implements it: its counters and its set of
 /// unfinished requests), so that a request names no type of its link.
 pub(crate) trait Settle: Send + Sync + 'static {
-    /// Bookkeeping when request `seq` ends, whoever ended it (`err`: how it failed).
-    fn settle(
+    /// Counts a request that ends (`err`: how it failed), before anyone can see it ended: the
+    /// link's metrics never show a request in flight that a waiter saw end.
+    fn count(
         &self,
-        seq: u64,
         op: TransferOp,
         bytes: u64,
         took: std::time::Duration,
         err: Option<crate::error::Status>,
     );
+    /// Bookkeeping when request `seq` ended, whoever ended it.
+    fn settle(&self, seq: u64);
 }
 
 /// A queued async request: its state (which keeps its regions alive until it ends) and its
@@ -216,7 +218,12 @@ impl ReqState {
     /// `only_queued`, has started), releases its regions and then makes the end visible. Returns
     /// the outcome and the waker to wake, if this call ended it. (The loom model at the end of
     /// this file runs it against an observer.)
-    fn release(&self, outcome: Outcome, only_queued: bool) -> Option<(Outcome, Option<Waker>)> {
+    fn release(
+        &self,
+        outcome: Outcome,
+        only_queued: bool,
+        counted: impl FnOnce(&Outcome),
+    ) -> Option<(Outcome, Option<Waker>)> {
         let mut g = lock(&self.m);
         if g.settled || (only_queued && !matches!(g.phase, Phase::Queued)) {
             return None;
@@ -227,8 +234,9 @@ impl ReqState {
             (_, o) => o,
         };
         // the memory is no longer touched (never started, or the worker is done with it): the
-        // regions are free again before anyone can see the request ended
+        // regions are free again, and the end counted, before anyone can see the request ended
         drop(std::mem::take(&mut g.keep));
+        counted(&outcome);
         g.phase = Phase::Done(outcome.clone());
         g.settled = true;
         Some((outcome, g.waker.take()))
@@ -238,16 +246,19 @@ impl ReqState {
     /// bookkeeping exactly once and wakes waiters. With `only_queued`, only a request that has
     /// not started is ended. Returns whether this call ended it.
     fn end(&self, link: &impl Settle, outcome: Outcome, only_queued: bool) -> bool {
-        let Some((outcome, waker)) = self.release(outcome, only_queued) else {
+        let counted = |outcome: &Outcome| {
+            let err = match outcome {
+                Outcome::Completed => None,
+                Outcome::Failed(e) => Some(e.status()),
+                Outcome::TimedOut => Some(crate::error::Status::TIMEOUT),
+                Outcome::Cancelled => Some(crate::error::Status::FAILED),
+            };
+            link.count(self.op, self.bytes, self.started.elapsed(), err);
+        };
+        let Some((_, waker)) = self.release(outcome, only_queued, counted) else {
             return false;
         };
-        let err = match &outcome {
-            Outcome::Completed => None,
-            Outcome::Failed(e) => Some(e.status()),
-            Outcome::TimedOut => Some(crate::error::Status::TIMEOUT),
-            Outcome::Cancelled => Some(crate::error::Status::FAILED),
-        };
-        link.settle(self.seq, self.op, self.bytes, self.started.elapsed(), err);
+        link.settle(self.seq);
         self.cv.notify_all();
         if let Some(w) = waker {
             w.wake();
@@ -389,14 +400,18 @@ mod loom_model {
                 Duration::from_secs(60),
                 vec![RegionUse::new(&core)],
             ));
+            // the link's metrics (`Settle::count`)
+            let counted = loom::sync::Arc::new(loom::sync::atomic::AtomicBool::new(false));
             let worker = {
-                let (st, mem) = (st.clone(), mem.clone());
+                let (st, mem, counted) = (st.clone(), mem.clone(), counted.clone());
                 loom::thread::spawn(move || {
                     assert!(st.claim_queued());
                     st.set_running(None).ok().expect("queued");
                     // SAFETY: loom checks that no access of another thread races this one.
                     mem.with_mut(|m| unsafe { *m = 1 });
-                    st.release(Outcome::Completed, false)
+                    let count =
+                        |_: &Outcome| counted.store(true, loom::sync::atomic::Ordering::Relaxed);
+                    st.release(Outcome::Completed, false, count)
                         .expect("this worker ends it");
                 })
             };
@@ -404,6 +419,10 @@ mod loom_model {
                 loom::thread::yield_now();
             }
             assert!(!core.in_use(), "RegionBusy after the end was visible");
+            assert!(
+                counted.load(loom::sync::atomic::Ordering::Relaxed),
+                "still in flight in the metrics after the end was visible"
+            );
             // the owner's `write_at`
             // SAFETY: as above.
             mem.with_mut(|m| unsafe { *m = 2 });

@@ -295,15 +295,11 @@ impl Drop for Listed<'_> {
 }
 
 impl Settle for LinkShared {
-    fn settle(
-        &self,
-        seq: u64,
-        op: TransferOp,
-        bytes: u64,
-        took: Duration,
-        err: Option<crate::error::Status>,
-    ) {
+    fn count(&self, op: TransferOp, bytes: u64, took: Duration, err: Option<crate::error::Status>) {
         self.counters.finish(op, bytes, took, err);
+    }
+
+    fn settle(&self, seq: u64) {
         let mut u = lock(&self.unfinished);
         u.reqs.remove(&seq);
         self.ended(u);
