@@ -227,11 +227,14 @@ impl DataDist {
         Ok(())
     }
 
-    /// The claim on cluster `id`'s link back, settled before a pull or push uses that link:
-    /// if its peer is provably gone (the link went, or [`peer_gone`](crate::runtime::link::LinkShared::peer_gone):
-    /// the process exited, the connection reset) the record goes and the claim's engine is
-    /// bound instead (a decoder that crashed and linked again); if the peer answers, the
-    /// claim goes; if neither is known (no answer in time), both stay, and the move decides.
+    /// The claim on cluster `id`'s link back, settled before a pull or push uses that link.
+    /// If the peer answers a PING ([`peer_gone`](crate::runtime::link::LinkShared::peer_gone)
+    /// says no), the claim goes. If nothing is known (no answer in time), both stay. If the link
+    /// is gone or broken, the record becomes a binding again, to be linked back to now
+    /// ([`Self::link_back`]): to the claim's engine if that is the engine it had (restarted on
+    /// its address), else to the old engine, with the claim taken only if that connect is
+    /// refused. A broken link is no proof that its peer is gone (a heartbeat not answered in
+    /// time breaks it too), so a live engine keeps its cluster.
     fn settle_claim(&self, engine: &DdEngine, id: u64) {
         let held = (lock(&self.links).get(&id))
             .and_then(|l| Some((l.remote.clone(), l.link.clone(), l.claim.clone()?)));
@@ -246,14 +249,27 @@ impl DataDist {
         };
         match gone {
             Some(true) => {
+                let Some(rec) = links.remove(&id) else {
+                    return;
+                };
                 // (the latest claim: another note may have come meanwhile)
-                let latest = links.remove(&id).and_then(|l| l.claim).unwrap_or(claim);
-                lock(&self.inbound).insert(id, latest);
+                let claim = rec.claim.unwrap_or(claim);
+                let old = rec.back.unwrap_or_default();
+                let binding = if claim.from == old {
+                    claim
+                } else {
+                    Inbound {
+                        from: old,
+                        addr: remote.clone(),
+                        claim: Some(Box::new(claim)),
+                    }
+                };
+                lock(&self.inbound).insert(id, binding);
                 drop(links);
                 tracing::debug!(
                     cluster = id,
                     remote,
-                    "a link back whose peer went away gives way to the cluster's claim"
+                    "a broken link back, claimed: linked back anew"
                 );
                 let _ = engine.disconnect(&remote, &own, NOTE_MS);
             }
@@ -261,8 +277,7 @@ impl DataDist {
             Some(false) if l.claim.as_ref().is_some_and(|c| c.from == claim.from) => {
                 l.claim = None;
             }
-            Some(false) => {}
-            None => {}
+            Some(false) | None => {}
         }
     }
 
@@ -283,13 +298,21 @@ impl DataDist {
                     if source.kind() == std::io::ErrorKind::ConnectionRefused
                         && bound.claim.is_some() =>
                 {
-                    let claim = *bound.claim.take().expect("checked");
-                    let mut inbound = lock(&self.inbound);
-                    match inbound.get_mut(&id) {
-                        Some(b) if b.from == bound.from => *b = claim.clone(),
-                        // bound anew meanwhile: the next pull or push takes it
-                        _ => return Err(not_linked_now(id)),
-                    }
+                    // the latest claim, from the binding as it is now
+                    let claim = {
+                        let mut inbound = lock(&self.inbound);
+                        match inbound.get_mut(&id) {
+                            Some(b) if b.from == bound.from => b.claim.take().map(|c| {
+                                *b = (*c).clone();
+                                *c
+                            }),
+                            _ => None,
+                        }
+                    };
+                    let Some(claim) = claim else {
+                        // bound or linked anew meanwhile (by another call)
+                        return self.linked_now(id);
+                    };
                     tracing::debug!(
                         cluster = id,
                         old = bound.from,
@@ -308,10 +331,7 @@ impl DataDist {
             // linked or bound anew meanwhile (by another call): not this link
             drop((links, inbound));
             let _ = engine.disconnect(&remote, &Arc::downgrade(&link), NOTE_MS);
-            return match self.is_linked(id) {
-                true => Ok(()),
-                false => Err(not_linked_now(id)),
-            };
+            return self.linked_now(id);
         }
         inbound.remove(&id);
         drop(inbound);
@@ -320,6 +340,18 @@ impl DataDist {
             PeerLink::new(remote, Arc::downgrade(&link), Some(bound.from)),
         );
         Ok(())
+    }
+
+    /// After a link back that another call overtook: fine if the cluster is linked now,
+    /// `LLM_NOT_YET_LINK` if it was bound anew meanwhile (the next pull or push links it).
+    fn linked_now(&self, id: u64) -> Result<()> {
+        if self.is_linked(id) {
+            return Ok(());
+        }
+        Err(Error::new(
+            LlmStatus::LLM_NOT_YET_LINK,
+            format!("cluster {id} was bound anew while it was linked back to; try again"),
+        ))
     }
 
     /// Unlinks each cluster (`UnlinkLlmClusters`); `force` needs no address. An unknown
@@ -517,18 +549,128 @@ fn link_error(e: crate::Error) -> Error {
     e
 }
 
-/// `LLM_NOT_YET_LINK` for a cluster whose binding changed during a link back.
-fn not_linked_now(id: u64) -> Error {
-    Error::new(
-        LlmStatus::LLM_NOT_YET_LINK,
-        format!("cluster {id} was bound anew while it was linked back to; try again"),
-    )
-}
-
 /// Whether `addr`, the address a link note names, is the address of `from`, the engine that
 /// sent it: its port, and its IP unless the engine listens on a wildcard (then the note names
 /// the address it is reached at, `announce`).
 fn names_itself(from: &str, addr: SocketAddr) -> bool {
     from.parse::<SocketAddr>()
         .is_ok_and(|f| f.port() == addr.port() && (f.ip() == addr.ip() || f.ip().is_unspecified()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! A claim on a linked-back cluster (a link note from another engine, or from its engine
+    //! restarted on its address), settled at the next push: a broken link back is no proof that
+    //! its peer is gone, so a live decoder keeps its cluster; its engine restarted on its
+    //! address gets the push.
+
+    use super::*;
+    use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, DataType, Layers, Placement};
+    use crate::datadist::{RemoteCache, Role};
+    use crate::testkit::Rng;
+
+    const DECODER: u64 = 7;
+    const BLOCKS: u64 = 8;
+    const BLOCK: u64 = 4096;
+
+    /// A cluster listening at `at` (`127.0.0.1:0`: a port of its own).
+    fn listening(cluster: u64, role: Role, at: &str) -> DataDist {
+        let dd = DataDist::new(cluster, role);
+        let opts = [
+            ("llm.ListenIpInfo".to_owned(), at.to_owned()),
+            ("llm.SyncKvCacheWaitTime".to_owned(), "10000".to_owned()),
+        ];
+        dd.initialize(&opts).unwrap();
+        dd
+    }
+
+    /// Registers `mem` as a blocks cache of one tensor under model 9.
+    fn register(dd: &DataDist, mem: &mut [u8]) -> i64 {
+        let desc = CacheDesc {
+            placement: Placement::Host,
+            num_tensors: 1,
+            data_type: DataType::FLOAT16,
+            shape: vec![BLOCKS as i64, (BLOCK / 2) as i64],
+        };
+        let key = CacheKey {
+            req_id: u64::MAX,
+            model_id: 9,
+        };
+        let addrs = [mem.as_mut_ptr() as u64];
+        // SAFETY: the test keeps `mem` allocated and unmoved until the instance is finalized,
+        // and reads it only after the pushes into it returned.
+        unsafe { dd.register_cache(&desc, &addrs, CacheKind::Blocks, 0, &[key]) }.unwrap()
+    }
+
+    fn link(dd: &DataDist, to: &DataDist, id: u64) {
+        let c = ClusterInfo::at(id, to.listen_addr().unwrap());
+        let (ret, rets) = dd.link_clusters(&[c], 10_000).unwrap();
+        assert_eq!(ret, LlmStatus::LLM_SUCCESS, "{rets:?}");
+    }
+
+    /// A decoder cluster listening at `at`, its cache zeroed (the `Vec`'s heap buffer stays
+    /// where it is registered when the pair moves), linked to `prompt`.
+    fn linked_decoder(prompt: &DataDist, at: &str) -> (DataDist, Vec<u8>) {
+        let d = listening(DECODER, Role::Decoder, at);
+        let mut mem = vec![0u8; (BLOCKS * BLOCK) as usize];
+        register(&d, &mut mem);
+        link(&d, prompt, 100);
+        (d, mem)
+    }
+
+    /// The prompt pushes its block `from` into block `to` of the decoder cluster's cache.
+    fn push(prompt: &DataDist, pid: i64, from: u64, to: u64) -> Result<()> {
+        let key = RemoteCache::Blocks {
+            cluster_id: DECODER,
+            model_id: 9,
+        };
+        prompt.push(pid, &key, 0, Some((&[from], &[to])), &Layers::all())
+    }
+
+    fn block(mem: &[u8], b: u64) -> &[u8] {
+        &mem[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]
+    }
+
+    #[test]
+    fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
+        let len = (BLOCKS * BLOCK) as usize;
+        let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
+        let mut pk = Rng::new(5).bytes(len);
+        let pid = register(&prompt, &mut pk);
+        let (decoder, dk) = linked_decoder(&prompt, "127.0.0.1:0");
+        push(&prompt, pid, 1, 0).unwrap();
+        assert!(block(&dk, 0) == block(&pk, 1), "the first push");
+
+        // the link back breaks while the decoder lives (as an unanswered heartbeat breaks it),
+        // and another engine claims the decoder's id
+        let back = lock(&prompt.links)
+            .get(&DECODER)
+            .unwrap()
+            .link
+            .upgrade()
+            .unwrap();
+        back.break_for_test();
+        drop(back);
+        let (impostor, ik) = linked_decoder(&prompt, "127.0.0.1:0");
+        push(&prompt, pid, 2, 1).unwrap();
+        assert!(block(&dk, 1) == block(&pk, 2), "the live decoder's push");
+        assert!(
+            ik.iter().all(|&b| b == 0),
+            "the claim got the prompt's blocks"
+        );
+        impostor.finalize();
+
+        // the decoder restarts on its address (a new engine: its note is a claim from the
+        // engine it had); the prompt's next push reaches the new one
+        let at = decoder.listen_addr().unwrap().to_string();
+        decoder.finalize();
+        let (again, ak) = linked_decoder(&prompt, &at);
+        push(&prompt, pid, 3, 2).unwrap();
+        assert!(
+            block(&ak, 2) == block(&pk, 3),
+            "the restarted decoder's push"
+        );
+        again.finalize();
+        prompt.finalize();
+    }
 }

@@ -304,6 +304,12 @@ impl LinkShared {
     fn mark_broken(&self, why: String) {
         self.lanes.break_link(why);
     }
+
+    /// Breaks the link as a heartbeat not answered in time would, its peer alive (tests).
+    #[cfg(test)]
+    pub(crate) fn break_for_test(&self) {
+        self.mark_broken("broken by a test".into());
+    }
 }
 
 /// Checks that the process `peer` (pinned, named by a server's WELCOME) holds the other end of

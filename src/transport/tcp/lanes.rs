@@ -400,17 +400,35 @@ impl Lanes {
         }
     }
 
-    /// Whether the peer is provably gone: PING on an idle lane. A PONG says no; a connection
-    /// the peer reset or hung up says yes (the link breaks, as it would on any lane); no
-    /// answer within `timeout`, or no idle lane, decides nothing (`None`: the lane is dropped,
-    /// the link stays). A broken or closed link is gone.
+    /// Whether the peer is provably gone: PING on an idle lane (on a new one when the link
+    /// has none open). A PONG says no; a connection the peer reset or hung up, or a new one
+    /// it refused, says yes (the link breaks, as it would on any lane); no answer within
+    /// `timeout`, or lanes all at work, decide nothing (`None`: a lane that timed out is
+    /// dropped, the link stays). A broken or closed link is gone.
     pub(crate) fn peer_gone(&self, timeout: Duration) -> Option<bool> {
-        let mut lane = {
+        let idle = {
             let mut pool = lock(&self.pool);
             if pool.closed || pool.broken.is_some() {
                 return Some(true);
             }
-            pool.idle.pop()?
+            match pool.idle.pop() {
+                Some(l) => Some(l),
+                // lanes at work prove the link by their own transfers
+                None if pool.open > 0 => return None,
+                None => None,
+            }
+        };
+        let mut lane = match idle {
+            Some(l) => l,
+            None => {
+                let now = Instant::now();
+                match self.checkout(now + timeout, now, "a check of the peer") {
+                    Ok(l) => l,
+                    // a lane that could not open because the peer reset, refused or hung up
+                    // on it broke the link (`checkout`)
+                    Err(_) => return self.is_broken().then_some(true),
+                }
+            }
         };
         match lane.ping(Instant::now() + timeout) {
             Ok(()) => {
