@@ -159,18 +159,25 @@ impl DataDist {
                     let Ok(id) = n.msg.parse::<u64>() else {
                         continue;
                     };
+                    // (a claim on the cluster, a note of another engine, is bound in its
+                    // place: that engine linked here, and the one it contested is gone)
                     let mut links = lock(&self.links);
                     let mut inbound = lock(&self.inbound);
-                    if inbound.get(&id).is_some_and(|b| b.from == n.from) {
-                        inbound.remove(&id);
+                    if inbound.get(&id).is_some_and(|b| b.from == n.from)
+                        && let Some(b) = inbound.remove(&id)
+                        && let Some(c) = b.claim
+                    {
+                        inbound.insert(id, *c);
                     }
-                    drop(inbound);
                     if links
                         .get(&id)
                         .is_some_and(|l| l.back.as_deref() == Some(n.from.as_str()))
                         && let Some(l) = links.remove(&id)
                     {
-                        drop(links);
+                        if let Some(c) = l.claim {
+                            inbound.insert(id, c);
+                        }
+                        drop((links, inbound));
                         let _ = engine.disconnect(&l.remote, &l.link, NOTE_MS);
                     }
                 }
@@ -209,6 +216,7 @@ impl DataDist {
             }
             // (its engine, restarted on its address, too: the link back is to the old process)
             l.claim = Some(note);
+            l.claim_probed = false;
             return Err("that cluster is linked back to: kept as its claim");
         }
         let mut inbound = lock(&self.inbound);
@@ -236,13 +244,25 @@ impl DataDist {
     /// refused. A broken link is no proof that its peer is gone (a heartbeat not answered in
     /// time breaks it too), so a live engine keeps its cluster.
     fn settle_claim(&self, engine: &DdEngine, id: u64) {
-        let held = (lock(&self.links).get(&id))
-            .and_then(|l| Some((l.remote.clone(), l.link.clone(), l.claim.clone()?)));
-        let Some((remote, own, claim)) = held else {
+        let held = (lock(&self.links).get(&id)).and_then(|l| {
+            let c = l.claim.as_ref()?;
+            Some((
+                l.remote.clone(),
+                l.link.clone(),
+                c.from.clone(),
+                l.claim_probed,
+            ))
+        });
+        let Some((remote, own, claimant, probed)) = held else {
             return;
         };
-        let probe = Duration::from_millis(NOTE_MS.unsigned_abs().into());
-        let gone = own.upgrade().map_or(Some(true), |l| l.peer_gone(probe));
+        // one PING a claim: once it went unanswered, only the link's own breaking decides
+        // (the pulls and pushes of a busy decoder do not wait a probe each)
+        let gone = match own.upgrade() {
+            None => Some(true),
+            Some(l) if probed => l.is_broken().then_some(true),
+            Some(l) => l.peer_gone(Duration::from_millis(NOTE_MS.unsigned_abs().into())),
+        };
         let mut links = lock(&self.links);
         let Some(l) = links.get_mut(&id).filter(|l| Weak::ptr_eq(&l.link, &own)) else {
             return; // (a record made since)
@@ -252,17 +272,17 @@ impl DataDist {
                 let Some(rec) = links.remove(&id) else {
                     return;
                 };
-                // (the latest claim: another note may have come meanwhile)
-                let claim = rec.claim.unwrap_or(claim);
                 let old = rec.back.unwrap_or_default();
-                let binding = if claim.from == old {
-                    claim
-                } else {
-                    Inbound {
+                // the latest claim (another note may have come meanwhile); the engine the
+                // cluster had, restarted where it was, is linked back to at once, any other
+                // only if nothing listens at the old address any more (`link_back`)
+                let binding = match rec.claim {
+                    Some(c) if c.from == old && c.addr == remote => c,
+                    claim => Inbound {
                         from: old,
                         addr: remote.clone(),
-                        claim: Some(Box::new(claim)),
-                    }
+                        claim: claim.map(Box::new),
+                    },
                 };
                 lock(&self.inbound).insert(id, binding);
                 drop(links);
@@ -274,10 +294,11 @@ impl DataDist {
                 let _ = engine.disconnect(&remote, &own, NOTE_MS);
             }
             // (not a claim that came meanwhile)
-            Some(false) if l.claim.as_ref().is_some_and(|c| c.from == claim.from) => {
+            Some(false) if l.claim.as_ref().is_some_and(|c| c.from == claimant) => {
                 l.claim = None;
             }
-            Some(false) | None => {}
+            None => l.claim_probed = true,
+            Some(false) => {}
         }
     }
 
@@ -321,6 +342,8 @@ impl DataDist {
                     );
                     bound = claim;
                 }
+                // another call linked back to it meanwhile
+                Err(crate::Error::AlreadyConnected { .. }) => return self.linked_now(id),
                 Err(e) => return Err(link_error(e)),
             }
         };
@@ -562,7 +585,7 @@ mod tests {
     //! A claim on a linked-back cluster (a link note from another engine, or from its engine
     //! restarted on its address), settled at the next push: a broken link back is no proof that
     //! its peer is gone, so a live decoder keeps its cluster; its engine restarted on its
-    //! address gets the push.
+    //! address gets the push; a claim is bound when the engine it contested unlinks.
 
     use super::*;
     use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, DataType, Layers, Placement};
@@ -670,6 +693,17 @@ mod tests {
             block(&ak, 2) == block(&pk, 3),
             "the restarted decoder's push"
         );
+
+        // another engine claims the id while the decoder is linked; the decoder unlinks: the
+        // claim is bound in its place, and gets the next push
+        let (next, nk) = linked_decoder(&prompt, "127.0.0.1:0");
+        let c = ClusterInfo::at(100, prompt.listen_addr().unwrap());
+        let (ret, _) = again.unlink_clusters(&[c], 10_000, false).unwrap();
+        assert_eq!(ret, LlmStatus::LLM_SUCCESS);
+        push(&prompt, pid, 4, 3).unwrap();
+        assert!(block(&nk, 3) == block(&pk, 4), "the claim's push");
+        assert!(block(&ak, 3).iter().all(|&b| b == 0), "the unlinked one's");
+        next.finalize();
         again.finalize();
         prompt.finalize();
     }

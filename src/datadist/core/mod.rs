@@ -73,6 +73,8 @@ struct PeerLink {
     /// A later link note for the cluster (a process of it that crashed and came back, or a
     /// claim): taken at the cluster's next pull or push if this link's peer is gone by then.
     claim: Option<Inbound>,
+    /// Whether a PING for `claim` went unanswered (no second one: the link's breaking decides).
+    claim_probed: bool,
 }
 
 impl PeerLink {
@@ -85,6 +87,7 @@ impl PeerLink {
             link,
             back,
             claim: None,
+            claim_probed: false,
         }
     }
 }
