@@ -444,16 +444,21 @@ impl DataDist {
     ) -> Result<(Arc<LinkHandle>, Arc<Table>)> {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
-        // the link record: the engine name, the table if fetched (`None`: not linked) and the
-        // record's link, by one lock of the links
+        // the link record: the engine name, the table if fetched (`None`: not linked), the
+        // record's link and whether a note claimed the cluster since, by one lock of the links
         let known = || {
-            (lock(&self.links).get(&cluster))
-                .map(|l| (l.remote.clone(), l.table.clone(), l.link.clone()))
+            (lock(&self.links).get(&cluster)).map(|l| {
+                let claimed = l.claim.is_some();
+                (l.remote.clone(), l.table.clone(), l.link.clone(), claimed)
+            })
         };
-        // a cluster linked back to that linked here again since: its new engine, if the old
-        // one is gone
-        self.settle_claim(engine, cluster);
         let mut link = known();
+        if link.as_ref().is_some_and(|(.., claimed)| *claimed) {
+            // a cluster linked back to that linked here again since: its new engine, if the
+            // old one is gone
+            self.settle_claim(engine, cluster);
+            link = known();
+        }
         if link.is_none() {
             // a rank-table link may have linked it since the last status query
             self.settle_comms();
@@ -470,7 +475,7 @@ impl DataDist {
                 format!("cluster {cluster} is not linked{why}"),
             )
         };
-        let (remote, table, own) = link.ok_or_else(|| not_linked(""))?;
+        let (remote, table, own, _) = link.ok_or_else(|| not_linked(""))?;
         let l = own
             .upgrade()
             .ok_or_else(|| not_linked(&format!(": its link to {remote} broke; link it again")))?;

@@ -357,45 +357,15 @@ impl Lanes {
     /// peer: stopped, hung, or cut off). A link that is busy (no idle lane) proves itself by its
     /// transfers.
     pub(crate) fn heartbeat(&self, timeout: Duration) {
-        let lane = {
-            let mut pool = lock(&self.pool);
-            if pool.closed || pool.broken.is_some() {
-                return;
+        match self.ping_idle(timeout, "heartbeat") {
+            Pinged::Down | Pinged::Busy | Pinged::Answered => {}
+            Pinged::NoLane(e) => self.break_link(format!("no heartbeat answer: {e}")),
+            Pinged::Gone(e) => self.discard(Some(format!("peer went away: {e}"))),
+            Pinged::Silent(LaneFail::Io(_)) => {
+                self.discard(Some(format!("no heartbeat answer within {timeout:?}")));
             }
-            match pool.idle.pop() {
-                Some(l) => Some(l),
-                // lanes at work have their own deadlines
-                None if pool.open > 0 => return,
-                // no lane at all (the last one died with a timed-out transfer): the peer must
-                // still accept a new one
-                None => None,
-            }
-        };
-        let mut lane = match lane {
-            Some(l) => l,
-            None => {
-                let now = Instant::now();
-                match self.checkout(now + timeout, now, "heartbeat") {
-                    Ok(l) => l,
-                    Err(e) => {
-                        self.break_link(format!("no heartbeat answer: {e}"));
-                        return;
-                    }
-                }
-            }
-        };
-        match lane.ping(Instant::now() + timeout) {
-            Ok(()) => self.checkin(lane),
-            Err(f) => {
-                drop(lane);
-                let why = match f {
-                    LaneFail::Io(e) if !is_gone(&e) => {
-                        format!("no heartbeat answer within {timeout:?}")
-                    }
-                    LaneFail::Io(e) => format!("peer went away: {e}"),
-                    _ => "the heartbeat was answered wrongly".to_owned(),
-                };
-                self.discard(Some(why));
+            Pinged::Silent(_) => {
+                self.discard(Some("the heartbeat was answered wrongly".to_owned()));
             }
         }
     }
@@ -406,15 +376,40 @@ impl Lanes {
     /// `timeout`, or lanes all at work, decide nothing (`None`: a lane that timed out is
     /// dropped, the link stays). A broken or closed link is gone.
     pub(crate) fn peer_gone(&self, timeout: Duration) -> Option<bool> {
+        match self.ping_idle(timeout, "a check of the peer") {
+            Pinged::Down => Some(true),
+            Pinged::Busy => None,
+            Pinged::Silent(_) => {
+                // (out of step, an answer may still come: the lane is not reused, the link
+                // stays)
+                self.discard(None);
+                None
+            }
+            // a lane that could not open because the peer reset, refused or hung up on it
+            // broke the link (`checkout`)
+            Pinged::NoLane(_) => self.is_broken().then_some(true),
+            Pinged::Answered => Some(false),
+            Pinged::Gone(e) => {
+                self.discard(Some(format!("peer went away: {e}")));
+                Some(true)
+            }
+        }
+    }
+
+    /// One PING on an idle lane, or on a new one when the link has none open (the last one
+    /// died with a timed-out transfer: the peer must still accept a new one). A lane that
+    /// answered is put back; one that failed is dropped, and its place in the pool is the
+    /// caller's to [`discard`](Self::discard).
+    fn ping_idle(&self, timeout: Duration, op: &'static str) -> Pinged {
         let idle = {
             let mut pool = lock(&self.pool);
             if pool.closed || pool.broken.is_some() {
-                return Some(true);
+                return Pinged::Down;
             }
             match pool.idle.pop() {
                 Some(l) => Some(l),
-                // lanes at work prove the link by their own transfers
-                None if pool.open > 0 => return None,
+                // lanes at work have their own deadlines
+                None if pool.open > 0 => return Pinged::Busy,
                 None => None,
             }
         };
@@ -422,30 +417,19 @@ impl Lanes {
             Some(l) => l,
             None => {
                 let now = Instant::now();
-                match self.checkout(now + timeout, now, "a check of the peer") {
+                match self.checkout(now + timeout, now, op) {
                     Ok(l) => l,
-                    // a lane that could not open because the peer reset, refused or hung up
-                    // on it broke the link (`checkout`)
-                    Err(_) => return self.is_broken().then_some(true),
+                    Err(e) => return Pinged::NoLane(e),
                 }
             }
         };
         match lane.ping(Instant::now() + timeout) {
             Ok(()) => {
                 self.checkin(lane);
-                Some(false)
+                Pinged::Answered
             }
-            Err(LaneFail::Io(e)) if is_gone(&e) => {
-                drop(lane);
-                self.discard(Some(format!("peer went away: {e}")));
-                Some(true)
-            }
-            Err(_) => {
-                // out of step (an answer may still come): not reused
-                drop(lane);
-                self.discard(None);
-                None
-            }
+            Err(LaneFail::Io(e)) if is_gone(&e) => Pinged::Gone(e),
+            Err(f) => Pinged::Silent(f),
         }
     }
 
@@ -479,6 +463,22 @@ impl Lanes {
 }
 
 /// Whether an I/O error says the peer went away (rather than that it is slow).
+/// How [`Lanes::ping_idle`] went.
+enum Pinged {
+    /// The link is closed or broken: no PING.
+    Down,
+    /// Every lane is at work: no PING.
+    Busy,
+    /// No lane could be opened for it (`checkout` broke the link if the peer refused it).
+    NoLane(Error),
+    /// The PONG came.
+    Answered,
+    /// The peer reset or hung up the connection.
+    Gone(io::Error),
+    /// No answer in time, or a wrong one.
+    Silent(LaneFail),
+}
+
 pub(super) fn is_gone(e: &io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
