@@ -305,6 +305,12 @@ impl LinkShared {
         self.lanes.break_link(why);
     }
 
+    /// The link's TCP lanes (tests).
+    #[cfg(test)]
+    pub(crate) fn lanes_for_test(&self) -> &Lanes {
+        &self.lanes
+    }
+
     /// Breaks the link as a heartbeat not answered in time would, its peer alive (tests).
     #[cfg(test)]
     pub(crate) fn break_for_test(&self) {

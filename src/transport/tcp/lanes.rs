@@ -40,6 +40,9 @@ struct Pool {
     broken: Option<String>,
     /// Set once the link was closed (by `disconnect` or `Drop`).
     closed: bool,
+    /// The peer refused a new lane for want of room (`RESOURCE_EXHAUSTED`): no more lanes than
+    /// were open then, until the instant (the link keeps the lanes it has).
+    full: Option<(usize, Instant)>,
 }
 
 impl Pool {
@@ -53,7 +56,23 @@ impl Pool {
             None => Ok(()),
         }
     }
+
+    /// How many lanes may be open now: `max`, or fewer while the peer said it had no room.
+    fn room(&mut self, max: usize) -> usize {
+        match self.full {
+            Some((n, until)) if Instant::now() < until => n.min(max),
+            Some(_) => {
+                self.full = None;
+                max
+            }
+            None => max,
+        }
+    }
 }
+
+/// How long a link opens no lane beyond those it has after the peer refused one for want of
+/// room.
+const FULL_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A link's lanes.
 pub(crate) struct Lanes {
@@ -118,6 +137,7 @@ impl FirstLane {
                 open: 1,
                 broken: None,
                 closed: false,
+                full: None,
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
@@ -189,7 +209,11 @@ impl Lanes {
         self.freed.notify_all();
     }
 
-    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one.
+    /// Takes an idle lane, opens a new one (up to `max_lanes`), or waits for one. A new lane
+    /// the peer refuses for want of room (`RESOURCE_EXHAUSTED`, its limits on connections)
+    /// leaves the link as it was: the caller waits for one of the lanes it has, and no other
+    /// is opened for [`FULL_BACKOFF`]; with no lane open, that refusal is the caller's error.
+    /// Any other refusal, or a peer that reset or refused the connection, breaks the link.
     pub(super) fn checkout(
         &self,
         deadline: Instant,
@@ -202,35 +226,34 @@ impl Lanes {
             if let Some(l) = pool.idle.pop() {
                 return Ok(l);
             }
-            if pool.open < self.max_lanes {
+            if pool.open < pool.room(self.max_lanes) {
+                let nonce = crate::auth::nonce()?;
                 pool.open += 1;
                 drop(pool);
-                let j = &self.join;
-                let hello = Hello {
-                    role: LaneRole::Join,
-                    instance: j.instance,
-                    token: j.token,
-                    name: j.name.clone(),
-                    target: j.peer.clone(),
-                    host: None,
-                    nonce: crate::auth::nonce()?,
+                let f = match self.open_lane(nonce, deadline) {
+                    Ok(lane) => return Ok(lane),
+                    Err(f) => f,
                 };
-                return match Lane::open(j.addr, &hello, j.psk.as_ref(), deadline) {
-                    Ok((lane, _)) => {
-                        tracing::trace!(parent: &self.span, "lane opened");
-                        Ok(lane)
-                    }
-                    Err(f) => {
-                        let dead = match &f {
-                            LaneFail::Refused { .. } => true,
-                            LaneFail::Io(e) => is_gone(e),
-                            LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
-                        };
-                        let e = lane_error(f, op, self.peer(), started, false);
-                        self.discard(dead.then(|| format!("cannot open a new lane: {e}")));
-                        Err(e)
-                    }
+                let dead = match &f {
+                    LaneFail::Refused { status, .. } => *status != Status::RESOURCE_EXHAUSTED,
+                    LaneFail::Io(e) => is_gone(e),
+                    LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
                 };
+                let full = matches!(&f, LaneFail::Refused { .. }) && !dead;
+                let e = lane_error(f, op, self.peer(), started, false);
+                pool = lock(&self.pool);
+                pool.open -= 1;
+                if dead {
+                    self.break_locked(&mut pool, format!("cannot open a new lane: {e}"));
+                    return Err(e);
+                }
+                self.freed.notify_one();
+                if !full || pool.open == 0 {
+                    return Err(e);
+                }
+                tracing::debug!(parent: &self.span, lanes = pool.open, "no room for a new lane: waiting for one of the link's");
+                pool.full = Some((pool.open, Instant::now() + FULL_BACKOFF));
+                continue;
             }
             let rem = deadline.saturating_duration_since(Instant::now());
             if rem.is_zero() {
@@ -245,6 +268,23 @@ impl Lanes {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Opens a lane that JOINs the link (its HELLO's `nonce`), by `deadline`.
+    fn open_lane(&self, nonce: [u8; 32], deadline: Instant) -> Result<Lane, LaneFail> {
+        let j = &self.join;
+        let hello = Hello {
+            role: LaneRole::Join,
+            instance: j.instance,
+            token: j.token,
+            name: j.name.clone(),
+            target: j.peer.clone(),
+            host: None,
+            nonce,
+        };
+        let (lane, _) = Lane::open(j.addr, &hello, j.psk.as_ref(), deadline)?;
+        tracing::trace!(parent: &self.span, "lane opened");
+        Ok(lane)
     }
 
     /// Puts a lane back (or closes it, once the link is broken or closed).
@@ -359,6 +399,9 @@ impl Lanes {
     pub(crate) fn heartbeat(&self, timeout: Duration) {
         match self.ping_idle(timeout, "heartbeat") {
             Pinged::Down | Pinged::Busy | Pinged::Answered => {}
+            // a peer with no room for a lane answered: it is there
+            Pinged::NoLane(Error::Refused { refusal, .. })
+                if refusal.status == Status::RESOURCE_EXHAUSTED => {}
             Pinged::NoLane(e) => self.break_link(format!("no heartbeat answer: {e}")),
             Pinged::Gone(e) => self.discard(Some(format!("peer went away: {e}"))),
             Pinged::Silent(LaneFail::Io(_)) => {
@@ -372,7 +415,8 @@ impl Lanes {
 
     /// Whether the peer is provably gone: PING on an idle lane (on a new one when the link
     /// has none open). A PONG says no; a connection the peer reset or hung up, or a new one
-    /// it refused, says yes (the link breaks, as it would on any lane); no answer within
+    /// it refused (but for want of room), says yes (the link breaks, as it would on any
+    /// lane); no answer within
     /// `timeout`, or lanes all at work, decide nothing (`None`: a lane that timed out is
     /// dropped, the link stays). A broken or closed link is gone.
     pub(crate) fn peer_gone(&self, timeout: Duration) -> Option<bool> {
@@ -562,3 +606,6 @@ impl LaneAfter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
