@@ -297,8 +297,9 @@ impl Options {
     }
     /// Most connections (lanes) one link may have on a serving engine (default 64, well above
     /// the default [`Options::max_lanes`] of clients); a lane beyond it is refused with
-    /// `RESOURCE_EXHAUSTED`, which a client takes as a broken link: keep it at or above the
-    /// `max_lanes` of your clients.
+    /// `RESOURCE_EXHAUSTED`. A client keeps its link, and a transfer that finds no idle lane
+    /// waits for one of those it has (until its deadline): keep it at or above the `max_lanes`
+    /// of your clients, or concurrent transfers on one link queue.
     pub fn max_server_lanes_per_link(mut self, n: usize) -> Self {
         self.max_server_lanes_per_link = n.max(1);
         self

@@ -45,7 +45,10 @@ fn a_lane_refused_for_want_of_room_keeps_the_link() {
         matches!(e, Error::LanesExhausted { lanes: 2, .. }),
         "a lane the server had no room for: {e:?}"
     );
-    assert!(!lanes.is_broken(), "the link broke for a lane refused for want of room");
+    assert!(
+        !lanes.is_broken(),
+        "the link broke for a lane refused for want of room"
+    );
     // a lane given back is the next caller's
     lanes.checkin(first);
     let (d, t) = long();
@@ -70,5 +73,8 @@ fn a_lane_refused_for_want_of_room_keeps_the_link() {
         .unwrap();
     let mut got = vec![0u8; LEN];
     buf.read_at(LEN, &mut got).unwrap();
-    assert!(got == data, "the READ brought back other bytes than the WRITE sent");
+    assert!(
+        got == data,
+        "the READ brought back other bytes than the WRITE sent"
+    );
 }
