@@ -289,14 +289,28 @@ fn batch_ops(
             )));
         }
     }
+    // each side's range inside its tensors: a pull offsets the peer's side by the local
+    // stride, so a peer's batch index alone does not bound it (nor its arithmetic: a peer's
+    // tensor may end at the top of the address space)
+    let offset = |e: &Entry, b: u32, stride: u64, what: &str| {
+        u64::from(b)
+            .checked_mul(stride)
+            .filter(|o| o.checked_add(len).is_some_and(|end| end <= e.tensor_size))
+            .ok_or_else(|| {
+                Error::param(format!(
+                    "{what} batch {b}: {len} bytes at {stride} bytes a batch pass the end of its \
+                     tensors ({} bytes)",
+                    e.tensor_size
+                ))
+            })
+    };
+    let so = offset(src, src_batch, src_stride, "source")?;
+    let dof = offset(dst, dst_batch, dst_stride, "destination")?;
+    // (inside a tensor: the table's decoder and the registration checked address + size)
     let ops = src_tensors
         .iter()
         .zip(dst_tensors)
-        .map(|(&s, &d)| {
-            let sa = src.addrs[s] + u64::from(src_batch) * src_stride;
-            let da = dst.addrs[d] + u64::from(dst_batch) * dst_stride;
-            desc(op, sa, da, len)
-        })
+        .map(|(&s, &d)| desc(op, src.addrs[s] + so, dst.addrs[d] + dof, len))
         .collect();
     Ok(ops)
 }
@@ -424,4 +438,46 @@ pub(super) fn last_failure(rets: &[LlmStatus]) -> LlmStatus {
         .find(|s| **s != LlmStatus::LLM_SUCCESS)
         .copied()
         .unwrap_or(LlmStatus::LLM_SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datadist::types::Placement;
+
+    fn entry(addr: u64, stride: u64, count: u64) -> Entry {
+        Entry {
+            cache_id: 1,
+            kind: CacheKind::Cache,
+            placement: Placement::Host,
+            tensor_size: stride * count,
+            stride,
+            count,
+            addrs: vec![addr],
+        }
+    }
+
+    /// A pull offsets the peer's side by the local stride (upstream's rule): a peer's tensor
+    /// that ends at the top of the address space, with a smaller stride than the local one,
+    /// is refused with `LLM_PARAM_INVALID`, not an overflow; every range stays inside its
+    /// tensors.
+    #[test]
+    fn a_pull_stays_inside_the_peers_tensors() {
+        let remote = entry(u64::MAX - 4 * 64, 64, 4);
+        let local = entry(0x1000, 256, 4);
+        for size in [1, 64] {
+            let e =
+                batch_ops(&remote, &local, &[0], &[0], 3, 0, size, TransferOp::Read).unwrap_err();
+            assert_eq!(e.status, LlmStatus::LLM_PARAM_INVALID, "{e}");
+        }
+        // the first batch fits, at the peer's tensor's start
+        let ops = batch_ops(&remote, &local, &[0], &[0], 0, 2, 64, TransferOp::Read).unwrap();
+        assert_eq!(
+            (ops[0].remote, ops[0].local, ops[0].len),
+            (remote.addrs[0], 0x1200, 64)
+        );
+        // a push offsets each side by its own stride: the peer's last batch ends its tensor
+        let ops = batch_ops(&local, &remote, &[0], &[0], 1, 3, 64, TransferOp::Write).unwrap();
+        assert_eq!(ops[0].remote + 64, remote.addrs[0] + remote.tensor_size);
+    }
 }
