@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::engine::{DdEngine, Moved};
 use super::{
@@ -147,8 +147,10 @@ impl DataDist {
     /// is bound to another engine, or linked already, changes nothing, and a new binding counts
     /// against [`MAX_LINKS`] with the links.
     pub(super) fn take_notes(&self, engine: &DdEngine) {
-        let notes = engine.take_notifies();
-        for n in notes {
+        // (links back that unlink notes ended: closed once the notes are applied)
+        let mut ended = Vec::new();
+        let order = lock(&self.notes);
+        for n in engine.take_notifies() {
             match n.name.as_str() {
                 LINK_NOTE => {
                     if let Err(why) = self.bind(&n.from, &n.msg) {
@@ -177,12 +179,15 @@ impl DataDist {
                         if let Some(c) = l.claim {
                             inbound.insert(id, c);
                         }
-                        drop((links, inbound));
-                        let _ = engine.disconnect(&l.remote, &l.link, NOTE_MS);
+                        ended.push((l.remote, l.link));
                     }
                 }
                 _ => tracing::debug!(name = n.name, "a notification that is not a link's"),
             }
+        }
+        drop(order);
+        for (remote, link) in ended {
+            let _ = engine.disconnect(&remote, &link, NOTE_MS);
         }
     }
 
@@ -190,7 +195,7 @@ impl DataDist {
     /// that sent it, or says why not. A note for a cluster linked back to already, or bound to
     /// another engine, is kept as the cluster's claim (the latest one): it is taken at the
     /// cluster's next pull or push only if the engine it has is gone by then
-    /// ([`Self::settle_claim`], [`Self::link_back`]). Nothing here waits on the network.
+    /// ([`Self::settle_link_back`], [`Self::link_back`]). Nothing here waits on the network.
     fn bind(&self, from: &str, msg: &str) -> std::result::Result<(), &'static str> {
         let (id, addr) = msg
             .split_once(' ')
@@ -235,21 +240,22 @@ impl DataDist {
         Ok(())
     }
 
-    /// The claim on cluster `id`'s link back, settled before a pull or push uses that link.
-    /// If the peer answers a PING ([`peer_gone`](crate::runtime::link::LinkShared::peer_gone)
-    /// says no), the claim goes. If nothing is known (no answer in time), both stay. If the link
-    /// is gone or broken, the record becomes a binding again, to be linked back to now
-    /// ([`Self::link_back`]): to the claim's engine if that is the engine it had (restarted on
-    /// its address), else to the old engine, with the claim taken only if that connect is
+    /// Cluster `id`'s link back, settled before a pull or push uses it. If the link is gone or
+    /// broken, the record becomes a binding again, to be linked back to now
+    /// ([`Self::link_back`]): to a claim's engine if that is the engine it had (restarted on
+    /// its address), else to the old engine, with a claim taken only if that connect is
     /// refused. A broken link is no proof that its peer is gone (a heartbeat not answered in
-    /// time breaks it too), so a live engine keeps its cluster.
-    fn settle_claim(&self, engine: &DdEngine, id: u64) {
+    /// time breaks it too), so a live engine keeps its cluster, over a new link. A claim on a
+    /// link that looks sound is settled by a PING
+    /// ([`peer_gone`](crate::runtime::link::LinkShared::peer_gone)): answered, the claim goes;
+    /// no answer in time, both stay.
+    fn settle_link_back(&self, engine: &DdEngine, id: u64) {
         let held = (lock(&self.links).get(&id)).and_then(|l| {
-            let c = l.claim.as_ref()?;
+            l.back.as_ref()?;
             Some((
                 l.remote.clone(),
                 l.link.clone(),
-                c.from.clone(),
+                l.claim.as_ref().map(|c| c.from.clone()),
                 l.claim_probed,
             ))
         });
@@ -260,7 +266,7 @@ impl DataDist {
         // (the pulls and pushes of a busy decoder do not wait a probe each)
         let gone = match own.upgrade() {
             None => Some(true),
-            Some(l) if probed => l.is_broken().then_some(true),
+            Some(l) if probed || claimant.is_none() => l.is_broken().then_some(true),
             Some(l) => l.peer_gone(Duration::from_millis(NOTE_MS.unsigned_abs().into())),
         };
         let mut links = lock(&self.links);
@@ -286,19 +292,17 @@ impl DataDist {
                 };
                 lock(&self.inbound).insert(id, binding);
                 drop(links);
-                tracing::debug!(
-                    cluster = id,
-                    remote,
-                    "a broken link back, claimed: linked back anew"
-                );
+                tracing::debug!(cluster = id, remote, "a broken link back: linked back anew");
                 let _ = engine.disconnect(&remote, &own, NOTE_MS);
             }
             // (not a claim that came meanwhile)
-            Some(false) if l.claim.as_ref().is_some_and(|c| c.from == claimant) => {
+            Some(false)
+                if claimant.is_some() && l.claim.as_ref().map(|c| &c.from) == claimant.as_ref() =>
+            {
                 l.claim = None;
             }
-            None => l.claim_probed = true,
-            Some(false) => {}
+            None if claimant.is_some() => l.claim_probed = true,
+            None | Some(false) => {}
         }
     }
 
@@ -446,17 +450,20 @@ impl DataDist {
         self.take_notes(engine);
         // the link record: the engine name, the table if fetched (`None`: not linked), the
         // record's link and whether a note claimed the cluster since, by one lock of the links
+        // record and whether it is a link back to settle: a note claimed the cluster since, or
+        // its link broke (or went), by one lock of the links
         let known = || {
             (lock(&self.links).get(&cluster)).map(|l| {
-                let claimed = l.claim.is_some();
-                (l.remote.clone(), l.table.clone(), l.link.clone(), claimed)
+                let settle = l.claim.is_some()
+                    || (l.back.is_some() && l.link.upgrade().is_none_or(|k| k.is_broken()));
+                (l.remote.clone(), l.table.clone(), l.link.clone(), settle)
             })
         };
         let mut link = known();
-        if link.as_ref().is_some_and(|(.., claimed)| *claimed) {
-            // a cluster linked back to that linked here again since: its new engine, if the
-            // old one is gone
-            self.settle_claim(engine, cluster);
+        if link.as_ref().is_some_and(|(.., settle)| *settle) {
+            // a cluster linked back to that linked here again since, or whose link back
+            // broke: linked back anew if its engine is gone or the link broke
+            self.settle_link_back(engine, cluster);
             link = known();
         }
         if link.is_none() {
@@ -505,40 +512,54 @@ impl DataDist {
     }
 
     /// READs `remote`'s cache table (a published table: [`FORMAT`]'s fetch, retried while it
-    /// is being rewritten) from the first region of the link's table that holds one.
+    /// is being rewritten) from the first region of the link's table that holds one, all within
+    /// one sync timeout (a peer whose table never reads whole, or that offers many regions
+    /// shaped like one, costs no more).
     fn fetch_table(&self, engine: &DdEngine, link: &LinkHandle, remote: &str) -> Result<Table> {
         let regions = &link.table;
+        // (the buffer itself, not its address: it stays mapped while this call holds it,
+        // whatever a finalize or an engine swap does to the instance meanwhile)
         let (timeout, download) = {
             let s = lock(&self.state);
             let l = s.as_ref().ok_or_else(not_initialized)?;
-            (
-                l.config.sync_timeout(),
-                (l.download.addr(), l.download.as_ptr(), l.download.len()),
-            )
+            (l.config.sync_timeout(), l.download.clone())
         };
         let _one = lock(&self.fetch);
+        let deadline = Instant::now() + timeout;
         let mut why = String::from("the peer publishes no cache table");
         for r in regions
             .iter()
             .filter(|r| FORMAT.is_region(r.access, r.mem_type, r.len))
         {
             let read = |buf: &mut [u8]| -> Result<()> {
-                if buf.len() > download.2 {
+                if buf.len() > download.len() {
                     return Err(Error::new(
                         LlmStatus::LLM_FAILED,
                         "a READ past the download buffer",
                     ));
                 }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::new(
+                        LlmStatus::LLM_TIMEOUT,
+                        format!("reading {remote}'s cache table took over {timeout:?}"),
+                    ));
+                }
                 let d = AddrDesc {
-                    local: download.0,
+                    local: download.addr(),
                     remote: r.addr,
                     len: buf.len(),
                 };
-                engine.transfer(link, Moved::Addrs(TransferOp::Read, &[d]), timeout)?;
-                // SAFETY: the download buffer holds buf.len() bytes (checked) and is alive
-                // while the instance is (this call holds the engine); only this instance's
-                // READs write it, one at a time (`fetch`), and that READ returned.
-                unsafe { std::ptr::copy_nonoverlapping(download.1, buf.as_mut_ptr(), buf.len()) };
+                engine.transfer(link, Moved::Addrs(TransferOp::Read, &[d]), left)?;
+                #[cfg(test)]
+                tests::AFTER_TABLE_READ.with_borrow_mut(|h| h.as_mut().map(|f| f()));
+                // SAFETY: the download buffer holds buf.len() bytes (checked) and stays mapped
+                // while `download` (its record) lives; no peer may access it (`Access::None`)
+                // and only this instance's READs write it, one at a time (`fetch`), and that
+                // READ returned.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(download.as_ptr(), buf.as_mut_ptr(), buf.len())
+                };
                 Ok(())
             };
             match FORMAT.fetch(read) {

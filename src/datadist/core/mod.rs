@@ -164,6 +164,9 @@ pub struct DataDist {
     links: Mutex<HashMap<u64, PeerLink>>,
     /// Serializes table fetches (they share the download buffer).
     fetch: Mutex<()>,
+    /// Held while link notes are taken and applied: in the order they came (two pulls that
+    /// took one note each must not apply an unlink before the link it ends).
+    notes: Mutex<()>,
     next_id: AtomicI64,
     /// The communicators of links by an explicit rank table (`rank.rs`).
     comms: rank::Comms,
@@ -214,6 +217,7 @@ impl DataDist {
             caches: Mutex::new(Caches::default()),
             links: Mutex::new(HashMap::new()),
             fetch: Mutex::new(()),
+            notes: Mutex::new(()),
             next_id: AtomicI64::new(1),
             comms: rank::Comms::default(),
             inbound: Mutex::new(HashMap::new()),

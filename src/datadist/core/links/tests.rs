@@ -3,6 +3,10 @@
 //! its peer is gone, so a live decoder keeps its cluster; its engine restarted on its
 //! address gets the push; a claim is bound when the engine it contested unlinks.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use crate::datadist::DataDist;
 use crate::datadist::types::{
     CacheDesc, CacheKey, CacheKind, ClusterInfo, DataType, Layers, LlmStatus, Placement, Result,
@@ -10,6 +14,12 @@ use crate::datadist::types::{
 use crate::datadist::{RemoteCache, Role};
 use crate::sync::lock;
 use crate::testkit::Rng;
+
+thread_local! {
+    /// Run after each READ of a peer's cache table, before its bytes are copied out.
+    pub(in crate::datadist::core) static AFTER_TABLE_READ: RefCell<Option<Box<dyn FnMut()>>> =
+        const { RefCell::new(None) };
+}
 
 const DECODER: u64 = 7;
 const BLOCKS: u64 = 8;
@@ -124,5 +134,116 @@ fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
     assert!(block(&ak, 3).iter().all(|&b| b == 0), "the unlinked one's");
     next.finalize();
     again.finalize();
+    prompt.finalize();
+}
+
+/// A decoder's link back breaks while the decoder lives (as an unanswered heartbeat breaks
+/// it), and no other engine claims its id: the prompt's next push links back anew and lands.
+#[test]
+fn a_broken_link_back_is_made_again_at_the_next_push() {
+    let len = (BLOCKS * BLOCK) as usize;
+    let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
+    let mut pk = Rng::new(6).bytes(len);
+    let pid = register(&prompt, &mut pk);
+    let (decoder, dk) = linked_decoder(&prompt, "127.0.0.1:0");
+    push(&prompt, pid, 1, 0).unwrap();
+    assert!(block(&dk, 0) == block(&pk, 1), "the first push");
+    for (from, to) in [(2, 1), (3, 2)] {
+        let back = lock(&prompt.links)
+            .get(&DECODER)
+            .unwrap()
+            .link
+            .upgrade()
+            .unwrap();
+        back.break_for_test();
+        drop(back);
+        push(&prompt, pid, from, to).unwrap();
+        assert!(
+            block(&dk, to) == block(&pk, from),
+            "the push after the break"
+        );
+    }
+    decoder.finalize();
+    prompt.finalize();
+}
+
+/// A decoder that pulls from `prompt` by a blocks key, block 0 into its block 0, with the
+/// sync timeout `ms`.
+fn pulling_decoder(prompt: &DataDist, ms: u32) -> (Arc<DataDist>, i64, Vec<u8>) {
+    let d = DataDist::new(DECODER, Role::Decoder);
+    let opts = [
+        ("llm.ListenIpInfo".to_owned(), "127.0.0.1:0".to_owned()),
+        ("llm.SyncKvCacheWaitTime".to_owned(), ms.to_string()),
+    ];
+    d.initialize(&opts).unwrap();
+    let mut mem = vec![0u8; (BLOCKS * BLOCK) as usize];
+    let id = register(&d, &mut mem);
+    link(&d, prompt, 100);
+    (Arc::new(d), id, mem)
+}
+
+fn pull(d: &DataDist, id: i64) -> Result<()> {
+    let key = RemoteCache::Blocks {
+        cluster_id: 100,
+        model_id: 9,
+    };
+    d.pull(&key, id, 0, -1, Some((&[0], &[0])), &Layers::all())
+}
+
+/// A peer whose cache table never reads whole (its version stays odd, as if always being
+/// rewritten), and answers slowly: the fetch ends within the pull's sync timeout
+/// (`LLM_TIMEOUT`), not after every retry of every region shaped like a table.
+#[test]
+fn a_table_that_never_reads_whole_costs_one_sync_timeout() {
+    let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
+    let mut pk = Rng::new(7).bytes((BLOCKS * BLOCK) as usize);
+    register(&prompt, &mut pk);
+    // the version word (after the magic) made odd: "being rewritten"
+    {
+        let s = lock(&prompt.state);
+        let table = s.as_ref().unwrap().table.as_ptr();
+        // SAFETY: the table buffer is this process's, mapped while the instance lives, and
+        // its 32-byte header is in it; the serving engine only reads it (by syscalls).
+        unsafe {
+            let v = table.add(8).cast::<u64>();
+            v.write_unaligned(v.read_unaligned() | 1);
+        }
+    }
+    let ms = 300;
+    let (d, id, _mem) = pulling_decoder(&prompt, ms);
+    // each READ of the table answered 40 ms late
+    AFTER_TABLE_READ.set(Some(Box::new(|| {
+        std::thread::sleep(Duration::from_millis(40))
+    })));
+    let t = Instant::now();
+    let e = pull(&d, id).unwrap_err();
+    AFTER_TABLE_READ.set(None);
+    assert_eq!(e.status, LlmStatus::LLM_TIMEOUT, "{e}");
+    assert!(
+        t.elapsed() < Duration::from_millis(ms.into()) * 4,
+        "the fetch took {:?}",
+        t.elapsed()
+    );
+    d.finalize();
+    prompt.finalize();
+}
+
+/// The instance is finalized while a pull's READ of the peer's table has just returned:
+/// the bytes are copied out of a buffer still mapped (the pull fails; nothing is read from
+/// freed memory).
+#[test]
+fn a_finalize_under_a_table_fetch_frees_nothing_it_reads() {
+    let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
+    let mut pk = Rng::new(8).bytes((BLOCKS * BLOCK) as usize);
+    register(&prompt, &mut pk);
+    let (d, id, _mem) = pulling_decoder(&prompt, 10_000);
+    let ended = d.clone();
+    AFTER_TABLE_READ.set(Some(Box::new(move || ended.finalize())));
+    let r = pull(&d, id);
+    AFTER_TABLE_READ.set(None);
+    assert!(
+        r.is_err(),
+        "a pull of an instance finalized under it: {r:?}"
+    );
     prompt.finalize();
 }
