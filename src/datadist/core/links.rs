@@ -213,6 +213,7 @@ impl DataDist {
             from: from.to_owned(),
             addr: addr.to_string(),
             claim: None,
+            instance: None,
         };
         let mut links = lock(&self.links);
         if let Some(l) = links.get_mut(&id) {
@@ -226,7 +227,11 @@ impl DataDist {
         }
         let mut inbound = lock(&self.inbound);
         match inbound.get_mut(&id) {
-            Some(b) if b.from == from => return Ok(()),
+            Some(b) if b.from == from => {
+                // (its engine linked again: whichever process it is now)
+                b.instance = None;
+                return Ok(());
+            }
             Some(b) => {
                 b.claim = Some(Box::new(note));
                 return Err("that cluster is bound to another engine: kept as its claim");
@@ -288,6 +293,8 @@ impl DataDist {
                         from: old,
                         addr: remote.clone(),
                         claim: claim.map(Box::new),
+                        // (not a new process at the address that never linked here)
+                        instance: rec.instance,
                     },
                 };
                 lock(&self.inbound).insert(id, binding);
@@ -351,6 +358,17 @@ impl DataDist {
                 Err(e) => return Err(link_error(e)),
             }
         };
+        if bound.instance.is_some_and(|i| i != link.remote_instance) {
+            let _ = engine.disconnect(&bound.addr, &Arc::downgrade(&link), NOTE_MS);
+            return Err(Error::new(
+                LlmStatus::LLM_NOT_YET_LINK,
+                format!(
+                    "cluster {id}: another process listens at {} than the one linked back to \
+                     (it must link here again)",
+                    bound.addr
+                ),
+            ));
+        }
         let remote = bound.addr;
         let mut links = lock(&self.links);
         let mut inbound = lock(&self.inbound);
@@ -362,10 +380,9 @@ impl DataDist {
         }
         inbound.remove(&id);
         drop(inbound);
-        links.insert(
-            id,
-            PeerLink::new(remote, Arc::downgrade(&link), Some(bound.from)),
-        );
+        let mut rec = PeerLink::new(remote, Arc::downgrade(&link), Some(bound.from));
+        rec.instance = Some(link.remote_instance);
+        links.insert(id, rec);
         Ok(())
     }
 

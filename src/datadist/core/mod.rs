@@ -75,6 +75,9 @@ struct PeerLink {
     claim: Option<Inbound>,
     /// Whether a PING for `claim` went unanswered (no second one: the link's breaking decides).
     claim_probed: bool,
+    /// The peer process a link back reached (its engine's instance id): a link back that
+    /// broke is made again to this process only.
+    instance: Option<u64>,
 }
 
 impl PeerLink {
@@ -88,6 +91,7 @@ impl PeerLink {
             back,
             claim: None,
             claim_probed: false,
+            instance: None,
         }
     }
 }
@@ -105,6 +109,10 @@ struct Inbound {
     /// listens at `addr` any more, at the cluster's next pull or push (a boxed `Inbound`
     /// without a claim of its own).
     claim: Option<Box<Inbound>>,
+    /// The process a link back made again after a break must reach (the one it reached
+    /// before): a new process at `addr` links again first. `None`: any, until the first link
+    /// back.
+    instance: Option<u64>,
 }
 
 /// What `initialize` read of its options.

@@ -139,6 +139,8 @@ fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
 
 /// A decoder's link back breaks while the decoder lives (as an unanswered heartbeat breaks
 /// it), and no other engine claims its id: the prompt's next push links back anew and lands.
+/// Once the decoder is gone, another cluster listening at its address, which never linked to
+/// the prompt, gets no push (`LLM_NOT_YET_LINK`).
 #[test]
 fn a_broken_link_back_is_made_again_at_the_next_push() {
     let len = (BLOCKS * BLOCK) as usize;
@@ -163,7 +165,25 @@ fn a_broken_link_back_is_made_again_at_the_next_push() {
             "the push after the break"
         );
     }
+    // the decoder goes; another cluster's engine listens at its address, with a cache under
+    // the same model, and never links to the prompt
+    let at = decoder.listen_addr().unwrap().to_string();
     decoder.finalize();
+    let other = listening(DECODER + 1, Role::Decoder, &at);
+    let mut ok = vec![0u8; (BLOCKS * BLOCK) as usize];
+    register(&other, &mut ok);
+    // (the first push meets the old link, and breaks it; the next ones link back anew)
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(push(&prompt, pid, 4, 3).expect_err("a push into a process that never linked"));
+    }
+    let e = last.unwrap();
+    assert_eq!(e.status, LlmStatus::LLM_NOT_YET_LINK, "{e}");
+    assert!(
+        ok.iter().all(|&b| b == 0),
+        "another cluster at the address got the push"
+    );
+    other.finalize();
     prompt.finalize();
 }
 
