@@ -498,6 +498,57 @@ fn typed_fabric_engines_move_random_data() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// `free_mem` frees only what `malloc_mem` handed out: the address of a live `FabricBuffer` is
+/// `PARAM_INVALID`, as an unknown one is, and the buffer keeps its memory and its data; its
+/// drop still frees it (its address then unknown to the allocator).
+#[test]
+fn free_mem_refuses_a_fabric_buffers_memory() {
+    use hixl::fabric::FabricConfig;
+    use hixl::{Hixl, Options};
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no system C compiler (`cc`) to build the ACL test double");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("hixl-fabric-owned-{}", std::process::id()));
+    let lib = hixl::testkit::build_ascend_double(&base).expect("build the test double");
+    // a private copy: its own globals
+    let so = base.join("owned.so");
+    std::fs::copy(&lib, &so).unwrap();
+    let opts = Options::default().fabric_mem(FabricConfig {
+        acl_lib: Some(so.clone()),
+        device_id: Some(0),
+        task_streams: 1,
+    });
+    let data = Rng::new(0xF8EE).bytes(MIB);
+    let e = Hixl::initialize("127.0.0.1", opts).unwrap();
+    let addr = e
+        .with_context(|ctx| {
+            let mut b = e.alloc_fabric(ctx, MemType::Device, MIB).unwrap();
+            b.write(ctx, 0, &data).unwrap();
+            let err = hixl::fabric::free_mem(b.addr()).unwrap_err();
+            assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+            // still the buffer's: its data reads back, and it takes a write
+            let mut back = vec![0u8; MIB];
+            b.read(ctx, 0, &mut back).unwrap();
+            assert_eq!(fnv1a(&back), fnv1a(&data));
+            b.write(ctx, MIB - 3, b"end").unwrap();
+            let mut end = [0u8; 3];
+            b.read(ctx, MIB - 3, &mut end).unwrap();
+            assert_eq!(&end, b"end");
+            // the allocator still has it (its handle exports)
+            hixl::fabric::export_to_shareable_handle(b.addr()).expect("still allocated");
+            let addr = b.addr();
+            drop(b);
+            addr
+        })
+        .unwrap();
+    // the drop freed it
+    let err = hixl::fabric::export_to_shareable_handle(addr).unwrap_err();
+    assert_eq!(err.status(), Status::PARAM_INVALID, "{err:?}");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
 const SELF_CHILD: &str = "HIXL_FABRIC_SELF_CHILD";
 
 /// A fabric-memory engine connects to itself, as upstream's FabricMem engine does (its kv

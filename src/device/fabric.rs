@@ -19,6 +19,18 @@ struct Alloc {
     phys: usize,
     /// Exported once, then cached (upstream: "ACL export runs at most once per allocation").
     handle: Option<[u8; FABRIC_HANDLE_LEN]>,
+    /// Who frees it: only that owner may.
+    holder: Holder,
+}
+
+/// Who owns an allocation of the table, and so who may free it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// The caller of [`malloc_mem`], with [`free_mem`].
+    Caller,
+    /// A [`FabricBuffer`](super::FabricBuffer), when it drops ([`free_buffer`]); [`free_mem`]
+    /// refuses it, as it would free memory the buffer still uses.
+    Buffer,
 }
 
 static ALLOCS: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
@@ -51,14 +63,20 @@ fn param(why: String) -> Error {
 /// [`Error::InvalidOption`] (`PARAM_INVALID`) for a zero size; [`Error::Native`] from ACL (no
 /// device on this thread: `ACL_ERROR_RT_CONTEXT_NULL`).
 pub fn malloc_mem(mem_type: MemType, size: usize) -> Result<usize, Error> {
-    malloc_with(&acl()?, mem_type, size)
+    malloc_with(&acl()?, mem_type, size, Holder::Caller)
 }
 
-/// [`malloc_mem`] with the given ACL runtime (a typed engine's own).
+/// [`malloc_mem`] with the given ACL runtime (a typed engine's own), for `holder` (only it
+/// frees the allocation).
 ///
 /// # Errors
 /// As [`malloc_mem`].
-pub(crate) fn malloc_with(acl: &Acl, mem_type: MemType, size: usize) -> Result<usize, Error> {
+pub(crate) fn malloc_with(
+    acl: &Acl,
+    mem_type: MemType,
+    size: usize,
+    holder: Holder,
+) -> Result<usize, Error> {
     if size == 0 {
         return Err(Error::InvalidOption {
             key: "size".into(),
@@ -105,6 +123,7 @@ pub(crate) fn malloc_with(acl: &Acl, mem_type: MemType, size: usize) -> Result<u
             acl: acl.clone(),
             phys: h,
             handle: None,
+            holder,
         },
     );
     Ok(va)
@@ -114,14 +133,35 @@ pub(crate) fn malloc_with(acl: &Acl, mem_type: MemType, size: usize) -> Result<u
 /// a [`malloc_mem`] allocation.
 ///
 /// # Errors
-/// `PARAM_INVALID` for an address [`malloc_mem`] did not return (or already freed);
+/// `PARAM_INVALID` for an address [`malloc_mem`] did not return (or already freed), the
+/// memory of a live [`FabricBuffer`](super::FabricBuffer) included (its drop frees it);
 /// [`Error::Native`] from ACL.
 pub fn free_mem(addr: usize) -> Result<(), Error> {
-    let a = lock(&ALLOCS)
-        .remove(&addr)
-        .ok_or_else(|| param(format!("{addr:#x}")))?;
-    // SAFETY: what malloc_mem made (its caller no longer uses it: it frees it), released once
-    // in its order.
+    free(addr, Holder::Caller)
+}
+
+/// Frees the allocation of a [`FabricBuffer`](super::FabricBuffer) at `addr` (its drop).
+///
+/// # Errors
+/// As [`free_mem`].
+pub(crate) fn free_buffer(addr: usize) -> Result<(), Error> {
+    free(addr, Holder::Buffer)
+}
+
+/// Frees the allocation at `addr` if `holder` holds it; another's is `PARAM_INVALID`, as an
+/// unknown address is, and stays allocated.
+fn free(addr: usize, holder: Holder) -> Result<(), Error> {
+    let a = {
+        let mut allocs = lock(&ALLOCS);
+        match allocs.get(&addr) {
+            Some(a) if a.holder == holder => allocs.remove(&addr),
+            _ => None,
+        }
+    }
+    .ok_or_else(|| param(format!("{addr:#x}")))?;
+    // SAFETY: what malloc_with made for `holder`, who frees it now (so no longer uses it; a
+    // buffer's memory is freed only by the buffer's drop, and the caller's is refused to
+    // anyone else), removed from the table above so released once, in its order.
     unsafe {
         a.acl.unmap(addr)?;
         a.acl.release(addr)?;

@@ -99,7 +99,7 @@ enum Owner {
 }
 
 /// A [`fabric::malloc_with`] allocation (`len` as asked, the allocation rounded up), freed
-/// with [`fabric::free_mem`] when dropped.
+/// with [`fabric::free_buffer`] when dropped (the public [`fabric::free_mem`] refuses it).
 struct Vmm {
     addr: usize,
     len: usize,
@@ -110,7 +110,7 @@ struct Vmm {
 impl Drop for Vmm {
     fn drop(&mut self) {
         let g = self.device.enter();
-        if let Err(e) = fabric::free_mem(self.addr) {
+        if let Err(e) = fabric::free_buffer(self.addr) {
             tracing::warn!("freeing fabric memory failed: {e}");
         }
         drop(g);
@@ -161,7 +161,7 @@ impl DeviceMem {
             Alloc::Fabric(mem_type) => {
                 acl.check_vmm()?;
                 let _g = device.enter()?;
-                let addr = fabric::malloc_with(acl, mem_type, len)?;
+                let addr = fabric::malloc_with(acl, mem_type, len, fabric::Holder::Buffer)?;
                 Owner::Vmm(Vmm {
                     addr,
                     len,
@@ -339,7 +339,8 @@ impl DerefMut for PinnedHostBuffer {
 /// VMM memory (`aclrtMallocPhysical` + `aclrtReserveMemAddress` + `aclrtMapMem`, HIXL's
 /// `MallocMem`) of a fabric-memory engine, allocated with
 /// [`Hixl::alloc_fabric`](crate::Hixl::alloc_fabric) on the engine's device and freed when
-/// dropped (`FreeMem`). Register it with [`Hixl::register_device`](crate::Hixl::register_device):
+/// dropped (`FreeMem`; [`free_mem`](crate::fabric::free_mem) of its address is `PARAM_INVALID`:
+/// only the drop frees it). Register it with [`Hixl::register_device`](crate::Hixl::register_device):
 /// peers then map its physical memory. Never a host slice (device memory, or host memory the
 /// device maps): copy with [`FabricBuffer::write`] and [`FabricBuffer::read`] (`aclrtMemcpy`).
 pub struct FabricBuffer {
