@@ -134,7 +134,6 @@ pub use types::{
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -230,9 +229,8 @@ pub struct Hixl {
     core: RwLock<Core>,
     /// Links by remote name (the core floor's table, with HIXL's rules for them).
     peers: Peers,
+    /// Async requests by id (ids unique in the process: `transfers::next_request`).
     reqs: Mutex<BTreeMap<TransferReq, Pending>>,
-    /// The next request id (memory handles are unique in the process: `lifecycle::next_handle`).
-    next_id: AtomicU64,
 }
 
 static_assertions::assert_impl_all!(Hixl: Send, Sync);
@@ -269,7 +267,6 @@ impl Hixl {
             core: RwLock::new(Core::default()),
             peers: Peers::default(),
             reqs: Mutex::new(BTreeMap::new()),
-            next_id: AtomicU64::new(1),
         }
     }
 

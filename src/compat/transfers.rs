@@ -2,7 +2,7 @@
 //! regions and the peer's table), request status, and notifies.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{
@@ -98,7 +98,7 @@ impl Hixl {
     /// lock is held: `finalize` (which takes the write lock) either runs before the request
     /// starts, or finds it here.
     fn record(&self, req: ReqHandle, user_data: u64) -> TransferReq {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = next_request();
         let req = Arc::new(req);
         lock(&self.reqs).insert(id, Pending { req, user_data });
         id
@@ -336,6 +336,15 @@ impl Hixl {
             None => Err(not_initialized()),
         }
     }
+}
+
+/// The next async request id: unique in the process, not per engine (as memory handles are,
+/// `lifecycle::next_handle`), so an id one engine gave out never names a request of another:
+/// given to another engine it is unknown there (`FAILED`), never that engine's own request's
+/// status, wait or cancel. Increasing, so an engine's table stays oldest first. Never 0.
+fn next_request() -> TransferReq {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// `FAILED` for a request id that is not known (never issued, or its end already reported).

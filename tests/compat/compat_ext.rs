@@ -93,6 +93,72 @@ fn wait_cancel_regions_transport() {
     assert!(a.iter().all(|&x| x == 5));
 }
 
+/// Request ids are unique in the process, not per engine: one engine's request id given to
+/// another engine is unknown there (`FAILED`, as a request never issued) for status, cancel
+/// and wait alike, and touches neither engine's own request, which both still complete.
+#[test]
+fn a_request_id_of_one_engine_is_unknown_to_another() {
+    const HALF: usize = 1 << 19;
+    let mut s = vec![0u8; 2 * HALF];
+    let (mut ma, mut mb) = (vec![1u8; HALF], vec![2u8; HALF]);
+    let server = Hixl::new();
+    server
+        .initialize("127.0.0.1:0", [("AutoConnect", "0")])
+        .unwrap();
+    // SAFETY: every buffer outlives the engines (finalized below) and is read only after the
+    // transfers ended.
+    unsafe { server.register_mem(desc(&mut s), MemType::Host) }.unwrap();
+    let name = server.local_engine().unwrap();
+    let mut reqs = Vec::new();
+    let mut clients = Vec::new();
+    for (i, m) in [&mut ma, &mut mb].into_iter().enumerate() {
+        let c = Hixl::new();
+        c.initialize("127.0.0.1", [("AutoConnect", "0")]).unwrap();
+        // SAFETY: as above.
+        unsafe { c.register_mem(desc(m), MemType::Host) }.unwrap();
+        c.connect(&name, 5000).unwrap();
+        let d = [TransferOpDesc {
+            local_addr: m.as_ptr() as usize,
+            remote_addr: s.as_ptr() as usize + i * HALF,
+            len: HALF,
+        }];
+        let req = c
+            .transfer_async(&name, TransferOp::Write, &d, TransferArgs::default())
+            .unwrap();
+        reqs.push(req);
+        clients.push(c);
+    }
+    let (a, b) = (&clients[0], &clients[1]);
+    let (ra, rb) = (reqs[0], reqs[1]);
+    assert_ne!(ra, rb, "each engine's first request");
+    // A's request, asked of B: unknown, whatever it is asked
+    assert_eq!(
+        b.get_transfer_status(ra).unwrap_err().status(),
+        Status::FAILED
+    );
+    assert_eq!(b.cancel_transfer(ra).unwrap_err().status(), Status::FAILED);
+    assert_eq!(
+        b.wait_transfer(ra, Duration::from_millis(1))
+            .unwrap_err()
+            .status(),
+        Status::FAILED
+    );
+    assert_eq!(b.pending_transfers(), 1, "B's own request untouched");
+    // each engine's own request completes, reported to it
+    for (c, r) in [(a, ra), (b, rb)] {
+        assert_eq!(
+            c.wait_transfer(r, Duration::from_secs(30)).unwrap(),
+            TransferStatus::Completed
+        );
+    }
+    for c in &clients {
+        c.finalize();
+    }
+    server.finalize();
+    assert!(s[..HALF].iter().all(|&x| x == 1));
+    assert!(s[HALF..].iter().all(|&x| x == 2));
+}
+
 /// `transfer_async_within` (what NIXL's HIXL backend posts): the request ends `Timeout` at its
 /// own deadline, a cancel ends it well before, and neither writes the local buffer; a timeout
 /// that is not positive is refused before anything starts.
