@@ -1,6 +1,6 @@
 //! Memory shared with other processes: a memfd sealed against shrinking and growing
-//! ([`sealed_memfd`]), and a shared mapping of a peer's ([`Mapping`], checked first: sealed,
-//! large enough, so no access can fault).
+//! ([`sealed_memfd`]), and a shared mapping of a peer's ([`Mapping`], checked first: shared
+//! memory, sealed, large enough, so no access can fault).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -31,6 +31,20 @@ pub(crate) fn sealed_memfd(len: usize) -> Option<i32> {
     Some(fd)
 }
 
+/// Whether `fd` is a file of shared memory: tmpfs, which plain memfds live on (`fstatfs`
+/// reports `TMPFS_MAGIC` for them), as opposed to hugetlbfs (`MFD_HUGETLB`) or any other file
+/// system.
+fn is_shmem(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: a zeroed statfs is valid output space for fstatfs on a descriptor we own.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the result is checked.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // the magic is 32 bits; `f_type`'s C type (and sign) differs between targets
+    Ok(sfs.f_type as u32 == libc::TMPFS_MAGIC as u32)
+}
+
 /// A peer's sealed memfd, mapped into this process.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -42,8 +56,12 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
-    /// Maps `len` bytes of `fd`, after checking that it is a regular file of at least `len`
-    /// bytes sealed against shrinking (so no access can ever fault with SIGBUS).
+    /// Maps `len` bytes of `fd`, after checking that it is a regular file of shared memory
+    /// (tmpfs/shmem) of at least `len` bytes sealed against shrinking (so no access can ever
+    /// fault with SIGBUS). Shared memory only: a hugetlbfs memfd can be sealed too, but its
+    /// owner can punch a hole and take the huge pages back, and a fault on a hole with no huge
+    /// page free is SIGBUS (hugetlbfs has no fallback); a shmem hole is filled with a zeroed
+    /// page of the owner's memfd.
     pub fn new(fd: impl AsFd, len: u64, writable: bool) -> io::Result<Self> {
         let fd = fd.as_fd();
         let bad = |why| io::Error::new(io::ErrorKind::InvalidData, why);
@@ -51,6 +69,11 @@ impl Mapping {
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
             return Err(bad("the peer's memory is not sealed against shrinking"));
+        }
+        if !is_shmem(fd)? {
+            return Err(bad(
+                "the peer's memory is not shared memory (tmpfs): hugetlbfs or another file system",
+            ));
         }
         // SAFETY: a zeroed stat is valid output space for fstat on a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -193,6 +216,50 @@ impl Drop for Mapping {
 mod tests {
     use super::*;
     use std::os::fd::{FromRawFd, OwnedFd};
+
+    /// A sealed hugetlbfs memfd is refused before it is mapped (its owner could punch a hole
+    /// and take the huge pages: a fault there is SIGBUS), with the error kind of the other
+    /// refusals; a sealed memfd of shared memory is mapped.
+    #[test]
+    fn a_sealed_hugetlbfs_memfd_is_refused() {
+        let (lo, hi) = (4096u64, 2u64 << 20);
+        let ok = Mapping::new(
+            // SAFETY: a new descriptor nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(sealed_memfd(lo as usize).expect("a memfd")) },
+            lo,
+            true,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"hixl-huge".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+            )
+        };
+        if fd < 0 {
+            eprintln!(
+                "SKIPPED: no hugetlbfs memfd here: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // one huge page (sizing reserves none: mapping would), sealed as a peer would seal it
+        // SAFETY: sizing and sealing our own descriptor; the results are checked.
+        let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), hi as libc::off_t) } == 0;
+        // SAFETY: as above.
+        let sealed =
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0;
+        assert!(sealed, "sealing: {}", io::Error::last_os_error());
+        // unsized (no huge page size could be set), it is refused too: as too small without
+        // the file system check, so the message tells the refusal apart
+        let len = if sized { hi } else { 1 };
+        let err = Mapping::new(&fd, len, true).expect_err("a hugetlbfs memfd mapped");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("not shared memory"), "{err}");
+    }
 
     /// Populating a mapping maps the pages the memfd holds and allocates none of its holes: of
     /// an 8 MiB memfd whose first 1 MiB and last page were written, exactly those are

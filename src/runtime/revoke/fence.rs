@@ -291,8 +291,8 @@ impl std::fmt::Debug for ClientFence {
 }
 
 impl ClientFence {
-    /// Takes the server's fence descriptor `fd` and maps it (checked: sealed against
-    /// shrinking, at least a page).
+    /// Takes the server's fence descriptor `fd` and maps it (checked by [`Mapping::new`]:
+    /// shared memory, not hugetlbfs; sealed against shrinking; at least a page).
     pub fn open(server: &PeerProc, fd: i32) -> io::Result<Self> {
         if fd < 0 {
             return Err(io::Error::new(
