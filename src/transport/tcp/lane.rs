@@ -209,6 +209,8 @@ impl Lane {
                 Ok((Kind::Welcome, p)) => {
                     let w = Welcome::decode(p).map_err(|e| LaneFail::Protocol(e.to_string()))?;
                     drop(placed);
+                    // a large table's WELCOME (up to MAX_FRAME) is not kept for the lane's life
+                    lane.inb.trim();
                     return Ok((lane, w));
                 }
                 Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
@@ -441,11 +443,14 @@ impl Lane {
     /// Reads the next frame, whatever its kind (a REFUSE is the peer's refusal).
     pub(super) fn recv_any(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), LaneFail> {
         let dl = Some(deadline);
-        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+        let r = match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
             Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
             Ok((k, p)) => Ok((k, p.to_vec())),
             Err(e) => Err(LaneFail::Protocol(e.to_string())),
-        }
+        };
+        // a setup frame can be large: the lane keeps its usual buffer after it
+        self.inb.trim();
+        r
     }
 
     /// Another handle to the lane's socket (it keeps the socket open on its own).
@@ -490,16 +495,30 @@ impl Lane {
         self.exchange(Kind::Bye, Kind::ByeAck, deadline)
     }
 
-    /// Sends an empty frame of kind `ask` and waits for an empty frame of kind `answer`.
+    /// Sends an empty frame of kind `ask` and waits for an empty frame of kind `answer` (what
+    /// a server sends). Only the answer's header is waited for: an answer with a payload, or of
+    /// another kind, breaks the protocol (the lane is dropped), and its payload is not read
+    /// beyond what the lane's usual buffer takes in (a server answering every heartbeat with
+    /// 8 MiB does not grow the buffer to 8 MiB).
     fn exchange(&mut self, ask: Kind, answer: Kind, deadline: Instant) -> Result<(), LaneFail> {
         let dl = Some(deadline);
         self.sock
             .send_bytes(&wire::header(ask, 0), dl)
             .map_err(LaneFail::Io)?;
-        match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-            Ok((k, _)) if k == answer => Ok(()),
-            Ok((k, _)) => Err(LaneFail::Protocol(format!(
-                "expected {answer:?}, got {k:?}"
+        (self.inb)
+            .fill(&mut self.sock, wire::HEADER_LEN, dl)
+            .map_err(LaneFail::Io)?;
+        let mut h = [0u8; wire::HEADER_LEN];
+        h.copy_from_slice(self.inb.take(wire::HEADER_LEN));
+        match wire::decode_header(&h) {
+            Ok(h) if h.kind == answer && h.len == 0 => Ok(()),
+            Ok(h) if h.kind == answer => Err(LaneFail::Protocol(format!(
+                "{answer:?} with a payload of {} bytes (it has none)",
+                h.len
+            ))),
+            Ok(h) => Err(LaneFail::Protocol(format!(
+                "expected {answer:?}, got {:?}",
+                h.kind
             ))),
             Err(e) => Err(LaneFail::Protocol(e.to_string())),
         }
@@ -518,44 +537,4 @@ fn refusal(p: &[u8], usable: bool) -> LaneFail {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn d(local: usize, region: u32, offset: u64, len: u64) -> BatchDesc {
-        BatchDesc::of(local, region, offset, len)
-    }
-
-    /// Descriptors adjacent on both sides join; adjacent on one side only, or in another
-    /// region, they stay apart (local ranges that follow each other still join); the bytes
-    /// and their order are the list's.
-    #[test]
-    fn a_list_joins_runs_adjacent_on_both_sides() {
-        let list = [
-            d(1000, 1, 0, 64),
-            d(1064, 1, 64, 64),   // joins: next local, next offset
-            d(1128, 1, 128, 32),  // joins
-            d(1160, 1, 4096, 64), // local adjacent, remote not: a new descriptor, same range
-            d(5000, 1, 4160, 64), // remote adjacent, local not: a new descriptor and range
-            d(5064, 2, 4224, 64), // local adjacent, another region
-            d(5128, 2, 4288, 8),  // joins the one before
-        ];
-        let (mut wire, mut targets) = (vec![d(9, 9, 9, 9).remote], vec![]);
-        join_list(&list, &mut wire, &mut targets);
-        let w = |region, offset, len| WireDesc {
-            region,
-            offset,
-            len,
-        };
-        assert_eq!(
-            wire,
-            [w(1, 0, 160), w(1, 4096, 64), w(1, 4160, 64), w(2, 4224, 72)]
-        );
-        let t: Vec<(usize, usize)> = targets.iter().map(|v| (v.base, v.len)).collect();
-        assert_eq!(t, [(1000, 224), (5000, 136)]);
-        let bytes = |it: &mut dyn Iterator<Item = u64>| it.sum::<u64>();
-        assert_eq!(
-            bytes(&mut wire.iter().map(|x| x.len)),
-            bytes(&mut list.iter().map(|x| x.remote.len))
-        );
-    }
-}
+mod tests;
