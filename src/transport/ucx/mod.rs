@@ -280,16 +280,19 @@ impl UcxLink {
     ) -> Result<Self, Error> {
         let local = local.filter(|l| l.of(worker.context()));
         let mut ep = Endpoint::connect(worker, &info.worker, peer)?;
-        let mut keys = HashMap::new();
+        // the table by id, once: it is sorted by address (`Welcome::decode`), and a search of
+        // it per key would cost the square of its size (65,536 regions: 2^31 comparisons)
+        let addrs: HashMap<u32, u64> = table.iter().map(|e| (e.id, e.addr)).collect();
+        let mut keys = HashMap::with_capacity(info.rkeys.len());
         for (id, packed) in &info.rkeys {
-            let Some(e) = table.iter().find(|e| e.id == *id) else {
+            let Some(&addr) = addrs.get(id) else {
                 return Err(Error::Protocol {
                     peer: peer.to_owned(),
                     problem: format!("a UCX key for region {id}, which is not in the table"),
                 });
             };
             let idx = ep.add_rkey(packed)?;
-            keys.insert(*id, (idx, e.addr));
+            keys.insert(*id, (idx, addr));
         }
         Ok(Self {
             ep: Mutex::new(ep),
