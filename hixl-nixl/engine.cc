@@ -230,7 +230,14 @@ nixl_status_t nixlHixlEngine::deregisterMem(nixlBackendMD *meta) {
       st = hixl_deregister_mem(hx_, h);
     }
   }
-  if (st != HIXL_SUCCESS) return failure(st, "deregisterMem", localAgent);
+  if (st != HIXL_SUCCESS) {
+    /* still registered with hixl (its peers may still reach it): kept on record, so that a
+     * registration inside it shares it and its deregistration tries again, and engine
+     * destruction ends it */
+    std::lock_guard g(reg_m_);
+    regions_.emplace(start, Region{len, h, 0, false});
+    return failure(st, "deregisterMem", localAgent);
+  }
   return NIXL_SUCCESS;
 }
 
@@ -468,7 +475,9 @@ nixl_status_t nixlHixlEngine::postXfer(const nixl_xfer_op_t &, const nixl_meta_d
     log_error("postXfer: agent " + r->agent + " is not loaded any more");
     return NIXL_ERR_NOT_FOUND;
   }
+  /* (known as linked again once renewed: a region the peer registers later marks it stale) */
   renew_if_stale(r->agent, *name);
+  if (nixl_status_t ls = ensure_link(r->agent, *name); ls != NIXL_SUCCESS) return ls;
   std::shared_lock lk(links_m_);
   r->stopping = false;
   for (auto &part : r->parts) {

@@ -145,7 +145,9 @@ fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     // also into ACL's error channel (`aclGetRecentErrMsg()`), when the process has CANN's
     acl_errmsg::report(&c);
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // (a call from a thread's destructors, after its thread-locals went, keeps no message:
+    // `with` would panic outside `catch_unwind`)
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 /// A failed call: the status and the message for `hixl_last_error_message`.
@@ -957,7 +959,9 @@ pub unsafe extern "C" fn hixl_get_capability(feature: i32, value: *mut i32) -> H
 /// valid until the next failing call on this thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn hixl_last_error_message() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// Fabric memory's allocator statics (HIXL's `MallocMem`, `FreeMem`, `ExportToShareableHandle`;

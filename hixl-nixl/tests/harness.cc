@@ -275,6 +275,48 @@ int main(int argc, char **argv) {
   EXPECT(a->deregisterMem(mde), NIXL_SUCCESS);
   EXPECT(efree("A", em), NIXL_SUCCESS);
 
+  /* a prepared handle posted after the peer's table grew: the post renews the link and knows
+   * it, so a region the peer registers after that renews it again at the next prepXfer (it
+   * was INVALID_PARAM: the post left the link unknown, and an AutoConnect link with the older
+   * table served the region loaded later) */
+  auto u = [](const std::vector<unsigned char> &v) { return reinterpret_cast<uintptr_t>(v.data()); };
+  nixl_meta_dlist_t hl(DRAM_SEG), hr(DRAM_SEG);
+  hl.add(meta(u(mb), 4096, mdb));
+  hr.add(meta(u(ma), 4096, rma));
+  nixlBackendReqH *h1 = nullptr;
+  EXPECT(b->prepXfer(NIXL_READ, hl, hr, "A", h1, nullptr), NIXL_SUCCESS);
+  std::vector<std::vector<unsigned char>> grown;
+  std::vector<nixlBackendMD *> grown_md, grown_rm;
+  auto grow = [&](unsigned seed) {
+    grown.push_back(random_bytes(65536, seed));
+    nixlBackendMD *md = nullptr, *rm = nullptr;
+    std::string pub;
+    EXPECT(a->registerMem(blob(grown.back().data(), 65536), DRAM_SEG, md), NIXL_SUCCESS);
+    EXPECT(a->getPublicData(md, pub), NIXL_SUCCESS);
+    EXPECT(b->loadRemoteMD(blob(grown.back().data(), 65536, pub), DRAM_SEG, "A", rm),
+           NIXL_SUCCESS);
+    grown_md.push_back(md);
+    grown_rm.push_back(rm);
+  };
+  grow(6);
+  EXPECT(b->postXfer(NIXL_READ, hl, hr, "A", h1, nullptr), NIXL_IN_PROG);
+  EXPECT(finish(b, h1), NIXL_SUCCESS);
+  CHECK(std::memcmp(mb.data(), ma.data(), 4096) == 0);
+  EXPECT(b->releaseReqH(h1), NIXL_SUCCESS);
+  grow(7);
+  nixl_meta_dlist_t gl(DRAM_SEG), gr(DRAM_SEG);
+  gl.add(meta(u(mb), 65536, mdb));
+  gr.add(meta(u(grown[1]), 65536, grown_rm[1]));
+  EXPECT(b->prepXfer(NIXL_READ, gl, gr, "A", h, nullptr), NIXL_SUCCESS);
+  EXPECT(b->postXfer(NIXL_READ, gl, gr, "A", h, nullptr), NIXL_IN_PROG);
+  EXPECT(finish(b, h), NIXL_SUCCESS);
+  CHECK(std::memcmp(mb.data(), grown[1].data(), 65536) == 0);
+  EXPECT(b->releaseReqH(h), NIXL_SUCCESS);
+  for (size_t i = 0; i < grown.size(); i++) {
+    EXPECT(b->unloadMD(grown_rm[i]), NIXL_SUCCESS);
+    EXPECT(a->deregisterMem(grown_md[i]), NIXL_SUCCESS);
+  }
+
   /* teardown, in NIXL's order */
   EXPECT(b->disconnect("A"), NIXL_SUCCESS);
   EXPECT(b->unloadMD(rma), NIXL_SUCCESS);
