@@ -166,7 +166,7 @@ impl LinkShared {
         let local = match (&me, &welcome.host) {
             (Some(a), Some(b)) if a.same_host(b) => PeerProc::open(b)
                 .and_then(|p| proven(&p, welcome.lane_fd, first.stream()).map(|()| p))
-                .and_then(|p| ClientFence::open(&p, welcome.fence).map(|f| (p, f)))
+                .and_then(|p| ClientFence::open(&p, welcome.fence, welcome.token).map(|f| (p, f)))
                 .map_err(|e| {
                     tracing::debug!(parent: &span, error = %e, "no same-host access to the peer (kernel or peer refused); using tcp");
                     why_not = Some(

@@ -50,6 +50,10 @@ struct Words {
     revoked: AtomicU32,
     abandoned: AtomicU32,
     inflight: AtomicU64,
+    /// The link's token (its WELCOME's), written by the server before it offers the fence: a
+    /// client that took the descriptor by its number checks it is this link's page (the number
+    /// may name another file of the server's by then: its fence closed, the number reused).
+    tag: AtomicU64,
 }
 
 impl Words {
@@ -233,6 +237,11 @@ impl ServerFence {
         })
     }
 
+    /// Marks the page as the fence of the link of `token` (before the WELCOME offers it).
+    pub fn tag(&self, token: u64) {
+        self.page.words().tag.store(token, SeqCst);
+    }
+
     /// Records the regions its link was offered one-sidedly (the table it was sent).
     pub fn offered(&self, ids: Vec<u32>) {
         let _ = self.offered.set(ids);
@@ -282,6 +291,9 @@ impl ServerFence {
 /// The client side of a link's fence: the server's page, mapped.
 pub(crate) struct ClientFence {
     page: Page,
+    /// The process that opened it: a child forked since inherits the mapping but is not the
+    /// process the server watches (its exit ends the server's wait), so it enters nothing.
+    pid: u32,
 }
 
 impl std::fmt::Debug for ClientFence {
@@ -292,8 +304,9 @@ impl std::fmt::Debug for ClientFence {
 
 impl ClientFence {
     /// Takes the server's fence descriptor `fd` and maps it (checked by [`Mapping::new`]:
-    /// shared memory, not hugetlbfs; sealed against shrinking; at least a page).
-    pub fn open(server: &PeerProc, fd: i32) -> io::Result<Self> {
+    /// shared memory, not hugetlbfs; sealed against shrinking; at least a page), if it is the
+    /// fence of the link of `token` (its tag).
+    pub fn open(server: &PeerProc, fd: i32, token: u64) -> io::Result<Self> {
         if fd < 0 {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -302,11 +315,26 @@ impl ClientFence {
         }
         let fd = server.getfd(fd)?;
         let map = Mapping::new(&fd, FENCE_LEN, true)?;
-        Ok(Self { page: Page { map } })
+        let page = Page { map };
+        if page.words().tag.load(SeqCst) != token {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the descriptor the peer offered as this link's fence is not its page (its fence \
+                 went, and the number names another file now)",
+            ));
+        }
+        Ok(Self {
+            page,
+            pid: std::process::id(),
+        })
     }
 
-    /// Enters the fence for one batch; `None` if the server revoked access (move nothing).
+    /// Enters the fence for one batch; `None` if the server revoked access, or this is a
+    /// process forked from the one that opened it (move nothing).
     pub fn enter(&self) -> Option<Pass<'_>> {
+        if std::process::id() != self.pid {
+            return None;
+        }
         self.page.words().enter()
     }
 }
@@ -361,12 +389,19 @@ pub(crate) fn test_pause() {
 mod tests {
     use super::*;
 
+    /// A server fence of the link of `token` (tagged as the worker tags it).
+    fn tagged(me: &HostId, token: u64) -> ServerFence {
+        let f = ServerFence::new(me).unwrap();
+        f.tag(token);
+        f
+    }
+
     #[test]
     fn a_fence_between_two_views_of_one_page() {
         let me = HostId::current().expect("/proc tells who we are");
-        let server = ServerFence::new(&me).unwrap();
+        let server = tagged(&me, 1);
         let proc = PeerProc::open(&me).unwrap();
-        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        let client = ClientFence::open(&proc, server.fd(), 1).unwrap();
         assert!(server.settled());
         let pass = client.enter().expect("not revoked yet");
         assert!(!server.settled(), "a batch is in flight");
@@ -376,19 +411,54 @@ mod tests {
         assert!(pass.leave(), "the server still waits: the batch counts");
         assert!(server.settled());
         // a batch the server gave up on reports failure
-        let server = ServerFence::new(&me).unwrap();
-        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        let server = tagged(&me, 2);
+        let client = ClientFence::open(&proc, server.fd(), 2).unwrap();
         let pass = client.enter().unwrap();
         server.revoke();
         assert!(!server.abandon(), "still in flight when abandoned");
         assert!(!pass.leave(), "abandoned: the batch must fail");
         assert!(server.settled());
         // dropping a pass leaves too
-        let server = ServerFence::new(&me).unwrap();
-        let client = ClientFence::open(&proc, server.fd()).unwrap();
+        let server = tagged(&me, 3);
+        let client = ClientFence::open(&proc, server.fd(), 3).unwrap();
         drop(client.enter().unwrap());
         assert!(server.settled());
-        assert!(ClientFence::open(&proc, -1).is_err());
+        assert!(ClientFence::open(&proc, -1, 3).is_err());
+    }
+
+    /// A descriptor number that names another sealed memfd of the server by the time the
+    /// client takes it (the link's fence closed, the number reused: a `HostBuffer`, all
+    /// zeros, or another link's fence) is refused: the client never counts its batches in
+    /// the server's memory.
+    #[test]
+    fn a_descriptor_that_is_not_the_links_fence_is_refused() {
+        let me = HostId::current().expect("/proc tells who we are");
+        let proc = PeerProc::open(&me).unwrap();
+        let other = tagged(&me, 0x5eed);
+        let e = ClientFence::open(&proc, other.fd(), 0x1234).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        // a blank sealed memfd, as a `HostBuffer`'s
+        let fd = sealed_memfd(FENCE_LEN as usize).unwrap();
+        // SAFETY: a new descriptor that nothing else owns.
+        let blank = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let e = ClientFence::open(&proc, blank.as_raw_fd(), 0x1234).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(ClientFence::open(&proc, other.fd(), 0x5eed).is_ok());
+    }
+
+    /// A process forked from the client (it inherits the mapping) enters no batch: the
+    /// server's wait ends when the client it pinned exits, which says nothing of a child.
+    #[test]
+    fn a_forked_child_enters_no_batch() {
+        let me = HostId::current().expect("/proc tells who we are");
+        let proc = PeerProc::open(&me).unwrap();
+        let server = tagged(&me, 9);
+        let mut client = ClientFence::open(&proc, server.fd(), 9).unwrap();
+        assert!(client.enter().is_some());
+        // as a child sees it: another process id than the opener's
+        client.pid = client.pid.wrapping_add(1);
+        assert!(client.enter().is_none(), "a forked child entered the fence");
+        assert!(server.settled(), "nothing counted in flight");
     }
 }
 
@@ -426,6 +496,7 @@ mod loom_model {
             revoked: AtomicU32::new(0),
             abandoned: AtomicU32::new(0),
             inflight: AtomicU64::new(0),
+            tag: AtomicU64::new(0),
         })
     }
 

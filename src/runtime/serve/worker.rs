@@ -249,6 +249,9 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
         LaneRole::Join => Vec::new(),
     };
     if let Some(f) = &fence {
+        // the page says whose fence it is (a client that takes the descriptor by its number
+        // checks it: `ClientFence::open`)
+        f.tag(token);
         // what this link can reach one-sidedly, recorded after the table was taken (a region
         // withdrawn meanwhile counts this fence until then: `ServerFence::may_reach`)
         f.offered(
