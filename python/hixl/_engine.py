@@ -9,6 +9,7 @@ so Python can neither free nor resize them underneath a transfer), descriptors a
 import array
 import asyncio
 import ctypes
+import math
 import threading
 import time
 import weakref
@@ -117,7 +118,8 @@ def _check(ret):
 def _millis(seconds, what="timeout"):
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(seconds).__name__}")
-    ms = int(round(seconds * 1000))
+    # (inf and nan are out of range too, not an OverflowError)
+    ms = int(round(seconds * 1000)) if math.isfinite(seconds) else 0
     if not 0 < ms <= 2**31 - 1:
         raise ValueError(f"{what} must be between 1 ms and about 24 days, got {seconds!r} s")
     return ms
@@ -307,7 +309,9 @@ class HostBuffer(Region):
         view = (ctypes.c_char * mem.nbytes).from_address(mem.addr)
         # the memory lives as long as `view` does: the finalizer holds `mem` until `view` is
         # collected, and every view made from `view` keeps `view` (a buffer export)
-        weakref.finalize(view, _keep_until_collected, mem)
+        # (and not at interpreter exit: a view may still be used there, by an atexit function,
+        # a daemon thread or a __del__; the memory goes with the process)
+        weakref.finalize(view, _keep_until_collected, mem).atexit = False
         super().__init__(engine, mem.handle, mem.addr, mem.nbytes, view, mem)
 
     def numpy(self, dtype=None):
@@ -351,6 +355,30 @@ class Request:
         self._h = link.engine._h
         self._final = None
         self._lock = threading.Lock()
+        self._recorded = threading.Condition(self._lock)
+        # native queries under way: the engine reports a final status once, to one of them
+        self._asking = 0
+
+    def _ask(self, query):
+        """One native status query (``query()``: ``(ret, status)``), without the lock (a
+        cancel() from another thread must not wait for it). The engine forgets a request once
+        it reported its end, so a query that finds it unknown while another is under way waits
+        for that one to record what it got."""
+        with self._lock:
+            if self._final is not None:
+                return self._final
+            self._asking += 1
+        ret, st = _n.FAILED, None
+        try:
+            ret, st = query()
+        finally:
+            with self._lock:
+                self._asking -= 1
+                if ret != _n.SUCCESS:
+                    self._recorded.wait_for(lambda: self._final is not None or self._asking == 0)
+                self._recorded.notify_all()
+        with self._lock:
+            return self._record(ret, st)
 
     def _record(self, ret, st):
         if ret != _n.SUCCESS:
@@ -359,14 +387,12 @@ class Request:
             raise _error(ret)
         if st != _n.TransferStatus.WAITING:
             self._final = st
+            self._recorded.notify_all()
         return st
 
     def status(self):
         """The request's ``TransferStatus`` (a terminal one is remembered)."""
-        with self._lock:
-            if self._final is not None:
-                return self._final
-            return self._record(*self._h.get_transfer_status(self.req))
+        return self._ask(lambda: self._h.get_transfer_status(self.req))
 
     def done(self):
         """Whether it ended (completed, timed out, failed or cancelled)."""
@@ -376,16 +402,14 @@ class Request:
         """Wait for the end (without the GIL); raise if it did not complete. ``timeout`` in
         seconds (``None``: until the engine's deadline for the request). A wait that runs out
         raises ``HixlTimeoutError`` and leaves the request running."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # (math.inf: no limit, as None)
+        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + timeout
         while True:
             st = self._final
             if st is None:
                 left = 1000 if deadline is None else (deadline - time.monotonic()) * 1000
                 ms = max(0, min(1000, int(left)))
-                # without the lock (a cancel() from another thread must not wait for it)
-                ret, got = self._h.wait_transfer(self.req, ms)
-                with self._lock:
-                    st = self._record(ret, got)
+                st = self._ask(lambda: self._h.wait_transfer(self.req, ms))
             if st == _n.TransferStatus.COMPLETED:
                 return
             if st == _n.TransferStatus.TIMEOUT:

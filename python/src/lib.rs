@@ -1129,7 +1129,7 @@ impl Hixl {
         py: Python<'_>,
         remote_engine: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
-        desc: (u64, u64, u64, u64, u64),
+        desc: BlockArgs<'_>,
         local_idx: &[u8],
         local_width: u32,
         remote_idx: &[u8],
@@ -1156,7 +1156,7 @@ impl Hixl {
         py: Python<'_>,
         remote_engine: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
-        desc: (u64, u64, u64, u64, u64),
+        desc: BlockArgs<'_>,
         local_idx: &[u8],
         local_width: u32,
         remote_idx: &[u8],
@@ -1186,16 +1186,23 @@ impl Hixl {
 }
 
 /// `(local_addr, remote_addr, block_size, local_stride, remote_stride)` as a block geometry.
-fn block_desc(d: (u64, u64, u64, u64, u64)) -> PyResult<compat::BlockDesc> {
-    let addr = |a: u64, what: &str| {
-        usize::try_from(a).map_err(|_| PyValueError::new_err(format!("{what} {a} overflows")))
-    };
+/// `(local_addr, remote_addr, block_size, local_stride, remote_stride)` as Python passes
+/// them: ints, each checked as [`uint`] checks (a negative or too large one is `ValueError`).
+type BlockArgs<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+);
+
+fn block_desc(d: BlockArgs<'_>) -> PyResult<compat::BlockDesc> {
     Ok(compat::BlockDesc {
-        local_addr: addr(d.0, "local_addr")?,
-        remote_addr: addr(d.1, "remote_addr")?,
-        block_size: d.2,
-        local_stride: d.3,
-        remote_stride: d.4,
+        local_addr: usize_of(&d.0, "local_addr")?,
+        remote_addr: usize_of(&d.1, "remote_addr")?,
+        block_size: uint(&d.2, "block_size", u64::MAX)?,
+        local_stride: uint(&d.3, "local_stride", u64::MAX)?,
+        remote_stride: uint(&d.4, "remote_stride", u64::MAX)?,
     })
 }
 

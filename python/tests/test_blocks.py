@@ -116,6 +116,15 @@ def test_bad_block_inputs_raise_their_exact_errors(pair):
         link.read_blocks(local.addr, raddr + SIZE + 4096, 4096, i, i)
     with pytest.raises(ValueError):
         link.read_blocks(local.addr, raddr, 4096, np.array([-1, 0, 1, 2]), i)
+    # a negative or too large geometry: ValueError (was OverflowError, from the binding)
+    la, ra = local.addr, raddr
+    for args, kw in [((la, ra, -4096), {}), ((la, ra, 4096), {"local_stride": -1}),
+                     ((la, ra, 4096), {"remote_stride": 2**64}), ((-1, ra, 4096), {}),
+                     ((la, 2**64, 4096), {})]:
+        with pytest.raises(ValueError):
+            link.read_blocks(*args, i, i, **kw)
+        with pytest.raises(ValueError):
+            link.transfer_blocks_async(hixl.READ, *args, i, i, **kw)
     with pytest.raises(TypeError):
         link.read_blocks(local.addr, raddr, 4096, np.zeros(4, np.float64), i)
     with pytest.raises(TypeError):

@@ -234,6 +234,62 @@ def test_requests(engines):
     assert req.status() == hixl.TransferStatus.COMPLETED and np.array_equal(dst, src)
 
 
+class _ScriptedNative:
+    """A native handle whose wait takes a request's end and holds it until a status query
+    found the request unknown (the engine reports an end once): the order that made
+    ``status()`` raise ``FailedError`` for a transfer that completed."""
+
+    def __init__(self):
+        import threading
+
+        self.taken, self.asked = threading.Event(), threading.Event()
+
+    def wait_transfer(self, req, ms):
+        self.taken.set()
+        assert self.asked.wait(10), "nobody asked"
+        return hixl.SUCCESS, hixl.TransferStatus.COMPLETED
+
+    def get_transfer_status(self, req):
+        assert self.taken.is_set()
+        self.asked.set()
+        return hixl.FAILED, None
+
+
+def test_a_query_beside_a_wait_sees_the_end_the_wait_took():
+    import threading
+    import types
+
+    native = _ScriptedNative()
+    link = types.SimpleNamespace(engine=types.SimpleNamespace(_h=native))
+    req = hixl.Request(link, 7)
+    errors = []
+
+    def waiter():
+        try:
+            req.wait(10)
+        except Exception as e:  # noqa: BLE001 - the test reports whatever it was
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert native.taken.wait(10)
+    # the wait holds the end; the engine answers this query "unknown"
+    assert req.status() == hixl.TransferStatus.COMPLETED
+    assert req.done()
+    t.join(10)
+    assert not t.is_alive() and errors == []
+
+
+def test_timeouts_out_of_range_are_value_errors(engines):
+    import math
+
+    server, client = engines
+    link = client.link(server.name)
+    for bad in (math.inf, -math.inf, math.nan, 0, 1e12):
+        with pytest.raises(ValueError):
+            link.notify("n", "m", timeout=bad)
+
+
 def test_cancel(engines):
     server, client = engines
     n = 64 << 20

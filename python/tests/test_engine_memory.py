@@ -175,6 +175,45 @@ print("ok")
 """
 
 
+_AT_EXIT = r"""
+import atexit
+
+views = []
+
+
+def touch():
+    for i, v in enumerate(views):
+        v[0] = i
+        v[len(v) - 1] = 0x5A
+    assert all(v[0] == i and v[len(v) - 1] == 0x5A for i, v in enumerate(views))
+    print("ok", flush=True)
+
+
+# registered before anything else: it runs after every atexit function registered later
+# (weakref.finalize's among them)
+atexit.register(touch)
+import numpy as np
+import hixl
+
+e = hixl.Engine("127.0.0.1")
+for i in range(8):
+    buf = e.alloc(1 << 20)
+    views.append((lambda b: b.numpy(), lambda b: b.memoryview())[i % 2](buf))
+e.close()
+del buf
+"""
+
+
+def test_views_keep_their_memory_through_interpreter_exit():
+    """A view used by an atexit function (or a daemon thread, a ``__del__``) at interpreter
+    exit still has its memory: the buffer's finalizer does not run at exit (it did, and the
+    write segfaulted once the engine was closed)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _AT_EXIT], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
+
+
 @pytest.mark.parametrize("how", ["deregister", "close"])
 def test_no_view_outlives_its_memory_whatever_the_program_cuts(how):
     """``np.asarray(buf)``, ``buf.numpy()`` and ``buf.memoryview()`` keep their memory after

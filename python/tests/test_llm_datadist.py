@@ -323,6 +323,11 @@ class Sync(LayerSynchronizer):
         return self.ok
 
 
+class Raising(LayerSynchronizer):
+    def synchronize_layer(self, layer_index, timeout_in_millis):
+        raise RuntimeError("no layer today")
+
+
 def test_transfer_cache_async_layer_by_layer(peers, local, tmp_path):
     peer = peers(seed=13)
     me = local()
@@ -345,6 +350,19 @@ def test_transfer_cache_async_layer_by_layer(peers, local, tmp_path):
     # a synchronizer that fails: the destination's status, nothing moved
     bad = me.cm.transfer_cache_async(me.cc, Sync(False), [cfg])
     assert bad.get_results(10000) == [LLMStatusCode.LLM_PARAM_INVALID]
+    # a synchronizer that raises: failed, not a success (the results stayed empty)
+    raised = me.cm.transfer_cache_async(me.cc, Raising(), [cfg])
+    assert raised.get_results(10000) == [LLMStatusCode.LLM_FAILED]
+    assert raised.synchronize(10000) == LLMStatusCode.LLM_FAILED
+    # two configs to one cluster: every layer of each, a result each (the second's last layer
+    # was skipped once the first had finished)
+    two = [TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(PROMPT, peer.cache_id, 0), range(0, 1), range(0, 1), 1),
+           TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(PROMPT, peer.cache_id, 1), range(0, 2), range(0, 2), 2)]
+    assert me.cm.transfer_cache_async(me.cc, Sync(), two).get_results(10000) == [LLMStatusCode.LLM_SUCCESS] * 2
+    bat(pcache, 0)[0:2] = bat(me.cache, 1)[0:2]
+    bat(pcache, 1)[:] = bat(me.cache, 2)
+    got_b, got_c = peer.dump(tmp_path)
+    assert np.array_equal(got_b, pblocks) and np.array_equal(got_c, pcache)
 
 
 # ---- roles ----

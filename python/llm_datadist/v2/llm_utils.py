@@ -2,6 +2,7 @@
 worker thread (a key reaches the native module as its ``_packed`` form, made when the key is). The values are the native instance's
 to check (``hixl::datadist::args``)."""
 
+import sys
 from threading import Thread
 from typing import Dict, List, Optional
 
@@ -30,6 +31,7 @@ class TransferCacheJob:
         self._sync = layer_synchronizer
         self._src_blocks = list(src_blocks) if src_blocks else None
         self._dst_blocks = list(dst_blocks) if dst_blocks else None
+        # each config's result, by its position (two configs may push to one cluster)
         self._rets: Dict[int, LLMStatusCode] = {}
         desc = src_cache.cache_desc
         raise_if_false(desc.num_tensors % NUM_TENSORS_PER_LAYER == 0, "cache_desc.num_tensors ({0}) is not even",
@@ -60,37 +62,49 @@ class TransferCacheJob:
 
     def run(self):
         for src_layer in range(self._num_layers):
-            todo = [c for c in self._configs if src_layer in c.src_layer_range and c.dst_cluster_id not in self._rets]
+            todo = [(i, c) for i, c in enumerate(self._configs)
+                    if src_layer in c.src_layer_range and i not in self._rets]
             if not todo:
                 continue
             if not self._sync.synchronize_layer(src_layer, None):
                 log.error("failed to synchronize layer %d", src_layer)
-                for c in todo:
-                    self._rets[c.dst_cluster_id] = LLMStatusCode.LLM_PARAM_INVALID
+                for i, _ in todo:
+                    self._rets[i] = LLMStatusCode.LLM_PARAM_INVALID
                 continue
-            for c in todo:
+            for i, c in todo:
                 offset = src_layer - c.src_layer_range.start
                 dst_layer = src_layer if c.dst_layer_range is None else c.dst_layer_range[offset]
                 ret = self._push_layer(c, src_layer, dst_layer)
                 if ret != LLMStatusCode.LLM_SUCCESS:
                     log.error("failed to transfer layer %d to cluster %d: %s", src_layer, c.dst_cluster_id, ret)
-                    self._rets[c.dst_cluster_id] = ret
+                    self._rets[i] = ret
                 elif src_layer == c.src_layer_range.stop - 1:
-                    self._rets[c.dst_cluster_id] = LLMStatusCode.LLM_SUCCESS
+                    self._rets[i] = LLMStatusCode.LLM_SUCCESS
+
+    def fail_unfinished(self):
+        """Every config without a result failed (the job stopped on an exception)."""
+        for i in range(len(self._configs)):
+            self._rets.setdefault(i, LLMStatusCode.LLM_FAILED)
 
     def results(self) -> List[Optional[LLMStatusCode]]:
-        return [self._rets.get(c.dst_cluster_id) for c in self._configs]
+        return [self._rets.get(i) for i in range(len(self._configs))]
 
 
 class TransferAsyncThread(Thread):
     """Runs a `TransferCacheJob`; a wait that ends before it does reports `LLM_TIMEOUT`."""
 
     def __init__(self, job: TransferCacheJob):
-        super().__init__(daemon=True)
+        # (not a daemon, as upstream's: the interpreter's exit waits for its layers)
+        super().__init__()
         self._job = job
 
     def run(self):
-        self._job.run()
+        try:
+            self._job.run()
+        except BaseException:
+            # (a synchronizer or a push that raised: what did not finish failed, not succeeded)
+            log.error("transfer_cache_async stopped: %s", sys.exc_info()[1])
+            self._job.fail_unfinished()
 
     def get_results(self, timeout) -> List[LLMStatusCode]:
         self.join(timeout)
