@@ -324,7 +324,9 @@ pub fn fake_serve(
         return;
     };
     assert_eq!(kind, hixl::wire::Kind::Hello);
-    // a same-host "server" offers a fence page, as a real one does (it never revokes it)
+    // a same-host "server" offers a fence page, as a real one does (it never revokes it),
+    // tagged with the link's token (the WELCOME's, below) after its three protocol words
+    const TOKEN: u64 = 2;
     let fence = host.map_or(-1, |_| {
         // SAFETY: creating and sealing a descriptor this fake server owns; it stays open for
         // the connection (and is leaked with the test process).
@@ -334,6 +336,8 @@ pub fn fake_serve(
                 libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
             );
             assert!(f >= 0 && libc::ftruncate(f, 4096) == 0);
+            let tag = TOKEN.to_ne_bytes();
+            assert_eq!(libc::pwrite(f, tag.as_ptr().cast(), 8, 16), 8);
             assert_eq!(
                 libc::fcntl(
                     f,
@@ -348,7 +352,7 @@ pub fn fake_serve(
     let mut out = Vec::new();
     hixl::wire::Welcome {
         instance: 1,
-        token: 2,
+        token: TOKEN,
         pid: host.map_or(3, |h| h.pid),
         table,
         host,
