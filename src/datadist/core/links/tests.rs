@@ -83,18 +83,22 @@ fn block(mem: &[u8], b: u64) -> &[u8] {
     &mem[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]
 }
 
-#[test]
-fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
-    let len = (BLOCKS * BLOCK) as usize;
+/// A prompt (its blocks random from `seed`, registered) and a decoder linked to it, which has
+/// its first push (the prompt's block 1 in its block 0): the prompt, its cache id and memory,
+/// the decoder and its memory.
+fn pushed_once(seed: u64) -> (DataDist, i64, Vec<u8>, DataDist, Vec<u8>) {
     let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
-    let mut pk = Rng::new(5).bytes(len);
+    let mut pk = Rng::new(seed).bytes((BLOCKS * BLOCK) as usize);
     let pid = register(&prompt, &mut pk);
     let (decoder, dk) = linked_decoder(&prompt, "127.0.0.1:0");
     push(&prompt, pid, 1, 0).unwrap();
     assert!(block(&dk, 0) == block(&pk, 1), "the first push");
+    (prompt, pid, pk, decoder, dk)
+}
 
-    // the link back breaks while the decoder lives (as an unanswered heartbeat breaks it),
-    // and another engine claims the decoder's id
+/// Breaks the prompt's link back to the decoder, as an unanswered heartbeat would (the
+/// decoder lives).
+fn break_link_back(prompt: &DataDist) {
     let back = lock(&prompt.links)
         .get(&DECODER)
         .unwrap()
@@ -102,7 +106,15 @@ fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
         .upgrade()
         .unwrap();
     back.break_for_test();
-    drop(back);
+}
+
+#[test]
+fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
+    let (prompt, pid, pk, decoder, dk) = pushed_once(5);
+
+    // the link back breaks while the decoder lives (as an unanswered heartbeat breaks it),
+    // and another engine claims the decoder's id
+    break_link_back(&prompt);
     let (impostor, ik) = linked_decoder(&prompt, "127.0.0.1:0");
     push(&prompt, pid, 2, 1).unwrap();
     assert!(block(&dk, 1) == block(&pk, 2), "the live decoder's push");
@@ -143,22 +155,9 @@ fn a_broken_link_back_is_no_proof_and_a_restart_on_the_address_gets_the_push() {
 /// the prompt, gets no push (`LLM_NOT_YET_LINK`).
 #[test]
 fn a_broken_link_back_is_made_again_at_the_next_push() {
-    let len = (BLOCKS * BLOCK) as usize;
-    let prompt = listening(100, Role::Prompt, "127.0.0.1:0");
-    let mut pk = Rng::new(6).bytes(len);
-    let pid = register(&prompt, &mut pk);
-    let (decoder, dk) = linked_decoder(&prompt, "127.0.0.1:0");
-    push(&prompt, pid, 1, 0).unwrap();
-    assert!(block(&dk, 0) == block(&pk, 1), "the first push");
+    let (prompt, pid, pk, decoder, dk) = pushed_once(6);
     for (from, to) in [(2, 1), (3, 2)] {
-        let back = lock(&prompt.links)
-            .get(&DECODER)
-            .unwrap()
-            .link
-            .upgrade()
-            .unwrap();
-        back.break_for_test();
-        drop(back);
+        break_link_back(&prompt);
         push(&prompt, pid, from, to).unwrap();
         assert!(
             block(&dk, to) == block(&pk, from),
