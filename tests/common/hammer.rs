@@ -44,9 +44,38 @@ impl Hammer {
     }
 
     pub fn line(&mut self) -> String {
-        self.lines
-            .recv_timeout(T)
-            .unwrap_or_else(|e| panic!("the hammer said nothing for {T:?}: {e}"))
+        match self.lines.recv_timeout(T) {
+            Ok(l) => l,
+            Err(e) => panic!(
+                "the hammer said nothing for {T:?}: {e}\nwhere its threads wait:\n{}",
+                self.threads()
+            ),
+        }
+    }
+
+    /// Where each thread of the hammer waits (its name, kernel wait channel and, as root, its
+    /// kernel stack): what a silent hammer was doing.
+    fn threads(&self) -> String {
+        let dir = format!("/proc/{}/task", self.pid());
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            return format!("({dir} unreadable)");
+        };
+        let mut out = String::new();
+        for t in tasks.flatten() {
+            let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+            let stack: Vec<String> = (read("stack").lines())
+                .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_owned())
+                .take(8)
+                .collect();
+            out += &format!(
+                "  {} {}: {} [{}]\n",
+                t.file_name().to_string_lossy(),
+                read("comm").trim(),
+                read("wchan").trim(),
+                stack.join(" < ")
+            );
+        }
+        out
     }
 
     /// Waits until batch `n` returned `Ok`, then for about a third of a batch's time, so the
