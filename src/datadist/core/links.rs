@@ -466,9 +466,8 @@ impl DataDist {
         // a peer that unlinked, or linked here, said so
         self.take_notes(engine);
         // the link record: the engine name, the table if fetched (`None`: not linked), the
-        // record's link and whether a note claimed the cluster since, by one lock of the links
-        // record and whether it is a link back to settle: a note claimed the cluster since, or
-        // its link broke (or went), by one lock of the links
+        // record's link, and whether it is a link back to settle (a note claimed the cluster
+        // since, or its link broke or went), by one lock of the links
         let known = || {
             (lock(&self.links).get(&cluster)).map(|l| {
                 let settle = l.claim.is_some()

@@ -234,12 +234,15 @@ impl Lanes {
                     Ok(lane) => return Ok(lane),
                     Err(f) => f,
                 };
-                let dead = match &f {
-                    LaneFail::Refused { status, .. } => *status != Status::RESOURCE_EXHAUSTED,
-                    LaneFail::Io(e) => is_gone(e),
-                    LaneFail::Protocol(_) | LaneFail::Auth(_) => false,
+                // (dead: the peer refused it or went away; full: it had no room for it)
+                let (dead, full) = match &f {
+                    LaneFail::Refused { status, .. } if *status == Status::RESOURCE_EXHAUSTED => {
+                        (false, true)
+                    }
+                    LaneFail::Refused { .. } => (true, false),
+                    LaneFail::Io(e) => (is_gone(e), false),
+                    LaneFail::Protocol(_) | LaneFail::Auth(_) => (false, false),
                 };
-                let full = matches!(&f, LaneFail::Refused { .. }) && !dead;
                 let e = lane_error(f, op, self.peer(), started, false);
                 pool = lock(&self.pool);
                 pool.open -= 1;
