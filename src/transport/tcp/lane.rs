@@ -120,12 +120,14 @@ impl Lane {
         &self.sock.stream
     }
 
-    /// Connects, says HELLO and reads the WELCOME.
+    /// Connects, says HELLO and reads the WELCOME. `connected` sees the connection once it is
+    /// made (to keep a handle that can shut it down); its error ends the opening.
     pub(super) fn open(
         addr: SocketAddr,
         hello: &Hello,
         key: Option<&Psk>,
         deadline: Instant,
+        connected: impl FnOnce(&TcpStream) -> io::Result<()>,
     ) -> Result<(Self, Welcome), LaneFail> {
         let rem = deadline.saturating_duration_since(Instant::now());
         if rem.is_zero() {
@@ -135,6 +137,7 @@ impl Lane {
             )));
         }
         let stream = TcpStream::connect_timeout(&addr, rem).map_err(LaneFail::Io)?;
+        connected(&stream).map_err(LaneFail::Io)?;
         let mut sock = Sock::new(stream).map_err(LaneFail::Io)?;
         sock.set_spin(REPLY_SPIN);
         let mut lane = Lane {

@@ -3,7 +3,9 @@
 //! request failed goes back to the pool while it is in step with the peer, is closed when it is
 //! not, and breaks the link when the peer went away. The pool's state is the link's: once the
 //! link is broken (by a lane, or by another data path through [`Lanes::break_link`]) or closed,
-//! no lane is handed out and every caller waiting for one gets `NOT_CONNECTED`.
+//! no lane is handed out and every caller waiting for one gets `NOT_CONNECTED`, a caller
+//! opening a new lane included (its connection is shut down: a peer that stopped serving but
+//! keeps its port would hold it unanswered in its backlog until the caller's deadline).
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -43,6 +45,11 @@ struct Pool {
     /// The peer refused a new lane for want of room (`RESOURCE_EXHAUSTED`): no more lanes than
     /// were open then, until the instant (the link keeps the lanes it has).
     full: Option<(usize, Instant)>,
+    /// The connections of lanes being opened (their numbers, and a second handle on each):
+    /// a break shuts them down, so their callers stop waiting for a WELCOME that may never
+    /// come (a peer that stopped serving but keeps its port holds them in its backlog).
+    opening: Vec<(u64, TcpStream)>,
+    next_opening: u64,
 }
 
 impl Pool {
@@ -107,7 +114,7 @@ impl FirstLane {
         started: Instant,
         deadline: Instant,
     ) -> Result<(Self, Welcome), Error> {
-        let (lane, welcome) = Lane::open(addr, hello, psk, deadline)
+        let (lane, welcome) = Lane::open(addr, hello, psk, deadline, |_| Ok(()))
             .map_err(|f| lane_error(f, "connect", peer, started, true))?;
         let first = FirstLane {
             lane,
@@ -138,6 +145,8 @@ impl FirstLane {
                 broken: None,
                 closed: false,
                 full: None,
+                opening: Vec::new(),
+                next_opening: 0,
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
@@ -206,6 +215,9 @@ impl Lanes {
             pool.broken = Some(why);
         }
         pool.idle.clear();
+        for (_, s) in pool.opening.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
         self.freed.notify_all();
     }
 
@@ -246,6 +258,11 @@ impl Lanes {
                 let e = lane_error(f, op, self.peer(), started, false);
                 pool = lock(&self.pool);
                 pool.open -= 1;
+                if let Err(broke) = pool.usable(self.peer()) {
+                    // the link broke while the lane was opening (which is why it failed)
+                    self.freed.notify_one();
+                    return Err(broke);
+                }
                 if dead {
                     self.break_locked(&mut pool, format!("cannot open a new lane: {e}"));
                     return Err(e);
@@ -285,9 +302,33 @@ impl Lanes {
             host: None,
             nonce,
         };
-        let (lane, _) = Lane::open(j.addr, &hello, j.psk.as_ref(), deadline)?;
+        let mut mine = None;
+        let opened = Lane::open(j.addr, &hello, j.psk.as_ref(), deadline, |s| {
+            let second = s.try_clone()?;
+            let mut pool = lock(&self.pool);
+            if pool.broken.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    "the link broke",
+                ));
+            }
+            pool.next_opening += 1;
+            let n = *mine.insert(pool.next_opening);
+            pool.opening.push((n, second));
+            Ok(())
+        });
+        if let Some(n) = mine {
+            lock(&self.pool).opening.retain(|(i, _)| *i != n);
+        }
+        let (lane, _) = opened?;
         tracing::trace!(parent: &self.span, "lane opened");
         Ok(lane)
+    }
+
+    /// How many lanes are being opened.
+    #[cfg(test)]
+    pub(crate) fn opening_for_test(&self) -> usize {
+        lock(&self.pool).opening.len()
     }
 
     /// Puts a lane back (or closes it, once the link is broken or closed).
@@ -621,23 +662,83 @@ mod tests {
     use crate::error::Error;
     use crate::testkit::Rng;
     use crate::types::TransferOp;
-    use crate::{Hixl, Options, SameHost, TransferDesc};
+    use crate::{Connected, Hixl, Options, Region, SameHost, TransferDesc};
 
     const LEN: usize = 64 << 10;
 
-    #[test]
-    fn a_lane_refused_for_want_of_room_keeps_the_link() {
-        let tcp = || Options::default().same_host(SameHost::Forbid);
-        let srv = Hixl::initialize_ephemeral("127.0.0.1", tcp().max_server_lanes_per_link(2))
+    fn tcp() -> Options {
+        Options::default().same_host(SameHost::Forbid)
+    }
+
+    /// An active engine and its region.
+    type Engine = (Hixl<Connected>, Region<Vec<u8>>);
+
+    /// A serving engine (options `server`) with a region of `LEN` bytes, and a TCP client of
+    /// up to four lanes with a buffer of `2 * LEN`, both active.
+    fn engines(server: Options) -> (Engine, Engine) {
+        let srv = Hixl::initialize_ephemeral("127.0.0.1", server)
             .unwrap()
             .into_registered();
-        let _served = srv.register(vec![0u8; LEN]).unwrap();
-        let srv = srv.activate().unwrap();
+        let served = srv.register(vec![0u8; LEN]).unwrap();
         let cli = Hixl::initialize_ephemeral("127.0.0.1", tcp().max_lanes(4))
             .unwrap()
             .into_registered();
-        let mut buf = cli.register(vec![0u8; 2 * LEN]).unwrap();
-        let cli = cli.activate().unwrap();
+        let buf = cli.register(vec![0u8; 2 * LEN]).unwrap();
+        (
+            (srv.activate().unwrap(), served),
+            (cli.activate().unwrap(), buf),
+        )
+    }
+
+    /// A caller opening a new lane when the link breaks (another lane found the peer gone)
+    /// gets `NOT_CONNECTED` at once, not at its deadline: here the server was deactivated, so
+    /// the new lane's connection waits in its listener's backlog, where no WELCOME comes.
+    #[test]
+    fn a_lane_being_opened_when_the_link_breaks_fails_at_once() {
+        let ((srv, _served), (cli, _buf)) = engines(tcp());
+        let link = cli.connect(srv.name()).unwrap();
+        let lanes = link.shared.lanes_for_test();
+        let now = Instant::now();
+        let first = lanes
+            .checkout(now + Duration::from_secs(20), now, "a test")
+            .unwrap();
+        // the server stops serving but keeps its port
+        let _srv = srv.deactivate();
+        std::thread::scope(|s| {
+            let opener = s.spawn(|| {
+                let now = Instant::now();
+                lanes.checkout(now + Duration::from_secs(60), now, "a test")
+            });
+            let t0 = Instant::now();
+            while lanes.opening_for_test() == 0 {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20) && !opener.is_finished(),
+                    "no lane was being opened"
+                );
+                std::thread::yield_now();
+            }
+            // the lane the caller holds finds the peer gone
+            lanes.release(first, super::LaneAfter::Gone("peer went away".into()));
+            let broke = Instant::now();
+            let e = opener.join().unwrap().unwrap_err();
+            // (its deadline is 60 s away: a bound a loaded machine meets by far)
+            assert!(
+                broke.elapsed() < Duration::from_secs(20),
+                "the caller opening a lane waited {:?} after the link broke",
+                broke.elapsed()
+            );
+            assert!(
+                matches!(e, Error::NotConnected { .. }),
+                "the caller opening a lane: {e:?}"
+            );
+            assert_eq!(e.status().code(), 103_902);
+        });
+        assert_eq!(lanes.opening_for_test(), 0);
+    }
+
+    #[test]
+    fn a_lane_refused_for_want_of_room_keeps_the_link() {
+        let ((srv, _served), (cli, mut buf)) = engines(tcp().max_server_lanes_per_link(2));
         let link = cli.connect(srv.name()).unwrap();
         let lanes = link.shared.lanes_for_test();
         let long = || {

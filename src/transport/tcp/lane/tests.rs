@@ -147,7 +147,7 @@ fn a_lane_keeps_no_large_buffer_after_a_large_frame() {
         host: None,
         nonce: [5; 32],
     };
-    let (lane, w) = Lane::open(addr, &hello, None, deadline).unwrap();
+    let (lane, w) = Lane::open(addr, &hello, None, deadline, |_| Ok(())).unwrap();
     assert_eq!(w.table.len(), 40_000);
     assert!(
         lane.inb.capacity() <= 64 << 10,
