@@ -523,7 +523,7 @@ impl Lanes {
 
     /// Closes the link's lanes: says BYE on an idle one (unless the link is broken) and waits
     /// for the answer by `deadline`; from then on no lane is handed out, and every caller
-    /// waiting for one gets `NOT_CONNECTED`.
+    /// waiting for one, or opening one, gets `NOT_CONNECTED`.
     ///
     /// # Errors
     /// The BYE exchange's, as `disconnect`'s (the lanes are closed anyway).
@@ -541,11 +541,10 @@ impl Lanes {
         {
             let mut pool = lock(&self.pool);
             pool.open -= pool.idle.len();
-            pool.idle.clear();
-            pool.broken.get_or_insert_with(|| "disconnected".into());
+            // (a link already broken keeps its reason)
+            self.break_locked(&mut pool, "disconnected".into());
             pool.closed = true;
         }
-        self.freed.notify_all();
         r
     }
 }
@@ -690,11 +689,27 @@ mod tests {
         )
     }
 
-    /// A caller opening a new lane when the link breaks (another lane found the peer gone)
-    /// gets `NOT_CONNECTED` at once, not at its deadline: here the server was deactivated, so
-    /// the new lane's connection waits in its listener's backlog, where no WELCOME comes.
+    /// A caller opening a new lane when the link breaks (another lane found the peer gone) or
+    /// is closed gets `NOT_CONNECTED` at once, not at its deadline: here the server was
+    /// deactivated, so the new lane's connection waits in its listener's backlog, where no
+    /// WELCOME comes.
     #[test]
     fn a_lane_being_opened_when_the_link_breaks_fails_at_once() {
+        opening_when_the_link_ends(|lanes, first| {
+            // the lane the caller holds finds the peer gone
+            lanes.release(first, super::LaneAfter::Gone("peer went away".into()))
+        });
+        opening_when_the_link_ends(|lanes, first| {
+            // the link is closed (a disconnect, or the engine's deactivate or finalize)
+            let now = Instant::now();
+            lanes.close(now, now + Duration::from_secs(1)).unwrap();
+            lanes.checkin(first);
+        });
+    }
+
+    /// A lane being opened, to a server that stopped serving, when `end` ends the link (given
+    /// the one lane the caller holds).
+    fn opening_when_the_link_ends(end: impl FnOnce(&super::Lanes, super::Lane)) {
         let ((srv, _served), (cli, _buf)) = engines(tcp());
         let link = cli.connect(srv.name()).unwrap();
         let lanes = link.shared.lanes_for_test();
@@ -717,8 +732,7 @@ mod tests {
                 );
                 std::thread::yield_now();
             }
-            // the lane the caller holds finds the peer gone
-            lanes.release(first, super::LaneAfter::Gone("peer went away".into()));
+            end(lanes, first);
             let broke = Instant::now();
             let e = opener.join().unwrap().unwrap_err();
             // (its deadline is 60 s away: a bound a loaded machine meets by far)
