@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Core, Hixl, Result, millis};
+use super::{Hixl, Result, millis};
 use crate::runtime::handle::{Engine, LinkHandle};
 use crate::{AsyncConnectStatus, Status};
 
@@ -116,18 +116,37 @@ impl Hixl {
     }
 
     /// Runs `f` with the link for `remote` (connecting on demand with AutoConnect), dropping a
-    /// link that broke under it (AutoConnect).
+    /// link that broke under it (AutoConnect), the core's read lock held.
     pub(super) fn on_link<T>(
         &self,
         remote: &str,
-        f: impl FnOnce(&Core, &Engine, &LinkHandle) -> Result<T>,
+        f: impl FnOnce(&Engine, &LinkHandle) -> Result<T>,
     ) -> Result<T> {
-        let core = self.read();
-        let e = self.connected(&core)?;
-        let (key, _) = e.remote_key(remote)?;
-        let (auto, timeout) = (core.auto_connect, core.connect_timeout);
-        let link = self.peers.link_for(e, auto, timeout, remote, &key)?;
-        let r = f(&core, e, &link);
+        self.on_link_then(remote, f, |_, t| Ok(t))
+    }
+
+    /// As [`Hixl::on_link`]: `check` runs with the core's read lock held (it checks a batch
+    /// against the engine's regions and keeps them in use), then `run` with the lock released,
+    /// so a transfer waiting on a slow peer holds up no other call of the engine: a
+    /// registration (which takes the write lock) would otherwise wait for it, and every call
+    /// queued behind that writer with it. `finalize` meanwhile closes the link and waits for
+    /// the transfer to end; a deregistration of a region it uses is refused.
+    pub(super) fn on_link_then<C, T>(
+        &self,
+        remote: &str,
+        check: impl FnOnce(&Engine, &LinkHandle) -> Result<C>,
+        run: impl FnOnce(&LinkHandle, C) -> Result<T>,
+    ) -> Result<T> {
+        let (auto, key, link, r) = {
+            let core = self.read();
+            let e = self.connected(&core)?;
+            let (key, _) = e.remote_key(remote)?;
+            let (auto, timeout) = (core.auto_connect, core.connect_timeout);
+            let link = self.peers.link_for(e, auto, timeout, remote, &key)?;
+            let r = check(e, &link);
+            (auto, key, link, r)
+        };
+        let r = r.and_then(|c| run(&link, c));
         if let Err(err) = &r {
             self.peers.after_failure(auto, &key, &link, err.status);
         }

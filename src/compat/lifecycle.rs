@@ -230,8 +230,10 @@ impl Hixl {
     /// are waited for (at most the server's I/O timeout), and every device data path that bound
     /// it (its HCCL communicator) is closed, so links that used one break and, with
     /// AutoConnect, connect again on their next call. Refused (`RESOURCE_EXHAUSTED`, the region
-    /// stays registered) while an async request of this engine uses the region: it may still
-    /// be copying into or out of it.
+    /// stays registered) while a transfer of this engine uses the region (an async request,
+    /// or a sync transfer running on another thread): it may still be copying into or out of
+    /// it. (A sync transfer holds no lock of the engine while it waits for its peer: other
+    /// calls, registrations included, go on meanwhile.)
     ///
     /// For a buffer of [`Hixl::alloc_host_mem`], this engine's transfers and peers' TCP
     /// requests refuse it from now on, and its [`HostMem`] gets private pages at the same
@@ -241,7 +243,7 @@ impl Hixl {
     ///
     /// # Errors
     /// `FAILED` when not initialized; `PARAM_INVALID` for an unknown handle;
-    /// `RESOURCE_EXHAUSTED` while an async request still uses the region; `UNSUPPORTED` while
+    /// `RESOURCE_EXHAUSTED` while a transfer still uses the region; `UNSUPPORTED` while
     /// links exist on an engine that serves the region one-sided over UCX.
     pub fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
         let mut core = self.write();
@@ -265,7 +267,7 @@ impl Hixl {
         // with no link in either direction, serving stopped meanwhile
         let r = match e.deregister(&region) {
             Ok(()) => Ok(()),
-            // an async request still uses it: stepping back would not change that
+            // a transfer still uses it: stepping back would not change that
             Err(busy @ crate::Error::RegionBusy { .. }) => Err(Error::from(busy)),
             Err(_) => self.with_registered(&mut core, "deregister memory", |e| {
                 Ok(e.deregister(&region)?)

@@ -12,7 +12,7 @@
 //! | any call before `initialize` or after `finalize`; `initialize` twice | `FAILED` |
 //! | deregistering, while a link exists, a region UCX serves one-sided | `UNSUPPORTED` |
 //! | deregistering an unknown handle | `PARAM_INVALID` |
-//! | deregistering memory an async request still uses | `RESOURCE_EXHAUSTED` (still registered) |
+//! | deregistering memory a transfer still uses (an async request, or a sync one on another thread) | `RESOURCE_EXHAUSTED` (still registered) |
 //! | a local range not inside one region this engine registered | `PARAM_INVALID` |
 //! | a remote range not inside one region of the peer's table | `PARAM_INVALID` |
 //! | a transfer or notify to a remote that is not connected (without `AutoConnect`) | `NOT_CONNECTED` |

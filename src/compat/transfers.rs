@@ -12,11 +12,11 @@ use super::{
 };
 use crate::runtime::address::{self, AddrDesc};
 use crate::runtime::check;
-use crate::runtime::handle::{Engine, RegionHandle, ReqHandle};
+use crate::runtime::handle::{Engine, ReqHandle};
 use crate::runtime::link::LinkShared;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
-use crate::types::blocks::BlockBatch;
+use crate::types::blocks::{BlockBatch, Placed};
 use crate::{Status, TransferOp};
 
 impl Hixl {
@@ -37,10 +37,15 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |_, e, link| {
-            let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), None)?;
-            Ok(link.run(op, &xds, bytes, timeout)?)
-        })
+        self.on_link_then(
+            remote_engine,
+            |e, link| {
+                let mut keep = Vec::new();
+                let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
+                Ok((keep, xds, bytes))
+            },
+            |link, (_in_use, xds, bytes)| Ok(link.run(op, &xds, bytes, timeout)?),
+        )
     }
 
     /// HIXL `TransferAsync`: starts a batch and returns its request id (non-zero). The engine
@@ -86,7 +91,7 @@ impl Hixl {
         args: TransferArgs,
         deadline: Duration,
     ) -> Result<TransferReq> {
-        self.on_link(remote_engine, |_, e, link| {
+        self.on_link(remote_engine, |e, link| {
             let mut keep = Vec::new();
             let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
             let req = (link.shared()).start(op, xds, bytes, keep, deadline, args.user_data)?;
@@ -124,11 +129,18 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |_, e, link| {
-            placed(e, link, op, desc, local_idx, remote_idx, |_, b| {
+        self.on_link_then(
+            remote_engine,
+            |e, link| placed(e, link, op, desc, local_idx, remote_idx),
+            |link, (_in_use, layouts)| {
+                let b = BlockBatch {
+                    layouts: &layouts,
+                    local_idx,
+                    remote_idx,
+                };
                 Ok(link.run(op, b, b.bytes(), timeout)?)
-            })
-        })
+            },
+        )
     }
 
     /// [`Hixl::transfer_blocks_sync`] started as an async request, as
@@ -145,14 +157,17 @@ impl Hixl {
         remote_idx: crate::BlockIndices<'_>,
         args: TransferArgs,
     ) -> Result<TransferReq> {
-        self.on_link(remote_engine, |_, e, link| {
-            placed(e, link, op, desc, local_idx, remote_idx, |region, b| {
-                let keep = vec![RegionUse::new(region)];
-                let user_data = args.user_data;
-                let req =
-                    (link.shared()).start(op, b, b.bytes(), keep, ASYNC_DEADLINE, user_data)?;
-                Ok(self.record(req, user_data))
-            })
+        self.on_link(remote_engine, |e, link| {
+            let (in_use, layouts) = placed(e, link, op, desc, local_idx, remote_idx)?;
+            let b = BlockBatch {
+                layouts: &layouts,
+                local_idx,
+                remote_idx,
+            };
+            let user_data = args.user_data;
+            let req =
+                (link.shared()).start(op, b, b.bytes(), vec![in_use], ASYNC_DEADLINE, user_data)?;
+            Ok(self.record(req, user_data))
         })
     }
 
@@ -259,7 +274,7 @@ impl Hixl {
     /// `FAILED` when not initialized; `PARAM_INVALID` for a bad name; `NOT_CONNECTED` without a
     /// usable link (with AutoConnect, one is made).
     pub fn remote_regions(&self, remote_engine: &str) -> Result<Vec<RemoteRegionDesc>> {
-        self.on_link(remote_engine, |_, _, link| {
+        self.on_link(remote_engine, |_, link| {
             Ok((link.table.iter())
                 .map(|r| RemoteRegionDesc {
                     addr: r.addr,
@@ -278,7 +293,7 @@ impl Hixl {
     /// # Errors
     /// As [`Hixl::remote_regions`].
     pub fn transport(&self, remote_engine: &str) -> Result<crate::TransportKind> {
-        self.on_link(remote_engine, |_, _, link| Ok(link.transport()))
+        self.on_link(remote_engine, |_, link| Ok(link.transport()))
     }
 
     /// How many async requests have not been reported terminal yet.
@@ -299,7 +314,7 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |_, _, link| {
+        self.on_link(remote_engine, |_, link| {
             send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
                 let mut e = Error::from(e);
                 if e.status == Status::FAILED {
@@ -375,17 +390,16 @@ fn addrs(descs: &[TransferOpDesc]) -> impl ExactSizeIterator<Item = AddrDesc> + 
     })
 }
 
-/// A block batch checked (`check::layouts`), handed to `then` with the registered region holding
-/// its local base (its layout runs from each base address to the end of its region).
-fn placed<R>(
+/// A block batch checked (`check::layouts`): its layouts, and the registered region holding its
+/// local base (its layout runs from each base address to the end of its region), kept in use.
+fn placed(
     e: &Engine,
     link: &LinkShared,
     op: TransferOp,
     desc: &BlockDesc,
     local_idx: crate::BlockIndices<'_>,
     remote_idx: crate::BlockIndices<'_>,
-    then: impl FnOnce(&RegionHandle, BlockBatch<'_>) -> Result<R>,
-) -> Result<R> {
+) -> Result<(RegionUse, Vec<Placed>)> {
     let (region, off) = address::local_base(e, desc.local_addr).map_err(|_| {
         Error::new(
             Status::PARAM_INVALID,
@@ -405,12 +419,7 @@ fn placed<R>(
             )
         })?;
     let layouts = check::layouts(link, op, &[layout], local_idx, remote_idx)?;
-    let batch = BlockBatch {
-        layouts: &layouts,
-        local_idx,
-        remote_idx,
-    };
-    then(&region, batch)
+    Ok((RegionUse::new(&region), layouts))
 }
 
 /// Sends a notification on `link` (the checks of the typed `Link::send_notify`).

@@ -117,16 +117,7 @@ impl Hammer {
 
     /// Waits until the process is stopped (it stops itself inside its fence).
     pub fn wait_stopped(&self) {
-        let t0 = Instant::now();
-        loop {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
-            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
-            if state == Some('T') {
-                return;
-            }
-            assert!(t0.elapsed() < T, "the hammer did not stop ({state:?})");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        super::wait_stopped(self.pid());
     }
 
     pub fn signal(&self, sig: i32) {

@@ -147,6 +147,15 @@ impl Peer {
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
     }
 
+    /// Stops the peer (`SIGSTOP`) and waits until it is stopped; it resumes (`SIGCONT`) when
+    /// the guard goes, a failing test's included (a stopped child would keep its inherited
+    /// output open, and the test run's with it).
+    pub fn stopped(&self) -> Stopped<'_> {
+        self.signal(libc::SIGSTOP);
+        wait_stopped(self.child.id() as i32);
+        Stopped(self)
+    }
+
     /// Checks that the first `len` bytes of `buf` are this peer's seeded bytes (`seed`), READ
     /// from it, and that the peer hashes its own memory the same way; then quits the peer.
     pub fn check_read_back_and_quit(mut self, buf: &mut Region, len: usize, seed: u64) {
@@ -162,6 +171,32 @@ impl Peer {
         use std::io::Write;
         writeln!(self.stdin, "quit").unwrap();
         assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// A peer stopped by [`Peer::stopped`], until this goes.
+pub struct Stopped<'a>(&'a Peer);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.signal(libc::SIGCONT);
+    }
+}
+
+/// Waits until process `pid` is stopped (its state `T`), 20 s at most.
+pub fn wait_stopped(pid: i32) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+        if state == Some('T') {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "process {pid} did not stop ({state:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

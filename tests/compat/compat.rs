@@ -626,3 +626,57 @@ fn auto_connect_replaces_a_link_the_heartbeat_found_dead() {
     e.finalize();
     peer.quit();
 }
+
+/// A sync transfer waiting on a stopped peer holds up no other call of the engine: while it
+/// waits, a registration returns and a transfer to another peer completes (the engine's lock is
+/// not held across the wait: before, the registration queued behind it as a writer, and every
+/// call after the registration behind that), and a deregistration of the memory it uses is
+/// refused (`RESOURCE_EXHAUSTED`) instead of handing the memory back under it. Once the peer
+/// resumes, its bytes land.
+#[test]
+fn a_sync_transfer_to_a_stopped_peer_holds_up_no_other_call() {
+    let stopped = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 71, &[]);
+    let healthy = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 72, &[]);
+    let mut mem = vec![0u8; 4096];
+    let mut side = vec![0u8; 4096];
+    let mut other = vec![0u8; 4096];
+    // TCP links: a stopped peer leaves a READ waiting for its answer
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    let h_side = register(&e, &mut side).unwrap();
+    e.connect(&stopped.name, 1000).unwrap();
+    e.connect(&healthy.name, 1000).unwrap();
+    let pause = stopped.stopped();
+    let into_side = [desc(&side, 0, stopped.addr, 0, 4096)];
+    std::thread::scope(|s| {
+        let stalled =
+            s.spawn(|| e.transfer_sync(&stopped.name, TransferOp::Read, &into_side, 20_000));
+        let t0 = Instant::now();
+        while !(e.metrics().unwrap().links.iter())
+            .any(|l| l.peer == stopped.name && l.read.in_flight > 0)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20) && !stalled.is_finished(),
+                "the READ from the stopped peer never started"
+            );
+            std::thread::yield_now();
+        }
+        let h_other = register(&e, &mut other).unwrap();
+        let d = [desc(&other, 0, healthy.addr, 100, 4096)];
+        e.transfer_sync(&healthy.name, TransferOp::Read, &d, 5000)
+            .unwrap();
+        assert_eq!(status(e.deregister_mem(h_side)), Status::RESOURCE_EXHAUSTED);
+        assert!(
+            !stalled.is_finished(),
+            "the other calls waited for the READ from the stopped peer to end"
+        );
+        e.deregister_mem(h_other).unwrap();
+        drop(pause);
+        stalled.join().unwrap().unwrap();
+    });
+    assert_eq!(other, Rng::new(72).bytes(1 << 16)[100..4196]);
+    assert_eq!(side, Rng::new(71).bytes(4096));
+    e.deregister_mem(h_side).unwrap();
+    e.finalize();
+    stopped.quit();
+    healthy.quit();
+}
