@@ -13,6 +13,10 @@ use crate::Access;
 use crate::published::Publisher;
 use crate::sync::lock;
 
+/// The engine option that bounds its regions (a config may set it; else [`Server::new`] makes
+/// room for [`MAX_MEMS`] and the list's own region).
+const MAX_REGIONS_KEY: &str = "hixl.MaxRegions";
+
 /// A registration of the server's.
 struct SMem {
     tag: Vec<u8>,
@@ -126,7 +130,9 @@ impl Server {
     /// (`HixlCSServerCreate`). `config` is `global_resource_config` (`None` or "" for none).
     /// With a device endpoint, the calling thread's device is read now, as upstream's Create
     /// does, and the engine at [`Server::listen`] takes it. Port 0 is accepted here and refused
-    /// by [`Server::listen`].
+    /// by [`Server::listen`]. The engine has room for [`MAX_MEMS`] registrations and the list's
+    /// own region, unless `config` sets `"hixl.MaxRegions"` (then that bounds them all, the
+    /// list's region included).
     ///
     /// # Errors
     /// `PARAM_INVALID`: no endpoint or more than [`MAX_ENDPOINTS`], an endpoint whose location
@@ -139,6 +145,11 @@ impl Server {
         config: Option<&str>,
     ) -> Result<Server> {
         let mut options = config::check(config, Side::Server).map_err(Error::invalid)?;
+        if !options.iter().any(|(k, _)| k == MAX_REGIONS_KEY) {
+            // the engine holds the list's own region beside the server's: room for MAX_MEMS
+            // of those (its default, 4000, would refuse the last ones, at Listen or after)
+            options.push((MAX_REGIONS_KEY.into(), (MAX_MEMS + 1).to_string()));
+        }
         if endpoints.is_empty() {
             return Err(Error::invalid("a server needs an endpoint (none given)"));
         }

@@ -2,15 +2,25 @@
 //! with its exact status.
 
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
-use hixl::cs::{Endpoint, MAX_ENDPOINTS, MAX_MEMS, MAX_TAG, Mem, MemHandle, Server};
-use hixl::{MemType, Status};
+use hixl::cs::{Endpoint, MAX_ENDPOINTS, MAX_MEMS, MAX_TAG, Mem, MemHandle, OpDesc, Server};
+use hixl::{MemType, Status, TransferOp};
 
-use super::support::{Buf, listening, status};
+use super::support::{Buf, connected, free_port, listening, local, status};
 
 fn server(port: u16, config: Option<&str>) -> hixl::cs::Result<Server> {
     let ep = [Endpoint::roce(Ipv4Addr::LOCALHOST.into())];
     Server::new(Ipv4Addr::LOCALHOST.into(), port, &ep, config)
+}
+
+/// One byte of host memory at `addr`.
+fn byte(addr: usize) -> Mem {
+    Mem {
+        typ: MemType::Host,
+        addr,
+        size: 1,
+    }
 }
 
 #[test]
@@ -106,11 +116,7 @@ fn a_server_holds_at_most_its_limits() {
     let s = server(0, None).unwrap();
     let mut buf = Buf::new(MAX_MEMS + 1);
     let base = buf.addr();
-    let one = |i: usize| Mem {
-        typ: MemType::Host,
-        addr: base + i,
-        size: 1,
-    };
+    let one = |i: usize| byte(base + i);
     for i in 0..MAX_MEMS {
         // SAFETY: `buf` outlives the server, which never listens.
         unsafe { s.register(b"", one(i)) }.unwrap();
@@ -131,6 +137,77 @@ fn a_server_holds_at_most_its_limits() {
     };
     assert_eq!(r.status(), Some(Status::RESOURCE_EXHAUSTED), "{r}");
     assert!((200..MAX_MEMS).contains(&fitted), "{fitted} fitted");
+}
+
+/// A listening server holds MAX_MEMS registrations, as one that never listened does: its
+/// engine has room for them and the list's own region (4000 registered before Listen, the rest
+/// after), a client reaches the last one, and one more is refused by the server's own limit.
+#[test]
+fn a_listening_server_holds_max_mems_registrations() {
+    let mut buf = Buf::new(MAX_MEMS + 1);
+    let base = buf.addr();
+    let one = |i: usize| byte(base + i);
+    let before = 4000;
+    let (s, port) = listening(|s| {
+        for i in 0..before {
+            // SAFETY: `buf` outlives the server.
+            unsafe { s.register(b"", one(i)) }.unwrap();
+        }
+    });
+    for i in before..MAX_MEMS {
+        // SAFETY: as above.
+        unsafe { s.register(b"", one(i)) }.unwrap();
+    }
+    // SAFETY: as above.
+    let e = unsafe { s.register(b"", one(MAX_MEMS)) }.unwrap_err();
+    assert_eq!(e.status(), Some(Status::RESOURCE_EXHAUSTED), "{e}");
+    assert!(
+        e.message().contains(&format!("{MAX_MEMS} registrations")),
+        "the server's limit, not the engine's: {e}"
+    );
+    let c = connected(port);
+    let list = c.remote_mems(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        list.len(),
+        1 + MAX_MEMS,
+        "the built-in region and every registration"
+    );
+    let mut mine = Buf::new(1);
+    local(&c, &mut mine);
+    mine.write(0, &[0x5a]);
+    let last = OpDesc {
+        remote_addr: (base + MAX_MEMS - 1) as u64,
+        local_addr: mine.addr(),
+        len: 1,
+    };
+    (c.batch_sync(TransferOp::Write, &[last], Duration::from_secs(5))).unwrap();
+    assert_eq!(buf.read(MAX_MEMS - 1, 1), [0x5a]);
+    c.close();
+    s.close();
+}
+
+/// A config that sets the engine's region limit bounds the list's region and the registrations
+/// together: two registrations and the list do not fit two regions.
+#[test]
+fn a_config_s_region_limit_bounds_the_list_s_region_too() {
+    let mut buf = Buf::new(2);
+    let base = buf.addr();
+    for _ in 0..50 {
+        let s = server(free_port(), Some("{\"hixl.MaxRegions\": 2}")).unwrap();
+        for i in 0..2 {
+            // SAFETY: `buf` outlives the server.
+            unsafe { s.register(b"", byte(base + i)) }.unwrap();
+        }
+        match s.listen() {
+            // another process took the port first
+            Err(e) if e.status() == Some(Status::FAILED) => s.close(),
+            r => {
+                assert_eq!(status(r), Status::RESOURCE_EXHAUSTED);
+                return;
+            }
+        }
+    }
+    panic!("no port to listen on");
 }
 
 #[test]

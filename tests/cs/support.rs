@@ -65,7 +65,8 @@ pub fn free_port() -> u16 {
 }
 
 /// A server listening on a free port of 127.0.0.1 (another one if a process takes the port
-/// first), with `before(server)` run before it listens (registrations to serve from the start).
+/// first: Listen is `FAILED`; any other error of Listen panics), with `before(server)` run
+/// before it listens (registrations to serve from the start).
 pub fn listening(mut before: impl FnMut(&Server)) -> (Server, u16) {
     for _ in 0..50 {
         let port = free_port();
@@ -77,10 +78,11 @@ pub fn listening(mut before: impl FnMut(&Server)) -> (Server, u16) {
         )
         .unwrap();
         before(&s);
-        if s.listen().is_ok() {
-            return (s, port);
+        match s.listen() {
+            Ok(()) => return (s, port),
+            Err(e) if e.status() == Some(Status::FAILED) => s.close(),
+            Err(e) => panic!("listen: {e}"),
         }
-        s.close();
     }
     panic!("no port to listen on");
 }
