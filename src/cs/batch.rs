@@ -8,15 +8,19 @@ use super::client::{Client, State};
 use super::{CompleteStatus, Completion, Error, MAX_HANDLES, OpDesc, Result};
 use crate::{Status, TransferOp};
 
+/// Whether a batch's error of status `s` latches the client: `FAILED` and `TIMEOUT`, as
+/// upstream's (a batch call that returned either); not bad arguments, a full completion table,
+/// memory the link cannot move (`UNSUPPORTED`, refused before anything moved), nor a code that
+/// is no HIXL status.
+fn latches(s: Option<Status>) -> bool {
+    matches!(s, Some(Status::FAILED | Status::TIMEOUT))
+}
+
 impl State {
-    /// Latches the client on a failed or timed-out batch (not on bad arguments or a full
-    /// completion table).
+    /// Latches the client on a failed or timed-out batch ([`latches`]).
     fn after<T>(&mut self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r
-            && !matches!(
-                e.status(),
-                Some(Status::PARAM_INVALID | Status::RESOURCE_EXHAUSTED)
-            )
+            && latches(e.status())
         {
             self.latched = true;
         }
@@ -140,5 +144,30 @@ impl Client {
             st.latched = true;
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_failed_and_timeout_latch() {
+        for (s, latched) in [
+            (Status::FAILED, true),
+            (Status::TIMEOUT, true),
+            (Status::PARAM_INVALID, false),
+            (Status::RESOURCE_EXHAUSTED, false),
+            (Status::UNSUPPORTED, false),
+            // (the engine's connection statuses reach a batch as FAILED: engine.rs `fail`)
+            (Status::NOT_CONNECTED, false),
+            (Status::ALREADY_CONNECTED, false),
+            (Status::NOTIFY_FAILED, false),
+            (Status::SUCCESS, false),
+        ] {
+            assert_eq!(latches(Some(s)), latched, "{s:?}");
+        }
+        // ACL's own code (107002): no HIXL status
+        assert!(!latches(Status::from_code(107_002)));
     }
 }
