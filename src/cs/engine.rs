@@ -72,12 +72,25 @@ pub(super) fn check_device(options: &[(String, String)]) -> Result<(), Error> {
 }
 
 impl Engine {
-    /// An engine named `name` (a listen address, or a client's own host) with `options`,
-    /// open to links at once; a CS client connects explicitly.
+    /// A client's engine: named `name` (its own host) with `options`, open to links at once;
+    /// a CS client connects explicitly.
     pub(super) fn start(name: &str, options: Vec<(String, String)>) -> Result<Engine, Error> {
+        let e = Engine::initialize(name, options)?;
+        e.open()?;
+        Ok(e)
+    }
+
+    /// A server's engine: listening on `name` with `options`, but serving nothing until
+    /// [`Engine::open`] (a client that connects meanwhile waits for its answer).
+    pub(super) fn initialize(name: &str, options: Vec<(String, String)>) -> Result<Engine, Error> {
         let opts = Options::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(start_fail)?;
-        Ok(Engine(Named::start(name, opts).map_err(start_fail)?))
+        Ok(Engine(Named::initialize(name, opts).map_err(start_fail)?))
+    }
+
+    /// Opens the engine to links: it serves what was registered and written before.
+    pub(super) fn open(&self) -> Result<(), Error> {
+        self.0.open().map_err(start_fail)
     }
 
     /// A host buffer of `len` bytes that peers may access as `access` says.

@@ -65,14 +65,10 @@ impl State {
     /// Rewrites the published list (nothing before Listen).
     fn publish(&mut self) -> Result<()> {
         let payload = self.list().encode_payload();
-        let Some(table) = &self.table else {
-            return Ok(());
-        };
-        // SAFETY: the region is FORMAT's region_len bytes (allocated so at Listen), alive while
-        // `self.table` is (this borrow), and written only here, under the server's lock; clients
-        // only READ it.
-        unsafe { self.publisher.publish(&FORMAT, table.as_ptr(), &payload) }
-            .map_err(|_| Error::exhausted("the memory list does not fit the server's table"))
+        match &self.table {
+            Some(table) => write(&mut self.publisher, table, &payload),
+            None => Ok(()),
+        }
     }
 
     /// A registration of `mem` under `tag` is refused: a tag too long or with a NUL, a full
@@ -114,6 +110,15 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// Writes `payload` as the list in `table`, the server's list region.
+fn write(publisher: &mut Publisher, table: &Buffer, payload: &[u8]) -> Result<()> {
+    // SAFETY: the region is FORMAT's region_len bytes (allocated so at Listen), alive while
+    // `table` (its record) is, and written only here, under the server's lock (the callers
+    // hold it); clients only READ it.
+    unsafe { publisher.publish(&FORMAT, table.as_ptr(), payload) }
+        .map_err(|_| Error::exhausted("the memory list does not fit the server's table"))
 }
 
 /// Registers `m` with `e`.
@@ -223,8 +228,10 @@ impl Server {
         Ok(h)
     }
 
-    /// Starts listening (`HixlCSServerListen`): the engine starts on the server's address, and
-    /// registers the memory registered so far.
+    /// Starts listening (`HixlCSServerListen`): the engine starts on the server's address,
+    /// registers the memory registered so far, the list is written, and only then does the
+    /// engine serve: a client that connects meanwhile waits, and finds the whole list and every
+    /// region of it in its link's table.
     ///
     /// # Errors
     /// `PARAM_INVALID` for port 0 (nothing to listen on); `FAILED` when listening already, when
@@ -239,26 +246,26 @@ impl Server {
                 "server_port is 0: there is nothing to listen on",
             ));
         }
-        let e = Engine::start(&st.name, st.options.clone())
-            .map_err(|e| Error::failed(format!("cannot listen: {}", e.message())))?;
+        let cannot = |e: Error| Error::failed(format!("cannot listen: {}", e.message()));
+        let e = Engine::initialize(&st.name, st.options.clone()).map_err(cannot)?;
+        // (the engine is finalized when dropped, on every error below)
         let table = e.buffer(FORMAT.region_len(), Access::Read)?;
         let mut regs = Vec::with_capacity(st.mems.len());
         for m in st.mems.values() {
             // SAFETY: `register`'s contract, under which the memory was given.
-            match unsafe { engine_register(&e, &m.mem) } {
-                Ok(r) => regs.push(r),
-                Err(err) => {
-                    e.finalize();
-                    return Err(err);
-                }
-            }
+            regs.push(unsafe { engine_register(&e, &m.mem) }?);
         }
+        let payload = st.list().encode_payload();
+        #[cfg(test)]
+        tests::BEFORE_PUBLISH.with_borrow_mut(|h| h.as_mut().map(|f| f()));
+        write(&mut st.publisher, &table, &payload)?;
+        e.open().map_err(cannot)?;
         for (m, r) in st.mems.values_mut().zip(regs) {
             m.engine = Some(r);
         }
         st.table = Some(table);
         st.engine = Some(e);
-        st.publish()
+        Ok(())
     }
 
     /// Deregisters `h` (`HixlCSServerUnregMem`): it leaves the list and the engine.
@@ -302,5 +309,91 @@ impl std::fmt::Debug for Server {
             .field("listening", &st.engine.is_some())
             .field("mems", &st.mems.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::cs::{BUILTIN_TAG, Client, ClientDesc, OpDesc};
+    use crate::{MemType, Status, TransferOp};
+
+    thread_local! {
+        /// Run by Listen on its thread before it writes the list.
+        pub(super) static BEFORE_PUBLISH: RefCell<Option<Box<dyn FnMut()>>> =
+            const { RefCell::new(None) };
+    }
+
+    /// A client that connects while Listen runs, before the list is written, is answered only
+    /// once Listen has written it and registered every region: here it times out (nothing
+    /// serves yet), where it would find the list's region zeroed; after Listen it connects,
+    /// lists every region and writes one.
+    #[test]
+    fn a_client_connecting_during_listen_waits_for_the_list() {
+        let ip = Ipv4Addr::LOCALHOST.into();
+        let mut kv = vec![0u8; 4096];
+        let mem = Mem {
+            typ: MemType::Host,
+            addr: kv.as_mut_ptr() as usize,
+            size: kv.len(),
+        };
+        let mut mine = vec![0x3cu8; 64];
+        let local = Mem {
+            typ: MemType::Host,
+            addr: mine.as_mut_ptr() as usize,
+            size: mine.len(),
+        };
+        for _ in 0..50 {
+            // a port free a moment ago: another process may take it first
+            let port = (TcpListener::bind("127.0.0.1:0").unwrap())
+                .local_addr()
+                .unwrap()
+                .port();
+            let server = Server::new(ip, port, &[Endpoint::roce(ip)], None).unwrap();
+            // SAFETY: `kv` outlives the server; nothing reads it until the server is closed.
+            unsafe { server.register(b"kv", mem) }.unwrap();
+            let desc = ClientDesc {
+                server_ip: ip,
+                server_port: port,
+                local_endpoint: Endpoint::roce(ip),
+                remote_endpoint: Endpoint::roce(ip),
+            };
+            let client = Rc::new(Client::new(&desc, None).unwrap());
+            let early = Rc::new(RefCell::new(None));
+            let (c, got) = (client.clone(), early.clone());
+            BEFORE_PUBLISH.set(Some(Box::new(move || {
+                *got.borrow_mut() = Some(c.connect(Duration::from_millis(300)));
+            })));
+            let listened = server.listen();
+            BEFORE_PUBLISH.set(None);
+            match listened {
+                Err(e) if e.status() == Some(Status::FAILED) => continue, // the port was taken
+                r => r.unwrap(),
+            }
+            let early = early.take().expect("the hook ran").unwrap_err();
+            assert_eq!(early.status(), Some(Status::TIMEOUT), "{early}");
+            client.connect(Duration::from_secs(5)).unwrap();
+            let list = client.remote_mems(Duration::from_secs(5)).unwrap();
+            let tags: Vec<&[u8]> = list.iter().map(|m| m.tag.as_slice()).collect();
+            assert_eq!(tags, [BUILTIN_TAG.as_bytes(), b"kv"]);
+            // SAFETY: `mine` outlives the client; nothing touches it during the batch.
+            unsafe { client.register(local) }.unwrap();
+            let put = OpDesc {
+                remote_addr: list[1].addr,
+                local_addr: local.addr,
+                len: 64,
+            };
+            (client.batch_sync(TransferOp::Write, &[put], Duration::from_secs(5))).unwrap();
+            client.close();
+            server.close();
+            assert_eq!(kv[..64], [0x3c; 64]);
+            return;
+        }
+        panic!("no port to listen on");
     }
 }

@@ -55,15 +55,33 @@ impl Named {
     ///
     /// # Errors
     /// The engine's start errors.
-    pub(crate) fn start(name: &str, mut options: Options) -> Result<Self, Error> {
+    pub(crate) fn start(name: &str, options: Options) -> Result<Self, Error> {
+        let named = Self::initialize(name, options)?;
+        named.open()?;
+        Ok(named)
+    }
+
+    /// As [`Named::start`], but not open to links yet: a listening engine has its port (a peer
+    /// that connects meanwhile waits for its answer) and serves nothing until [`Named::open`],
+    /// so what it registers and writes before is all there for every peer.
+    ///
+    /// # Errors
+    /// The engine's initialize errors.
+    pub(crate) fn initialize(name: &str, mut options: Options) -> Result<Self, Error> {
         options.auto_connect = false;
-        let core = Engine::initialize(name, options, name.ends_with(":0"))?;
-        core.open()?;
         Ok(Named {
-            core,
+            core: Engine::initialize(name, options, name.ends_with(":0"))?,
             peers: Peers::default(),
             buffers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Opens the engine to links (once; [`Named::start`] does it).
+    ///
+    /// # Errors
+    /// `FAILED` when serving cannot start.
+    pub(crate) fn open(&self) -> Result<(), Error> {
+        self.core.open()
     }
 
     /// A host buffer of `len` bytes that peers may access as `access` says.
