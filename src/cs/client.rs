@@ -17,6 +17,9 @@ use crate::published::FetchError;
 use crate::sync::lock;
 use crate::{Access, MemType};
 
+/// The longest a disconnect waits for the server's answer (the link is closed either way).
+const BYE_WAIT: Duration = Duration::from_secs(1);
+
 /// What a client is created with (`HixlClientDesc`; `tc` and `sl`, RDMA's, are not used).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientDesc {
@@ -143,6 +146,16 @@ impl State {
         Ok(out)
     }
 
+    /// Closes the link to the server, waiting for its answer until `deadline` ([`BYE_WAIT`] at
+    /// most, 1 ms at least: the link is closed either way); the client is not connected then.
+    fn disconnect_by(&mut self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = left.clamp(Duration::from_millis(1), BYE_WAIT);
+        self.engine.disconnect(&self.remote, wait);
+        self.connected = false;
+        self.remote_mems.clear();
+    }
+
     /// Whether every region of the list is in the link's table (memory the server registered
     /// after this client connected is not).
     fn link_covers(&self, t: &list::Table) -> Result<bool> {
@@ -236,7 +249,7 @@ impl Client {
             st.import(&t, builtin)
         });
         if let Err(e) = fetched {
-            st.engine.disconnect(&st.remote);
+            st.disconnect_by(deadline);
             return Err(e);
         }
         st.connected = true;
@@ -246,11 +259,16 @@ impl Client {
     /// The server's memory list, READ again within `timeout` (`HixlCSClientGetRemoteMem`): the
     /// built-in region ([`BUILTIN_TAG`]) first, then each registration. When the server
     /// registered memory the link's table lacks (tables are fixed per link), the client
-    /// reconnects first.
+    /// reconnects first: the link is closed (waiting for the server's answer until the
+    /// deadline, 1 s at most), then a new one made in what is left of `timeout`. The engine
+    /// holds one link to a server, so the old link goes before the new one is made: when the
+    /// deadline passes first, the old link is kept (and the list as imported before); when the
+    /// new connect fails, the client is not connected (connect again).
     ///
     /// # Errors
     /// `FAILED` when not connected, once closed, or when a reconnect is due while async batches
-    /// are outstanding; `TIMEOUT` for a zero timeout or when it passes; the engine's errors.
+    /// are outstanding; `TIMEOUT` for a zero timeout or when it passes (a reconnect included);
+    /// the engine's errors.
     pub fn remote_mems(&self, timeout: Duration) -> Result<Vec<RemoteMem>> {
         let mut st = self.state()?;
         if !st.connected {
@@ -271,10 +289,16 @@ impl Client {
                     st.handles.len()
                 )));
             }
+            let out_of_time =
+                || Error::timeout("timed out reconnecting to import the server's list");
+            if Instant::now() >= deadline {
+                return Err(out_of_time()); // the link is kept: no new one could be made in time
+            }
+            st.disconnect_by(deadline);
             let left = deadline.saturating_duration_since(Instant::now());
-            st.engine.disconnect(&st.remote);
-            st.connected = false;
-            st.remote_mems.clear();
+            if left.is_zero() {
+                return Err(out_of_time());
+            }
             st.engine.connect(&st.remote, left)?;
             st.connected = true;
             (t, builtin) = st.fetch(deadline)?;

@@ -130,9 +130,10 @@ impl Engine {
         self.0.connect(remote, timeout).map(drop).map_err(fail)
     }
 
-    /// Disconnects from `remote` (best effort: a peer that went away is gone all the same).
-    pub(super) fn disconnect(&self, remote: &str) {
-        let _ = self.0.disconnect(remote, Duration::from_secs(1));
+    /// Disconnects from `remote`, waiting up to `timeout` for its answer (best effort: the
+    /// link is closed either way, and a peer that went away is gone all the same).
+    pub(super) fn disconnect(&self, remote: &str, timeout: Duration) {
+        let _ = self.0.disconnect(remote, timeout);
     }
 
     /// The regions of `remote`'s table, as the link got them.

@@ -6,6 +6,7 @@
 //! prints `READY <port> <kv address> <size> <pid>`. Then, one command per line on standard
 //! input:
 //! - `sum OFF LEN`: `SUM <fnv1a of those bytes of kv, hex>`;
+//! - `more LEN`: registers LEN more bytes (zeroed) tagged `more`: `REG <address>`;
 //! - `quit` (or the end of input): closes the server and exits.
 
 use std::io::{BufRead, Write};
@@ -40,6 +41,8 @@ pub fn cs_serve(size: usize, seed: u64) -> Result<(), Failure> {
         }
     }
     let (server, port) = listening.ok_or("no port to listen on")?;
+    // the memory of `more`, kept until the server is closed
+    let mut more: Vec<Vec<u8>> = Vec::new();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -63,12 +66,27 @@ pub fn cs_serve(size: usize, seed: u64) -> Result<(), Failure> {
                     writeln!(out, "SUM {:016x}", fnv1a(&copy))?;
                 }
             }
+            ["more", len] => {
+                let mut m = vec![0u8; len.parse()?];
+                let mem = Mem {
+                    typ: MemType::Host,
+                    addr: m.as_mut_ptr() as usize,
+                    size: m.len(),
+                };
+                // SAFETY: `m` is kept in `more` until the server is closed below, and this
+                // process never reads it.
+                match unsafe { server.register(b"more", mem) } {
+                    Ok(_) => writeln!(out, "REG {}", mem.addr)?,
+                    Err(e) => writeln!(out, "ERR {e}")?,
+                }
+                more.push(m);
+            }
             ["quit"] => break,
             _ => writeln!(out, "ERR")?,
         }
         out.flush()?;
     }
     server.close();
-    drop(kv);
+    drop((kv, more));
     Ok(())
 }
