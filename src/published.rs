@@ -7,7 +7,10 @@
 //! product's own.
 //!
 //! Layout (little-endian): a header `{u64 magic; u64 version (odd while it is being
-//! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload. A
+//! rewritten); u64 payload length; u64 FNV-1a of the payload}`, then the payload, then
+//! optionally a trailer: bytes a product writes after the payload, under the same version, that
+//! readers which know none never read ([`Publisher::publish_trailed`], [`Format::fetch_trailed`];
+//! the product's codec checks it against the payload). A
 //! [`Format`] names one kind of table: its magic, and the size of the region it lives in (the
 //! region a peer finds in a link's region table by that size: [`Format::is_region`]).
 //!
@@ -77,6 +80,19 @@ pub enum Refused {
     /// A payload whose checksum is not the header's.
     #[error("a payload that does not match its checksum")]
     Checksum,
+}
+
+/// What a reader makes of the bytes after a payload, where a publisher may have written a
+/// trailer ([`Format::fetch_trailed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trailer<T> {
+    /// The payload's own trailer, checked.
+    Found(T),
+    /// No trailer of this payload: none was written, or it is being rewritten (the fetch tells
+    /// the two apart by reading the header again).
+    Absent,
+    /// A trailer of this payload that does not check: being rewritten, read again.
+    Torn,
 }
 
 /// Why [`Format::fetch`] got no table.
@@ -202,26 +218,59 @@ impl Format {
     /// every try found the table being rewritten.
     pub fn fetch<E>(
         &self,
-        mut read: impl FnMut(&mut [u8]) -> Result<(), E>,
+        read: impl FnMut(&mut [u8]) -> Result<(), E>,
     ) -> Result<Vec<u8>, FetchError<E>> {
-        for _ in 0..TRIES {
+        let (payload, _) = self.fetch_trailed(read, |_| 0, |_, _| Trailer::Found(()))?;
+        Ok(payload)
+    }
+
+    /// [`Format::fetch`], and the trailer after the payload: the image READ holds up to
+    /// `extra(len)` bytes after a payload of `len` bytes (within the region), which
+    /// `open(payload, after)` makes a [`Trailer`] of. [`Trailer::Torn`] reads the table again;
+    /// [`Trailer::Absent`] is `None` once one more READ of the header finds it unchanged (no
+    /// rewrite began since the first: the bytes after the payload are this version's, and hold
+    /// no trailer of it), else reads the table again.
+    ///
+    /// # Errors
+    /// As [`Format::fetch`].
+    pub fn fetch_trailed<E, T>(
+        &self,
+        mut read: impl FnMut(&mut [u8]) -> Result<(), E>,
+        extra: impl Fn(usize) -> usize,
+        open: impl Fn(&[u8], &[u8]) -> Trailer<T>,
+    ) -> Result<(Vec<u8>, Option<T>), FetchError<E>> {
+        // a header READ: Err for the READ's error, Ok with what the header says
+        let header = |read: &mut dyn FnMut(&mut [u8]) -> Result<(), E>| {
             let mut first = [0u8; HEADER_LEN];
             read(&mut first).map_err(FetchError::Read)?;
-            let h = match self.decode_header(&first) {
+            Ok(self.decode_header(&first))
+        };
+        for _ in 0..TRIES {
+            let h = match header(&mut read)? {
                 Ok(h) => h,
                 Err(Refused::Torn) => continue,
                 Err(e) => return Err(FetchError::Refused(e)),
             };
-            let mut image = vec![0u8; HEADER_LEN + h.len];
+            let after = extra(h.len).min(self.max_payload() - h.len);
+            let mut image = vec![0u8; HEADER_LEN + h.len + after];
             read(&mut image).map_err(FetchError::Read)?;
             // the header again: the payload is the version's only if it did not change meanwhile
             match self.decode_header(&image) {
                 Ok(again) if again == h => {}
                 _ => continue,
             }
+            let after = image.split_off(HEADER_LEN + h.len);
             let payload = image.split_off(HEADER_LEN);
-            if fnv1a(&payload) == h.sum {
-                return Ok(payload);
+            if fnv1a(&payload) != h.sum {
+                continue;
+            }
+            match open(&payload, &after) {
+                Trailer::Found(t) => return Ok((payload, Some(t))),
+                Trailer::Torn => {}
+                Trailer::Absent if after.is_empty() || header(&mut read)? == Ok(h) => {
+                    return Ok((payload, None));
+                }
+                Trailer::Absent => {}
             }
         }
         Err(FetchError::Changing)
@@ -259,8 +308,29 @@ impl Publisher {
         base: *mut u8,
         payload: &[u8],
     ) -> Result<(), Refused> {
-        if payload.len() > format.max_payload() {
-            return Err(Refused::TooLong(payload.len() as u64));
+        // SAFETY: the caller's contract.
+        unsafe { self.publish_trailed(format, base, payload, &[]) }
+    }
+
+    /// [`Publisher::publish`], with `trailer` written right after the payload, under the same
+    /// version (readers that know no trailer never read it).
+    ///
+    /// # Errors
+    /// [`Refused::TooLong`] (nothing written) when the payload and the trailer do not fit
+    /// `format`'s region.
+    ///
+    /// # Safety
+    /// As [`Publisher::publish`].
+    pub unsafe fn publish_trailed(
+        &mut self,
+        format: &Format,
+        base: *mut u8,
+        payload: &[u8],
+        trailer: &[u8],
+    ) -> Result<(), Refused> {
+        let total = payload.len() + trailer.len();
+        if total > format.max_payload() {
+            return Err(Refused::TooLong(total as u64));
         }
         let word = |i: usize, v: u64| {
             // SAFETY: i < 4, so the 8 bytes lie in the header, inside the region the caller
@@ -274,6 +344,12 @@ impl Publisher {
         // the caller promised writable; `payload` is our own memory, not the region.
         unsafe {
             std::ptr::copy_nonoverlapping(payload.as_ptr(), base.add(HEADER_LEN), payload.len())
+        };
+        // SAFETY: HEADER_LEN + payload.len() + trailer.len() <= region_len (checked above), as
+        // the payload's copy; `trailer` is our own memory, not the region.
+        unsafe {
+            let at = base.add(HEADER_LEN + payload.len());
+            std::ptr::copy_nonoverlapping(trailer.as_ptr(), at, trailer.len())
         };
         word(0, format.magic);
         word(2, payload.len() as u64);
@@ -351,6 +427,66 @@ mod tests {
         });
         assert_eq!(got, Err(FetchError::Changing));
         assert_eq!(reads, TRIES);
+    }
+
+    /// A trailer after the payload: found with it; one that does not check is read again; none
+    /// is `None` only once the header, read again, is unchanged.
+    #[test]
+    fn trailers_are_fetched_with_their_payload() {
+        let mut r = region();
+        let mut p = Publisher::default();
+        // SAFETY: `r` is region_len bytes, written by this publisher only.
+        unsafe { p.publish_trailed(&F, r.as_mut_ptr(), b"payload", b"TRAILER") }.unwrap();
+        assert_eq!(
+            F.open(&r),
+            Ok(&b"payload"[..]),
+            "a reader that knows no trailer"
+        );
+        let open = |payload: &[u8], after: &[u8]| match after.get(..7) {
+            Some(t) if t == b"TRAILER" && payload == b"payload" => Trailer::Found(t.to_vec()),
+            Some(t) if t == b"TRAIL!!" => Trailer::Torn,
+            _ => Trailer::Absent,
+        };
+        // (the reads in turn, counted; `script` gives the image each one sees)
+        let fetch = |script: &[&Vec<u8>]| {
+            let mut at = 0;
+            let got = F.fetch_trailed(
+                |buf: &mut [u8]| -> Result<(), ()> {
+                    buf.copy_from_slice(&script[at][..buf.len()]);
+                    at += 1;
+                    Ok(())
+                },
+                |_| 16,
+                open,
+            );
+            (got, at)
+        };
+        let (got, reads) = fetch(&[&r, &r]);
+        assert_eq!(got, Ok((b"payload".to_vec(), Some(b"TRAILER".to_vec()))));
+        assert_eq!(reads, 2);
+        let mut torn = r.clone();
+        torn[HEADER_LEN + 7..HEADER_LEN + 14].copy_from_slice(b"TRAIL!!");
+        let (got, reads) = fetch(&[&r, &torn, &r, &r]);
+        assert_eq!(got, Ok((b"payload".to_vec(), Some(b"TRAILER".to_vec()))));
+        assert_eq!(reads, 4, "the torn trailer read again");
+        // none: the header read once more, unchanged
+        let mut none = region();
+        // SAFETY: as above.
+        unsafe { Publisher::default().publish(&F, none.as_mut_ptr(), b"payload") }.unwrap();
+        let (got, reads) = fetch(&[&none, &none, &none]);
+        assert_eq!(got, Ok((b"payload".to_vec(), None)));
+        assert_eq!(reads, 3);
+        // none seen, but the header changed meanwhile (a rewrite that brings the trailer)
+        let mut newer = r.clone();
+        newer[8] = 4;
+        let (got, reads) = fetch(&[&none, &none, &newer, &newer, &newer]);
+        assert_eq!(got, Ok((b"payload".to_vec(), Some(b"TRAILER".to_vec()))));
+        assert_eq!(reads, 5);
+        // payload and trailer together must fit
+        let long = vec![0u8; F.max_payload() - 3];
+        // SAFETY: as above.
+        let e = unsafe { p.publish_trailed(&F, r.as_mut_ptr(), &long, b"four") };
+        assert_eq!(e, Err(Refused::TooLong(F.max_payload() as u64 + 1)));
     }
 
     #[test]

@@ -386,12 +386,19 @@ pub fn serve_handshake(data: &[u8]) {
 /// decodes holds its limits (counts, memory types, non-empty ranges without overflow, tags
 /// without a NUL) and re-encodes to the same bytes.
 pub fn cs_list(data: &[u8]) {
-    use hixl::published::HEADER_LEN;
+    use hixl::published::{HEADER_LEN, Trailer};
     let format = cs_list::FORMAT;
     if let Ok(h) = format.decode_header(data) {
         assert!(h.len <= format.max_payload() && h.version % 2 == 0);
         if let Some(p) = data.get(HEADER_LEN..HEADER_LEN + h.len) {
             cs_list_payload(p);
+            // the ids trailer after it: what decodes re-encodes to the bytes it was read from
+            let after = &data[HEADER_LEN + h.len..];
+            if let Trailer::Found(ids) = cs_list::decode_ids(p, after) {
+                assert!(ids.len() <= cs_list::MAX_MEMS);
+                let again = cs_list::encode_ids(p, &ids);
+                assert_eq!(&after[..again.len()], again);
+            }
         }
     }
     if let Ok(p) = format.open(data) {
@@ -415,8 +422,8 @@ fn cs_list_payload(p: &[u8]) {
 }
 
 /// Seeds of the `cs_list` corpus, encoded by the list's own encoder: whole regions (a header
-/// as the server writes it, then the payload) and bare payloads, an empty list, and truncated
-/// ones. `tests/fuzz_corpus.rs` writes them (`HIXL_WRITE_FUZZ_SEEDS=1`).
+/// as the server writes it, then the payload, with and without the ids trailer, whole or torn)
+/// and bare payloads, an empty list, and truncated ones. `tests/fuzz_corpus.rs` writes them (`HIXL_WRITE_FUZZ_SEEDS=1`).
 pub fn cs_list_seeds() -> Vec<(&'static str, Vec<u8>)> {
     use cs_list::{ENDPOINT_LEN, Entry as Mem, FORMAT, Table};
     use hixl::published::HEADER_LEN;
@@ -450,9 +457,15 @@ pub fn cs_list_seeds() -> Vec<(&'static str, Vec<u8>)> {
     };
     let p = list.encode_payload();
     let empty = Table::default().encode_payload();
+    let mut with_ids = region(&p);
+    with_ids.extend_from_slice(&cs_list::encode_ids(&p, &[1, 2, 0xffff_fffe]));
+    let mut torn_ids = with_ids.clone();
+    *torn_ids.last_mut().expect("a trailer") ^= 1;
     vec![
         ("payload", p.clone()),
         ("region", region(&p)),
+        ("region_with_ids", with_ids),
+        ("region_with_torn_ids", torn_ids),
         ("empty_payload", empty.clone()),
         ("empty_region", region(&empty)),
         ("truncated_payload", p[..p.len() - 3].to_vec()),

@@ -98,6 +98,15 @@ impl State {
     /// READs the server's list within `deadline` (retried while the server rewrites it), and
     /// the region it lives in.
     fn fetch(&self, deadline: Instant) -> Result<(list::Table, RemoteRegion)> {
+        self.fetch_ids(deadline).map(|(t, _, region)| (t, region))
+    }
+
+    /// [`State::fetch`], and the ids of the list's regions in the server's engine (`None` from
+    /// a server that publishes none).
+    fn fetch_ids(
+        &self,
+        deadline: Instant,
+    ) -> Result<(list::Table, Option<Vec<u32>>, RemoteRegion)> {
         let region = (self.engine.remote_regions(&self.remote)?)
             .into_iter()
             .find(|r| FORMAT.is_region(r.access, r.mem_type, r.len))
@@ -116,13 +125,21 @@ impl State {
             // are serialized by the client's lock (held by the caller of `fetch`).
             unsafe { (self.engine).read(&self.remote, &self.download, region.addr, buf, left) }
         };
-        let payload = FORMAT.fetch(read).map_err(|e| match e {
-            FetchError::Read(e) => e,
-            e => Error::failed(format!("the server's memory list: {e}")),
-        })?;
-        let t = list::decode_payload(&payload)
-            .map_err(|w| Error::failed(format!("the server's memory list: {w}")))?;
-        Ok((t, region))
+        let bad = |w: String| Error::failed(format!("the server's memory list: {w}"));
+        let (payload, ids) = (FORMAT)
+            .fetch_trailed(read, list::ids_len_after, list::decode_ids)
+            .map_err(|e| match e {
+                FetchError::Read(e) => e,
+                e => bad(e.to_string()),
+            })?;
+        let t = list::decode_payload(&payload).map_err(|w| bad(w.into()))?;
+        if let Some(ids) = &ids
+            && ids.len() != t.mems.len()
+        {
+            let (n, m) = (ids.len(), t.mems.len());
+            return Err(bad(format!("ids of {n} regions for {m}")));
+        }
+        Ok((t, ids, region))
     }
 
     /// Records the list (the ranges batches are checked against) and returns it as
@@ -156,12 +173,17 @@ impl State {
         self.remote_mems.clear();
     }
 
-    /// Whether every region of the list is in the link's table (memory the server registered
-    /// after this client connected is not).
-    fn link_covers(&self, t: &list::Table) -> Result<bool> {
+    /// Whether every region of the list is in the link's table: memory the server registered
+    /// after this client connected is not, nor memory it registered again (the same addresses,
+    /// a new region of its engine), told apart by `ids` when the server gives them.
+    fn link_covers(&self, t: &list::Table, ids: Option<&[u32]>) -> Result<bool> {
         let regions = self.engine.remote_regions(&self.remote)?;
-        Ok(t.mems.iter().all(|m| {
-            (regions.iter()).any(|r| r.addr <= m.addr && m.addr + m.size <= r.addr + r.len)
+        Ok(t.mems.iter().enumerate().all(|(i, m)| {
+            (regions.iter()).any(|r| {
+                r.addr <= m.addr
+                    && m.addr + m.size <= r.addr + r.len
+                    && ids.is_none_or(|ids| ids.get(i) == Some(&r.id))
+            })
         }))
     }
 }
@@ -258,9 +280,11 @@ impl Client {
 
     /// The server's memory list, READ again within `timeout` (`HixlCSClientGetRemoteMem`): the
     /// built-in region ([`BUILTIN_TAG`]) first, then each registration. When the server
-    /// registered memory the link's table lacks (tables are fixed per link), the client
-    /// reconnects first: the link is closed (waiting for the server's answer until the
-    /// deadline, 1 s at most), then a new one made in what is left of `timeout`. The engine
+    /// registered memory the link's table lacks (tables are fixed per link), or registered it
+    /// again (the link's region of those addresses has another id than the list gives; a
+    /// server that gives no ids is checked by address only), the client reconnects first: the
+    /// link is closed (waiting for the server's answer until the deadline, 1 s at most), then a
+    /// new one made in what is left of `timeout`. The engine
     /// holds one link to a server, so the old link goes before the new one is made: when the
     /// deadline passes first, the old link is kept (and the list as imported before); when the
     /// new connect fails, the client is not connected (connect again).
@@ -278,13 +302,13 @@ impl Client {
             return Err(Error::timeout("timeout_ms is 0"));
         }
         let deadline = Instant::now() + timeout;
-        let (mut t, mut builtin) = st.fetch(deadline)?;
-        if !st.link_covers(&t)? {
-            // the server registered memory after this link was made: a new link gets a table
-            // with it (the engine's tables are fixed per link)
+        let (mut t, ids, mut builtin) = st.fetch_ids(deadline)?;
+        if !st.link_covers(&t, ids.as_deref())? {
+            // the server registered memory after this link was made (or again): a new link gets
+            // a table with it (the engine's tables are fixed per link)
             if !st.handles.is_empty() {
                 return Err(Error::failed(format!(
-                    "the server's list grew; {} async batches must be queried to their end before \
+                    "the server's list changed; {} async batches must be queried to their end before \
                      it can be imported",
                     st.handles.len()
                 )));

@@ -10,10 +10,17 @@
 //! endpoints; u32 mems; endpoints × 160 bytes (an EndpointDesc as the server got it); mems ×
 //! {i32 type (0 device, 1 host); u32 tag length; u64 addr; u64 size; tag bytes}}`.
 //!
+//! After the payload, a trailer (the published table's, [`crate::published::Trailer`]) gives
+//! each region's id in the server's engine, in the list's order, so that a client can tell a
+//! region its link has from one registered again at the same addresses: `{u64 magic
+//! "HXLCSID1"; u64 FNV-1a of the payload; u32 count; u32 0; count × u32 id; u64 FNV-1a of the
+//! trailer's bytes before it}`. A reader of the list that knows no trailer never reads it, and
+//! a list without one (from a server that writes none) is read as before.
+//!
 //! Public for the fuzz target `cs_list`, hidden from the docs and not part of the semver
 //! surface.
 
-use crate::published::Format;
+use crate::published::{Format, Trailer, fnv1a};
 
 /// The list as a published table ("HXLCSMT1"), in a region of 1 MiB + 4 KiB: distinct from
 /// LLM-DataDist's 1 MiB cache table, so neither is mistaken for the other.
@@ -28,6 +35,62 @@ pub const MAX_ENDPOINTS: usize = 1024;
 pub const MAX_TAG: usize = 4096;
 /// Bytes of one region's entry before its tag.
 const MEM_FIXED: usize = 24;
+/// The ids trailer's magic.
+const IDS_MAGIC: [u8; 8] = *b"HXLCSID1";
+/// Bytes of the ids trailer besides its ids.
+const IDS_FIXED: usize = 32;
+
+/// Bytes of the ids trailer of `mems` regions.
+pub fn ids_len(mems: usize) -> usize {
+    IDS_FIXED + 4 * mems
+}
+
+/// The most bytes of an ids trailer after a payload of `len` bytes (for as many regions as it
+/// can list).
+pub fn ids_len_after(len: usize) -> usize {
+    ids_len((len.saturating_sub(8) / MEM_FIXED).min(MAX_MEMS))
+}
+
+/// The ids trailer of `payload`: `ids` in the list's order.
+pub fn encode_ids(payload: &[u8], ids: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ids_len(ids.len()));
+    out.extend_from_slice(&IDS_MAGIC);
+    out.extend_from_slice(&fnv1a(payload).to_le_bytes());
+    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for id in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    let sum = fnv1a(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// The ids in `after`, the bytes after `payload`: [`Trailer::Absent`] without the magic and
+/// `payload`'s checksum (no trailer, or another payload's), [`Trailer::Torn`] when the rest
+/// does not check (a count beyond the limit or the bytes, a checksum that does not match).
+pub fn decode_ids(payload: &[u8], after: &[u8]) -> Trailer<Vec<u32>> {
+    let mut r = Reader { b: after };
+    match (r.take(8), r.u64()) {
+        (Ok(m), Ok(sum)) if m == IDS_MAGIC && sum == fnv1a(payload) => {}
+        _ => return Trailer::Absent,
+    }
+    let Ok(count) = r.u32().map(|n| n as usize) else {
+        return Trailer::Torn;
+    };
+    if count > MAX_MEMS || after.len() < ids_len(count) {
+        return Trailer::Torn;
+    }
+    let (body, tail) = after.split_at(ids_len(count) - 8);
+    if tail[..8] != fnv1a(body).to_le_bytes() || body[20..24] != [0; 4] {
+        return Trailer::Torn;
+    }
+    let ids = body[24..].chunks_exact(4);
+    Trailer::Found(
+        ids.map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
 
 /// One region of the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +250,36 @@ mod tests {
         let p = t.encode_payload();
         assert_eq!(p.len(), t.payload_len());
         assert_eq!(decode_payload(&p).unwrap(), t);
+    }
+
+    #[test]
+    fn ids_trailers() {
+        let p = sample().encode_payload();
+        let ids = [3u32, 0xdead_beef];
+        let mut after = encode_ids(&p, &ids);
+        assert_eq!(after.len(), ids_len(2));
+        assert!(ids_len(2) <= ids_len_after(p.len()));
+        assert_eq!(decode_ids(&p, &after), Trailer::Found(ids.to_vec()));
+        after.extend_from_slice(&[0x55; 40]); // what follows in the region: not read
+        assert_eq!(decode_ids(&p, &after), Trailer::Found(ids.to_vec()));
+        // no trailer, or another payload's: absent
+        assert_eq!(decode_ids(&p, &[0; 64]), Trailer::Absent);
+        assert_eq!(decode_ids(&p, &[]), Trailer::Absent);
+        assert_eq!(decode_ids(&p[1..], &after), Trailer::Absent);
+        // this payload's, but cut short or changed: torn
+        for n in 16..ids_len(2) {
+            assert_eq!(decode_ids(&p, &after[..n]), Trailer::Torn, "cut at {n}");
+        }
+        for i in 16..ids_len(2) {
+            let mut bad = after.clone();
+            bad[i] ^= 0x10;
+            assert_eq!(decode_ids(&p, &bad), Trailer::Torn, "flip at {i}");
+        }
+        let mut many = encode_ids(&p, &[]);
+        many[16..20].copy_from_slice(&(MAX_MEMS as u32 + 1).to_le_bytes());
+        assert_eq!(decode_ids(&p, &many), Trailer::Torn);
+        assert_eq!(ids_len_after(0), ids_len(0));
+        assert_eq!(ids_len_after(usize::MAX), ids_len(MAX_MEMS));
     }
 
     /// Every truncation and many random corruptions (a fixed-seed xorshift, so a failure

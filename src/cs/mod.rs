@@ -16,7 +16,8 @@
 //!   memory where ACL and HCCL load), READs the server's list, and matches the client's remote
 //!   endpoint among the server's endpoints as upstream's server does ([`Endpoint::matches`];
 //!   else `PARAM_INVALID`); [`Client::remote_mems`] READs the list again (reconnecting when
-//!   the server registered memory the link's table lacks);
+//!   the server registered memory the link's table lacks, or registered it again: the list
+//!   gives each region's id in the server's engine);
 //! - batches are engine transfers, PUT a WRITE and GET a READ; an async one gets a
 //!   [`Completion`] (at most [`MAX_HANDLES`] unqueried, upstream's limit), which
 //!   [`Client::query`] frees once it reports [`CompleteStatus::Completed`] or

@@ -64,9 +64,11 @@ impl State {
 
     /// Rewrites the published list (nothing before Listen).
     fn publish(&mut self) -> Result<()> {
-        let payload = self.list().encode_payload();
+        let ids = (self.mems.values()).filter_map(|m| m.engine.as_ref().map(|r| r.id));
+        let list = self.list().encode_payload();
+        let ids = list::encode_ids(&list, &ids.collect::<Vec<_>>());
         match &self.table {
-            Some(table) => write(&mut self.publisher, table, &payload),
+            Some(table) => write(&mut self.publisher, table, &list, &ids),
             None => Ok(()),
         }
     }
@@ -95,7 +97,7 @@ impl State {
             size: mem.size as u64,
             tag: tag.to_vec(),
         });
-        if t.payload_len() > FORMAT.max_payload() {
+        if t.payload_len() + list::ids_len(t.mems.len()) > FORMAT.max_payload() {
             return Err(Error::exhausted(
                 "the memory list would not fit the server's table (1 MiB)",
             ));
@@ -112,12 +114,12 @@ impl State {
     }
 }
 
-/// Writes `payload` as the list in `table`, the server's list region.
-fn write(publisher: &mut Publisher, table: &Buffer, payload: &[u8]) -> Result<()> {
+/// Writes `list` (a payload) and its `ids` trailer in `table`, the server's list region.
+fn write(publisher: &mut Publisher, table: &Buffer, list: &[u8], ids: &[u8]) -> Result<()> {
     // SAFETY: the region is FORMAT's region_len bytes (allocated so at Listen), alive while
     // `table` (its record) is, and written only here, under the server's lock (the callers
     // hold it); clients only READ it.
-    unsafe { publisher.publish(&FORMAT, table.as_ptr(), payload) }
+    unsafe { publisher.publish_trailed(&FORMAT, table.as_ptr(), list, ids) }
         .map_err(|_| Error::exhausted("the memory list does not fit the server's table"))
 }
 
@@ -255,10 +257,11 @@ impl Server {
             // SAFETY: `register`'s contract, under which the memory was given.
             regs.push(unsafe { engine_register(&e, &m.mem) }?);
         }
-        let payload = st.list().encode_payload();
+        let list = st.list().encode_payload();
+        let ids = list::encode_ids(&list, &regs.iter().map(|r| r.id).collect::<Vec<_>>());
         #[cfg(test)]
         tests::BEFORE_PUBLISH.with_borrow_mut(|h| h.as_mut().map(|f| f()));
-        write(&mut st.publisher, &table, &payload)?;
+        write(&mut st.publisher, &table, &list, &ids)?;
         e.open().map_err(cannot)?;
         for (m, r) in st.mems.values_mut().zip(regs) {
             m.engine = Some(r);
@@ -315,12 +318,13 @@ impl std::fmt::Debug for Server {
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
-    use std::net::{Ipv4Addr, TcpListener};
+    use std::net::{IpAddr, Ipv4Addr, TcpListener};
     use std::rc::Rc;
     use std::time::Duration;
 
     use super::*;
     use crate::cs::{BUILTIN_TAG, Client, ClientDesc, OpDesc};
+    use crate::published::HEADER_LEN;
     use crate::{MemType, Status, TransferOp};
 
     thread_local! {
@@ -329,71 +333,135 @@ mod tests {
             const { RefCell::new(None) };
     }
 
-    /// A client that connects while Listen runs, before the list is written, is answered only
-    /// once Listen has written it and registered every region: here it times out (nothing
-    /// serves yet), where it would find the list's region zeroed; after Listen it connects,
-    /// lists every region and writes one.
-    #[test]
-    fn a_client_connecting_during_listen_waits_for_the_list() {
-        let ip = Ipv4Addr::LOCALHOST.into();
-        let mut kv = vec![0u8; 4096];
-        let mem = Mem {
-            typ: MemType::Host,
-            addr: kv.as_mut_ptr() as usize,
-            size: kv.len(),
-        };
-        let mut mine = vec![0x3cu8; 64];
-        let local = Mem {
-            typ: MemType::Host,
-            addr: mine.as_mut_ptr() as usize,
-            size: mine.len(),
-        };
+    const IP: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    const SECONDS: Duration = Duration::from_secs(5);
+
+    /// A server of `kv` (tagged "kv") listening on a port free a moment ago (another one if a
+    /// process takes it first), with `hook(port)` as Listen's [`BEFORE_PUBLISH`].
+    ///
+    /// # Safety
+    /// `kv` is valid for reads and writes until the server is closed, and nothing reads it
+    /// while a client may write it.
+    unsafe fn serving(kv: Mem, hook: impl Fn(u16) -> Box<dyn FnMut()>) -> (Server, u16) {
         for _ in 0..50 {
-            // a port free a moment ago: another process may take it first
             let port = (TcpListener::bind("127.0.0.1:0").unwrap())
                 .local_addr()
                 .unwrap()
                 .port();
-            let server = Server::new(ip, port, &[Endpoint::roce(ip)], None).unwrap();
-            // SAFETY: `kv` outlives the server; nothing reads it until the server is closed.
-            unsafe { server.register(b"kv", mem) }.unwrap();
-            let desc = ClientDesc {
-                server_ip: ip,
-                server_port: port,
-                local_endpoint: Endpoint::roce(ip),
-                remote_endpoint: Endpoint::roce(ip),
-            };
-            let client = Rc::new(Client::new(&desc, None).unwrap());
-            let early = Rc::new(RefCell::new(None));
-            let (c, got) = (client.clone(), early.clone());
-            BEFORE_PUBLISH.set(Some(Box::new(move || {
-                *got.borrow_mut() = Some(c.connect(Duration::from_millis(300)));
-            })));
+            let server = Server::new(IP, port, &[Endpoint::roce(IP)], None).unwrap();
+            // SAFETY: the caller's.
+            unsafe { server.register(b"kv", kv) }.unwrap();
+            BEFORE_PUBLISH.set(Some(hook(port)));
             let listened = server.listen();
             BEFORE_PUBLISH.set(None);
             match listened {
-                Err(e) if e.status() == Some(Status::FAILED) => continue, // the port was taken
-                r => r.unwrap(),
+                Err(e) if e.status() == Some(Status::FAILED) => {} // the port was taken
+                r => return r.map(|()| (server, port)).unwrap(),
             }
-            let early = early.take().expect("the hook ran").unwrap_err();
-            assert_eq!(early.status(), Some(Status::TIMEOUT), "{early}");
-            client.connect(Duration::from_secs(5)).unwrap();
-            let list = client.remote_mems(Duration::from_secs(5)).unwrap();
-            let tags: Vec<&[u8]> = list.iter().map(|m| m.tag.as_slice()).collect();
-            assert_eq!(tags, [BUILTIN_TAG.as_bytes(), b"kv"]);
-            // SAFETY: `mine` outlives the client; nothing touches it during the batch.
-            unsafe { client.register(local) }.unwrap();
-            let put = OpDesc {
-                remote_addr: list[1].addr,
-                local_addr: local.addr,
-                len: 64,
-            };
-            (client.batch_sync(TransferOp::Write, &[put], Duration::from_secs(5))).unwrap();
-            client.close();
-            server.close();
-            assert_eq!(kv[..64], [0x3c; 64]);
-            return;
         }
         panic!("no port to listen on");
+    }
+
+    /// A client of the server on `port`.
+    fn client(port: u16) -> Client {
+        let desc = ClientDesc {
+            server_ip: IP,
+            server_port: port,
+            local_endpoint: Endpoint::roce(IP),
+            remote_endpoint: Endpoint::roce(IP),
+        };
+        Client::new(&desc, None).unwrap()
+    }
+
+    /// Host memory of `buf`.
+    fn mem(buf: &mut [u8]) -> Mem {
+        Mem {
+            typ: MemType::Host,
+            addr: buf.as_mut_ptr() as usize,
+            size: buf.len(),
+        }
+    }
+
+    /// Connects a client of `port`, checks the list is [built-in, kv], and PUTs `mine` at
+    /// kv's start.
+    fn connect_and_put(port: u16, mine: &mut [u8]) {
+        let c = client(port);
+        c.connect(SECONDS).unwrap();
+        let list = c.remote_mems(SECONDS).unwrap();
+        let tags: Vec<&[u8]> = list.iter().map(|m| m.tag.as_slice()).collect();
+        assert_eq!(tags, [BUILTIN_TAG.as_bytes(), b"kv"]);
+        let local = mem(mine);
+        // SAFETY: `mine` outlives the client; nothing touches it during the batch.
+        unsafe { c.register(local) }.unwrap();
+        let put = OpDesc {
+            remote_addr: list[1].addr,
+            local_addr: local.addr,
+            len: local.size as u64,
+        };
+        c.batch_sync(TransferOp::Write, &[put], SECONDS).unwrap();
+        c.close();
+    }
+
+    /// A client that connects while Listen runs, before the list is written, is answered only
+    /// once Listen has written it and registered every region: here it times out (nothing
+    /// serves yet), where it would find the list's region zeroed; after Listen a client
+    /// connects, lists every region and writes one.
+    #[test]
+    fn a_client_connecting_during_listen_waits_for_the_list() {
+        let mut kv = vec![0u8; 4096];
+        let early = Rc::new(RefCell::new(None));
+        let got = early.clone();
+        // SAFETY: `kv` outlives the server; it is read once the server is closed.
+        let (server, port) = unsafe {
+            serving(mem(&mut kv), |port| {
+                let got = got.clone();
+                Box::new(move || {
+                    let r = client(port).connect(Duration::from_millis(300));
+                    *got.borrow_mut() = Some(r);
+                })
+            })
+        };
+        let early = early.take().expect("the hook ran").unwrap_err();
+        assert_eq!(early.status(), Some(Status::TIMEOUT), "{early}");
+        connect_and_put(port, &mut [0x3c; 64]);
+        server.close();
+        assert_eq!(kv[..64], [0x3c; 64]);
+    }
+
+    /// The list stays readable both ways: a reader that knows no ids trailer (an older
+    /// client: the published table's fetch, then the payload's decoder) reads a list with one;
+    /// a list without one (as an older server writes it) is read, and its regions reached.
+    #[test]
+    fn lists_with_and_without_ids_are_read() {
+        let mut kv = vec![0u8; 4096];
+        // SAFETY: `kv` outlives the server; it is read once the server is closed.
+        let (server, port) = unsafe { serving(mem(&mut kv), |_| Box::new(|| {})) };
+        {
+            let mut st = lock(&server.state);
+            let table = st.table.clone().expect("listening");
+            // SAFETY: the list's region, alive while `table` is, written only under the
+            // server's lock (held) and so not while these bytes are read.
+            let image = unsafe { std::slice::from_raw_parts(table.as_ptr(), table.len()) };
+            let h = FORMAT.decode_header(image).unwrap();
+            let older = FORMAT.fetch(|buf: &mut [u8]| -> std::result::Result<(), ()> {
+                buf.copy_from_slice(&image[..buf.len()]);
+                Ok(())
+            });
+            let t = list::decode_payload(&older.unwrap()).unwrap();
+            assert_eq!(t, st.list());
+            let after = &image[HEADER_LEN + h.len..];
+            let ids = list::decode_ids(&image[HEADER_LEN..HEADER_LEN + h.len], after);
+            assert!(matches!(ids, crate::published::Trailer::Found(ids) if ids.len() == 1));
+            // an older server's list: no trailer (the bytes after the payload cleared)
+            let payload = t.encode_payload();
+            let at = HEADER_LEN + payload.len();
+            // SAFETY: as above; the bytes after the payload are inside the region.
+            unsafe { std::ptr::write_bytes(table.as_ptr().add(at), 0, table.len() - at) };
+            // SAFETY: as above.
+            unsafe { st.publisher.publish(&FORMAT, table.as_ptr(), &payload) }.unwrap();
+        }
+        connect_and_put(port, &mut [0x3c; 64]);
+        server.close();
+        assert_eq!(kv[..64], [0x3c; 64]);
     }
 }

@@ -198,3 +198,45 @@ fn memory_registered_after_connect_is_reached_after_remote_mems() {
         Status::FAILED
     );
 }
+
+/// Memory the server deregisters and registers again (the same range: a new region of its
+/// engine) is reached after `remote_mems`, which sees by the list's region ids that the link's
+/// table has the old region and reconnects; before it, a batch is refused by the server (the
+/// old region is gone: PARAM_INVALID, no latch).
+#[test]
+fn memory_registered_again_is_reached_after_remote_mems() {
+    let mut kv = Buf::new(4096);
+    let (server, port) = listening(|_| {});
+    let h = serve(&server, "kv", &mut kv);
+    let c = connected(port);
+    assert_eq!(c.remote_mems(5 * SECOND).unwrap().len(), 2);
+    let mut mine = Buf::new(4096);
+    local(&c, &mut mine);
+    let d = OpDesc {
+        remote_addr: kv.addr() as u64,
+        local_addr: mine.addr(),
+        len: 4096,
+    };
+    mine.write(0, &[1; 4096]);
+    c.batch_sync(TransferOp::Write, &[d], 5 * SECOND).unwrap();
+    assert_eq!(kv.read(0, 4096), [1; 4096]);
+    server.deregister(h).unwrap();
+    serve(&server, "kv", &mut kv);
+    // (a GET: a PUT the server refuses closes its lane, and with it this link)
+    assert_eq!(
+        status(c.batch_sync(TransferOp::Read, &[d], 5 * SECOND)),
+        Status::PARAM_INVALID,
+        "the link's region is gone"
+    );
+    let list = c.remote_mems(5 * SECOND).unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(
+        (list[1].tag.as_slice(), list[1].addr),
+        (&b"kv"[..], kv.addr() as u64)
+    );
+    mine.write(0, &[2; 4096]);
+    c.batch_sync(TransferOp::Write, &[d], 5 * SECOND).unwrap();
+    assert_eq!(kv.read(0, 4096), [2; 4096]);
+    c.close();
+    server.close();
+}
