@@ -213,7 +213,8 @@ hixl_status hixl_list_connect_status(const hixl_list *list, size_t index,
                                      const char **remote_engine, int32_t *status);
 void hixl_list_free(hixl_list *list);
 
-/* HIXL GetCapability: *value HIXL_FEATURE_SUPPORTED or HIXL_FEATURE_NOT_SUPPORTED. */
+/* HIXL GetCapability: *value HIXL_FEATURE_SUPPORTED or HIXL_FEATURE_NOT_SUPPORTED (also for a
+ * value no feature has); HIXL_PARAM_INVALID for a negative feature, *value untouched. */
 hixl_status hixl_get_capability(int32_t feature, int32_t *value);
 
 /* Fabric memory's allocator statics (HIXL MallocMem / FreeMem / ExportToShareableHandle), for

@@ -941,15 +941,14 @@ pub unsafe extern "C" fn hixl_list_free(list: *mut HixlList) {
 }
 
 /// HIXL `GetCapability`: `*value` is 1 (supported) or 0 (not supported, also for an unknown
-/// feature).
+/// feature); `PARAM_INVALID` for a negative feature (`*value` untouched).
 ///
 /// # Safety
 /// `value` is null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hixl_get_capability(feature: i32, value: *mut i32) -> HixlStatus {
     entry(|| {
-        let v = compat::FeatureType::from_i32(feature)
-            .map_or(compat::FEATURE_NOT_SUPPORTED, compat::get_capability);
+        let v = compat::capability_of(feature).map_err(fail)?;
         // SAFETY: the caller's contract.
         unsafe { put(value, v, "value") }
     })

@@ -1262,7 +1262,8 @@ fn op_of(op: &Bound<'_, PyAny>) -> PyResult<hixl::TransferOp> {
 }
 
 /// `get_capability(feature_type) -> (int, int)`: `FEATURE_SUPPORTED` for `AUTO_CONNECT`,
-/// `FEATURE_NOT_SUPPORTED` for `CLIENT_SERVER_COMM` (and any other value, with `SUCCESS`).
+/// `FEATURE_NOT_SUPPORTED` for `CLIENT_SERVER_COMM` (and any other value, with `SUCCESS`);
+/// `(PARAM_INVALID, FEATURE_NOT_SUPPORTED)` for a negative one (the C ABI's rule).
 #[pyfunction]
 fn get_capability(feature_type: &Bound<'_, PyAny>) -> PyResult<(u32, i32)> {
     let v = match FeatureType::of(feature_type, "feature_type") {
@@ -1270,8 +1271,15 @@ fn get_capability(feature_type: &Bound<'_, PyAny>) -> PyResult<(u32, i32)> {
         Ok(FeatureType::CLIENT_SERVER_COMM) => {
             compat::get_capability(compat::FeatureType::ClientServerComm)
         }
-        // an int no feature has: not supported (as the C ABI answers)
-        Err(_) if feature_type.is_instance_of::<PyInt>() => compat::FEATURE_NOT_SUPPORTED,
+        // an int no feature has: the C ABI's answer (any int beyond i32 is one too)
+        Err(_) if feature_type.is_instance_of::<PyInt>() => {
+            let n: i64 = feature_type.extract().unwrap_or(i64::MIN);
+            let n = n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+            match compat::capability_of(n) {
+                Ok(v) => v,
+                Err(e) => return Ok((e.status().code(), compat::FEATURE_NOT_SUPPORTED)),
+            }
+        }
         Err(e) => return Err(e),
     };
     Ok((Status::SUCCESS.code(), v))

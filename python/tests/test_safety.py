@@ -208,6 +208,10 @@ def test_bad_values_give_a_status():
     assert h.register_mem(hixl.MemDesc(2**64 - 4096, 8192), hixl.MEM_HOST)[0] == hixl.PARAM_INVALID
     assert h.send_notify("127.0.0.1:1", hixl.NotifyDesc("x" * 5000, "")) != hixl.SUCCESS
     assert hixl.get_capability(99) == (hixl.SUCCESS, hixl.FEATURE_NOT_SUPPORTED)
+    assert hixl.get_capability(2**70) == (hixl.SUCCESS, hixl.FEATURE_NOT_SUPPORTED)
+    # a negative feature is refused, as HIXL's GetCapability and the C ABI refuse it
+    assert hixl.get_capability(-1) == (hixl.PARAM_INVALID, hixl.FEATURE_NOT_SUPPORTED)
+    assert hixl.get_capability(-2**70) == (hixl.PARAM_INVALID, hixl.FEATURE_NOT_SUPPORTED)
     with pytest.raises(TypeError):
         hixl.get_capability(None)
     with pytest.raises(TypeError):

@@ -129,7 +129,7 @@ pub use types::{
     MemDesc, MemHandle, NotifyDesc, OPTION_AUTO_CONNECT, OPTION_BUFFER_POOL,
     OPTION_ENABLE_USE_FABRIC_MEM, OPTION_GLOBAL_RESOURCE_CONFIG, OPTION_LOCAL_COMM_RES,
     OPTION_RDMA_SERVICE_LEVEL, OPTION_RDMA_TRAFFIC_CLASS, RemoteRegionDesc, TransferArgs,
-    TransferOpDesc, TransferReq, TransferResult, TransferStatus, get_capability,
+    TransferOpDesc, TransferReq, TransferResult, TransferStatus, capability_of, get_capability,
 };
 
 use std::collections::{BTreeMap, HashMap};

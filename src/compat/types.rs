@@ -114,6 +114,21 @@ pub fn get_capability(feature: FeatureType) -> i32 {
     }
 }
 
+/// HIXL's `GetCapability` of a feature's C value: as [`get_capability`], and
+/// [`FEATURE_NOT_SUPPORTED`] for a value no feature has.
+///
+/// # Errors
+/// `PARAM_INVALID` for a negative value (HIXL's check: `hixl.cc`).
+pub fn capability_of(feature: i32) -> Result<i32, super::Error> {
+    if feature < 0 {
+        return Err(super::Error::new(
+            crate::Status::PARAM_INVALID,
+            format!("feature type {feature} is negative"),
+        ));
+    }
+    Ok(FeatureType::from_i32(feature).map_or(FEATURE_NOT_SUPPORTED, get_capability))
+}
+
 /// HIXL's `TransferArgs`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TransferArgs {

@@ -245,6 +245,12 @@ fn every_runtime_check_has_hixl_status() {
         compat::FEATURE_NOT_SUPPORTED
     );
     assert_eq!(FeatureType::from_i32(7), None);
+    assert_eq!(
+        compat::capability_of(7).unwrap(),
+        compat::FEATURE_NOT_SUPPORTED
+    );
+    assert_eq!(compat::capability_of(0).unwrap(), compat::FEATURE_SUPPORTED);
+    assert_eq!(status(compat::capability_of(-1)), Status::PARAM_INVALID);
     // after disconnect the region table may change again
     e.disconnect(&peer.name, 1000).unwrap();
     let h2 = register(&e, &mut other).unwrap();

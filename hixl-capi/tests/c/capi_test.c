@@ -591,6 +591,9 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
   CHECK(cap == HIXL_FEATURE_NOT_SUPPORTED);
   EXPECT(hixl_get_capability(99, &cap), HIXL_SUCCESS);
   CHECK(cap == HIXL_FEATURE_NOT_SUPPORTED);
+  cap = 7; /* a negative feature is refused (HIXL's check), the value untouched */
+  EXPECT(hixl_get_capability(-1, &cap), HIXL_PARAM_INVALID);
+  CHECK(cap == 7);
   EXPECT(hixl_get_capability(HIXL_AUTO_CONNECT, NULL), HIXL_PARAM_INVALID);
   char small[4];
   size_t need = 0;
