@@ -39,13 +39,18 @@ impl TcpPath {
         }
         let parts = b.descs.split(n);
         std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..parts.len())
-                .map(|k| {
-                    let p = parts.get(k);
-                    s.spawn(move || run(p))
-                })
-                .collect();
+            // a part whose helper thread could not be made (the system's thread limit) runs
+            // here after the first: spawn's panic would have been the caller's
+            let (mut helpers, mut here) = (Vec::new(), Vec::new());
+            for k in 1..parts.len() {
+                let p = parts.get(k);
+                match std::thread::Builder::new().spawn_scoped(s, move || run(p)) {
+                    Ok(h) => helpers.push(h),
+                    Err(_) => here.push(p),
+                }
+            }
             let first = run(parts.get(0));
+            let first = here.into_iter().fold(first, |acc, p| acc.and_then(|()| run(p)));
             helpers
                 .into_iter()
                 .map(|h| {
