@@ -50,7 +50,9 @@ impl TcpPath {
                 }
             }
             let first = run(parts.get(0));
-            let first = here.into_iter().fold(first, |acc, p| acc.and_then(|()| run(p)));
+            let first = here
+                .into_iter()
+                .fold(first, |acc, p| acc.and_then(|()| run(p)));
             helpers
                 .into_iter()
                 .map(|h| {
