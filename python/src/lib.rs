@@ -1273,7 +1273,12 @@ fn get_capability(feature_type: &Bound<'_, PyAny>) -> PyResult<(u32, i32)> {
         }
         // an int no feature has: the C ABI's answer (any int beyond i32 is one too)
         Err(_) if feature_type.is_instance_of::<PyInt>() => {
-            let n: i64 = feature_type.extract().unwrap_or(i64::MIN);
+            let n: i64 = match feature_type.extract() {
+                Ok(n) => n,
+                // past i64 either way: its sign is what the rule reads
+                Err(_) if feature_type.lt(0)? => i64::MIN,
+                Err(_) => i64::MAX,
+            };
             let n = n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
             match compat::capability_of(n) {
                 Ok(v) => v,
