@@ -3,8 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{Hixl, Result, millis};
+use std::sync::{Arc, RwLockReadGuard};
+use std::time::Duration;
+
+use super::{Core, Error, Hixl, Result, millis, not_initialized};
 use crate::runtime::handle::{Engine, LinkHandle};
+use crate::runtime::peers::InFlight;
 use crate::{AsyncConnectStatus, Status};
 
 impl Hixl {
@@ -15,10 +19,12 @@ impl Hixl {
     /// `TIMEOUT`; `FAILED` when the peer cannot be reached.
     pub fn connect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.with_remote(remote_engine, |e, key| {
-            self.peers.connect(e, remote_engine, &key, timeout)?;
-            Ok(())
-        })
+        // made without the core's lock: a connect waiting on a slow peer holds up no other call
+        let (e, key, _, _in_flight) = self.outside(remote_engine)?;
+        let link = (self.peers.connect(&e, remote_engine, &key, timeout))
+            .map_err(|err| self.unless_finalized(&e, err.into()))?;
+        drop(self.still_ours(&e, &key, &link)?);
+        Ok(())
     }
 
     /// HIXL `Disconnect`: closes the link (an async connection too), telling the peer.
@@ -30,20 +36,22 @@ impl Hixl {
     /// closed on this side in every case).
     pub fn disconnect(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.with_remote(remote_engine, |e, key| {
-            let Some(link) = self.peers.take(e, remote_engine, &key)? else {
-                return Ok(());
-            };
-            // transfers running on other threads keep their clone; the link is closed under them
-            let r = link.close_timeout(timeout);
-            drop(link);
-            match r {
-                // the peer already went away (finalized, or its process ended): the link is
-                // closed on this side, which is all HIXL's Disconnect promises then
-                Err(e) if e.status() == Status::NOT_CONNECTED => Ok(()),
-                r => Ok(r?),
-            }
-        })
+        let taken = self.with_remote(remote_engine, |e, key| {
+            Ok(self.peers.take(e, remote_engine, &key)?)
+        })?;
+        let Some(link) = taken else {
+            return Ok(());
+        };
+        // closed without the core's lock (the goodbye waits for the peer); transfers running on
+        // other threads keep their clone: the link is closed under them
+        let r = link.close_timeout(timeout);
+        drop(link);
+        match r {
+            // the peer already went away (finalized, or its process ended): the link is
+            // closed on this side, which is all HIXL's Disconnect promises then
+            Err(e) if e.status() == Status::NOT_CONNECTED => Ok(()),
+            r => Ok(r?),
+        }
     }
 
     /// HIXL `ConnectAsync`: queues a connect; see [`Hixl::get_async_connect_status`]. The link
@@ -67,13 +75,17 @@ impl Hixl {
     /// `PARAM_INVALID` for a bad name or timeout; `NOT_CONNECTED` if there is no connection.
     pub fn disconnect_async(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.with_remote(remote_engine, |e, key| {
-            if let Some(l) = self.peers.remove(&key) {
-                let _ = l.close_timeout(timeout);
-                return Ok(());
-            }
-            Ok(e.disconnect_async(remote_engine, timeout)?)
-        })
+        let held = self.with_remote(remote_engine, |e, key| match self.peers.remove(&key) {
+            Some(l) => Ok(Some(l)),
+            None => e
+                .disconnect_async(remote_engine, timeout)
+                .map(|()| None)
+                .map_err(Error::from),
+        })?;
+        if let Some(l) = held {
+            let _ = l.close_timeout(timeout); // without the core's lock, as `disconnect`
+        }
+        Ok(())
     }
 
     /// HIXL `GetAsyncConnectStatus` for one remote: `Connected` for a usable link (however it
@@ -115,8 +127,53 @@ impl Hixl {
         f(e, key)
     }
 
+    /// The engine (a clone), the key of `remote` and AutoConnect's setting (on, the connect
+    /// timeout), for a call that finds or makes its link without the core's lock; counted
+    /// ([`Peers::enter`]) until the last value goes, so a (de)registration that must stop
+    /// serving sees the link it may make.
+    ///
+    /// [`Peers::enter`]: crate::runtime::peers::Peers::enter
+    fn outside(&self, remote: &str) -> Result<(Engine, String, (bool, Duration), InFlight<'_>)> {
+        let core = self.read();
+        let e = self.connected(&core)?;
+        let (key, _) = e.remote_key(remote)?;
+        let auto = (core.auto_connect, core.connect_timeout);
+        Ok((e.clone(), key, auto, self.peers.enter()))
+    }
+
+    /// The core's read lock again, once `link` (to `key`) was found or made for engine `e`
+    /// without it: `FAILED` if `e` was finalized meanwhile, the link let go and closed then
+    /// (a link made while `finalize` ran would outlive it otherwise).
+    fn still_ours(
+        &self,
+        e: &Engine,
+        key: &str,
+        link: &Arc<LinkHandle>,
+    ) -> Result<RwLockReadGuard<'_, Core>> {
+        let core = self.read();
+        let err = match self.connected(&core) {
+            Ok(now) if Arc::ptr_eq(&now.0, &e.0) => return Ok(core),
+            Ok(_) => not_initialized(),
+            Err(err) => err,
+        };
+        drop(core);
+        self.peers.take_if(key, link);
+        link.close_quietly();
+        Err(err)
+    }
+
+    /// `err`, the failure of a link found or made for engine `e` without the core's lock; or
+    /// `FAILED` (not initialized) if `e` was finalized meanwhile, which is what failed then.
+    fn unless_finalized(&self, e: &Engine, err: Error) -> Error {
+        match self.connected(&self.read()) {
+            Ok(now) if Arc::ptr_eq(&now.0, &e.0) => err,
+            Ok(_) => not_initialized(),
+            Err(gone) => gone,
+        }
+    }
+
     /// Runs `f` with the link for `remote` (connecting on demand with AutoConnect), dropping a
-    /// link that broke under it (AutoConnect), the core's read lock held.
+    /// link that broke under it (AutoConnect), the core's read lock held while `f` runs.
     pub(super) fn on_link<T>(
         &self,
         remote: &str,
@@ -125,9 +182,10 @@ impl Hixl {
         self.on_link_then(remote, f, |_, t| Ok(t))
     }
 
-    /// As [`Hixl::on_link`]: `check` runs with the core's read lock held (it checks a batch
-    /// against the engine's regions and keeps them in use), then `run` with the lock released,
-    /// so a transfer waiting on a slow peer holds up no other call of the engine: a
+    /// As [`Hixl::on_link`]: the link is found (or made, with AutoConnect) without the core's
+    /// lock, then `check` runs with the core's read lock held (it checks a batch against the
+    /// engine's regions and keeps them in use), then `run` with the lock released, so a
+    /// connect or a transfer waiting on a slow peer holds up no other call of the engine: a
     /// registration (which takes the write lock) would otherwise wait for it, and every call
     /// queued behind that writer with it. `finalize` meanwhile closes the link and waits for
     /// the transfer to end; a deregistration of a region it uses is refused.
@@ -137,14 +195,15 @@ impl Hixl {
         check: impl FnOnce(&Engine, &LinkHandle) -> Result<C>,
         run: impl FnOnce(&LinkHandle, C) -> Result<T>,
     ) -> Result<T> {
-        let (auto, key, link, r) = {
-            let core = self.read();
-            let e = self.connected(&core)?;
-            let (key, _) = e.remote_key(remote)?;
-            let (auto, timeout) = (core.auto_connect, core.connect_timeout);
-            let link = self.peers.link_for(e, auto, timeout, remote, &key)?;
-            let r = check(e, &link);
-            (auto, key, link, r)
+        let (e, key, (auto, timeout), in_flight) = self.outside(remote)?;
+        let link = (self.peers.link_for(&e, auto, timeout, remote, &key))
+            .map_err(|err| self.unless_finalized(&e, err.into()))?;
+        let r = {
+            let core = self.still_ours(&e, &key, &link)?;
+            drop(in_flight); // held (or not made): counted as a link from here on
+            let r = check(self.connected(&core)?, &link);
+            drop(core);
+            r
         };
         let r = r.and_then(|c| run(&link, c));
         if let Err(err) = &r {

@@ -335,9 +335,11 @@ impl Hixl {
         r
     }
 
-    /// Links in either direction: ours (held or in the async queue) and peers' to us.
+    /// Links in either direction: ours (held, in the async queue, or being found or made
+    /// without the core's lock: counted under the write lock the caller holds, no call can
+    /// start one meanwhile) and peers' to us.
     fn link_count(&self, e: &Engine) -> usize {
-        let held = self.peers.usable_count();
+        let held = self.peers.usable_count() + self.peers.in_flight();
         let queued = e
             .async_connect_statuses()
             .values()

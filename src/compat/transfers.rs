@@ -314,15 +314,20 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        self.on_link(remote_engine, |_, link| {
-            send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
-                let mut e = Error::from(e);
-                if e.status == Status::FAILED {
-                    e.status = Status::NOTIFY_FAILED;
-                }
-                e
-            })
-        })
+        // sent without the core's lock: the acknowledgement may be slow to come
+        self.on_link_then(
+            remote_engine,
+            |_, _| Ok(()),
+            |link, ()| {
+                send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
+                    let mut e = Error::from(e);
+                    if e.status == Status::FAILED {
+                        e.status = Status::NOTIFY_FAILED;
+                    }
+                    e
+                })
+            },
+        )
     }
 
     /// HIXL `GetNotifies`: every notification received so far, oldest first.

@@ -421,6 +421,17 @@ impl EngineInner {
                 links.retain(|w| w.strong_count() > 0);
                 links.push(Arc::downgrade(&l));
                 drop(links);
+                // closed to links meanwhile (a `stop` or `finalize` on another thread, which
+                // stores `open` before it takes `links`): either it took this link and closes
+                // it, or this sees it closed; a link never outlives the engine's closing
+                if !self.open.load(Ordering::SeqCst) {
+                    l.close_quietly();
+                    self.forget_link(&l);
+                    return Err(Error::NotConnected {
+                        peer: key.to_owned(),
+                        why: "the engine was closed to links while this connect ran".into(),
+                    });
+                }
                 self.start_heartbeats();
                 Ok(l)
             }

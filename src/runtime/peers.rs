@@ -5,8 +5,9 @@
 //! failed, and the memory of remotes that went away (whose disconnect succeeds, as HIXL's does).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Status};
 use crate::runtime::connect::AsyncConnectStatus;
@@ -17,8 +18,15 @@ use crate::sync::lock;
 #[derive(Default)]
 pub(crate) struct Peers {
     links: Mutex<HashMap<String, Arc<LinkHandle>>>,
-    /// Serialises on-demand connects (AutoConnect), so two callers do not race for one name.
-    connecting: Mutex<()>,
+    /// The remotes a connect of this table is being made to: a second connect to one of them
+    /// waits for the first (by its own deadline), so two callers do not race for one name,
+    /// while connects to other remotes go on beside it.
+    connecting: Mutex<HashSet<String>>,
+    /// Signalled when a connect of `connecting` ends.
+    connected: Condvar,
+    /// Calls between finding or making a link and holding it (a face counts them as links:
+    /// see [`Peers::enter`]).
+    in_flight: AtomicUsize,
     /// Remotes whose broken link was dropped (AutoConnect, or closed to change the region
     /// table) and not connected since: their `disconnect` succeeds.
     gone: Mutex<HashSet<String>>,
@@ -32,7 +40,74 @@ fn not_connected(key: &str, hint: &str) -> Error {
     }
 }
 
+/// `TIMEOUT`: the time to connect to `key` went by waiting for another connect to it.
+fn waited_out(key: &str, started: Instant) -> Error {
+    Error::Timeout {
+        op: "connect (waiting for another connect to the same remote)",
+        peer: key.to_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// A connect to one remote being made ([`Peers::claim`]): the next connect to it waits until
+/// this goes.
+struct Claim<'a> {
+    peers: &'a Peers,
+    key: String,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        lock(&self.peers.connecting).remove(&self.key);
+        self.peers.connected.notify_all();
+    }
+}
+
+/// A call between finding or making a link and holding it ([`Peers::enter`]).
+pub(crate) struct InFlight<'a>(&'a Peers);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Peers {
+    /// Counts a call that is about to find or make a link (and may hold a new one) without the
+    /// face's own lock, until the value goes: a face that must know no link exists (to change
+    /// what its transports serve) takes [`Peers::in_flight`] with [`Peers::usable_count`],
+    /// under a lock the caller of this took before.
+    pub(crate) fn enter(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self)
+    }
+
+    /// How many calls [`Peers::enter`] counts now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Claims the connect to `key`, waiting (until `started + timeout`) while another is being
+    /// made to it.
+    fn claim(&self, key: &str, started: Instant, timeout: Duration) -> Result<Claim<'_>, Error> {
+        let mut connecting = lock(&self.connecting);
+        while connecting.contains(key) {
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(waited_out(key, started));
+            }
+            connecting = (self.connected)
+                .wait_timeout(connecting, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        connecting.insert(key.to_owned());
+        Ok(Claim {
+            peers: self,
+            key: key.to_owned(),
+        })
+    }
+
     /// Whether a link to `key` is held and not broken.
     pub(crate) fn usable(&self, key: &str) -> bool {
         lock(&self.links).get(key).is_some_and(|l| !l.is_broken())
@@ -62,9 +137,14 @@ impl Peers {
         key: &str,
         timeout: Duration,
     ) -> Result<Arc<LinkHandle>, Error> {
-        let _serial = lock(&self.connecting);
+        let started = Instant::now();
+        let _claim = self.claim(key, started, timeout)?;
         self.refuse_if_linked(key)?;
-        let link = Arc::new(LinkHandle::new(e, e.link(remote, timeout)?));
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(waited_out(key, started));
+        }
+        let link = Arc::new(LinkHandle::new(e, e.link(remote, left)?));
         // a broken link under this name is superseded (and closed when dropped)
         self.hold(key, link.clone());
         Ok(link)
@@ -201,11 +281,18 @@ impl Peers {
         if !auto {
             return Err(not_connected(key, " (connect first, or set AutoConnect=1)"));
         }
-        let _serial = lock(&self.connecting);
-        if let Some(l) = lock(&self.links).get(key) {
+        let started = Instant::now();
+        let _claim = self.claim(key, started, connect_timeout)?;
+        if let Some(l) = lock(&self.links).get(key)
+            && !l.is_broken()
+        {
             return Ok(l.clone()); // another caller connected meanwhile
         }
-        let l = Arc::new(LinkHandle::new(e, e.link(remote, connect_timeout)?));
+        let left = connect_timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(waited_out(key, started));
+        }
+        let l = Arc::new(LinkHandle::new(e, e.link(remote, left)?));
         self.hold(key, l.clone());
         tracing::debug!(peer = key, "auto-connected");
         Ok(l)

@@ -183,6 +183,69 @@ impl Drop for Stopped<'_> {
     }
 }
 
+/// A TCP socket of this network namespace, as /proc/net/tcp and tcp6 show it.
+pub struct TcpSocket {
+    pub local: u16,
+    pub remote: u16,
+    /// `"01"` ESTABLISHED, `"0A"` LISTEN, ...
+    pub state: String,
+    /// Bytes sent and not acknowledged yet (or not sent).
+    pub tx: u64,
+    /// Bytes received and not read yet.
+    pub rx: u64,
+}
+
+/// This network namespace's TCP sockets (IPv4 and IPv6).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.len() < 5 {
+                continue;
+            }
+            let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap_or(""), 16);
+            let (tx, rx) = w[4].split_once(':').unwrap_or(("0", "0"));
+            let queue = |q: &str| u64::from_str_radix(q, 16).unwrap_or(0);
+            if let (Ok(local), Ok(remote)) = (port(w[1]), port(w[2])) {
+                out.push(TcpSocket {
+                    local,
+                    remote,
+                    state: w[3].to_owned(),
+                    tx: queue(tx),
+                    rx: queue(rx),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The TCP sockets connected (ESTABLISHED) to `port`: a client's sockets to a listening peer (a
+/// stopped peer's kernel completes the handshakes its process never answers).
+pub fn connections_to(port: u16) -> usize {
+    (tcp_sockets().iter())
+        .filter(|s| s.remote == port && s.state == "01")
+        .count()
+}
+
+/// The bytes received and not read yet by the sockets whose local port is `port` (a listening
+/// peer's connections; its listening socket's count excepted).
+pub fn unread_at(port: u16) -> u64 {
+    (tcp_sockets().iter())
+        .filter(|s| s.local == port && s.state != "0A")
+        .map(|s| s.rx)
+        .sum()
+}
+
+/// The port of an engine name `IP:PORT`.
+pub fn port_of(name: &str) -> u16 {
+    name.rsplit(':').next().unwrap().parse().unwrap()
+}
+
 /// Waits until process `pid` is stopped (its state `T`), 20 s at most.
 pub fn wait_stopped(pid: i32) {
     let t0 = std::time::Instant::now();

@@ -686,3 +686,163 @@ fn a_sync_transfer_to_a_stopped_peer_holds_up_no_other_call() {
     stopped.quit();
     healthy.quit();
 }
+
+/// A connect to a peer that does not answer (stopped: its kernel completes the handshake, its
+/// process never sends the welcome), by `connect` or by a transfer with AutoConnect, holds up
+/// no other call of the engine: a registration, a connect to and a transfer with another peer
+/// go on meanwhile (the connect held the core's read lock while it waited: the registration
+/// queued behind it as a writer, every later call behind that; AutoConnect's connects were
+/// serialised by one lock, so a connect to a healthy peer waited for the stopped one). A second
+/// connect to the same peer waits for the first by its own deadline. Once the peers resume,
+/// both connects end well and the transfer's bytes land.
+#[test]
+fn a_connect_to_a_stopped_peer_holds_up_no_other_call() {
+    let a = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 73, &[]);
+    let b = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 74, &[]);
+    let healthy = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 75, &[]);
+    let mut mem = vec![0u8; 4096];
+    let mut other = vec![0u8; 4096];
+    let opts = [
+        ("AutoConnect", "1"),
+        ("hixl.ConnectTimeoutMs", "20000"),
+        ("hixl.SameHost", "off"),
+    ];
+    let (e, _) = client(&opts, &mut mem);
+    let (pause_a, pause_b) = (a.stopped(), b.stopped());
+    let from_b = [desc(&mem, 0, b.addr, 0, 4096)];
+    std::thread::scope(|s| {
+        let connect = s.spawn(|| e.connect(&a.name, 20_000));
+        let auto = s.spawn(|| e.transfer_sync(&b.name, TransferOp::Read, &from_b, 20_000));
+        let t0 = Instant::now();
+        while common::connections_to(common::port_of(&a.name)) == 0
+            || common::connections_to(common::port_of(&b.name)) == 0
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20)
+                    && !connect.is_finished()
+                    && !auto.is_finished(),
+                "the connects to the stopped peers never reached them"
+            );
+            std::thread::yield_now();
+        }
+        let h_other = register(&e, &mut other).unwrap();
+        e.connect(&healthy.name, 5000).unwrap();
+        let d = [desc(&other, 0, healthy.addr, 100, 4096)];
+        e.transfer_sync(&healthy.name, TransferOp::Read, &d, 5000)
+            .unwrap();
+        e.deregister_mem(h_other).unwrap();
+        let t = Instant::now();
+        assert_eq!(status(e.connect(&a.name, 300)), Status::TIMEOUT);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(
+            !connect.is_finished() && !auto.is_finished(),
+            "the other calls waited for the connects to the stopped peers to end"
+        );
+        drop((pause_a, pause_b));
+        connect.join().unwrap().unwrap();
+        auto.join().unwrap().unwrap();
+    });
+    assert_eq!(other, Rng::new(75).bytes(1 << 16)[100..4196]);
+    assert_eq!(mem, Rng::new(74).bytes(4096));
+    assert_eq!(status(e.connect(&a.name, 1000)), Status::ALREADY_CONNECTED);
+    e.finalize();
+    a.quit();
+    b.quit();
+    healthy.quit();
+}
+
+/// `finalize` during a connect to a stopped peer returns without waiting for it (it waited
+/// for the connect's whole timeout behind the core's lock), and the connect, once the peer
+/// resumes and answers, fails and leaves no link: its socket is closed.
+#[test]
+fn finalize_during_a_connect_leaves_no_link() {
+    let a = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 78, &[]);
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    let port = common::port_of(&a.name);
+    let pause = a.stopped();
+    std::thread::scope(|s| {
+        let connect = s.spawn(|| e.connect(&a.name, 20_000));
+        let t0 = Instant::now();
+        while common::connections_to(port) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20) && !connect.is_finished(),
+                "the connect never reached the stopped peer"
+            );
+            std::thread::yield_now();
+        }
+        e.finalize();
+        assert!(!connect.is_finished(), "finalize waited for the connect");
+        drop(pause);
+        let s = status(connect.join().unwrap());
+        assert!(
+            s == Status::FAILED || s == Status::NOT_CONNECTED,
+            "the connect after finalize: {s:?}"
+        );
+    });
+    let t0 = Instant::now();
+    while common::connections_to(port) > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the connect that ended after finalize left its link open"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(status(e.connect(&a.name, 1000)), Status::FAILED);
+    a.quit();
+}
+
+/// A notification to a stopped peer (sent, its acknowledgement never coming) holds up no other
+/// call of the engine (it waited for the acknowledgement under the core's read lock); once the
+/// peer resumes, it is delivered.
+#[test]
+fn a_notify_to_a_stopped_peer_holds_up_no_other_call() {
+    let mut stopped = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 76, &[]);
+    let healthy = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 77, &[]);
+    let mut mem = vec![0u8; 4096];
+    let mut other = vec![0u8; 4096];
+    // TCP links, no heartbeat: the only bytes the stopped peer gets are the notification's
+    let (e, _) = client(
+        &[("hixl.SameHost", "off"), ("hixl.HeartbeatMs", "0")],
+        &mut mem,
+    );
+    e.connect(&stopped.name, 1000).unwrap();
+    e.connect(&healthy.name, 1000).unwrap();
+    let pause = stopped.stopped();
+    let port = common::port_of(&stopped.name);
+    let unread = common::unread_at(port);
+    let n = NotifyDesc {
+        name: "kv".into(),
+        notify_msg: "late".into(),
+    };
+    std::thread::scope(|s| {
+        let notify = s.spawn(|| e.send_notify(&stopped.name, &n, 20_000));
+        let t0 = Instant::now();
+        while common::unread_at(port) <= unread {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20) && !notify.is_finished(),
+                "the notification never reached the stopped peer"
+            );
+            std::thread::yield_now();
+        }
+        let h_other = register(&e, &mut other).unwrap();
+        let d = [desc(&other, 0, healthy.addr, 200, 4096)];
+        e.transfer_sync(&healthy.name, TransferOp::Read, &d, 5000)
+            .unwrap();
+        e.deregister_mem(h_other).unwrap();
+        assert!(
+            !notify.is_finished(),
+            "the other calls waited for the notification to the stopped peer"
+        );
+        drop(pause);
+        notify.join().unwrap().unwrap();
+    });
+    assert_eq!(other, Rng::new(77).bytes(1 << 16)[200..4296]);
+    assert_eq!(
+        stopped.notifies(),
+        vec![("kv".to_owned(), "late".to_owned())]
+    );
+    e.finalize();
+    stopped.quit();
+    healthy.quit();
+}

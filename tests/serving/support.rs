@@ -516,25 +516,10 @@ pub(crate) fn port_of(name: &str) -> u16 {
 /// closed with data still queued are counted too: the kernel keeps them (orphaned) until that
 /// data is sent or dropped.
 pub(crate) fn send_queues(port: u16) -> Vec<u64> {
-    let mut out = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let w: Vec<&str> = line.split_whitespace().collect();
-            if w.len() < 5 {
-                continue;
-            }
-            let local = w[1].rsplit(':').next().unwrap_or("");
-            if u16::from_str_radix(local, 16) != Ok(port) || w[3] == "0A" {
-                continue;
-            }
-            let tx = w[4].split(':').next().unwrap_or("0");
-            out.push(u64::from_str_radix(tx, 16).unwrap_or(0));
-        }
-    }
-    out
+    (common::tcp_sockets().iter())
+        .filter(|s| s.local == port && s.state != "0A")
+        .map(|s| s.tx)
+        .collect()
 }
 
 /// Closes `s` with a reset (no TIME_WAIT left behind), as a churning attacker does.
