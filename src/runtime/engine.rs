@@ -567,13 +567,38 @@ impl Drop for EngineInner {
     }
 }
 
-/// Schedules the engine's next heartbeat round `every` from now: the timer hands the round to a
-/// worker (PINGs block), which schedules the next one. The engine is held only while pinging, so
-/// dropping it is never delayed long; once it is gone the rounds stop.
+/// How many links the heartbeat pings at once: a silent peer's PING waits out its interval, so
+/// links are pinged side by side, not one after another (k silent peers then break within about
+/// one interval, not k of them), at most this many at a time.
+const PINGERS: usize = 16;
+
+/// The heartbeat of one engine: its pingers (a queue on the executor: the links to PING) and
+/// the ids of the links a PING of is queued or out (skipped by the next round until it ends).
+struct Heartbeat {
+    every: Duration,
+    pingers: Arc<crate::runtime::executor::Queue<Arc<LinkShared>>>,
+    pinging: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Schedules the engine's first heartbeat round `every` from now: a round (a job on the
+/// executor) hands each of the engine's links (but one still being pinged) to the pingers, which
+/// PING them side by side, and schedules the next round an interval after it. The engine is
+/// held only while its links are listed, so dropping it is never delayed long; once it is gone
+/// the rounds stop.
 fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
-    crate::runtime::executor::at(std::time::Instant::now() + every, move || {
+    let beat = Arc::new(Heartbeat {
+        every,
+        pingers: crate::runtime::executor::Queue::new(PINGERS),
+        pinging: Mutex::new(std::collections::HashSet::new()),
+    });
+    next_round(me, beat);
+}
+
+fn next_round(me: Weak<EngineInner>, beat: Arc<Heartbeat>) {
+    let at = std::time::Instant::now() + beat.every;
+    crate::runtime::executor::at(at, move || {
         let round = {
-            let me = me.clone();
+            let (me, beat) = (me.clone(), beat.clone());
             move || {
                 let Some(engine) = me.upgrade() else { return };
                 let links: Vec<Arc<LinkShared>> = lock(&engine.links)
@@ -582,16 +607,37 @@ fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
                     .collect();
                 drop(engine);
                 for l in links {
-                    l.heartbeat(every);
+                    beat.ping(l);
                 }
-                heartbeat_after(me, every);
+                next_round(me, beat);
             }
         };
         if me.strong_count() > 0 && crate::runtime::executor::spawn(round).is_err() {
             // no worker now: try again next interval
-            heartbeat_after(me, every);
+            next_round(me, beat);
         }
     });
+}
+
+impl Heartbeat {
+    /// Hands `l` to the pingers, unless its last PING is still out.
+    fn ping(self: &Arc<Self>, l: Arc<LinkShared>) {
+        let id = l.id;
+        if !lock(&self.pinging).insert(id) {
+            return;
+        }
+        let handler = &mut || -> crate::runtime::executor::Handler<Arc<LinkShared>> {
+            let beat = self.clone();
+            Box::new(move |l: Arc<LinkShared>| {
+                l.heartbeat(beat.every);
+                lock(&beat.pinging).remove(&l.id);
+            })
+        };
+        if self.pingers.push(l, handler).is_err() {
+            // no worker now: the link is pinged next round
+            lock(&self.pinging).remove(&id);
+        }
+    }
 }
 
 impl Opener for EngineInner {

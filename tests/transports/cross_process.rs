@@ -121,3 +121,53 @@ fn heartbeat_notices_a_silent_peer() {
     drop(link);
     peer.quit();
 }
+
+/// Several peers go silent at once (stopped): the heartbeat pings their links side by side, so
+/// each link breaks within the bound one silent peer gets (three intervals and half a second)
+/// instead of one interval per silent peer after it (a round pinged its links one after
+/// another: the fifth silent peer's link broke after five); a live peer beside them keeps its
+/// link.
+#[test]
+fn the_heartbeat_notices_silent_peers_side_by_side() {
+    let silent: Vec<Peer> = (0..5)
+        .map(|i| Peer::spawn("127.0.0.1", 1 << 16, 40 + i, "hostbuffer"))
+        .collect();
+    let live = Peer::spawn("127.0.0.1", 1 << 16, 50, "hostbuffer");
+    let every = Duration::from_millis(500);
+    let opts = hixl::Options::default()
+        .same_host(hixl::SameHost::Forbid)
+        .heartbeat_interval(Some(every));
+    let (cli, mut buf) = common::client_with(1 << 16, opts);
+    let links: Vec<_> = (silent.iter())
+        .map(|p| cli.connect(&p.name).unwrap())
+        .collect();
+    let live_link = cli.connect(&live.name).unwrap();
+    let pauses: Vec<_> = silent.iter().map(Peer::stopped).collect();
+    let t0 = Instant::now();
+    while links.iter().any(|l| !l.is_broken()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the heartbeat never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let noticed = t0.elapsed();
+    assert!(
+        noticed < every * 3 + Duration::from_millis(500),
+        "the last of {} silent peers noticed after {noticed:?}",
+        links.len()
+    );
+    assert!(!live_link.is_broken(), "a live peer lost its link");
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        live_link.remote(live.addr, 4096).unwrap(),
+    );
+    live_link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    drop(pauses);
+    drop(links);
+    drop(live_link);
+    for p in silent {
+        p.quit();
+    }
+    live.check_read_back_and_quit(&mut buf, 4096, 50);
+}
