@@ -170,8 +170,6 @@ pub struct DataDist {
     state: Mutex<Option<Live>>,
     caches: Mutex<Caches>,
     links: Mutex<HashMap<u64, PeerLink>>,
-    /// Serializes table fetches (they share the download buffer).
-    fetch: Mutex<()>,
     /// Held while link notes are taken and applied: in the order they came (two pulls that
     /// took one note each must not apply an unlink before the link it ends).
     notes: Mutex<()>,
@@ -194,8 +192,9 @@ struct Live {
     config: Arc<Config>,
     /// The published cache table (read-only for peers).
     table: Buffer,
-    /// Where peers' tables are READ into (not in peers' view).
-    download: Buffer,
+    /// Where peers' tables are READ into (not in peers' view): a buffer a fetch, each fetch's
+    /// own while it runs (`links::Downloads`).
+    downloads: Arc<links::Downloads>,
 }
 
 fn not_initialized() -> Error {
@@ -224,7 +223,6 @@ impl DataDist {
             state: Mutex::new(None),
             caches: Mutex::new(Caches::default()),
             links: Mutex::new(HashMap::new()),
-            fetch: Mutex::new(()),
             notes: Mutex::new(()),
             next_id: AtomicI64::new(1),
             comms: rank::Comms::default(),
@@ -303,11 +301,11 @@ impl DataDist {
             engine: Arc::new(engine),
             config: Arc::new(config.clone()),
             table,
-            download,
+            downloads: Arc::new(links::Downloads::new(download)),
         })
     }
 
-    /// The engine, its configuration and the download buffer's address, or `FAILED`.
+    /// The engine and its configuration, or `FAILED`.
     fn live(&self) -> Result<(Arc<DdEngine>, Arc<Config>)> {
         let s = lock(&self.state);
         let l = s.as_ref().ok_or_else(not_initialized)?;

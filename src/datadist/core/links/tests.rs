@@ -266,3 +266,59 @@ fn a_finalize_under_a_table_fetch_frees_nothing_it_reads() {
     );
     prompt.finalize();
 }
+
+/// A fetch of one peer's table that waits (here: its READ returned, and it is held before the
+/// bytes are copied out, as a slow or stopped peer holds it) does not hold up a fetch of
+/// another peer's: each fetch READs into a buffer of its own (they were serialised by one lock
+/// of the instance, so a pull from a healthy peer waited out the slow one's sync timeout), and
+/// neither overwrites the other's (both pulls land their own peer's bytes).
+#[test]
+fn a_slow_table_fetch_holds_up_no_fetch_from_another_peer() {
+    let a = listening(100, Role::Prompt, "127.0.0.1:0");
+    let mut ak = Rng::new(31).bytes((BLOCKS * BLOCK) as usize);
+    register(&a, &mut ak);
+    let b = listening(101, Role::Prompt, "127.0.0.1:0");
+    let mut bk = Rng::new(32).bytes((BLOCKS * BLOCK) as usize);
+    register(&b, &mut bk);
+    let (d, id, mem) = pulling_decoder(&a, 20_000);
+    link(&d, &b, 101);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let slow = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            // (the first READ of the table held: its header's)
+            let mut first = Some((held_tx, go_rx));
+            AFTER_TABLE_READ.set(Some(Box::new(move || {
+                if let Some((held, go)) = first.take() {
+                    held.send(()).unwrap();
+                    // held until the other pull is done, or for 20 s (the pull then ends late)
+                    let _ = go.recv_timeout(Duration::from_secs(20));
+                }
+            })));
+            let r = pull(&d, id);
+            AFTER_TABLE_READ.set(None);
+            r
+        })
+    };
+    held_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let t = Instant::now();
+    let key = RemoteCache::Blocks {
+        cluster_id: 101,
+        model_id: 9,
+    };
+    d.pull(&key, id, 0, -1, Some((&[1], &[1])), &Layers::all())
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        !slow.is_finished() && took < Duration::from_secs(10),
+        "the pull from the healthy peer waited for the slow fetch ({took:?})"
+    );
+    go_tx.send(()).unwrap();
+    slow.join().unwrap().unwrap();
+    assert_eq!(block(&mem, 0), &ak[..BLOCK as usize]);
+    assert_eq!(block(&mem, 1), &bk[BLOCK as usize..2 * BLOCK as usize]);
+    d.finalize();
+    a.finalize();
+    b.finalize();
+}
