@@ -147,16 +147,25 @@ impl DataDist {
     /// `LLM_FAILED` before `initialize`; the engine's errors (the cache stays registered, with
     /// the tensors the engine refused to let go).
     pub fn unregister_cache(&self, cache_id: i64) -> Result<()> {
-        // the engine is the one the cache's handles are of: no role switch replaces it until
-        // this returns
-        let _regs = lock(&self.regs);
-        let (engine, _) = self.live()?;
+        self.live()?;
         let Some(uses) = (lock(&self.caches).by_id.get(&cache_id)).map(|c| c.uses.clone()) else {
             return Ok(());
         };
+        // waited for without `regs`: registrations, role switches and `finalize` go on while
+        // a pull or push of this cache waits on its peer
         uses.close();
+        // the engine is the one the cache's handles are of: no role switch replaces it until
+        // this returns
+        let _regs = lock(&self.regs);
+        let engine = match self.live() {
+            Ok((engine, _)) => engine,
+            // finalized meanwhile: the cache went with everything else
+            Err(_) => return Ok(()),
+        };
         let mut caches = lock(&self.caches);
-        let Some(c) = caches.by_id.get_mut(&cache_id) else {
+        // (gone, or unregistered and registered again under this id meanwhile: not ours)
+        let Some(c) = (caches.by_id.get_mut(&cache_id)).filter(|c| Arc::ptr_eq(&c.uses, &uses))
+        else {
             return Ok(());
         };
         if let Err(e) = deregister_all(&engine, &mut c.handles) {

@@ -8,16 +8,15 @@
 //! which then drops its link back.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::engine::{Buffer, DdEngine, Moved};
+use super::engine::{DdEngine, Moved};
 use super::{
     DataDist, Inbound, MAX_LINKS, PeerLink, args, last_failure, not_initialized, set_device,
 };
-use crate::Access;
 use crate::TransferOp;
-use crate::datadist::table::{FORMAT, TABLE_LEN, Table};
+use crate::datadist::table::{FORMAT, Table};
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, Result};
 use crate::published::FetchError;
 use crate::runtime::address::AddrDesc;
@@ -593,88 +592,6 @@ impl DataDist {
             LlmStatus::LLM_FAILED,
             format!("cannot read {remote}'s cache table: {why}"),
         ))
-    }
-}
-
-/// How many download buffers an instance makes at most (1 MiB each): fetches beyond as many
-/// at once wait for one, by their own deadline.
-const DOWNLOADS: usize = 8;
-
-/// The buffers peers' tables are READ into, each a fetch's alone while it holds it: made as
-/// fetches need them (up to [`DOWNLOADS`]), kept for the next ones.
-pub(super) struct Downloads {
-    st: Mutex<(Vec<Buffer>, usize)>,
-    freed: Condvar,
-}
-
-/// A download buffer a fetch holds; back to its pool when dropped.
-struct Download<'a> {
-    buf: Option<Buffer>,
-    pool: &'a Downloads,
-}
-
-impl std::ops::Deref for Download<'_> {
-    type Target = Buffer;
-    fn deref(&self) -> &Buffer {
-        self.buf.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for Download<'_> {
-    fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
-            lock(&self.pool.st).0.push(b);
-            self.pool.freed.notify_one();
-        }
-    }
-}
-
-impl Downloads {
-    /// A pool holding `first` (made at initialize).
-    pub(super) fn new(first: Buffer) -> Self {
-        Downloads {
-            st: Mutex::new((vec![first], 1)),
-            freed: Condvar::new(),
-        }
-    }
-
-    /// A buffer for one fetch from `remote`: a free one, a new one of `engine`'s, or one freed
-    /// by `deadline` (else `LLM_TIMEOUT`).
-    fn take(&self, engine: &DdEngine, deadline: Instant, remote: &str) -> Result<Download<'_>> {
-        let mut st = lock(&self.st);
-        loop {
-            if let Some(b) = st.0.pop() {
-                return Ok(Download {
-                    buf: Some(b),
-                    pool: self,
-                });
-            }
-            if st.1 < DOWNLOADS {
-                st.1 += 1;
-                drop(st);
-                return match engine.alloc_host_mem_with(TABLE_LEN, Access::None) {
-                    Ok(b) => Ok(Download {
-                        buf: Some(b),
-                        pool: self,
-                    }),
-                    Err(e) => {
-                        lock(&self.st).1 -= 1;
-                        self.freed.notify_one();
-                        Err(e.into())
-                    }
-                };
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::new(
-                    LlmStatus::LLM_TIMEOUT,
-                    format!("no download buffer came free to read {remote}'s cache table"),
-                ));
-            }
-            st = (self.freed.wait_timeout(st, left))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
     }
 }
 

@@ -31,6 +31,7 @@ use engine::{Buffer, DdEngine};
 pub mod args;
 mod caches;
 mod cann;
+mod downloads;
 mod engine;
 mod links;
 mod moves;
@@ -193,8 +194,8 @@ struct Live {
     /// The published cache table (read-only for peers).
     table: Buffer,
     /// Where peers' tables are READ into (not in peers' view): a buffer a fetch, each fetch's
-    /// own while it runs (`links::Downloads`).
-    downloads: Arc<links::Downloads>,
+    /// own while it runs (`downloads.rs`).
+    downloads: Arc<downloads::Downloads>,
 }
 
 fn not_initialized() -> Error {
@@ -301,7 +302,7 @@ impl DataDist {
             engine: Arc::new(engine),
             config: Arc::new(config.clone()),
             table,
-            downloads: Arc::new(links::Downloads::new(download)),
+            downloads: Arc::new(downloads::Downloads::new(download)),
         })
     }
 

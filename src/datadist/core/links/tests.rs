@@ -267,6 +267,86 @@ fn a_finalize_under_a_table_fetch_frees_nothing_it_reads() {
     prompt.finalize();
 }
 
+/// Two prompts (clusters 100 and 101, their blocks random from `seed` and `seed + 1`) and a
+/// decoder linked to both, whose pull from 100 (block 0 into its block 0) runs on a thread held
+/// inside its table fetch (after the first READ, before the bytes are copied out, as a slow or
+/// stopped peer holds it) until `go` is sent (or for 20 s).
+struct HeldPull {
+    a: DataDist,
+    ak: Vec<u8>,
+    b: DataDist,
+    bk: Vec<u8>,
+    d: Arc<DataDist>,
+    id: i64,
+    mem: Vec<u8>,
+    slow: std::thread::JoinHandle<Result<()>>,
+    go: std::sync::mpsc::Sender<()>,
+}
+
+impl HeldPull {
+    fn new(seed: u64) -> Self {
+        let a = listening(100, Role::Prompt, "127.0.0.1:0");
+        let mut ak = Rng::new(seed).bytes((BLOCKS * BLOCK) as usize);
+        register(&a, &mut ak);
+        let b = listening(101, Role::Prompt, "127.0.0.1:0");
+        let mut bk = Rng::new(seed + 1).bytes((BLOCKS * BLOCK) as usize);
+        register(&b, &mut bk);
+        let (d, id, mem) = pulling_decoder(&a, 20_000);
+        link(&d, &b, 101);
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                // (the first READ of the table held: its header's)
+                let mut first = Some((held_tx, go_rx));
+                AFTER_TABLE_READ.set(Some(Box::new(move || {
+                    if let Some((held, go)) = first.take() {
+                        held.send(()).unwrap();
+                        let _ = go.recv_timeout(Duration::from_secs(20));
+                    }
+                })));
+                let r = pull(&d, id);
+                AFTER_TABLE_READ.set(None);
+                r
+            })
+        };
+        held_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        HeldPull {
+            a,
+            ak,
+            b,
+            bk,
+            d,
+            id,
+            mem,
+            slow,
+            go,
+        }
+    }
+
+    /// Lets the held pull go on, checks it landed its block, runs `then` on the decoder and
+    /// its cache id, and finalizes the three.
+    fn finish(self, then: impl FnOnce(&DataDist, i64)) {
+        self.go.send(()).unwrap();
+        self.slow.join().unwrap().unwrap();
+        assert_eq!(block(&self.mem, 0), &self.ak[..BLOCK as usize]);
+        then(&self.d, self.id);
+        self.d.finalize();
+        self.a.finalize();
+        self.b.finalize();
+    }
+}
+
+/// A pull from cluster 101 into `id`, block 1 into block 1.
+fn pull_b(d: &DataDist, id: i64) -> Result<()> {
+    let key = RemoteCache::Blocks {
+        cluster_id: 101,
+        model_id: 9,
+    };
+    d.pull(&key, id, 0, -1, Some((&[1], &[1])), &Layers::all())
+}
+
 /// A fetch of one peer's table that waits (here: its READ returned, and it is held before the
 /// bytes are copied out, as a slow or stopped peer holds it) does not hold up a fetch of
 /// another peer's: each fetch READs into a buffer of its own (they were serialised by one lock
@@ -274,51 +354,70 @@ fn a_finalize_under_a_table_fetch_frees_nothing_it_reads() {
 /// neither overwrites the other's (both pulls land their own peer's bytes).
 #[test]
 fn a_slow_table_fetch_holds_up_no_fetch_from_another_peer() {
-    let a = listening(100, Role::Prompt, "127.0.0.1:0");
-    let mut ak = Rng::new(31).bytes((BLOCKS * BLOCK) as usize);
-    register(&a, &mut ak);
-    let b = listening(101, Role::Prompt, "127.0.0.1:0");
-    let mut bk = Rng::new(32).bytes((BLOCKS * BLOCK) as usize);
-    register(&b, &mut bk);
-    let (d, id, mem) = pulling_decoder(&a, 20_000);
-    link(&d, &b, 101);
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let slow = {
-        let d = d.clone();
-        std::thread::spawn(move || {
-            // (the first READ of the table held: its header's)
-            let mut first = Some((held_tx, go_rx));
-            AFTER_TABLE_READ.set(Some(Box::new(move || {
-                if let Some((held, go)) = first.take() {
-                    held.send(()).unwrap();
-                    // held until the other pull is done, or for 20 s (the pull then ends late)
-                    let _ = go.recv_timeout(Duration::from_secs(20));
-                }
-            })));
-            let r = pull(&d, id);
-            AFTER_TABLE_READ.set(None);
-            r
-        })
-    };
-    held_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let h = HeldPull::new(31);
     let t = Instant::now();
-    let key = RemoteCache::Blocks {
-        cluster_id: 101,
-        model_id: 9,
-    };
-    d.pull(&key, id, 0, -1, Some((&[1], &[1])), &Layers::all())
-        .unwrap();
+    pull_b(&h.d, h.id).unwrap();
     let took = t.elapsed();
     assert!(
-        !slow.is_finished() && took < Duration::from_secs(10),
+        !h.slow.is_finished() && took < Duration::from_secs(10),
         "the pull from the healthy peer waited for the slow fetch ({took:?})"
     );
-    go_tx.send(()).unwrap();
-    slow.join().unwrap().unwrap();
-    assert_eq!(block(&mem, 0), &ak[..BLOCK as usize]);
-    assert_eq!(block(&mem, 1), &bk[BLOCK as usize..2 * BLOCK as usize]);
-    d.finalize();
-    a.finalize();
-    b.finalize();
+    assert_eq!(block(&h.mem, 1), &h.bk[BLOCK as usize..2 * BLOCK as usize]);
+    h.finish(|_, _| {});
+}
+
+/// Unregistering a cache waits for its running pulls without the instance's registration lock:
+/// while a pull into it waits on its peer (here: held inside its table fetch), a registration
+/// of another cache goes on (it waited for the pull, since the unregistration held the lock
+/// across that wait); the unregistration returns once the pull ended, and the pull's bytes
+/// landed.
+#[test]
+fn an_unregistration_waiting_for_a_pull_holds_up_no_registration() {
+    let h = HeldPull::new(33);
+    let closing = {
+        let d = h.d.clone();
+        let id = h.id;
+        std::thread::spawn(move || d.unregister_cache(id))
+    };
+    // the cache is being unregistered once a pull into it is refused
+    let t0 = Instant::now();
+    loop {
+        match pull_b(&h.d, h.id) {
+            Ok(()) => {}
+            Err(e) if e.status == LlmStatus::LLM_KV_CACHE_NOT_EXIST => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "never closing");
+    }
+    let mut other = vec![0u8; (BLOCKS * BLOCK) as usize];
+    let desc = CacheDesc {
+        placement: Placement::Host,
+        num_tensors: 1,
+        data_type: DataType::FLOAT16,
+        shape: vec![BLOCKS as i64, (BLOCK / 2) as i64],
+    };
+    let t = Instant::now();
+    // SAFETY: `other` outlives the instance's registration (finalized by `finish`, before it
+    // goes).
+    let r = unsafe {
+        h.d.register_cache(
+            &desc,
+            &[other.as_mut_ptr() as u64],
+            CacheKind::Blocks,
+            0,
+            &[],
+        )
+    };
+    let took = t.elapsed();
+    assert!(r.is_ok(), "{r:?}");
+    assert!(
+        !h.slow.is_finished() && !closing.is_finished() && took < Duration::from_secs(10),
+        "the registration waited for the pull the unregistration waited for ({took:?})"
+    );
+    h.finish(|d, id| {
+        closing.join().unwrap().unwrap();
+        let e = pull(d, id).unwrap_err();
+        assert_eq!(e.status, LlmStatus::LLM_KV_CACHE_NOT_EXIST);
+    });
+    drop(other);
 }
