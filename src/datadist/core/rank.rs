@@ -389,6 +389,9 @@ impl DataDist {
     /// Collects the tasks that finished: the peers of one that linked them become linked
     /// clusters (`OK`); one that failed, or whose peers are linked already, is `FAILED`.
     pub(super) fn settle_comms(&self) {
+        // links of tasks whose peers could not be adopted: closed once the lock is let go (a
+        // goodbye waits for its peer; status queries and moves need the lock meanwhile)
+        let mut surplus = Vec::new();
         let mut by_id = lock(&self.comms.by_id);
         for (id, c) in by_id.iter_mut() {
             if !c.task.as_ref().is_some_and(JoinHandle::is_finished) {
@@ -403,11 +406,7 @@ impl DataDist {
                     out.result.and_then(|peers| match self.adopt(&peers) {
                         Ok(()) => Ok(peers),
                         Err(e) => {
-                            if let Ok((engine, _)) = self.live() {
-                                for (_, name, link) in &peers {
-                                    let _ = engine.disconnect(name, link, DISCONNECT_MS);
-                                }
-                            }
+                            surplus.extend(peers);
                             Err(e)
                         }
                     })
@@ -424,6 +423,12 @@ impl DataDist {
                     tracing::info!(comm_id = id, status = ?e.status, error = %e.message, "rank-table link failed");
                     c.status = RegisterMemStatus::Failed;
                 }
+            }
+        }
+        drop(by_id);
+        if let (false, Ok((engine, _))) = (surplus.is_empty(), self.live()) {
+            for (_, name, link) in &surplus {
+                let _ = engine.disconnect(name, link, DISCONNECT_MS);
             }
         }
     }
