@@ -150,8 +150,8 @@ impl LinkShared {
         let path = self.routes.path(&b.descs, &self.paths);
         // one-sided on this host: inside the server's fence, so it can revoke access and know
         // when no batch touches its memory any more
-        let pass = match (&self.fence, path.enters_fence()) {
-            (Some(f), true) => match f.enter() {
+        let pass = match &self.fence {
+            Some(f) if path.enters_fence() => match f.enter() {
                 Some(p) => Some(p),
                 None => return Err(self.revoked("before this transfer started")),
             },

@@ -61,6 +61,9 @@ impl Routes {
         descs: &Descs<'_>,
         paths: &'p [Box<dyn DataPath>],
     ) -> &'p dyn DataPath {
+        if let [only] = paths {
+            return &**only; // TCP alone (a link to another host with no UCX or device path)
+        }
         let tcp = 1u32 << (paths.len() - 1);
         let mut mask = u32::MAX;
         let mut last = None;
