@@ -142,6 +142,32 @@ impl State {
         Ok((t, ids, region))
     }
 
+    /// [`State::fetch`] over a link that reaches every region of the list it READs: memory the
+    /// server registered after the link was made (its table is fixed per link) is listed but
+    /// not in the link's table, so the link is made again, by `deadline` (three times at most:
+    /// a server that keeps registering is not chased; what the link lacks then is reached after
+    /// [`Client::remote_mems`]).
+    fn fetch_covered(&mut self, deadline: Instant) -> Result<(list::Table, RemoteRegion)> {
+        #[cfg(test)]
+        tests::AFTER_LINK.with_borrow_mut(|h| h.as_mut().map(|f| f()));
+        let mut relinks = 0;
+        loop {
+            let (t, ids, builtin) = self.fetch_ids(deadline)?;
+            if relinks == 3 || self.link_covers(&t, ids.as_deref())? {
+                return Ok((t, builtin));
+            }
+            relinks += 1;
+            self.disconnect_by(deadline);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::timeout(
+                    "timed out linking again for memory the server registered meanwhile",
+                ));
+            }
+            self.engine.connect(&self.remote, left)?;
+        }
+    }
+
     /// Records the list (the ranges batches are checked against) and returns it as
     /// [`Client::remote_mems`] gives it: the built-in region first.
     fn import(&mut self, t: &list::Table, builtin: RemoteRegion) -> Result<Vec<RemoteMem>> {
@@ -242,7 +268,8 @@ impl Client {
     }
 
     /// Connects to the server within `timeout` (`HixlCSClientConnect`), matches the remote
-    /// endpoint among the server's, and imports its memory list.
+    /// endpoint among the server's, and imports its memory list, over a link that reaches every
+    /// region of it (memory the server registered while this connected: linked again).
     ///
     /// # Errors
     /// `TIMEOUT` for a zero timeout or when it passes; `PARAM_INVALID` when the remote endpoint
@@ -258,7 +285,7 @@ impl Client {
         }
         let deadline = Instant::now() + timeout;
         st.engine.connect(&st.remote, timeout)?;
-        let fetched = st.fetch(deadline).and_then(|(t, builtin)| {
+        let fetched = st.fetch_covered(deadline).and_then(|(t, builtin)| {
             if !t
                 .endpoints
                 .iter()
@@ -427,8 +454,15 @@ impl std::fmt::Debug for Client {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run by Connect on its thread once its link is made, before it READs the list.
+        pub(in crate::cs) static AFTER_LINK: RefCell<Option<Box<dyn FnMut()>>> =
+            const { RefCell::new(None) };
+    }
 
     #[test]
     fn server_ranges_must_be_disjoint() {

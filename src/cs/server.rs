@@ -428,6 +428,48 @@ mod tests {
         assert_eq!(kv[..64], [0x3c; 64]);
     }
 
+    /// Memory the server registers while a client connects (after the client's link was made,
+    /// before it READs the list) is listed but not in the link's table: the client links again
+    /// and reaches it (a batch into it was `PARAM_INVALID`, no such region, until a
+    /// `remote_mems` relinked).
+    #[test]
+    fn memory_registered_while_a_client_connects_is_reached() {
+        let mut kv = vec![0u8; 4096];
+        let mut late = vec![0u8; 4096];
+        // SAFETY: `kv` outlives the server; it is read once the server is closed.
+        let (server, port) = unsafe { serving(mem(&mut kv), |_| Box::new(|| {})) };
+        let server = Rc::new(server);
+        let late_mem = mem(&mut late);
+        let mut first = Some(server.clone());
+        crate::cs::client::tests::AFTER_LINK.set(Some(Box::new(move || {
+            if let Some(s) = first.take() {
+                // SAFETY: `late` outlives the server (closed below, before it goes).
+                unsafe { s.register(b"late", late_mem) }.unwrap();
+            }
+        })));
+        let c = client(port);
+        let connected = c.connect(SECONDS);
+        crate::cs::client::tests::AFTER_LINK.set(None);
+        connected.unwrap();
+        let mut mine = [0x5au8; 64];
+        let local = mem(&mut mine);
+        // SAFETY: `mine` outlives the client; nothing touches it during the batch.
+        unsafe { c.register(local) }.unwrap();
+        // (the list connect imported has it: no `remote_mems`, which would link again itself)
+        let put = OpDesc {
+            remote_addr: late_mem.addr as u64,
+            local_addr: local.addr,
+            len: 64,
+        };
+        c.batch_sync(TransferOp::Write, &[put], SECONDS).unwrap();
+        let list = c.remote_mems(SECONDS).unwrap();
+        let tags: Vec<&[u8]> = list.iter().map(|m| m.tag.as_slice()).collect();
+        assert_eq!(tags, [BUILTIN_TAG.as_bytes(), b"kv", b"late"]);
+        c.close();
+        server.close();
+        assert_eq!(late[..64], [0x5a; 64]);
+    }
+
     /// The list stays readable both ways: a reader that knows no ids trailer (an older
     /// client: the published table's fetch, then the payload's decoder) reads a list with one;
     /// a list without one (as an older server writes it) is read, and its regions reached.
