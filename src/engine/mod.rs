@@ -81,8 +81,27 @@ impl Quiescent for Finalized {}
 pub struct Hixl<S: State> {
     /// The engine of the core floor: every operation below is one of its handle API's, in the
     /// states where it is allowed.
-    inner: Engine,
+    inner: Owner,
     _state: PhantomData<S>,
+}
+
+/// The typed engine's hold on its core engine: finalized when the `Hixl` value is dropped (not
+/// when it moves to its next state, which moves this along). Whatever else holds the core
+/// engine for a while (an async connect waiting on its peer, a heartbeat round) does not keep
+/// it serving past the drop: "dropping an engine tears it down" holds on return.
+pub(crate) struct Owner(Engine);
+
+impl std::ops::Deref for Owner {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.0
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.finalize();
+    }
 }
 
 impl<S: State> fmt::Debug for Hixl<S> {

@@ -44,7 +44,7 @@ impl Hixl<Initialized> {
             });
         }
         Ok(Hixl {
-            inner: Engine::initialize(name, options, ephemeral)?,
+            inner: super::Owner(Engine::initialize(name, options, ephemeral)?),
             _state: PhantomData,
         })
     }

@@ -18,8 +18,10 @@ use crate::sync::lock;
 
 /// Most queued async connect and disconnect tasks per engine (HIXL's `connect_pool.task_queue_capacity` default).
 pub const ASYNC_QUEUE_CAPACITY: usize = 128;
-/// Tasks that run at once (HIXL's `connect_pool.thread_num` default).
-const THREADS: usize = 2;
+/// Tasks that run at once unless `connect_pool.thread_num` says (HIXL's default is 2: two
+/// peers that do not answer would hold every other async connect back for their timeouts; a
+/// task is a thread waiting on a socket, so hixl runs more).
+const THREADS: usize = 16;
 
 /// Where an async connection to one remote stands (HIXL `AsyncConnectStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,6 +62,9 @@ struct State {
     slots: HashMap<String, Slot>,
     queued: usize,
     stop: bool,
+    /// Counts [`ConnectPool::shutdown`]s: a task that was running across one finds its slot
+    /// gone (or another's, made since) and lets go of what it made.
+    generation: u64,
 }
 
 /// What the connect queue needs of its engine (the engine core implements it): the queue holds
@@ -81,18 +86,24 @@ pub(crate) struct ConnectPool {
     st: Mutex<State>,
     /// Runs the remotes' turns (see [`turn`]), by key.
     tasks: Arc<Queue<String>>,
-}
-
-impl Default for ConnectPool {
-    fn default() -> Self {
-        Self {
-            st: Mutex::default(),
-            tasks: Queue::new(THREADS),
-        }
-    }
+    /// Most tasks queued and not started ([`ASYNC_QUEUE_CAPACITY`] unless configured).
+    capacity: usize,
 }
 
 impl ConnectPool {
+    /// A queue running `threads` tasks at once (16 by default) and holding `capacity` queued
+    /// ones ([`ASYNC_QUEUE_CAPACITY`] by default): HIXL's `connect_pool.thread_num` and
+    /// `connect_pool.task_queue_capacity`.
+    pub(crate) fn new(threads: Option<u64>, capacity: Option<u64>) -> Self {
+        let n =
+            |v: Option<u64>, default| v.map_or(default, |v| usize::try_from(v).unwrap_or(default));
+        Self {
+            st: Mutex::default(),
+            tasks: Queue::new(n(threads, THREADS)),
+            capacity: n(capacity, ASYNC_QUEUE_CAPACITY),
+        }
+    }
+
     /// Queues a task for `key`; gives the remote a turn if none of its tasks runs.
     fn push<E: Opener>(
         self: &Arc<Self>,
@@ -101,9 +112,9 @@ impl ConnectPool {
         task: Task,
     ) -> Result<(), Error> {
         let mut st = lock(&self.st);
-        if st.queued >= ASYNC_QUEUE_CAPACITY {
+        if st.queued >= self.capacity {
             return Err(Error::QueueFull {
-                capacity: ASYNC_QUEUE_CAPACITY,
+                capacity: self.capacity,
             });
         }
         st.queued += 1;
@@ -211,19 +222,18 @@ impl ConnectPool {
         }
     }
 
-    /// Stops the queue (waiting for running tasks if `join`) and closes every link still held;
-    /// returns them (closed).
-    pub fn shutdown(&self, join: bool) -> Vec<Arc<LinkShared>> {
+    /// Stops the queue and closes every link still held; returns them (closed). A task still
+    /// running (a connect waiting on a slow peer) is not waited for: it ends on its own, its
+    /// engine closed to links by then (the link it opens is refused), and lets go of what it
+    /// made (its generation is over); tasks still queued are dropped.
+    pub fn shutdown(&self) -> Vec<Arc<LinkShared>> {
         let links: Vec<Arc<LinkShared>> = {
             let mut st = lock(&self.st);
             st.stop = true;
+            st.generation += 1;
             st.queued = 0;
             st.slots.drain().filter_map(|(_, s)| s.link).collect()
         };
-        if join {
-            // a running task ends, and turns still queued find nothing to do
-            self.tasks.wait_idle();
-        }
         for l in &links {
             l.close_quietly();
         }
@@ -254,7 +264,7 @@ fn pending(t: Task) -> AsyncConnectStatus {
 
 /// One turn of remote `key`: runs its next task, then queues its next turn if it has more.
 fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
-    let task = {
+    let (task, generation) = {
         let mut st = lock(&pool.st);
         if st.stop {
             return;
@@ -274,7 +284,7 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
             Task::Disconnect(_) => AsyncConnectStatus::Disconnecting,
         };
         st.queued -= 1;
-        t
+        (t, st.generation)
     };
     // run it without holding the lock (nor the engine, between tasks)
     let Some(inner) = engine.upgrade() else {
@@ -302,7 +312,8 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
     };
     let more = {
         let mut st = lock(&pool.st);
-        if let Some(s) = st.slots.get_mut(&key) {
+        let ours = st.generation == generation;
+        if let Some(s) = st.slots.get_mut(&key).filter(|_| ours) {
             s.busy = false;
             s.link = link;
             s.error = error;
@@ -310,7 +321,8 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
             !s.queue.is_empty()
         } else {
             if let Some(l) = link {
-                // the slot went away (shutdown): do not leak the link
+                // the slot went away, or is a later generation's (shutdown): do not leak the
+                // link
                 l.close_quietly();
                 inner.forget_link(&l);
             }

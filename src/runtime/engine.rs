@@ -119,6 +119,12 @@ impl EngineInner {
         let span = tracing::debug_span!("hixl", engine = %name, id);
         tracing::debug!(parent: &span, server = listener.is_some(), "initialized");
         let notify_limits = options.notify_limits();
+        // HIXL's `connect_pool.*` keys of `GlobalResourceConfig`
+        let pool = options.ascend.global_resource_config.as_ref();
+        let connects = Arc::new(ConnectPool::new(
+            pool.and_then(|g| g.connect_pool_thread_num),
+            pool.and_then(|g| g.connect_pool_task_queue_capacity),
+        ));
         Ok(Arc::new_cyclic(|me| EngineInner {
             id,
             instance,
@@ -131,7 +137,7 @@ impl EngineInner {
             peers: Mutex::new(HashMap::new()),
             links: Mutex::new(Vec::new()),
             notifies: Arc::new(NotifyQueue::new(notify_limits)),
-            connects: Arc::new(ConnectPool::default()),
+            connects,
             me: me.clone(),
             heartbeats: std::sync::atomic::AtomicBool::new(false),
             open: std::sync::atomic::AtomicBool::new(false),
@@ -457,8 +463,8 @@ impl EngineInner {
     }
 
     /// Closes every link the async connect queue still holds.
-    fn close_async_links(&self, join: bool) {
-        for link in self.connects.shutdown(join) {
+    fn close_async_links(&self) {
+        for link in self.connects.shutdown() {
             self.forget_link(&link);
         }
     }
@@ -544,7 +550,9 @@ impl EngineInner {
     /// Leaves `Connected`: ends every link of the engine and stops serving.
     pub(crate) fn stop(&self) {
         self.open.store(false, Ordering::SeqCst);
-        self.close_async_links(true);
+        // (not waiting for a running async connect: it waits on its peer, by its own timeout;
+        // the link it opens is refused now that the engine is closed, `open_link`)
+        self.close_async_links();
         self.close_links();
         self.stop_server();
     }
@@ -561,7 +569,7 @@ impl EngineInner {
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
-        self.close_async_links(false);
+        self.close_async_links();
         self.close_links();
         self.stop_server();
     }

@@ -3,10 +3,10 @@
 //! short jobs at their time. The executor's own queue is a process-wide cache of worker threads
 //! ([`spawn`]: a thread starts when no idle one can take a job). A caller that bounds its
 //! concurrency or keeps an order has a queue of its own whose workers are jobs on the
-//! executor's: a link's async transfers (its `max_lanes` at once, taken in order) and the async
-//! connects (two at once; each remote's in order, `runtime::connect`). The deadlines of queued
-//! requests and the heartbeat run on it too. Not an async runtime: jobs block on sockets as
-//! they need to.
+//! executor's: a link's async transfers (its `max_lanes` at once, taken in order), the async
+//! connects (16 at once unless configured; each remote's in order, `runtime::connect`) and the
+//! heartbeat's PINGs (16 at once). The deadlines of queued requests run on it too. Not an async
+//! runtime: jobs block on sockets as they need to.
 //!
 //! (The same-host transport's copy helper is not background work: it is the second half of a
 //! caller's copy, handed over only when it is idle, and stays a thread of its own.)

@@ -728,3 +728,35 @@ fn same_host_batches_stop_at_their_deadline_and_cancel() {
         peer.quit();
     }
 }
+
+/// Dropping an engine while one of its async connects waits on a peer that never answers (a
+/// listener that never accepts) tears it down on return: a peer linked to it can no longer
+/// reach its memory (the connect held the engine, which served on until the connect's timeout;
+/// `finalize` and `deactivate` waited for it instead).
+#[test]
+fn dropping_an_engine_with_an_async_connect_pending_stops_it_at_once() {
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute_name = mute.local_addr().unwrap().to_string();
+    let (srv, _cache) = server(4096, Options::default());
+    let (cli, buf) = client(4096);
+    let link = cli.connect(srv.name()).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..8).unwrap(),
+        link.regions().next().unwrap().range(0..8).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Write, &[d], T).unwrap();
+    srv.connect_async(&mute_name, T).unwrap();
+    let t0 = Instant::now();
+    while srv.async_connect_status(&mute_name) != AsyncConnectStatus::Connecting {
+        assert!(t0.elapsed() < T, "the async connect never started");
+        std::thread::yield_now();
+    }
+    let t = Instant::now();
+    drop(srv);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let e = link
+        .transfer_sync(TransferOp::Write, &[d], Duration::from_secs(5))
+        .unwrap_err();
+    assert_eq!(e.status().code(), 103_902, "{e:?}");
+    drop(mute);
+}

@@ -792,6 +792,94 @@ fn finalize_during_a_connect_leaves_no_link() {
     a.quit();
 }
 
+/// `finalize` does not wait for an async connect waiting on a stopped peer (it joined the
+/// connect queue, for the connect's whole timeout, with the engine's write lock held); the
+/// connect, once the peer resumes, leaves no link behind.
+#[test]
+fn finalize_during_an_async_connect_waits_for_nothing() {
+    let a = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 79, &[]);
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    let port = common::port_of(&a.name);
+    let pause = a.stopped();
+    e.connect_async(&a.name, 20_000).unwrap();
+    let t0 = Instant::now();
+    while common::connections_to(port) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the async connect never reached the stopped peer"
+        );
+        std::thread::yield_now();
+    }
+    std::thread::scope(|s| {
+        let finalize = s.spawn(|| e.finalize());
+        let t0 = Instant::now();
+        while !finalize.is_finished() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "finalize waited for the async connect"
+            );
+            std::thread::yield_now();
+        }
+    });
+    drop(pause);
+    let t0 = Instant::now();
+    while common::connections_to(port) > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the async connect that ended after finalize left its link open"
+        );
+        std::thread::yield_now();
+    }
+    a.quit();
+}
+
+/// Async connects to peers that do not answer hold up no async connect to another peer (two
+/// ran at once, HIXL's default: two stopped peers kept a third connect pending for their
+/// timeouts).
+#[test]
+fn async_connects_to_stopped_peers_hold_up_no_other() {
+    let a = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 80, &[]);
+    let b = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 81, &[]);
+    let healthy = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 82, &[]);
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    let (pause_a, pause_b) = (a.stopped(), b.stopped());
+    e.connect_async(&a.name, 20_000).unwrap();
+    e.connect_async(&b.name, 20_000).unwrap();
+    let t0 = Instant::now();
+    while common::connections_to(common::port_of(&a.name)) == 0
+        || common::connections_to(common::port_of(&b.name)) == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the async connects never reached the stopped peers"
+        );
+        std::thread::yield_now();
+    }
+    e.connect_async(&healthy.name, 5000).unwrap();
+    let t0 = Instant::now();
+    while e.get_async_connect_status(&healthy.name).unwrap() != AsyncConnectStatus::Connected {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the connect to the healthy peer waited behind the stopped ones"
+        );
+        std::thread::yield_now();
+    }
+    let mut other = vec![0u8; 4096];
+    let h = register(&e, &mut other).unwrap();
+    let d = [desc(&other, 0, healthy.addr, 300, 4096)];
+    e.transfer_sync(&healthy.name, TransferOp::Read, &d, 5000)
+        .unwrap();
+    assert_eq!(other, Rng::new(82).bytes(1 << 16)[300..4396]);
+    drop((pause_a, pause_b));
+    e.deregister_mem(h).unwrap();
+    e.finalize();
+    a.quit();
+    b.quit();
+    healthy.quit();
+}
+
 /// A notification to a stopped peer (sent, its acknowledgement never coming) holds up no other
 /// call of the engine (it waited for the acknowledgement under the core's read lock); once the
 /// peer resumes, it is delivered.
