@@ -276,7 +276,7 @@ fn both_engines_serve_and_connect() {
 #[test]
 fn finalize_waits_for_in_flight_work() {
     let len = 256 << 20;
-    let (srv, _cache) = server(
+    let (srv, mut cache) = server(
         len,
         Options::default().finalize_timeout(Duration::from_secs(10)),
     );
@@ -298,6 +298,13 @@ fn finalize_waits_for_in_flight_work() {
     let (r, waited) = result;
     assert!(r.is_ok(), "in-flight WRITE cut by finalize: {r:?}");
     assert!(waited < Duration::from_secs(10));
+    // Ok means every byte landed before finalize returned
+    let mut got = vec![0u8; len];
+    cache.read_at(0, &mut got).unwrap();
+    assert!(
+        got == data,
+        "the WRITE that finalize waited for did not land whole"
+    );
     // afterwards the link is dead
     let e = link.transfer_sync(TransferOp::Write, &[d], T).unwrap_err();
     assert_eq!(e.status().code(), 103_902, "{e:?}");
