@@ -556,11 +556,23 @@ pub fn timeout_from_millis(millis: i32) -> Result<Duration, Error> {
     Ok(Duration::from_millis(millis as u64))
 }
 
+/// The longest wait a timeout gives: HIXL's `i32` milliseconds (about 24.8 days). A longer
+/// `Duration` (up to `Duration::MAX`) waits this long: a deadline is never computed past what
+/// the clock can hold.
+pub(crate) const MAX_WAIT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// A caller's timeout: zero is [`Error::InvalidTimeout`]; one past [`MAX_WAIT`] is that.
 pub(crate) fn check_timeout(t: Duration) -> Result<Duration, Error> {
     if t.is_zero() {
         return Err(Error::InvalidTimeout { millis: 0 });
     }
-    Ok(t)
+    Ok(t.min(MAX_WAIT))
+}
+
+/// `from + t`, with `t` at most [`MAX_WAIT`] (never an overflow, whatever a caller passes).
+pub(crate) fn deadline_after(from: std::time::Instant, t: Duration) -> std::time::Instant {
+    let t = t.min(MAX_WAIT);
+    from.checked_add(t).unwrap_or(from)
 }
 
 #[cfg(test)]

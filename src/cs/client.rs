@@ -13,6 +13,7 @@ use super::list::{self, FORMAT};
 use super::{
     BUILTIN_TAG, Completion, Endpoint, Error, Mem, MemHandle, RemoteMem, Result, mem_type, overlaps,
 };
+use crate::error::deadline_after;
 use crate::published::FetchError;
 use crate::sync::lock;
 use crate::{Access, MemType};
@@ -283,7 +284,7 @@ impl Client {
         if timeout.is_zero() {
             return Err(Error::timeout("timeout_ms is 0"));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         st.engine.connect(&st.remote, timeout)?;
         let fetched = st.fetch_covered(deadline).and_then(|(t, builtin)| {
             if !t
@@ -328,7 +329,7 @@ impl Client {
         if timeout.is_zero() {
             return Err(Error::timeout("timeout_ms is 0"));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         let (mut t, ids, mut builtin) = st.fetch_ids(deadline)?;
         if !st.link_covers(&t, ids.as_deref())? {
             // the server registered memory after this link was made (or again): a new link gets

@@ -603,7 +603,7 @@ fn heartbeat_after(me: Weak<EngineInner>, every: Duration) {
 }
 
 fn next_round(me: Weak<EngineInner>, beat: Arc<Heartbeat>) {
-    let at = std::time::Instant::now() + beat.every;
+    let at = crate::error::deadline_after(std::time::Instant::now(), beat.every);
     crate::runtime::executor::at(at, move || {
         let round = {
             let (me, beat) = (me.clone(), beat.clone());

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, HandedBack, check_timeout};
+use crate::error::{Error, HandedBack, check_timeout, deadline_after};
 use crate::options::Options;
 use crate::runtime::connect::AsyncConnectStatus;
 use crate::runtime::engine::EngineInner;
@@ -431,7 +431,7 @@ impl ReqHandle {
 
     /// Waits up to `timeout` for a terminal status; `Waiting` if none came.
     pub(crate) fn wait(&self, timeout: Duration) -> TransferStatus {
-        let until = Instant::now() + timeout;
+        let until = deadline_after(Instant::now(), timeout);
         loop {
             self.expire_if_due();
             let g = model::lock(&self.st.m);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, deadline_after};
 use crate::sync::model::{Condvar, Mutex, lock};
 use crate::transport::Cancel;
 use crate::types::TransferOp;
@@ -170,7 +170,7 @@ impl ReqState {
             user_data,
             bytes,
             started,
-            deadline: started + timeout,
+            deadline: deadline_after(started, timeout),
         }
     }
 

@@ -760,3 +760,49 @@ fn dropping_an_engine_with_an_async_connect_pending_stops_it_at_once() {
     assert_eq!(e.status().code(), 103_902, "{e:?}");
     drop(mute);
 }
+
+/// Timeouts past what the clock can hold (`Duration::MAX`) wait as long as HIXL's longest
+/// (`i32::MAX` ms) and panic nowhere: a connect, an async connect (its worker panicked, which
+/// left the remote `Connecting` for good), a sync and an async transfer, a request's wait, a
+/// notification and a disconnect all end as with any other timeout.
+#[test]
+fn the_longest_timeouts_panic_nowhere() {
+    let (srv, mut cache) = server(4096, Options::default());
+    let opts = Options::default()
+        .same_host(hixl::SameHost::Forbid)
+        .connect_timeout(Duration::MAX);
+    let (cli, mut buf) = common::client_with(4096, opts);
+    cli.connect_async(srv.name(), Duration::MAX).unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(srv.name()) != AsyncConnectStatus::Connected {
+        assert!(t0.elapsed() < T, "the async connect never ended");
+        std::thread::yield_now();
+    }
+    let link = cli.take_link(srv.name()).unwrap();
+    let data = Rng::new(91).bytes(4096);
+    buf.write_at(0, &data).unwrap();
+    let remote = link.regions().next().unwrap();
+    let d = TransferDesc::new(buf.range(0..2048).unwrap(), remote.range(0..2048).unwrap());
+    link.transfer_sync(TransferOp::Write, &[d], Duration::MAX)
+        .unwrap();
+    let d2 = TransferDesc::new(
+        buf.range(2048..4096).unwrap(),
+        remote.range(2048..4096).unwrap(),
+    );
+    let req = link
+        .transfer_async(
+            TransferOp::Write,
+            &[d2],
+            TransferArgs::default().timeout(Duration::MAX),
+        )
+        .unwrap();
+    let st = req.wait(Duration::MAX);
+    assert!(matches!(st, TransferStatus::Completed), "{st:?}");
+    link.send_notify("n", "long", Duration::MAX).unwrap();
+    link.disconnect(Duration::MAX).unwrap();
+    let mut got = vec![0u8; 4096];
+    cache.read_at(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    let link = cli.connect(srv.name()).unwrap();
+    link.disconnect(T).unwrap();
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{LinkShared, Unfinished};
 use crate::error::Error;
-use crate::error::check_timeout;
+use crate::error::{check_timeout, deadline_after};
 use crate::runtime::executor::Handler;
 use crate::runtime::handle::ReqHandle;
 use crate::runtime::region::RegionUse;
@@ -47,7 +47,7 @@ impl LinkShared {
             descs,
             bytes,
             started,
-            deadline: started + timeout,
+            deadline: deadline_after(started, timeout),
             mode: Mode::Sync,
         });
         let took = started.elapsed();
@@ -112,7 +112,7 @@ impl LinkShared {
         timeout: Duration,
     ) -> Result<(), Error> {
         let sh = self;
-        let deadline = started + timeout;
+        let deadline = deadline_after(started, timeout);
         let me = {
             let mut unfinished = lock(&sh.unfinished);
             let me = unfinished.next;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, deadline_after};
 
 /// Why an engine that is not a fabric-memory one does not connect to itself (under its own
 /// name, refused by the engine, or under another of its addresses, refused here).
@@ -126,7 +126,7 @@ impl LinkShared {
         timeout: Duration,
     ) -> Result<Arc<Self>, Error> {
         let started = Instant::now();
-        let deadline = started + timeout;
+        let deadline = deadline_after(started, timeout);
         let policy = engine.options.same_host;
         let me = match policy {
             SameHost::Forbid => None,
@@ -397,7 +397,7 @@ impl LinkShared {
     /// batch by its deadline.
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
-        let r = self.lanes.close(started, started + timeout);
+        let r = self.lanes.close(started, deadline_after(started, timeout));
         self.queue.close();
         self.end_requests();
         for p in &self.paths {

@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::auth::Psk;
+use crate::error::deadline_after;
 use crate::io::Sock;
 use crate::notify::NotifyQueue;
 use crate::runtime::revoke::fence::{ServerFence, revoke_all};
@@ -144,7 +145,7 @@ impl Server {
         self.shared.returns.wake();
         // from here no fence is handed out: a handshake still running serves its client over TCP
         let fences = lock(&self.shared.fences).take().unwrap_or_default();
-        let until = Instant::now() + grace;
+        let until = deadline_after(Instant::now(), grace);
         let in_grace = || {
             let more = Instant::now() < until;
             if more {

@@ -25,6 +25,7 @@ use super::limits::{self, Candidate};
 use super::state::Shared;
 use super::worker;
 use crate::error::Status;
+use crate::error::deadline_after;
 use crate::io::{Inbound, Sock};
 use crate::process::Pinned;
 use crate::runtime::revoke::fence::{ServerFence, Slot};
@@ -265,7 +266,9 @@ impl Poller {
                 match frame_in(&mut lane.inb, &lane.conn.sock) {
                     Ok(true) => self.submit(Work::Serve(lane)),
                     Ok(false) => {
-                        let due = due.unwrap_or_else(|| Instant::now() + self.shared.io_timeout);
+                        let due = due.unwrap_or_else(|| {
+                            deadline_after(Instant::now(), self.shared.io_timeout)
+                        });
                         match self.epoll.rearm(lane.conn.as_raw_fd(), Token(id)) {
                             Ok(()) => {
                                 let due = Some(due);
@@ -296,7 +299,7 @@ impl Poller {
             );
             match self.epoll.rearm_for(fd, Token(id), out.unwrap_or(false)) {
                 Ok(()) => {
-                    let timeout = Instant::now() + self.shared.io_timeout;
+                    let timeout = deadline_after(Instant::now(), self.shared.io_timeout);
                     let slot = if let Some((p, _)) = &lane.parked {
                         // a parked request keeps its own deadline
                         let due = p.deadline.unwrap_or(timeout);

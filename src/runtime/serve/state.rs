@@ -11,6 +11,7 @@ use super::conn::{Returns, Work};
 use super::limits::{ConnTable, Limits};
 use super::table::ServeTable;
 use crate::auth::Psk;
+use crate::error::deadline_after;
 use crate::io::Sock;
 use crate::notify::NotifyQueue;
 use crate::runtime::revoke::fence::ServerFence;
@@ -86,7 +87,7 @@ impl LinkRec {
     }
     /// Waits (up to `limit`) until no request of this retired link is being applied.
     pub(super) fn drain(&self, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
+        let until = deadline_after(Instant::now(), limit);
         while self.busy.load(Ordering::SeqCst) > 0 {
             if Instant::now() >= until {
                 return false;

@@ -17,6 +17,7 @@ use super::conn::{ConnEnd, Established, InFlight, Ready, Work, frame_in, release
 use super::state::{JoinFail, Shared};
 use super::table::Held;
 use crate::error::Status;
+use crate::error::deadline_after;
 use crate::io::{Inbound, Sock, read_frame};
 use crate::notify::Notify;
 use crate::transport::tcp::serve::{After, PATIENCE, Pending, XferServer};
@@ -36,7 +37,7 @@ pub(super) fn read_request<'a>(
     inb: &'a mut Inbound,
     timeout: Duration,
 ) -> Result<(Result<(Kind, &'a [u8]), WireError>, Instant), io::Error> {
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(Instant::now(), timeout);
     let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
     Ok((frame, deadline))
 }
@@ -158,7 +159,7 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
     }
     sock.set_spin(SERVE_SPIN);
     let mut out = Vec::with_capacity(256);
-    let io_deadline = || Some(Instant::now() + shared.io_timeout);
+    let io_deadline = || Some(deadline_after(Instant::now(), shared.io_timeout));
     let id = conn.id;
     let (token, live, busy, fence) = match hello.role {
         LaneRole::NewLink => {
@@ -371,7 +372,7 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
         let (frame, deadline) = match read_request(sock, inb, shared.io_timeout) {
             Err(e) => return Err(ConnEnd::of(e)),
             Ok((Err(e), _)) => {
-                let dl = Some(Instant::now() + shared.io_timeout);
+                let dl = Some(deadline_after(Instant::now(), shared.io_timeout));
                 return Err(violation(sock, out, e, dl));
             }
             Ok((Ok(f), deadline)) => (f, Some(deadline)),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::lane::{Lane, LaneFail};
 use crate::auth::Psk;
-use crate::error::{Error, RemoteRefusal, Status};
+use crate::error::{Error, RemoteRefusal, Status, deadline_after};
 use crate::sync::lock;
 use crate::transport::Control;
 use crate::types::TransferOp;
@@ -505,13 +505,13 @@ impl Lanes {
             Some(l) => l,
             None => {
                 let now = Instant::now();
-                match self.checkout(now + timeout, now, op) {
+                match self.checkout(deadline_after(now, timeout), now, op) {
                     Ok(l) => l,
                     Err(e) => return Pinged::NoLane(e),
                 }
             }
         };
-        match lane.ping(Instant::now() + timeout) {
+        match lane.ping(deadline_after(Instant::now(), timeout)) {
             Ok(()) => {
                 self.checkin(lane);
                 Pinged::Answered
