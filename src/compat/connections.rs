@@ -195,6 +195,19 @@ impl Hixl {
         check: impl FnOnce(&Engine, &LinkHandle) -> Result<C>,
         run: impl FnOnce(&LinkHandle, C) -> Result<T>,
     ) -> Result<T> {
+        self.on_link_failing(remote, check, run, |_| true)
+    }
+
+    /// As [`Hixl::on_link_then`], but only an error `link_failed` says is the link's counts as
+    /// a failure of the link (with AutoConnect, one that drops it: closing it ends every other
+    /// caller's requests on it).
+    pub(super) fn on_link_failing<C, T>(
+        &self,
+        remote: &str,
+        check: impl FnOnce(&Engine, &LinkHandle) -> Result<C>,
+        run: impl FnOnce(&LinkHandle, C) -> Result<T>,
+        link_failed: impl FnOnce(&Error) -> bool,
+    ) -> Result<T> {
         let (e, key, (auto, timeout), in_flight) = self.outside(remote)?;
         let link = (self.peers.link_for(&e, auto, timeout, remote, &key))
             .map_err(|err| self.unless_finalized(&e, err.into()))?;
@@ -206,7 +219,9 @@ impl Hixl {
             r
         };
         let r = r.and_then(|c| run(&link, c));
-        if let Err(err) = &r {
+        if let Err(err) = &r
+            && link_failed(err)
+        {
             self.peers.after_failure(auto, &key, &link, err.status);
         }
         r

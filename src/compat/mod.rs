@@ -102,7 +102,8 @@
 //! With `"AutoConnect" = "1"` a transfer or notify to a remote that is not connected connects
 //! first (with the engine's connect timeout, `hixl.ConnectTimeoutMs`, 1000 ms by default), and a
 //! link that broke (a failed transfer, or the heartbeat noticing the peer is gone) is dropped so
-//! the next call connects again. Without it, a broken link answers `NOT_CONNECTED` until it is
+//! the next call connects again. A notification whose time went by waiting for this engine's
+//! own earlier transfers (`TIMEOUT`) does not count: the link and those transfers stay. Without it, a broken link answers `NOT_CONNECTED` until it is
 //! disconnected or connected again (a new connect supersedes a broken link).
 //!
 //! ## Requests

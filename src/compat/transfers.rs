@@ -14,6 +14,7 @@ use crate::runtime::address::{self, AddrDesc};
 use crate::runtime::check;
 use crate::runtime::handle::{Engine, ReqHandle};
 use crate::runtime::link::LinkShared;
+use crate::runtime::link::NOTIFY_WAIT;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
 use crate::types::blocks::{BlockBatch, Placed};
@@ -314,8 +315,15 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
-        // sent without the core's lock: the acknowledgement may be slow to come
-        self.on_link_then(
+        // sent without the core's lock: the acknowledgement may be slow to come; its time
+        // going by while this engine's earlier transfers run is no failure of the link (with
+        // AutoConnect, dropping it would end those transfers)
+        let own_wait = |e: &Error| {
+            (e.source_error()).is_some_and(
+                |s| matches!(s, crate::Error::Timeout { op, .. } if *op == NOTIFY_WAIT),
+            )
+        };
+        self.on_link_failing(
             remote_engine,
             |_, _| Ok(()),
             |link, ()| {
@@ -327,6 +335,7 @@ impl Hixl {
                     e
                 })
             },
+            |e| !own_wait(e),
         )
     }
 

@@ -880,6 +880,57 @@ fn async_connects_to_stopped_peers_hold_up_no_other() {
     healthy.quit();
 }
 
+/// With AutoConnect, a notification whose time goes by waiting for this engine's earlier
+/// transfers (`TIMEOUT`: a local wait) leaves the link alone: the transfer it waited for goes on
+/// and completes (the link was dropped as failed, which cancelled that transfer: `FAILED`).
+#[test]
+fn a_notify_timing_out_behind_a_transfer_keeps_the_link() {
+    let len = 64 << 20;
+    let stopped = Peer::spawn_compat("127.0.0.1:0", len, 83, &[]);
+    let mut mem = Rng::new(84).bytes(len);
+    let opts = [("AutoConnect", "1"), ("hixl.SameHost", "off")];
+    let (e, _) = client(&opts, &mut mem);
+    e.connect(&stopped.name, 1000).unwrap();
+    let pause = stopped.stopped();
+    let req = e
+        .transfer_async(
+            &stopped.name,
+            TransferOp::Write,
+            &[desc(&mem, 0, stopped.addr, 0, len)],
+            TransferArgs { user_data: 1 },
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    while !(e.metrics().unwrap().links.iter())
+        .any(|l| l.peer == stopped.name && l.write.in_flight > 0)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the WRITE never started"
+        );
+        std::thread::yield_now();
+    }
+    let n = NotifyDesc {
+        name: "kv".into(),
+        notify_msg: "after".into(),
+    };
+    assert_eq!(
+        status(e.send_notify(&stopped.name, &n, 200)),
+        Status::TIMEOUT
+    );
+    assert_eq!(
+        e.get_transfer_status(req).unwrap(),
+        TransferStatus::Waiting,
+        "the notification's timeout ended the transfer it waited for"
+    );
+    drop(pause);
+    assert_eq!(wait(&e, req), TransferStatus::Completed);
+    let mut stopped = stopped;
+    assert_eq!(stopped.sum(0, len as u64), fnv1a(&mem));
+    e.finalize();
+    stopped.quit();
+}
+
 /// A notification to a stopped peer (sent, its acknowledgement never coming) holds up no other
 /// call of the engine (it waited for the acknowledgement under the core's read lock); once the
 /// peer resumes, it is delivered.

@@ -18,6 +18,10 @@ use crate::transport::{Batch, Mode, PathFail};
 use crate::types::TransferOp;
 use crate::types::batch::{Descs, OwnedDescs};
 
+/// What a notification's `TIMEOUT` names when its time went by waiting for this engine's own
+/// earlier transfers to end (a local wait: the link did not fail).
+pub(crate) const NOTIFY_WAIT: &str = "notify (waiting for earlier transfers)";
+
 impl LinkShared {
     /// Runs a checked batch (`check::list` or `check::layouts`: `bytes` in all) and returns
     /// when it has ended, by `timeout` from now. It is listed among the link's unfinished
@@ -121,7 +125,7 @@ impl LinkShared {
                 let rem = deadline.saturating_duration_since(Instant::now());
                 if rem.is_zero() {
                     return Err(Error::Timeout {
-                        op: "notify (waiting for earlier transfers)",
+                        op: NOTIFY_WAIT,
                         peer: sh.peer.clone(),
                         elapsed: started.elapsed(),
                     });
