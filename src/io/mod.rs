@@ -205,7 +205,9 @@ enum Dir {
 /// A socket with its armed timeouts.
 #[derive(Debug)]
 pub(crate) struct Sock {
-    pub stream: TcpStream,
+    /// Shared only with weak handles that shut the connection down from another thread (a
+    /// client link's lanes: `transport::tcp::lanes`); they never keep it open.
+    pub stream: std::sync::Arc<TcpStream>,
     rd: Option<Duration>,
     wr: Option<Duration>,
     /// How long a receive polls without blocking before it sleeps in the kernel. A reply that
@@ -228,7 +230,7 @@ impl Sock {
     /// Wraps `stream` as it is (no socket option set, no timeout armed).
     pub fn adopt(stream: TcpStream) -> Self {
         Self {
-            stream,
+            stream: std::sync::Arc::new(stream),
             rd: None,
             wr: None,
             spin: Duration::ZERO,

@@ -931,6 +931,84 @@ fn a_notify_timing_out_behind_a_transfer_keeps_the_link() {
     stopped.quit();
 }
 
+/// A sync transfer waiting on a stopped peer on another thread holds `disconnect` up only for
+/// the disconnect's own timeout: its lane is then cut and it ends `NOT_CONNECTED` at once (the
+/// close waited for it until its 20 s deadline); the same under `finalize`.
+#[test]
+fn closing_a_link_cuts_a_transfer_stalled_on_it() {
+    for finalize in [false, true] {
+        let stopped = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 85, &[]);
+        let mut mem = vec![0u8; 4096];
+        let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+        e.connect(&stopped.name, 1000).unwrap();
+        let pause = stopped.stopped();
+        let from = [desc(&mem, 0, stopped.addr, 0, 4096)];
+        std::thread::scope(|s| {
+            let stalled =
+                s.spawn(|| e.transfer_sync(&stopped.name, TransferOp::Read, &from, 20_000));
+            let t0 = Instant::now();
+            while !(e.metrics().unwrap().links.iter())
+                .any(|l| l.peer == stopped.name && l.read.in_flight > 0)
+            {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20) && !stalled.is_finished(),
+                    "the READ from the stopped peer never started"
+                );
+                std::thread::yield_now();
+            }
+            let t = Instant::now();
+            if finalize {
+                e.finalize();
+            } else {
+                // (its goodbye goes unanswered: TIMEOUT, the link closed anyway)
+                let _ = e.disconnect(&stopped.name, 300);
+            }
+            let took = t.elapsed();
+            assert!(
+                took < Duration::from_secs(10),
+                "closing (finalize: {finalize}) waited {took:?} for the stalled READ"
+            );
+            let r = stalled.join().unwrap();
+            assert_eq!(status(r), Status::NOT_CONNECTED, "finalize: {finalize}");
+        });
+        drop(pause);
+        e.finalize();
+        stopped.quit();
+    }
+}
+
+/// The heartbeat's break reaches a lane in use: a READ stalled on a stopped peer ends
+/// `NOT_CONNECTED` once the heartbeat's PING on the link's other lane goes unanswered (it waited
+/// for its 20 s deadline: a break shut down only idle lanes and lanes being opened).
+#[test]
+fn a_heartbeat_break_ends_a_transfer_stalled_on_another_lane() {
+    let len = 32 << 20;
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", len, 86, &[]);
+    let mut mem = vec![0u8; len];
+    let opts = [("hixl.SameHost", "off"), ("hixl.HeartbeatMs", "300")];
+    let (e, _) = client(&opts, &mut mem);
+    e.connect(&peer.name, 1000).unwrap();
+    // a READ large enough to run on two lanes: both idle afterwards
+    let all = [desc(&mem, 0, peer.addr, 0, len)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &all, 20_000)
+        .unwrap();
+    assert!(mem == Rng::new(86).bytes(len), "the READ's bytes");
+    let pause = peer.stopped();
+    let t = Instant::now();
+    let small = [desc(&mem, 0, peer.addr, 0, 4096)];
+    let r = e.transfer_sync(&peer.name, TransferOp::Read, &small, 20_000);
+    let took = t.elapsed();
+    assert_eq!(status(r), Status::NOT_CONNECTED);
+    assert!(
+        took < Duration::from_secs(10),
+        "the READ ended after {took:?}"
+    );
+    drop(pause);
+    assert_eq!(peer.sum(0, 4096), fnv1a(&mem[..4096]));
+    e.finalize();
+    peer.quit();
+}
+
 /// A notification to a stopped peer (sent, its acknowledgement never coming) holds up no other
 /// call of the engine (it waited for the acknowledgement under the core's read lock); once the
 /// peer resumes, it is delivered.

@@ -396,7 +396,8 @@ impl LinkShared {
     /// then on nothing of this link touches local memory. How long that takes is bounded by
     /// each transport's cancellation (a lane's socket is shut down; a same-host copy stops
     /// between parts; UCX stops waiting; a device batch ends by its deadline), and for a sync
-    /// batch by its deadline.
+    /// batch over TCP by `timeout` (its lane is shut down then), on the other paths by its
+    /// deadline.
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
         let r = self.lanes.close(started, deadline_after(started, timeout));

@@ -461,6 +461,12 @@ impl Lane {
         self.sock.stream.try_clone()
     }
 
+    /// A handle that shuts the lane's connection down from another thread while the lane lives
+    /// (it does not keep the connection open: once the lane is gone it upgrades to nothing).
+    pub(super) fn shutter(&self) -> std::sync::Weak<TcpStream> {
+        std::sync::Arc::downgrade(&self.sock.stream)
+    }
+
     /// The lane's socket (a cancel shuts it down from another thread).
     pub(super) fn fd(&self) -> BorrowedFd<'_> {
         self.sock.stream.as_fd()

@@ -5,12 +5,14 @@
 //! link is broken (by a lane, or by another data path through [`Lanes::break_link`]) or closed,
 //! no lane is handed out and every caller waiting for one gets `NOT_CONNECTED`, a caller
 //! opening a new lane included (its connection is shut down: a peer that stopped serving but
-//! keeps its port would hold it unanswered in its backlog until the caller's deadline).
+//! keeps its port would hold it unanswered in its backlog until the caller's deadline), and so
+//! does a caller whose lane is in use: a break shuts every lane's connection down (the pool
+//! holds each weakly), a close once its own deadline passed.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::lane::{Lane, LaneFail};
@@ -50,17 +52,24 @@ struct Pool {
     /// come (a peer that stopped serving but keeps its port holds them in its backlog).
     opening: Vec<(u64, TcpStream)>,
     next_opening: u64,
+    /// Every lane's connection, idle or in use (weakly: a lane that went closes its own): a
+    /// break shuts them down, so a transfer waiting on a lane of its own ends at once too.
+    live: Vec<Weak<TcpStream>>,
 }
 
 impl Pool {
     /// `Err(NotConnected)` once the link to `peer` is broken.
     fn usable(&self, peer: &str) -> Result<(), Error> {
-        match &self.broken {
-            Some(why) => Err(Error::NotConnected {
+        match (&self.broken, self.closed) {
+            (Some(why), _) => Err(Error::NotConnected {
                 peer: peer.to_owned(),
                 why: why.clone(),
             }),
-            None => Ok(()),
+            (None, true) => Err(Error::NotConnected {
+                peer: peer.to_owned(),
+                why: "disconnected".into(),
+            }),
+            (None, false) => Ok(()),
         }
     }
 
@@ -136,6 +145,7 @@ impl FirstLane {
         max_lanes: usize,
         span: tracing::Span,
     ) -> Arc<Lanes> {
+        let first = self.lane.shutter();
         Arc::new(Lanes {
             join,
             max_lanes,
@@ -147,6 +157,7 @@ impl FirstLane {
                 full: None,
                 opening: Vec::new(),
                 next_opening: 0,
+                live: vec![first],
             }),
             freed: Condvar::new(),
             next_req: AtomicU64::new(1),
@@ -216,6 +227,9 @@ impl Lanes {
         }
         pool.idle.clear();
         for (_, s) in pool.opening.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for s in pool.live.drain(..).filter_map(|w| w.upgrade()) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         self.freed.notify_all();
@@ -321,6 +335,18 @@ impl Lanes {
             lock(&self.pool).opening.retain(|(i, _)| *i != n);
         }
         let (lane, _) = opened?;
+        let mut pool = lock(&self.pool);
+        if let Err(broke) = pool.usable(self.peer()) {
+            // broke after the WELCOME: this lane was not among those the break shut down
+            drop(pool);
+            return Err(LaneFail::Io(io::Error::new(
+                io::ErrorKind::NotConnected,
+                broke.to_string(),
+            )));
+        }
+        pool.live.retain(|w| w.strong_count() > 0);
+        pool.live.push(lane.shutter());
+        drop(pool);
         tracing::trace!(parent: &self.span, "lane opened");
         Ok(lane)
     }
@@ -338,10 +364,12 @@ impl Lanes {
             pool.open -= 1;
             drop(pool);
             drop(lane);
+            // (a closing link waits for its last lanes here, beside callers that give up)
+            self.freed.notify_all();
         } else {
             pool.idle.push(lane);
+            self.freed.notify_one();
         }
-        self.freed.notify_one();
     }
 
     /// Forgets a dead lane; `broken` marks the whole link unusable.
@@ -350,6 +378,7 @@ impl Lanes {
         pool.open -= 1;
         match broken {
             Some(why) => self.break_locked(&mut pool, why),
+            None if pool.closed => self.freed.notify_all(),
             None => self.freed.notify_one(),
         }
     }
@@ -381,9 +410,15 @@ impl Lanes {
         let mut lane = self.checkout(deadline, started, op)?;
         let r = f(&mut lane);
         let after = LaneAfter::of(r.as_ref().err());
-        let e = r
-            .err()
-            .map(|f| lane_error(f, op, self.peer(), started, false));
+        let e = r.err().map(|f| {
+            let cut = matches!(f, LaneFail::Io(_));
+            let e = lane_error(f, op, self.peer(), started, false);
+            // a lane cut because the link broke or was closed meanwhile: that is the error
+            match lock(&self.pool).usable(self.peer()) {
+                Err(broke) if cut => broke,
+                _ => e,
+            }
+        });
         self.release(lane, after);
         e.map_or(Ok(()), Err)
     }
@@ -532,19 +567,38 @@ impl Lanes {
             let mut pool = lock(&self.pool);
             (pool.idle.pop(), pool.broken.is_some())
         };
+        let used = lane.is_some();
         let r = match (lane, broken) {
             (Some(mut lane), false) => lane
                 .bye(deadline)
                 .map_err(|f| lane_error(f, "disconnect", self.peer(), started, false)),
             _ => Ok(()),
         };
-        {
-            let mut pool = lock(&self.pool);
-            pool.open -= pool.idle.len();
-            // (a link already broken keeps its reason)
-            self.break_locked(&mut pool, "disconnected".into());
-            pool.closed = true;
+        let mut pool = lock(&self.pool);
+        if used {
+            pool.open -= 1; // the lane of the BYE, dropped
         }
+        pool.open -= pool.idle.len();
+        pool.idle.clear();
+        pool.closed = true;
+        for (_, s) in pool.opening.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.freed.notify_all();
+        // lanes in use (transfers and notifications on other threads) end by the caller's
+        // deadline: waited for until then (a lane put back is dropped: `checkin`), then cut
+        // (`break_locked`); no lane is handed out meanwhile
+        while pool.open > 0 && pool.broken.is_none() {
+            let rem = deadline.saturating_duration_since(Instant::now());
+            if rem.is_zero() {
+                break;
+            }
+            pool = (self.freed.wait_timeout(pool, rem))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        // (a link already broken keeps its reason)
+        self.break_locked(&mut pool, "disconnected".into());
         r
     }
 }
