@@ -108,6 +108,8 @@ fn fake_same_host_hellos_cost_no_fence() {
     let honest = honest_rounds(&cli, &mut buf, &peer, 10, Duration::ZERO);
     eprintln!("during: {}", honest.summary());
     assert!(u.fds <= bound, "{said}");
+    // a fence only after the client proved it is the process it names (README)
+    assert_eq!(fenced, 0, "{said}");
     assert!(honest.ok(), "during the fake HELLOs: {}", honest.summary());
     drop(held);
     back_to_baseline(pid, base, "after the fake same-host HELLOs");
