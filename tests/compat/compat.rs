@@ -1009,6 +1009,59 @@ fn a_heartbeat_break_ends_a_transfer_stalled_on_another_lane() {
     peer.quit();
 }
 
+/// Closing a link cancels its async requests at once, before its goodbye and before it waits
+/// for its lanes in use: an async WRITE running to a stopped peer ends while the disconnect
+/// still waits for the peer's answer (by its own 20 s timeout); it ended only when the close
+/// gave up on that answer.
+#[test]
+fn a_disconnect_cancels_a_running_async_request_at_once() {
+    let len = 64 << 20;
+    let stopped = Peer::spawn_compat("127.0.0.1:0", len, 87, &[]);
+    let mut mem = vec![0u8; len];
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    e.connect(&stopped.name, 1000).unwrap();
+    let pause = stopped.stopped();
+    let req = e
+        .transfer_async(
+            &stopped.name,
+            TransferOp::Write,
+            &[desc(&mem, 0, stopped.addr, 0, len)],
+            TransferArgs { user_data: 2 },
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    while !(e.metrics().unwrap().links.iter())
+        .any(|l| l.peer == stopped.name && l.write.in_flight > 0)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the WRITE never started"
+        );
+        std::thread::yield_now();
+    }
+    std::thread::scope(|s| {
+        let disconnect = s.spawn(|| e.disconnect(&stopped.name, 20_000));
+        let t = Instant::now();
+        let st = loop {
+            let st = e.get_transfer_status(req).unwrap();
+            if st != TransferStatus::Waiting {
+                break st;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the request still ran {:?} into the disconnect",
+                t.elapsed()
+            );
+            std::thread::yield_now();
+        };
+        assert_eq!(st, TransferStatus::Failed);
+        drop(pause);
+        let _ = disconnect.join().unwrap();
+    });
+    e.finalize();
+    stopped.quit();
+}
+
 /// A notification to a stopped peer (sent, its acknowledgement never coming) holds up no other
 /// call of the engine (it waited for the acknowledgement under the core's read lock); once the
 /// peer resumes, it is delivered.

@@ -400,9 +400,13 @@ impl LinkShared {
     /// deadline.
     pub(crate) fn close(&self, timeout: Duration) -> Result<(), Error> {
         let started = Instant::now();
-        let r = self.lanes.close(started, deadline_after(started, timeout));
+        // async requests first: cancelled at once (a running one's lane is shut down); then the
+        // lanes: a BYE on an idle one, and the lanes still in use (sync transfers on other
+        // threads) waited for until `timeout`, then shut down
         self.queue.close();
-        self.end_requests();
+        self.cancel_requests();
+        let r = self.lanes.close(started, deadline_after(started, timeout));
+        self.wait_requests();
         for p in &self.paths {
             p.close();
         }
@@ -410,10 +414,8 @@ impl LinkShared {
         r
     }
 
-    /// Refuses new transfers, cancels every async request that has not ended, and waits until
-    /// each transfer has ended (an async one's worker saw the cancel, or it was still queued;
-    /// a sync one returned).
-    fn end_requests(&self) {
+    /// Refuses new transfers and cancels every async request that has not ended.
+    fn cancel_requests(&self) {
         let pending: Vec<Arc<ReqState>> = {
             let mut u = lock(&self.unfinished);
             u.closed = true;
@@ -422,7 +424,11 @@ impl LinkShared {
         for st in &pending {
             st.cancel(self);
         }
-        drop(pending);
+    }
+
+    /// Waits until each transfer has ended (an async one's worker saw the cancel, or it was
+    /// still queued; a sync one returned).
+    fn wait_requests(&self) {
         let mut u = lock(&self.unfinished);
         loop {
             // a request whose state is gone cannot be running (its worker holds it)
