@@ -55,46 +55,47 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 allow=tools/layers.allow
 
-# layer of a source file: "<rank> <name>" (name: the transport, for layer 1), or "- none"
+# layer of a source file, in LR (rank) and LN (name: the transport, for layer 1), or "- none"
+# (variables, not output: no subshell a line of imports)
 file_layer() {
   case "$1" in
     src/types/* | src/error.rs | src/error/* | src/sync.rs | src/wire/* | src/io/* | src/dl.rs | src/auth.rs \
       | src/process.rs | src/process/* | src/device/*)
-      echo "0 leaf" ;;
-    src/transport/mod.rs) echo "1 transport" ;;
-    src/transport/tcp/*) echo "1 tcp" ;;
-    src/transport/same_host/*) echo "1 same_host" ;;
-    src/transport/ucx/*) echo "1 ucx" ;;
-    src/transport/ascend/*) echo "1 ascend" ;;
+      LR=0 LN=leaf ;;
+    src/transport/mod.rs) LR=1 LN=transport ;;
+    src/transport/tcp/*) LR=1 LN=tcp ;;
+    src/transport/same_host/*) LR=1 LN=same_host ;;
+    src/transport/ucx/*) LR=1 LN=ucx ;;
+    src/transport/ascend/*) LR=1 LN=ascend ;;
     src/runtime/* | src/options.rs | src/buffers.rs | src/metrics.rs | src/notify.rs)
-      echo "2 runtime" ;;
+      LR=2 LN=runtime ;;
     src/lib.rs | src/engine/* | src/link.rs | src/memory.rs | src/request.rs \
       | src/compat/* | src/spec.rs | src/bin/*)
-      echo "3 api" ;;
-    src/datadist/* | src/cs/* | src/published.rs | src/testkit.rs) echo "4 products" ;;
-    *) echo "- none" ;;
+      LR=3 LN=api ;;
+    src/datadist/* | src/cs/* | src/published.rs | src/testkit.rs) LR=4 LN=products ;;
+    *) LR=- LN=none ;;
   esac
 }
 
-# layer of a path (crate::a::b…), or "- none"
+# layer of a path (crate::a::b…), in LR and LN as file_layer's, or "- none"
 path_layer() {
   local p=${1#crate::}
   local a=${p%%::*} rest=${p#*::}
   [ "$rest" = "$p" ] && rest=
   local b=${rest%%::*}
   case "$a" in
-    types | error | sync | wire | io | dl | auth | process | device) echo "0 leaf" ;;
+    types | error | sync | wire | io | dl | auth | process | device) LR=0 LN=leaf ;;
     transport)
       case "$b" in
-        tcp | same_host | ucx | ascend) echo "1 $b" ;;
-        *) echo "1 transport" ;;
+        tcp | same_host | ucx | ascend) LR=1 LN=$b ;;
+        *) LR=1 LN=transport ;;
       esac ;;
-    runtime | options | buffers | metrics | notify) echo "2 runtime" ;;
-    engine | link | memory | request | compat | spec) echo "3 api" ;;
-    datadist | cs | published | testkit) echo "4 products" ;;
+    runtime | options | buffers | metrics | notify) LR=2 LN=runtime ;;
+    engine | link | memory | request | compat | spec) LR=3 LN=api ;;
+    datadist | cs | published | testkit) LR=4 LN=products ;;
     *)
       # a module of lib.rs this list does not place; anything else is a root item (api)
-      if grep -qxE "(pub(\([a-z]+\))? )?mod $a;" src/lib.rs; then echo "- none"; else echo "3 api"; fi ;;
+      if grep -qxE "(pub(\([a-z]+\))? )?mod $a;" src/lib.rs; then LR=- LN=none; else LR=3 LN=api; fi ;;
   esac
 }
 
@@ -117,8 +118,8 @@ transport_types() {
 imports() {
   local types
   types=$(transport_types)
-  find src -name '*.rs' | sort | while read -r f; do
-    awk -v F="$f" -v TYPES="$types" '
+  # one awk over every file (its state reset at each file's first line)
+  find src -name '*.rs' | sort | tr '\n' '\0' | xargs -0 awk -v TYPES="$types" '
       BEGIN {
         nt = split(TYPES, tt, " ")
         for (i = 1; i <= nt; i++) { split(tt[i], kv, ":"); tname[i] = kv[1]; tpath[i] = kv[2] }
@@ -166,6 +167,7 @@ imports() {
           if (s ~ pat) print F, "crate::transport::" tpath[i]
         }
       }
+      FNR == 1 { F = FILENAME; skip = 0; pend = 0; stmt = "" }
       skip == 0 && /^#\[cfg\((all\()?test[,)]/ { pend = 1; next }
       pend == 1 { pend = 0; if ($0 ~ /^(pub(\([a-z]+\))? )?mod [a-z_]+ \{/) { skip = 1; next } }
       skip == 1 { if ($0 ~ /^\}/) skip = 0; next }
@@ -181,24 +183,23 @@ imports() {
           stmt = line; stop = (line ~ /^(pub(\([a-z]+\))? )?use /); next
         }
         scan(line, line ~ /^(pub(\([a-z]+\))? )?use /)
-      }' "$f"
-  done | sort -u
+      }' | sort -u
 }
 
-# rule 5: which face or product a file is, and which one a path names ("-": neither)
+# rule 5: which face or product a file is, and which one a path names, in FACE ("-": neither)
 face_of() {
   case "$1" in
-    src/engine/* | src/link.rs | src/memory.rs | src/request.rs) echo typed ;;
-    src/compat/*) echo compat ;;
-    src/datadist/* | src/cs/* | src/published.rs) echo product ;;
-    *) echo - ;;
+    src/engine/* | src/link.rs | src/memory.rs | src/request.rs) FACE=typed ;;
+    src/compat/*) FACE=compat ;;
+    src/datadist/* | src/cs/* | src/published.rs) FACE=product ;;
+    *) FACE=- ;;
   esac
 }
 face_path() {
   case "${1#crate::}" in
-    engine | engine::* | link | link::* | memory | memory::* | request | request::*) echo typed ;;
-    compat | compat::*) echo compat ;;
-    *) echo - ;;
+    engine | engine::* | link | link::* | memory | memory::* | request | request::*) FACE=typed ;;
+    compat | compat::*) FACE=compat ;;
+    *) FACE=- ;;
   esac
 }
 
@@ -216,16 +217,19 @@ check() {
   local list=$1 status=0 rule title hits
   local found=$work/found allowed=$work/allowed new=$work/new unplaced=$work/unplaced
   find src -name '*.rs' | sort | while read -r f; do
-    if [ "$(file_layer "$f")" = "- none" ]; then echo "$f: in no layer"; fi
+    file_layer "$f"
+    if [ "$LR" = - ]; then echo "$f: in no layer"; fi
   done >"$unplaced"
   imports | while read -r f p; do
-    read -r fr fn <<<"$(file_layer "$f")"
+    file_layer "$f"
+    fr=$LR fn=$LN
     if [ "${p#use }" != "$p" ]; then
       if [ "$list" = 1 ]; then printf '%-34s %-11s -> %s   VIOLATION (4)\n' "$f" "$fn" "$p" >&2; fi
       echo "4 $f -> $p"
       continue
     fi
-    read -r pr pn <<<"$(path_layer "$p")"
+    path_layer "$p"
+    pr=$LR pn=$LN
     if [ "$pr" = - ]; then
       echo "$p (in $f): in no layer" >>"$unplaced"
       continue
@@ -238,7 +242,10 @@ check() {
     elif [ "$pr" = 1 ] && [ "$pn" != transport ] && [ "${f#src/transport/}" = "$f" ] \
       && [ "$f" != src/runtime/transports.rs ] && ! tcp_exception "$f" "$p"; then rule=3
     else
-      case "$(face_of "$f") $(face_path "$p")" in
+      face_of "$f"
+      local ff=$FACE
+      face_path "$p"
+      case "$ff $FACE" in
         "typed compat" | "compat typed" | "product typed" | "product compat") rule=5 ;;
       esac
     fi
