@@ -11,8 +11,7 @@
 //! (The same-host transport's copy helper is not background work: it is the second half of a
 //! caller's copy, handed over only when it is idle, and stays a thread of its own.)
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -24,31 +23,11 @@ pub(crate) const IDLE: Duration = Duration::from_secs(2);
 
 type Task = Box<dyn FnOnce() + Send>;
 
-struct Timed {
-    at: Instant,
-    seq: u64,
-    job: Task,
-}
-impl PartialEq for Timed {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Timed {}
-impl PartialOrd for Timed {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Timed {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
 #[derive(Default)]
 struct Timers {
-    heap: BinaryHeap<Reverse<Timed>>,
+    /// The jobs by time (then by the order they were set in): removable by key, so that a job
+    /// no longer needed ([`cancel`]) costs nothing until its time.
+    jobs: BTreeMap<TimerKey, Task>,
     seq: u64,
     /// Whether the timer thread runs.
     running: bool,
@@ -303,19 +282,19 @@ fn run(job: impl FnOnce()) {
     }
 }
 
-/// Runs `job` on the timer thread at `at` (or soon after). Timer jobs must be short: a job with
-/// more to do hands it to [`spawn`].
-pub(crate) fn at(at: Instant, job: impl FnOnce() + Send + 'static) {
+/// A job set with [`at`]: its time, then the order it was set in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TimerKey(Instant, u64);
+
+/// Runs `job` on the timer thread at `at` (or soon after), unless [`cancel`]led first. Timer
+/// jobs must be short: a job with more to do hands it to [`spawn`].
+pub(crate) fn at(at: Instant, job: impl FnOnce() + Send + 'static) -> TimerKey {
     let e = executor();
     let mut t = lock(&e.timers);
-    let seq = t.seq;
+    let key = TimerKey(at, t.seq);
     t.seq += 1;
-    let earliest = t.heap.peek().is_none_or(|Reverse(top)| at < top.at);
-    t.heap.push(Reverse(Timed {
-        at,
-        seq,
-        job: Box::new(job),
-    }));
+    let earliest = t.jobs.first_key_value().is_none_or(|(top, _)| key < *top);
+    t.jobs.insert(key, Box::new(job));
     if !t.running {
         t.running = std::thread::Builder::new()
             .name("hixl-timer".into())
@@ -327,22 +306,37 @@ pub(crate) fn at(at: Instant, job: impl FnOnce() + Send + 'static) {
     } else if earliest {
         e.tick.notify_one();
     }
+    key
+}
+
+/// Drops the job set at `key` if it has not run: nothing of it is kept until its time (a
+/// request that ended long before its deadline leaves no entry behind). A job that ran or is
+/// running is not affected.
+pub(crate) fn cancel(key: TimerKey) {
+    let job = lock(&executor().timers).jobs.remove(&key);
+    drop(job); // outside the lock: what the job holds may take locks as it goes
+}
+
+/// Whether the job set at `key` is still waiting for its time.
+#[cfg(test)]
+pub(crate) fn pending(key: TimerKey) -> bool {
+    lock(&executor().timers).jobs.contains_key(&key)
 }
 
 fn timer(e: &'static Executor) {
     let mut t = lock(&e.timers);
     loop {
         let now = Instant::now();
-        match t.heap.peek() {
+        match t.jobs.first_key_value() {
             None => t = e.tick.wait(t).unwrap_or_else(|p| p.into_inner()),
-            Some(Reverse(top)) if top.at <= now => {
-                let Reverse(due) = t.heap.pop().expect("peeked");
+            Some((top, _)) if top.0 <= now => {
+                let (_, job) = t.jobs.pop_first().expect("peeked");
                 drop(t);
-                run(due.job);
+                run(job);
                 t = lock(&e.timers);
             }
-            Some(Reverse(top)) => {
-                let wait = top.at - now;
+            Some((top, _)) => {
+                let wait = top.0 - now;
                 t = e
                     .tick
                     .wait_timeout(t, wait)
@@ -391,6 +385,32 @@ mod tests {
             .collect();
         assert_eq!(order, vec![1, 2, 0]);
         assert!(now.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_cancelled_timer_job_never_runs_and_is_not_kept() {
+        let (tx, rx) = mpsc::channel();
+        let now = Instant::now();
+        let (t1, t2) = (tx.clone(), tx.clone());
+        let far = at(now + Duration::from_secs(3600), move || t1.send(1).unwrap());
+        let farther = at(now + Duration::from_secs(7200), move || t2.send(2).unwrap());
+        let soon = at(now + Duration::from_millis(20), move || tx.send(3).unwrap());
+        assert!(pending(far) && pending(farther) && pending(soon));
+        cancel(far);
+        cancel(farther);
+        assert!(
+            !pending(far) && !pending(farther),
+            "a cancelled job is kept until its time"
+        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 3);
+        assert!(!pending(soon), "a job that ran is still listed");
+        // the cancelled jobs (and their senders) were dropped, the one that ran too: no sender
+        // is left
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
+        cancel(soon); // a job that ran: nothing happens
     }
 
     #[test]

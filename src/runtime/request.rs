@@ -108,6 +108,9 @@ pub(crate) struct Inner {
     /// The regions the request uses (alive, and counted as in use) until it ends.
     keep: Vec<crate::runtime::region::RegionUse>,
     pub(crate) waker: Option<Waker>,
+    /// Its deadline's job on the executor's timer ([`watch`]) while it is queued: cancelled
+    /// when it starts or ends, so a request leaves nothing on the timer after it.
+    timer: Option<crate::runtime::executor::TimerKey>,
 }
 
 /// The shared state of one async request.
@@ -163,6 +166,7 @@ impl ReqState {
                 settled: false,
                 keep,
                 waker: None,
+                timer: None,
             }),
             cv: Condvar::new(),
             seq,
@@ -194,6 +198,12 @@ impl ReqState {
             Phase::Queued if Instant::now() >= self.deadline => Err(Outcome::TimedOut),
             Phase::Queued => {
                 g.phase = Phase::Running { fd };
+                // the worker keeps the deadline from here on
+                let timer = g.timer.take();
+                drop(g);
+                if let Some(key) = timer {
+                    crate::runtime::executor::cancel(key);
+                }
                 Ok(())
             }
             Phase::Running { .. } => Err(Outcome::Failed(Arc::new(Error::Protocol {
@@ -223,7 +233,11 @@ impl ReqState {
         outcome: Outcome,
         only_queued: bool,
         counted: impl FnOnce(&Outcome),
-    ) -> Option<(Outcome, Option<Waker>)> {
+    ) -> Option<(
+        Outcome,
+        Option<Waker>,
+        Option<crate::runtime::executor::TimerKey>,
+    )> {
         let mut g = lock(&self.m);
         if g.settled || (only_queued && !matches!(g.phase, Phase::Queued)) {
             return None;
@@ -239,7 +253,7 @@ impl ReqState {
         counted(&outcome);
         g.phase = Phase::Done(outcome.clone());
         g.settled = true;
-        Some((outcome, g.waker.take()))
+        Some((outcome, g.waker.take(), g.timer.take()))
     }
 
     /// Ends the request with `outcome` unless it has ended already; settles the link's
@@ -255,9 +269,12 @@ impl ReqState {
             };
             link.count(self.op, self.bytes, self.started.elapsed(), err);
         };
-        let Some((_, waker)) = self.release(outcome, only_queued, counted) else {
+        let Some((_, waker, timer)) = self.release(outcome, only_queued, counted) else {
             return false;
         };
+        if let Some(key) = timer {
+            crate::runtime::executor::cancel(key);
+        }
         link.settle(self.seq);
         self.cv.notify_all();
         if let Some(w) = waker {
@@ -358,11 +375,75 @@ pub(crate) fn to_status(o: &Outcome) -> TransferStatus {
 /// `TimedOut` (and its future is woken), even when every worker of its link is busy.
 pub(crate) fn watch<L: Settle>(st: &Arc<ReqState>, link: &Arc<L>) {
     let (st_w, link_w) = (Arc::downgrade(st), Arc::downgrade(link));
-    crate::runtime::executor::at(st.deadline, move || {
+    let key = crate::runtime::executor::at(st.deadline, move || {
         if let (Some(st), Some(link)) = (st_w.upgrade(), link_w.upgrade()) {
             st.resolve_queued(&*link, Outcome::TimedOut);
         }
     });
+    // kept for the cancel when it starts or ends; if it did already, cancelled here
+    let mut g = lock(&st.m);
+    if matches!(g.phase, Phase::Queued) {
+        g.timer = Some(key);
+    } else {
+        drop(g);
+        crate::runtime::executor::cancel(key);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::runtime::executor::pending;
+
+    struct Uncounted;
+    impl Settle for Uncounted {
+        fn count(&self, _: TransferOp, _: u64, _: Duration, _: Option<crate::error::Status>) {}
+        fn settle(&self, _: u64) {}
+    }
+
+    /// An hour's deadline: a request that ends long before it (cancelled while queued, or run
+    /// to completion) leaves no job on the executor's timer (before, each one stayed until its
+    /// deadline: memory growing with the request rate times the deadline).
+    #[test]
+    fn a_request_that_ends_leaves_nothing_on_the_timer() {
+        let link = Arc::new(Uncounted);
+        for run in [false, true] {
+            let hour = Duration::from_secs(3600);
+            let st = Arc::new(ReqState::new(1, TransferOp::Write, 0, 1, hour, vec![]));
+            watch(&st, &link);
+            let key = lock(&st.m)
+                .timer
+                .expect("a queued request's deadline is watched");
+            assert!(pending(key));
+            if run {
+                assert!(st.set_running(None).is_ok(), "queued");
+                assert!(
+                    !pending(key),
+                    "a running request's deadline is its worker's"
+                );
+                st.finish(&*link, Outcome::Completed);
+            } else {
+                st.cancel(&*link);
+            }
+            assert!(!pending(key), "an ended request is still on the timer");
+            assert!(matches!(
+                st.status(),
+                TransferStatus::Completed | TransferStatus::Cancelled
+            ));
+        }
+        // a request that ended before its deadline was watched is not kept either
+        let st = Arc::new(ReqState::new(
+            2,
+            TransferOp::Read,
+            0,
+            1,
+            Duration::from_secs(3600),
+            vec![],
+        ));
+        st.cancel(&*link);
+        watch(&st, &link);
+        assert!(lock(&st.m).timer.is_none());
+    }
 }
 
 /// Request release under loom: a worker that used a region's memory ends the request while
