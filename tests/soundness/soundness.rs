@@ -199,6 +199,61 @@ fn a_stopped_client_gets_its_memory_quarantined() {
     }
 }
 
+/// Whether an address of this process is mapped (read from `/proc/self/maps`).
+fn mapped(addr: usize) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| {
+        let range = l.split(' ').next().unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        (a..b).contains(&addr)
+    })
+}
+
+/// A region dropped instead of deregistered is quarantined the same way (docs/guarantees.md):
+/// with a same-host client stopped in its fence, the region handle is dropped and then the
+/// engine; the allocation stays mapped (not freed) while the client lives, and is freed once
+/// it is killed (not checked under AddressSanitizer). 64 MiB, above glibc's largest mmap threshold, so freeing it unmaps it: a drop
+/// that freed it at once would leave the address unmapped.
+#[test]
+fn a_dropped_region_is_quarantined_too() {
+    if !same_host_available() {
+        return;
+    }
+    let len = 64 << 20;
+    let grace = Duration::from_millis(300);
+    let (srv, region) =
+        Hixl::initialize_ephemeral("127.0.0.1", Options::default().finalize_timeout(grace))
+            .unwrap()
+            .register(Rng::new(9).bytes(len))
+            .unwrap();
+    let original = region.addr();
+    let srv = srv.activate().unwrap();
+    let h = Hammer::spawn(srv.name(), &["--seed", "10"], true);
+    h.wait_stopped();
+    assert!(mapped(original));
+    drop(region);
+    // the engine gives the client its grace, then lets go of the region's memory
+    drop(srv);
+    assert!(
+        mapped(original) && mapped(original + len - 1),
+        "a dropped region was freed while a stopped client may still write it"
+    );
+    h.signal(libc::SIGKILL);
+    // (under AddressSanitizer, freed memory sits in ASan's own quarantine, still mapped)
+    if cfg!(hixl_asan) {
+        return;
+    }
+    let t0 = Instant::now();
+    while mapped(original) {
+        assert!(t0.elapsed() < T, "the quarantine was never released");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Deregistering a `HostBuffer` that a same-host client keeps writing (through its mapping):
 /// every batch that returned `Ok` to the client is in the buffer the server got back — it holds
 /// exactly the bytes of the last `Ok` batch.
