@@ -348,7 +348,9 @@ impl ExtParam {
         if self.per_layer == 0 {
             return Err(Error::param("tensor_num_per_layer should be >= 1"));
         }
-        if push && self.src.1 - self.src.0 != self.dst.1 - self.dst.0 {
+        // (in i64: `[-1, i32::MAX]` spans past an i32)
+        let span = |(first, last): (i32, i32)| i64::from(last) - i64::from(first);
+        if push && span(self.src) != span(self.dst) {
             return Err(Error::param(
                 "src_layer_range and dst_layer_range differ in length",
             ));
@@ -435,8 +437,9 @@ impl LayerRange {
                 "param check failed, {what} step must be 1."
             )));
         }
-        match (u32::try_from(self.start), u32::try_from(self.stop - 1)) {
-            (Ok(first), Ok(last)) if self.start < self.stop => Ok((first, last)),
+        let last = self.stop.checked_sub(1).map(u32::try_from);
+        match (u32::try_from(self.start), last) {
+            (Ok(first), Some(Ok(last))) if self.start < self.stop => Ok((first, last)),
             _ => Err(Error::param(format!(
                 "{what} range({}, {}) is empty, negative or past uint32",
                 self.start, self.stop
@@ -493,5 +496,53 @@ impl LayerRange {
             Some(dst.unwrap_or(every)),
             per_layer,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datadist::types::LlmStatus;
+
+    /// Caller arguments at the ends of their types are refused as `LLM_PARAM_INVALID`, not a
+    /// panic (both overflowed in a debug build: a C++ push's `[-1, INT32_MAX]` range, a Python
+    /// `range(0, -2**63)`).
+    #[test]
+    fn layer_ranges_at_the_ends_of_their_types_are_refused_not_a_panic() {
+        let arg = CacheArg {
+            cache_id: 1,
+            placement: Placement::Device as u32,
+            num_tensors: 4,
+        };
+        let ext = ExtParam {
+            src: (-1, i32::MAX),
+            dst: (0, 0),
+            per_layer: 1,
+        };
+        let e = ext.push_layers(&arg).unwrap_err();
+        assert_eq!(e.status, LlmStatus::LLM_PARAM_INVALID, "{e:?}");
+        let both = ExtParam {
+            dst: (-1, i32::MAX),
+            ..ext
+        };
+        assert!(
+            both.push_layers(&arg).is_ok(),
+            "as long as each other: no range"
+        );
+        for stop in [i64::MIN, -1, 0] {
+            let r = LayerRange {
+                start: 0,
+                stop,
+                step: 1,
+            };
+            let e = LayerRange::pull_layers(Some(r), Some(r), 1).unwrap_err();
+            assert_eq!(e.status, LlmStatus::LLM_PARAM_INVALID, "{e:?}");
+        }
+        let r = LayerRange {
+            start: i64::MAX,
+            stop: i64::MIN,
+            step: 1,
+        };
+        assert!(LayerRange::push_layers(Some(r), None, 1, 4).is_err());
     }
 }
