@@ -199,6 +199,60 @@ fn deadlines_are_enforced() {
     );
 }
 
+/// A request queued behind running ones (both lanes busy until their 30 s deadlines) ends
+/// `TimedOut` at its own deadline with nobody asking (only the link's metrics watched): the
+/// deadline watcher ends it while it waits for a lane, not a worker when one frees up (README: "a request not finished by its deadline ends
+/// `TimedOut`"; guarantees.md: "on time, even while queued"). The running ones are unaffected.
+#[test]
+fn a_queued_request_times_out_at_its_own_deadline() {
+    let (name, _peer) = mute_peer();
+    let opts = Options::default()
+        .same_host(hixl::SameHost::Forbid)
+        .max_lanes(2);
+    let (cli, buf) = common::client_with(1 << 20, opts);
+    let link = cli.connect(&name).unwrap();
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(BASE, 4096).unwrap(),
+    );
+    let long = TransferArgs::default().timeout(Duration::from_secs(30));
+    let running: Vec<_> = (0..2)
+        .map(|_| link.transfer_async(TransferOp::Read, &[d], long).unwrap())
+        .collect();
+    let short = TransferArgs::default().timeout(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let queued = link.transfer_async(TransferOp::Read, &[d], short).unwrap();
+    // the link's metrics watched, the request left alone (its `status` and `wait` would end it
+    // at its deadline themselves)
+    let timed_out = || {
+        let m = cli.metrics();
+        m.links[0].read.errors.get(&103_901).copied().unwrap_or(0)
+    };
+    while timed_out() == 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t0.elapsed();
+    assert_eq!(timed_out(), 1, "nothing ended it by {took:?}");
+    let st = queued.status();
+    assert!(
+        matches!(st, TransferStatus::TimedOut),
+        "{st:?} after {took:?}"
+    );
+    assert_eq!(st.code().unwrap().code(), 103_901);
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    for r in &running {
+        assert!(matches!(r.status(), TransferStatus::Waiting));
+        r.cancel();
+    }
+    for r in running {
+        let st = r.wait(Duration::from_secs(5));
+        assert!(matches!(st, TransferStatus::Cancelled), "{st:?}");
+    }
+}
+
 /// Cancel: a queued request ends at once; a running one is stopped well before its deadline.
 #[test]
 fn cancellation() {
