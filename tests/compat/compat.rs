@@ -999,8 +999,10 @@ fn a_heartbeat_break_ends_a_transfer_stalled_on_another_lane() {
     let r = e.transfer_sync(&peer.name, TransferOp::Read, &small, 20_000);
     let took = t.elapsed();
     assert_eq!(status(r), Status::NOT_CONNECTED);
+    // "at once" (serving.md): within a few heartbeat intervals, with slack for a loaded machine
+    // (about 1 s here, and under AddressSanitizer; the READ's deadline is 20 s)
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(4),
         "the READ ended after {took:?}"
     );
     drop(pause);

@@ -789,9 +789,10 @@ mod tests {
             end(lanes, first);
             let broke = Instant::now();
             let e = opener.join().unwrap().unwrap_err();
-            // (its deadline is 60 s away: a bound a loaded machine meets by far)
+            // "at once" (serving.md; its deadline is 60 s away): 3 s leaves a loaded machine
+            // its slack
             assert!(
-                broke.elapsed() < Duration::from_secs(20),
+                broke.elapsed() < Duration::from_secs(3),
                 "the caller opening a lane waited {:?} after the link broke",
                 broke.elapsed()
             );
