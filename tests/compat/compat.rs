@@ -1118,3 +1118,54 @@ fn a_notify_to_a_stopped_peer_holds_up_no_other_call() {
     stopped.quit();
     healthy.quit();
 }
+
+/// A READ whose deadline passed while its peer was stopped: once it returned `TIMEOUT` the
+/// memory is the caller's (README: "a terminal status means the engine no longer touches the
+/// local buffers"). The peer, resumed, answers the READ late: none of that answer lands in the
+/// caller's memory, then or in a later transfer on the link (which moves its own bytes).
+#[test]
+fn a_late_answer_to_a_timed_out_read_lands_nowhere() {
+    let len = 8 << 20;
+    let mut peer = Peer::spawn_compat("127.0.0.1:0", len, 88, &[]);
+    let mut mem = vec![0u8; len];
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    e.connect(&peer.name, 1000).unwrap();
+    let all = [desc(&mem, 0, peer.addr, 0, len)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &all, 20_000)
+        .unwrap();
+    assert!(mem == Rng::new(88).bytes(len), "the READ's bytes");
+    let pause = peer.stopped();
+    let r = e.transfer_sync(&peer.name, TransferOp::Read, &all, 300);
+    assert_eq!(status(r), Status::TIMEOUT);
+    // the caller's again: a sentinel, then the peer resumes and answers
+    let p = mem.as_mut_ptr();
+    // SAFETY: `p` points to `len` bytes of `mem`; the engine no longer touches them (the claim
+    // under test: a write by it would show below, not be undefined behaviour of the test's own
+    // making, as the test only reads them back through volatile reads).
+    unsafe { std::ptr::write_bytes(p, 0xA5, len) };
+    drop(pause);
+    assert_eq!(peer.sum(0, 4096), fnv1a(&Rng::new(88).bytes(4096)));
+    let changed = || {
+        // SAFETY: reads of live bytes of `mem`, volatile: another thread writing them is what is
+        // being looked for.
+        (0..len).find(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0xA5)
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        assert_eq!(
+            changed(),
+            None,
+            "the late answer landed, {:?} after",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // a later READ of the last 4 KiB moves those bytes, and only those
+    let tail = [desc(&mem, len - 4096, peer.addr, (len - 4096) as u64, 4096)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &tail, 20_000)
+        .unwrap();
+    assert!(mem[len - 4096..] == Rng::new(88).bytes(len)[len - 4096..]);
+    assert!(mem[..len - 4096].iter().all(|&b| b == 0xA5));
+    e.finalize();
+    peer.quit();
+}
