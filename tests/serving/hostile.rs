@@ -5,7 +5,7 @@ use crate::{common, support};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Rng, client, read_frame};
 use hixl::wire::{self, Hello, Kind, LaneRole, WireDesc};
@@ -915,4 +915,87 @@ fn bad_block_batches_are_refused() {
         refused_and_closed(&mut s, what);
     }
     g.check();
+}
+
+/// A WRITE still arriving when its server stops serving gets `finalize_timeout`, and then its
+/// connection is cut (docs/guarantees.md, TCP): `deactivate` returns after the grace period,
+/// not before it and not at the request's pace; nothing of the WRITE lands once it returned,
+/// while the client keeps sending until its socket fails. A raw client announces 1 MiB and
+/// sends a byte every 10 ms.
+#[test]
+fn a_write_trickling_past_finalize_timeout_is_cut() {
+    let _many = support::alongside();
+    let len = 1 << 20;
+    let grace = Duration::from_millis(300);
+    let mut mem = vec![0u8; len].into_boxed_slice();
+    let p = mem.as_mut_ptr();
+    let e = Hixl::initialize_ephemeral(
+        "127.0.0.1",
+        Options::default()
+            .finalize_timeout(grace)
+            .server_io_timeout(Duration::from_secs(30)),
+    )
+    .unwrap()
+    .into_registered();
+    // SAFETY: `mem` outlives the engine (finalized below, before `mem` is dropped); the test
+    // reads it only through volatile reads while the engine may serve it.
+    let region = unsafe {
+        e.register_raw(
+            MemDesc {
+                addr: p as usize,
+                len,
+            },
+            MemType::Host,
+        )
+    }
+    .unwrap();
+    let e = e.activate().unwrap();
+    let mut s = connect_raw(e.name());
+    hello(&mut s);
+    let announce = xfer(
+        TransferOp::Write,
+        &[WireDesc {
+            region: region.id(),
+            offset: 0,
+            len: len as u64,
+        }],
+    );
+    s.write_all(&announce).unwrap();
+    let trickler = std::thread::spawn(move || {
+        let mut sent = 0;
+        while sent < 3000 && s.write_all(&[0x11]).is_ok() {
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        sent
+    });
+    // SAFETY (both closures): reads of live bytes of `mem`, volatile: the serving engine writing
+    // them is what is being looked for.
+    let byte = |i: usize| unsafe { std::ptr::read_volatile(p.add(i)) };
+    let t0 = Instant::now();
+    while byte(0) != 0x11 {
+        assert!(t0.elapsed() < T, "the WRITE never started landing");
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    let e = e.deactivate();
+    let took = t0.elapsed();
+    assert!(
+        took >= grace && took < grace + Duration::from_millis(1500),
+        "deactivate with a WRITE in flight took {took:?} (grace {grace:?})"
+    );
+    // SAFETY: `p` points to `len` bytes of `mem`; the engine no longer serves them (the claim
+    // under test: a write by it would show below).
+    unsafe { std::ptr::write_bytes(p, 0xA5, len) };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        let changed = (0..len).find(|&i| byte(i) != 0xA5);
+        assert_eq!(changed, None, "a byte landed {:?} after", t0.elapsed());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = trickler.join().unwrap();
+    assert!(sent < 3000, "the connection was never cut");
+    let _ = e.deregister(region).unwrap();
+    drop(e);
+    drop(mem);
 }
