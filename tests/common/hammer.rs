@@ -86,6 +86,7 @@ impl Hammer {
         loop {
             let l = self.line();
             if let Some(i) = l.strip_prefix("OK ") {
+                let i = i.split(' ').next().unwrap();
                 if i.parse::<u64>().unwrap() >= n {
                     std::thread::sleep(t0.elapsed() / (3 * n as u32));
                     return;
@@ -98,13 +99,23 @@ impl Hammer {
 
     /// Reads to the end: the last batch that returned `Ok` (0: none) and the final status code.
     pub fn ended(&mut self) -> (u64, u32) {
-        let mut last = 0;
+        let (last, code, _) = self.ended_reading();
+        (last, code)
+    }
+
+    /// As [`Hammer::ended`], with the most 0xA5 bytes a `--read` hammer's batch read (0 for a
+    /// writing one).
+    pub fn ended_reading(&mut self) -> (u64, u32, usize) {
+        let (mut last, mut most) = (0, 0);
         loop {
             let l = self.line();
-            if let Some(i) = l.strip_prefix("OK ") {
-                last = i.parse().unwrap();
+            if let Some(ok) = l.strip_prefix("OK ") {
+                let mut words = ok.split(' ');
+                last = words.next().unwrap().parse().unwrap();
+                let sentinels = words.next().map_or(0, |c| c.parse().unwrap());
+                most = most.max(sentinels);
             } else if let Some(code) = l.strip_prefix("ENDED ") {
-                return (last, code.parse().unwrap());
+                return (last, code.parse().unwrap(), most);
             } else {
                 panic!("unexpected line {l:?}");
             }

@@ -66,6 +66,41 @@ fn a_deregistered_vec_is_never_written_again() {
     );
 }
 
+/// The READ side of the same promise: a same-host client READing a `Vec` region in a loop
+/// reads none of it once `deactivate` and `deregister` returned. The region's bytes hold no
+/// 0xA5; the memory the owner gets back is filled with 0xA5 at once; no batch that returns `Ok`
+/// to the client read a 0xA5 byte, and its next batch is refused.
+#[test]
+fn a_deregistered_vec_is_never_read_again() {
+    if !same_host_available() {
+        return;
+    }
+    let len = 64 << 20;
+    let mut data = Rng::new(11).bytes(len);
+    for b in &mut data {
+        if *b == 0xA5 {
+            *b = 0;
+        }
+    }
+    let (srv, region) = Hixl::initialize_ephemeral("127.0.0.1", Options::default())
+        .unwrap()
+        .register(data)
+        .unwrap();
+    let srv = srv.activate().unwrap();
+    let mut h = Hammer::spawn(srv.name(), &["--read"], false);
+    h.wait_ok(2);
+    let srv = srv.deactivate();
+    let mut mem = srv.deregister(region).unwrap();
+    mem.fill(0xA5);
+    let (last, code, sentinels) = h.ended_reading();
+    assert_eq!(code, 103_902, "the client's next batch is refused");
+    assert!(last >= 2);
+    assert_eq!(
+        sentinels, 0,
+        "a batch that returned Ok read memory handed back to its owner"
+    );
+}
+
 /// Caller-managed memory (`register_raw`) cannot be quarantined, so same-host peers never get
 /// one-sided access to it: their batches go over TCP, served by threads `deactivate` joins.
 /// After `deregister` returns, nothing writes it.

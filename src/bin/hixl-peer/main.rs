@@ -6,7 +6,7 @@
 //!                 [--max-conns N] [--nofile N]
 //! hixl-peer probe NAME [--uid UID] [--same-host auto|require|off]
 //! hixl-peer serve-ascend --lib PATH --device-ip IP [--name IP[:PORT]] [--size BYTES] [--seed N]
-//! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate]
+//! hixl-peer hammer NAME [--len BYTES] [--regions N] [--repeat K] [--seed N] [--alternate] [--read]
 //! hixl-peer pidreuse        (as the init of a fresh pid namespace, as root)
 //! hixl-peer compat-serve [--name IP:PORT] [--size BYTES] [--seed N] [--option KEY=VALUE]...
 //! hixl-peer norandom        (as root: a process whose OS random source fails)
@@ -61,7 +61,9 @@
 //! batch, again and again. Batch `i` (from 1) carries the `testkit::Rng` bytes of `seed`, or
 //! with `--alternate` those of `seed + i % 2` (both prepared up front, so the loop is all
 //! transfer). After each batch that returns `Ok` it prints `OK i`; at the first error it prints
-//! `ENDED <HIXL status code>` and exits.
+//! `ENDED <HIXL status code>` and exits. With `--read` it READs the same ranges instead, and
+//! prints `OK i c`, `c` the number of bytes read that are 0xA5 (a sentinel a test's server
+//! writes into memory it got back).
 //!
 //! `pidreuse` proves that a same-host write never lands in a process that took a dead peer's
 //! pid. It must run as the first process of a new pid namespace with its own `/proc` (`unshare
@@ -178,6 +180,9 @@ enum Cli {
         /// Alternate the seeds seed and seed + 1 from batch to batch
         #[arg(long)]
         alternate: bool,
+        /// READ the regions instead (each `OK i` then says how many bytes read were 0xA5)
+        #[arg(long)]
+        read: bool,
     },
     /// A static page of known bytes, for `pidreuse`
     Sink,
@@ -333,6 +338,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             repeat,
             seed,
             alternate,
+            read,
         } => hammer(
             &name,
             len.unwrap_or(usize::MAX),
@@ -340,6 +346,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             repeat,
             seed,
             alternate,
+            read,
         ),
         Cli::Sink => sink(),
         Cli::Pidreuse => pidreuse(),

@@ -223,6 +223,7 @@ pub(crate) fn hammer(
     repeat: usize,
     seed: u64,
     alternate: bool,
+    read: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let opts = Options::default().same_host(SameHost::Require);
     let engine = Hixl::initialize("127.0.0.1", opts)?.into_registered();
@@ -267,7 +268,18 @@ pub(crate) fn hammer(
             }
             at += n;
         }
-        match link.transfer_sync(TransferOp::Write, &descs, Duration::from_secs(30)) {
+        let op = if read {
+            TransferOp::Read
+        } else {
+            TransferOp::Write
+        };
+        match link.transfer_sync(op, &descs, Duration::from_secs(30)) {
+            Ok(()) if read => {
+                let mut got = vec![0u8; at];
+                buf.read_at(0, &mut got)?;
+                let sentinels = got.iter().filter(|&&b| b == 0xA5).count();
+                writeln!(out, "OK {i} {sentinels}")?
+            }
             Ok(()) => writeln!(out, "OK {i}")?,
             Err(e) => {
                 writeln!(out, "ENDED {}", e.status().code())?;
