@@ -75,7 +75,7 @@ fn a_deregistered_vec_is_never_read_again() {
     if !same_host_available() {
         return;
     }
-    let len = 64 << 20;
+    let len = 16 << 20;
     let mut data = Rng::new(11).bytes(len);
     for b in &mut data {
         if *b == 0xA5 {
