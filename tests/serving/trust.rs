@@ -200,3 +200,61 @@ fn an_honest_server_on_this_host_still_proves_itself() {
     link.disconnect(Duration::from_secs(5)).unwrap();
     let _ = cli.finalize();
 }
+
+/// A TCP relay (threads copying bytes both ways), listening on its own port.
+fn relay(to: &str) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = l.local_addr().unwrap().to_string();
+    let to = to.to_owned();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(a) = c else { return };
+            let Ok(b) = std::net::TcpStream::connect(&to) else {
+                return;
+            };
+            for (mut from, mut into) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    name
+}
+
+/// A relay cannot pass on another process's proof (docs/guarantees.md): a client on this host
+/// that reaches an honest same-host server through a relay sees a WELCOME naming the server's
+/// process, whose end of the connection is the relay's connection, not the client's; the proof
+/// fails both ways (the server's of the client as well), so the link moves its data over TCP,
+/// through the relay, and a client that requires the same-host path is refused.
+#[test]
+fn a_relay_cannot_pass_on_a_servers_proof() {
+    if !super::common::same_host_available() {
+        return;
+    }
+    let peer = super::common::Peer::spawn("127.0.0.1", 1 << 20, 4, "hostbuffer");
+    let via = relay(&peer.name);
+    let (cli, mut buf) =
+        super::common::client_with(4096, Options::default().same_host(SameHost::Auto));
+    let link = cli.connect(&via).expect("a link through the relay");
+    assert_eq!(
+        link.transport(),
+        TransportKind::Tcp,
+        "a relayed proof was taken"
+    );
+    let remote = link.remote(peer.addr, 4096).unwrap();
+    let d = TransferDesc::new(buf.range(0..4096).unwrap(), remote);
+    link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, super::common::Rng::new(4).bytes(4096));
+    link.disconnect(Duration::from_secs(5)).unwrap();
+    let _ = cli.finalize();
+    let (cli, _buf) =
+        super::common::client_with(4096, Options::default().same_host(SameHost::Require));
+    let e = cli.connect(&via).map(|_| ()).unwrap_err();
+    assert_eq!(e.status().code(), 103_905, "{e:?}");
+    let _ = cli.finalize();
+}
