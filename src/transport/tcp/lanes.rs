@@ -273,8 +273,10 @@ impl Lanes {
                 pool = lock(&self.pool);
                 pool.open -= 1;
                 if let Err(broke) = pool.usable(self.peer()) {
-                    // the link broke while the lane was opening (which is why it failed)
-                    self.freed.notify_one();
+                    // the link broke or closed while the lane was opening (which is why it
+                    // failed): every waiter, a closing link's too (one woken could be a caller
+                    // that gives up, leaving the close to wait out its deadline)
+                    self.freed.notify_all();
                     return Err(broke);
                 }
                 if dead {
