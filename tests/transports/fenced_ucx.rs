@@ -102,3 +102,101 @@ fn a_named_client_runs_ucx_inside_the_fence() {
     drop(link);
     drop(cli);
 }
+
+/// The first IPv4 address of this host's interfaces that is up and not loopback.
+fn host_ipv4() -> Option<std::net::Ipv4Addr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a list this function frees below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*at };
+        let up = ifa.ifa_flags & libc::IFF_UP as u32 != 0;
+        let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
+        // SAFETY: a non-null ifa_addr whose family is AF_INET is a sockaddr_in.
+        let v4 = (!ifa.ifa_addr.is_null()
+            && unsafe { (*ifa.ifa_addr).sa_family } == libc::AF_INET as libc::sa_family_t)
+            .then(|| unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() })
+            .map(|a| std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)));
+        if let (true, false, Some(ip)) = (up, lo, v4) {
+            found = Some(ip);
+            break;
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once, after its last use.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
+/// The same refusal off loopback (docs/guarantees.md: "loopback, the address it reached, or
+/// any of the host's interface addresses"): the server and the client on the first
+/// non-loopback IPv4 of this host (the client connects from the address it reached, which is
+/// also one of the host's interface addresses; `src/process/host.rs` checks either).
+#[test]
+fn an_unnamed_client_on_an_interface_address_gets_no_ucx() {
+    let Some(_devices) = ucx_available("an_unnamed_client_on_an_interface_address_gets_no_ucx")
+    else {
+        return;
+    };
+    let Some(ip) = host_ipv4() else {
+        eprintln!(
+            "an_unnamed_client_on_an_interface_address_gets_no_ucx: skipped: no interface \
+             address but loopback here"
+        );
+        return;
+    };
+    let ip = ip.to_string();
+    let peer = Peer::spawn_in(
+        &[],
+        &ip,
+        1 << 20,
+        73,
+        "user",
+        &["--psk", KEY, "--ucx", "require"],
+    );
+    let opts = |ucx| {
+        Options::default()
+            .psk(KEY)
+            .ucx(ucx)
+            .same_host(SameHost::Forbid)
+    };
+    let cli = hixl::Hixl::initialize(&ip, opts(Ucx::Require))
+        .unwrap()
+        .into_registered()
+        .activate()
+        .unwrap();
+    let e = cli
+        .connect(&peer.name)
+        .expect_err("an unfenced same-host UCX link on an interface address");
+    assert!(
+        matches!(&e, Error::TransportUnavailable { transport: "ucx", why, .. }
+            if why.contains("inside its fence")),
+        "{e:?}"
+    );
+    assert_eq!(e.status().code(), 103_905);
+    drop(cli);
+    let (cli, mut buf) = hixl::Hixl::initialize(&ip, opts(Ucx::Auto))
+        .unwrap()
+        .register(hixl::HostBuffer::new(4096).unwrap())
+        .unwrap();
+    let cli = cli.activate().unwrap();
+    let link = cli.connect(&peer.name).unwrap();
+    assert_eq!(link.transport(), TransportKind::Tcp);
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.remote(peer.addr, 4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+    link.disconnect(T).unwrap();
+    let cli = cli.deactivate();
+    let mut got = vec![0u8; 4096];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, common::Rng::new(73).bytes(4096));
+    drop(cli);
+    peer.quit();
+}
