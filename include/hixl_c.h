@@ -121,7 +121,8 @@ void hixl_destroy(hixl_engine *engine); /* finalizes; null or unknown handles ar
 hixl_status hixl_initialize(hixl_engine *engine, const char *local_engine,
                             const char *const *keys, const char *const *values, size_t count);
 /* The name peers connect to (with the real port for "ip:0"), NUL-terminated in buf.
- * *len (if not NULL) gets its length; HIXL_RESOURCE_EXHAUSTED if cap is too small. */
+ * *len (if not NULL) gets its length; HIXL_RESOURCE_EXHAUSTED if cap is too small (buf NULL
+ * and cap 0 asks for the length alone); HIXL_PARAM_INVALID for a NULL buf with a cap. */
 hixl_status hixl_local_engine(hixl_engine *engine, char *buf, size_t cap, size_t *len);
 hixl_status hixl_finalize(hixl_engine *engine); /* idempotent */
 
@@ -205,7 +206,11 @@ hixl_status hixl_send_notify(hixl_engine *engine, const char *remote_engine, con
 /* A list of (name, msg): hixl_list_len, hixl_list_notify, hixl_list_free. */
 hixl_status hixl_get_notifies(hixl_engine *engine, hixl_list **out);
 
-/* Lists. The strings point into the list and live until hixl_list_free. */
+/* Lists. The strings point into the list and live until hixl_list_free. A list is memory the
+ * library allocated for the caller, not a handle: unlike engine handles it is not checked, so
+ * it must be one these calls returned and not yet freed (using or freeing it after
+ * hixl_list_free is undefined behaviour, as with free()); NULL is refused (HIXL_PARAM_INVALID,
+ * or a length of 0) and hixl_list_free(NULL) does nothing. */
 size_t hixl_list_len(const hixl_list *list);
 hixl_status hixl_list_notify(const hixl_list *list, size_t index, const char **name,
                              const char **notify_msg);

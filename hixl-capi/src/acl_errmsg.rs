@@ -16,8 +16,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `int32_t ReportInnerErrMsgForC(const char *file_name, const char *func, uint32_t line,
-/// const char *error_code, const char *format, ...)`.
-type Report = unsafe extern "C" fn(
+/// const char *error_code, const char *format, ...)`. CANN's C++ behind it may throw (out of
+/// memory): `C-unwind`, so an exception is defined behaviour here, and the exported C function
+/// it reaches aborts the process rather than unwind into C.
+type Report = unsafe extern "C-unwind" fn(
     *const c_char,
     *const c_char,
     u32,

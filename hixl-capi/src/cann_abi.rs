@@ -17,7 +17,11 @@
 
 use std::ffi::{c_char, c_void};
 
-/// Defines each exported symbol as an `unsafe extern "C"` forward to its implementation.
+/// Defines each exported symbol as an `unsafe extern "C-unwind"` forward to its implementation:
+/// a C++ method may throw (GE's `AscendString(const char*, size_t)` throws `std::length_error`
+/// for a length no `std::string` holds, `std::bad_alloc` anywhere memory runs out), and the
+/// exception must reach the C++ caller through this frame, which `extern "C"` forbids (undefined
+/// behaviour: it has no unwind tables to pass through, and may abort).
 macro_rules! forward {
     ($(
         $(#[$doc:meta])*
@@ -30,8 +34,8 @@ macro_rules! forward {
         /// method) is a live object of the class, and every other pointer is a valid reference
         /// of the type the method's C++ signature names.
         #[unsafe(export_name = $export)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
-            unsafe extern "C" {
+        pub unsafe extern "C-unwind" fn $name($($arg: $ty),*) $(-> $ret)? {
+            unsafe extern "C-unwind" {
                 #[link_name = $imp]
                 fn imp($($arg: $ty),*) $(-> $ret)?;
             }

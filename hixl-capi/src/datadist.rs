@@ -357,13 +357,15 @@ pub unsafe extern "C" fn hixl_dd_unlink_clusters(
     clusters: *const DdClusterInfo,
     count: usize,
     timeout_in_millis: i32,
-    force: bool,
+    // (the header's `bool`, read as its byte: a caller without the header's type, or ctypes
+    // with a `c_int`, may pass a value other than 0 or 1, which no Rust `bool` may hold)
+    force: u8,
     rets: *mut u32,
 ) -> LlmStatusCode {
     // SAFETY: the caller's contract.
     unsafe {
         links(dd, clusters, count, rets, std::ptr::null_mut(), |d, cs| {
-            d.unlink_clusters(cs, timeout_in_millis, force)
+            d.unlink_clusters(cs, timeout_in_millis, force != 0)
         })
     }
 }

@@ -355,6 +355,10 @@ pub unsafe extern "C" fn hixl_local_engine(
 ) -> HixlStatus {
     entry(|| {
         let e = self::engine(engine)?;
+        if buf.is_null() && cap > 0 {
+            // (a size query passes NULL and 0)
+            return Err(invalid(format!("buf is null with cap {cap}")));
+        }
         let name = e.local_engine().map_err(fail)?;
         if !len.is_null() {
             // SAFETY: not null; writable by the caller's contract.

@@ -117,14 +117,16 @@ pub unsafe extern "C" fn hixl_dd_cann_unlink_clusters(
     clusters: *const DdClusterInfo,
     count: usize,
     timeout_in_millis: i32,
-    force: bool,
+    // (the header's `bool`, read as its byte: a caller without the header's type, or ctypes
+    // with a `c_int`, may pass a value other than 0 or 1, which no Rust `bool` may hold)
+    force: u8,
     rets: *mut u32,
     reached: *mut bool,
 ) -> LlmStatusCode {
     // SAFETY: the caller's contract.
     unsafe {
         links(dd, clusters, count, rets, reached, |d, cs| {
-            d.cann_unlink_clusters(cs, timeout_in_millis, force)
+            d.cann_unlink_clusters(cs, timeout_in_millis, force != 0)
         })
     }
 }

@@ -599,6 +599,11 @@ static int client(const char *name, uintptr_t raddr, size_t rlen) {
   size_t need = 0;
   EXPECT(hixl_local_engine(e, small, sizeof small, &need), HIXL_RESOURCE_EXHAUSTED);
   CHECK(need == strlen("127.0.0.1"));
+  /* the size query (NULL, 0) as above; a NULL buffer said to have room is a null pointer */
+  need = 0;
+  EXPECT(hixl_local_engine(e, NULL, 0, &need), HIXL_RESOURCE_EXHAUSTED);
+  CHECK(need == strlen("127.0.0.1"));
+  EXPECT(hixl_local_engine(e, NULL, 64, &need), HIXL_PARAM_INVALID);
   CHECK(hixl_list_len(NULL) == 0);
   hixl_list_free(NULL);
 

@@ -29,6 +29,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -71,6 +72,16 @@ void AscendStrings() {
   CHECK(kv.Hash() == std::hash<std::string>()("kv-cache:7") && std::hash<AscendString>()(kv) == kv.Hash());
   CHECK(part < kv && kv > part && part <= kv && kv >= kv && !(kv < kv) && kv == AscendString("kv-cache:7"));
   CHECK(std::strcmp(null_str.GetString(), "") == 0 && null_str < AscendString("") && null_str != AscendString(""));
+  // a length no std::string holds: GE's constructor throws std::length_error, and the exception
+  // reaches the caller through the library's exported forward (which let it unwind)
+  bool threw = false;
+  try {
+    const AscendString too_long("x", static_cast<size_t>(-1));
+    (void)too_long;
+  } catch (const std::length_error &) {
+    threw = true;
+  }
+  CHECK(threw);
 }
 
 int Server(size_t size) {
