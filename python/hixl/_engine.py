@@ -118,8 +118,9 @@ def _check(ret):
 def _millis(seconds, what="timeout"):
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(seconds).__name__}")
-    # (inf and nan are out of range too, not an OverflowError)
-    ms = int(round(seconds * 1000)) if math.isfinite(seconds) else 0
+    # (inf and nan are out of range too, and a finite number whose milliseconds are not
+    # (1e306 s), not an OverflowError)
+    ms = int(round(seconds * 1000)) if math.isfinite(seconds * 1000) else 0
     if not 0 < ms <= 2**31 - 1:
         raise ValueError(f"{what} must be between 1 ms and about 24 days, got {seconds!r} s")
     return ms
@@ -630,8 +631,9 @@ class Engine:
 
     def wait_notify(self, name=None, timeout=10.0):
         """Wait (polling) for a notification (with this name, if given); returns ``(name, msg)``.
-        Others received meanwhile stay for ``notifies()``."""
-        deadline = time.monotonic() + timeout
+        Others received meanwhile stay for ``notifies()``. ``timeout`` as every timeout here
+        (``ValueError`` out of range: a NaN or infinite one never ended)."""
+        deadline = time.monotonic() + _millis(timeout) / 1000
         pause = 0.0001
         while True:
             got = self.notifies()

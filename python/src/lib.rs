@@ -558,7 +558,8 @@ fn op_descs_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<compat::TransferOpDesc>> 
             "op_descs must be a list of TransferOpDesc, not str",
         ));
     }
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    // (the caller's `__len__` is a hint, not a size to allocate: a huge one panicked or aborted)
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0).min(1 << 16));
     for (i, item) in obj.try_iter()?.enumerate() {
         let item = item?;
         let d = item

@@ -297,3 +297,29 @@ def test_threads_share_one_engine():
             t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a thread is stuck"
     assert seen <= {hixl.SUCCESS, hixl.FAILED}
+
+
+def test_a_sequence_whose_len_lies_is_no_panic(pair):
+    """A sequence's ``__len__`` is a hint: one claiming 2**62 descriptors (a preallocation
+    panicked with "capacity overflow", 2**40 aborted the process) gets the status of what it
+    holds."""
+    s, c, name, srv, cli, sh, ch = pair
+
+    class Lying:
+        def __init__(self, items):
+            self.items = items
+
+        def __len__(self):
+            return 2**62
+
+        def __iter__(self):
+            return iter(self.items)
+
+    good = hixl.TransferOpDesc(cli.ctypes.data, srv.ctypes.data, 4096)
+    assert c.transfer_sync(name, hixl.WRITE, Lying([good])) == hixl.SUCCESS
+    assert bytes(srv[:4096]) == bytes(cli[:4096])
+    bad = hixl.TransferOpDesc(0x10, srv.ctypes.data, 16)
+    assert c.transfer_sync(name, hixl.READ, Lying([bad])) == hixl.PARAM_INVALID
+    ret, _ = c.transfer_async(name, hixl.READ, Lying([bad]))
+    assert ret == hixl.PARAM_INVALID
+
