@@ -22,6 +22,12 @@ pub(crate) fn norandom() -> Result<(), Box<dyn std::error::Error>> {
     // this thread's hash keys are taken while the sources still work (std takes them from the
     // same sources, once per thread)
     let _keys = std::collections::HashMap::<u8, u8>::new();
+    // a client engine made while they work, and a listener for it to connect to (its kernel
+    // completes the TCP handshake; the engine's HELLO needs a nonce first)
+    let client = Hixl::initialize("127.0.0.1", Options::default().same_host(SameHost::Forbid))?
+        .into_registered()
+        .activate()?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     // SAFETY: unshare and mount have no memory-safety preconditions; the strings are
     // NUL-terminated literals.
     let isolated = unsafe {
@@ -101,6 +107,10 @@ pub(crate) fn norandom() -> Result<(), Box<dyn std::error::Error>> {
     match Hixl::initialize("127.0.0.1", Options::default()) {
         Ok(_) => println!("INIT ok"),
         Err(e) => println!("INIT err {} {e}", e.status().code()),
+    }
+    match client.connect(&listener.local_addr()?.to_string()) {
+        Ok(_) => println!("CONNECT ok"),
+        Err(e) => println!("CONNECT err {} {e}", e.status().code()),
     }
     Ok(())
 }
