@@ -318,7 +318,14 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
             s.link = link;
             s.error = error;
             s.status = s.queue.front().map_or(status, |t| pending(*t));
-            !s.queue.is_empty()
+            let more = !s.queue.is_empty();
+            if s.status == AsyncConnectStatus::NotConnect && s.link.is_none() {
+                // disconnected with nothing queued: no entry, as HIXL's (`status` answers
+                // `NotConnect` for a remote it does not list), so remotes come and go without
+                // the table growing
+                st.slots.remove(&key);
+            }
+            more
         } else {
             if let Some(l) = link {
                 // the slot went away, or is a later generation's (shutdown): do not leak the

@@ -533,6 +533,13 @@ fn async_connect() {
         assert!(t0.elapsed() < T);
         std::thread::sleep(Duration::from_millis(1));
     }
+    // disconnected: no entry left, as HIXL's (it erases a remote that reaches NOT_CONNECT), so
+    // remotes connected and disconnected in turn do not grow the table
+    assert!(
+        cli.async_connect_statuses().is_empty(),
+        "{:?}",
+        cli.async_connect_statuses()
+    );
     // a failed connect reports its error through take_link
     let closed = TcpListener::bind("127.0.0.1:0").unwrap();
     let gone = closed.local_addr().unwrap().to_string();
