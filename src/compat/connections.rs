@@ -69,18 +69,19 @@ impl Hixl {
     }
 
     /// HIXL `DisconnectAsync`: queues a disconnect of an async connection; a link already in
-    /// use is closed at once.
+    /// use is closed at once. A remote with no connection at all is `SUCCESS`, its status
+    /// `NotConnect` (as HIXL's, whose disconnect task then finds nothing to close).
     ///
     /// # Errors
-    /// `PARAM_INVALID` for a bad name or timeout; `NOT_CONNECTED` if there is no connection.
+    /// `PARAM_INVALID` for a bad name or timeout; `RESOURCE_EXHAUSTED` when the queue is full.
     pub fn disconnect_async(&self, remote_engine: &str, timeout_in_millis: i32) -> Result<()> {
         let timeout = millis(timeout_in_millis)?;
         let held = self.with_remote(remote_engine, |e, key| match self.peers.remove(&key) {
             Some(l) => Ok(Some(l)),
-            None => e
-                .disconnect_async(remote_engine, timeout)
-                .map(|()| None)
-                .map_err(Error::from),
+            None => match e.disconnect_async(remote_engine, timeout) {
+                Ok(()) | Err(crate::Error::NotConnected { .. }) => Ok(None),
+                Err(other) => Err(Error::from(other)),
+            },
         })?;
         if let Some(l) = held {
             let _ = l.close_timeout(timeout); // without the core's lock, as `disconnect`

@@ -1169,3 +1169,22 @@ fn a_late_answer_to_a_timed_out_read_lands_nowhere() {
     e.finalize();
     peer.quit();
 }
+
+/// `DisconnectAsync` of a remote this engine never connected is `SUCCESS`, its status
+/// `NotConnect`, as HIXL's (`tests/cpp/hixl/engine/test_hixl_api.cc`'s
+/// `TestHixlDisconnectAsyncFailed`: a remote nobody listens on); it was `NOT_CONNECTED`.
+#[test]
+fn disconnect_async_of_an_unknown_remote_succeeds() {
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(&NO_OPTIONS, &mut mem);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    e.disconnect_async(&nobody, 1000).unwrap();
+    assert_eq!(
+        e.get_async_connect_status(&nobody).unwrap(),
+        AsyncConnectStatus::NotConnect
+    );
+    assert!(e.get_all_async_connect_status().unwrap().is_empty());
+    e.finalize();
+}
