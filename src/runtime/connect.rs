@@ -126,8 +126,10 @@ impl ConnectPool {
             error: None,
         });
         slot.queue.push_back(task);
+        // the caller's latest call shows at once, a task of it running or not (HIXL's
+        // `SetStatus` on submit)
+        slot.status = pending(task);
         if !slot.busy {
-            slot.status = pending(task);
             self.give_turn(engine, key);
         }
         Ok(())
@@ -255,6 +257,19 @@ fn live<E: Opener>(engine: &E, l: Arc<LinkShared>, timeout: Duration) -> Option<
     None
 }
 
+/// The status a remote shows when a task of it starts or ends with `new`, where it showed
+/// `now`: as HIXL's `ConnectPoolExecutor::SetStatus`, a connect's progress does not hide a
+/// disconnect the caller asked for since (`DisconnectPending`), nor a disconnect's a connect
+/// (`ConnectPending`): the status follows the caller's latest call.
+fn shown(now: AsyncConnectStatus, new: AsyncConnectStatus) -> AsyncConnectStatus {
+    use AsyncConnectStatus::*;
+    match (now, new) {
+        (DisconnectPending, Connecting | Connected | ConnectFailed) => now,
+        (ConnectPending, Disconnecting | NotConnect) => now,
+        _ => new,
+    }
+}
+
 fn pending(t: Task) -> AsyncConnectStatus {
     match t {
         Task::Connect(..) => AsyncConnectStatus::ConnectPending,
@@ -279,10 +294,13 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
             return;
         };
         s.busy = true;
-        s.status = match t {
-            Task::Connect(..) => AsyncConnectStatus::Connecting,
-            Task::Disconnect(_) => AsyncConnectStatus::Disconnecting,
-        };
+        s.status = shown(
+            s.status,
+            match t {
+                Task::Connect(..) => AsyncConnectStatus::Connecting,
+                Task::Disconnect(_) => AsyncConnectStatus::Disconnecting,
+            },
+        );
         st.queued -= 1;
         (t, st.generation)
     };
@@ -317,9 +335,9 @@ fn turn<E: Opener>(pool: &Arc<ConnectPool>, engine: &Weak<E>, key: String) {
             s.busy = false;
             s.link = link;
             s.error = error;
-            s.status = s.queue.front().map_or(status, |t| pending(*t));
+            s.status = shown(s.status, status);
             let more = !s.queue.is_empty();
-            if s.status == AsyncConnectStatus::NotConnect && s.link.is_none() {
+            if s.status == AsyncConnectStatus::NotConnect && s.link.is_none() && !more {
                 // disconnected with nothing queued: no entry, as HIXL's (`status` answers
                 // `NotConnect` for a remote it does not list), so remotes come and go without
                 // the table growing

@@ -253,6 +253,49 @@ fn a_queued_request_times_out_at_its_own_deadline() {
     }
 }
 
+/// The status follows the caller's latest call, as HIXL's: a `disconnect_async` while a
+/// connect runs (to a peer that never answers its HELLO) shows `DisconnectPending` at once, not
+/// `Connecting` until the connect gives up; the connect's failure does not show either; the
+/// disconnect then runs, and the remote ends `NotConnect`, no longer listed.
+#[test]
+fn the_async_connect_status_follows_the_latest_call() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = silent.local_addr().unwrap().to_string();
+    let (cli, _buf) = client(4096);
+    cli.connect_async(&name, Duration::from_millis(1500))
+        .unwrap();
+    let t0 = Instant::now();
+    while cli.async_connect_status(&name) != AsyncConnectStatus::Connecting {
+        assert!(t0.elapsed() < T, "{:?}", cli.async_connect_status(&name));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    cli.disconnect_async(&name, T).unwrap();
+    assert_eq!(
+        cli.async_connect_status(&name),
+        AsyncConnectStatus::DisconnectPending
+    );
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    loop {
+        let st = cli.async_connect_status(&name);
+        if seen.last() != Some(&st) {
+            seen.push(st);
+        }
+        if st == AsyncConnectStatus::NotConnect {
+            break;
+        }
+        assert!(t0.elapsed() < T, "{seen:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !seen.contains(&AsyncConnectStatus::Connecting)
+            && !seen.contains(&AsyncConnectStatus::ConnectFailed),
+        "{seen:?}"
+    );
+    assert!(cli.async_connect_statuses().is_empty());
+    drop(silent);
+}
+
 /// Cancel: a queued request ends at once; a running one is stopped well before its deadline.
 #[test]
 fn cancellation() {
