@@ -66,16 +66,13 @@ impl DataDist {
             }
             engine = self.live()?.0;
         }
-        let mut rets = Vec::with_capacity(clusters.len());
-        for c in clusters {
-            rets.push(match self.link_one(&engine, c, timeout_ms) {
-                Ok(()) => LlmStatus::LLM_SUCCESS,
-                Err(e) => {
-                    tracing::debug!(cluster = c.remote_cluster_id, error = %e, "link failed");
-                    e.status
-                }
-            });
-        }
+        let rets = each_cluster(clusters, |c| match self.link_one(&engine, c, timeout_ms) {
+            Ok(()) => LlmStatus::LLM_SUCCESS,
+            Err(e) => {
+                tracing::debug!(cluster = c.remote_cluster_id, error = %e, "link failed");
+                e.status
+            }
+        });
         Ok((last_failure(&rets), rets))
     }
 
@@ -412,8 +409,7 @@ impl DataDist {
         let (engine, _) = self.live()?;
         args::timeout(timeout_ms)?;
         self.take_notes(&engine);
-        let mut rets = Vec::with_capacity(clusters.len());
-        for c in clusters {
+        let rets = each_cluster(clusters, |c| {
             let link = lock(&self.links).remove(&c.remote_cluster_id);
             // one link between two clusters, as upstream's: the peer's way back goes too
             let inbound = lock(&self.inbound).remove(&c.remote_cluster_id).is_some();
@@ -423,7 +419,7 @@ impl DataDist {
                 let msg = self.cluster_id.to_string();
                 let _ = engine.send_notify(&k, UNLINK_NOTE, &msg, timeout_ms.min(NOTE_MS));
             }
-            rets.push(match link {
+            match link {
                 // a cluster that linked here, and was never linked back to
                 None if inbound => LlmStatus::LLM_SUCCESS,
                 None => LlmStatus::LLM_NOT_YET_LINK,
@@ -435,8 +431,8 @@ impl DataDist {
                     }
                     Err(_) => LlmStatus::LLM_UNLINK_FAILED,
                 },
-            });
-        }
+            }
+        });
         Ok((last_failure(&rets), rets))
     }
 
@@ -597,6 +593,48 @@ impl DataDist {
 
 /// Links `engine` to the engine named `remote`: the link made (an engine failure is
 /// `LLM_LINK_FAILED`, as upstream's: [`link_error`]).
+/// Clusters one call links or unlinks at once (upstream's thread pool for `LinkClusters` and
+/// `UnlinkClusters` has 16).
+const LINKERS: usize = 16;
+
+/// `one` on each cluster, up to [`LINKERS`] at once, the statuses in the clusters' order: a
+/// cluster that does not answer holds up none of the others (sequentially, each waited out the
+/// timeouts of those before it).
+fn each_cluster(
+    clusters: &[ClusterInfo],
+    one: impl Fn(&ClusterInfo) -> LlmStatus + Sync,
+) -> Vec<LlmStatus> {
+    if clusters.len() <= 1 {
+        return clusters.iter().map(&one).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let rets: Vec<std::sync::Mutex<Option<LlmStatus>>> = clusters
+        .iter()
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
+    std::thread::scope(|s| {
+        for _ in 0..clusters.len().min(LINKERS) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(c) = clusters.get(i) else { break };
+                    let got = one(c);
+                    *rets[i]
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(got);
+                }
+            });
+        }
+    });
+    rets.into_iter()
+        .map(|r| {
+            r.into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or(LlmStatus::LLM_FAILED)
+        })
+        .collect()
+}
+
 pub(super) fn connect_to(
     engine: &DdEngine,
     remote: &str,

@@ -421,3 +421,43 @@ fn an_unregistration_waiting_for_a_pull_holds_up_no_registration() {
     });
     drop(other);
 }
+
+/// Clusters of one `link_clusters` call link side by side, as upstream's (16 at once): two
+/// that never answer the HELLO (a listener that accepts nothing) and a live one take one
+/// timeout, not two (each waited out the ones before it), and the live one is linked.
+#[test]
+fn clusters_that_do_not_answer_hold_up_no_other_link() {
+    let prompt = listening(1, Role::Prompt, "127.0.0.1:0");
+    let d = listening(DECODER, Role::Decoder, "127.0.0.1:0");
+    let silent: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut clusters: Vec<ClusterInfo> = (silent.iter().enumerate())
+        .map(|(i, l)| ClusterInfo::at(200 + i as u64, l.local_addr().unwrap()))
+        .collect();
+    clusters.push(ClusterInfo::at(100, prompt.listen_addr().unwrap()));
+    let timeout_ms = 1500;
+    let t0 = Instant::now();
+    let (ret, rets) = d.link_clusters(&clusters, timeout_ms).unwrap();
+    let took = t0.elapsed();
+    assert_ne!(ret, LlmStatus::LLM_SUCCESS, "{rets:?}");
+    assert_ne!(rets[0], LlmStatus::LLM_SUCCESS, "{rets:?}");
+    assert_ne!(rets[1], LlmStatus::LLM_SUCCESS, "{rets:?}");
+    assert_eq!(rets[2], LlmStatus::LLM_SUCCESS, "{rets:?}");
+    assert!(
+        took < Duration::from_millis(2 * timeout_ms as u64),
+        "two silent clusters took {took:?} of a {timeout_ms} ms timeout each"
+    );
+    // unlinking them all at once: the live one goes, the others were never linked
+    let (_, rets) = d.unlink_clusters(&clusters, 1000, false).unwrap();
+    assert_eq!(
+        rets,
+        [
+            LlmStatus::LLM_NOT_YET_LINK,
+            LlmStatus::LLM_NOT_YET_LINK,
+            LlmStatus::LLM_SUCCESS
+        ]
+    );
+    d.finalize();
+    prompt.finalize();
+}
