@@ -113,8 +113,14 @@ impl DataDist {
         let (local, _in_use) = self.local(src_cache)?;
         args::local_kind(local.kind, blocks.is_some(), src_cache)?;
         let (link, r, dst_batch) = self.find_remote(&engine, dst)?;
-        let dst_batch =
-            u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?;
+        // (a batch index only a push of batches uses: a block push by a key whose batch is past
+        // u32 is no error)
+        let dst_batch = match blocks {
+            Some(_) => 0,
+            None => {
+                u32::try_from(dst_batch).map_err(|_| Error::param("a batch index beyond u32"))?
+            }
+        };
         let (li, ri) = tensor_pairs(layers, local.addrs.len(), r.addrs.len(), false)?;
         let per = layers.per_layer.max(1) as usize;
         let timeout = config.sync_timeout();
