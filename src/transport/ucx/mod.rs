@@ -30,7 +30,10 @@ use crate::wire::{TableEntry, UcxInfo};
 
 use crate::sync::lock;
 use crate::transport::{Batch, DataPath, Health, PathFail, TransportKind};
-use ucp::{Context, Endpoint, MemHandle, PendingFlush, ThreadMode, Waker, Worker, is_no_device};
+use ucp::{
+    Context, Endpoint, MemHandle, PendingFlush, SETTLE_BOUND, ThreadMode, Waker, Worker,
+    is_no_device,
+};
 
 /// The bytes a batch posts before it waits for them to complete (a flush), and between which
 /// a cancel stops it: a flush round trip costs about nothing beside 16 MiB, and a cancel waits
@@ -341,7 +344,7 @@ impl UcxLink {
         let mut older: Option<PendingFlush> = None;
         for d in xds {
             let Some(&(idx, base)) = self.keys.get(&d.remote.region) else {
-                let _ = ep.flush(Some(Instant::now()));
+                let _ = ep.flush(Some(Instant::now() + SETTLE_BOUND));
                 return Err(Error::Protocol {
                     peer: ep.peer().to_owned(),
                     problem: format!("no UCX key for region {}", d.remote.region),
@@ -387,7 +390,7 @@ impl UcxLink {
                 };
                 if let Err(e) = posted {
                     // earlier operations may be in flight: end them before returning
-                    let _ = ep.flush(Some(Instant::now()));
+                    let _ = ep.flush(Some(Instant::now() + SETTLE_BOUND));
                     return Err(e);
                 }
                 (off, in_flight) = (off + piece, in_flight + piece);

@@ -10,6 +10,12 @@ const MIN_ADDRESS_LEN: usize = 9;
 /// length, and every length field it follows is at most a byte or two, so a malformed address
 /// cannot make it read past this padding.
 pub(super) const ADDRESS_PADDING: usize = 256 * 1024;
+/// Zero bytes appended to a packed rkey before UCX unpacks it. `check_rkey` checks the size byte
+/// of each memory domain's key, but UCX hands each transport its key without that size, and the
+/// transport reads a struct of its own (8 bytes for InfiniBand, more for shared memory): a peer
+/// that gives a key of 0 bytes would make it read past the buffer. A key's size is a byte, so no
+/// transport's key is longer than 255 bytes.
+pub(super) const RKEY_PADDING: usize = 256;
 /// The memory types UCX 1.13 knows (`UCS_MEMORY_TYPE_LAST`), used to bound the rkey's type byte.
 const KNOWN_MEMORY_TYPES: u8 = 5;
 
@@ -55,9 +61,31 @@ pub(super) fn check_rkey(r: &[u8]) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// `packed` followed by [`RKEY_PADDING`] zero bytes: what UCX's unpack is given.
+pub(super) fn padded_rkey(packed: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(packed.len() + RKEY_PADDING);
+    v.extend_from_slice(packed);
+    v.resize(packed.len() + RKEY_PADDING, 0);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key UCX unpacks is followed by a transport's largest key of zeros, whatever sizes the
+    /// peer gave (0 here: a key the size check passes whose transports would read beyond it).
+    #[test]
+    fn an_rkey_is_unpacked_from_a_zero_padded_copy() {
+        let mut r = u64::MAX.to_ne_bytes().to_vec();
+        r.push(0);
+        r.extend([0u8; 64]); // 64 domains, each key 0 bytes long
+        assert_eq!(check_rkey(&r), Ok(()));
+        let p = padded_rkey(&r);
+        assert_eq!(&p[..r.len()], &r[..]);
+        assert_eq!(p.len(), r.len() + 256);
+        assert!(p[r.len()..].iter().all(|&b| b == 0));
+    }
 
     #[test]
     fn rkey_length_walk() {

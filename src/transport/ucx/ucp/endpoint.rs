@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::checks::{ADDRESS_PADDING, check_address, check_rkey};
+use super::checks::{ADDRESS_PADDING, check_address, check_rkey, padded_rkey};
 use super::worker::WorkerInner;
 use super::{MemHandle, Worker, is_link_failure, ucs_error};
 use crate::error::Error;
@@ -16,6 +16,11 @@ use crate::transport::ucx::ffi::{self, Ucp, ucs_status_t};
 const DROP_BOUND: Duration = Duration::from_secs(1);
 /// How long a forced close (after a timeout or a failure) may take before we give up on it.
 const FORCE_CLOSE_BOUND: Duration = Duration::from_secs(1);
+/// How long after a flush was posted a transfer that missed its deadline waits for the
+/// operations in flight before it closes the endpoint (gently if they ended, forced if not):
+/// tearing an endpoint down with the peer's replies pending lets UCX 1.13's tcp transport abort
+/// the peer's process (`ucp_request.c:684` in wire-up, `uct_tcp_ep_pending_purge`).
+pub(crate) const SETTLE_BOUND: Duration = Duration::from_millis(500);
 
 /// The endpoint error handler: records the first failure status. Runs inside
 /// `ucp_worker_progress` on whatever thread progresses the worker; it cannot unwind (atomic
@@ -251,11 +256,16 @@ impl Endpoint {
         let w = &*self.worker;
         let ucp = w.ucp();
         let mut rkey: ffi::ucp_rkey_h = std::ptr::null_mut();
+        // each transport reads its own key struct, whatever size the peer gave it: from a copy
+        // with a transport's largest key of zeros after it (UCX copies what it keeps)
+        let padded = padded_rkey(packed);
         let status = {
             let _g = w.enter();
-            // SAFETY: live endpoint inside the worker's critical section; `packed` was checked
-            // to hold every byte UCX's parser reads (check_rkey); valid out-pointer.
-            unsafe { (ucp.ucp_ep_rkey_unpack)(ep, packed.as_ptr().cast(), &mut rkey) }
+            // SAFETY: live endpoint inside the worker's critical section. UCX reads the header
+            // and each domain's size byte as `check_rkey` checked them, and each transport's key
+            // (at most 255 bytes) from where its size byte says: within `padded`, which is this
+            // thread's own copy (no peer writes it) and outlives the call. Valid out-pointer.
+            unsafe { (ucp.ucp_ep_rkey_unpack)(ep, padded.as_ptr().cast(), &mut rkey) }
         };
         if status != ffi::UCS_OK {
             return Err(ucs_error(
@@ -391,8 +401,9 @@ impl Endpoint {
     /// [`flush_end`](Self::flush_end) in one.
     ///
     /// When this returns, UCX no longer touches the buffers of the operations posted before:
-    /// on success they are done; on a timeout or a failure the endpoint is force-closed first
-    /// (outstanding operations are cancelled) and is unusable afterwards.
+    /// on success they are done; on a timeout the endpoint is closed first, gently once they
+    /// ended (within [`SETTLE_BOUND`] of the flush), else forced (outstanding operations are
+    /// cancelled); on a failure it is force-closed; either way it is unusable afterwards.
     ///
     /// A `deadline` that has already passed when `flush` is called is a timeout, whether or
     /// not operations are outstanding.
@@ -460,9 +471,15 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Force-closes the endpoint after a flush begun at `start` ran out of time.
+    /// Closes the endpoint after a flush begun at `start` ran out of time: the operations in
+    /// flight get until [`SETTLE_BOUND`] after `start` to end (the caller's buffers are still
+    /// borrowed meanwhile), then the close is gentle if they did, forced if not. A forced close
+    /// with the peer's replies pending lets UCX 1.13's tcp transport abort the peer's process:
+    /// a client whose deadlines were a few milliseconds killed the serving process on its
+    /// first READ (`many_timeouts_never_kill_the_peer`).
     fn timed_out(&mut self, start: Instant) -> Error {
-        self.close(true, FORCE_CLOSE_BOUND);
+        let settled = self.flushed_within(SETTLE_BOUND.saturating_sub(start.elapsed()));
+        self.close(!settled, FORCE_CLOSE_BOUND);
         Error::Timeout {
             op: "UCX flush",
             peer: self.peer.clone(),
@@ -470,22 +487,42 @@ impl Endpoint {
         }
     }
 
-    /// Destroys every rkey, then closes the endpoint (`force`: without flushing, cancelling
-    /// outstanding operations) and progresses until the close completes or `bound` passes.
-    /// Idempotent.
+    /// Whether a flush of every operation posted on the endpoint completed within `bound`
+    /// (`false` at once for a failed or closed endpoint). Nothing is closed here.
+    fn flushed_within(&mut self, bound: Duration) -> bool {
+        if self.ep.is_null() || self.failure_status() != 0 || bound.is_zero() {
+            return false;
+        }
+        let ucp = self.worker.ucp();
+        let param = ffi::ucp_request_param_t::zeroed();
+        let req = {
+            let _g = self.worker.enter();
+            // SAFETY: live endpoint inside the worker's critical section; no callback is set.
+            unsafe { (ucp.ucp_ep_flush_nbx)(self.ep, &param) }
+        };
+        let pending = PendingFlush {
+            worker: self.worker.clone(),
+            req,
+            start: Instant::now(),
+        };
+        pending.wait(Some(Instant::now() + bound)) == FlushOutcome::Done(ffi::UCS_OK)
+    }
+
+    /// Closes the endpoint (`force`: without flushing, cancelling outstanding operations) and
+    /// progresses until the close completes or `bound` passes. Idempotent.
+    ///
+    /// The rkeys: UCX requires each to be destroyed after the operations using it were flushed
+    /// and before its endpoint is destroyed (`ucp_rkey_destroy`, ucp.h). A gentle close comes
+    /// after a completed flush (`Drop`, [`timed_out`](Self::timed_out)) with nothing posted
+    /// since (`&mut self`: no other batch can post), so they are destroyed first, in the same
+    /// critical section as the close. Before a forced close operations may be outstanding (a
+    /// failed peer, a flush that did not end), and no moment is right: they are leaked (a few
+    /// hundred bytes each) rather than destroyed under operations that still use them.
     fn close(&mut self, force: bool, bound: Duration) {
         if self.ep.is_null() {
             return;
         }
         let ucp = self.worker.ucp();
-        // rkeys first: they refer to the endpoint's configuration, which the close releases.
-        {
-            let _g = self.worker.enter();
-            for rkey in self.rkeys.drain(..) {
-                // SAFETY: each rkey was unpacked on this (still open) endpoint; destroyed once.
-                unsafe { (ucp.ucp_rkey_destroy)(rkey) };
-            }
-        }
         let mut param = ffi::ucp_request_param_t::zeroed();
         param.op_attr_mask = ffi::UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = if force {
@@ -494,8 +531,16 @@ impl Endpoint {
             0
         };
         let ep = std::mem::replace(&mut self.ep, std::ptr::null_mut());
+        let rkeys = std::mem::take(&mut self.rkeys);
         let req = {
             let _g = self.worker.enter();
+            if !force {
+                for rkey in rkeys {
+                    // SAFETY: unpacked on this endpoint, which is still open; every operation
+                    // was flushed and none posted since (see above); destroyed once.
+                    unsafe { (ucp.ucp_rkey_destroy)(rkey) };
+                }
+            }
             // SAFETY: live endpoint, closed once (self.ep is cleared above).
             unsafe { (ucp.ucp_ep_close_nbx)(ep, &param) }
         };

@@ -48,7 +48,7 @@ use super::ffi::{self, Ucp, ucs_status_t};
 use crate::error::Error;
 
 pub(crate) use context::{Context, MemHandle};
-pub(crate) use endpoint::{Endpoint, PendingFlush};
+pub(crate) use endpoint::{Endpoint, PendingFlush, SETTLE_BOUND};
 pub(crate) use worker::{ThreadMode, Waker, Worker};
 
 /// The error for a failed UCX call. Link failures become [`Error::NotConnected`] when a peer is

@@ -364,6 +364,16 @@ fn malformed_addresses_and_rkeys_are_typed_errors() {
     }
     assert!(!ep.is_failed());
     assert_eq!(ep.add_rkey(&good).expect("the real rkey"), 0);
+    // the real key's domains with every key 0 bytes long: the size check passes it, and each
+    // transport reads its key from the zero padding after it (`checks::RKEY_PADDING`), not past
+    // the buffer: a key, or UCX's error
+    let map = u64::from_ne_bytes(good[..8].try_into().expect("8 bytes"));
+    let empty_keys = [&good[..9], &vec![0u8; map.count_ones() as usize]].concat();
+    match ep.add_rkey(&empty_keys) {
+        Ok(i) => assert_eq!(i, 1),
+        Err(Error::Native { .. }) => {}
+        Err(other) => panic!("keys of 0 bytes: expected a key or UCX's error, got {other:?}"),
+    }
     drop(ep);
     drop(progress);
     drop(mem);
