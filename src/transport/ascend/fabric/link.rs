@@ -70,17 +70,23 @@ impl Drop for Imported {
 }
 
 fn import_block(rt: &Arc<FabricRt>, b: &FabricBlock) -> Result<Imported, Error> {
-    let len = usize::try_from(b.len).map_err(|_| Error::AddressOverflow {
+    // the peer's length, and the reservation it takes (whole granules): checked before anything
+    // is imported
+    let overflow = || Error::AddressOverflow {
         addr: b.base as usize,
         len: usize::MAX,
-    })?;
+    };
+    let len = usize::try_from(b.len).map_err(|_| overflow())?;
+    let reserved = len
+        .checked_next_multiple_of(VMM_GRANULE)
+        .ok_or_else(overflow)?;
     let acl = rt.acl();
     let phys = acl.import_fabric(&b.handle)?;
     let mut imp = Imported {
         rt: rt.clone(),
         phys,
         va: 0,
-        reserved: len.div_ceil(VMM_GRANULE) * VMM_GRANULE,
+        reserved,
         mapped: false,
         peer_base: b.base,
         len,

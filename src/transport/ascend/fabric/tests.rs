@@ -127,3 +127,59 @@ fn loopback_overlap_matches_brute_force() {
     }
     assert!(refused > 100 && refused < 3900, "{refused}");
 }
+
+/// A peer's block whose length rounds up past the address space (`u64::MAX`, with a genuine
+/// handle the peer exported) is refused as `AddressOverflow` before anything is imported: no
+/// overflow (a panic in a debug build, a reservation of 0 bytes in a release one), and no
+/// imported handle left behind.
+#[test]
+fn a_block_longer_than_the_address_space_is_refused_before_its_import() {
+    use super::link::FabricLink;
+    use crate::wire::{FabricBlock, TableEntry};
+    let f = Fixture::on_device("fabric-overflow");
+    let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
+    let rt = Arc::new(FabricRt {
+        device: Arc::new(device),
+        streams: 1,
+    });
+    let acl = rt.acl();
+    let g = VMM_GRANULE;
+    let va = acl.reserve(g).unwrap();
+    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
+    // SAFETY: a granule of our own reservation, unmapped; a live handle.
+    unsafe { acl.map(va, g, h) }.unwrap();
+    let reg = (rt.export_range(va, g, crate::types::MemType::Device)).expect("one block");
+    let block = FabricBlock {
+        region: 1,
+        base: 0,
+        len: u64::MAX,
+        handle: reg.blocks[0].handle,
+    };
+    let table = [TableEntry {
+        id: 1,
+        addr: 0,
+        len: u64::MAX,
+        mem_type: crate::types::MemType::Device,
+        access: crate::Access::ReadWrite,
+        fd: -1,
+    }];
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let e = FabricLink::import(&rt, "peer", &[block], &table, &live)
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(e, crate::error::Error::AddressOverflow { .. }),
+        "{e:?}"
+    );
+    let imports = (f.log_lines().iter())
+        .filter(|l| l.contains("aclrtMemImportFromShareableHandle"))
+        .count();
+    assert_eq!(imports, 0, "imported before the length was checked");
+    drop(reg);
+    // SAFETY: teardown of what this test made, once each.
+    unsafe {
+        acl.unmap(va).unwrap();
+        acl.free_physical(h).unwrap();
+        acl.release(va).unwrap();
+    }
+}
