@@ -119,10 +119,6 @@ const _: () = {
     assert!(size_of::<DdLayers>() == 20);
 };
 
-/// The next handle value (distinct from null and from the engines' handles' start).
-static NEXT_HANDLE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0x7d00_0000);
-
 type Registry = Mutex<HashMap<usize, Arc<DataDist>>>;
 
 fn registry() -> &'static Registry {
@@ -212,7 +208,7 @@ pub unsafe extern "C" fn hixl_dd_create(
             return Err(invalid("out is null"));
         }
         let role = self::role(role)?;
-        let key = NEXT_HANDLE.fetch_add(16, std::sync::atomic::Ordering::Relaxed);
+        let key = super::NEXT_HANDLE.fetch_add(16, std::sync::atomic::Ordering::Relaxed);
         registry()
             .lock()
             .unwrap_or_else(|e| e.into_inner())

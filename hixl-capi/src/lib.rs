@@ -54,7 +54,9 @@ pub struct HixlEngine {
     _private: [u8; 0],
 }
 
-/// The next handle value (distinct from null, and spaced like pointers for debuggers' sake).
+/// The next handle value of every kind (engines, HIXL-CS clients and servers, LLM-DataDist
+/// instances: one counter, so a handle of one kind is never a live handle of another; distinct
+/// from null, and spaced like pointers for debuggers' sake).
 static NEXT_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
 
 /// A list of results (`hixl_list *`): notifications or async connect statuses.
