@@ -13,6 +13,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -68,14 +69,17 @@ const char *mem_name(nixl_mem_t m) {
   return "an unknown memory type";
 }
 
-/* "hixl/1 <hex> <hex>" */
+/* "hixl/1 <hex> <hex>", exactly (a remote agent's words: no sign, "0x", space or value past
+ * 64 bits, which sscanf's %llx took or left undefined) */
 bool parse_region(const std::string &s, uintptr_t &addr, size_t &len) {
   const std::string tag = std::string(kTag) + " ";
   if (s.compare(0, tag.size(), tag) != 0) return false;
-  unsigned long long a = 0, l = 0;
-  int used = 0;
-  if (std::sscanf(s.c_str() + tag.size(), "%llx %llx%n", &a, &l, &used) != 2) return false;
-  if (tag.size() + static_cast<size_t>(used) != s.size()) return false;
+  const char *p = s.data() + tag.size(), *end = s.data() + s.size();
+  uint64_t a = 0, l = 0;
+  auto r = std::from_chars(p, end, a, 16);
+  if (r.ec != std::errc() || r.ptr == end || *r.ptr != ' ') return false;
+  r = std::from_chars(r.ptr + 1, end, l, 16);
+  if (r.ec != std::errc() || r.ptr != end) return false;
   addr = static_cast<uintptr_t>(a);
   len = static_cast<size_t>(l);
   return true;
@@ -234,8 +238,13 @@ nixl_status_t nixlHixlEngine::deregisterMem(nixlBackendMD *meta) {
     /* still registered with hixl (its peers may still reach it): kept on record, so that a
      * registration inside it shares it and its deregistration tries again, and engine
      * destruction ends it */
-    std::lock_guard g(reg_m_);
-    regions_.emplace(start, Region{len, h, 0, false});
+    {
+      std::lock_guard g(reg_m_);
+      regions_.emplace(start, Region{len, h, 0, false});
+    }
+    /* NIXL 1.5.1 ignores the result and tells its caller the memory is free: say it here */
+    log_error("deregisterMem: the memory stays registered and reachable by peers; do not free "
+              "it (tried again when a registration inside it ends, and at the engine's end)");
     return failure(st, "deregisterMem", localAgent);
   }
   return NIXL_SUCCESS;
@@ -246,8 +255,14 @@ nixl_status_t nixlHixlEngine::alloc(size_t size, void *&addr) {
   void *a = nullptr;
   hixl_status st = hixl_alloc_host_mem(hx_, size, &a, &h);
   if (st != HIXL_SUCCESS) return failure(st, "hixl_nixl_alloc", localAgent);
-  std::lock_guard g(reg_m_);
-  regions_.emplace(reinterpret_cast<uintptr_t>(a), Region{size, h, 0, true});
+  try {
+    std::lock_guard g(reg_m_);
+    regions_.emplace(reinterpret_cast<uintptr_t>(a), Region{size, h, 0, true});
+  } catch (...) {
+    /* no record (out of memory): not left allocated and reachable by peers unrecorded */
+    hixl_deregister_mem(hx_, h);
+    throw;
+  }
   addr = a;
   return NIXL_SUCCESS;
 }
@@ -344,8 +359,10 @@ nixl_status_t nixlHixlEngine::loadRemoteMD(const nixlBlobDesc &input, const nixl
   }
   output = new RemoteMD(remote_agent, addr, len);
   std::lock_guard g(peers_m_);
-  /* a link made before this region was known has the peer's older table: renewed when idle */
-  if (linked_.count(remote_agent)) stale_.insert(remote_agent);
+  /* a link made before this region was known has the peer's older table: renewed when idle.
+   * Not only a link the plugin made: a notification to a known agent links too (hixl's
+   * AutoConnect), so any agent whose connection info is loaded may have one */
+  if (peers_.count(remote_agent)) stale_.insert(remote_agent);
   return NIXL_SUCCESS;
 }
 
@@ -606,10 +623,13 @@ nixl_status_t nixlHixlEngine::releaseReqH(nixlBackendReqH *handle) const {
 
 std::vector<Request::Part> split(const std::vector<hixl_transfer_op_desc> &descs, size_t lanes,
                                  uint64_t min_part) {
-  uint64_t total = 0;
+  /* in 128 bits: the lengths of a batch may add up past 2^64 (and total * (k + 1) would too),
+   * which made a part end before its bytes and k run past the last part */
+  using u128 = unsigned __int128;
+  u128 total = 0;
   for (const auto &d : descs) total += d.len;
-  size_t parts = static_cast<size_t>(std::max<uint64_t>(
-      1, std::min<uint64_t>(lanes, min_part ? total / min_part : lanes)));
+  size_t parts = static_cast<size_t>(
+      std::max<u128>(1, std::min<u128>(lanes, min_part ? total / min_part : u128{lanes})));
   std::vector<Request::Part> out(parts);
   if (parts == 1) {
     out[0].descs = descs;
@@ -617,16 +637,17 @@ std::vector<Request::Part> split(const std::vector<hixl_transfer_op_desc> &descs
   }
   /* part k ends at byte total * (k + 1) / parts of the batch */
   size_t k = 0;
-  uint64_t done = 0;
+  u128 done = 0;
   for (auto d : descs) {
     while (d.len > 0) {
-      const uint64_t end = k + 1 == parts ? total : total * (k + 1) / parts;
-      const uint64_t room = end - done;
+      /* done < total here (d's bytes are left), so the last part always has room */
+      const u128 end = k + 1 == parts ? total : total * (k + 1) / parts;
+      const u128 room = end - done;
       if (room == 0) {
         k++;
         continue;
       }
-      const size_t take = static_cast<size_t>(std::min<uint64_t>(room, d.len));
+      const size_t take = static_cast<size_t>(std::min<u128>(room, d.len));
       out[k].descs.push_back(hixl_transfer_op_desc{d.local_addr, d.remote_addr, take});
       d.local_addr += take;
       d.remote_addr += take;

@@ -99,12 +99,10 @@ std::vector<Part> encode_blob(const std::string &agent, uint64_t id, const std::
   return parts;
 }
 
-void Reassembly::forget(const Key &k) {
-  auto it = blobs_.find(k);
-  if (it == blobs_.end()) return;
-  bytes_ -= it->second.data.size();
+void Reassembly::erase(std::map<Key, Blob>::iterator it) {
+  bytes_ -= charge(it->first, it->second);
+  order_.erase(it->second.age);
   blobs_.erase(it);
-  order_.erase(std::remove(order_.begin(), order_.end(), k), order_.end());
 }
 
 bool Reassembly::add(const std::string &name, const std::string &msg,
@@ -127,33 +125,40 @@ bool Reassembly::add(const std::string &name, const std::string &msg,
   }
   Key key{agent, *id};
   auto it = blobs_.find(key);
+  if (it != blobs_.end() && *part == 0) {
+    /* a new blob under an id in progress: its sender restarted (or broke off mid-blob and
+     * numbered on); the older blob is lost, this one starts */
+    dropped_++;
+    erase(it);
+    it = blobs_.end();
+  }
   if (it == blobs_.end()) {
     if (*part != 0) return false; /* its start was dropped */
-    it = blobs_.emplace(key, Blob{*parts, 0, std::string()}).first;
-    order_.push_back(key);
+    it = blobs_.emplace(key, Blob{*parts, 0, std::string(), {}}).first;
+    it->second.age = order_.insert(order_.end(), key);
+    bytes_ += charge(it->first, it->second);
   }
   Blob &b = it->second;
   if (b.parts != *parts || b.next != *part) {
     /* out of order on one link cannot happen: a sender that broke off mid-blob and reused
      * its id; the blob is lost */
     dropped_++;
-    forget(key);
+    erase(it);
     return false;
   }
   b.data += *bytes;
   bytes_ += bytes->size();
   b.next++;
   if (b.next == b.parts) {
+    bytes_ -= charge(it->first, b);
+    order_.erase(b.age);
     done.emplace_back(std::move(agent), std::move(b.data));
-    bytes_ -= done.back().second.size();
     blobs_.erase(it);
-    order_.erase(std::remove(order_.begin(), order_.end(), key), order_.end());
     return true;
   }
   while (bytes_ > max_bytes_ && !order_.empty()) {
-    Key oldest = order_.front();
     dropped_++;
-    forget(oldest);
+    erase(blobs_.find(order_.front()));
   }
   return true;
 }

@@ -15,7 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <map>
 #include <optional>
 #include <string>
@@ -44,8 +44,14 @@ struct Part {
  * long for a notify name. */
 std::vector<Part> encode_blob(const std::string &agent, uint64_t id, const std::string &blob);
 
-/* Puts blobs together from the parts received. Holds at most `max_bytes` of incomplete blobs:
- * past that the oldest incomplete one is dropped (and counted). */
+/* What an incomplete blob is charged beyond its bytes (its record, its sender's name is added):
+ * so a sender of empty parts cannot make the records grow past the bound either. */
+constexpr size_t kBlobOverhead = 256;
+
+/* Puts blobs together from the parts received. Holds at most `max_bytes` of incomplete blobs,
+ * each charged its bytes, its sender's name and kBlobOverhead: past that the oldest incomplete
+ * one is dropped (and counted). A part 0 for a (sender, id) already in progress starts the blob
+ * again (a sender that restarted numbers its blobs from 1 again; the older blob is dropped). */
 class Reassembly {
  public:
   explicit Reassembly(size_t max_bytes) : max_bytes_(max_bytes) {}
@@ -56,22 +62,29 @@ class Reassembly {
            std::vector<std::pair<std::string, std::string>> &done);
 
   size_t dropped() const { return dropped_; }
+  /* what the incomplete blobs are charged (their bytes, names and records) */
   size_t pending_bytes() const { return bytes_; }
+  size_t pending_blobs() const { return blobs_.size(); }
 
  private:
+  using Key = std::pair<std::string, uint64_t>;
   struct Blob {
     uint64_t parts;
     uint64_t next = 0;
     std::string data;
+    std::list<Key>::iterator age; /* its place in order_ */
   };
-  using Key = std::pair<std::string, uint64_t>;
   std::map<Key, Blob> blobs_;
-  std::deque<Key> order_; /* incomplete blobs, oldest first */
+  std::list<Key> order_; /* incomplete blobs, oldest first */
   size_t max_bytes_;
   size_t bytes_ = 0;
   size_t dropped_ = 0;
 
-  void forget(const Key &k);
+  static size_t charge(const Key &k, const Blob &b) {
+    return kBlobOverhead + k.first.size() + b.data.size();
+  }
+  /* removes the blob at `it` (its charge, its place in order_) */
+  void erase(std::map<Key, Blob>::iterator it);
 };
 
 }  // namespace hixl_nixl

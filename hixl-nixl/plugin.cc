@@ -67,13 +67,18 @@ extern "C" void nixl_plugin_fini() {}
 extern "C" __attribute__((visibility("default"))) int hixl_nixl_alloc(const char *agent,
                                                                       size_t size, void **addr) {
   if (!agent || !addr || size == 0) return NIXL_ERR_INVALID_PARAM;
-  std::lock_guard g(engines_m);
-  auto it = engines.find(agent);
-  if (it == engines.end()) return NIXL_ERR_NOT_FOUND;
-  void *a = nullptr;
-  nixl_status_t st = it->second->alloc(size, a);
-  if (st == NIXL_SUCCESS) *addr = a;
-  return st;
+  /* no C++ exception (bad_alloc, a mutex's system_error) crosses into the C caller (ctypes) */
+  try {
+    std::lock_guard g(engines_m);
+    auto it = engines.find(agent);
+    if (it == engines.end()) return NIXL_ERR_NOT_FOUND;
+    void *a = nullptr;
+    nixl_status_t st = it->second->alloc(size, a);
+    if (st == NIXL_SUCCESS) *addr = a;
+    return st;
+  } catch (...) {
+    return NIXL_ERR_BACKEND;
+  }
 }
 
 /* Ends an allocation of hixl_nixl_alloc once NIXL no longer has it registered
@@ -82,8 +87,12 @@ extern "C" __attribute__((visibility("default"))) int hixl_nixl_alloc(const char
 extern "C" __attribute__((visibility("default"))) int hixl_nixl_free(const char *agent,
                                                                      void *addr) {
   if (!agent || !addr) return NIXL_ERR_INVALID_PARAM;
-  std::lock_guard g(engines_m);
-  auto it = engines.find(agent);
-  if (it == engines.end()) return NIXL_ERR_NOT_FOUND;
-  return it->second->free(addr);
+  try {
+    std::lock_guard g(engines_m);
+    auto it = engines.find(agent);
+    if (it == engines.end()) return NIXL_ERR_NOT_FOUND;
+    return it->second->free(addr);
+  } catch (...) {
+    return NIXL_ERR_BACKEND;
+  }
 }

@@ -64,3 +64,46 @@ fn the_plugin_as_nixls_agent_drives_it() {
     );
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// Parts of the plugin alone, `hixl-nixl/tests/units.cc`: the reassembly of NIXL notifications
+/// (`notif.cc`: its bound holds for a sender of empty parts, a restarted sender's blob arrives)
+/// and the cutting of a batch into parts (`engine.cc`'s `split`: lengths adding up past 2^64).
+#[test]
+fn the_plugins_parts_alone() {
+    let Some(cxx) = common::compiler("c++") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scratch = common::scratch("nixl-units");
+    let test = scratch.join("units");
+    let plugin_dir = format!("-I{}", root.join("hixl-nixl").display());
+    common::build(
+        &cxx,
+        &[
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            &plugin_dir,
+        ],
+        "hixl",
+        &[
+            root.join("hixl-nixl/tests/units.cc"),
+            root.join("hixl-nixl/notif.cc"),
+            root.join("hixl-nixl/engine.cc"),
+            root.join("hixl-nixl/settings.cc"),
+        ],
+        &test,
+    );
+    let run = Command::new(&test).output().expect("run the units test");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && stdout.trim() == "ok",
+        "units failed ({:?}):\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+}

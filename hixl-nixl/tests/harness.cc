@@ -161,6 +161,11 @@ int main(int argc, char **argv) {
   nixlBackendMD *rma = nullptr;
   EXPECT(b->loadRemoteMD(blob(ma.data(), len, pa), DRAM_SEG, "A", rma), NIXL_SUCCESS);
   EXPECT(b->loadRemoteMD(blob(ma.data(), len, "junk"), DRAM_SEG, "A", x), NIXL_ERR_MISMATCH);
+  /* public data exactly as the backend writes it: no sign, 0x, extra space or 65-bit value */
+  for (std::string bad : {"hixl/1 -1 1", "hixl/1 0x10 1", "hixl/1  10 1", "hixl/1 10 1 ",
+                          "hixl/1 10000000000000000 1", "hixl/1 10"}) {
+    EXPECT(b->loadRemoteMD(blob(ma.data(), len, bad), DRAM_SEG, "A", x), NIXL_ERR_MISMATCH);
+  }
   EXPECT(b->loadRemoteMD(blob(ma.data(), len + 1, pa), DRAM_SEG, "A", x), NIXL_ERR_INVALID_PARAM);
   EXPECT(b->loadRemoteMD(blob(ma.data(), len, pa), VRAM_SEG, "A", x), NIXL_ERR_NOT_SUPPORTED);
 
@@ -315,6 +320,40 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < grown.size(); i++) {
     EXPECT(b->unloadMD(grown_rm[i]), NIXL_SUCCESS);
     EXPECT(a->deregisterMem(grown_md[i]), NIXL_SUCCESS);
+  }
+
+  /* a link a notification made (hixl's AutoConnect, before any prepXfer) has the peer's table
+   * of then: a region the peer registers later renews it at the next prepXfer (it was
+   * INVALID_PARAM on every post: only links the plugin made itself were marked stale) */
+  {
+    nixlBackendEngine *c = engine("C", {{"ip", "127.0.0.1"}});
+    CHECK(!c->getInitErr());
+    EXPECT(c->loadRemoteConnInfo("A", ca), NIXL_SUCCESS);
+    EXPECT(c->genNotif("A", "hello"), NIXL_SUCCESS);
+    got = take(a, 1);
+    CHECK(got.size() == 1 && got[0].first == "C" && got[0].second == "hello");
+    auto later = random_bytes(65536, 8);
+    auto mine = random_bytes(65536, 9);
+    nixlBackendMD *lmd = nullptr, *lrm = nullptr, *cmd = nullptr;
+    std::string pub;
+    EXPECT(a->registerMem(blob(later.data(), 65536), DRAM_SEG, lmd), NIXL_SUCCESS);
+    EXPECT(a->getPublicData(lmd, pub), NIXL_SUCCESS);
+    EXPECT(c->registerMem(blob(mine.data(), 65536), DRAM_SEG, cmd), NIXL_SUCCESS);
+    EXPECT(c->loadRemoteMD(blob(later.data(), 65536, pub), DRAM_SEG, "A", lrm), NIXL_SUCCESS);
+    nixl_meta_dlist_t ll(DRAM_SEG), lr(DRAM_SEG);
+    ll.add(meta(u(mine), 65536, cmd));
+    lr.add(meta(u(later), 65536, lrm));
+    nixlBackendReqH *lh = nullptr;
+    EXPECT(c->prepXfer(NIXL_READ, ll, lr, "A", lh, nullptr), NIXL_SUCCESS);
+    EXPECT(c->postXfer(NIXL_READ, ll, lr, "A", lh, nullptr), NIXL_IN_PROG);
+    EXPECT(finish(c, lh), NIXL_SUCCESS);
+    CHECK(mine == later);
+    EXPECT(c->releaseReqH(lh), NIXL_SUCCESS);
+    EXPECT(c->disconnect("A"), NIXL_SUCCESS);
+    EXPECT(c->unloadMD(lrm), NIXL_SUCCESS);
+    EXPECT(c->deregisterMem(cmd), NIXL_SUCCESS);
+    EXPECT(a->deregisterMem(lmd), NIXL_SUCCESS);
+    plugin->destroy_engine(c);
   }
 
   /* teardown, in NIXL's order */
