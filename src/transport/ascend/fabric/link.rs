@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::rt::FabricRt;
@@ -161,7 +161,27 @@ pub(crate) struct FabricLink {
     pub(super) loopback: bool,
     /// The link's control connection (a copy), watched for the server's end.
     pub(super) watch: Option<std::net::TcpStream>,
+    /// A failed batch's streams could not be aborted: the device may still run its copies into
+    /// the imported mappings, so the link is poisoned and, when it goes, its imports and
+    /// streams are leaked rather than unmapped and destroyed under them (as the HCCL path).
+    stuck: AtomicBool,
     _live: LiveLink,
+}
+
+impl Drop for FabricLink {
+    fn drop(&mut self) {
+        if self.stuck.load(Ordering::Acquire) {
+            let blocks: usize = self.blocks.values().map(Vec::len).sum();
+            tracing::error!(
+                peer = %self.peer,
+                "a device stream of this link could not be aborted; leaking its {blocks} imported \
+                 blocks and {} streams",
+                self.streams.len()
+            );
+            std::mem::forget(std::mem::take(&mut self.blocks));
+            std::mem::forget(std::mem::take(&mut self.streams));
+        }
+    }
 }
 
 impl FabricLink {
@@ -199,6 +219,7 @@ impl FabricLink {
             streams,
             loopback: false,
             watch: None,
+            stuck: AtomicBool::new(false),
             _live: LiveLink::new(live),
         })
     }
@@ -229,10 +250,13 @@ impl FabricLink {
         loopback_overlap(op, descs, &self.table)
     }
 
+    /// Aborts every stream after a failed batch; one that cannot be aborted makes the link
+    /// [`stuck`](Self::stuck).
     fn abort_all(&self) {
         for s in &self.streams {
             if let Err(e) = self.rt.acl().abort(s) {
                 tracing::error!(peer = %self.peer, "aclrtStreamAbort failed after a failed fabric transfer: {e}");
+                self.stuck.store(true, Ordering::Release);
             }
         }
     }
@@ -317,8 +341,16 @@ impl AscendLink for FabricLink {
             return Err(gone("before this transfer started"));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.transfer(batch.op, &batch.descs.expand(), batch.deadline) }
-            .map_err(PathFail::Failed)?;
+        unsafe { self.transfer(batch.op, &batch.descs.expand(), batch.deadline) }.map_err(
+            |error| {
+                if self.stuck.load(Ordering::Acquire) {
+                    let why = "a device stream could not be aborted after a failed batch".into();
+                    PathFail::Poisoned { why, error }
+                } else {
+                    PathFail::Failed(error)
+                }
+            },
+        )?;
         if self.peer_gone() {
             return Err(gone(
                 "while this transfer ran; its bytes may not be in its memory",

@@ -183,3 +183,86 @@ fn a_block_longer_than_the_address_space_is_refused_before_its_import() {
         acl.release(va).unwrap();
     }
 }
+
+/// A failed batch whose streams cannot be aborted (a sync timeout, then `aclrtStreamAbort`
+/// failing: the device may still run the copies) poisons the link, and the link, when it goes,
+/// leaks its imported mapping and its streams instead of unmapping them under those copies
+/// (as the HCCL path leaks its communicator). Before, the failure was only logged: the link
+/// stayed usable and its drop unmapped the import.
+#[test]
+fn an_unabortable_fabric_link_keeps_its_imports() {
+    use super::link::FabricLink;
+    use crate::transport::ascend::path::AscendLink;
+    use crate::transport::{Batch, Mode, PathFail};
+    use crate::types::{BatchDesc, TransferOp};
+    use crate::wire::TableEntry;
+    let f = Fixture::on_device("fabric-stuck");
+    let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
+    let rt = Arc::new(FabricRt {
+        device: Arc::new(device),
+        streams: 1,
+    });
+    let acl = rt.acl();
+    let g = VMM_GRANULE;
+    let va = acl.reserve(g).unwrap();
+    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
+    // SAFETY: a granule of our own reservation, unmapped; a live handle.
+    unsafe { acl.map(va, g, h) }.unwrap();
+    let reg = (rt.export_range(va, g, crate::types::MemType::Device)).expect("one block");
+    let block = crate::wire::FabricBlock {
+        region: 1,
+        base: reg.blocks[0].base as u64,
+        len: reg.blocks[0].len as u64,
+        handle: reg.blocks[0].handle,
+    };
+    let table = [TableEntry {
+        id: 1,
+        addr: va as u64,
+        len: g as u64,
+        mem_type: crate::types::MemType::Device,
+        access: crate::Access::ReadWrite,
+        fd: -1,
+    }];
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let link = FabricLink::import(&rt, "peer", &[block], &table, &live).expect("imported");
+    let mut local = vec![0u8; 4096];
+    let descs = [BatchDesc::of(local.as_mut_ptr() as usize, 1, 0, 4096)];
+    let started = std::time::Instant::now();
+    let batch = Batch {
+        peer: "peer",
+        op: TransferOp::Read,
+        descs: (&descs[..]).into(),
+        bytes: 4096,
+        started,
+        deadline: started + std::time::Duration::from_millis(50),
+        mode: Mode::Sync,
+    };
+    f.fail("sync_timeout,aclrtStreamAbort");
+    // SAFETY: `local` is this test's memory, alive for the call and after it (the copy the
+    // device may still run is the double's, and it ran already); the remote range is inside
+    // the imported block.
+    match unsafe { link.run(&batch) } {
+        Err(PathFail::Poisoned { error, .. }) => {
+            assert_eq!(error.status(), crate::error::Status::TIMEOUT, "{error:?}")
+        }
+        Err(other) => panic!("expected a poisoned link, got {other:?}"),
+        Ok(()) => panic!("the batch succeeded under a sync timeout"),
+    }
+    f.fail("");
+    let unmaps = |f: &Fixture| {
+        (f.log_lines().iter())
+            .filter(|l| l.starts_with("aclrtUnmapMem "))
+            .count()
+    };
+    let before = unmaps(&f);
+    drop(link);
+    assert_eq!(unmaps(&f), before, "the stuck link unmapped its import");
+    drop(reg);
+    drop(local);
+    // SAFETY: teardown of what this test made (the leaked import keeps its own references).
+    unsafe {
+        acl.unmap(va).unwrap();
+        let _ = acl.free_physical(h);
+        acl.release(va).unwrap();
+    }
+}
