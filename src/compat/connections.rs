@@ -209,7 +209,26 @@ impl Hixl {
         run: impl FnOnce(&LinkHandle, C) -> Result<T>,
         link_failed: impl FnOnce(&Error) -> bool,
     ) -> Result<T> {
+        self.on_link_by(remote, None, check, run, link_failed)
+    }
+
+    /// As [`Hixl::on_link_failing`], for a call that must end by `deadline` (its own timeout):
+    /// a link AutoConnect makes for it is given no longer than what is left of the call (at
+    /// most the engine's connect timeout), so the call does not wait past its timeout for the
+    /// connect (HIXL's `TransferSync` connects within the call's timeout too). `run` gets
+    /// what is left after that ([`time_left`]).
+    pub(super) fn on_link_by<C, T>(
+        &self,
+        remote: &str,
+        deadline: Option<std::time::Instant>,
+        check: impl FnOnce(&Engine, &LinkHandle) -> Result<C>,
+        run: impl FnOnce(&LinkHandle, C) -> Result<T>,
+        link_failed: impl FnOnce(&Error) -> bool,
+    ) -> Result<T> {
         let (e, key, (auto, timeout), in_flight) = self.outside(remote)?;
+        let timeout = deadline.map_or(timeout, |d| {
+            timeout.min(d.saturating_duration_since(std::time::Instant::now()))
+        });
         let link = (self.peers.link_for(&e, auto, timeout, remote, &key))
             .map_err(|err| self.unless_finalized(&e, err.into()))?;
         let r = {
@@ -226,5 +245,27 @@ impl Hixl {
             self.peers.after_failure(auto, &key, &link, err.status);
         }
         r
+    }
+}
+
+/// What is left of a call that must end by `deadline`, for its transfer or notification once
+/// its link is there (the connect took the rest).
+///
+/// # Errors
+/// `TIMEOUT` once nothing is left.
+pub(super) fn time_left(
+    deadline: std::time::Instant,
+    op: &'static str,
+    peer: &str,
+) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    match deadline.checked_duration_since(started) {
+        Some(left) if !left.is_zero() => Ok(left),
+        _ => Err(crate::Error::Timeout {
+            op,
+            peer: peer.to_owned(),
+            elapsed: Duration::ZERO,
+        }
+        .into()),
     }
 }

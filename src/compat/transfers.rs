@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::connections::time_left;
 use super::{
     ASYNC_DEADLINE, BlockDesc, Error, GetTransferStatusArgs, Hixl, NotifyDesc, Pending,
     RemoteRegionDesc, Result, TransferArgs, TransferOpDesc, TransferReq, TransferResult,
@@ -37,15 +38,20 @@ impl Hixl {
         op_descs: &[TransferOpDesc],
         timeout_in_millis: i32,
     ) -> Result<()> {
-        let timeout = millis(timeout_in_millis)?;
-        self.on_link_then(
+        let deadline = Instant::now() + millis(timeout_in_millis)?;
+        self.on_link_by(
             remote_engine,
+            Some(deadline),
             |e, link| {
                 let mut keep = Vec::new();
                 let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
                 Ok((keep, xds, bytes))
             },
-            |link, (_in_use, xds, bytes)| Ok(link.run(op, &xds, bytes, timeout)?),
+            |link, (_in_use, xds, bytes)| {
+                let left = time_left(deadline, op.name(), remote_engine)?;
+                Ok(link.run(op, &xds, bytes, left)?)
+            },
+            |_| true,
         )
     }
 
@@ -129,9 +135,10 @@ impl Hixl {
         remote_idx: crate::BlockIndices<'_>,
         timeout_in_millis: i32,
     ) -> Result<()> {
-        let timeout = millis(timeout_in_millis)?;
-        self.on_link_then(
+        let deadline = Instant::now() + millis(timeout_in_millis)?;
+        self.on_link_by(
             remote_engine,
+            Some(deadline),
             |e, link| placed(e, link, op, desc, local_idx, remote_idx),
             |link, (_in_use, layouts)| {
                 let b = BlockBatch {
@@ -139,8 +146,10 @@ impl Hixl {
                     local_idx,
                     remote_idx,
                 };
-                Ok(link.run(op, b, b.bytes(), timeout)?)
+                let left = time_left(deadline, op.name(), remote_engine)?;
+                Ok(link.run(op, b, b.bytes(), left)?)
             },
+            |_| true,
         )
     }
 
@@ -314,7 +323,7 @@ impl Hixl {
         notify: &NotifyDesc,
         timeout_in_millis: i32,
     ) -> Result<()> {
-        let timeout = millis(timeout_in_millis)?;
+        let deadline = Instant::now() + millis(timeout_in_millis)?;
         // sent without the core's lock: the acknowledgement may be slow to come; its time
         // going by while this engine's earlier transfers run is no failure of the link (with
         // AutoConnect, dropping it would end those transfers)
@@ -323,10 +332,12 @@ impl Hixl {
                 |s| matches!(s, crate::Error::Timeout { op, .. } if *op == NOTIFY_WAIT),
             )
         };
-        self.on_link_failing(
+        self.on_link_by(
             remote_engine,
+            Some(deadline),
             |_, _| Ok(()),
             |link, ()| {
+                let timeout = time_left(deadline, "notify", remote_engine)?;
                 send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
                     let mut e = Error::from(e);
                     if e.status == Status::FAILED {

@@ -214,7 +214,10 @@ impl Peers {
     /// closed when dropped); the remote is no longer one that went away.
     fn hold(&self, key: &str, link: Arc<LinkHandle>) {
         lock(&self.gone).remove(key);
-        lock(&self.links).insert(key.to_owned(), link);
+        let superseded = lock(&self.links).insert(key.to_owned(), link);
+        // closed outside the lock: closing waits for the link's requests (and for sync batches
+        // of other threads on it), and every lookup of every peer takes this lock
+        drop(superseded);
     }
 
     /// Drops every held link, remembering their remotes as gone (their disconnect succeeds);

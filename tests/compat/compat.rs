@@ -1188,3 +1188,59 @@ fn disconnect_async_of_an_unknown_remote_succeeds() {
     assert!(e.get_all_async_connect_status().unwrap().is_empty());
     e.finalize();
 }
+
+/// With AutoConnect, a call that makes its link connects within what is left of its own
+/// timeout, not the engine's `hixl.ConnectTimeoutMs`: to a listener that accepts and never
+/// greets, `TransferSync`, the block form and `SendNotify` with 300 ms each end `TIMEOUT`
+/// within about their timeout, while the engine's connect timeout is 10 s (HIXL's
+/// `TransferSync` connects within the call's timeout too). Before, each waited out the
+/// engine's connect timeout.
+#[test]
+fn an_auto_connect_keeps_the_calls_own_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = silent.local_addr().unwrap().to_string();
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(
+        &[("AutoConnect", "1"), ("hixl.ConnectTimeoutMs", "10000")],
+        &mut mem,
+    );
+    let d = desc(&mem, 0, 0x1000, 0, 64);
+    let block = compat::BlockDesc {
+        local_addr: mem.as_ptr() as usize,
+        remote_addr: 0x1000,
+        block_size: 64,
+        local_stride: 0,
+        remote_stride: 0,
+    };
+    let note = NotifyDesc {
+        name: "n".into(),
+        notify_msg: "m".into(),
+    };
+    let bounded = |what: &str, f: &dyn Fn() -> Status| {
+        let t = Instant::now();
+        let s = f();
+        let took = t.elapsed();
+        assert_eq!(s, Status::TIMEOUT, "{what}");
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+            "{what} took {took:?} with a timeout of 300 ms"
+        );
+    };
+    bounded("transfer_sync", &|| {
+        status(e.transfer_sync(&name, TransferOp::Read, &[d], 300))
+    });
+    bounded("transfer_blocks_sync", &|| {
+        let idx = [0u64];
+        status(e.transfer_blocks_sync(
+            &name,
+            TransferOp::Read,
+            &block,
+            hixl::BlockIndices::U64(&idx),
+            hixl::BlockIndices::U64(&idx),
+            300,
+        ))
+    });
+    bounded("send_notify", &|| status(e.send_notify(&name, &note, 300)));
+    drop(silent);
+    e.finalize();
+}
