@@ -160,7 +160,7 @@ fn a_block_longer_than_the_address_space_is_refused_before_its_import() {
         addr: 0,
         len: u64::MAX,
         mem_type: crate::types::MemType::Device,
-        access: crate::Access::ReadWrite,
+        access: crate::types::Access::ReadWrite,
         fd: -1,
     }];
     let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -220,7 +220,7 @@ fn an_unabortable_fabric_link_keeps_its_imports() {
         addr: va as u64,
         len: g as u64,
         mem_type: crate::types::MemType::Device,
-        access: crate::Access::ReadWrite,
+        access: crate::types::Access::ReadWrite,
         fd: -1,
     }];
     let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
