@@ -148,7 +148,9 @@ hixl_status hixl_register_mem_ex(hixl_engine *engine, const hixl_mem_desc *mem, 
  * allocated: HIXL_RESOURCE_EXHAUSTED. */
 hixl_status hixl_alloc_host_mem(hixl_engine *engine, size_t size, void **addr,
                                 hixl_mem_handle *handle);
-/* Deregisters caller-managed memory, or frees a hixl_alloc_host_mem buffer. */
+/* Deregisters caller-managed memory, or frees a hixl_alloc_host_mem buffer. As HIXL's
+ * DeregisterMem: a null handle is HIXL_PARAM_INVALID; an unknown or already-deregistered one
+ * is HIXL_SUCCESS with no effect. */
 hixl_status hixl_deregister_mem(hixl_engine *engine, hixl_mem_handle handle);
 
 /* Links, by remote engine name. Timeouts in milliseconds (> 0; HIXL's default is 1000). */
@@ -173,7 +175,8 @@ hixl_status hixl_transfer_async(hixl_engine *engine, const char *remote_engine, 
                                 const hixl_transfer_op_desc *descs, size_t count,
                                 const hixl_transfer_args *args, hixl_transfer_req *req);
 /* *status: HIXL_TRANSFER_*. A terminal status is reported once (the request is released);
- * an unknown request gives HIXL_FAILED with *status = HIXL_TRANSFER_FAILED. */
+ * as HIXL's GetTransferStatus, an unknown request (never issued, or already reported) gives
+ * HIXL_PARAM_INVALID and a null one HIXL_FAILED, each with *status = HIXL_TRANSFER_FAILED. */
 hixl_status hixl_get_transfer_status(hixl_engine *engine, hixl_transfer_req req, int32_t *status);
 /* Up to min(args->max_query_count, capacity) results, oldest first; args may be NULL. */
 hixl_status hixl_get_transfer_statuses(hixl_engine *engine,
@@ -189,7 +192,8 @@ hixl_status hixl_pending_transfers(hixl_engine *engine, size_t *count);
  * buffers (a terminal status always means that).
  * hixl_cancel_transfer: asks the engine to stop a request; it ends HIXL_TRANSFER_FAILED (or
  * COMPLETED if its data had moved) once what was running returned, and stays known until its
- * terminal status is reported. Unknown or already reported: HIXL_FAILED.
+ * terminal status is reported. Unknown or already reported: HIXL_PARAM_INVALID (null:
+ * HIXL_FAILED).
  * hixl_wait_transfer: waits up to timeout_in_millis (>= 0; 0 does not wait) for a request to
  * end, then reports as hixl_get_transfer_status does (a terminal status once). */
 hixl_status hixl_transfer_async_within(hixl_engine *engine, const char *remote_engine,

@@ -77,7 +77,8 @@ class AlreadyConnectedError(HixlError):
 
 
 class NotifyFailedError(HixlError):
-    """``NOTIFY_FAILED``: the peer did not take the notification."""
+    """``NOTIFY_FAILED`` (103904): reserved by HIXL and never returned; kept so that every
+    status code maps to a class."""
 
 
 class UnsupportedError(HixlError):
@@ -603,7 +604,13 @@ class Engine:
         memory lives on while the buffer or a view of it does)."""
         if not isinstance(region, Region) or region.engine is not self:
             raise TypeError("deregister() takes a Region of this engine")
-        _check(self._handle().deregister_mem(region.handle))
+        h = self._handle()
+        with self._lock:
+            registered = region.handle in self._regions
+        if not registered:
+            # (CANN's deregister_mem takes an unknown handle as SUCCESS; a Region knows)
+            raise _error(_n.PARAM_INVALID, f"{region!r} is not registered (deregistered already)")
+        _check(h.deregister_mem(region.handle))
         with self._lock:
             self._regions.pop(region.handle, None)
         region._keep = None

@@ -935,7 +935,8 @@ impl Hixl {
     }
 
     /// `get_transfer_status(req) -> (int, TransferStatus)`: a terminal status is reported once;
-    /// an unknown request gives `(FAILED, TransferStatus.FAILED)`.
+    /// an unknown request gives `(PARAM_INVALID, TransferStatus.FAILED)`, request 0
+    /// `(FAILED, TransferStatus.FAILED)`, as CANN's.
     fn get_transfer_status(
         &self,
         py: Python<'_>,

@@ -119,7 +119,7 @@ def test_bad_input():
         ret, mem = h.alloc_host_mem(100)
         assert ret == hixl.SUCCESS and len(mem) == mem.nbytes == 100 and mem.handle != 0
         assert h.deregister_mem(mem.handle) == hixl.SUCCESS
-        assert h.deregister_mem(mem.handle) == hixl.PARAM_INVALID
+        assert h.deregister_mem(mem.handle) == hixl.SUCCESS  # already: no effect (CANN's)
     flat = hixl.Hixl()
     ret, mem = flat.alloc_host_mem(4096)
     assert (ret, mem) == (hixl.FAILED, None)

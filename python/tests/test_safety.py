@@ -68,9 +68,9 @@ def test_deregistered_buffer_is_refused(pair):
     assert c.disconnect(name) == hixl.SUCCESS
     # the client's buffer is deregistered (allowed: no link): its range is refused now
     assert c.deregister_mem(ch) == hixl.SUCCESS
-    assert c.deregister_mem(ch) == hixl.PARAM_INVALID
-    assert c.deregister_mem(0) == hixl.PARAM_INVALID
-    assert c.deregister_mem(2**64 - 1) == hixl.PARAM_INVALID
+    assert c.deregister_mem(ch) == hixl.SUCCESS  # already: no effect (CANN's)
+    assert c.deregister_mem(0) == hixl.PARAM_INVALID  # the null handle
+    assert c.deregister_mem(2**64 - 1) == hixl.SUCCESS  # unknown: no effect
     assert c.connect(name, 5000) == hixl.SUCCESS
     d = [hixl.TransferOpDesc(cli.ctypes.data, srv.ctypes.data, 16)]
     assert c.transfer_sync(name, hixl.WRITE, d) == hixl.PARAM_INVALID

@@ -89,7 +89,7 @@ def test_async_polling_and_get_all(peer_factory, client, tmp_path):
     )
     assert st == (hixl.SUCCESS, hixl.TransferStatus.COMPLETED)
     # a terminal status is reported once: the request is gone now
-    assert client.get_transfer_status(req) == (hixl.FAILED, hixl.TransferStatus.FAILED)
+    assert client.get_transfer_status(req) == (hixl.PARAM_INVALID, hixl.TransferStatus.FAILED)
     for lo, ro, ln in rows:
         model[ro : ro + ln] = local[lo : lo + ln]
     assert np.array_equal(peer.buffer(tmp_path), model)

@@ -44,10 +44,6 @@ impl Error {
     pub fn acl_start_code(&self) -> Option<u32> {
         self.source.as_deref()?.acl_start_code()
     }
-    /// The typed error it came from, if any.
-    pub(super) fn source_error(&self) -> Option<&crate::Error> {
-        self.source.as_deref()
-    }
 }
 
 impl fmt::Display for Error {

@@ -11,13 +11,13 @@
 //! |---|---|
 //! | any call before `initialize` or after `finalize`; `initialize` twice | `FAILED` |
 //! | deregistering, while a link exists, a region UCX serves one-sided | `UNSUPPORTED` |
-//! | deregistering an unknown handle | `PARAM_INVALID` |
+//! | deregistering handle 0 (an unknown or already-deregistered handle: `SUCCESS`, nothing done, as HIXL) | `PARAM_INVALID` |
 //! | deregistering memory a transfer still uses (an async request, or a sync one on another thread) | `RESOURCE_EXHAUSTED` (still registered) |
 //! | a local range not inside one region this engine registered | `PARAM_INVALID` |
 //! | a remote range not inside one region of the peer's table | `PARAM_INVALID` |
 //! | a transfer or notify to a remote that is not connected (without `AutoConnect`) | `NOT_CONNECTED` |
 //! | connecting twice | `ALREADY_CONNECTED` |
-//! | a status query for an unknown (or already reported) request | `FAILED` |
+//! | a status query for an unknown (or already reported) request; for request 0 | `PARAM_INVALID`; `FAILED` (HIXL's) |
 //! | a timeout of 0 or less | `PARAM_INVALID` |
 //!
 //! Nothing reachable through it can touch memory outside the registered ranges: every local

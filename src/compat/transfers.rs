@@ -15,7 +15,6 @@ use crate::runtime::address::{self, AddrDesc};
 use crate::runtime::check;
 use crate::runtime::handle::{Engine, ReqHandle};
 use crate::runtime::link::LinkShared;
-use crate::runtime::link::NOTIFY_WAIT;
 use crate::runtime::region::RegionUse;
 use crate::sync::lock;
 use crate::types::blocks::{BlockBatch, Placed};
@@ -185,8 +184,10 @@ impl Hixl {
     /// failed) is reported once: the request is forgotten then.
     ///
     /// # Errors
-    /// `FAILED` for an unknown request (never issued, or already reported).
+    /// `PARAM_INVALID` for an unknown request (never issued, or already reported), `FAILED`
+    /// for request 0 (as HIXL's `GetTransferStatus`).
     pub fn get_transfer_status(&self, req: TransferReq) -> Result<TransferStatus> {
+        self.initialized()?;
         let mut reqs = lock(&self.reqs);
         let Some(p) = reqs.get(&req) else {
             return Err(unknown_request(req));
@@ -251,7 +252,8 @@ impl Hixl {
     /// The request stays known until its terminal status is reported.
     ///
     /// # Errors
-    /// `FAILED` for an unknown request (never issued, or already reported).
+    /// `PARAM_INVALID` for an unknown request (never issued, or already reported), `FAILED`
+    /// for request 0 (as HIXL's `GetTransferStatus`).
     pub fn cancel_transfer(&self, req: TransferReq) -> Result<()> {
         match lock(&self.reqs).get(&req) {
             Some(p) => {
@@ -267,7 +269,8 @@ impl Hixl {
     /// once, then the request is forgotten).
     ///
     /// # Errors
-    /// `FAILED` for an unknown request (never issued, or already reported).
+    /// `PARAM_INVALID` for an unknown request (never issued, or already reported), `FAILED`
+    /// for request 0 (as HIXL's `GetTransferStatus`).
     pub fn wait_transfer(&self, req: TransferReq, timeout: Duration) -> Result<TransferStatus> {
         let Some(r) = lock(&self.reqs).get(&req).map(|p| p.req.clone()) else {
             return Err(unknown_request(req));
@@ -315,8 +318,10 @@ impl Hixl {
     ///
     /// # Errors
     /// `PARAM_INVALID` for a bad timeout or a name/message over 1024 bytes; `NOT_CONNECTED`
-    /// without a link (and no AutoConnect); `NOTIFY_FAILED` when the peer did not take it
-    /// (`TIMEOUT`, `RESOURCE_EXHAUSTED` and `NOT_CONNECTED` keep their codes).
+    /// without a link (and no AutoConnect); `TIMEOUT` when the peer did not acknowledge it in
+    /// time; the cause's own code otherwise (HIXL never returns `NOTIFY_FAILED`). A failed
+    /// notification drops an AutoConnect link only when the link broke (`NOT_CONNECTED`): as
+    /// HIXL's `SendNotify`, it does not end the link's transfers in flight.
     pub fn send_notify(
         &self,
         remote_engine: &str,
@@ -324,29 +329,24 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let deadline = Instant::now() + millis(timeout_in_millis)?;
-        // sent without the core's lock: the acknowledgement may be slow to come; its time
-        // going by while this engine's earlier transfers run is no failure of the link (with
-        // AutoConnect, dropping it would end those transfers)
-        let own_wait = |e: &Error| {
-            (e.source_error()).is_some_and(
-                |s| matches!(s, crate::Error::Timeout { op, .. } if *op == NOTIFY_WAIT),
-            )
-        };
+        // sent without the core's lock: the acknowledgement may be slow to come. Only a link
+        // that broke counts as the link's failure (with AutoConnect, dropping it would end the
+        // transfers in flight on it): not a slow acknowledgement, nor its time going by while
+        // this engine's earlier transfers run
         self.on_link_by(
             remote_engine,
             Some(deadline),
             |_, _| Ok(()),
             |link, ()| {
                 let timeout = time_left(deadline, "notify", remote_engine)?;
-                send_notify(link, &notify.name, &notify.notify_msg, timeout).map_err(|e| {
-                    let mut e = Error::from(e);
-                    if e.status == Status::FAILED {
-                        e.status = Status::NOTIFY_FAILED;
-                    }
-                    e
-                })
+                Ok(send_notify(
+                    link,
+                    &notify.name,
+                    &notify.notify_msg,
+                    timeout,
+                )?)
             },
-            |e| !own_wait(e),
+            |e| e.status == Status::NOT_CONNECTED,
         )
     }
 
@@ -388,9 +388,15 @@ fn next_request() -> TransferReq {
 }
 
 /// `FAILED` for a request id that is not known (never issued, or its end already reported).
+/// HIXL's answer for a request it does not know: `FAILED` for request 0 (a null `TransferReq`),
+/// `PARAM_INVALID` for any other (never issued, or its end already reported), as HIXL's
+/// `GetTransferStatus`.
 fn unknown_request(req: TransferReq) -> Error {
+    if req == 0 {
+        return Error::new(Status::FAILED, "request 0 (a null request)");
+    }
     Error::new(
-        Status::FAILED,
+        Status::PARAM_INVALID,
         format!("no transfer request {req:#x} (unknown, or its end was already reported)"),
     )
 }

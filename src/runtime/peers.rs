@@ -313,7 +313,7 @@ impl Peers {
     ) {
         let failed = matches!(
             status,
-            Status::NOT_CONNECTED | Status::TIMEOUT | Status::FAILED | Status::NOTIFY_FAILED
+            Status::NOT_CONNECTED | Status::TIMEOUT | Status::FAILED
         );
         if auto && (failed || link.is_broken()) {
             let removed = {

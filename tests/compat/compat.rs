@@ -71,8 +71,8 @@ fn write_then_read_at_odd_offsets_across_processes() {
     assert_eq!(wait(&e, req), TransferStatus::Completed);
     assert_eq!(peer.sum(50_001, 3001), fnv1a(&fresh));
     assert_eq!(peer.notifies(), vec![("kv".to_owned(), "ready".to_owned())]);
-    // reported once: the id is forgotten
-    assert_eq!(status(e.get_transfer_status(req)), Status::FAILED);
+    // reported once: the id is forgotten (HIXL: PARAM_INVALID, "request not found")
+    assert_eq!(status(e.get_transfer_status(req)), Status::PARAM_INVALID);
     e.disconnect(&peer.name, 1000).unwrap();
     e.finalize();
     e.finalize();
@@ -123,7 +123,9 @@ fn every_runtime_check_has_hixl_status() {
         err.to_string().contains("CANN's ACL runtime and HCCL"),
         "{err}"
     );
-    assert_eq!(status(e.deregister_mem(h + 1000)), Status::PARAM_INVALID);
+    // an unknown handle: SUCCESS with no effect (HIXL); the null handle: PARAM_INVALID
+    e.deregister_mem(h + 1000).unwrap();
+    assert_eq!(status(e.deregister_mem(0)), Status::PARAM_INVALID);
     // a transfer to a remote never connected (no AutoConnect)
     let d = [desc(&mem, 0, peer.addr, 0, 64)];
     assert_eq!(
@@ -232,9 +234,12 @@ fn every_runtime_check_has_hixl_status() {
         status(e.send_notify(&peer.name, &long, 1000)),
         Status::PARAM_INVALID
     );
-    // unknown request ids
+    // unknown request ids: the null one FAILED, any other PARAM_INVALID (HIXL's)
     assert_eq!(status(e.get_transfer_status(0)), Status::FAILED);
-    assert_eq!(status(e.get_transfer_status(u64::MAX)), Status::FAILED);
+    assert_eq!(
+        status(e.get_transfer_status(u64::MAX)),
+        Status::PARAM_INVALID
+    );
     // capabilities
     assert_eq!(
         compat::get_capability(FeatureType::AutoConnect),
@@ -255,7 +260,7 @@ fn every_runtime_check_has_hixl_status() {
     e.disconnect(&peer.name, 1000).unwrap();
     let h2 = register(&e, &mut other).unwrap();
     e.deregister_mem(h2).unwrap();
-    assert_eq!(status(e.deregister_mem(h2)), Status::PARAM_INVALID);
+    e.deregister_mem(h2).unwrap(); // already deregistered: SUCCESS, no effect (HIXL)
     e.deregister_mem(h).unwrap();
     e.finalize();
     e.finalize();
@@ -373,7 +378,7 @@ fn poll_many_respects_max_query_count_and_skip_waiting() {
     );
     // reported: forgotten
     for &r in &small {
-        assert_eq!(status(e.get_transfer_status(r)), Status::FAILED);
+        assert_eq!(status(e.get_transfer_status(r)), Status::PARAM_INVALID);
     }
     assert_eq!(e.pending_transfers(), 0);
     // a large WRITE to a stopped peer stays waiting: skip_waiting leaves it out, the default
@@ -1243,4 +1248,44 @@ fn an_auto_connect_keeps_the_calls_own_timeout() {
     bounded("send_notify", &|| status(e.send_notify(&name, &note, 300)));
     drop(silent);
     e.finalize();
+}
+
+/// With AutoConnect, a notification that the peer does not acknowledge in time (the peer
+/// stopped) ends `TIMEOUT` and leaves the link as it was: HIXL's `SendNotify` never disconnects
+/// on an error, and dropping the link would end every transfer in flight on it. The same link
+/// (by its id in the engine's metrics) moves the next transfer once the peer resumes. Before,
+/// the link was dropped and the next call connected again; and the notify's `FAILED` was
+/// rewritten to `NOTIFY_FAILED`, a code HIXL never returns.
+#[test]
+fn a_notify_that_times_out_keeps_the_auto_connect_link() {
+    let peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 71, &[]);
+    let mut mem = vec![0u8; 1 << 16];
+    let (e, _) = client(&[("AutoConnect", "1"), ("hixl.SameHost", "off")], &mut mem);
+    let d = [desc(&mem, 0, peer.addr, 0, 4096)];
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 5000)
+        .unwrap();
+    let ids = |e: &Hixl| -> Vec<u64> {
+        let m = e.metrics().unwrap();
+        m.links.iter().map(|l| l.link).collect()
+    };
+    let before = ids(&e);
+    assert_eq!(before.len(), 1);
+    let note = NotifyDesc {
+        name: "kv".into(),
+        notify_msg: "ready".into(),
+    };
+    {
+        let _stopped = peer.stopped();
+        assert_eq!(
+            status(e.send_notify(&peer.name, &note, 300)),
+            Status::TIMEOUT
+        );
+        assert_eq!(ids(&e), before, "the notify's timeout dropped the link");
+    }
+    e.transfer_sync(&peer.name, TransferOp::Read, &d, 5000)
+        .unwrap();
+    assert_eq!(&mem[..4096], &Rng::new(71).bytes(4096)[..]);
+    assert_eq!(ids(&e), before, "the next transfer connected again");
+    e.finalize();
+    peer.quit();
 }

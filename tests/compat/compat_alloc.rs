@@ -172,7 +172,7 @@ fn statuses() {
     )
     .unwrap();
     e.deregister_mem(m.handle()).unwrap();
-    assert_eq!(status(e.deregister_mem(m.handle())), Status::PARAM_INVALID);
+    e.deregister_mem(m.handle()).unwrap(); // already deregistered: SUCCESS, no effect (HIXL)
     assert_eq!(e.metrics().unwrap().registered_bytes, 0);
     // deregistered: no longer a local region of the engine's transfers
     assert_eq!(

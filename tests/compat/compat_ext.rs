@@ -63,11 +63,11 @@ fn wait_cancel_regions_transport() {
             .wait_transfer(req, Duration::from_millis(1))
             .unwrap_err()
             .status(),
-        Status::FAILED
+        Status::PARAM_INVALID
     );
     assert_eq!(
         client.cancel_transfer(req).unwrap_err().status(),
-        Status::FAILED
+        Status::PARAM_INVALID
     );
 
     // a cancelled request ends (FAILED, or COMPLETED if it was quicker) and is reported once
@@ -82,7 +82,7 @@ fn wait_cancel_regions_transport() {
     );
     assert_eq!(
         client.get_transfer_status(req).unwrap_err().status(),
-        Status::FAILED
+        Status::PARAM_INVALID
     );
     // the link still works
     client
@@ -94,7 +94,7 @@ fn wait_cancel_regions_transport() {
 }
 
 /// Request ids are unique in the process, not per engine: one engine's request id given to
-/// another engine is unknown there (`FAILED`, as a request never issued) for status, cancel
+/// another engine is unknown there (`PARAM_INVALID`, as a request never issued) for status, cancel
 /// and wait alike, and touches neither engine's own request, which both still complete.
 #[test]
 fn a_request_id_of_one_engine_is_unknown_to_another() {
@@ -134,14 +134,17 @@ fn a_request_id_of_one_engine_is_unknown_to_another() {
     // A's request, asked of B: unknown, whatever it is asked
     assert_eq!(
         b.get_transfer_status(ra).unwrap_err().status(),
-        Status::FAILED
+        Status::PARAM_INVALID
     );
-    assert_eq!(b.cancel_transfer(ra).unwrap_err().status(), Status::FAILED);
+    assert_eq!(
+        b.cancel_transfer(ra).unwrap_err().status(),
+        Status::PARAM_INVALID
+    );
     assert_eq!(
         b.wait_transfer(ra, Duration::from_millis(1))
             .unwrap_err()
             .status(),
-        Status::FAILED
+        Status::PARAM_INVALID
     );
     assert_eq!(b.pending_transfers(), 1, "B's own request untouched");
     // each engine's own request completes, reported to it

@@ -188,7 +188,7 @@ int Client(const std::string &name, uintptr_t raddr, size_t rlen) {
   TransferReq null_req = nullptr;
   EXPECT(e.GetTransferStatus(null_req, ts), FAILED);
   CHECK(ts == TransferStatus::FAILED);
-  EXPECT(e.GetTransferStatus(req, ts), FAILED);  // reported: released
+  EXPECT(e.GetTransferStatus(req, ts), PARAM_INVALID);  // reported: released ("not found")
   CHECK(ts == TransferStatus::FAILED);
 
   // notifications

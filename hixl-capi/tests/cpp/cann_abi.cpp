@@ -120,7 +120,7 @@ int Server(size_t size) {
     }
   }
   EXPECT(engine.DeregisterMem(handle), SUCCESS);
-  EXPECT(engine.DeregisterMem(handle), PARAM_INVALID);
+  EXPECT(engine.DeregisterMem(handle), SUCCESS);  // already deregistered: no effect (HIXL)
   engine.Finalize();
   return failures ? 1 : 0;
 }

@@ -358,7 +358,7 @@ int Client(int32_t device, const char *server, uintptr_t sdev, uintptr_t shost, 
   CHECK(Same(FromDevice(dev.ptr, kHalf + 1572864, 200000), seed, kServerDev, 1572864 + 1,
              "async READ"));
   TransferStatus gone = TransferStatus::WAITING;
-  EXPECT(engine.GetTransferStatus(req, gone), FAILED);  // reported once, then forgotten
+  EXPECT(engine.GetTransferStatus(req, gone), PARAM_INVALID);  // reported once, then forgotten
   req = nullptr;
   EXPECT(engine.TransferAsync(remote, WRITE, {{cdev + 1048576, sdev + kHalf + 1572864, 65536}},
                               args, req),

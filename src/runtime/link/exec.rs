@@ -20,7 +20,7 @@ use crate::types::batch::{Descs, OwnedDescs};
 
 /// What a notification's `TIMEOUT` names when its time went by waiting for this engine's own
 /// earlier transfers to end (a local wait: the link did not fail).
-pub(crate) const NOTIFY_WAIT: &str = "notify (waiting for earlier transfers)";
+const NOTIFY_WAIT: &str = "notify (waiting for earlier transfers)";
 
 impl LinkShared {
     /// Runs a checked batch (`check::list` or `check::layouts`: `bytes` in all) and returns

@@ -8,8 +8,6 @@
 mod exec;
 mod route;
 
-pub(crate) use exec::NOTIFY_WAIT;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
