@@ -109,6 +109,28 @@ impl HostBuffer {
         })
     }
 
+    /// A buffer whose memory the engine keeps mapped at its address for a keep-alive (the
+    /// compat engine's `HostMem`, LLM-DataDist's buffers) after its registration ends: it must
+    /// be a memfd, whose pages at that address are replaced by private ones then, so a
+    /// same-host peer that mapped it writes its own mapping, never what the keep-alive shows.
+    /// Anonymous memory (no memfd could be made: the descriptor limit, a seccomp filter) would
+    /// be reached by such a peer at its address, through `/proc/PID/mem`, after it was handed
+    /// back.
+    ///
+    /// # Errors
+    /// As [`HostBuffer::new`]; [`Error::OutOfMemory`] when no memfd could be made.
+    pub(crate) fn shared(len: usize) -> Result<Self, Error> {
+        let b = Self::new(len)?;
+        if !b.is_shareable() {
+            tracing::warn!(
+                len,
+                "no memfd for an engine-kept buffer (memfd_create failed)"
+            );
+            return Err(Error::OutOfMemory { len });
+        }
+        Ok(b)
+    }
+
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors

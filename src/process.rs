@@ -24,6 +24,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use host::netns_cookie;
 pub(crate) use host::peer_on_this_host;
+#[cfg(test)]
+pub(crate) use memfd::NO_MEMFD;
 pub(crate) use memfd::{Mapping, sealed_memfd};
 pub(crate) use peer::{PeerProc, Target, vm_io};
 

@@ -206,7 +206,8 @@ impl Hixl {
         if core.engine.is_none() {
             return Err(not_initialized());
         }
-        let buf = crate::HostBuffer::new(len)?;
+        // kept mapped by the HostMem after its registration: a memfd, or nothing
+        let buf = crate::HostBuffer::shared(len)?;
         let region = self.with_engine(&mut core, "allocate memory", move |e| {
             e.register_owned(buf, access, false)
                 .map_err(|h| Error::from(h.error))
@@ -384,6 +385,28 @@ impl Hixl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `alloc_host_mem` when no memfd can be made (the descriptor limit): refused with
+    /// `RESOURCE_EXHAUSTED`, nothing registered. The buffer would otherwise be anonymous memory,
+    /// which a same-host peer reaches at its address and which the `HostMem` keeps mapped
+    /// there after deregistration: that peer would write into memory handed back. Before, the
+    /// allocation fell back to anonymous memory and was offered one-sided.
+    #[test]
+    fn engine_memory_without_a_memfd_is_refused() {
+        let e = Hixl::new();
+        let none: [(&str, &str); 0] = [];
+        e.initialize("127.0.0.1", none).unwrap();
+        crate::process::NO_MEMFD.set(true);
+        let r = e.alloc_host_mem(4096);
+        crate::process::NO_MEMFD.set(false);
+        let err = r.expect_err("no memfd");
+        assert_eq!(err.status(), Status::RESOURCE_EXHAUSTED, "{err}");
+        assert_eq!(e.metrics().unwrap().regions, 0);
+        let m = e.alloc_host_mem(4096).expect("with a memfd");
+        assert_eq!(e.metrics().unwrap().regions, 1);
+        e.deregister_mem(m.handle()).unwrap();
+        e.finalize();
+    }
 
     /// Registers `buf` with `e` (both live until the end of the test that calls it).
     fn reg(e: &Hixl, buf: &mut [u8]) -> MemHandle {

@@ -89,7 +89,8 @@ impl Named {
     /// # Errors
     /// The allocation's or the registration's.
     pub(crate) fn buffer(&self, len: usize, access: Access) -> Result<Buffer, Error> {
-        let buf = crate::buffers::HostBuffer::new(len)?;
+        // kept mapped by the Buffer after its registration: a memfd, or nothing
+        let buf = crate::buffers::HostBuffer::shared(len)?;
         let r = (self.core)
             .register_owned(buf, access, false)
             .map_err(|h| h.error)?;
