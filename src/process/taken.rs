@@ -67,13 +67,25 @@ impl Taken {
         (s >= 0).then_some(s)
     }
 
-    /// Whether it is a socket.
+    /// Whether it is a socket. Asked with `getsockopt(SO_TYPE)`, which fails at once
+    /// (`ENOTSOCK`) on anything else, never with `fstat`: on a file of a FUSE mount `fstat` asks
+    /// the file system's daemon, which a peer that named the file may run and never let answer
+    /// (the serving poller would wait on it).
     pub(crate) fn is_socket(&self) -> bool {
-        // SAFETY: a zeroed stat is valid output space for fstat on a descriptor we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let ok = unsafe { libc::fstat(self.fd().as_raw_fd(), &mut st) } == 0;
-        ok && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        let mut ty: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: SO_TYPE writes one c_int into `ty`, whose size `len` gives; on a descriptor
+        // we own.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd().as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TYPE,
+                (&mut ty as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        rc == 0
     }
 
     /// Whether closing it can never wait on another process.
@@ -165,9 +177,12 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let s = take(pid.as_fd(), l.as_raw_fd()).unwrap();
         assert!(s.is_socket() && s.seals().is_none());
+        let (r, _w) = std::io::pipe().unwrap();
+        let p = take(pid.as_fd(), r.as_raw_fd()).unwrap();
+        assert!(!p.is_socket() && p.seals().is_none());
         let f = std::fs::File::open("/proc/self/stat").unwrap();
         let t = take(pid.as_fd(), f.as_raw_fd()).unwrap();
-        assert!(!t.closes_at_once());
+        assert!(!t.is_socket() && !t.closes_at_once());
         let before = closing();
         drop(t); // handed to the closer thread, which closes it
         let t0 = std::time::Instant::now();
