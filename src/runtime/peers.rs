@@ -295,7 +295,19 @@ impl Peers {
         if left.is_zero() {
             return Err(waited_out(key, started));
         }
-        let l = Arc::new(LinkHandle::new(e, e.link(remote, left)?));
+        let made = match e.link(remote, left) {
+            // an async connect to it is queued or running (the engine holds its slot): HIXL's
+            // transfers and notifies never answer ALREADY_CONNECTED; the next call takes the
+            // async connect's link once it is there
+            Err(Error::AlreadyConnected { .. }) => {
+                return Err(not_connected(
+                    key,
+                    " yet (an async connect to it is under way)",
+                ));
+            }
+            r => r?,
+        };
+        let l = Arc::new(LinkHandle::new(e, made));
         self.hold(key, l.clone());
         tracing::debug!(peer = key, "auto-connected");
         Ok(l)

@@ -1289,3 +1289,31 @@ fn a_notify_that_times_out_keeps_the_auto_connect_link() {
     e.finalize();
     peer.quit();
 }
+
+/// With AutoConnect, a transfer to a remote whose async connect is still running answers
+/// `NOT_CONNECTED` (HIXL's transfers never answer `ALREADY_CONNECTED`); the async connect goes
+/// on and ends as it would have. Before, the transfer's own connect was refused by the engine
+/// and came back as 103903.
+#[test]
+fn a_transfer_during_an_async_connect_is_not_connected_yet() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let name = silent.local_addr().unwrap().to_string();
+    let mut mem = vec![0u8; 4096];
+    let (e, _) = client(&[("AutoConnect", "1")], &mut mem);
+    e.connect_async(&name, 5000).unwrap();
+    // running (not only queued): the engine holds the remote's slot
+    let until = Instant::now() + Duration::from_secs(10);
+    while e.get_async_connect_status(&name).unwrap() != AsyncConnectStatus::Connecting {
+        assert!(Instant::now() < until, "the async connect never ran");
+        std::thread::yield_now();
+    }
+    let d = desc(&mem, 0, 0x1000, 0, 64);
+    for op in [TransferOp::Read, TransferOp::Write] {
+        assert_eq!(
+            status(e.transfer_sync(&name, op, &[d], 1000)),
+            Status::NOT_CONNECTED
+        );
+    }
+    drop(silent);
+    e.finalize();
+}
