@@ -241,6 +241,7 @@ impl LinkShared {
             instance: engine.instance,
             name: engine.name.to_owned(),
             token: welcome.token,
+            remote_instance: welcome.instance,
             psk,
         };
         let lanes = first.into_lanes(join, max_lanes, span.clone());

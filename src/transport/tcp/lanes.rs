@@ -34,6 +34,9 @@ pub(crate) struct Join {
     pub(crate) name: String,
     /// The link's token (from the WELCOME).
     pub(crate) token: u64,
+    /// The server's instance id (from the WELCOME): a joined lane's WELCOME must name the same
+    /// engine and link.
+    pub(crate) remote_instance: u64,
     /// The pre-shared key new lanes prove.
     pub(crate) psk: Option<Psk>,
 }
@@ -336,7 +339,16 @@ impl Lanes {
         if let Some(n) = mine {
             lock(&self.pool).opening.retain(|(i, _)| *i != n);
         }
-        let (lane, _) = opened?;
+        let (lane, w) = opened?;
+        // the lane must have joined this link of this server (an honest server echoes both;
+        // another process at the address, or the server restarted, is no lane of it)
+        if w.instance != j.remote_instance || w.token != j.token {
+            return Err(LaneFail::Protocol(format!(
+                "a joined lane was welcomed by instance {:#x} for link {:#x}, not this link's \
+                 server {:#x} and link {:#x}",
+                w.instance, w.token, j.remote_instance, j.token
+            )));
+        }
         let mut pool = lock(&self.pool);
         if let Err(broke) = pool.usable(self.peer()) {
             // broke after the WELCOME: this lane was not among those the break shut down
@@ -743,6 +755,79 @@ mod tests {
             (srv.activate().unwrap(), served),
             (cli.activate().unwrap(), buf),
         )
+    }
+
+    /// A lane that JOINs the link must be welcomed by the link's own server for the link's own
+    /// token: a raw server welcomes the first lane as instance 1 (token 2), then a JOIN as
+    /// another instance, then one for another link. Neither joins the pool (the second lane
+    /// fails, and so the link); before, a JOIN's WELCOME was not looked at.
+    #[test]
+    fn a_lane_welcomed_by_another_server_or_link_does_not_join() {
+        use crate::wire::{self, Hello, Kind, LaneRole, Welcome};
+        use std::io::{Read, Write};
+        for (instance, token) in [(9u64, 2u64), (1, 3)] {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let mut kept = Vec::new();
+                for w in [(1u64, 2u64), (instance, token)] {
+                    let (mut s, _) = l.accept().unwrap();
+                    let mut h = [0u8; wire::HEADER_LEN];
+                    s.read_exact(&mut h).unwrap();
+                    let h = wire::decode_header(&h).unwrap();
+                    assert_eq!(h.kind, Kind::Hello);
+                    let mut hello = vec![0u8; h.len as usize];
+                    s.read_exact(&mut hello).unwrap();
+                    let mut out = Vec::new();
+                    Welcome {
+                        instance: w.0,
+                        token: w.1,
+                        pid: 3,
+                        table: Vec::new(),
+                        host: None,
+                        fence: -1,
+                        lane_fd: None,
+                    }
+                    .encode(&mut out);
+                    s.write_all(&out).unwrap();
+                    kept.push(s);
+                }
+                kept
+            });
+            let hello = Hello {
+                role: LaneRole::NewLink,
+                instance: 7,
+                token: 0,
+                name: "127.0.0.1".into(),
+                target: addr.to_string(),
+                host: None,
+                nonce: [5; 32],
+            };
+            let now = Instant::now();
+            let deadline = now + Duration::from_secs(20);
+            let (first, w) =
+                super::FirstLane::open(addr, "server", &hello, None, now, deadline).unwrap();
+            let join = super::Join {
+                addr,
+                peer: "server".into(),
+                instance: 7,
+                name: "127.0.0.1".into(),
+                token: w.token,
+                remote_instance: w.instance,
+                psk: None,
+            };
+            let lanes = first.into_lanes(join, 4, tracing::Span::none());
+            let held = lanes.checkout(deadline, now, "a test").unwrap();
+            let e = lanes
+                .checkout(deadline, now, "a test")
+                .expect_err("a lane of another server or link");
+            assert!(
+                e.to_string().contains("joined lane was welcomed"),
+                "({instance}, {token}): {e}"
+            );
+            drop(held);
+            drop(server.join().unwrap());
+        }
     }
 
     /// A caller opening a new lane when the link breaks (another lane found the peer gone) or
