@@ -244,7 +244,14 @@ fn a_deadline_passing_during_the_flush_times_out() {
     match ep.flush(Some(t + Duration::from_millis(300))) {
         Err(Error::Timeout { elapsed, .. }) => {
             assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
-            assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+            // the deadline, then what is left of the 500 ms settle (SETTLE_BOUND) and the
+            // forced close's 1 s (FORCE_CLOSE_BOUND): README's "up to 1.5 s after it", with
+            // room for a loaded machine
+            assert!(
+                t.elapsed() < Duration::from_millis(2500),
+                "{:?}",
+                t.elapsed()
+            );
             assert!(ep.is_failed());
         }
         // a transport that needs no target progress (e.g. RDMA) may complete
