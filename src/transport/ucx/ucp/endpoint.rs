@@ -431,6 +431,12 @@ impl Endpoint {
         if deadline.is_some_and(|d| start >= d) {
             return Err(self.timed_out(start));
         }
+        Ok(self.post_flush(ep, start))
+    }
+
+    /// Posts a flush of every operation posted on `ep` (this endpoint's, live), begun at
+    /// `start`.
+    fn post_flush(&self, ep: ffi::ucp_ep_h, start: Instant) -> PendingFlush {
         let ucp = self.worker.ucp();
         let param = ffi::ucp_request_param_t::zeroed();
         let req = {
@@ -438,11 +444,11 @@ impl Endpoint {
             // SAFETY: live endpoint inside the worker's critical section; no callback is set.
             unsafe { (ucp.ucp_ep_flush_nbx)(ep, &param) }
         };
-        Ok(PendingFlush {
+        PendingFlush {
             worker: self.worker.clone(),
             req,
             start,
-        })
+        }
     }
 
     /// Ends a flush of this endpoint: a timeout force-closes the endpoint (and is
@@ -493,19 +499,9 @@ impl Endpoint {
         if self.ep.is_null() || self.failure_status() != 0 || bound.is_zero() {
             return false;
         }
-        let ucp = self.worker.ucp();
-        let param = ffi::ucp_request_param_t::zeroed();
-        let req = {
-            let _g = self.worker.enter();
-            // SAFETY: live endpoint inside the worker's critical section; no callback is set.
-            unsafe { (ucp.ucp_ep_flush_nbx)(self.ep, &param) }
-        };
-        let pending = PendingFlush {
-            worker: self.worker.clone(),
-            req,
-            start: Instant::now(),
-        };
-        pending.wait(Some(Instant::now() + bound)) == FlushOutcome::Done(ffi::UCS_OK)
+        let now = Instant::now();
+        let pending = self.post_flush(self.ep, now);
+        pending.wait(Some(now + bound)) == FlushOutcome::Done(ffi::UCS_OK)
     }
 
     /// Closes the endpoint (`force`: without flushing, cancelling outstanding operations) and
