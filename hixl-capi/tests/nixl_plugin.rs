@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
@@ -31,38 +32,14 @@ fn the_plugin_as_nixls_agent_drives_it() {
         "hixl-nixl/build.sh failed:\n{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    let scratch = common::scratch("nixl-plugin");
-    let harness = scratch.join("harness");
-    let plugin_dir = format!("-I{}", root.join("hixl-nixl").display());
     // (linked with libhixl too, which it does not call: the plugin brings its own copy's name)
-    common::build(
+    built_and_ok(
         &cxx,
-        &[
-            "-std=c++20",
-            "-O1",
-            "-g",
-            "-DHIXL_NIXL_HARNESS",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            &plugin_dir,
-        ],
-        "hixl",
-        &[root.join("hixl-nixl/tests/harness.cc")],
-        &harness,
+        "nixl-plugin",
+        &["-DHIXL_NIXL_HARNESS"],
+        &["hixl-nixl/tests/harness.cc"],
+        &[dir.join("libplugin_HIXL.so").as_os_str()],
     );
-    let run = Command::new(&harness)
-        .arg(dir.join("libplugin_HIXL.so"))
-        .output()
-        .expect("run the harness");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success() && stdout.trim() == "ok",
-        "the harness failed ({:?}):\n{stdout}\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// Parts of the plugin alone, `hixl-nixl/tests/units.cc`: the reassembly of NIXL notifications
@@ -73,35 +50,48 @@ fn the_plugins_parts_alone() {
     let Some(cxx) = common::compiler("c++") else {
         return;
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let scratch = common::scratch("nixl-units");
-    let test = scratch.join("units");
-    let plugin_dir = format!("-I{}", root.join("hixl-nixl").display());
-    common::build(
+    built_and_ok(
         &cxx,
+        "nixl-units",
+        &[],
         &[
-            "-std=c++20",
-            "-O1",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            &plugin_dir,
+            "hixl-nixl/tests/units.cc",
+            "hixl-nixl/notif.cc",
+            "hixl-nixl/engine.cc",
+            "hixl-nixl/settings.cc",
         ],
-        "hixl",
-        &[
-            root.join("hixl-nixl/tests/units.cc"),
-            root.join("hixl-nixl/notif.cc"),
-            root.join("hixl-nixl/engine.cc"),
-            root.join("hixl-nixl/settings.cc"),
-        ],
-        &test,
+        &[],
     );
-    let run = Command::new(&test).output().expect("run the units test");
+}
+
+/// Builds `sources` (paths from the repository's root) with `cxx` (C++20, warnings as errors,
+/// `hixl-nixl/` on the include path, `flags` too) into a scratch directory `tag`, runs it with
+/// `args`, and asserts it exits 0 printing "ok".
+fn built_and_ok(cxx: &str, tag: &str, flags: &[&str], sources: &[&str], args: &[&OsStr]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scratch = common::scratch(tag);
+    let program = scratch.join(tag);
+    let plugin_dir = format!("-I{}", root.join("hixl-nixl").display());
+    let mut all = vec![
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        &plugin_dir,
+    ];
+    all.extend_from_slice(flags);
+    let sources: Vec<_> = sources.iter().map(|s| root.join(s)).collect();
+    common::build(cxx, &all, "hixl", &sources, &program);
+    let run = Command::new(&program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {tag}: {e}"));
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && stdout.trim() == "ok",
-        "units failed ({:?}):\n{stdout}\n{}",
+        "{tag} failed ({:?}):\n{stdout}\n{}",
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );

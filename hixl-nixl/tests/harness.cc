@@ -18,26 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "expect.h"
 #include "nixl_abi.h"
 
 template <class T>
 nixlDescList<T>::~nixlDescList() {}
 
 namespace {
-
-int failures = 0;
-
-/* a difference is reported with its line and the expression, and counted */
-void expect(long long got, long long want, const char *what, int line) {
-  if (got != want) {
-    std::fprintf(stderr, "harness.cc:%d: %s is %lld, expected %lld\n", line, what, got, want);
-    failures++;
-  }
-}
-
-#define EXPECT(got, want) \
-  expect(static_cast<long long>(got), static_cast<long long>(want), #got, __LINE__)
-#define CHECK(cond) expect((cond) ? 1 : 0, 1, #cond, __LINE__)
 
 nixlBackendPlugin *plugin = nullptr;
 

@@ -11,25 +11,10 @@
 #include <vector>
 
 #include "engine.h"
+#include "expect.h"
 #include "notif.h"
 
 using hixl_nixl::Reassembly;
-
-namespace {
-
-int failures = 0;
-
-void expect(long long got, long long want, const char *what, int line) {
-  if (got != want) {
-    std::fprintf(stderr, "units.cc:%d: %s is %lld, expected %lld\n", line, what, got, want);
-    failures++;
-  }
-}
-
-#define EXPECT(got, want) \
-  expect(static_cast<long long>(got), static_cast<long long>(want), #got, __LINE__)
-
-}  // namespace
 
 int main() {
   std::vector<std::pair<std::string, std::string>> done;
