@@ -9,17 +9,37 @@ use super::rt::FabricRt;
 use crate::device::acl::tests::Fixture;
 use crate::device::acl::{MemLocation, VMM_GRANULE};
 
-/// Foreign VMM memory (mapped by the caller, not by `malloc_mem`): one reservation holding two
-/// physical allocations is registered as two blocks, each retained and exported; memory that is
-/// not VMM memory is `UNSUPPORTED`; the retained handles go with the registration.
-#[test]
-fn foreign_vmm_memory_registers_block_by_block() {
-    let f = Fixture::on_device("fabric-foreign");
+/// A private double (`tag`) with device 0 current, and a fabric runtime of one stream on it.
+fn runtime(tag: &str) -> (Fixture, Arc<FabricRt>) {
+    let f = Fixture::on_device(tag);
     let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
     let rt = Arc::new(FabricRt {
         device: Arc::new(device),
         streams: 1,
     });
+    (f, rt)
+}
+
+/// One VMM granule of device memory, mapped into a reservation of this process and exported
+/// as a fabric block (a genuine handle a peer could import): its address, its physical handle
+/// and its registration. The caller unmaps, frees and releases them.
+fn exported_granule(rt: &Arc<FabricRt>) -> (usize, usize, super::rt::FabricReg) {
+    let acl = rt.acl();
+    let g = VMM_GRANULE;
+    let va = acl.reserve(g).unwrap();
+    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
+    // SAFETY: a granule of our own reservation, unmapped; a live handle.
+    unsafe { acl.map(va, g, h) }.unwrap();
+    let reg = (rt.export_range(va, g, crate::types::MemType::Device)).expect("one block");
+    (va, h, reg)
+}
+
+/// Foreign VMM memory (mapped by the caller, not by `malloc_mem`): one reservation holding two
+/// physical allocations is registered as two blocks, each retained and exported; memory that is
+/// not VMM memory is `UNSUPPORTED`; the retained handles go with the registration.
+#[test]
+fn foreign_vmm_memory_registers_block_by_block() {
+    let (_f, rt) = runtime("fabric-foreign");
     let g = VMM_GRANULE;
     let acl = rt.acl();
     let va = acl.reserve(2 * g).unwrap();
@@ -136,19 +156,9 @@ fn loopback_overlap_matches_brute_force() {
 fn a_block_longer_than_the_address_space_is_refused_before_its_import() {
     use super::link::FabricLink;
     use crate::wire::{FabricBlock, TableEntry};
-    let f = Fixture::on_device("fabric-overflow");
-    let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
-    let rt = Arc::new(FabricRt {
-        device: Arc::new(device),
-        streams: 1,
-    });
+    let (f, rt) = runtime("fabric-overflow");
     let acl = rt.acl();
-    let g = VMM_GRANULE;
-    let va = acl.reserve(g).unwrap();
-    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
-    // SAFETY: a granule of our own reservation, unmapped; a live handle.
-    unsafe { acl.map(va, g, h) }.unwrap();
-    let reg = (rt.export_range(va, g, crate::types::MemType::Device)).expect("one block");
+    let (va, h, reg) = exported_granule(&rt);
     let block = FabricBlock {
         region: 1,
         base: 0,
@@ -196,19 +206,10 @@ fn an_unabortable_fabric_link_keeps_its_imports() {
     use crate::transport::{Batch, Mode, PathFail};
     use crate::types::{BatchDesc, TransferOp};
     use crate::wire::TableEntry;
-    let f = Fixture::on_device("fabric-stuck");
-    let device = crate::device::Device::open(f.acl.clone(), Some(0), false).unwrap();
-    let rt = Arc::new(FabricRt {
-        device: Arc::new(device),
-        streams: 1,
-    });
+    let (f, rt) = runtime("fabric-stuck");
     let acl = rt.acl();
     let g = VMM_GRANULE;
-    let va = acl.reserve(g).unwrap();
-    let h = acl.malloc_physical(g, MemLocation::device(0)).unwrap();
-    // SAFETY: a granule of our own reservation, unmapped; a live handle.
-    unsafe { acl.map(va, g, h) }.unwrap();
-    let reg = (rt.export_range(va, g, crate::types::MemType::Device)).expect("one block");
+    let (va, h, reg) = exported_granule(&rt);
     let block = crate::wire::FabricBlock {
         region: 1,
         base: reg.blocks[0].base as u64,
