@@ -120,23 +120,19 @@ impl Inbound {
 
     /// The header of the next frame once the whole frame is in (reading what `sock` has now,
     /// without waiting): `Ok(None)` while bytes are missing. A header that does not decode, or
-    /// that declares more than `limit` bytes (`what` names the limit), is `Some(Err)` at once,
-    /// before anything is allocated for its payload. The frame stays in the buffer.
+    /// that declares more than `limit` gives its kind (`what` names the limit), is `Some(Err)`
+    /// at once, before anything is allocated for its payload. The frame stays in the buffer.
     pub fn frame_ready(
         &mut self,
         sock: &Sock,
-        limit: u32,
+        limit: impl Fn(wire::Kind) -> u32,
         what: &'static str,
     ) -> io::Result<Option<Result<wire::Header, WireError>>> {
         if !self.fill_now(sock, wire::HEADER_LEN)? {
             return Ok(None);
         }
         let h: [u8; wire::HEADER_LEN] = self.peek(wire::HEADER_LEN).try_into().expect("header");
-        let h = match wire::decode_header(&h) {
-            Ok(h) if h.len > limit => {
-                let (got, limit) = (h.len.into(), limit.into());
-                return Ok(Some(Err(WireError::OverLimit { what, got, limit })));
-            }
+        let h = match within(wire::decode_header(&h), &limit, what) {
             Ok(h) => h,
             Err(e) => return Ok(Some(Err(e))),
         };
@@ -261,21 +257,39 @@ impl Inbound {
     }
 }
 
-/// Reads one frame; the payload stays in the inbound buffer.
+/// Reads one frame, at most `limit` bytes for its kind (a longer one is refused from its
+/// header, before its payload is read); the payload stays in the inbound buffer.
 pub(crate) fn read_frame<'a>(
     sock: &mut Sock,
     inb: &'a mut Inbound,
+    limit: impl Fn(wire::Kind) -> u32,
     first: Option<Instant>,
     rest: impl FnOnce() -> Option<Instant>,
 ) -> Result<Result<(wire::Kind, &'a [u8]), WireError>, io::Error> {
     inb.fill(sock, wire::HEADER_LEN, first)?;
     let h: [u8; wire::HEADER_LEN] = inb.take(wire::HEADER_LEN).try_into().expect("header size");
-    let h = match wire::decode_header(&h) {
+    let h = match within(wire::decode_header(&h), &limit, "frame length") {
         Ok(h) => h,
         Err(e) => return Ok(Err(e)),
     };
     inb.fill(sock, h.len as usize, rest())?;
     Ok(Ok((h.kind, inb.take(h.len as usize))))
+}
+
+/// A decoded header whose length is at most what `limit` gives its kind (`what` names the
+/// limit); a longer one is [`WireError::OverLimit`].
+fn within(
+    h: Result<wire::Header, WireError>,
+    limit: impl Fn(wire::Kind) -> u32,
+    what: &'static str,
+) -> Result<wire::Header, WireError> {
+    let h = h?;
+    let max = limit(h.kind);
+    if h.len > max {
+        let (got, limit) = (h.len.into(), max.into());
+        return Err(WireError::OverLimit { what, got, limit });
+    }
+    Ok(h)
 }
 
 #[cfg(test)]

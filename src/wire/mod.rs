@@ -33,8 +33,8 @@ pub use handshake::{
 pub use table::{FD_TCP_ONLY, TableEntry, Welcome};
 pub use ucx::{MAX_UCX_BLOB, UcxInfo};
 pub use xfer::{
-    XferBlocks, decode_done, decode_notify, decode_xfer, decode_xfer_blocks, encode_done,
-    encode_notify, encode_xfer, encode_xfer_blocks,
+    MAX_SETUP_REQUEST, XferBlocks, decode_done, decode_notify, decode_xfer, decode_xfer_blocks,
+    encode_done, encode_notify, encode_xfer, encode_xfer_blocks, max_request,
 };
 
 /// `"HIXL"` in little-endian byte order.

@@ -9,6 +9,31 @@ use super::{
 use crate::types::TransferOp;
 use crate::types::blocks::BlockIndices;
 
+/// The longest payload of a client's request of `kind` on an established lane, which the server
+/// refuses from the header, before it buffers any of the payload: an XFER of
+/// [`MAX_DESCS_PER_FRAME`] descriptors (1.25 MiB), an XFER_BLOCKS of as many 8-byte indices
+/// (0.5 MiB), a NOTIFY of two strings of [`MAX_STR`](super::MAX_STR) bytes; a transport's setup
+/// request (UCXASK, DEVICE_HELLO, FABRIC_HELLO) [`MAX_SETUP_REQUEST`]; PING, BYE and a kind no
+/// client sends on a lane carry nothing.
+pub fn max_request(kind: Kind) -> u32 {
+    const XFER_FIXED: usize = 1 + 8 + 4; // op, request id, count
+    const BLOCKS_FIXED: usize = 1 + 8 + 4 + 8 + 8 + 8 + 1 + 4; // ... region, layout, width, count
+    let n = MAX_DESCS_PER_FRAME;
+    let len = match kind {
+        Kind::Xfer => XFER_FIXED + n * DESC_LEN,
+        Kind::XferBlocks => BLOCKS_FIXED + n * 8,
+        Kind::Notify => 8 + 2 * (2 + super::MAX_STR),
+        Kind::UcxAsk | Kind::DeviceHello | Kind::FabricHello => MAX_SETUP_REQUEST as usize,
+        _ => 0,
+    };
+    len as u32
+}
+
+/// The longest transport setup request a client sends on a lane (UCXASK is empty; a
+/// DEVICE_HELLO or FABRIC_HELLO holds a few strings of at most [`MAX_STR`](super::MAX_STR)
+/// bytes).
+pub const MAX_SETUP_REQUEST: u32 = 16 << 10;
+
 /// Encodes an XFER frame header and its descriptors into `out`.
 pub fn encode_xfer(
     out: &mut Vec<u8>,
@@ -230,5 +255,56 @@ mod tests {
             decode_xfer(&p, &mut Vec::new()),
             Err(WireError::Truncated("descriptor count"))
         );
+    }
+
+    /// Each request kind's largest honest frame fits [`max_request`] (the data path's exactly),
+    /// and a kind no client sends on a lane is allowed no payload.
+    #[test]
+    fn the_largest_request_of_each_kind_fits_its_limit() {
+        use crate::wire::{DeviceInfo, FabricInfo, HEADER_LEN, MAX_STR};
+        let payload = |f: &[u8]| (f.len() - HEADER_LEN) as u32;
+        let n = MAX_DESCS_PER_FRAME;
+        let mut out = Vec::new();
+        let d = WireDesc {
+            region: 1,
+            offset: 2,
+            len: 3,
+        };
+        encode_xfer(&mut out, TransferOp::Write, 9, std::iter::repeat_n(d, n));
+        assert_eq!(payload(&out), max_request(Kind::Xfer));
+        let b = WireBlocks {
+            region: 1,
+            offset: 0,
+            block: 8,
+            stride: 8,
+        };
+        let idx = vec![u64::MAX; n];
+        encode_xfer_blocks(&mut out, TransferOp::Read, 9, &b, BlockIndices::U64(&idx));
+        assert_eq!(payload(&out), max_request(Kind::XferBlocks));
+        let long = "x".repeat(MAX_STR);
+        encode_notify(&mut out, 9, &long, &long);
+        assert_eq!(payload(&out), max_request(Kind::Notify));
+        let dev = DeviceInfo {
+            status: u32::MAX,
+            device_id: u32::MAX,
+            device_ip: long.clone(),
+            host_ip: long.clone(),
+            timeout_ms: u32::MAX,
+            reason: long.clone(),
+        };
+        dev.encode(Kind::DeviceHello, &mut out);
+        assert!(payload(&out) <= max_request(Kind::DeviceHello));
+        FabricInfo::default().encode(Kind::FabricHello, &mut out);
+        assert!(payload(&out) <= max_request(Kind::FabricHello));
+        assert!(MAX_SETUP_REQUEST <= max_request(Kind::UcxAsk));
+        for k in [
+            Kind::Ping,
+            Kind::Bye,
+            Kind::Welcome,
+            Kind::Done,
+            Kind::Hello,
+        ] {
+            assert_eq!(max_request(k), 0, "{k:?}");
+        }
     }
 }

@@ -671,6 +671,31 @@ fn an_oversized_handshake_is_refused_from_its_header() {
     }
 }
 
+/// On an established lane, a request declaring more than its kind's largest honest frame
+/// (`wire::max_request`: an XFER of 65,536 descriptors, 1.25 MiB; a NOTIFY, about 2 KiB; a PING,
+/// nothing) is refused from its header: `REFUSE` 503900 and closed, without the server waiting
+/// for (or buffering) the payload. Before, any kind could declare 8 MiB and the lane held what
+/// came of it until `server_io_timeout`.
+#[test]
+fn an_oversized_request_is_refused_from_its_header() {
+    let _many = support::alongside();
+    let (srv, _region) = common::server(4096, Options::default());
+    for kind in [
+        Kind::Xfer,
+        Kind::XferBlocks,
+        Kind::Notify,
+        Kind::Ping,
+        Kind::UcxAsk,
+    ] {
+        let mut s = connect_raw(srv.name());
+        hello(&mut s);
+        // the header alone: no payload byte follows
+        let len = wire::max_request(kind) as usize + 1;
+        s.write_all(&wire::header(kind, len)).unwrap();
+        assert_eq!(refusal(&mut s), Some(503_900), "{kind:?} of {len} bytes");
+    }
+}
+
 /// The listener binds only the address in the engine's name: another loopback address of this
 /// host (127.0.0.2) is refused on the same port.
 #[test]

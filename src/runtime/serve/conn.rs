@@ -245,9 +245,10 @@ impl Drop for InFlight {
 pub(crate) type Parked = (Box<Pending<Held>>, InFlight);
 
 /// Whether a lane's next frame is all in (reading what has come, without waiting); a header
-/// that does not decode counts as in: the worker refuses it.
+/// that does not decode, or declares more than its kind's largest request
+/// ([`wire::max_request`]), counts as in: the worker refuses it, before its bytes come.
 pub(super) fn frame_in(inb: &mut Inbound, sock: &Sock) -> io::Result<bool> {
     Ok(inb
-        .frame_ready(sock, wire::MAX_FRAME, "frame length")?
+        .frame_ready(sock, wire::max_request, "request length")?
         .is_some())
 }

@@ -380,7 +380,7 @@ impl Poller {
         } = g;
         let what = "handshake frame length";
         loop {
-            let len = match inb.frame_ready(&conn.sock, limits::MAX_HANDSHAKE_FRAME, what) {
+            let len = match inb.frame_ready(&conn.sock, |_| limits::MAX_HANDSHAKE_FRAME, what) {
                 Ok(None) => {
                     if self.epoll.rearm(conn.as_raw_fd(), Token(id)).is_ok() {
                         let g = Box::new(Greeting { conn, inb, hs });

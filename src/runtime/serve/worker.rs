@@ -38,7 +38,9 @@ pub(super) fn read_request<'a>(
     timeout: Duration,
 ) -> Result<(Result<(Kind, &'a [u8]), WireError>, Instant), io::Error> {
     let deadline = deadline_after(Instant::now(), timeout);
-    let frame = read_frame(sock, inb, Some(deadline), || Some(deadline))?;
+    let frame = read_frame(sock, inb, wire::max_request, Some(deadline), || {
+        Some(deadline)
+    })?;
     Ok((frame, deadline))
 }
 

@@ -19,6 +19,12 @@ use crate::types::batch::Descs;
 use crate::types::{BatchDesc, TransferOp, WireDesc};
 use crate::wire::{self, Hello, Kind, Refuse, Welcome};
 
+/// What a client takes from a server: any frame up to [`wire::MAX_FRAME`] (a large table's
+/// WELCOME, a UCXINFO; the server's frames are the client's to trust that far).
+fn any(_: Kind) -> u32 {
+    wire::MAX_FRAME
+}
+
 /// How a lane operation failed.
 #[derive(Debug)]
 pub(super) enum LaneFail {
@@ -173,7 +179,7 @@ impl Lane {
         // (PROOF names the descriptor): open until the WELCOME, which comes after that
         let mut placed: Option<std::os::fd::OwnedFd> = None;
         loop {
-            match read_frame(&mut lane.sock, &mut lane.inb, dl, || dl).map_err(LaneFail::Io)? {
+            match read_frame(&mut lane.sock, &mut lane.inb, any, dl, || dl).map_err(LaneFail::Io)? {
                 Ok((Kind::Challenge, p)) if !proven => {
                     let Some(key) = key else {
                         return Err(LaneFail::Auth(
@@ -367,7 +373,7 @@ impl Lane {
         if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
             let quick = Some(Instant::now() + Duration::from_millis(50));
             for _ in 0..=self.sent.len() {
-                match read_frame(&mut self.sock, &mut self.inb, quick, || quick) {
+                match read_frame(&mut self.sock, &mut self.inb, any, quick, || quick) {
                     Ok(Ok((Kind::Done, p))) => match wire::decode_done(p) {
                         Ok((_, 0, _)) => continue,
                         Ok((_, status, reason)) => {
@@ -419,15 +425,16 @@ impl Lane {
 
     /// Reads the DONE frame answering request `req`: its status code and reason.
     fn read_done(&mut self, req: u64, dl: Option<Instant>) -> Result<(u32, String), LaneFail> {
-        let (got, status, reason) =
-            match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
-                Ok((Kind::Done, p)) => {
-                    wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
-                }
-                Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
-                Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
-                Err(e) => return Err(LaneFail::Protocol(e.to_string())),
-            };
+        let (got, status, reason) = match read_frame(&mut self.sock, &mut self.inb, any, dl, || dl)
+            .map_err(LaneFail::Io)?
+        {
+            Ok((Kind::Done, p)) => {
+                wire::decode_done(p).map_err(|e| LaneFail::Protocol(e.to_string()))?
+            }
+            Ok((Kind::Refuse, p)) => return Err(refusal(p, false)),
+            Ok((k, _)) => return Err(LaneFail::Protocol(format!("expected DONE, got {k:?}"))),
+            Err(e) => return Err(LaneFail::Protocol(e.to_string())),
+        };
         if got != req {
             return Err(LaneFail::Protocol(format!(
                 "DONE for request {got}, expected {req}"
@@ -446,7 +453,9 @@ impl Lane {
     /// Reads the next frame, whatever its kind (a REFUSE is the peer's refusal).
     pub(super) fn recv_any(&mut self, deadline: Instant) -> Result<(Kind, Vec<u8>), LaneFail> {
         let dl = Some(deadline);
-        let r = match read_frame(&mut self.sock, &mut self.inb, dl, || dl).map_err(LaneFail::Io)? {
+        let r = match read_frame(&mut self.sock, &mut self.inb, any, dl, || dl)
+            .map_err(LaneFail::Io)?
+        {
             Ok((Kind::Refuse, p)) => Err(refusal(p, false)),
             Ok((k, p)) => Ok((k, p.to_vec())),
             Err(e) => Err(LaneFail::Protocol(e.to_string())),
