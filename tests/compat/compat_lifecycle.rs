@@ -231,3 +231,65 @@ fn deregistering_memory_an_async_request_writes_is_refused_until_it_ended() {
     );
     peer.quit();
 }
+
+/// `Finalize` racing a `Disconnect` of a link a sync READ is stalled on (its peer stopped):
+/// `Finalize` returns only once the READ has ended, so the caller may free the memory then.
+/// Before, the disconnect had marked the link closed and was waiting its own 8 s for the lane in
+/// use; `Finalize`'s teardown saw a closed link and returned at once, and the READ wrote the
+/// caller's memory after it (4080 bytes, in C a write into freed heap).
+#[test]
+fn finalize_during_a_disconnect_waits_for_the_sync_read_under_it() {
+    use std::time::{Duration, Instant};
+    let stopped = common::Peer::spawn_compat("127.0.0.1:0", 1 << 16, 85, &[]);
+    let mut mem = vec![0u8; 4096];
+    let ptr = mem.as_mut_ptr();
+    let (e, _) = client(&[("hixl.SameHost", "off")], &mut mem);
+    e.connect(&stopped.name, 1000).unwrap();
+    let pause = stopped.stopped();
+    let from = [desc(&mem, 0, stopped.addr, 0, 4096)];
+    std::thread::scope(|s| {
+        let stalled = s.spawn(|| e.transfer_sync(&stopped.name, TransferOp::Read, &from, 20_000));
+        let t0 = Instant::now();
+        while !(e.metrics().unwrap().links.iter())
+            .any(|l| l.peer == stopped.name && l.read.in_flight > 0)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the READ never started"
+            );
+            std::thread::yield_now();
+        }
+        let closer = s.spawn(|| e.disconnect(&stopped.name, 8_000));
+        // the disconnect has taken the link once a transfer finds none; then it closes the
+        // link's lanes at once (no idle lane: no goodbye to wait for). The pause only widens
+        // the window in which a regression shows: the test passes on any interleaving
+        let t0 = Instant::now();
+        while (e.transfer_sync(&stopped.name, TransferOp::Read, &from, 100)).map_err(|e| e.status())
+            != Err(Status::NOT_CONNECTED)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the disconnect never began"
+            );
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        e.finalize();
+        // the caller may now free or reuse the memory: a sentinel, then the peer resumes
+        for i in 0..mem.len() {
+            // SAFETY: a live byte of `mem` (volatile: a transfer still running may write it)
+            unsafe { ptr.add(i).write_volatile(0xEE) };
+        }
+        drop(pause);
+        let read = stalled.join().unwrap();
+        let _ = closer.join().unwrap();
+        // SAFETY: live bytes of `mem`, no transfer left
+        let changed = (0..mem.len())
+            .filter(|&i| unsafe { ptr.add(i).read_volatile() } != 0xEE)
+            .count();
+        assert_eq!(changed, 0, "bytes written after finalize returned");
+        // (cut by the teardown: the stopped peer never answered it)
+        assert!(read.is_err(), "the READ of a stopped peer succeeded");
+    });
+    stopped.quit();
+}

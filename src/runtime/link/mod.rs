@@ -381,11 +381,21 @@ impl LinkShared {
         self.close(timeout)
     }
 
-    /// Closes the link, briefly, ignoring errors (teardown).
+    /// Closes the link, briefly, ignoring errors (teardown). Like [`LinkShared::close`], it
+    /// returns only once every transfer of the link has ended, also when the link is closed
+    /// already or another thread is closing it with a longer timeout (a compat `Disconnect`
+    /// racing `Finalize`): lanes still in use are cut by this call's own short deadline, and
+    /// the transfers waited for. Before, a second closer returned at once, and a `Finalize`
+    /// could return while a sync READ on the link still wrote the caller's memory.
     pub(crate) fn close_quietly(&self) {
+        const BRIEF: Duration = Duration::from_millis(200);
         if !self.is_closed() {
-            let _ = self.close(Duration::from_millis(200));
+            let _ = self.close(BRIEF);
+            return;
         }
+        let started = Instant::now();
+        let _ = self.lanes.close(started, deadline_after(started, BRIEF));
+        self.wait_requests();
     }
 
     /// Closes the link: no transfer starts on it any more, every async request still queued or
