@@ -107,7 +107,9 @@ impl<M> Region<M> {
     /// [`Error::RangeOutOfBounds`] if the range leaves the region;
     /// [`Error::UnsupportedMemory`] for device memory; [`Error::RegionBusy`]
     /// (`RESOURCE_EXHAUSTED`) while an async request using the region (held, or forgotten with
-    /// `mem::forget`) has not ended.
+    /// `mem::forget`) has not ended, or while a same-host client that `deactivate` gave up on
+    /// (stopped or hung mid-batch) may still write it: until it leaves its fence or exits
+    /// (`deregister` hands back a copy meanwhile).
     pub fn read_at(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
         self.check_host_span(offset, buf.len())?;
         self.check_idle()?;
@@ -205,9 +207,11 @@ impl<M> Region<M> {
 
     /// `RegionBusy` while an async request that uses the region has not ended: a request that
     /// is held borrows the region (so `&mut self` methods do not compile); one that was
-    /// `mem::forget`ten no longer does, and is caught here.
+    /// `mem::forget`ten no longer does, and is caught here. Also while a same-host client that
+    /// `deactivate` or `finalize` gave up on may still write the memory (it is quarantined).
     fn check_idle(&self) -> Result<(), Error> {
-        self.core.check_idle()
+        self.core.check_idle()?;
+        self.core.check_unblocked()
     }
 
     fn check_host_span(&self, offset: usize, len: usize) -> Result<(), Error> {

@@ -207,6 +207,17 @@ impl RegionCore {
         Ok(())
     }
 
+    /// `RegionBusy` while a same-host client that `deactivate` or `finalize` gave up on
+    /// (stopped or hung inside its fence past `finalize_timeout`) may still write the memory:
+    /// until it leaves its fence or exits, what it copies lands here, so the owner's own copies
+    /// (`read_at`/`write_at`) wait for that (`deregister` hands back a copy instead).
+    pub(crate) fn check_unblocked(&self) -> Result<(), Error> {
+        if !self.live_blockers().is_empty() {
+            return Err(Error::RegionBusy { region: self.id });
+        }
+        Ok(())
+    }
+
     /// What a transport needs to know of the region.
     pub(crate) fn view(&self) -> RegionView {
         RegionView {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::hammer::{Hammer, T};
 use common::{Rng, same_host_available};
-use hixl::{Hixl, HostBuffer, Options};
+use hixl::{Error, Hixl, HostBuffer, Options};
 
 /// Checks for `window` that `bytes` keeps the value `want` everywhere (a same-host client still
 /// writing would change it).
@@ -205,6 +205,18 @@ fn a_stopped_client_gets_its_memory_quarantined() {
             "it gave the client its grace period: {took:?}"
         );
         assert!(took < grace + Duration::from_secs(3), "bounded: {took:?}");
+        // the client may still write the region: the owner's own copies wait (they read what
+        // it wrote after deactivate returned, before)
+        let mut region = region;
+        let mut b = [0u8; 16];
+        assert!(
+            matches!(region.read_at(0, &mut b), Err(Error::RegionBusy { .. })),
+            "read_at while a client given up on may write the region"
+        );
+        assert!(
+            matches!(region.write_at(0, &b), Err(Error::RegionBusy { .. })),
+            "write_at while a client given up on may write the region"
+        );
         let mem = srv.deregister(region).unwrap();
         assert_ne!(mem.as_ptr() as usize, original, "a copy, not the original");
         assert!(mem == data, "the copy holds the region's bytes");
