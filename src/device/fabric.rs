@@ -187,15 +187,31 @@ pub(crate) fn replace_physical(addr: usize, phys: usize) -> Option<usize> {
 /// # Errors
 /// `PARAM_INVALID` for an address [`malloc_mem`] did not return; [`Error::Native`] from ACL.
 pub fn export_to_shareable_handle(addr: usize) -> Result<[u8; FABRIC_HANDLE_LEN], Error> {
+    own_export(addr)
+        .unwrap_or_else(|| Err(param(format!("{addr:#x}"))))
+        .map(|(_, h)| h)
+}
+
+/// The physical handle and the fabric shareable handle of the [`malloc_mem`] allocation at
+/// `addr` (exported once, then the cached one: ACL holds a handle and its shareable handle one
+/// to one within a process, so a second export of one handle fails); `None` when `addr` is not
+/// one (memory the caller mapped itself). A fabric registration of the allocator's memory
+/// takes these, as upstream's does, instead of retaining the handle
+/// (`aclrtMemRetainAllocationHandle`, which HDK 25.5 lacks) and exporting it again.
+///
+/// # Errors
+/// [`Error::Native`] from ACL's export.
+pub(crate) fn own_export(addr: usize) -> Option<Result<(usize, [u8; FABRIC_HANDLE_LEN]), Error>> {
     let mut allocs = lock(&ALLOCS);
-    let a = allocs
-        .get_mut(&addr)
-        .ok_or_else(|| param(format!("{addr:#x}")))?;
+    let a = allocs.get_mut(&addr)?;
     if let Some(h) = a.handle {
-        return Ok(h);
+        return Some(Ok((a.phys, h)));
     }
     // SAFETY: the allocation's live handle (kept in the table until `free_mem`).
-    let h = unsafe { a.acl.export_fabric(a.phys) }?;
+    let h = match unsafe { a.acl.export_fabric(a.phys) } {
+        Ok(h) => h,
+        Err(e) => return Some(Err(e)),
+    };
     a.handle = Some(h);
-    Ok(h)
+    Some(Ok((a.phys, h)))
 }

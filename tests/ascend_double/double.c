@@ -2531,6 +2531,7 @@ typedef struct Phys {
     int refs;  /* handle references (malloc/import/retain minus free) */
     int maps;  /* live mappings */
     int host;  /* allocated with a host location */
+    int exported; /* exported once: a handle and its shareable handle are one to one */
     dev_t dev;
     ino_t ino;
 } Phys;
@@ -2819,7 +2820,7 @@ EXPORT aclError aclrtMemExportToShareableHandleV2(void *handle, uint64_t flags, 
     Phys *p;
     FabricWire w;
     unsigned long long start = 0;
-    int rc = 0;
+    int rc = 0, again = 0;
     (void)flags;
     ACL_FAIL_POINT("aclrtMemExportToShareableHandleV2", "handle=%p", handle);
     if (shareableHandle == NULL) return ACL_INVALID_PARAM;
@@ -2832,7 +2833,13 @@ EXPORT aclError aclrtMemExportToShareableHandleV2(void *handle, uint64_t flags, 
     pthread_mutex_lock(&mu);
     p = find_phys(handle);
     if (p == NULL || p->refs <= 0) rc = RT_PARAM_INVALID;
-    else {
+    else if (p->exported) {
+        /* acl_rt docs (aclrtMemSetPidToShareableHandleV2): handle and shareableHandle are one
+         * to one; one handle is not exported to two shareable handles within a process */
+        rc = RT_PARAM_INVALID;
+        again = 1;
+    } else {
+        p->exported = 1;
         memcpy(w.magic, fabric_magic, sizeof w.magic);
         w.pid = (int32_t)getpid();
         w.fd = p->fd;
@@ -2846,6 +2853,8 @@ EXPORT aclError aclrtMemExportToShareableHandleV2(void *handle, uint64_t flags, 
     if (rc == 0) {
         memset(shareableHandle, 0, 128);
         memcpy(shareableHandle, &w, sizeof w);
+    } else if (again) {
+        set_err("double: aclrtMemExportToShareableHandleV2(%p): the handle was exported already", handle);
     } else {
         set_err("double: aclrtMemExportToShareableHandleV2(%p): not a live physical allocation", handle);
     }

@@ -5,10 +5,13 @@
 //! space and copies with `aclrtMemcpyAsync` (device to device) on the link's streams. No HCCL.
 //!
 //! - Registration ([`FabricBackend`]'s `register`): every region must be VMM memory. The range
-//!   is walked with `aclrtMemGetAddressRange`; each block's physical allocation is retained
-//!   (`aclrtMemRetainAllocationHandle`) and exported
-//!   (`aclrtMemExportToShareableHandleV2`, `FABRIC`); memory the engine's allocator made
-//!   ([`malloc_mem`]) and "foreign" VMM memory the caller mapped itself are treated alike.
+//!   is walked with `aclrtMemGetAddressRange`. A block the engine's allocator made
+//!   ([`malloc_mem`]) is exported once, with the allocator's handle, and that export is kept
+//!   (upstream's `ExportToShareableHandle`: ACL holds a handle and its shareable handle one to
+//!   one within a process, so a second export of one handle fails, and HDK 25.5 has no
+//!   retain). A block of "foreign" VMM memory the caller mapped itself is retained
+//!   (`aclrtMemRetainAllocationHandle`) and exported (`aclrtMemExportToShareableHandleV2`,
+//!   `FABRIC`) by each registration, as upstream's is.
 //! - Connect (client): FABRIC_HELLO, answered by FABRIC_WELCOME with the server's blocks
 //!   (`wire::FabricInfo`); each is imported (`aclrtMemImportFromShareableHandleV2`), mapped into
 //!   a reservation of this process, and remembered by the server's region id.

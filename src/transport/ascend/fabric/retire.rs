@@ -34,9 +34,13 @@ impl FabricRt {
     /// memory (mapped, its bytes intact), the error says why, and the handle is still released.
     pub(super) fn retire(&self, b: &Block) -> Result<(), Error> {
         let r = self.move_block(b);
-        // SAFETY: the handle `export_range` retained, released once.
-        if let Err(e) = unsafe { self.acl().free_physical(b.phys) } {
-            tracing::warn!("aclrtFreePhysical of a retained handle failed: {e}");
+        // (the allocator's own handle is the allocator's to release: `replace_physical` below
+        // handed it back, or `free_mem` will)
+        if b.retained {
+            // SAFETY: the handle `export_range` retained, released once.
+            if let Err(e) = unsafe { self.acl().free_physical(b.phys) } {
+                tracing::warn!("aclrtFreePhysical of a retained handle failed: {e}");
+            }
         }
         r
     }
@@ -70,7 +74,8 @@ impl FabricRt {
         // SAFETY: the range was just unmapped, inside the owner's reservation; `fresh` is live.
         if let Err(e) = unsafe { acl.map(b.base, len, fresh) } {
             // back onto the old memory rather than leave the owner's range unmapped
-            // SAFETY: the old handle is still retained (released by `retire` after this).
+            // SAFETY: the old handle is still held: retained (released by `retire` after
+            // this), or the allocator's (not replaced: `replace_physical` runs only after).
             if unsafe { acl.map(b.base, len, b.phys) }.is_err() {
                 tracing::error!(
                     addr = b.base,

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::Device;
 use crate::device::acl::Acl;
+use crate::device::own_export;
 use crate::error::Error;
 use crate::transport::Region;
 use crate::transport::ascend::options::AscendOptions;
@@ -89,8 +90,10 @@ impl FabricRt {
         }
     }
 
-    /// Walks `addr..addr + len` block by block (`aclrtMemGetAddressRange`), retaining and
-    /// exporting each block's physical allocation.
+    /// Walks `addr..addr + len` block by block (`aclrtMemGetAddressRange`): a block the
+    /// engine's allocator made ([`malloc_mem`](crate::device::fabric::malloc_mem)) takes the
+    /// allocator's handle and its export (made once); another block's physical allocation is
+    /// retained and exported.
     ///
     /// # Errors
     /// [`Error::UnsupportedMemory`] for memory that is not VMM memory; [`Error::Native`].
@@ -124,6 +127,21 @@ impl FabricRt {
             if size == 0 || base > p || base.saturating_add(size) <= p {
                 return Err(not_vmm(acl.error("aclrtMemGetAddressRange", 0)));
             }
+            // the allocator's own memory: its handle and its export, made once (upstream's
+            // `ExportToShareableHandle`); a second export of one handle fails, and HDK 25.5
+            // has no retain
+            if let Some(own) = own_export(base) {
+                let (phys, handle) = own?;
+                reg.blocks.push(Block {
+                    base,
+                    len: size,
+                    phys,
+                    handle,
+                    retained: false,
+                });
+                p = base + size;
+                continue;
+            }
             let phys = acl.retain_allocation(base).map_err(not_vmm)?;
             // SAFETY: `phys` is live: just retained, and released only when `reg` drops.
             let exported = unsafe { acl.export_fabric(phys) };
@@ -132,6 +150,7 @@ impl FabricRt {
                 len: size,
                 phys,
                 handle: *exported.as_ref().unwrap_or(&[0; FABRIC_HANDLE_LEN]),
+                retained: true,
             });
             exported?;
             p = base + size;
@@ -140,14 +159,17 @@ impl FabricRt {
     }
 }
 
-/// One VMM block of a registered region: its range, its retained physical handle and its
-/// fabric handle.
+/// One VMM block of a registered region: its range, its physical handle (retained, or the
+/// allocator's) and its fabric handle.
 #[derive(Clone)]
 pub(super) struct Block {
     pub(super) base: usize,
     pub(super) len: usize,
     pub(super) phys: usize,
     pub(super) handle: [u8; FABRIC_HANDLE_LEN],
+    /// `phys` is a reference this registration retained (released when it ends); else the
+    /// allocator's own handle, which the allocator releases.
+    pub(super) retained: bool,
 }
 
 /// A region's fabric registration: the retained handles (released when it drops) and the
@@ -170,6 +192,9 @@ impl Drop for FabricReg {
                         "a fabric region could not be moved away from its peers' imports: a peer that kept its import can still reach it");
                 }
                 continue;
+            }
+            if !b.retained {
+                continue; // the allocator's handle: its `free_mem` releases it
             }
             // SAFETY: a handle retained by `export_range`, released once.
             if let Err(e) = unsafe { self.rt.acl().free_physical(b.phys) } {

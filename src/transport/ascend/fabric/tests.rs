@@ -34,6 +34,33 @@ fn exported_granule(rt: &Arc<FabricRt>) -> (usize, usize, super::rt::FabricReg) 
     (va, h, reg)
 }
 
+/// Memory the engine's allocator made registers with the allocator's handle and its one
+/// export, as upstream's does: ACL holds a handle and its shareable handle one to one within a
+/// process (the double refuses a second export), and HDK 25.5 has no retain. After
+/// `export_to_shareable_handle`, and again after the registration ended, with retain failing
+/// as on 25.5: each registration hands peers the allocator's export and releases nothing of
+/// the allocator's. Before, every registration retained and exported again: the first failed
+/// `UNSUPPORTED` without retain, and any second export `Native`.
+#[test]
+fn the_allocators_memory_registers_with_its_one_export() {
+    use crate::device::{Holder, free_mem, malloc_with};
+    use crate::types::MemType;
+    let (f, rt) = runtime("fabric-own");
+    let va = malloc_with(rt.acl(), MemType::Device, 4096, Holder::Caller).unwrap();
+    let h = crate::device::export_to_shareable_handle(va).unwrap();
+    f.fail("aclrtMemRetainAllocationHandle=207000");
+    for round in 0..2 {
+        let reg = (rt.export_range(va, 4096, MemType::Device))
+            .unwrap_or_else(|e| panic!("registration {round}: {e}"));
+        assert_eq!(reg.blocks.len(), 1);
+        assert_eq!((reg.blocks[0].base, reg.blocks[0].handle), (va, h));
+        assert!(!reg.blocks[0].retained);
+        drop(reg);
+    }
+    // the allocator's handle is still live: freed once, by its owner
+    free_mem(va).unwrap();
+}
+
 /// Foreign VMM memory (mapped by the caller, not by `malloc_mem`): one reservation holding two
 /// physical allocations is registered as two blocks, each retained and exported; memory that is
 /// not VMM memory is `UNSUPPORTED`; the retained handles go with the registration.
