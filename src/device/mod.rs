@@ -44,10 +44,10 @@ pub(crate) mod sys;
 
 pub(crate) use self::context::bind;
 pub use self::context::{ContextToken, DetachedContext};
-pub use self::fabric::{export_to_shareable_handle, free_mem, malloc_mem};
-pub(crate) use self::fabric::{own_export, replace_physical};
 #[cfg(test)]
 pub(crate) use self::fabric::{Holder, malloc_with};
+pub use self::fabric::{export_to_shareable_handle, free_mem, malloc_mem};
+pub(crate) use self::fabric::{own_export, replace_physical};
 pub(crate) use self::memory::{Alloc, DeviceMem};
 pub use self::memory::{DeviceBuffer, FabricBuffer, PinnedHostBuffer};
 

@@ -192,55 +192,55 @@ dl_api! {
     /// The ACL runtime's entry points, with the library that keeps them valid.
     pub(crate) struct AclApi fields(pub(in crate::device)) {
         /// `aclError aclInit(const char *configPath)`.
-        init = "aclInit": unsafe extern "C" fn(*const c_char) -> AclError,
+        init = "aclInit": unsafe extern "C-unwind" fn(*const c_char) -> AclError,
         /// `aclError aclFinalize(void)`.
         #[cfg(test)]
-        finalize = "aclFinalize": unsafe extern "C" fn() -> AclError,
+        finalize = "aclFinalize": unsafe extern "C-unwind" fn() -> AclError,
         /// `aclError aclrtSetDevice(int32_t)`.
-        set_device = "aclrtSetDevice": unsafe extern "C" fn(i32) -> AclError,
+        set_device = "aclrtSetDevice": unsafe extern "C-unwind" fn(i32) -> AclError,
         /// `aclError aclrtResetDevice(int32_t)`.
         #[cfg(test)]
-        reset_device = "aclrtResetDevice": unsafe extern "C" fn(i32) -> AclError,
+        reset_device = "aclrtResetDevice": unsafe extern "C-unwind" fn(i32) -> AclError,
         /// `aclError aclrtGetDevice(int32_t *)`.
-        get_device = "aclrtGetDevice": unsafe extern "C" fn(*mut i32) -> AclError,
+        get_device = "aclrtGetDevice": unsafe extern "C-unwind" fn(*mut i32) -> AclError,
         /// `aclError aclrtGetCurrentContext(aclrtContext *)`.
         get_current_context = "aclrtGetCurrentContext":
-            unsafe extern "C" fn(*mut AclrtContext) -> AclError,
+            unsafe extern "C-unwind" fn(*mut AclrtContext) -> AclError,
         /// `aclError aclrtSetCurrentContext(aclrtContext)`.
         set_current_context = "aclrtSetCurrentContext":
-            unsafe extern "C" fn(AclrtContext) -> AclError,
+            unsafe extern "C-unwind" fn(AclrtContext) -> AclError,
         /// `aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy)`.
-        malloc = "aclrtMalloc": unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> AclError,
+        malloc = "aclrtMalloc": unsafe extern "C-unwind" fn(*mut *mut c_void, usize, u32) -> AclError,
         /// `aclError aclrtFree(void *devPtr)`.
-        free = "aclrtFree": unsafe extern "C" fn(*mut c_void) -> AclError,
+        free = "aclrtFree": unsafe extern "C-unwind" fn(*mut c_void) -> AclError,
         /// `aclError aclrtMallocHost(void **hostPtr, size_t size)`.
-        malloc_host = "aclrtMallocHost": unsafe extern "C" fn(*mut *mut c_void, usize) -> AclError,
+        malloc_host = "aclrtMallocHost": unsafe extern "C-unwind" fn(*mut *mut c_void, usize) -> AclError,
         /// `aclError aclrtFreeHost(void *hostPtr)`.
-        free_host = "aclrtFreeHost": unsafe extern "C" fn(*mut c_void) -> AclError,
+        free_host = "aclrtFreeHost": unsafe extern "C-unwind" fn(*mut c_void) -> AclError,
         /// `aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
         /// aclrtMemcpyKind kind)`.
         memcpy = "aclrtMemcpy":
-            unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, c_int) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, usize, *const c_void, usize, c_int) -> AclError,
         /// `aclError aclrtCreateStream(aclrtStream *)`.
-        create_stream = "aclrtCreateStream": unsafe extern "C" fn(*mut AclrtStream) -> AclError,
+        create_stream = "aclrtCreateStream": unsafe extern "C-unwind" fn(*mut AclrtStream) -> AclError,
         /// `aclError aclrtDestroyStream(aclrtStream)`.
-        destroy_stream = "aclrtDestroyStream": unsafe extern "C" fn(AclrtStream) -> AclError,
+        destroy_stream = "aclrtDestroyStream": unsafe extern "C-unwind" fn(AclrtStream) -> AclError,
         /// `aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t timeout_ms)`.
         synchronize_stream_with_timeout = "aclrtSynchronizeStreamWithTimeout":
-            unsafe extern "C" fn(AclrtStream, i32) -> AclError,
+            unsafe extern "C-unwind" fn(AclrtStream, i32) -> AclError,
         /// `const char *aclGetRecentErrMsg(void)`.
-        get_recent_err_msg = "aclGetRecentErrMsg": unsafe extern "C" fn() -> *const c_char,
+        get_recent_err_msg = "aclGetRecentErrMsg": unsafe extern "C-unwind" fn() -> *const c_char,
         /// `aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId,
         /// int32_t *const phyDevId)`.
         get_phy_dev_id_by_logic_dev_id = "aclrtGetPhyDevIdByLogicDevId":
-            unsafe extern "C" fn(i32, *mut i32) -> AclError,
+            unsafe extern "C-unwind" fn(i32, *mut i32) -> AclError,
         /// `const char *aclrtGetSocName()`.
-        get_soc_name = "aclrtGetSocName": unsafe extern "C" fn() -> *const c_char,
+        get_soc_name = "aclrtGetSocName": unsafe extern "C-unwind" fn() -> *const c_char,
         /// `aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t *value)`.
         get_device_info = "aclrtGetDeviceInfo":
-            unsafe extern "C" fn(u32, c_int, *mut i64) -> AclError,
+            unsafe extern "C-unwind" fn(u32, c_int, *mut i64) -> AclError,
         /// `aclError aclrtStreamAbort(aclrtStream stream)`: drops the stream's unexecuted tasks.
-        stream_abort = "aclrtStreamAbort": unsafe extern "C" fn(AclrtStream) -> AclError,
+        stream_abort = "aclrtStreamAbort": unsafe extern "C-unwind" fn(AclrtStream) -> AclError,
     }
     /// ACL's virtual memory (VMM), async copies and logical device ids: what fabric memory
     /// needs. A runtime without them still loads (the HCCL path needs none of them).
@@ -248,45 +248,45 @@ dl_api! {
         /// `aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void
         /// *expectPtr, uint64_t flags)`.
         reserve = "aclrtReserveMemAddress":
-            unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> AclError,
+            unsafe extern "C-unwind" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> AclError,
         /// `aclError aclrtReleaseMemAddress(void *virPtr)`.
-        release = "aclrtReleaseMemAddress": unsafe extern "C" fn(*mut c_void) -> AclError,
+        release = "aclrtReleaseMemAddress": unsafe extern "C-unwind" fn(*mut c_void) -> AclError,
         /// `aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const
         /// aclrtPhysicalMemProp *prop, uint64_t flags)`.
         malloc_physical = "aclrtMallocPhysical":
-            unsafe extern "C" fn(*mut *mut c_void, usize, *const PhysicalMemProp, u64) -> AclError,
+            unsafe extern "C-unwind" fn(*mut *mut c_void, usize, *const PhysicalMemProp, u64) -> AclError,
         /// `aclError aclrtFreePhysical(aclrtDrvMemHandle handle)`.
-        free_physical = "aclrtFreePhysical": unsafe extern "C" fn(*mut c_void) -> AclError,
+        free_physical = "aclrtFreePhysical": unsafe extern "C-unwind" fn(*mut c_void) -> AclError,
         /// `aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle
         /// handle, uint64_t flags)`.
         map = "aclrtMapMem":
-            unsafe extern "C" fn(*mut c_void, usize, usize, *mut c_void, u64) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, usize, usize, *mut c_void, u64) -> AclError,
         /// `aclError aclrtUnmapMem(void *virPtr)`.
-        unmap = "aclrtUnmapMem": unsafe extern "C" fn(*mut c_void) -> AclError,
+        unmap = "aclrtUnmapMem": unsafe extern "C-unwind" fn(*mut c_void) -> AclError,
         /// `aclError aclrtMemExportToShareableHandleV2(aclrtDrvMemHandle handle, uint64_t
         /// flags, aclrtMemSharedHandleType shareType, void *shareableHandle)`.
         export = "aclrtMemExportToShareableHandleV2":
-            unsafe extern "C" fn(*mut c_void, u64, c_int, *mut c_void) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, u64, c_int, *mut c_void) -> AclError,
         /// `aclError aclrtMemImportFromShareableHandleV2(void *shareableHandle,
         /// aclrtMemSharedHandleType shareType, uint64_t flags, aclrtDrvMemHandle *handle)`.
         import = "aclrtMemImportFromShareableHandleV2":
-            unsafe extern "C" fn(*mut c_void, c_int, u64, *mut *mut c_void) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, c_int, u64, *mut *mut c_void) -> AclError,
         /// `aclError aclrtMemRetainAllocationHandle(void *virPtr, aclrtDrvMemHandle *handle)`.
         retain = "aclrtMemRetainAllocationHandle":
-            unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, *mut *mut c_void) -> AclError,
         /// `aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize)`.
         address_range = "aclrtMemGetAddressRange":
-            unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, *mut *mut c_void, *mut usize) -> AclError,
         /// `aclError aclrtPointerGetAttributes(const void *ptr, aclrtPtrAttributes *attributes)`.
         pointer_attributes = "aclrtPointerGetAttributes":
-            unsafe extern "C" fn(*const c_void, *mut PtrAttributes) -> AclError,
+            unsafe extern "C-unwind" fn(*const c_void, *mut PtrAttributes) -> AclError,
         /// `aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc,
         /// size_t count)`.
         set_access = "aclrtMemSetAccess":
-            unsafe extern "C" fn(*mut c_void, usize, *mut MemAccessDesc, usize) -> AclError,
+            unsafe extern "C-unwind" fn(*mut c_void, usize, *mut MemAccessDesc, usize) -> AclError,
         /// `aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count,
         /// aclrtMemcpyKind kind, aclrtStream stream)`.
-        memcpy_async = "aclrtMemcpyAsync": unsafe extern "C" fn(
+        memcpy_async = "aclrtMemcpyAsync": unsafe extern "C-unwind" fn(
             *mut c_void,
             usize,
             *const c_void,
@@ -297,7 +297,7 @@ dl_api! {
         /// `aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t *const
         /// logicDevId)`.
         logic_dev_id = "aclrtGetLogicDevIdByUserDevId":
-            unsafe extern "C" fn(i32, *mut i32) -> AclError,
+            unsafe extern "C-unwind" fn(i32, *mut i32) -> AclError,
     }
 }
 

@@ -2,7 +2,10 @@
 //! at run time through one loader.
 //!
 //! - [`dl_api!`](crate::device::sys::dl_api): the loader macro. A table is a struct of
-//!   `unsafe extern "C" fn` fields, each looked up by its C name when the library opens (a
+//!   `unsafe extern "C-unwind" fn` fields (CANN's entry points are C++ inside: an exception
+//!   that escapes one unwinds the Rust frames above it, which is defined, and aborts where it
+//!   meets an `extern "C"` frame or `catch_unwind`; through an `extern "C"` pointer it would be
+//!   undefined behaviour), each looked up by its C name when the library opens (a
 //!   missing one is [`Error::LibraryUnavailable`] naming it), optional groups of entry points a
 //!   library may lack (using a missing group is that error then), and the [`Library`] that
 //!   keeps the pointers valid. A table is opened once per process for its library: later
@@ -161,7 +164,8 @@ impl<T> Loaded<T> {
 /// of the first candidate that loads, opened once: [`Loaded::get`]), `library()` (the name it
 /// was opened by), and for the tests `open_from(candidates)` (a table of its own) and
 /// `opened(name)` (how many times `shared` opened that library). Each field's type is the
-/// `unsafe extern "C" fn` spelled from the C declaration of the symbol named beside it.
+/// `unsafe extern "C-unwind" fn` (`"C"` for a C library) spelled from the C declaration of the
+/// symbol named beside it.
 macro_rules! dl_api {
     (
         $(#[doc = $doc:literal])*
@@ -213,7 +217,7 @@ macro_rules! dl_api {
             fn from_library(lib: $crate::dl::Library) -> Result<Self, $crate::error::Error> {
                 $(
                     $(#[cfg($fcfg)])?
-                    // SAFETY: the type is the `unsafe extern "C" fn` spelled from the C
+                    // SAFETY: the type is the `unsafe extern` fn spelled from the C
                     // declaration of the symbol (see the field), and the pointer is stored next
                     // to the `Library` that keeps it valid.
                     let $field = unsafe { lib.sym::<$ty>($sym) }?;

@@ -182,7 +182,7 @@ pub(crate) struct HcclMemDescs {
 
 /// `HcclResult HcclExchangeMemDesc(HcclComm comm, u32 remoteRank, HcclMemDescs *local,
 /// int timeout, HcclMemDescs *remote, u32 *actualNum)`.
-pub(crate) type ExchangeMemDescFn = unsafe extern "C" fn(
+pub(crate) type ExchangeMemDescFn = unsafe extern "C-unwind" fn(
     HcclComm,
     u32,
     *mut HcclMemDescs,
@@ -309,27 +309,27 @@ dl_api! {
     pub(crate) struct HcclApi fields(pub(super)) {
         /// `HcclResult HcclRegisterGlobalMem(const CommMem *mem, void **memHandle)`.
         register_global_mem = "HcclRegisterGlobalMem":
-            unsafe extern "C" fn(*const CommMem, *mut *mut c_void) -> HcclResult,
+            unsafe extern "C-unwind" fn(*const CommMem, *mut *mut c_void) -> HcclResult,
         /// `HcclResult HcclDeregisterGlobalMem(void *memHandle)`.
         deregister_global_mem = "HcclDeregisterGlobalMem":
-            unsafe extern "C" fn(*mut c_void) -> HcclResult,
+            unsafe extern "C-unwind" fn(*mut c_void) -> HcclResult,
         /// `HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTableJson,
         /// uint32_t rank, HcclCommConfig *cfg, HcclComm *comm)`.
         comm_init_cluster_info_mem_config = "HcclCommInitClusterInfoMemConfig":
-            unsafe extern "C" fn(*const c_char, u32, *mut HcclCommConfig, *mut HcclComm)
+            unsafe extern "C-unwind" fn(*const c_char, u32, *mut HcclCommConfig, *mut HcclComm)
                 -> HcclResult,
         /// `HcclResult HcclCommBindMem(HcclComm comm, void *memHandle)`.
-        comm_bind_mem = "HcclCommBindMem": unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+        comm_bind_mem = "HcclCommBindMem": unsafe extern "C-unwind" fn(HcclComm, *mut c_void) -> HcclResult,
         /// `HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle)`.
         comm_unbind_mem = "HcclCommUnbindMem":
-            unsafe extern "C" fn(HcclComm, *mut c_void) -> HcclResult,
+            unsafe extern "C-unwind" fn(HcclComm, *mut c_void) -> HcclResult,
         /// `HcclResult HcclCommPrepare(HcclComm comm, const HcclPrepareConfig *cfg,
         /// const int timeout_s)`.
         comm_prepare = "HcclCommPrepare":
-            unsafe extern "C" fn(HcclComm, *const HcclPrepareConfig, c_int) -> HcclResult,
+            unsafe extern "C-unwind" fn(HcclComm, *const HcclPrepareConfig, c_int) -> HcclResult,
         /// `HcclResult HcclBatchPut(HcclComm, u32 remoteRank, HcclOneSideOpDesc *desc,
         /// u32 descNum, rtStream_t stream)`.
-        batch_put = "HcclBatchPut": unsafe extern "C" fn(
+        batch_put = "HcclBatchPut": unsafe extern "C-unwind" fn(
             HcclComm,
             u32,
             *mut HcclOneSideOpDesc,
@@ -337,7 +337,7 @@ dl_api! {
             AclrtStream,
         ) -> HcclResult,
         /// `HcclResult HcclBatchGet(...)`, as `HcclBatchPut`.
-        batch_get = "HcclBatchGet": unsafe extern "C" fn(
+        batch_get = "HcclBatchGet": unsafe extern "C-unwind" fn(
             HcclComm,
             u32,
             *mut HcclOneSideOpDesc,
@@ -345,7 +345,7 @@ dl_api! {
             AclrtStream,
         ) -> HcclResult,
         /// `HcclResult HcclCommDestroy(HcclComm comm)`.
-        comm_destroy = "HcclCommDestroy": unsafe extern "C" fn(HcclComm) -> HcclResult,
+        comm_destroy = "HcclCommDestroy": unsafe extern "C-unwind" fn(HcclComm) -> HcclResult,
     }
     /// `HcclExchangeMemDesc` (LLM-DataDist's explicit-rank-table link), where the library has
     /// it: optional, so that an HCCL without it (CANN before hcomm's one-sided descriptor
