@@ -228,7 +228,7 @@ impl Hixl {
 
     /// HIXL `DeregisterMem`. As in HIXL, links may exist: peers' later requests for the region
     /// are refused (`PARAM_INVALID`) without touching it, requests being served from or into it
-    /// are waited for (at most the server's I/O timeout), and every device data path that bound
+    /// are waited for (`hixl.FinalizeTimeoutMs`, then their lanes are cut), and every device data path that bound
     /// it (its HCCL communicator) is closed, so links that used one break and, with
     /// AutoConnect, connect again on their next call. Refused (`RESOURCE_EXHAUSTED`, the region
     /// stays registered) while a transfer of this engine uses the region (an async request,

@@ -328,6 +328,22 @@ impl EngineInner {
             }
         }
         drop(server);
+        // requests being applied to it get `finalize_timeout`, as when serving stops; then
+        // their lanes are cut (a client that never reads a READ's reply, or trickles a WRITE,
+        // held this for its request's whole `server_io_timeout`), and waited for
+        let grace = self.options.finalize_timeout;
+        let inside = core.gate.close_within(grace);
+        if !inside.is_empty() {
+            tracing::warn!(
+                region = core.id,
+                requests = inside.len(),
+                ?grace,
+                "requests still applied to a withdrawn region after the grace: their lanes are cut"
+            );
+            if let Some(s) = lock(&self.server).as_ref() {
+                s.cut(&inside);
+            }
+        }
         core.gate.close();
         for b in &self.backends {
             b.region_withdrawn(core.id);

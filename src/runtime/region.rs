@@ -63,17 +63,20 @@ pub(crate) struct RegionCore {
 
 /// Counts the peer requests being applied to a region, so that withdrawing it from a serving
 /// engine (HIXL's `DeregisterMem` while linked) can wait until none touches it, and refuses
-/// every later one. (Its locks are the loom model's, `loom_model` below.)
+/// every later one. Each request inside is listed by its lane's connection id, so a withdrawal
+/// that has waited long enough can cut those lanes. (Its locks are the loom model's,
+/// `loom_model` below.)
 pub(crate) struct ServeGate {
-    /// Requests inside, and whether the gate is closed.
-    state: crate::sync::model::Mutex<(usize, bool)>,
+    /// The connection ids of the requests inside (one per request), and whether the gate is
+    /// closed.
+    state: crate::sync::model::Mutex<(Vec<u64>, bool)>,
     left: crate::sync::model::Condvar,
 }
 
 impl Default for ServeGate {
     fn default() -> Self {
         ServeGate {
-            state: crate::sync::model::Mutex::new((0, false)),
+            state: crate::sync::model::Mutex::new((Vec::new(), false)),
             left: crate::sync::model::Condvar::new(),
         }
     }
@@ -83,29 +86,31 @@ impl std::fmt::Debug for ServeGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = crate::sync::model::lock(&self.state);
         f.debug_struct("ServeGate")
-            .field("inside", &s.0)
+            .field("inside", &s.0.len())
             .field("closed", &s.1)
             .finish()
     }
 }
 
 impl ServeGate {
-    /// A request starts applying to the region; `false` once the gate is closed (the region was
-    /// withdrawn: the request must not touch it).
-    pub(crate) fn enter(&self) -> bool {
+    /// A request of the lane `conn` starts applying to the region; `false` once the gate is
+    /// closed (the region was withdrawn: the request must not touch it).
+    pub(crate) fn enter(&self, conn: u64) -> bool {
         let mut s = crate::sync::model::lock(&self.state);
         if s.1 {
             return false;
         }
-        s.0 += 1;
+        s.0.push(conn);
         true
     }
 
-    /// A request that [`enter`](Self::enter)ed is done with the region.
-    pub(crate) fn leave(&self) {
+    /// A request of the lane `conn` that [`enter`](Self::enter)ed is done with the region.
+    pub(crate) fn leave(&self, conn: u64) {
         let mut s = crate::sync::model::lock(&self.state);
-        s.0 -= 1;
-        if s.0 == 0 {
+        if let Some(i) = s.0.iter().position(|&c| c == conn) {
+            s.0.swap_remove(i);
+        }
+        if s.0.is_empty() {
             self.left.notify_all();
         }
     }
@@ -114,9 +119,28 @@ impl ServeGate {
     pub(crate) fn close(&self) {
         let mut s = crate::sync::model::lock(&self.state);
         s.1 = true;
-        while s.0 > 0 {
+        while !s.0.is_empty() {
             s = self.left.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Closes the gate and waits up to `grace` for the requests inside to leave; returns the
+    /// lanes of those still inside then (empty: none is), for the caller to cut before it
+    /// waits for them ([`close`](Self::close)).
+    pub(crate) fn close_within(&self, grace: std::time::Duration) -> Vec<u64> {
+        let until = crate::error::deadline_after(std::time::Instant::now(), grace);
+        let mut s = crate::sync::model::lock(&self.state);
+        s.1 = true;
+        while !s.0.is_empty() {
+            let rem = until.saturating_duration_since(std::time::Instant::now());
+            if rem.is_zero() {
+                break;
+            }
+            s = (self.left.wait_timeout(s, rem))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        s.0.clone()
     }
 }
 
@@ -442,10 +466,10 @@ mod loom_model {
                 .map(|i| {
                     let (gate, mem) = (gate.clone(), mem.clone());
                     loom::thread::spawn(move || {
-                        if gate.enter() {
+                        if gate.enter(i as u64) {
                             // SAFETY: loom checks that no access of another thread races it.
                             mem[i].with_mut(|m| unsafe { *m = 1 });
-                            gate.leave();
+                            gate.leave(i as u64);
                         }
                     })
                 })
@@ -456,7 +480,7 @@ mod loom_model {
                 // SAFETY: as above.
                 m.with_mut(|m| unsafe { *m = 9 });
             }
-            assert!(!gate.enter(), "a request let in after the withdrawal");
+            assert!(!gate.enter(7), "a request let in after the withdrawal");
             for r in requests {
                 r.join().unwrap();
             }

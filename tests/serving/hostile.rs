@@ -1024,3 +1024,60 @@ fn a_write_trickling_past_finalize_timeout_is_cut() {
     drop(e);
     drop(mem);
 }
+
+/// A compat engine's live deregistration (`DeregisterMem` while serving) waits for the requests
+/// applied to the region for `finalize_timeout`, then cuts their lanes: a raw client that asks
+/// for a READ of the whole region and never reads the reply holds it up about that long, not
+/// for the request's `server_io_timeout` (20 s here), under the compat engine's lock. Before,
+/// it waited the whole 20 s (a review measured 3.7 s with 4 s).
+#[test]
+fn a_reader_that_never_reads_holds_a_deregistration_only_for_the_grace() {
+    let _many = support::alongside();
+    let e = hixl::compat::Hixl::new();
+    e.initialize(
+        "127.0.0.1:0",
+        [
+            ("hixl.ServerIoTimeoutMs", "20000"),
+            ("hixl.FinalizeTimeoutMs", "300"),
+            ("hixl.SameHost", "off"),
+        ],
+    )
+    .unwrap();
+    let mut mem = vec![7u8; 32 << 20];
+    let desc = hixl::compat::MemDesc {
+        addr: mem.as_mut_ptr() as usize,
+        len: mem.len(),
+        local_only: false,
+    };
+    // SAFETY: `mem` outlives its registration (deregistered below, before it drops).
+    let h = unsafe { e.register_mem(desc, MemType::Host) }.unwrap();
+    let mut s = connect_raw(&e.local_engine().unwrap());
+    let w = hello(&mut s);
+    let r = w
+        .table
+        .iter()
+        .find(|r| r.addr == desc.addr as u64)
+        .expect("the region");
+    let whole = WireDesc {
+        region: r.id,
+        offset: 0,
+        len: r.len,
+    };
+    s.write_all(&xfer(TransferOp::Read, &[whole])).unwrap();
+    // the reply has begun: the DONE comes first (then the client reads no more)
+    let (k, _) = read_frame(&mut s).expect("the DONE");
+    assert_eq!(k, Kind::Done);
+    let t0 = Instant::now();
+    e.deregister_mem(h).unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+        "deregister_mem took {took:?} with a grace of 300 ms"
+    );
+    // the lane was cut: the rest of the reply never comes whole
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!((rest.len() as u64) < r.len, "the whole region was sent");
+    e.finalize();
+    drop(mem);
+}

@@ -132,6 +132,15 @@ impl Server {
         self.shared.table.clone()
     }
 
+    /// Shuts down the sockets of the lanes `conns` (connection ids; gone ones are skipped):
+    /// their requests fail at once, a parked one when the poller sees the hang-up.
+    pub(crate) fn cut(&self, conns: &[u64]) {
+        let table = lock(&self.shared.conns);
+        for c in conns.iter().filter_map(|id| table.get(id)) {
+            Sock::shutdown(c);
+        }
+    }
+
     /// Stops serving: no new connections; revokes every same-host client's one-sided access;
     /// waits up to `grace` for requests being served to finish and for every same-host client
     /// to leave its fence; then closes every connection and joins every thread. When this

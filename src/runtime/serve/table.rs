@@ -86,28 +86,37 @@ impl ServeTable {
     }
 }
 
-/// The gates a request entered: left when it is dropped, once the request no longer touches
-/// the regions' memory.
-#[derive(Default)]
-struct Entered(Vec<(u32, Arc<crate::runtime::region::ServeGate>)>);
+/// The gates a request of the lane `conn` entered: left when it is dropped, once the request
+/// no longer touches the regions' memory.
+struct Entered {
+    conn: u64,
+    gates: Vec<(u32, Arc<crate::runtime::region::ServeGate>)>,
+}
 
 impl Entered {
+    fn new(conn: u64) -> Self {
+        Entered {
+            conn,
+            gates: Vec::new(),
+        }
+    }
+
     fn enter(&mut self, r: &RegionCore) -> bool {
-        if self.0.iter().any(|(id, _)| *id == r.id) {
+        if self.gates.iter().any(|(id, _)| *id == r.id) {
             return true;
         }
-        if !r.gate.enter() {
+        if !r.gate.enter(self.conn) {
             return false;
         }
-        self.0.push((r.id, r.gate.clone()));
+        self.gates.push((r.id, r.gate.clone()));
         true
     }
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        for (_, g) in self.0.drain(..) {
-            g.leave();
+        for (_, g) in self.gates.drain(..) {
+            g.leave(self.conn);
         }
     }
 }
@@ -131,11 +140,12 @@ unsafe impl Served for ServeTable {
 
     fn admit(
         &self,
+        conn: u64,
         op: TransferOp,
         descs: WireDescs<'_>,
         targets: &mut Vec<IoVec>,
     ) -> Result<Held, (Status, String)> {
-        let mut entered = Entered::default();
+        let mut entered = Entered::new(conn);
         let snapshot = self.snapshot();
         validate(&snapshot, op, descs, targets, &mut entered)?;
         Ok(Held {

@@ -391,7 +391,7 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
                     Ok(x) => x,
                     Err(e) => return Err(violation(sock, out, e, deadline)),
                 };
-                xfer.apply(x, inb, deadline, &*shared.table)
+                xfer.apply(x, inb, deadline, &*shared.table, conn.id)
             }
             (Kind::Notify, p) => {
                 let (req, name, msg) = match wire::decode_notify(p) {

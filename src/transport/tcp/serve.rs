@@ -34,10 +34,14 @@ pub(crate) unsafe trait Served {
     /// memory) and puts the memory it touches in `targets`, in order (ranges adjacent in memory
     /// in one).
     ///
+    /// `conn` is the lane's connection id (a withdrawal that waited long enough for a
+    /// request cuts its lane by it).
+    ///
     /// # Errors
     /// The status and reason the client is told: nothing was touched.
     fn admit(
         &self,
+        conn: u64,
         op: TransferOp,
         descs: WireDescs<'_>,
         targets: &mut Vec<IoVec>,
@@ -198,12 +202,13 @@ impl XferServer {
         inb: &mut Inbound,
         deadline: Option<Instant>,
         served: &S,
+        conn: u64,
     ) -> Box<Pending<S::Held>> {
         let descs = match &x.blocks {
             None => WireDescs::List(&self.descs),
             Some(b) => WireDescs::Blocks(b, &self.idx),
         };
-        let admitted = served.admit(x.op, descs, &mut self.targets);
+        let admitted = served.admit(conn, x.op, descs, &mut self.targets);
         self.start(x, admitted, inb, deadline)
     }
 
