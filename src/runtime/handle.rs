@@ -43,12 +43,15 @@ impl Engine {
     /// `ephemeral`, a name without a port listens on one the OS chooses).
     ///
     /// # Errors
-    /// [`Error::InvalidEngineName`], [`Error::InvalidTimeout`] (the connect timeout),
+    /// [`Error::InvalidEngineName`], [`Error::InvalidTimeout`] (a zero connect or server I/O
+    /// timeout),
     /// [`Error::InvalidOption`] (a pre-shared key under 16 bytes) (`PARAM_INVALID`);
     /// [`Error::Listen`] (`FAILED`) when the port cannot be bound; the transports' errors.
     pub(crate) fn initialize(name: &str, options: Options, ephemeral: bool) -> Result<Self, Error> {
         let parsed = EngineName::parse(name)?;
         check_timeout(options.connect_timeout)?;
+        // (a zero I/O timeout would fail every handshake; a huge one is capped where used)
+        check_timeout(options.server_io_timeout)?;
         if options.psk.as_ref().is_some_and(|k| k.len() < 16) {
             return Err(Error::InvalidOption {
                 key: "psk".into(),

@@ -447,6 +447,39 @@ fn access_rights_are_enforced_locally() {
     assert!(!link.is_broken());
 }
 
+/// A server I/O timeout of zero is refused at initialize (it failed every handshake within
+/// milliseconds); one of `Duration::MAX` is capped where it is used: a client links and its
+/// data lands (it panicked the serving thread at its first accept, and the engine never
+/// served again).
+#[test]
+fn server_io_timeouts_at_the_ends_of_duration() {
+    let e = Hixl::initialize_ephemeral(
+        "127.0.0.1",
+        Options::default().server_io_timeout(Duration::ZERO),
+    )
+    .expect_err("a zero server I/O timeout");
+    assert!(matches!(e, Error::InvalidTimeout { millis: 0 }), "{e:?}");
+    assert_eq!(e.status().code(), 103_900);
+    let (srv, mut region) = server(4096, Options::default().server_io_timeout(Duration::MAX));
+    let data = common::Rng::new(11).bytes(64);
+    region.write_at(0, &data).unwrap();
+    for round in 0..2 {
+        let (cli, mut buf) = client(4096);
+        let link = cli
+            .connect(srv.name())
+            .unwrap_or_else(|e| panic!("link {round}: {e}"));
+        let d = TransferDesc::new(
+            buf.range(0..64).unwrap(),
+            link.regions().next().unwrap().range(0..64).unwrap(),
+        );
+        link.transfer_sync(TransferOp::Read, &[d], T).unwrap();
+        drop(link);
+        let mut got = vec![0u8; 64];
+        buf.read_at(0, &mut got).unwrap();
+        assert_eq!(got, data, "round {round}");
+    }
+}
+
 #[test]
 fn peer_finalized_gives_not_connected() {
     let (srv, _cache) = server(4096, Options::default());

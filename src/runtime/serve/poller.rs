@@ -246,7 +246,7 @@ impl Poller {
             conn,
             // handshake frames are small: so is the buffer until the client is welcomed
             inb: Inbound::with_capacity(256),
-            hs: Box::new(Handshake::new(now, now + sh.io_timeout)),
+            hs: Box::new(Handshake::new(now, deadline_after(now, sh.io_timeout))),
         };
         // an honest client's HELLO is usually in by the time its connection is accepted: taken
         // now, before any later connection could make it give up its place
