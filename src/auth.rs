@@ -2,15 +2,21 @@
 //! never crosses the wire.
 //!
 //! ```text
-//! client → HELLO  { client nonce, client name, ... }
-//! server → CHALLENGE { server nonce, HMAC(key, "hixl-v1 server" | cn | sn | client name) }
-//! client → AUTH   { HMAC(key, "hixl-v1 client" | sn | cn | client name) }      (after checking)
+//! client → HELLO  { client nonce, client name, target, ... }
+//! server → CHALLENGE { server nonce, HMAC(key, "hixl-v2 server" | cn | sn | name | target) }
+//! client → AUTH   { HMAC(key, "hixl-v2 client" | sn | cn | name | target) }  (after checking)
 //! server → WELCOME (or REFUSE)
 //! ```
 //!
-//! Each side proves the key over fresh nonces from both, so neither proof can be replayed, and
-//! the client's name is bound into both proofs (an allow-list of names means something once
-//! peers authenticate). An engine with a key refuses a peer without one, and vice versa.
+//! Each side proves the key over fresh nonces from both, so neither proof can be replayed. The
+//! client's name and the target, the server address the client dialed, are bound into both
+//! proofs (each with its length before it), and a keyed server refuses a HELLO whose target is
+//! not the address its end of the connection has. So a relay without the key, at another
+//! address, cannot pass a keyed server's proof on to a keyed client as its own: forwarded
+//! unchanged, the HELLO names the relay, which the server refuses; rewritten, the server's
+//! proof names another target than the client checks. (What follows the handshake on the
+//! connection is not authenticated: an attacker on the path itself is not kept out.) An
+//! engine with a key refuses a peer without one, and vice versa.
 //!
 //! A keyed client's nonce also *vouches* for the key in the first flight: its first 16 bytes are
 //! random, its last 16 the start of HMAC(key, "hixl-v1 early" | first half | client name |
@@ -39,8 +45,8 @@ impl Psk {
         self.0.len()
     }
     /// The MAC `role` proves: the server's over (cn, sn), the client's over (sn, cn), each under
-    /// its own label, with the client's name.
-    fn mac(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> Hmac<Sha256> {
+    /// its own label, with the HELLO's client name and target (`who`), each after its length.
+    fn mac(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], who: Who<'_>) -> Hmac<Sha256> {
         let (label, a, b) = match role {
             Role::Server => (SERVER, cn, sn),
             Role::Client => (CLIENT, sn, cn),
@@ -50,11 +56,14 @@ impl Psk {
         m.update(label);
         m.update(a);
         m.update(b);
-        m.update(name.as_bytes());
+        for s in [who.name, who.target] {
+            m.update(&(s.len() as u64).to_le_bytes());
+            m.update(s.as_bytes());
+        }
         m
     }
-    fn proof(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.mac(role, cn, sn, name).finalize().into_bytes().into()
+    fn proof(&self, role: Role, cn: &[u8; 32], sn: &[u8; 32], who: Who<'_>) -> [u8; 32] {
+        self.mac(role, cn, sn, who).finalize().into_bytes().into()
     }
     /// Checks the proof `role` sent, in constant time.
     pub(crate) fn check(
@@ -62,18 +71,18 @@ impl Psk {
         role: Role,
         cn: &[u8; 32],
         sn: &[u8; 32],
-        name: &str,
+        who: Who<'_>,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(role, cn, sn, name).verify_slice(proof).is_ok()
+        self.mac(role, cn, sn, who).verify_slice(proof).is_ok()
     }
-    /// The server's proof for client nonce `cn`, server nonce `sn`, client name `name`.
-    pub(crate) fn server_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.proof(Role::Server, cn, sn, name)
+    /// The server's proof for client nonce `cn`, server nonce `sn`, and the HELLO's `who`.
+    pub(crate) fn server_proof(&self, cn: &[u8; 32], sn: &[u8; 32], who: Who<'_>) -> [u8; 32] {
+        self.proof(Role::Server, cn, sn, who)
     }
     /// The client's proof (its nonces in the other order, under another label).
-    pub(crate) fn client_proof(&self, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        self.proof(Role::Client, cn, sn, name)
+    pub(crate) fn client_proof(&self, cn: &[u8; 32], sn: &[u8; 32], who: Who<'_>) -> [u8; 32] {
+        self.proof(Role::Client, cn, sn, who)
     }
 }
 
@@ -139,6 +148,24 @@ fn canonical(a: SocketAddr) -> SocketAddr {
     }
 }
 
+/// What a HELLO says of the two ends, bound into both proofs: the client's engine name and
+/// the target, the server address the client dialed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Who<'a> {
+    /// The client's engine name.
+    pub(crate) name: &'a str,
+    /// The engine name (address) the client dialed.
+    pub(crate) target: &'a str,
+}
+
+/// Whether `target` (a HELLO's) names `reached`, the address the server's end of the
+/// connection has (an IPv4-mapped IPv6 address as IPv4).
+pub(crate) fn names(target: &str, reached: SocketAddr) -> bool {
+    target
+        .parse::<SocketAddr>()
+        .is_ok_and(|t| canonical(t) == canonical(reached))
+}
+
 /// Which side a proof is of.
 #[derive(Clone, Copy)]
 pub(crate) enum Role {
@@ -148,8 +175,8 @@ pub(crate) enum Role {
     Client,
 }
 
-const SERVER: &[u8] = b"hixl-v1 server";
-const CLIENT: &[u8] = b"hixl-v1 client";
+const SERVER: &[u8] = b"hixl-v2 server";
+const CLIENT: &[u8] = b"hixl-v2 client";
 const EARLY: &[u8] = b"hixl-v1 early";
 
 impl fmt::Debug for Psk {
@@ -209,18 +236,51 @@ mod tests {
     }
 
     #[test]
-    fn proofs_bind_key_nonces_role_and_name() {
+    fn proofs_bind_key_nonces_role_name_and_target() {
         let k = Psk::new("0123456789abcdef");
         let (cn, sn) = ([1u8; 32], [2u8; 32]);
-        let sp = k.server_proof(&cn, &sn, "10.0.0.1");
-        let cp = k.client_proof(&cn, &sn, "10.0.0.1");
-        assert!(k.check(Role::Server, &cn, &sn, "10.0.0.1", &sp));
-        assert!(k.check(Role::Client, &cn, &sn, "10.0.0.1", &cp));
+        let who = |name, target| Who { name, target };
+        let w = who("10.0.0.1", "10.0.0.9:5000");
+        let sp = k.server_proof(&cn, &sn, w);
+        let cp = k.client_proof(&cn, &sn, w);
+        assert!(k.check(Role::Server, &cn, &sn, w, &sp));
+        assert!(k.check(Role::Client, &cn, &sn, w, &cp));
         assert_ne!(sp, cp, "a server proof must not pass as a client proof");
-        assert!(!k.check(Role::Client, &cn, &sn, "10.0.0.1", &sp));
-        assert!(!k.check(Role::Server, &cn, &[3; 32], "10.0.0.1", &sp));
-        assert!(!k.check(Role::Server, &cn, &sn, "10.0.0.2", &sp));
-        assert!(!Psk::new("another key 0123").check(Role::Server, &cn, &sn, "10.0.0.1", &sp));
+        assert!(!k.check(Role::Client, &cn, &sn, w, &sp));
+        assert!(!k.check(Role::Server, &cn, &[3; 32], w, &sp));
+        assert!(!k.check(
+            Role::Server,
+            &cn,
+            &sn,
+            who("10.0.0.2", "10.0.0.9:5000"),
+            &sp
+        ));
+        assert!(
+            !k.check(
+                Role::Server,
+                &cn,
+                &sn,
+                who("10.0.0.1", "10.0.0.8:5000"),
+                &sp
+            ),
+            "another target"
+        );
+        // the two strings are length-prefixed: moving bytes from one to the other changes it
+        assert!(!k.check(
+            Role::Server,
+            &cn,
+            &sn,
+            who("10.0.0.11", "0.0.0.9:5000"),
+            &sp
+        ));
+        assert!(!Psk::new("another key 0123").check(Role::Server, &cn, &sn, w, &sp));
+        // a target names the address the server's end has (either form of IPv4)
+        let reached: SocketAddr = "10.0.0.9:5000".parse().unwrap();
+        assert!(names("10.0.0.9:5000", reached));
+        assert!(names("[::ffff:10.0.0.9]:5000", reached));
+        assert!(!names("10.0.0.9:5001", reached));
+        assert!(!names("10.0.0.9", reached));
+        assert!(!names("", reached));
         assert_eq!(format!("{k:?}"), "Psk(<redacted>)");
     }
 }

@@ -171,9 +171,16 @@ pub mod handshake {
     pub use crate::runtime::serve::handshake::{Admission, Handshake, Refusal, Step};
     pub use crate::runtime::serve::limits::MAX_HANDSHAKE_FRAME;
 
-    /// A client's AUTH proof (what an honest client answers a CHALLENGE with).
-    pub fn client_proof(key: &crate::Psk, cn: &[u8; 32], sn: &[u8; 32], name: &str) -> [u8; 32] {
-        key.client_proof(cn, sn, name)
+    /// A client's AUTH proof (what an honest client answers a CHALLENGE with) for the HELLO's
+    /// client `name` and `target`.
+    pub fn client_proof(
+        key: &crate::Psk,
+        cn: &[u8; 32],
+        sn: &[u8; 32],
+        name: &str,
+        target: &str,
+    ) -> [u8; 32] {
+        key.client_proof(cn, sn, crate::auth::Who { name, target })
     }
 }
 // The control protocol's codec: public for the hostile-peer tests and the fuzz target, hidden

@@ -252,7 +252,12 @@ pub fn serve_handshake(data: &[u8]) {
                     instance: 1,
                     token: u64::from(c >> 6),
                     name: names[usize::from(c >> 1) % names.len()].into(),
-                    target: String::new(),
+                    // the server's address (a keyed server refuses any other), or not
+                    target: if c & 0x20 == 0 {
+                        "10.0.0.1:5000".into()
+                    } else {
+                        String::new()
+                    },
                     host: match (c >> 3) & 3 {
                         0 => None,
                         1 => Some(me),
@@ -265,10 +270,10 @@ pub fn serve_handshake(data: &[u8]) {
             }
             2 => {
                 let corrupt = next(&mut ops) & 1 != 0;
-                let (cn, name) = last_hello
-                    .as_ref()
-                    .map_or(([0; 32], ""), |h| (h.nonce, h.name.as_str()));
-                let mut proof = client_proof(&key, &cn, &sn.unwrap_or([0; 32]), name);
+                let (cn, name, target) = last_hello.as_ref().map_or(([0; 32], "", ""), |h| {
+                    (h.nonce, h.name.as_str(), h.target.as_str())
+                });
+                let mut proof = client_proof(&key, &cn, &sn.unwrap_or([0; 32]), name, target);
                 if corrupt {
                     proof[0] ^= 1;
                 }
@@ -306,8 +311,9 @@ pub fn serve_handshake(data: &[u8]) {
             // an AUTH that proves the key for the HELLO fed and the CHALLENGE sent
             if h.kind == Kind::Auth
                 && let (Some(hello), Some(sn)) = (&fed_hello, &sn)
-                && wire::decode_auth(p, 1)
-                    .is_ok_and(|f| f[0] == client_proof(&key, &hello.nonce, sn, &hello.name))
+                && wire::decode_auth(p, 1).is_ok_and(|f| {
+                    f[0] == client_proof(&key, &hello.nonce, sn, &hello.name, &hello.target)
+                })
             {
                 honest_auth_fed = true;
             }

@@ -101,7 +101,7 @@ fn forged_answers_are_refused() {
             instance: 1,
             token: 0,
             name: "10.1.1.1".into(),
-            target: String::new(),
+            target: srv.name().into(),
             host: None,
             nonce: [7; 32],
         }

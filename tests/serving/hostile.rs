@@ -737,14 +737,15 @@ fn one_status_for_malformed_input_at_every_stage() {
         f.extend_from_slice(payload);
         f
     };
-    let hello_frame = |host: Option<wire::HostId>| {
+    // (the address dialed: a keyed server refuses any other)
+    let hello_frame = |host: Option<wire::HostId>, target: &str| {
         let mut out = Vec::new();
         Hello {
             role: LaneRole::NewLink,
             instance: 4242,
             token: 0,
             name: "10.9.9.8".into(),
-            target: String::new(),
+            target: target.into(),
             host,
             nonce: [3; 32],
         }
@@ -784,7 +785,7 @@ fn one_status_for_malformed_input_at_every_stage() {
     }
     for (what, bytes) in inputs(Kind::Auth) {
         let mut s = connect_raw(keyed.name());
-        s.write_all(&hello_frame(None)).unwrap();
+        s.write_all(&hello_frame(None, keyed.name())).unwrap();
         let (k, _) = read_frame(&mut s).expect("a CHALLENGE");
         assert_eq!(k, Kind::Challenge);
         s.write_all(&bytes).unwrap();
@@ -793,7 +794,7 @@ fn one_status_for_malformed_input_at_every_stage() {
     if let Some(me) = wire::HostId::current() {
         for (what, bytes) in inputs(Kind::Proof) {
             let mut s = connect_raw(plain.name());
-            s.write_all(&hello_frame(Some(me))).unwrap();
+            s.write_all(&hello_frame(Some(me), plain.name())).unwrap();
             match read_frame(&mut s) {
                 Some((Kind::Prove, _)) => {}
                 other => {
@@ -829,7 +830,7 @@ fn one_status_for_malformed_input_at_every_stage() {
     );
     // a well-formed AUTH with a wrong proof: a failed authentication
     let mut s = connect_raw(keyed.name());
-    s.write_all(&hello_frame(None)).unwrap();
+    s.write_all(&hello_frame(None, keyed.name())).unwrap();
     assert_eq!(read_frame(&mut s).map(|f| f.0), Some(Kind::Challenge));
     let mut auth = Vec::new();
     wire::encode_auth(&mut auth, Kind::Auth, &[&[0u8; 32]]);

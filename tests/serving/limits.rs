@@ -16,8 +16,8 @@ use common::read_frame;
 use hixl::wire::{self, Hello, Kind, LaneRole, WireDesc};
 use hixl::{Options, TransferOp};
 use support::{
-    KEY, back_near, back_to_baseline, closed, connect_from, hello, hello_frame, honest_client,
-    honest_round, raise_own_nofile, rss_budget, serial, spawn_peer, usage, wait_for,
+    KEY, back_near, back_to_baseline, closed, connect_from, hello, hello_frame, hello_frame_for,
+    honest_client, honest_round, raise_own_nofile, rss_budget, serial, spawn_peer, usage, wait_for,
 };
 
 /// Item 1: once a frame has started, the whole frame must arrive within `server_io_timeout`: 50
@@ -208,7 +208,7 @@ fn a_handshake_has_one_deadline() {
         }
         (frames, t0.elapsed())
     });
-    let h = hello_frame(9);
+    let h = hello_frame_for(9, None, &peer.name);
     let at = |secs: f64| {
         let when = t0 + Duration::from_secs_f64(secs);
         std::thread::sleep(when.saturating_duration_since(Instant::now()));

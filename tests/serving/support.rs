@@ -186,13 +186,23 @@ pub(crate) fn hello_frame(instance: u64) -> Vec<u8> {
 
 /// A new link's HELLO from client "10.7.7.7", naming the process `host` (if any).
 pub(crate) fn hello_frame_naming(instance: u64, host: Option<hixl::wire::HostId>) -> Vec<u8> {
+    hello_frame_for(instance, host, "")
+}
+
+/// A new link's HELLO from client "10.7.7.7" that dialed `target` (a keyed server refuses any
+/// other than its own address), naming the process `host` (if any).
+pub(crate) fn hello_frame_for(
+    instance: u64,
+    host: Option<hixl::wire::HostId>,
+    target: &str,
+) -> Vec<u8> {
     let mut out = Vec::new();
     Hello {
         role: LaneRole::NewLink,
         instance,
         token: 0,
         name: "10.7.7.7".into(),
-        target: String::new(),
+        target: target.into(),
         host,
         nonce: [7; 32],
     }

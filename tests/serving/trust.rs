@@ -258,3 +258,43 @@ fn a_relay_cannot_pass_on_a_servers_proof() {
     assert_eq!(e.status().code(), 103_905, "{e:?}");
     let _ = cli.finalize();
 }
+
+/// A keyed client that dials a relay without the key (at another address, forwarding every
+/// byte to the keyed server) gets no link: the server refuses a keyed HELLO that dialed
+/// another address than its own, before it proves anything (the proofs also bind the address
+/// dialed, so rewriting it in the HELLO does not help the relay: `auth.rs`'s unit test). The
+/// same client reaches the server directly and moves data. Before, the relay passed the
+/// server's proof on, the client took it for the server, and the relay kept the authenticated
+/// connection to the server (a review's scratch test READ the server's memory through it).
+#[test]
+fn a_keyed_client_gets_no_link_through_a_keyless_relay() {
+    let key = b"the relay does not know this key";
+    let (srv, mut region) = super::common::server(
+        4096,
+        Options::default().psk(key).same_host(SameHost::Forbid),
+    );
+    let data = super::common::Rng::new(21).bytes(4096);
+    region.write_at(0, &data).unwrap();
+    let via = relay(srv.name());
+    let keyed = || {
+        super::common::client_with(
+            4096,
+            Options::default().psk(key).same_host(SameHost::Forbid),
+        )
+    };
+    let (cli, _b) = keyed();
+    let e = cli.connect(&via).map(|_| ()).unwrap_err();
+    assert_eq!(e.status().code(), 103_900, "{e:?}");
+    let _ = cli.finalize();
+    let (cli, mut buf) = keyed();
+    let link = cli.connect(srv.name()).expect("a direct keyed link");
+    let d = TransferDesc::new(
+        buf.range(0..4096).unwrap(),
+        link.regions().next().unwrap().range(0..4096).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}

@@ -179,13 +179,32 @@ impl Handshake {
                 let Some(key) = adm.psk else {
                     return self.authenticated(hello, adm);
                 };
+                // the address the client dialed must be this end's: a keyless relay at another
+                // address that forwards the HELLO is refused here, and one that rewrites the
+                // target gets a proof over this target, which the client does not accept
+                if !adm
+                    .server
+                    .is_some_and(|s| crate::auth::names(&hello.target, s))
+                {
+                    let why = format!(
+                        "engine {:?} dialed {:?}, not this server's address {}",
+                        hello.name,
+                        hello.target,
+                        adm.server.map_or("(unknown)".into(), |s| s.to_string())
+                    );
+                    return Step::Refuse(Refusal::new(
+                        Status::PARAM_INVALID,
+                        "authentication failed: the address dialed is not this server's",
+                        why,
+                    ));
+                }
                 let Ok(sn) = crate::auth::nonce() else {
                     return no_randomness();
                 };
                 self.vouched = adm
                     .server
                     .is_some_and(|s| key.vouches(&hello.nonce, &hello.name, adm.client, s));
-                let proof = key.server_proof(&hello.nonce, &sn, &hello.name);
+                let proof = key.server_proof(&hello.nonce, &sn, who(&hello));
                 let mut out = Vec::with_capacity(96);
                 wire::encode_auth(&mut out, Kind::Challenge, &[&sn, &proof]);
                 self.stage = Stage::Auth { hello, sn };
@@ -207,7 +226,7 @@ impl Handshake {
                         "no key to check an AUTH against",
                     ));
                 };
-                if !key.check(Role::Client, &hello.nonce, &sn, &hello.name, &answer) {
+                if !key.check(Role::Client, &hello.nonce, &sn, who(&hello), &answer) {
                     let why = format!("engine {:?} failed authentication", hello.name);
                     return Step::Refuse(Refusal::new(
                         Status::PARAM_INVALID,
@@ -247,6 +266,14 @@ impl Handshake {
     }
 }
 
+/// What `hello` says of the two ends, as the proofs bind it.
+fn who(hello: &Hello) -> crate::auth::Who<'_> {
+    crate::auth::Who {
+        name: &hello.name,
+        target: &hello.target,
+    }
+}
+
 /// Ends a handshake that broke the protocol.
 fn violation(e: WireError) -> Step {
     Step::Refuse(Refusal::violation(&e))
@@ -281,7 +308,7 @@ mod tests {
             instance: 7,
             token: 0,
             name: name.into(),
-            target: String::new(),
+            target: SERVER.into(),
             host,
             nonce: [5; 32],
         }
@@ -358,7 +385,7 @@ mod tests {
     fn challenge(p: &[u8], key: &Psk, h: &Hello) -> [u8; 32] {
         let f = wire::decode_auth(p, 2).unwrap();
         assert!(
-            key.check(Role::Server, &h.nonce, &f[0], &h.name, &f[1]),
+            key.check(Role::Server, &h.nonce, &f[0], who(h), &f[1]),
             "the server's proof"
         );
         f[0]
@@ -366,7 +393,7 @@ mod tests {
 
     fn auth_frame(key: &Psk, h: &Hello, sn: &[u8; 32]) -> (Kind, Vec<u8>) {
         let mut out = Vec::new();
-        let proof = key.client_proof(&h.nonce, sn, &h.name);
+        let proof = key.client_proof(&h.nonce, sn, who(h));
         wire::encode_auth(&mut out, Kind::Auth, &[&proof]);
         split(&out)
     }
@@ -437,8 +464,40 @@ mod tests {
             server: Some("10.0.0.2:5000".parse().unwrap()),
             ..a
         };
-        let (_, hs) = sent(feed(start(), &hello_frame(&h), &other), Kind::Challenge);
+        let to_other = Hello {
+            target: "10.0.0.2:5000".into(),
+            ..h.clone()
+        };
+        let (_, hs) = sent(
+            feed(start(), &hello_frame(&to_other), &other),
+            Kind::Challenge,
+        );
         assert_eq!(hs.progress(true), Progress::Greeted);
+    }
+
+    /// With a key, a HELLO whose target is not the address this end of the connection has (a
+    /// relay at another address forwarding a client's HELLO) is refused before the server
+    /// proves anything; the proofs bind the target, so rewriting it does not help a relay.
+    #[test]
+    fn a_keyed_hello_that_dialed_another_address_is_refused() {
+        let key = Psk::new("the key");
+        let a = adm(Some(&key), None, true);
+        for target in ["10.0.0.9:5000", "10.0.0.1:5001", "", "10.0.0.1"] {
+            let h = Hello {
+                target: target.into(),
+                ..hello("10.0.0.7", LaneRole::NewLink, None)
+            };
+            let r = refused(feed(start(), &hello_frame(&h), &a));
+            assert_eq!(r.status, Status::PARAM_INVALID, "{target:?}");
+            assert!(r.told.contains("not this server's"), "{}", r.told);
+        }
+        // without a key nothing is proven, and the target is not checked
+        let open = adm(None, None, true);
+        let h = Hello {
+            target: String::new(),
+            ..hello("10.0.0.7", LaneRole::NewLink, None)
+        };
+        assert_eq!(*done(feed(start(), &hello_frame(&h), &open)), h);
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
                     .links
                     .open(token, &hello, id, fence.clone(), &shared.conns);
             for old in &retired {
-                tracing::debug!(parent: &shared.span, server = %shared.name, client = %old.client,
+                tracing::debug!(parent: &shared.span, server = %shared.name, client = ?old.client,
                     instance = old.instance, "replacing the old link of a reconnecting client");
             }
             // nothing of the old link is applied once the new one exists: wait for requests
@@ -217,7 +217,7 @@ pub(super) fn open_link(shared: &Arc<Shared>, r: Ready) -> Option<Box<Establishe
                     return None;
                 }
             }
-            tracing::debug!(parent: &shared.span, client = %hello.name, "link opened");
+            tracing::debug!(parent: &shared.span, client = ?hello.name, "link opened");
             (token, member.live, member.busy, fence)
         }
         LaneRole::Join => {
@@ -425,7 +425,7 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
                     return Err(violation(sock, out, e, deadline));
                 }
                 if let Some(client) = shared.links.close(token, conn.id, &shared.conns) {
-                    tracing::debug!(parent: &shared.span, %client, "link closed by client");
+                    tracing::debug!(parent: &shared.span, ?client, "link closed by client");
                     shared.prune_fences();
                 }
                 // the acknowledgement goes if the socket takes it now; the lane ends anyway

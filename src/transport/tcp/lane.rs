@@ -189,10 +189,17 @@ impl Lane {
                     let f =
                         wire::decode_auth(p, 2).map_err(|e| LaneFail::Protocol(e.to_string()))?;
                     let (sn, proof) = (f[0], f[1]);
-                    if !key.check(Role::Server, &hello.nonce, &sn, &hello.name, &proof) {
-                        return Err(LaneFail::Auth("the peer does not know the pre-shared key"));
+                    let who = crate::auth::Who {
+                        name: &hello.name,
+                        target: &hello.target,
+                    };
+                    if !key.check(Role::Server, &hello.nonce, &sn, who, &proof) {
+                        return Err(LaneFail::Auth(
+                            "the peer does not know the pre-shared key, or did not answer the \
+                             HELLO this engine sent to the address it dialed (a relay)",
+                        ));
                     }
-                    let mine = key.client_proof(&hello.nonce, &sn, &hello.name);
+                    let mine = key.client_proof(&hello.nonce, &sn, who);
                     wire::encode_auth(&mut lane.out, Kind::Auth, &[&mine]);
                     lane.sock.send_bytes(&lane.out, dl).map_err(LaneFail::Io)?;
                     proven = true;

@@ -343,10 +343,17 @@ impl Lanes {
         // the lane must have joined this link of this server (an honest server echoes both;
         // another process at the address, or the server restarted, is no lane of it)
         if w.instance != j.remote_instance || w.token != j.token {
+            // (the link's token is a secret of the link: never in an error text or a log)
             return Err(LaneFail::Protocol(format!(
-                "a joined lane was welcomed by instance {:#x} for link {:#x}, not this link's \
-                 server {:#x} and link {:#x}",
-                w.instance, w.token, j.remote_instance, j.token
+                "a joined lane was welcomed by server instance {:#x}{}, not this link's server \
+                 {:#x}",
+                w.instance,
+                if w.token == j.token {
+                    ""
+                } else {
+                    " for another link"
+                },
+                j.remote_instance
             )));
         }
         let mut pool = lock(&self.pool);
