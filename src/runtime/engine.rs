@@ -43,7 +43,13 @@ enum PeerSlot {
 /// The engine's resources. `Drop` is the fallback teardown; `finalize` is the observable one.
 pub(crate) struct EngineInner {
     pub(crate) id: u64,
+    /// The instance id its server's WELCOMEs name (anyone who connects learns it).
     pub(crate) instance: u64,
+    /// The id its links' HELLOs name as a client, another random value: a server replaces a
+    /// client's link with a new one of the same name and id, so it is never sent to anyone
+    /// but the servers this engine links to (a peer that connected to this engine's server
+    /// could otherwise cut this engine's links to others).
+    client_id: u64,
     pub(crate) name: String,
     pub(crate) options: Options,
     listener: Mutex<Option<TcpListener>>,
@@ -87,6 +93,7 @@ impl EngineInner {
         // before anything is bound or started: an engine without a random source cannot take
         // part in the protocol (instance ids, link tokens and nonces come only from it)
         let instance = random_u64()?;
+        let client_id = random_u64()?;
         let port = match (parsed.port, ephemeral) {
             (Some(p), _) => Some(p),
             (None, true) => Some(0),
@@ -128,6 +135,7 @@ impl EngineInner {
         Ok(Arc::new_cyclic(|me| EngineInner {
             id,
             instance,
+            client_id,
             name,
             options,
             listener: Mutex::new(listener),
@@ -356,6 +364,7 @@ impl EngineInner {
         LinkConfig {
             engine_id: self.id,
             instance: self.instance,
+            client_id: self.client_id,
             name: &self.name,
             options: &self.options,
             span: &self.span,

@@ -1082,3 +1082,46 @@ fn a_reader_that_never_reads_holds_a_deregistration_only_for_the_grace() {
     e.finalize();
     drop(mem);
 }
+
+/// A server replaces a client's link with a new one of the same name and instance id (a
+/// reconnecting client). The id a client's HELLOs name is not the instance its own server's
+/// WELCOMEs send: a peer that connected to engine A's server learns nothing with which to
+/// pose as A to another server and cut A's links there. Before, both were one id: the raw
+/// HELLO below, naming A and A's server instance, replaced A's link, whose next READ failed
+/// `NOT_CONNECTED`.
+#[test]
+fn a_peer_of_a_server_cannot_pose_as_it_to_cut_its_links() {
+    let _many = support::alongside();
+    let (s, mut region) = common::server(4096, Options::default());
+    let data = Rng::new(31).bytes(4096);
+    region.write_at(0, &data).unwrap();
+    // A serves too, and links to S
+    let (a, mut buf) = common::server(4096, Options::default().same_host(hixl::SameHost::Forbid));
+    let link = a.connect(s.name()).unwrap();
+    let remote = link.regions().next().unwrap().range(0..4096).unwrap();
+    // E learns A's server instance from A's WELCOME, then says HELLO to S as A
+    let mut to_a = connect_raw(a.name());
+    let seen = hello(&mut to_a);
+    let mut to_s = connect_raw(s.name());
+    let mut out = Vec::new();
+    Hello {
+        role: LaneRole::NewLink,
+        instance: seen.instance,
+        token: 0,
+        name: a.name().into(),
+        target: s.name().into(),
+        host: None,
+        nonce: [9; 32],
+    }
+    .encode(&mut out);
+    to_s.write_all(&out).unwrap();
+    let (k, _) = read_frame(&mut to_s).expect("an answer");
+    assert_eq!(k, Kind::Welcome, "S links E as a new client");
+    // A's link is untouched: its data comes
+    let d = TransferDesc::new(buf.range(0..4096).unwrap(), remote);
+    link.transfer_sync(TransferOp::Read, &[d], T)
+        .expect("A's link after E posed as A");
+    let mut got = vec![0u8; 4096];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}

@@ -105,9 +105,12 @@ pub(crate) struct LinkShared {
 
 /// What a new link takes from its engine, so the link core does not see the engine.
 pub(crate) struct LinkConfig<'a> {
-    /// The engine's id (for metrics), instance id and name.
+    /// The engine's id (for metrics), instance id (its server's: a WELCOME naming it is this
+    /// engine's own) and name.
     pub(crate) engine_id: u64,
     pub(crate) instance: u64,
+    /// The id this engine's HELLOs name as a client (never the instance its server sends).
+    pub(crate) client_id: u64,
     pub(crate) name: &'a str,
     pub(crate) options: &'a crate::options::Options,
     /// The engine's span; the link's is a child of it.
@@ -134,7 +137,7 @@ impl LinkShared {
         };
         let hello = Hello {
             role: LaneRole::NewLink,
-            instance: engine.instance,
+            instance: engine.client_id,
             // a server on this host must prove which process it is (`proven`)
             token: if me.is_some() {
                 crate::wire::ASKS_SERVER_PROOF
@@ -238,7 +241,7 @@ impl LinkShared {
         let join = Join {
             addr,
             peer: peer.clone(),
-            instance: engine.instance,
+            instance: engine.client_id,
             name: engine.name.to_owned(),
             token: welcome.token,
             remote_instance: welcome.instance,
