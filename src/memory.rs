@@ -115,7 +115,12 @@ impl<M> Region<M> {
         self.check_idle()?;
         // SAFETY: the span lies inside the registered region, which stays allocated while `self`
         // holds its core; host memory is valid for reads; `buf` cannot alias registered memory
-        // given out by this crate, since no `&mut [u8]` to it is ever created.
+        // given out by this crate, since no `&mut [u8]` to it is ever created. Peers may write
+        // the region meanwhile while the engine serves it (another process, or a one-sided
+        // write a transport thread of this process applies, such as UCX's progress): the
+        // memory is shared with the outside, as a DMA buffer is, and only ever copied through
+        // raw pointers, so `buf` gets some interleaving of old and new bytes, each valid for
+        // `u8` (ordering it is the caller's: a notification after the peer's WRITE).
         unsafe {
             std::ptr::copy_nonoverlapping(self.core.ptr_at(offset), buf.as_mut_ptr(), buf.len())
         };

@@ -49,6 +49,12 @@ static MISSED_AT: AtomicU64 = AtomicU64::new(0);
 /// How many libraries the dynamic loader has loaded in this process's life (glibc's
 /// `dlpi_adds`), from the first object `dl_iterate_phdr` reports; `None` when unknown.
 fn loads() -> Option<u64> {
+    /// `dl_iterate_phdr`'s callback: copies the first object's `dlpi_adds` into `out`, then
+    /// stops the walk.
+    ///
+    /// # Safety
+    /// Called by `dl_iterate_phdr` only: `info` points to a live `dl_phdr_info` of `size`
+    /// bytes, and `out` is the `u64` this function's caller passed.
     unsafe extern "C" fn first(
         info: *mut libc::dl_phdr_info,
         size: usize,

@@ -241,9 +241,11 @@ impl Inbound {
             let take = t.len.min(self.buffered());
             // SAFETY: the source is initialised buffer memory, ours alone; the target is valid
             // for writes of any byte values (the caller's contract) and cannot overlap our
-            // buffer. Another process may write the target meanwhile (registered memory is
-            // shared): the copy goes through raw pointers, no Rust reference to the target
-            // exists, and whatever bytes end up there are valid for it.
+            // buffer. Others may write the target meanwhile (another process, a peer's
+            // one-sided write applied by a transport thread here): registered memory is shared
+            // with the outside, as a DMA buffer is, so it is only ever copied through raw
+            // pointers and never behind a Rust reference, and what ends up there is some
+            // interleaving of the writers' bytes, each valid for `u8`.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     self.buf.as_ptr().add(self.start),

@@ -180,16 +180,28 @@ unsafe fn copy_to_vec(raw: &RawMemory) -> Option<Vec<u8>> {
     Some(v)
 }
 
+/// A `Vec<u8>` copy of `raw`'s bytes, as raw parts (a [`Duplicate`] for `Vec<u8>` regions).
+///
+/// # Safety
+/// As [`copy_to_vec`]: `raw` must describe `len` bytes valid for reads.
 unsafe fn dup_vec(raw: &RawMemory) -> Option<RawMemory> {
     // SAFETY: forwarded caller contract.
     unsafe { copy_to_vec(raw) }.map(RegistrableMemory::into_raw_parts)
 }
 
+/// A `Box<[u8]>` copy of `raw`'s bytes, as raw parts (a [`Duplicate`] for `Box<[u8]>`).
+///
+/// # Safety
+/// As [`copy_to_vec`]: `raw` must describe `len` bytes valid for reads.
 unsafe fn dup_box(raw: &RawMemory) -> Option<RawMemory> {
     // SAFETY: forwarded caller contract.
     unsafe { copy_to_vec(raw) }.map(|v| v.into_boxed_slice().into_raw_parts())
 }
 
+/// A [`HostBuffer`] copy of `raw`'s bytes, as raw parts (a [`Duplicate`] for `HostBuffer`).
+///
+/// # Safety
+/// `raw` must describe `len` bytes valid for reads.
 unsafe fn dup_host_buffer(raw: &RawMemory) -> Option<RawMemory> {
     let mut b = HostBuffer::new(raw.len).ok()?;
     // SAFETY: `raw` is readable (the caller's contract); `b` is a fresh buffer of that length.
@@ -200,9 +212,17 @@ unsafe fn dup_host_buffer(raw: &RawMemory) -> Option<RawMemory> {
 // SAFETY: the core only stores addresses and owned memory of a `Send` type; the memory itself is
 // only touched through raw pointers by the engine's transfer code and `read_at`/`write_at`.
 unsafe impl Send for RegionCore {}
-// SAFETY: nothing in the core is mutated through `&RegionCore`.
+// SAFETY: what `&RegionCore` changes is behind locks or atomics (`uses`, `blockers`, the gate,
+// the stats) or is the memory's mapping, which `privatize` replaces in place with one
+// `mremap` system call (the pages stay valid at the same address throughout); the memory
+// itself is only touched through raw pointers, as for `Send`.
 unsafe impl Sync for RegionCore {}
 
+/// Gives `raw` back to its type `M`, which drops it (frees the memory).
+///
+/// # Safety
+/// `raw` came from `M::into_raw_parts`, is released once, and nothing (this engine or a peer)
+/// touches its memory any more.
 unsafe fn release<M: RegistrableMemory>(raw: RawMemory) {
     // SAFETY: `raw` came from `M::into_raw_parts` and is released once (see `RegionCore::drop`).
     drop(unsafe { M::from_raw_parts(raw) });

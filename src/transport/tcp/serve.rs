@@ -246,7 +246,11 @@ impl XferServer {
                     let from = inb.take(take);
                     // SAFETY: `admit` put in `targets` only ranges of registered host memory
                     // valid for writes of any bytes, by anyone, while `held` lives; `from` is
-                    // our private buffer, which cannot overlap them.
+                    // our private buffer, which cannot overlap them. Others may write the same
+                    // bytes meanwhile (the owner, other peers, other processes): registered
+                    // memory is shared with the outside, as a DMA buffer is, and is only ever
+                    // copied through raw pointers, never behind a Rust reference; what lands
+                    // is some interleaving of the writers' bytes, each valid for `u8`.
                     unsafe {
                         std::ptr::copy_nonoverlapping(from.as_ptr(), t.base as *mut u8, take)
                     };

@@ -25,6 +25,10 @@ pub(crate) const SETTLE_BOUND: Duration = Duration::from_millis(500);
 /// The endpoint error handler: records the first failure status. Runs inside
 /// `ucp_worker_progress` on whatever thread progresses the worker; it cannot unwind (atomic
 /// stores only).
+///
+/// # Safety
+/// Called by UCX only, with `arg` the endpoint's error-handler argument this module set: null,
+/// or a pointer to the endpoint's live status word.
 unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ffi::ucp_ep_h, status: ucs_status_t) {
     if arg.is_null() {
         return;
