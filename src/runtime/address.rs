@@ -40,6 +40,7 @@ pub(crate) fn batch(
 ) -> Result<(Vec<BatchDesc>, u64), Error> {
     let mut xds = Vec::new();
     let n = descs.len();
+    let mut keep = keep;
     let r = e.with_index(|ix| {
         let pairs = descs.clone().enumerate().map(|(index, d)| {
             let core = ix
@@ -59,7 +60,7 @@ pub(crate) fn batch(
             Ok((local, remote))
         });
         let bytes = check::list(link, op, n, pairs, &mut xds)?;
-        if let Some(keep) = keep {
+        if let Some(keep) = keep.as_deref_mut() {
             for d in descs.clone() {
                 let core = ix.find(d.local, d.len).expect("found above");
                 if !keep.iter().any(|k| Arc::ptr_eq(k.core(), core)) {
@@ -72,7 +73,7 @@ pub(crate) fn batch(
     match r {
         Ok(bytes) => Ok((xds, bytes)),
         Err(Error::LocalNotRegistered { .. }) if e.options.ascend.enable_fabric_mem => {
-            batch_fabric(e, link, op, descs)
+            batch_fabric(e, link, op, descs, keep)
         }
         Err(err) => Err(err),
     }
@@ -80,12 +81,14 @@ pub(crate) fn batch(
 
 /// [`batch`] on a fabric-memory engine whose batch names local memory that is not registered:
 /// each such range must lie inside one live ACL device allocation, which carries it as a region
-/// of its own for this call (and its async request).
+/// of its own for this call (and its async request: with `keep`, every region the batch
+/// touches, registered or not, goes there, as [`batch`]'s do).
 fn batch_fabric(
     e: &Engine,
     link: &LinkShared,
     op: TransferOp,
     descs: impl ExactSizeIterator<Item = AddrDesc> + Clone,
+    keep: Option<&mut Vec<RegionUse>>,
 ) -> Result<(Vec<BatchDesc>, u64), Error> {
     // the region (registered, or an unregistered device allocation found in this call) and
     // the offset of each descriptor's local range
@@ -133,6 +136,13 @@ fn batch_fabric(
     });
     let mut xds = Vec::new();
     let bytes = check::list(link, op, n, pairs, &mut xds)?;
+    if let Some(keep) = keep {
+        for (region, _) in &at {
+            if !keep.iter().any(|k| Arc::ptr_eq(k.core(), region)) {
+                keep.push(RegionUse::new(region));
+            }
+        }
+    }
     Ok((xds, bytes))
 }
 

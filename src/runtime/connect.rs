@@ -1,7 +1,7 @@
 //! Asynchronous connect and disconnect (HIXL `ConnectAsync` / `DisconnectAsync` /
-//! `GetAsyncConnectStatus`): a bounded queue of tasks, FIFO per remote, run two at a time on a
-//! [`Queue`] of the runtime's executor (each remote's next task is queued there when its
-//! previous one ends).
+//! `GetAsyncConnectStatus`): a bounded queue of tasks, FIFO per remote, run on a [`Queue`] of
+//! the runtime's executor, up to [`THREADS`] at a time by default (each remote's next task is
+//! queued there when its previous one ends).
 //!
 //! A link made this way is held by the engine until [`Hixl::take_link`](crate::Hixl::take_link)
 //! hands it over as an ordinary [`Link`](crate::Link) (or `disconnect_async` closes it).

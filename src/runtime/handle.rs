@@ -445,8 +445,13 @@ impl ReqHandle {
             if now >= until {
                 return TransferStatus::Waiting;
             }
-            // wake at the deadline too, to resolve a request still queued then
-            let next = until.min(self.st.deadline.max(now + Duration::from_millis(1)));
+            // wake at the deadline too, to resolve a request still queued then; past it (a
+            // request running still: its worker ends it and notifies), only at `until`
+            let next = if self.st.deadline > now {
+                until.min(self.st.deadline)
+            } else {
+                until
+            };
             let _ = self
                 .st
                 .cv
