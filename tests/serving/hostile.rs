@@ -1125,3 +1125,43 @@ fn a_peer_of_a_server_cannot_pose_as_it_to_cut_its_links() {
     buf.read_at(0, &mut got).unwrap();
     assert_eq!(got, data);
 }
+
+/// A client that reconnects over its own link, whose READ reply it never read (parked),
+/// replaces the link at once: the old link's lane ends in the poller when its socket is shut
+/// down, so the new link's opening, which waits until the old link's requests have stopped,
+/// does not wait for a worker. With one serving thread that worker was the one waiting: the
+/// new link was welcomed only at the parked request's `server_io_timeout` (3.9 s of 4 s in a
+/// review), and nothing else was served meanwhile.
+#[test]
+fn a_reconnect_over_a_parked_request_is_welcomed_at_once() {
+    let _many = support::alongside();
+    // (32 MiB: more than loopback's socket buffers take, so the reply stalls)
+    let (srv, _r) = common::server(
+        32 << 20,
+        Options::default()
+            .max_server_threads(1)
+            .server_io_timeout(Duration::from_secs(20)),
+    );
+    let mut first = connect_raw(srv.name());
+    let w = hello_as(&mut first, 4711);
+    let r = &w.table[0];
+    let whole = WireDesc {
+        region: r.id,
+        offset: 0,
+        len: r.len,
+    };
+    first.write_all(&xfer(TransferOp::Read, &[whole])).unwrap();
+    let (k, _) = read_frame(&mut first).expect("the DONE");
+    assert_eq!(k, Kind::Done);
+    // (the reply stalls on the unread socket: the request parks; a NEW_LINK of the same client
+    // name and instance replaces the link)
+    let t0 = Instant::now();
+    let mut again = connect_raw(srv.name());
+    let (k, _) = send_hello(&mut again, LaneRole::NewLink, 4711, 0).expect("an answer");
+    let took = t0.elapsed();
+    assert_eq!(k, Kind::Welcome);
+    assert!(
+        took < Duration::from_secs(3),
+        "the new link was welcomed after {took:?} (io timeout 20 s)"
+    );
+}

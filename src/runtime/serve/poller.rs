@@ -258,6 +258,15 @@ impl Poller {
         match self.held.remove(&id) {
             None => {}
             Some(Held::Greeting(g)) => self.greet(id, *g),
+            // a lane of a link superseded or closed meanwhile (its socket was shut down) ends
+            // here, its parked request with it: no worker is needed for that, and the new
+            // link's opening, which waits on a worker until the old link's requests have
+            // stopped, is not left waiting for a worker behind it
+            Some(Held::Parked { lane, .. } | Held::Idle { lane, .. })
+                if !lane.live.load(Ordering::SeqCst) =>
+            {
+                worker::lane_closed(&self.shared, *lane, ConnEnd::Refused("superseded".into()));
+            }
             // its parked request's socket is ready (or failed): a worker goes on with it
             Some(Held::Parked { lane, .. }) => self.submit(Work::Serve(lane)),
             Some(Held::Idle { mut lane, due }) => {
