@@ -216,6 +216,7 @@ pub(crate) enum PathFail {
 }
 
 /// A checked batch, as a [`DataPath`] runs it.
+#[derive(Clone, Copy)]
 pub(crate) struct Batch<'a> {
     /// The peer's name, for errors.
     pub(crate) peer: &'a str,
@@ -230,6 +231,12 @@ pub(crate) struct Batch<'a> {
     pub(crate) deadline: Instant,
     /// Whether the caller waits for it, or it is an async request (and how to cancel it).
     pub(crate) mode: Mode<'a>,
+    /// Inside a same-host server's fence: its word that says the server gave this client up
+    /// (stopped or hung past the server's grace), non-zero from then on. A path that copies
+    /// one-sidedly stops between its parts once it is set, as for a cancel: a client resumed
+    /// after it was given up on moves at most the parts its threads had begun (128 KiB each
+    /// for mapped memory, up to 8 MiB for `process_vm_*` copies; UCX: its chunk).
+    pub(crate) given_up: Option<&'a crate::sync::model::AtomicU32>,
 }
 
 /// How a batch runs: on the caller's thread, which waits for it (nothing cancels it), or as an
@@ -261,6 +268,12 @@ impl Batch<'_> {
     /// now. Whether a cancel was asked for (the socket may have been shut down).
     pub(crate) fn unwatch(&self) -> bool {
         matches!(self.mode, Mode::Request(c) if c.unwatch())
+    }
+
+    /// Whether the server gave this (fenced) batch's client up: see [`Batch::given_up`].
+    pub(crate) fn given_up(&self) -> bool {
+        self.given_up
+            .is_some_and(|w| w.load(std::sync::atomic::Ordering::SeqCst) != 0)
     }
 
     /// Whether a cancel was asked for.

@@ -246,6 +246,61 @@ fn a_stopped_client_gets_its_memory_quarantined() {
     }
 }
 
+/// A same-host client stopped with SIGSTOP in the middle of a copy (not at the fence's test
+/// hook: between parts of a batch over a 256 MiB `Vec`) and given up on by
+/// `deactivate`, once resumed, stops at its next part: it moves at most the parts its two
+/// threads had begun (`process_vm_writev` parts are up to 8 MiB; 8.4 MB changed here), and its
+/// batch reports 103902. Before, it finished its whole batch into the region the owner still
+/// held (159 M of 268 M bytes changed after `deactivate` returned). Meanwhile the owner's own
+/// copies answer `RegionBusy`.
+#[test]
+fn a_resumed_client_that_was_given_up_on_stops_at_its_next_part() {
+    if !same_host_available() {
+        return;
+    }
+    let len = 256 << 20;
+    let grace = Duration::from_millis(300);
+    let (srv, mut region) =
+        Hixl::initialize_ephemeral("127.0.0.1", Options::default().finalize_timeout(grace))
+            .unwrap()
+            .register(Rng::new(7).bytes(len))
+            .unwrap();
+    let srv = srv.activate().unwrap();
+    // batches of the whole region, alternating two patterns, stopped from outside mid-copy
+    let mut h = Hammer::spawn(srv.name(), &["--alternate", "--seed", "100"], false);
+    h.wait_ok(2);
+    h.signal(libc::SIGSTOP);
+    h.wait_stopped();
+    let srv = srv.deactivate();
+    let mut b = [0u8; 16];
+    assert!(matches!(
+        region.read_at(0, &mut b),
+        Err(Error::RegionBusy { .. })
+    ));
+    // the client is stopped: nothing writes the region while it is copied here
+    let mut before = vec![0u8; len];
+    // SAFETY: `len` bytes of the live region; the only writer is stopped (and the owner's
+    // own copies are refused meanwhile).
+    unsafe { std::ptr::copy_nonoverlapping(region.addr() as *const u8, before.as_mut_ptr(), len) };
+    h.signal(libc::SIGCONT);
+    assert_eq!(h.ended().1, 103_902, "a batch given up on is not Ok");
+    // the client left its fence: the region is its owner's again
+    let t0 = Instant::now();
+    let mut after = vec![0u8; len];
+    while let Err(e) = region.read_at(0, &mut after) {
+        assert!(matches!(e, Error::RegionBusy { .. }), "{e:?}");
+        assert!(t0.elapsed() < T, "the client never left its fence");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let changed = after.iter().zip(&before).filter(|(a, b)| a != b).count();
+    eprintln!("bytes changed after deactivate returned: {changed} of {len}");
+    assert!(
+        changed <= 16 << 20,
+        "{changed} bytes written after the client was given up on: more than a part a thread"
+    );
+    drop(srv);
+}
+
 /// Whether an address of this process is mapped (read from `/proc/self/maps`).
 fn mapped(addr: usize) -> bool {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();

@@ -53,6 +53,7 @@ impl LinkShared {
             started,
             deadline: deadline_after(started, timeout),
             mode: Mode::Sync,
+            given_up: None,
         });
         let took = started.elapsed();
         self.counters
@@ -161,6 +162,18 @@ impl LinkShared {
             },
             _ => None,
         };
+        // a client given up on stops between its parts (the server's word, read by the path)
+        let fenced;
+        let b = match &pass {
+            Some(p) => {
+                fenced = Batch {
+                    given_up: Some(p.given_up_word()),
+                    ..*b
+                };
+                &fenced
+            }
+            None => b,
+        };
         if path.fenced() {
             crate::runtime::revoke::fence::test_pause();
         }
@@ -196,7 +209,9 @@ impl LinkShared {
         });
         let kept = pass.is_none_or(|p| p.leave());
         match r {
-            Ok(()) if !kept => {
+            // (stopped between its parts because it was given up on, or ended otherwise: the
+            // server gave up on it, which is what the caller learns)
+            _ if !kept => {
                 Err(self.revoked("while this transfer ran; the peer may not have kept its bytes"))
             }
             r => r,
@@ -228,6 +243,7 @@ impl LinkShared {
             started: st.started,
             deadline: st.deadline,
             mode: Mode::Request(&req),
+            given_up: None,
         });
         let outcome = match (req.unstarted(), r) {
             // it ended (cancelled, or its deadline passed) before its path started it

@@ -373,6 +373,12 @@ pub(crate) struct Pass<'a> {
 }
 
 impl Pass<'_> {
+    /// The fence's word the server sets when it gives this client up (a data path polls it
+    /// between its parts: [`Batch::given_up`](crate::transport::Batch)).
+    pub(crate) fn given_up_word(&self) -> &AtomicU32 {
+        &self.words.abandoned
+    }
+
     /// Leaves the fence; `false` if the server gave up waiting for this batch (report it
     /// failed: the server may have handed back a copy taken before its bytes landed).
     pub fn leave(mut self) -> bool {

@@ -296,7 +296,7 @@ impl DataPath for SameHostPath {
             return Err(PathFail::Gone("the peer exited or closed the link".into()));
         }
         let plan = self.plan(batch)?;
-        let cancelled = || batch.cancel_requested();
+        let cancelled = || batch.cancel_requested() || batch.given_up();
         let stop = Stop {
             deadline: batch.deadline,
             cancelled: &cancelled,

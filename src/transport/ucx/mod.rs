@@ -451,7 +451,7 @@ impl DataPath for UcxLink {
     /// to go on). A cancel stops the batch between chunks and leaves the link usable.
     unsafe fn run(&self, batch: &Batch<'_>) -> Result<(), PathFail> {
         batch.start(None)?;
-        let stop = || batch.cancel_requested();
+        let stop = || batch.cancel_requested() || batch.given_up();
         // a block batch as descriptors: UCX posts one operation each
         let xds = batch.descs.expand();
         // SAFETY: the caller's promise is `UcxLink::run`'s; `run` ends UCX's use of the

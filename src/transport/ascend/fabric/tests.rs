@@ -264,6 +264,7 @@ fn an_unabortable_fabric_link_keeps_its_imports() {
         started,
         deadline: started + std::time::Duration::from_millis(50),
         mode: Mode::Sync,
+        given_up: None,
     };
     f.fail("sync_timeout,aclrtStreamAbort");
     // SAFETY: `local` is this test's memory, alive for the call and after it (the copy the
