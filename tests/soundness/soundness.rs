@@ -247,18 +247,18 @@ fn a_stopped_client_gets_its_memory_quarantined() {
 }
 
 /// A same-host client stopped with SIGSTOP in the middle of a copy (not at the fence's test
-/// hook: between parts of a batch over a 256 MiB `Vec`) and given up on by
+/// hook: between parts of a batch over a 128 MiB `Vec`) and given up on by
 /// `deactivate`, once resumed, stops at its next part: it moves at most the parts its two
-/// threads had begun (`process_vm_writev` parts are up to 8 MiB; 8.4 MB changed here), and its
-/// batch reports 103902. Before, it finished its whole batch into the region the owner still
-/// held (159 M of 268 M bytes changed after `deactivate` returned). Meanwhile the owner's own
-/// copies answer `RegionBusy`.
+/// threads had begun (`process_vm_writev` parts are up to 8 MiB: 0 to 8.4 MB changed in runs
+/// here), and its batch reports 103902. Before, it finished its whole batch into the region the
+/// owner still held (67 M of 134 M bytes changed after `deactivate` returned; 159 M of 268 M
+/// with 256 MiB). Meanwhile the owner's own copies answer `RegionBusy`.
 #[test]
 fn a_resumed_client_that_was_given_up_on_stops_at_its_next_part() {
     if !same_host_available() {
         return;
     }
-    let len = 256 << 20;
+    let len = 128 << 20;
     let grace = Duration::from_millis(300);
     let (srv, mut region) =
         Hixl::initialize_ephemeral("127.0.0.1", Options::default().finalize_timeout(grace))
