@@ -348,8 +348,11 @@ impl EngineInner {
                 ?grace,
                 "requests still applied to a withdrawn region after the grace: their lanes are cut"
             );
-            if let Some(s) = lock(&self.server).as_ref() {
-                s.cut(&inside);
+            // (the lanes inside now, under the gate's lock: one whose request left meanwhile
+            // and went on to another region is not cut; locks: server, gate, conns)
+            let server = lock(&self.server);
+            if let Some(s) = server.as_ref() {
+                core.gate.cut_inside(|lanes| s.cut(lanes));
             }
         }
         core.gate.close();

@@ -124,6 +124,15 @@ impl ServeGate {
         }
     }
 
+    /// Calls `cut` with the lanes of the requests inside now, under the gate's lock (so no lane
+    /// whose request left meanwhile is named); nothing when none is inside.
+    pub(crate) fn cut_inside(&self, cut: impl FnOnce(&[u64])) {
+        let s = crate::sync::model::lock(&self.state);
+        if !s.0.is_empty() {
+            cut(&s.0);
+        }
+    }
+
     /// Closes the gate and waits up to `grace` for the requests inside to leave; returns the
     /// lanes of those still inside then (empty: none is), for the caller to cut before it
     /// waits for them ([`close`](Self::close)).

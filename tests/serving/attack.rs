@@ -38,8 +38,8 @@ use support::{
     serial, spawn_peer, usage, wait_for,
 };
 use support::{
-    Proof, Reply, Stop, connect, hello_bytes, honest_rounds, next_frame, open_link, pid1_host,
-    port_of, reset, send_queues, threads,
+    Proof, Reply, Stop, connect, hello_bytes, hello_bytes_to, honest_rounds, next_frame, open_link,
+    pid1_host, port_of, reset, send_queues, threads,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ fn keyless_churn(own_address: bool) {
             let (stop, churned, first) = (&stop, &churned, first.clone());
             let name = peer.name.clone();
             sc.spawn(move || {
-                let hello = hello_bytes(1, None);
+                let hello = hello_bytes_to(1, None, &name);
                 let mut kept = std::collections::VecDeque::new();
                 let until = Instant::now() + Duration::from_secs(30);
                 let mut n = 0usize;

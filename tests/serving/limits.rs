@@ -133,7 +133,9 @@ fn handshakes_have_their_own_budget() {
                 let Ok(mut s) = connect_from(50, &peer.name) else {
                     continue;
                 };
-                if s.write_all(&hello_frame(u64::from(n))).is_ok() {
+                if s.write_all(&hello_frame_for(u64::from(n), None, &peer.name))
+                    .is_ok()
+                {
                     // a CHALLENGE it cannot answer, or a refusal
                     let _ = read_frame(&mut s);
                 }

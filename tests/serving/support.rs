@@ -447,6 +447,12 @@ pub(crate) fn hello_bytes(instance: u64, host: Option<HostId>) -> Vec<u8> {
     hello_frame_naming(instance, host)
 }
 
+/// As [`hello_bytes`], to a server at `target` (a keyed server refuses a HELLO that dialed
+/// another address before it sends its CHALLENGE: churn must name it to hold a slot).
+pub(crate) fn hello_bytes_to(instance: u64, host: Option<HostId>, target: &str) -> Vec<u8> {
+    hello_frame_for(instance, host, target)
+}
+
 /// Opens a new link on `s` (naming the process `host`), answering a PROVE as `proof` says, and
 /// returns the server's answer (within the socket's read timeout).
 pub(crate) fn open_link(

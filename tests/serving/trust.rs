@@ -298,3 +298,36 @@ fn a_keyed_client_gets_no_link_through_a_keyless_relay() {
     buf.read_at(0, &mut got).unwrap();
     assert_eq!(got, data);
 }
+
+/// With a key, the target a HELLO names is the address its connection reached: a server named
+/// by a wildcard address (`0.0.0.0`) is dialed by that name and reached at loopback, and the
+/// keyed link is made (the server compares the target with its end of the connection).
+#[test]
+fn a_keyed_client_links_to_a_server_named_by_a_wildcard_address() {
+    let key = b"a key of sixteen bytes or more";
+    let (srv, mut region) = hixl::Hixl::initialize_ephemeral(
+        "0.0.0.0",
+        Options::default().psk(key).same_host(SameHost::Forbid),
+    )
+    .unwrap()
+    .register(hixl::HostBuffer::new(4096).unwrap())
+    .unwrap();
+    let srv = srv.activate().unwrap();
+    assert!(srv.name().starts_with("0.0.0.0:"), "{}", srv.name());
+    let data = super::common::Rng::new(23).bytes(64);
+    region.write_at(0, &data).unwrap();
+    let (cli, mut buf) = super::common::client_with(
+        4096,
+        Options::default().psk(key).same_host(SameHost::Forbid),
+    );
+    let link = cli.connect(srv.name()).expect("a keyed link to 0.0.0.0");
+    let d = TransferDesc::new(
+        buf.range(0..64).unwrap(),
+        link.regions().next().unwrap().range(0..64).unwrap(),
+    );
+    link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
+        .unwrap();
+    let mut got = vec![0u8; 64];
+    buf.read_at(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}

@@ -155,13 +155,17 @@ impl Lane {
             sent: VecDeque::new(),
             spare: Vec::new(),
         };
-        // with a key, the nonce vouches for it on this very connection (admission priority)
+        // with a key, the nonce vouches for it on this very connection (admission priority),
+        // and the target is the address the connection reached (what the server checks and
+        // the proofs bind: a relay at another address is refused; a server named by a
+        // wildcard address is reached at a real one)
         let mut vouched;
         let hello = match key {
             Some(k) => {
                 let (me, peer) = (lane.sock.stream.local_addr(), lane.sock.stream.peer_addr());
                 let (me, peer) = (me.map_err(LaneFail::Io)?, peer.map_err(LaneFail::Io)?);
                 vouched = hello.clone();
+                vouched.target = peer.to_string();
                 vouched.nonce = k
                     .vouching_nonce(&hello.name, me, peer)
                     .map_err(|e| LaneFail::Io(io::Error::other(e.to_string())))?;
