@@ -450,6 +450,7 @@ mod tests {
         Stop {
             deadline: Instant::now() + std::time::Duration::from_secs(3600),
             cancelled: &|| false,
+            given_up: None,
         }
     }
 
@@ -530,6 +531,7 @@ mod tests {
                     t0 + std::time::Duration::from_millis(2)
                 },
                 cancelled: &cancelled,
+                given_up: None,
             };
             // SAFETY: as in the test above.
             let r = unsafe { copy_all(&copies, &stop) };
@@ -555,6 +557,7 @@ mod tests {
             let past = Stop {
                 deadline: if cancel { stop.deadline } else { t0 },
                 cancelled: &cancelled,
+                given_up: None,
             };
             // SAFETY: as above.
             let r = unsafe { copy_all(&small, &past) };

@@ -15,10 +15,12 @@ use crate::sync::model::{AtomicBool, AtomicUsize};
 use crate::types::split::Cut;
 
 /// When a batch stops between its parts: at its deadline, or once `cancelled` says so (an async
-/// request's cancel; asked by the caller's thread only).
+/// request's cancel; asked by the caller's thread only), or once the server set `given_up`
+/// (the fence's word: it gave this client up), which the helper thread reads too.
 pub(crate) struct Stop<'a> {
     pub(crate) deadline: Instant,
     pub(crate) cancelled: &'a dyn Fn() -> bool,
+    pub(crate) given_up: Option<&'a crate::sync::model::AtomicU32>,
 }
 
 impl Stop<'_> {
@@ -27,7 +29,7 @@ impl Stop<'_> {
         if Instant::now() >= self.deadline {
             return Err(Halt::Deadline);
         }
-        if (self.cancelled)() {
+        if (self.cancelled)() || self.given_up.is_some_and(|w| w.load(Ordering::SeqCst) != 0) {
             return Err(Halt::Cancelled);
         }
         Ok(())
@@ -211,17 +213,34 @@ where
         let joined = Joined(&parts);
         if share {
             let p = parts.clone();
+            // (the fence's word as an address: the helper's job outlives no part it claimed)
+            let given_up = stop
+                .given_up
+                .map(|w| w as *const crate::sync::model::AtomicU32 as usize);
             submit(Box::new(move || {
+                let given_up = || {
+                    given_up.is_some_and(|w| {
+                        // SAFETY: the word is in the link's fence page, mapped while the batch
+                        // runs; `work` reads it only with a part claimed and not finished, and
+                        // the submitter does not return before every claimed part is finished
+                        // (`Joined`), so the batch (and the page) outlive the read.
+                        let w = unsafe { &*(w as *const crate::sync::model::AtomicU32) };
+                        w.load(Ordering::SeqCst) != 0
+                    })
+                };
                 // SAFETY: a part is moved only once claimed, and the submitter does not return
                 // (or unwind) before every claimed part is finished (`Joined`): the caller's
                 // contract holds for every part the helper claims. The helper checks the
-                // deadline, not the cancel (the caller does, and stops the helper's claims when
-                // it sees one).
-                unsafe { p.work(run, ctx, &|| false) }
+                // deadline and the server's "given up" word, not the cancel (the caller does,
+                // and stops the helper's claims when it sees one): a client resumed after it
+                // was given up on moves no part its threads had not begun.
+                unsafe { p.work(run, ctx, &given_up) }
             }));
         }
+        let given_up = || stop.given_up.is_some_and(|w| w.load(Ordering::SeqCst) != 0);
+        let cancelled = || (stop.cancelled)() || given_up();
         // SAFETY: the caller's contract; `joined` waits for the helper's parts.
-        unsafe { parts.work(run, ctx, stop.cancelled) };
+        unsafe { parts.work(run, ctx, &cancelled) };
         drop(joined);
     }
     parts.outcome()

@@ -296,10 +296,11 @@ impl DataPath for SameHostPath {
             return Err(PathFail::Gone("the peer exited or closed the link".into()));
         }
         let plan = self.plan(batch)?;
-        let cancelled = || batch.cancel_requested() || batch.given_up();
+        let cancelled = || batch.cancel_requested();
         let stop = Stop {
             deadline: batch.deadline,
             cancelled: &cancelled,
+            given_up: batch.given_up,
         };
         // SAFETY: each local range (each block, by its largest index) lies in a registered
         // region the caller keeps alive; each remote range was validated against the peer's
