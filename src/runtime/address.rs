@@ -62,10 +62,7 @@ pub(crate) fn batch(
         let bytes = check::list(link, op, n, pairs, &mut xds)?;
         if let Some(keep) = keep.as_deref_mut() {
             for d in descs.clone() {
-                let core = ix.find(d.local, d.len).expect("found above");
-                if !keep.iter().any(|k| Arc::ptr_eq(k.core(), core)) {
-                    keep.push(RegionUse::new(core));
-                }
+                keep_use(keep, ix.find(d.local, d.len).expect("found above"));
             }
         }
         Ok(bytes)
@@ -138,12 +135,17 @@ fn batch_fabric(
     let bytes = check::list(link, op, n, pairs, &mut xds)?;
     if let Some(keep) = keep {
         for (region, _) in &at {
-            if !keep.iter().any(|k| Arc::ptr_eq(k.core(), region)) {
-                keep.push(RegionUse::new(region));
-            }
+            keep_use(keep, region);
         }
     }
     Ok((xds, bytes))
+}
+
+/// Adds a use of `core` to an async request's `keep`, once per region.
+fn keep_use(keep: &mut Vec<RegionUse>, core: &RegionHandle) {
+    if !keep.iter().any(|k| Arc::ptr_eq(k.core(), core)) {
+        keep.push(RegionUse::new(core));
+    }
 }
 
 /// The registered region holding local address `addr`, and its offset in it (a block batch's

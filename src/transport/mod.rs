@@ -239,6 +239,11 @@ pub(crate) struct Batch<'a> {
     pub(crate) given_up: Option<&'a crate::sync::model::AtomicU32>,
 }
 
+/// Whether a fence's "given up" word ([`Batch::given_up`]) is set.
+pub(crate) fn given_up(word: Option<&crate::sync::model::AtomicU32>) -> bool {
+    word.is_some_and(|w| w.load(std::sync::atomic::Ordering::SeqCst) != 0)
+}
+
 /// How a batch runs: on the caller's thread, which waits for it (nothing cancels it), or as an
 /// async request, which a cancel ends.
 #[derive(Clone, Copy)]
@@ -272,8 +277,7 @@ impl Batch<'_> {
 
     /// Whether the server gave this (fenced) batch's client up: see [`Batch::given_up`].
     pub(crate) fn given_up(&self) -> bool {
-        self.given_up
-            .is_some_and(|w| w.load(std::sync::atomic::Ordering::SeqCst) != 0)
+        given_up(self.given_up)
     }
 
     /// Whether a cancel was asked for.

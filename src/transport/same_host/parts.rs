@@ -29,10 +29,15 @@ impl Stop<'_> {
         if Instant::now() >= self.deadline {
             return Err(Halt::Deadline);
         }
-        if (self.cancelled)() || self.given_up.is_some_and(|w| w.load(Ordering::SeqCst) != 0) {
+        if self.stopped() {
             return Err(Halt::Cancelled);
         }
         Ok(())
+    }
+
+    /// Whether the batch was cancelled or its client given up on, checked now.
+    fn stopped(&self) -> bool {
+        (self.cancelled)() || crate::transport::given_up(self.given_up)
     }
 }
 
@@ -219,14 +224,13 @@ where
                 .map(|w| w as *const crate::sync::model::AtomicU32 as usize);
             submit(Box::new(move || {
                 let given_up = || {
-                    given_up.is_some_and(|w| {
-                        // SAFETY: the word is in the link's fence page, mapped while the batch
-                        // runs; `work` reads it only with a part claimed and not finished, and
-                        // the submitter does not return before every claimed part is finished
-                        // (`Joined`), so the batch (and the page) outlive the read.
-                        let w = unsafe { &*(w as *const crate::sync::model::AtomicU32) };
-                        w.load(Ordering::SeqCst) != 0
-                    })
+                    // SAFETY: the word is in the link's fence page, mapped while the batch runs;
+                    // `work` reads it only with a part claimed and not finished, and the
+                    // submitter does not return before every claimed part is finished
+                    // (`Joined`), so the batch (and the page) outlive the read.
+                    let w =
+                        given_up.map(|w| unsafe { &*(w as *const crate::sync::model::AtomicU32) });
+                    crate::transport::given_up(w)
                 };
                 // SAFETY: a part is moved only once claimed, and the submitter does not return
                 // (or unwind) before every claimed part is finished (`Joined`): the caller's
@@ -237,10 +241,8 @@ where
                 unsafe { p.work(run, ctx, &given_up) }
             }));
         }
-        let given_up = || stop.given_up.is_some_and(|w| w.load(Ordering::SeqCst) != 0);
-        let cancelled = || (stop.cancelled)() || given_up();
         // SAFETY: the caller's contract; `joined` waits for the helper's parts.
-        unsafe { parts.work(run, ctx, &cancelled) };
+        unsafe { parts.work(run, ctx, &|| stop.stopped()) };
         drop(joined);
     }
     parts.outcome()

@@ -129,28 +129,25 @@ impl FabricRt {
             }
             // the allocator's own memory: its handle and its export, made once (upstream's
             // `ExportToShareableHandle`); a second export of one handle fails, and HDK 25.5
-            // has no retain
-            if let Some(own) = own_export(base) {
-                let (phys, handle) = own?;
-                reg.blocks.push(Block {
-                    base,
-                    len: size,
-                    phys,
-                    handle,
-                    retained: false,
-                });
-                p = base + size;
-                continue;
-            }
-            let phys = acl.retain_allocation(base).map_err(not_vmm)?;
-            // SAFETY: `phys` is live: just retained, and released only when `reg` drops.
-            let exported = unsafe { acl.export_fabric(phys) };
+            // has no retain. Other memory: retained and exported here.
+            let (phys, exported, retained) = match own_export(base) {
+                Some(own) => {
+                    let (phys, handle) = own?;
+                    (phys, Ok(handle), false)
+                }
+                None => {
+                    let phys = acl.retain_allocation(base).map_err(not_vmm)?;
+                    // SAFETY: `phys` is live: just retained, and released only when `reg` drops.
+                    (phys, unsafe { acl.export_fabric(phys) }, true)
+                }
+            };
+            // (a retained handle is kept even when its export failed: `reg`'s drop releases it)
             reg.blocks.push(Block {
                 base,
                 len: size,
                 phys,
                 handle: *exported.as_ref().unwrap_or(&[0; FABRIC_HANDLE_LEN]),
-                retained: true,
+                retained,
             });
             exported?;
             p = base + size;
