@@ -288,15 +288,20 @@ fn a_keyed_client_gets_no_link_through_a_keyless_relay() {
     let _ = cli.finalize();
     let (cli, mut buf) = keyed();
     let link = cli.connect(srv.name()).expect("a direct keyed link");
+    assert_eq!(read_first(&link, &mut buf, 4096), data);
+}
+
+/// READs the first `n` bytes of the link's first region into `buf`, and returns them.
+fn read_first(link: &hixl::Link<'_>, buf: &mut hixl::Region, n: usize) -> Vec<u8> {
     let d = TransferDesc::new(
-        buf.range(0..4096).unwrap(),
-        link.regions().next().unwrap().range(0..4096).unwrap(),
+        buf.range(0..n).unwrap(),
+        link.regions().next().unwrap().range(0..n as u64).unwrap(),
     );
     link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
         .unwrap();
-    let mut got = vec![0u8; 4096];
+    let mut got = vec![0u8; n];
     buf.read_at(0, &mut got).unwrap();
-    assert_eq!(got, data);
+    got
 }
 
 /// With a key, the target a HELLO names is the address its connection reached: a server named
@@ -321,13 +326,5 @@ fn a_keyed_client_links_to_a_server_named_by_a_wildcard_address() {
         Options::default().psk(key).same_host(SameHost::Forbid),
     );
     let link = cli.connect(srv.name()).expect("a keyed link to 0.0.0.0");
-    let d = TransferDesc::new(
-        buf.range(0..64).unwrap(),
-        link.regions().next().unwrap().range(0..64).unwrap(),
-    );
-    link.transfer_sync(TransferOp::Read, &[d], Duration::from_secs(10))
-        .unwrap();
-    let mut got = vec![0u8; 64];
-    buf.read_at(0, &mut got).unwrap();
-    assert_eq!(got, data);
+    assert_eq!(read_first(&link, &mut buf, 64), data);
 }
