@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::engine::DdEngine;
-use super::uses::InUse;
-use super::{DataDist, LocalCache, Pool, args};
+use super::{DataDist, LocalCache, Pool, Regions, args};
 use crate::datadist::table::{Entry, FORMAT, Key, Table};
 use crate::datadist::types::{CacheDesc, CacheKey, CacheKind, Error, LlmStatus, Placement, Result};
 use crate::runtime::handle::RegionHandle;
@@ -71,13 +70,14 @@ impl DataDist {
         // a cache the table cannot hold is refused before anything is registered
         self.check_fits(&entry, &keys)?;
         let pools = lock(&self.caches).pools.clone();
-        let handles = register_tensors(&engine, &entry, &pools)?;
+        let (handles, regions) = register_tensors(&engine, &entry, &pools)?;
         let id = entry.cache_id;
         lock(&self.caches).by_id.insert(
             id,
             LocalCache {
                 entry,
                 handles,
+                regions,
                 keys,
                 uses: Arc::default(),
             },
@@ -130,6 +130,7 @@ impl DataDist {
                 cache = id,
                 "a refused cache's tensors could not all be deregistered"
             );
+            c.regions = tensor_regions(&c.entry, &c.handles, &caches.pools);
             caches.by_id.insert(id, c);
         }
     }
@@ -162,19 +163,22 @@ impl DataDist {
             // finalized meanwhile: the cache went with everything else
             Err(_) => return Ok(()),
         };
-        let mut caches = lock(&self.caches);
+        let mut guard = lock(&self.caches);
+        let caches = &mut *guard;
         // (gone, or unregistered and registered again under this id meanwhile: not ours)
         let Some(c) = (caches.by_id.get_mut(&cache_id)).filter(|c| Arc::ptr_eq(&c.uses, &uses))
         else {
             return Ok(());
         };
         if let Err(e) = deregister_all(&engine, &mut c.handles) {
-            drop(caches);
+            // (the tensors whose registration went are no longer a move's)
+            c.regions = tensor_regions(&c.entry, &c.handles, &caches.pools);
+            drop(guard);
             uses.reopen();
             return Err(e);
         }
         caches.by_id.remove(&cache_id);
-        drop(caches);
+        drop(guard);
         self.publish()
     }
 
@@ -210,11 +214,13 @@ impl DataDist {
         }
         // SAFETY: the caller promised the engine's contract for the range until finalize (the
         // pool is deregistered with the engine then, before the memory may go)
-        unsafe { engine.register_mem(addr as usize, len as usize, placement.mem_type()) }?;
+        let handle =
+            unsafe { engine.register_mem(addr as usize, len as usize, placement.mem_type()) }?;
         caches.pools.push(Pool {
             addr,
             len,
             placement,
+            handle,
         });
         Ok(())
     }
@@ -240,19 +246,6 @@ impl DataDist {
         }
         drop(caches);
         if removed { self.publish() } else { Ok(()) }
-    }
-
-    /// The local cache `cache_id`'s entry, and a use of it that lasts until the guard is
-    /// dropped (a pull or push holds it while it moves the cache's bytes).
-    pub(super) fn local(&self, cache_id: i64) -> Result<(Entry, InUse)> {
-        let caches = lock(&self.caches);
-        let c = caches.by_id.get(&cache_id).ok_or_else(|| {
-            Error::new(
-                LlmStatus::LLM_KV_CACHE_NOT_EXIST,
-                format!("no local cache {cache_id}"),
-            )
-        })?;
-        Ok((c.entry.clone(), c.uses.enter(cache_id)?))
     }
 
     /// Rewrites the published table (odd version while it is written, then even).
@@ -290,20 +283,21 @@ impl DataDist {
 }
 
 /// Registers each distinct tensor of `e` with `engine`, but those inside one of `pools`
-/// (registered already); on failure the ones registered go.
+/// (registered already); on failure the ones registered go. Returns the registrations and
+/// each tensor's region ([`tensor_regions`]).
 pub(super) fn register_tensors(
     engine: &DdEngine,
     e: &Entry,
     pools: &[Pool],
-) -> Result<Vec<RegionHandle>> {
-    let mut handles = Vec::new();
-    let mut seen = Vec::new();
+) -> Result<(Vec<RegionHandle>, Regions)> {
+    let mut handles: Vec<RegionHandle> = Vec::new();
     for &a in &e.addrs {
-        if seen.contains(&a) || pools.iter().any(|p| p.holds(e.placement, a, e.tensor_size)) {
+        let (addr, len) = (a as usize, e.tensor_size as usize);
+        if handles.iter().any(|h| h.addr == addr)
+            || pools.iter().any(|p| p.holds(e.placement, a, e.tensor_size))
+        {
             continue;
         }
-        seen.push(a);
-        let (addr, len) = (a as usize, e.tensor_size as usize);
         // SAFETY: the caller of `register_cache` promised this for each tensor (its `# Safety`),
         // for as long as the cache is registered; the handles go before the memory may
         let r = unsafe { engine.register_mem(addr, len, e.placement.mem_type()) };
@@ -317,7 +311,26 @@ pub(super) fn register_tensors(
             }
         }
     }
-    Ok(handles)
+    let regions = tensor_regions(e, &handles, pools);
+    Ok((handles, regions))
+}
+
+/// Each tensor of `e`'s region: the pool's that holds it, or its own registration among
+/// `handles` (`None` if that went).
+pub(super) fn tensor_regions(e: &Entry, handles: &[RegionHandle], pools: &[Pool]) -> Regions {
+    (e.addrs.iter())
+        .map(|&a| {
+            let pool = pools
+                .iter()
+                .find(|p| p.holds(e.placement, a, e.tensor_size));
+            pool.map(|p| &p.handle)
+                .or_else(|| {
+                    (handles.iter())
+                        .find(|h| h.addr == a as usize && h.len == e.tensor_size as usize)
+                })
+                .cloned()
+        })
+        .collect()
 }
 
 /// Deregisters each of `handles` from `engine`, keeping those it refuses; the first refusal.

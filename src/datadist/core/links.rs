@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::engine::{DdEngine, Moved};
+use super::engine::DdEngine;
 use super::{
     DataDist, Inbound, MAX_LINKS, PeerLink, args, last_failure, not_initialized, set_device,
 };
@@ -563,7 +563,7 @@ impl DataDist {
                     remote: r.addr,
                     len: buf.len(),
                 };
-                engine.transfer(link, Moved::Addrs(TransferOp::Read, &[d]), left)?;
+                engine.transfer(link, TransferOp::Read, &[d], left)?;
                 #[cfg(test)]
                 tests::AFTER_TABLE_READ.with_borrow_mut(|h| h.as_mut().map(|f| f()));
                 // SAFETY: the download buffer holds buf.len() bytes (checked) and stays mapped

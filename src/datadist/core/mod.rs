@@ -49,13 +49,20 @@ pub const MAX_LINKS: usize = 512;
 #[derive(Clone)]
 struct LocalCache {
     entry: Entry,
-    /// The engine handles of its tensors (one per distinct tensor).
+    /// The engine handles of its tensors (one per distinct tensor outside every pool).
     handles: Vec<RegionHandle>,
+    /// Each tensor's region, by tensor index (its own registration or its pool's): a move
+    /// builds its local spans from these, not from the engine's index. `None`: a tensor whose
+    /// registration went (a failed unregistration kept the rest).
+    regions: Regions,
     /// Its keys, each with the batch it names.
     keys: Vec<(CacheKey, u64)>,
     /// Its running pulls and pushes (`uses.rs`): unregistering waits for them.
     uses: Arc<uses::Uses>,
 }
+
+/// Each tensor's region of a local cache, by tensor index ([`LocalCache::regions`]).
+type Regions = Arc<[Option<RegionHandle>]>;
 
 /// A link to a peer cluster.
 #[derive(Debug)]
@@ -146,11 +153,13 @@ struct Caches {
 }
 
 /// A memory pool: one engine registration that caches inside it share.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 struct Pool {
     addr: u64,
     len: u64,
     placement: Placement,
+    /// Its registration.
+    handle: RegionHandle,
 }
 
 impl Pool {
@@ -396,7 +405,10 @@ impl DataDist {
             let (addr, len) = (p.addr as usize, p.len as usize);
             // SAFETY: the caller of `register_pool` promised this for the pool until finalize
             match unsafe { live.engine.register_mem(addr, len, p.placement.mem_type()) } {
-                Ok(_) => pools.push(*p),
+                Ok(handle) => pools.push(Pool {
+                    handle,
+                    ..p.clone()
+                }),
                 Err(e) => {
                     drop(caches);
                     live.engine.finalize();
@@ -415,8 +427,9 @@ impl DataDist {
                 }
             }
         }
-        for (c, h) in caches.by_id.values_mut().zip(handles) {
+        for (c, (h, r)) in caches.by_id.values_mut().zip(handles) {
             c.handles = h;
+            c.regions = r;
         }
         caches.pools = pools;
         drop(caches);

@@ -1,15 +1,58 @@
-//! Pulls and pushes: a peer's cache entry found once, then blocks moved as one block batch a
-//! tensor pair (all in flight at once: `engine.rs`), batches as one batch of a descriptor a
-//! tensor pair.
+//! Pulls and pushes: a peer's cache entry found once, then blocks moved as one checked block
+//! batch over every tensor pair, a layout a pair (the local spans from the cache's own
+//! regions, the peer's from the link's table, once a tensor: XFER_BLOCKS frames on the wire,
+//! all in flight at once, the remote indices checked once by the server), batches as one
+//! batch of a descriptor a tensor pair.
 
-use super::engine::{BlockMove, DdEngine, Moved, TensorPair};
-use super::{DataDist, args};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::engine::DdEngine;
+use super::uses::InUse;
+use super::{DataDist, Regions, args};
 use crate::TransferOp;
 use crate::datadist::table::{Entry, Table};
 use crate::datadist::types::{CacheKind, Error, Layers, LlmStatus, RemoteCache, Result};
 use crate::runtime::address::AddrDesc;
-use crate::runtime::handle::LinkHandle;
-use std::sync::Arc;
+use crate::runtime::check::{self, Layout, Local};
+use crate::runtime::handle::{LinkHandle, RegionHandle};
+use crate::sync::lock;
+use crate::types::blocks::{BlockBatch, BlockIndices};
+
+/// One tensor pair of a block move: the local tensor (`len` bytes at `local`, in `region`, its
+/// cache's registration of it) and the peer's (`remote_len` bytes at `remote`).
+#[derive(Clone, Copy)]
+pub(super) struct TensorPair<'a> {
+    pub(super) region: Option<&'a RegionHandle>,
+    pub(super) local: usize,
+    pub(super) remote: u64,
+    pub(super) local_len: usize,
+    pub(super) remote_len: u64,
+}
+
+impl<'a> TensorPair<'a> {
+    /// The local tensor as a span of its region; `None` if it has none, or lies outside it.
+    fn local_span(&self) -> Option<Local<'a>> {
+        let region = self.region?;
+        let offset = self.local.checked_sub(region.addr)?;
+        (offset.checked_add(self.local_len)? <= region.len).then_some(Local {
+            core: region,
+            offset,
+            len: self.local_len,
+        })
+    }
+}
+
+/// A block move: block `local_idx[i]` of each pair's local tensor and block `remote_idx[i]` of
+/// its remote tensor, blocks of `block` bytes, packed.
+#[derive(Clone, Copy)]
+pub(super) struct BlockMove<'a> {
+    pub(super) op: TransferOp,
+    pub(super) pairs: &'a [TensorPair<'a>],
+    pub(super) block: u64,
+    pub(super) local_idx: &'a [u64],
+    pub(super) remote_idx: &'a [u64],
+}
 
 impl DataDist {
     /// Pulls from a peer's cache into local cache `dst_cache` (`PullKvCache`, `PullKvBlocks`).
@@ -46,7 +89,7 @@ impl DataDist {
         let (engine, config) = self.live()?;
         args::pull(self.cluster_id, src, size, blocks, layers)?;
         // counted as a use of the cache until the READ returned: unregistering waits for it
-        let (local, _in_use) = self.local(dst_cache)?;
+        let (local, regions, _in_use) = self.local(dst_cache)?;
         args::local_kind(local.kind, blocks.is_some(), dst_cache)?;
         let (link, r, src_batch) = self.find_remote(&engine, src)?;
         args::spans(layers)?;
@@ -62,7 +105,8 @@ impl DataDist {
                 ));
             }
             Some((s, d)) => {
-                let (pairs, block) = block_pairs(&r, &local, &ri, &li, s, d, TransferOp::Read)?;
+                let (pairs, block) =
+                    block_pairs(&r, &local, &regions, &ri, &li, s, d, TransferOp::Read)?;
                 let m = BlockMove {
                     op: TransferOp::Read,
                     pairs: &pairs,
@@ -70,8 +114,7 @@ impl DataDist {
                     local_idx: d,
                     remote_idx: s,
                 };
-                engine.transfer(&link, Moved::Blocks(m), timeout)?;
-                return Ok(());
+                return run_blocks(&link, m, timeout);
             }
             None => {
                 let src_batch = u32::try_from(src_batch)
@@ -88,7 +131,7 @@ impl DataDist {
                 )?
             }
         };
-        engine.transfer(&link, Moved::Addrs(TransferOp::Read, &ops), timeout)?;
+        engine.transfer(&link, TransferOp::Read, &ops, timeout)?;
         Ok(())
     }
 
@@ -110,7 +153,7 @@ impl DataDist {
         let (engine, config) = self.live()?;
         args::push(self.cluster_id, dst, blocks, layers)?;
         // counted as a use of the cache until the last WRITE returned (`pull`)
-        let (local, _in_use) = self.local(src_cache)?;
+        let (local, regions, _in_use) = self.local(src_cache)?;
         args::local_kind(local.kind, blocks.is_some(), src_cache)?;
         let (link, r, dst_batch) = self.find_remote(&engine, dst)?;
         // (a batch index only a push of batches uses: a block push by a key whose batch is past
@@ -128,7 +171,8 @@ impl DataDist {
         for (ls, rs) in li.chunks(per).zip(ri.chunks(per)) {
             let ops = match blocks {
                 Some((s, d)) => {
-                    let (pairs, block) = block_pairs(&local, &r, ls, rs, s, d, TransferOp::Write)?;
+                    let (pairs, block) =
+                        block_pairs(&local, &r, &regions, ls, rs, s, d, TransferOp::Write)?;
                     let m = BlockMove {
                         op: TransferOp::Write,
                         pairs: &pairs,
@@ -136,7 +180,7 @@ impl DataDist {
                         local_idx: s,
                         remote_idx: d,
                     };
-                    engine.transfer(&link, Moved::Blocks(m), timeout)?;
+                    run_blocks(&link, m, timeout)?;
                     continue;
                 }
                 None => batch_ops(
@@ -150,9 +194,23 @@ impl DataDist {
                     TransferOp::Write,
                 )?,
             };
-            engine.transfer(&link, Moved::Addrs(TransferOp::Write, &ops), timeout)?;
+            engine.transfer(&link, TransferOp::Write, &ops, timeout)?;
         }
         Ok(())
+    }
+
+    /// The local cache `cache_id`'s entry, each tensor's region, and a use of the cache that
+    /// lasts until the guard is dropped (a pull or push holds it while it moves the cache's
+    /// bytes: unregistering waits for it).
+    fn local(&self, cache_id: i64) -> Result<(Entry, Regions, InUse)> {
+        let caches = lock(&self.caches);
+        let c = caches.by_id.get(&cache_id).ok_or_else(|| {
+            Error::new(
+                LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+                format!("no local cache {cache_id}"),
+            )
+        })?;
+        Ok((c.entry.clone(), c.regions.clone(), c.uses.enter(cache_id)?))
     }
 
     /// The engine's link to the peer, the entry `key` names in its table and the batch the key
@@ -322,18 +380,20 @@ fn batch_ops(
 }
 
 /// The tensor pairs of a block move and its block size (the local cache's stride): each pair
-/// moves as one block batch (`engine.rs`), the block lists (one length, not empty: `args.rs`)
-/// checked here against each side's cache once (the remote side's blocks counted in the local
-/// block size) and by the engine against the spans.
-fn block_pairs(
+/// a layout of one block batch ([`run_blocks`]), the block lists (one length, not empty:
+/// `args.rs`) checked here against each side's cache once (the remote side's blocks counted in
+/// the local block size) and by the core against the spans. `regions`: the local cache's.
+#[allow(clippy::too_many_arguments)]
+fn block_pairs<'a>(
     src: &Entry,
     dst: &Entry,
+    regions: &'a [Option<RegionHandle>],
     src_tensors: &[usize],
     dst_tensors: &[usize],
     src_blocks: &[u64],
     dst_blocks: &[u64],
     op: TransferOp,
-) -> Result<(Vec<TensorPair>, u64)> {
+) -> Result<(Vec<TensorPair<'a>>, u64)> {
     let bs = if op == TransferOp::Read {
         dst.stride
     } else {
@@ -365,6 +425,7 @@ fn block_pairs(
                 TransferOp::Write => (st, dt),
             };
             TensorPair {
+                region: regions.get(lt).and_then(Option::as_ref),
                 local: local.addrs[lt] as usize,
                 remote: remote.addrs[rt],
                 local_len: local.tensor_size as usize,
@@ -373,6 +434,55 @@ fn block_pairs(
         })
         .collect();
     Ok((pairs, bs))
+}
+
+/// Runs a block move on `link`, waited for within `timeout`: each pair's local span (from its
+/// cache's region) and the peer's span (the link's table), once a tensor and not once a block,
+/// then one block batch over every pair, checked as a whole before anything moves
+/// (`check::layouts`).
+///
+/// # Errors
+/// A tensor with no region here (`LLM_PARAM_INVALID`) or in no region of the peer's table, the
+/// batch's checks, the transfer's errors (a deadline missed: `LLM_TIMEOUT`).
+fn run_blocks(link: &LinkHandle, m: BlockMove<'_>, timeout: Duration) -> Result<()> {
+    let BlockMove {
+        op,
+        pairs,
+        block,
+        local_idx,
+        remote_idx,
+    } = m;
+    let layouts = (pairs.iter().enumerate())
+        .map(|(index, p)| {
+            let local = p
+                .local_span()
+                .ok_or_else(|| crate::error::Error::LocalNotRegistered {
+                    index,
+                    addr: p.local,
+                    len: p.local_len,
+                    why: " (a cache tensor)".into(),
+                })?;
+            Ok(Layout {
+                local,
+                remote: link.remote(p.remote, p.remote_len)?,
+                block,
+                local_stride: block,
+                remote_stride: block,
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, crate::error::Error>>()?;
+    if layouts.is_empty() {
+        return Ok(()); // a cache of no tensor: nothing moves
+    }
+    let (local_idx, remote_idx) = (BlockIndices::U64(local_idx), BlockIndices::U64(remote_idx));
+    let placed = check::layouts(link, op, &layouts, local_idx, remote_idx)?;
+    let b = BlockBatch {
+        layouts: &placed,
+        local_idx,
+        remote_idx,
+    };
+    link.run(op, b, b.bytes(), timeout)?;
+    Ok(())
 }
 
 /// A READ of batch `batch` of each of the peer's tensors (`src`, a cache of batches) cut into
@@ -447,43 +557,4 @@ pub(super) fn last_failure(rets: &[LlmStatus]) -> LlmStatus {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::datadist::types::Placement;
-
-    fn entry(addr: u64, stride: u64, count: u64) -> Entry {
-        Entry {
-            cache_id: 1,
-            kind: CacheKind::Cache,
-            placement: Placement::Host,
-            tensor_size: stride * count,
-            stride,
-            count,
-            addrs: vec![addr],
-        }
-    }
-
-    /// A pull offsets the peer's side by the local stride (upstream's rule): a peer's tensor
-    /// that ends at the top of the address space, with a smaller stride than the local one,
-    /// is refused with `LLM_PARAM_INVALID`, not an overflow; every range stays inside its
-    /// tensors.
-    #[test]
-    fn a_pull_stays_inside_the_peers_tensors() {
-        let remote = entry(u64::MAX - 4 * 64, 64, 4);
-        let local = entry(0x1000, 256, 4);
-        for size in [1, 64] {
-            let e =
-                batch_ops(&remote, &local, &[0], &[0], 3, 0, size, TransferOp::Read).unwrap_err();
-            assert_eq!(e.status, LlmStatus::LLM_PARAM_INVALID, "{e}");
-        }
-        // the first batch fits, at the peer's tensor's start
-        let ops = batch_ops(&remote, &local, &[0], &[0], 0, 2, 64, TransferOp::Read).unwrap();
-        assert_eq!(
-            (ops[0].remote, ops[0].local, ops[0].len),
-            (remote.addrs[0], 0x1200, 64)
-        );
-        // a push offsets each side by its own stride: the peer's last batch ends its tensor
-        let ops = batch_ops(&local, &remote, &[0], &[0], 1, 3, 64, TransferOp::Write).unwrap();
-        assert_eq!(ops[0].remote + 64, remote.addrs[0] + remote.tensor_size);
-    }
-}
+mod tests;

@@ -2,11 +2,10 @@
 //! in preference order, then TCP's, which reaches every region), its TCP lanes (which also carry
 //! its control messages: NOTIFY, PING, BYE), the server's fence, opening
 //! (`LinkShared::open`), heartbeat and close. How a batch runs (on its route, the first data path
-//! that reaches its regions, decided per region in `route.rs`; async requests on the link's
-//! queue; notifications ordered after earlier transfers) is in `exec.rs`.
+//! that reaches its regions, decided per region; async requests on the link's queue;
+//! notifications ordered after earlier transfers) is in `exec.rs`.
 
 mod exec;
-mod route;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -93,7 +92,7 @@ pub(crate) struct LinkShared {
     /// transports set up with the peer), then TCP's, which reaches every region: never empty.
     paths: Vec<Box<dyn DataPath>>,
     /// Which of `paths` reach each region of the peer's table.
-    routes: route::Routes,
+    routes: exec::Routes,
     /// The link's TCP lanes: their state is the link's (broken, closed), and the control
     /// messages go over them.
     lanes: Arc<Lanes>,
@@ -257,7 +256,7 @@ impl LinkShared {
             peer,
             remote_instance: welcome.instance,
             remote_pid: welcome.pid,
-            routes: route::Routes::new(&welcome.table),
+            routes: exec::Routes::new(&welcome.table),
             table: welcome.table,
             engine_id: engine.engine_id,
             queue: Queue::new(max_lanes),
