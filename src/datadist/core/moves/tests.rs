@@ -4,10 +4,15 @@
 //! past the lane's limits on unanswered requests, and a request the server refuses in the
 //! middle of a pipeline fails the move and leaves the link usable.
 
-use super::*;
-use crate::MemType;
+use std::time::Duration;
+
+use super::{BlockMove, DdEngine, TensorPair, batch_ops, run_blocks};
+use crate::datadist::table::Entry;
 use crate::datadist::types::Placement;
+use crate::datadist::types::{CacheKind, LlmStatus, Result};
+use crate::runtime::handle::{LinkHandle, RegionHandle};
 use crate::testkit::Rng;
+use crate::{MemType, TransferOp};
 
 fn entry(addr: u64, stride: u64, count: u64) -> Entry {
     Entry {
