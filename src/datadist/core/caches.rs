@@ -120,17 +120,21 @@ impl DataDist {
 
     /// Takes cache `id` out again and deregisters its tensors; a tensor the engine keeps
     /// (it refused to let go) stays registered under `id`, for `unregister_cache` to retry.
+    /// A pull or push that found the cache meanwhile (ids are sequential) moves from the
+    /// regions it took: it is waited for before the tensors go, as `unregister_cache` waits.
     fn undo(&self, engine: &DdEngine, id: i64) {
-        let mut caches = lock(&self.caches);
-        let Some(mut c) = caches.by_id.remove(&id) else {
+        let Some(mut c) = lock(&self.caches).by_id.remove(&id) else {
             return;
         };
+        c.uses.close();
+        let mut caches = lock(&self.caches);
         if deregister_all(engine, &mut c.handles).is_err() {
             tracing::warn!(
                 cache = id,
                 "a refused cache's tensors could not all be deregistered"
             );
             c.regions = tensor_regions(&c.entry, &c.handles, &caches.pools);
+            c.uses.reopen();
             caches.by_id.insert(id, c);
         }
     }

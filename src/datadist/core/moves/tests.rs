@@ -266,3 +266,32 @@ fn a_request_refused_amid_a_pipeline_fails_the_move_and_leaves_the_link_usable()
     client.finalize();
     server.finalize();
 }
+
+/// A tensor whose registration went (no region), or a span that passes the end of the region
+/// it names, moves nothing: `LLM_PARAM_INVALID` before any byte moves, and the link stays
+/// usable for the right pair.
+#[test]
+fn a_tensor_without_its_region_moves_nothing() {
+    let (blocks, block) = (8, 64);
+    let mut srv = tensors(1, blocks, block, 40);
+    let mut cli = vec![vec![0u8; blocks * block]; 1];
+    let (server, client, name) = engines();
+    register(&server, &mut srv);
+    let mine = register(&client, &mut cli);
+    let link = client.connect(&name, 5000).unwrap();
+    let idx = [0u64, 3];
+    let mut gone = pairs(&cli, &mine, &srv, &[0]);
+    gone[0].region = None;
+    let mut past = pairs(&cli, &mine, &srv, &[0]);
+    past[0].local += 1; // its last byte one past the region's end
+    for ps in [&gone, &past] {
+        let e = moved(&link, TransferOp::Read, ps, block, &idx, &idx).unwrap_err();
+        assert_eq!(e.status, LlmStatus::LLM_PARAM_INVALID, "{e}");
+        assert!(cli[0].iter().all(|&b| b == 0), "a refused move wrote");
+    }
+    let ps = pairs(&cli, &mine, &srv, &[0]);
+    moved(&link, TransferOp::Read, &ps, block, &idx, &idx).unwrap();
+    same_blocks(&srv, &cli, &[0], block, &idx, &idx);
+    client.finalize();
+    server.finalize();
+}
