@@ -21,13 +21,18 @@
 //! the semver surface.
 
 use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
 
 use crate::{Access, MemType};
 
 /// The header's bytes.
 pub const HEADER_LEN: usize = 32;
-/// How many times [`Format::fetch`] reads a table that is being rewritten before it gives up.
+/// How many times in a row [`Format::fetch`] reads a table that is being rewritten before it
+/// pauses between reads ([`PAUSE`]) until its deadline.
 pub const TRIES: usize = 64;
+/// The pause between two reads of a table that was being rewritten at [`TRIES`] reads in a row
+/// (a writer that keeps registering is not read as fast as the link goes).
+pub const PAUSE: Duration = Duration::from_millis(1);
 
 /// FNV-1a over `bytes` (a checksum against torn reads, not against an adversary: a peer that
 /// lies about its table lies with a matching checksum).
@@ -104,8 +109,8 @@ pub enum FetchError<E> {
     /// The bytes are not a table of this kind.
     #[error("{0}")]
     Refused(Refused),
-    /// Every one of [`TRIES`] reads found the table being rewritten.
-    #[error("the table kept changing while it was read")]
+    /// Every read until the deadline (at least [`TRIES`]) found the table being rewritten.
+    #[error("the table kept changing while it was read, until the deadline")]
     Changing,
 }
 
@@ -205,22 +210,24 @@ impl Format {
 
     /// Fetches a peer's table: READs its header, then its header and payload, and takes the
     /// payload when the second header states the first one's even version and length and the
-    /// payload matches its checksum; a table being rewritten meanwhile is read again, [`TRIES`]
-    /// times at most.
+    /// payload matches its checksum; a table being rewritten meanwhile is read again: [`TRIES`]
+    /// times in a row, then every [`PAUSE`] until `until`.
     ///
     /// `read(buf)` fills `buf` with the first `buf.len()` bytes of the peer's region (a
     /// one-sided READ); it is asked for at most [`Format::region_len`] bytes. A deadline over
-    /// the whole fetch is the caller's: its `read` fails once it passed.
+    /// the whole fetch is the caller's: its `read` fails once it passed (`until` only ends
+    /// the reads of a table that keeps changing).
     ///
     /// # Errors
     /// [`FetchError::Read`] with the first error of `read`; [`FetchError::Refused`] for a
     /// header of another kind or a length beyond the region; [`FetchError::Changing`] when
-    /// every try found the table being rewritten.
+    /// every try until `until` (at least [`TRIES`]) found the table being rewritten.
     pub fn fetch<E>(
         &self,
         read: impl FnMut(&mut [u8]) -> Result<(), E>,
+        until: Instant,
     ) -> Result<Vec<u8>, FetchError<E>> {
-        let (payload, _) = self.fetch_trailed(read, |_| 0, |_, _| Trailer::Found(()))?;
+        let (payload, _) = self.fetch_trailed(read, |_| 0, |_, _| Trailer::Found(()), until)?;
         Ok(payload)
     }
 
@@ -238,6 +245,7 @@ impl Format {
         mut read: impl FnMut(&mut [u8]) -> Result<(), E>,
         extra: impl Fn(usize) -> usize,
         open: impl Fn(&[u8], &[u8]) -> Trailer<T>,
+        until: Instant,
     ) -> Result<(Vec<u8>, Option<T>), FetchError<E>> {
         // a header READ: Err for the READ's error, Ok with what the header says
         let header = |read: &mut dyn FnMut(&mut [u8]) -> Result<(), E>| {
@@ -245,7 +253,15 @@ impl Format {
             read(&mut first).map_err(FetchError::Read)?;
             Ok(self.decode_header(&first))
         };
-        for _ in 0..TRIES {
+        for tries in 0usize.. {
+            if tries >= TRIES {
+                // a writer that keeps rewriting: read again after a pause, until `until`
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                std::thread::sleep(PAUSE.min(until - now));
+            }
             let h = match header(&mut read)? {
                 Ok(h) => h,
                 Err(Refused::Torn) => continue,
@@ -367,6 +383,11 @@ mod tests {
 
     const F: Format = Format::new(*b"HXLTEST1", 4096);
 
+    /// `F.fetch` with no time for pauses: [`TRIES`] reads of a table that keeps changing.
+    fn fetch<E>(read: impl FnMut(&mut [u8]) -> Result<(), E>) -> Result<Vec<u8>, FetchError<E>> {
+        F.fetch(read, Instant::now())
+    }
+
     /// A region to publish into, and a READ of it that can be made to see a rewrite.
     fn region() -> Vec<u8> {
         vec![0u8; F.region_len()]
@@ -381,7 +402,7 @@ mod tests {
         unsafe { p.publish(&F, r.as_mut_ptr(), &payload) }.unwrap();
         assert_eq!(p.version(), 2);
         assert_eq!(&r[..HEADER_LEN + payload.len()], F.image(2, &payload));
-        let got = F.fetch(|buf: &mut [u8]| -> Result<(), ()> {
+        let got = fetch(|buf: &mut [u8]| -> Result<(), ()> {
             buf.copy_from_slice(&r[..buf.len()]);
             Ok(())
         });
@@ -411,7 +432,7 @@ mod tests {
         // then a torn payload; the new header and image
         let script = [&odd, &old, &new, &new, &torn, &new, &new];
         let mut at = 0;
-        let got = F.fetch(|buf: &mut [u8]| -> Result<(), ()> {
+        let got = fetch(|buf: &mut [u8]| -> Result<(), ()> {
             let src = script[at];
             at += 1;
             buf.copy_from_slice(&src[..buf.len()]);
@@ -420,13 +441,35 @@ mod tests {
         assert_eq!(got, Ok(b"the new payload!".to_vec()));
         assert_eq!(at, script.len());
         let mut reads = 0;
-        let got = F.fetch(|buf: &mut [u8]| -> Result<(), ()> {
+        let got = fetch(|buf: &mut [u8]| -> Result<(), ()> {
             reads += 1;
             buf.copy_from_slice(&odd[..buf.len()]);
             Ok(())
         });
         assert_eq!(got, Err(FetchError::Changing));
         assert_eq!(reads, TRIES);
+    }
+
+    /// A table rewritten at every read for longer than [`TRIES`] reads (a server registering
+    /// thousands of regions) is read again, with pauses, until it settles within the deadline.
+    #[test]
+    fn a_table_that_keeps_changing_is_read_until_the_deadline() {
+        let new = F.image(4, b"settled");
+        let mut odd = new.clone();
+        odd[8] = 3;
+        let rewritten = 3 * TRIES;
+        let mut reads = 0;
+        let got = F.fetch(
+            |buf: &mut [u8]| -> Result<(), ()> {
+                reads += 1;
+                let src = if reads <= rewritten { &odd } else { &new };
+                buf.copy_from_slice(&src[..buf.len()]);
+                Ok(())
+            },
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert_eq!(got, Ok(b"settled".to_vec()));
+        assert_eq!(reads, rewritten + 2);
     }
 
     /// A trailer after the payload: found with it; one that does not check is read again; none
@@ -458,6 +501,7 @@ mod tests {
                 },
                 |_| 16,
                 open,
+                Instant::now(),
             );
             (got, at)
         };
@@ -492,11 +536,11 @@ mod tests {
     #[test]
     fn reads_fail_and_strangers_are_refused() {
         assert_eq!(
-            F.fetch(|_: &mut [u8]| Err("gone")),
+            fetch(|_: &mut [u8]| Err("gone")),
             Err(FetchError::Read("gone"))
         );
         let other = Format::new(*b"HXLTEST2", 4096).image(2, b"x");
-        let got = F.fetch(|buf: &mut [u8]| -> Result<(), ()> {
+        let got = fetch(|buf: &mut [u8]| -> Result<(), ()> {
             buf.copy_from_slice(&other[..buf.len()]);
             Ok(())
         });

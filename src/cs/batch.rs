@@ -122,7 +122,9 @@ impl Client {
     }
 
     /// The state of an async batch (`HixlCSClientQueryCompleteStatus`): COMPLETED and FAILED
-    /// free the completion, and FAILED latches the client.
+    /// free the completion; a batch that failed or timed out latches the client, as a sync
+    /// batch's `FAILED` or `TIMEOUT` does ([`latches`]: one the server refused, a range it no
+    /// longer serves, does not, as a sync batch refused so does not).
     ///
     /// # Errors
     /// `PARAM_INVALID` for a completion that is not one of this client's (never issued, or
@@ -136,11 +138,11 @@ impl Client {
                 c.into_raw()
             )));
         };
-        let s = st.engine.status(&req);
+        let (s, code) = st.engine.status(&req);
         if s != CompleteStatus::Waiting {
             st.handles.remove(&c);
         }
-        if s == CompleteStatus::Failed {
+        if s == CompleteStatus::Failed && latches(code) {
             st.latched = true;
         }
         Ok(s)

@@ -128,9 +128,13 @@ impl State {
         };
         let bad = |w: String| Error::failed(format!("the server's memory list: {w}"));
         let (payload, ids) = (FORMAT)
-            .fetch_trailed(read, list::ids_len_after, list::decode_ids)
+            .fetch_trailed(read, list::ids_len_after, list::decode_ids, deadline)
             .map_err(|e| match e {
                 FetchError::Read(e) => e,
+                FetchError::Changing => Error::timeout(format!(
+                    "the server's memory list was being rewritten at every read until the \
+                     deadline ({e})"
+                )),
                 e => bad(e.to_string()),
             })?;
         let t = list::decode_payload(&payload).map_err(|w| bad(w.into()))?;
@@ -314,8 +318,9 @@ impl Client {
     /// link is closed (waiting for the server's answer until the deadline, 1 s at most), then a
     /// new one made in what is left of `timeout`. The engine
     /// holds one link to a server, so the old link goes before the new one is made: when the
-    /// deadline passes first, the old link is kept (and the list as imported before); when the
-    /// new connect fails, the client is not connected (connect again).
+    /// deadline passes before the reconnect begins, the old link is kept (and the list as
+    /// imported before); when it passes while the old link closes, or the new connect fails,
+    /// the client is not connected (connect again).
     ///
     /// # Errors
     /// `FAILED` when not connected, once closed, or when a reconnect is due while async batches
@@ -408,7 +413,9 @@ impl Client {
     ///
     /// # Errors
     /// `PARAM_INVALID` for a handle that is not a registration of this client; the engine's
-    /// errors (it stays registered then); `FAILED` once closed.
+    /// errors (it stays registered then: `RESOURCE_EXHAUSTED` while an async batch not yet
+    /// ended moves the range, to retry once its query said COMPLETED or FAILED); `FAILED` once
+    /// closed.
     pub fn deregister(&self, h: MemHandle) -> Result<()> {
         let mut st = self.state()?;
         let Some(&addr) = st.mem_handles.get(&h) else {

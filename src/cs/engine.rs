@@ -203,13 +203,16 @@ impl Engine {
         Ok(Arc::new(h))
     }
 
-    /// An async batch's state: a deadline passed or an error is `Failed`.
-    pub(super) fn status(&self, r: &Request) -> CompleteStatus {
-        match r.status() {
+    /// An async batch's state (a deadline passed or an error is `Failed`), and its outcome's
+    /// status code (`None` while waiting).
+    pub(super) fn status(&self, r: &Request) -> (CompleteStatus, Option<Status>) {
+        let s = r.status();
+        let c = match s {
             TransferStatus::Waiting => CompleteStatus::Waiting,
             TransferStatus::Completed => CompleteStatus::Completed,
             _ => CompleteStatus::Failed,
-        }
+        };
+        (c, s.code())
     }
 
     /// Finalizes the engine: its links, listener and registrations end; the buffers it

@@ -190,31 +190,52 @@ impl Endpoint {
         self.i32_at(44)
     }
 
+    /// How many bytes of the address union (at byte 8) name the endpoint, by protocol: HCCS's
+    /// id (4), UBC_CTP/UBC_TP/UBG's EID (16), RoCE/UBOE's IPv4 (4) or IPv6 (16) address by
+    /// its address type (at byte 4); 0 for other protocols (they match nothing).
+    fn address_len(&self) -> usize {
+        match self.i32_at(0) {
+            0 => 4,          // HCCS: id
+            4 | 5 | 9 => 16, // UBC_CTP, UBC_TP, UBG: eid
+            1 | 7 => match self.i32_at(4) {
+                0 => 4,
+                1 => 16,
+                _ => 0,
+            },
+            _ => 0,
+        }
+    }
+
+    /// Whether its protocol names its address by type (RoCE, UBOE).
+    fn typed(&self) -> bool {
+        matches!(self.i32_at(0), 1 | 7)
+    }
+
     /// Upstream's endpoint match (`EndpointStore::MatchEndpoint`): the same protocol, then
     /// HCCS by id, UBC_TP/UBC_CTP/UBG by EID, RoCE/UBOE by IPv4 or IPv6 address; other
     /// protocols match nothing.
     pub fn matches(&self, other: &Endpoint) -> bool {
-        let protocol = self.i32_at(0);
-        if protocol != other.i32_at(0) {
-            return false;
+        let n = self.address_len();
+        self.i32_at(0) == other.i32_at(0)
+            && (!self.typed() || self.i32_at(4) == other.i32_at(4))
+            && n > 0
+            && self.bytes[8..8 + n] == other.bytes[8..8 + n]
+    }
+
+    /// The endpoint as a server publishes it to every peer: its protocol, address type (RoCE,
+    /// UBOE), the address bytes it is matched by ([`Endpoint::matches`]) and its location;
+    /// every other byte zero. A C caller's `EndpointDesc` may hold anything in the bytes no
+    /// call reads (a stack value not cleared by `EndpointDescInit`), which no peer may READ.
+    pub fn published(&self) -> [u8; ENDPOINT_LEN] {
+        let mut out = [0u8; ENDPOINT_LEN];
+        out[0..4].copy_from_slice(&self.bytes[0..4]);
+        if self.typed() {
+            out[4..8].copy_from_slice(&self.bytes[4..8]);
         }
-        // commAddr at 4: type (4 bytes), then the union at 8
-        let union = |n: usize| self.bytes[8..8 + n] == other.bytes[8..8 + n];
-        match protocol {
-            0 => union(4),          // HCCS: id
-            4 | 5 | 9 => union(16), // UBC_CTP, UBC_TP, UBG: eid
-            1 | 7 => {
-                // RoCE, UBOE: by address type
-                let t = self.i32_at(4);
-                t == other.i32_at(4)
-                    && match t {
-                        0 => union(4),
-                        1 => union(16),
-                        _ => false,
-                    }
-            }
-            _ => false,
-        }
+        let n = self.address_len();
+        out[8..8 + n].copy_from_slice(&self.bytes[8..8 + n]);
+        out[44..48].copy_from_slice(&self.bytes[44..48]);
+        out
     }
 
     /// A location that is neither device (0) nor host (1): `PARAM_INVALID` naming `what`.
@@ -394,6 +415,42 @@ mod tests {
             odd.check_location("e").unwrap_err().status(),
             Some(Status::PARAM_INVALID)
         );
+    }
+
+    /// A server publishes of an endpoint what names it, and zeroes everything else a C caller
+    /// left in it (here 0xAB in every byte): each protocol's published form still matches
+    /// the endpoint, and holds none of the other bytes.
+    #[test]
+    fn published_endpoints_hold_only_what_names_them() {
+        for (protocol, typ, kept) in [
+            (1i32, 0i32, 4usize), // RoCE IPv4
+            (1, 1, 16),           // RoCE IPv6
+            (7, 0, 4),            // UBOE IPv4
+            (0, 9, 4),            // HCCS id (the address type not published)
+            (5, 9, 16),           // UBC_TP eid
+            (3, 0, 0),            // a protocol nothing matches: no address
+        ] {
+            let mut e = Endpoint {
+                bytes: [0xAB; ENDPOINT_LEN],
+            };
+            e.bytes[0..4].copy_from_slice(&protocol.to_ne_bytes());
+            e.bytes[4..8].copy_from_slice(&typ.to_ne_bytes());
+            let e = e.at(1);
+            let p = Endpoint {
+                bytes: e.published(),
+            };
+            assert_eq!(p.matches(&e), kept > 0, "protocol {protocol}");
+            assert_eq!(p.location(), 1);
+            for (i, &b) in p.bytes.iter().enumerate() {
+                let named = i < 4
+                    || (4..8).contains(&i) && matches!(protocol, 1 | 7)
+                    || (8..8 + kept).contains(&i)
+                    || (44..48).contains(&i);
+                if !named {
+                    assert_eq!(b, 0, "protocol {protocol}: byte {i} published");
+                }
+            }
+        }
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Server {
                 name: SocketAddr::new(server_ip, server_port).to_string(),
                 port: server_port,
                 options,
-                endpoints: endpoints.iter().map(|e| e.bytes).collect(),
+                endpoints: endpoints.iter().map(Endpoint::published).collect(),
                 engine: None,
                 table: None,
                 publisher: Publisher::default(),
@@ -406,6 +406,18 @@ mod tests {
     /// once Listen has written it and registered every region: here it times out (nothing
     /// serves yet), where it would find the list's region zeroed; after Listen a client
     /// connects, lists every region and writes one.
+    /// The list a server publishes holds of each endpoint only what names it
+    /// ([`Endpoint::published`]), not the rest of the caller's bytes.
+    #[test]
+    fn the_list_publishes_no_byte_of_an_endpoint_nothing_reads() {
+        let mut e = Endpoint::roce(IP);
+        e.bytes[12..44].fill(0xAB); // what a C caller's stack left there
+        e.bytes[48..].fill(0xAB);
+        let server = Server::new(IP, 0, &[e], None).unwrap();
+        let listed = lock(&server.state).list().endpoints;
+        assert_eq!(listed, vec![Endpoint::roce(IP).bytes]);
+    }
+
     #[test]
     fn a_client_connecting_during_listen_waits_for_the_list() {
         let mut kv = vec![0u8; 4096];
@@ -485,10 +497,13 @@ mod tests {
             // server's lock (held) and so not while these bytes are read.
             let image = unsafe { std::slice::from_raw_parts(table.as_ptr(), table.len()) };
             let h = FORMAT.decode_header(image).unwrap();
-            let older = FORMAT.fetch(|buf: &mut [u8]| -> std::result::Result<(), ()> {
-                buf.copy_from_slice(&image[..buf.len()]);
-                Ok(())
-            });
+            let older = FORMAT.fetch(
+                |buf: &mut [u8]| -> std::result::Result<(), ()> {
+                    buf.copy_from_slice(&image[..buf.len()]);
+                    Ok(())
+                },
+                std::time::Instant::now(),
+            );
             let t = list::decode_payload(&older.unwrap()).unwrap();
             assert_eq!(t, st.list());
             let after = &image[HEADER_LEN + h.len..];

@@ -252,3 +252,46 @@ fn a_closed_client_refuses_every_call() {
     assert_eq!(status(unsafe { c.register(p.local.mem()) }), Status::FAILED);
     p.server.close();
 }
+
+/// A range the server stopped serving (it deregistered it after the client imported its list)
+/// is refused alike in a sync batch (`PARAM_INVALID`) and an async one (its query `FAILED`),
+/// and neither latches the client: the next batch into a range still served moves, as
+/// upstream latches only on a batch that failed or timed out.
+#[test]
+fn a_range_the_server_stopped_serving_fails_without_latching() {
+    let (mut kv0, mut kv1) = (Buf::new(KV), Buf::new(KV));
+    let mut gone = None;
+    let (server, port) = listening(|s| {
+        serve(s, "kv0", &mut kv0);
+        gone = Some(serve(s, "kv1", &mut kv1));
+    });
+    let c = connected(port);
+    let mut local = Buf::new(KV);
+    super::support::local(&c, &mut local);
+    server.deregister(gone.unwrap()).unwrap();
+    local.write(0, &Rng::new(11).bytes(64));
+    let (stale, good) = (
+        desc(kv1.addr(), local.addr(), 64),
+        desc(kv0.addr(), local.addr(), 64),
+    );
+    assert_eq!(
+        status(c.batch_sync(TransferOp::Write, &[stale], SECOND)),
+        Status::PARAM_INVALID
+    );
+    c.batch_sync(TransferOp::Write, &[good], SECOND).unwrap();
+    let h = c.batch_async(TransferOp::Write, &[stale]).unwrap();
+    assert_eq!(wait(&c, h), CompleteStatus::Failed);
+    assert_eq!(
+        kv1.read(0, 64),
+        [0; 64],
+        "a range no longer served was written"
+    );
+    // not latched: the next batches move
+    kv0.write(0, &[0; 64]);
+    c.batch_sync(TransferOp::Write, &[good], SECOND).unwrap();
+    assert_eq!(kv0.read(0, 64), local.read(0, 64));
+    let h = c.batch_async(TransferOp::Read, &[good]).unwrap();
+    assert_eq!(wait(&c, h), CompleteStatus::Completed);
+    c.close();
+    server.close();
+}

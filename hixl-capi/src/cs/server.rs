@@ -34,6 +34,15 @@ pub unsafe extern "C" fn HixlCSServerCreate(
         // SAFETY: the caller's contract.
         let config = unsafe { read_config(config) }?;
         let port = port(d.server_port)?;
+        // a count past what the library takes forms no slice (its memory is not read, nor
+        // promised to be there: the pointer check, not the library's rule)
+        let n = d.endpoint_list_num as usize;
+        if n > cs::MAX_ENDPOINTS {
+            return Err(invalid(format!(
+                "{n} endpoints (at most {})",
+                cs::MAX_ENDPOINTS
+            )));
+        }
         // SAFETY: the caller's contract: endpoint_list_num endpoints (none read when it is 0;
         // the library refuses that).
         let eps = unsafe {

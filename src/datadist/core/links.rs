@@ -575,12 +575,20 @@ impl DataDist {
                 };
                 Ok(())
             };
-            match FORMAT.fetch(read) {
+            match FORMAT.fetch(read, deadline) {
                 Ok(p) => match Table::decode_payload(&p) {
                     Ok(t) => return Ok(t),
                     Err(e) => why = e.to_string(),
                 },
                 Err(FetchError::Read(e)) => return Err(e),
+                Err(FetchError::Changing) => {
+                    return Err(Error::new(
+                        LlmStatus::LLM_TIMEOUT,
+                        format!(
+                            "{remote}'s cache table was being rewritten at every read for {timeout:?}"
+                        ),
+                    ));
+                }
                 Err(e) => why = e.to_string(),
             }
         }
