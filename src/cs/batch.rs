@@ -123,8 +123,8 @@ impl Client {
 
     /// The state of an async batch (`HixlCSClientQueryCompleteStatus`): COMPLETED and FAILED
     /// free the completion; a batch that failed or timed out latches the client, as a sync
-    /// batch's `FAILED` or `TIMEOUT` does ([`latches`]: one the server refused, a range it no
-    /// longer serves, does not, as a sync batch refused so does not).
+    /// batch's `FAILED` or `TIMEOUT` does; one the server refused (a range it no longer
+    /// serves: `PARAM_INVALID`) does not, as the same sync batch does not.
     ///
     /// # Errors
     /// `PARAM_INVALID` for a completion that is not one of this client's (never issued, or
