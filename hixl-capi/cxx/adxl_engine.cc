@@ -31,14 +31,6 @@ constexpr size_t kMaxNotifyLen = 1024;
 // hixl's option: the device aclrtGetDevice reports at Initialize, or its error
 constexpr const char kRequireDevice[] = "hixl.ascend.require_device";
 
-// Descriptors with a null local or remote address are refused before the engine sees them.
-bool AnyNull(const std::vector<TransferOpDesc> &descs) {
-  for (const auto &d : descs) {
-    if (d.local_addr == 0 || d.remote_addr == 0) return true;
-  }
-  return false;
-}
-
 // The host allocations of MallocMem, by address: FreeMem frees only these (with their length).
 std::mutex g_alloc_mu;
 std::map<void *, size_t> g_allocs;
@@ -188,7 +180,7 @@ Status AdxlEngine::Disconnect(const AscendString &remote_engine, int32_t timeout
 Status AdxlEngine::TransferSync(const AscendString &remote_engine, TransferOp operation,
                                 const std::vector<TransferOpDesc> &op_descs, int32_t timeout_in_millis) {
   ADXL_ENGINE_OR_FAILED();
-  if (timeout_in_millis <= 0 || AnyNull(op_descs)) return PARAM_INVALID;
+  // (a timeout <= 0, then a null address, before the link: PARAM_INVALID from the library)
   return hixl_transfer_sync(e, remote_engine.GetString(), static_cast<int32_t>(operation),
                             reinterpret_cast<const hixl_transfer_op_desc *>(op_descs.data()),
                             op_descs.size(), timeout_in_millis);
@@ -198,7 +190,6 @@ Status AdxlEngine::TransferAsync(const AscendString &remote_engine, TransferOp o
                                  const std::vector<TransferOpDesc> &op_descs,
                                  const TransferArgs &optional_args, TransferReq &req) {
   ADXL_ENGINE_OR_FAILED();
-  if (AnyNull(op_descs)) return PARAM_INVALID;
   // as ADXL: its reserved bytes become hixl's arguments (the first 8 the request's user data)
   hixl_transfer_args args;
   std::memcpy(&args, &optional_args, sizeof args);

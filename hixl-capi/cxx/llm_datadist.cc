@@ -137,10 +137,8 @@ LlmDataDist::~LlmDataDist() { Finalize(); }
 
 Status LlmDataDist::Initialize(const std::map<AscendString, AscendString> &options) {
   if (impl_ == nullptr) return LLM_FAILED;
-  const Status st = impl_->Initialize(options);
-  // as CANN's: a code that is not one of LLM-DataDist's becomes LLM_FAILED
-  const bool llm_code = st == LLM_SUCCESS || st == LLM_FAILED || (st > 0x5010B000U && st <= 0x5010B01CU);
-  return llm_code ? st : LLM_FAILED;
+  // (a code CANN's Initialize does not return is LLM_FAILED already: DataDist::cann_initialize)
+  return impl_->Initialize(options);
 }
 
 void LlmDataDist::Finalize() {
@@ -192,7 +190,9 @@ Status LlmDataDist::LinkLlmClusters(const std::vector<ClusterInfo> &clusters, st
   std::vector<Status> each(cs.size(), LLM_SUCCESS);
   bool reached = false;
   const Status st = hixl_dd_cann_link_clusters(dd, cs.data(), cs.size(), timeout_in_millis, each.data(), &reached);
-  if (reached) rets = std::move(each);  // (a call refused before the clusters leaves rets as they were)
+  // each cluster's status after what rets held, as CANN's (a call refused before the clusters
+  // leaves rets as they were)
+  if (reached) rets.insert(rets.end(), each.begin(), each.end());
   return st;
 }
 
@@ -206,7 +206,7 @@ Status LlmDataDist::UnlinkLlmClusters(const std::vector<ClusterInfo> &clusters, 
   bool reached = false;
   const Status st = hixl_dd_cann_unlink_clusters(dd, cs.data(), cs.size(), timeout_in_millis, force_flag,
                                                  each.data(), &reached);
-  if (reached) rets = std::move(each);
+  if (reached) rets.insert(rets.end(), each.begin(), each.end());
   return st;
 }
 

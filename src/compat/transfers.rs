@@ -38,6 +38,7 @@ impl Hixl {
         timeout_in_millis: i32,
     ) -> Result<()> {
         let deadline = Instant::now() + millis(timeout_in_millis)?;
+        self.no_null(remote_engine, op_descs)?;
         self.on_link_by(
             remote_engine,
             Some(deadline),
@@ -97,12 +98,40 @@ impl Hixl {
         args: TransferArgs,
         deadline: Duration,
     ) -> Result<TransferReq> {
+        self.no_null(remote_engine, op_descs)?;
         self.on_link(remote_engine, |e, link| {
             let mut keep = Vec::new();
             let (xds, bytes) = address::batch(e, link, op, addrs(op_descs), Some(&mut keep))?;
             let req = (link.shared()).start(op, xds, bytes, keep, deadline, args.user_data)?;
             Ok(self.record(req, args.user_data))
         })
+    }
+
+    /// A descriptor with a null local or remote address: `PARAM_INVALID` before the link is
+    /// looked up or made, as HIXL's `CheckTransferOpDescs` runs before its engine looks for the
+    /// channel (after its initialized check: `FAILED` first).
+    fn no_null(&self, remote_engine: &str, op_descs: &[TransferOpDesc]) -> Result<()> {
+        self.connected(&self.read())?;
+        for (index, d) in op_descs.iter().enumerate() {
+            let err = if d.local_addr == 0 {
+                crate::Error::LocalNotRegistered {
+                    index,
+                    addr: 0,
+                    len: d.len,
+                    why: " (a null address)".into(),
+                }
+            } else if d.remote_addr == 0 {
+                crate::Error::RemoteNotRegistered {
+                    peer: remote_engine.into(),
+                    addr: 0,
+                    len: d.len as u64,
+                }
+            } else {
+                continue;
+            };
+            return Err(err.into());
+        }
+        Ok(())
     }
 
     /// A started request's id, the request recorded under it. Called while the core's read

@@ -273,6 +273,45 @@ fn every_runtime_check_has_hixl_status() {
     peer.quit();
 }
 
+/// A descriptor with a null local or remote address is `PARAM_INVALID` before the link is
+/// looked up or made, in HIXL's order (`CheckTransferOpDescs` first): not `NOT_CONNECTED`
+/// without a link, and with AutoConnect no connect is tried first.
+#[test]
+fn a_null_address_is_refused_before_the_link() {
+    let mut mem = vec![0u8; 4096];
+    // nothing listens on port 1: a link there would be NOT_CONNECTED
+    let nobody = "127.0.0.1:1";
+    for auto in ["0", "1"] {
+        let e = Hixl::new();
+        e.initialize("127.0.0.1", [("AutoConnect", auto)]).unwrap();
+        register(&e, &mut mem).unwrap();
+        let local = mem.as_ptr() as usize;
+        let op_desc = |local_addr, remote_addr| TransferOpDesc {
+            local_addr,
+            remote_addr,
+            len: 64,
+        };
+        let (null_local, null_remote) = (op_desc(0, 0x1000), op_desc(local, 0));
+        for d in [null_local, null_remote] {
+            for op in [TransferOp::Read, TransferOp::Write] {
+                let sync = e.transfer_sync(nobody, op, &[d], 1000);
+                assert_eq!(status(sync), Status::PARAM_INVALID, "{auto} {op:?} {d:?}");
+                let started = e.transfer_async(nobody, op, &[d], TransferArgs::default());
+                assert_eq!(
+                    status(started),
+                    Status::PARAM_INVALID,
+                    "{auto} {op:?} {d:?}"
+                );
+            }
+        }
+        // the same call without a null: the link's failure
+        let fine = op_desc(local, 0x1000);
+        let sync = e.transfer_sync(nobody, TransferOp::Read, &[fine], 1000);
+        assert_ne!(status(sync), Status::PARAM_INVALID);
+        e.finalize();
+    }
+}
+
 #[test]
 fn auto_connect_connects_on_demand_and_after_a_restart() {
     let mut peer = Peer::spawn_compat("127.0.0.1:0", 1 << 16, 21, &[]);

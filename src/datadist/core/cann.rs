@@ -9,13 +9,54 @@ use super::args::{CacheArg, ExtParam, push_size};
 use super::moves::last_failure;
 use crate::datadist::types::{ClusterInfo, Error, LlmStatus, RemoteCache, Result};
 
+/// The codes CANN's `LlmDataDist::Initialize` returns as they are (`TransRetToLlmCodes`'s
+/// set); any other becomes `LLM_FAILED`.
+const INITIALIZE_CODES: &[LlmStatus] = &[
+    LlmStatus::LLM_SUCCESS,
+    LlmStatus::LLM_FAILED,
+    LlmStatus::LLM_WAIT_PROC_TIMEOUT,
+    LlmStatus::LLM_KV_CACHE_NOT_EXIST,
+    LlmStatus::LLM_REPEAT_REQUEST,
+    LlmStatus::LLM_REQUEST_ALREADY_COMPLETED,
+    LlmStatus::LLM_PARAM_INVALID,
+    LlmStatus::LLM_ENGINE_FINALIZED,
+    LlmStatus::LLM_NOT_YET_LINK,
+    LlmStatus::LLM_ALREADY_LINK,
+    LlmStatus::LLM_LINK_FAILED,
+    LlmStatus::LLM_UNLINK_FAILED,
+    LlmStatus::LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+    LlmStatus::LLM_CLUSTER_NUM_EXCEED_LIMIT,
+    LlmStatus::LLM_PROCESSING_LINK,
+    LlmStatus::LLM_DEVICE_OUT_OF_MEMORY,
+    LlmStatus::LLM_PREFIX_ALREADY_EXIST,
+    LlmStatus::LLM_PREFIX_NOT_EXIST,
+    LlmStatus::LLM_SEQ_LEN_OVER_LIMIT,
+    LlmStatus::LLM_NO_FREE_BLOCK,
+    LlmStatus::LLM_BLOCKS_OUT_OF_MEMORY,
+    LlmStatus::LLM_EXIST_LINK,
+    LlmStatus::LLM_FEATURE_NOT_ENABLED,
+    LlmStatus::LLM_LINK_BUSY,
+    LlmStatus::LLM_OUT_OF_MEMORY,
+];
+
+/// `e` with a code CANN's `Initialize` returns: its own if [`INITIALIZE_CODES`] has it, else
+/// `LLM_FAILED`.
+fn initialize_code(e: Error) -> Error {
+    if INITIALIZE_CODES.contains(&e.status) {
+        e
+    } else {
+        Error::new(LlmStatus::LLM_FAILED, e.message)
+    }
+}
+
 impl DataDist {
     /// `Initialize(options)` as CANN's C++ class: a second call succeeds and changes nothing;
     /// otherwise `llm.DeviceId` is required ([`DataDist::initialize`]).
     ///
     /// # Errors
     /// `LLM_PARAM_INVALID` without `llm.DeviceId` (or with an empty one); as
-    /// [`DataDist::initialize`].
+    /// [`DataDist::initialize`], a code CANN's `Initialize` does not return turned into
+    /// `LLM_FAILED` as CANN's `TransRetToLlmCodes` turns it.
     pub fn cann_initialize(&self, options: &[(String, String)]) -> Result<()> {
         if self.ready().is_ok() {
             return Ok(());
@@ -26,7 +67,7 @@ impl DataDist {
         {
             return Err(Error::param("llm.DeviceId is required"));
         }
-        self.initialize(options)
+        self.initialize(options).map_err(initialize_code)
     }
 
     /// `LinkLlmClusters` as CANN's C++ class: at least one cluster, IPv4 addresses (CANN turns
@@ -45,9 +86,9 @@ impl DataDist {
     }
 
     /// `UnlinkLlmClusters` as CANN's C++ class: [`DataDist::cann_link_clusters`]'s rules, then
-    /// [`DataDist::unlink_clusters`], where a cluster that is not linked is unlinked already
-    /// (its status `LLM_SUCCESS`, the call's the last other failure) when the call's failure
-    /// was that one.
+    /// [`DataDist::unlink_clusters`], where a cluster that is not linked is unlinked already:
+    /// its status `LLM_SUCCESS` wherever it stands in the list (CANN's hixl backend destroys
+    /// nothing for it), the call's the last other failure.
     ///
     /// # Errors
     /// As [`DataDist::cann_link_clusters`].
@@ -59,10 +100,7 @@ impl DataDist {
     ) -> Result<(LlmStatus, Vec<LlmStatus>)> {
         self.ready()?;
         cann_clusters(clusters)?;
-        let (last, mut each) = self.unlink_clusters(clusters, timeout_ms, force)?;
-        if last != LlmStatus::LLM_NOT_YET_LINK {
-            return Ok((last, each));
-        }
+        let (_, mut each) = self.unlink_clusters(clusters, timeout_ms, force)?;
         for s in &mut each {
             if *s == LlmStatus::LLM_NOT_YET_LINK {
                 *s = LlmStatus::LLM_SUCCESS;
@@ -162,5 +200,35 @@ fn cann_clusters(clusters: &[ClusterInfo]) -> Result<()> {
     match v6 {
         Some(i) => Err(Error::param(format!("{} is not an IPv4 address", i.ip))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{INITIALIZE_CODES, initialize_code};
+    use crate::datadist::types::{Error, LlmStatus};
+
+    /// CANN's `Initialize` returns its set of codes as they are and turns every other one,
+    /// LLM-DataDist's own included (`LLM_TIMEOUT`, the cache codes), into `LLM_FAILED`.
+    #[test]
+    fn initialize_returns_cann_codes_only() {
+        for &(name, code) in LlmStatus::ALL {
+            let got = initialize_code(Error::new(code, "x")).status;
+            let kept = !matches!(
+                name,
+                "LLM_CACHE_INCOMPATIBLE"
+                    | "LLM_CACHE_KEY_ALREADY_EXIST"
+                    | "LLM_COPY_CACHE_FAILED"
+                    | "LLM_CACHE_ID_ALREADY_EXIST"
+                    | "LLM_TIMEOUT"
+            );
+            let want = if kept { code } else { LlmStatus::LLM_FAILED };
+            assert_eq!(got, want, "{name}");
+            assert_eq!(INITIALIZE_CODES.contains(&code), kept, "{name}");
+        }
+        assert_eq!(
+            initialize_code(Error::new(LlmStatus(7), "x")).status,
+            LlmStatus::LLM_FAILED
+        );
     }
 }
