@@ -82,8 +82,14 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `s`, cut to [`MAX_STR`] bytes at a character's boundary (a decoder refuses a cut
+/// character: a long reason with a peer's multibyte name in it must still decode).
 pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
-    let b = &s.as_bytes()[..s.len().min(MAX_STR)];
+    let mut n = s.len().min(MAX_STR);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    let b = &s.as_bytes()[..n];
     out.extend_from_slice(&(b.len() as u16).to_le_bytes());
     out.extend_from_slice(b);
 }

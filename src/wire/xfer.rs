@@ -237,6 +237,24 @@ pub fn decode_notify(p: &[u8]) -> Result<(u64, String, String), WireError> {
 mod tests {
     use super::*;
 
+    /// A reason longer than a string may be is cut at a character's boundary: a peer's name of
+    /// multibyte characters in it still decodes (the cut at byte 1024 fell inside a character,
+    /// and the reader refused the whole frame).
+    #[test]
+    fn a_long_reason_is_cut_between_characters() {
+        let reason = format!("engine \"{}\" is not on the allow-list", "日".repeat(341));
+        assert!(reason.len() > crate::wire::MAX_STR);
+        let mut out = Vec::new();
+        encode_done(&mut out, 7, 3, &reason);
+        let (req, status, got) = decode_done(&out[crate::wire::HEADER_LEN..]).unwrap();
+        assert_eq!((req, status), (7, 3));
+        assert!(
+            reason.starts_with(&got) && got.len() <= crate::wire::MAX_STR,
+            "{got}"
+        );
+        assert!(got.len() > crate::wire::MAX_STR - 3);
+    }
+
     #[test]
     fn huge_counts_are_refused_before_allocating() {
         let mut p = Vec::new();

@@ -442,7 +442,11 @@ fn serve_requests(shared: &Arc<Shared>, lane: &mut Established) -> Result<(), Co
                     let e = WireError::Unexpected(k);
                     return Err(violation(sock, out, e, deadline));
                 }
-                asked.push(k);
+                // (a repeatable kind asked again is not listed again: the list stays one
+                // entry a kind, whatever a client repeats)
+                if !asked.contains(&k) {
+                    asked.push(k);
+                }
                 let fenced = shared.links.fenced(token);
                 let accepted = b.accept(Accept {
                     me: &shared.name,

@@ -346,7 +346,7 @@ impl Lane {
             // frame's local ranges, valid for reads (this function's contract).
             let sent = match unsafe { self.sock.send_fitting(&mut self.iov) } {
                 Ok(sent) => sent,
-                Err(e) => return Err(self.send_failed(op, e)),
+                Err(e) => return Err(self.send_failed(op, e, deadline)),
             };
             if sent {
                 break;
@@ -355,7 +355,7 @@ impl Lane {
                 // nothing to read: the server reads this request as soon as it can
                 // SAFETY: as above (what is left of the same iovecs).
                 if let Err(e) = unsafe { self.sock.send_all(&mut self.iov, dl) } {
-                    return Err(self.send_failed(op, e));
+                    return Err(self.send_failed(op, e, deadline));
                 }
                 break;
             }
@@ -379,10 +379,11 @@ impl Lane {
     }
 
     /// Why a send failed: a WRITE the peer refused (it closes the lane) has its reason in a
-    /// DONE, after those of the requests before it; else the I/O error.
-    fn send_failed(&mut self, op: TransferOp, e: io::Error) -> LaneFail {
+    /// DONE, after those of the requests before it, looked for 50 ms at most and not past the
+    /// transfer's `deadline`; else the I/O error.
+    fn send_failed(&mut self, op: TransferOp, e: io::Error, deadline: Instant) -> LaneFail {
         if op == TransferOp::Write && e.kind() != io::ErrorKind::TimedOut {
-            let quick = Some(Instant::now() + Duration::from_millis(50));
+            let quick = Some((Instant::now() + Duration::from_millis(50)).min(deadline));
             for _ in 0..=self.sent.len() {
                 match read_frame(&mut self.sock, &mut self.inb, any, quick, || quick) {
                     Ok(Ok((Kind::Done, p))) => match wire::decode_done(p) {
