@@ -99,8 +99,9 @@ pub(crate) struct Lanes {
     max_lanes: usize,
     pool: Mutex<Pool>,
     freed: Condvar,
-    /// The ids of XFER requests (a DONE names the request it answers).
-    next_req: AtomicU64,
+    /// The ids of XFER requests (a DONE names the request it answers): what
+    /// [`Lane::xfer`] numbers a batch's frames from.
+    pub(super) next_req: AtomicU64,
     span: tracing::Span,
 }
 
@@ -444,10 +445,11 @@ impl Lanes {
         e.map_or(Ok(()), Err)
     }
 
-    /// Runs a batch on a lane of its own: a sync transfer's batch, or one part of it.
+    /// Runs a batch on a lane of its own: a sync transfer's batch, or one part of it, in
+    /// frames numbered by the link's request counter ([`Lane::xfer`]).
     ///
     /// # Safety
-    /// As [`Lanes::xfer`].
+    /// As [`Lane::xfer`].
     pub(super) unsafe fn transfer(
         &self,
         op: TransferOp,
@@ -457,26 +459,8 @@ impl Lanes {
     ) -> Result<(), Error> {
         self.with_lane(op.name(), started, deadline, |lane| {
             // SAFETY: this function's contract.
-            unsafe { self.xfer(lane, op, descs, deadline) }
+            unsafe { lane.xfer(op, descs, &self.next_req, deadline) }
         })
-    }
-
-    /// Runs a batch on `lane`, in frames of at most 65,536 descriptors (or blocks of one
-    /// layout), pipelined ([`Lane::xfer`]), numbered by the link's request counter.
-    ///
-    /// # Safety
-    /// Every local range of the batch (every block's) is valid registered memory for the whole
-    /// call: readable for WRITE, writable with any bytes (and not otherwise referenced) for
-    /// READ.
-    pub(super) unsafe fn xfer(
-        &self,
-        lane: &mut Lane,
-        op: TransferOp,
-        descs: Descs<'_>,
-        deadline: Instant,
-    ) -> Result<(), LaneFail> {
-        // SAFETY: this function's contract.
-        unsafe { lane.xfer(op, descs, &self.next_req, deadline) }
     }
 
     /// Sends notification `req` and waits for its acknowledgement, by `deadline`.

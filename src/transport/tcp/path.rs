@@ -83,7 +83,7 @@ impl TcpPath {
         }
         // SAFETY: the batch's local ranges are valid for the whole call (this function's
         // contract).
-        let r = unsafe { lanes.xfer(&mut lane, b.op, b.descs, b.deadline) };
+        let r = unsafe { lane.xfer(b.op, b.descs, &lanes.next_req, b.deadline) };
         // the lane (and its socket) stays open until a cancel can no longer shut it down
         let after = if b.unwatch() {
             // a cancel may have shut the socket down: that says nothing about the peer
