@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, check_timeout};
 use crate::memory::LocalRange;
-use crate::notify::MAX_NOTIFY_LEN;
 use crate::request::{TransferArgs, TransferReq};
 use crate::runtime::check::{self, Remote};
 use crate::runtime::engine::EngineInner;
@@ -343,15 +342,7 @@ impl<'e> Link<'e> {
     /// - `NOT_CONNECTED` and `FAILED` as for transfers.
     pub fn send_notify(&self, name: &str, msg: &str, timeout: Duration) -> Result<(), Error> {
         let timeout = check_timeout(timeout)?;
-        for (what, s) in [("name", name), ("message", msg)] {
-            if s.len() > MAX_NOTIFY_LEN {
-                return Err(Error::NotifyTooLong {
-                    what,
-                    len: s.len(),
-                    limit: MAX_NOTIFY_LEN,
-                });
-            }
-        }
+        crate::notify::check_lengths(name, msg)?;
         self.shared.notify(name, msg, Instant::now(), timeout)
     }
 

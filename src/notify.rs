@@ -1,6 +1,7 @@
 //! Notifications (HIXL `SendNotify` / `GetNotifies`): short messages a client sends over a link,
 //! acknowledged by the serving engine and drained with [`Hixl::get_notifies`](crate::Hixl::get_notifies).
 
+use crate::error::Error;
 use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -8,6 +9,25 @@ use std::time::{Duration, Instant};
 
 /// Longest notification name or message, in bytes (as HIXL).
 pub const MAX_NOTIFY_LEN: usize = 1024;
+/// Checks a notification's name and message against [`MAX_NOTIFY_LEN`]: the one checker of
+/// the rule, for every face that sends (the typed link, compat, LLM-DataDist), each at the
+/// point its contract puts it (compat's before it looks for the link, as HIXL's `SendNotify`).
+///
+/// # Errors
+/// [`Error::NotifyTooLong`] for the first of the two that is too long.
+pub(crate) fn check_lengths(name: &str, msg: &str) -> Result<(), Error> {
+    for (what, s) in [("name", name), ("message", msg)] {
+        if s.len() > MAX_NOTIFY_LEN {
+            return Err(Error::NotifyTooLong {
+                what,
+                len: s.len(),
+                limit: MAX_NOTIFY_LEN,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Most notifications pending (received, not yet drained) per link; over that the sender gets
 /// `RESOURCE_EXHAUSTED`.
 pub const MAX_PENDING_NOTIFIES: usize = 4096;

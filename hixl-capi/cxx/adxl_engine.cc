@@ -26,8 +26,6 @@ static_assert(MEM_DEVICE == HIXL_MEM_DEVICE && MEM_HOST == HIXL_MEM_HOST, "MemTy
 static_assert(READ == HIXL_READ && WRITE == HIXL_WRITE, "TransferOp");
 
 namespace {
-// ADXL's limit on a notification's name and message
-constexpr size_t kMaxNotifyLen = 1024;
 // hixl's option: the device aclrtGetDevice reports at Initialize, or its error
 constexpr const char kRequireDevice[] = "hixl.ascend.require_device";
 
@@ -222,10 +220,7 @@ Status AdxlEngine::GetTransferStatus(const TransferReq &req, TransferStatus &sta
 Status AdxlEngine::SendNotify(const AscendString &remote_engine, const NotifyDesc &notify,
                               int32_t timeout_in_millis) {
   ADXL_ENGINE_OR_FAILED();
-  if (timeout_in_millis <= 0 || notify.name.GetLength() > kMaxNotifyLen ||
-      notify.notify_msg.GetLength() > kMaxNotifyLen) {
-    return PARAM_INVALID;
-  }
+  // the timeout and the lengths are the library's to check (before it looks for the link)
   return hixl_send_notify(e, remote_engine.GetString(), notify.name.GetString(),
                           notify.notify_msg.GetString(), timeout_in_millis);
 }

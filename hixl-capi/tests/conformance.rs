@@ -100,10 +100,17 @@ fn engine_line(c: &Case) -> String {
             format!("{head} {name} {} {}", pairs.len(), pairs.join(" "))
         }
         "register" => format!("{head} {} {}", c.str("addr", "fresh"), c.int("len", 0)),
-        "connect" | "disconnect" | "notify" => format!(
+        "connect" | "disconnect" => format!(
             "{head} {} {}",
             c.str("remote", "peer"),
             c.int("timeout", 1000)
+        ),
+        "notify" => format!(
+            "{head} {} {} {} {}",
+            c.str("remote", "peer"),
+            c.int("timeout", 1000),
+            c.int("name_len", 11),
+            c.int("msg_len", 1)
         ),
         "transfer" => {
             let op = match &c.args["op"] {

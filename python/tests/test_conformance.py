@@ -129,7 +129,9 @@ def engine_status(case, peer_name, peer_region):
         if call == "disconnect":
             return me.disconnect(remote, timeout)
         if call == "notify":
-            return me.send_notify(remote, hixl.NotifyDesc("conformance", "x"), timeout)
+            # a name and a message of name_len and msg_len bytes (by default short ones)
+            notify = hixl.NotifyDesc("n" * args.get("name_len", 11), "m" * args.get("msg_len", 1))
+            return me.send_notify(remote, notify, timeout)
         if call == "transfer":
             op = hixl.TransferOp.READ if args["op"] == "read" else hixl.TransferOp.WRITE
             descs = []

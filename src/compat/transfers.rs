@@ -357,7 +357,9 @@ impl Hixl {
         notify: &NotifyDesc,
         timeout_in_millis: i32,
     ) -> Result<()> {
+        // the arguments first, as HIXL's SendNotify: before the engine's state and its link
         let deadline = Instant::now() + millis(timeout_in_millis)?;
+        crate::notify::check_lengths(&notify.name, &notify.notify_msg)?;
         // sent without the core's lock: the acknowledgement may be slow to come. Only a link
         // that broke counts as the link's failure (with AutoConnect, dropping it would end the
         // transfers in flight on it): not a slow acknowledgement, nor its time going by while
@@ -368,12 +370,7 @@ impl Hixl {
             |_, _| Ok(()),
             |link, ()| {
                 let timeout = time_left(deadline, "notify", remote_engine)?;
-                Ok(send_notify(
-                    link,
-                    &notify.name,
-                    &notify.notify_msg,
-                    timeout,
-                )?)
+                Ok(link.notify(&notify.name, &notify.notify_msg, Instant::now(), timeout)?)
             },
             |e| e.status == Status::NOT_CONNECTED,
         )
@@ -480,24 +477,4 @@ fn placed(
         })?;
     let layouts = check::layouts(link, op, &[layout], local_idx, remote_idx)?;
     Ok((RegionUse::new(&region), layouts))
-}
-
-/// Sends a notification on `link` (the checks of the typed `Link::send_notify`).
-fn send_notify(
-    link: &LinkShared,
-    name: &str,
-    msg: &str,
-    timeout: Duration,
-) -> std::result::Result<(), crate::Error> {
-    let timeout = crate::error::check_timeout(timeout)?;
-    for (what, s) in [("name", name), ("message", msg)] {
-        if s.len() > crate::notify::MAX_NOTIFY_LEN {
-            return Err(crate::Error::NotifyTooLong {
-                what,
-                len: s.len(),
-                limit: crate::notify::MAX_NOTIFY_LEN,
-            });
-        }
-    }
-    link.notify(name, msg, std::time::Instant::now(), timeout)
 }

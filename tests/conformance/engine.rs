@@ -74,9 +74,10 @@ pub fn run(case: &Case, peer: &EnginePeer) -> u32 {
         "connect" => status(me.connect(&remote(case), timeout)),
         "disconnect" => status(me.disconnect(&remote(case), timeout)),
         "notify" => {
+            // a name and a message of name_len and msg_len bytes (by default short ones)
             let n = NotifyDesc {
-                name: "conformance".into(),
-                notify_msg: "x".into(),
+                name: "n".repeat(case.int("name_len", 11) as usize),
+                notify_msg: "m".repeat(case.int("msg_len", 1) as usize),
             };
             status(me.send_notify(&remote(case), &n, timeout))
         }

@@ -8,7 +8,8 @@
  *   engine STATE initialize NAME N [KEY VALUE]...
  *   engine STATE register fresh|null|overlap LEN
  *   engine STATE deregister | transfer_status
- *   engine STATE connect|disconnect|notify peer|malformed TIMEOUT
+ *   engine STATE connect|disconnect peer|malformed TIMEOUT
+ *   engine STATE notify peer|malformed TIMEOUT NAME_LEN MSG_LEN
  *   engine STATE transfer OP N [region|unregistered LOFF peer|outside ROFF LEN]... TIMEOUT
  *   dd STATE pull_blocks|push_blocks CLUSTER CACHE BATCH SRCS DSTS SF SL DF DL PER LOCAL
  *   dd STATE pull_cache|push_cache CLUSTER CACHE KEY_BATCH BATCH SIZE SF SL DF DL PER LOCAL
@@ -127,7 +128,18 @@ static unsigned engine_case(char **tok, int n) {
     } else if (call[0] == 'd') {
       st = hixl_disconnect(me, remote, t);
     } else {
-      st = hixl_send_notify(me, remote, "conformance", "x", t);
+      /* a name and a message of NAME_LEN and MSG_LEN bytes */
+      static char name[4096], msg[4096];
+      size_t nl = (size_t)num(tok[5]), ml = (size_t)num(tok[6]);
+      if (nl >= sizeof name || ml >= sizeof msg) {
+        fprintf(stderr, "notify: lengths %zu %zu too long for this program\n", nl, ml);
+        exit(2);
+      }
+      memset(name, 'n', nl);
+      name[nl] = 0;
+      memset(msg, 'm', ml);
+      msg[ml] = 0;
+      st = hixl_send_notify(me, remote, name, msg, t);
     }
   } else if (strcmp(call, "transfer") == 0) {
     int32_t op = (int32_t)num(tok[3]);

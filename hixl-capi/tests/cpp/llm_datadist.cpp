@@ -304,9 +304,12 @@ int Run(int argc, char **argv) {
       in >> id;
       if (cmd != "unlink_force") in >> p;
       std::vector<ClusterInfo> cs{Cluster(id, cmd == "unlink_force" ? nullptr : "127.0.0.1", static_cast<uint16_t>(p))};
+      // what rets held stays, the cluster's status after it (CANN's emplace_back)
+      const Status kept = 424242U;
+      rets.push_back(kept);
       ret = cmd == "link" ? dd.LinkLlmClusters(cs, rets, kTimeout)
                           : dd.UnlinkLlmClusters(cs, rets, kTimeout, cmd == "unlink_force");
-      Print({ret, rets.size() == 1U ? rets[0] : 1U});
+      Print({ret, rets.size() == 2U && rets[0] == kept ? rets[1] : 1U});
     } else if (cmd == "pull_blocks" || cmd == "pull_cache") {
       // pull_blocks CLUSTER CACHE BATCH SRCS DSTS SF SL DF DL PER LOCAL_CACHE
       // pull_cache CLUSTER CACHE SRC_BATCH DST_BATCH SIZE SF SL DF DL PER LOCAL_CACHE

@@ -117,15 +117,7 @@ impl DdEngine {
         timeout_ms: i32,
     ) -> Result<(), Error> {
         let timeout = millis(timeout_ms)?;
-        for (what, s) in [("name", name), ("message", msg)] {
-            if s.len() > crate::notify::MAX_NOTIFY_LEN {
-                return Err(Error::NotifyTooLong {
-                    what,
-                    len: s.len(),
-                    limit: crate::notify::MAX_NOTIFY_LEN,
-                });
-            }
-        }
+        crate::notify::check_lengths(name, msg)?;
         link.notify(name, msg, std::time::Instant::now(), timeout)
     }
 
