@@ -26,16 +26,22 @@ pub(crate) use paced::Pace;
 /// fixed at TCP's initial size, so that they do not grow past a test's payloads.
 #[cfg(test)]
 pub(crate) mod tiny {
-    use std::net::{TcpListener, TcpStream};
-    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+    use std::time::Duration;
 
     thread_local! {
         /// Set: a listener bound on this thread gets the smallest buffers.
         pub(crate) static TINY_LISTENER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// Set too: such a listener's send buffer and its clients' receive buffers are the
+        /// smallest as well (else [`FIXED`]), so that a payload of a few KiB fills them.
+        pub(crate) static TINY_BOTH_WAYS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     /// The port of the last such listener.
     static PORT: AtomicU16 = AtomicU16::new(0);
+    /// Whether it was bound with [`TINY_BOTH_WAYS`].
+    static BOTH_WAYS: AtomicBool = AtomicBool::new(false);
 
     /// Half TCP's initial buffer (the kernel doubles what it is given).
     const FIXED: usize = 64 << 10;
@@ -44,9 +50,12 @@ pub(crate) mod tiny {
     pub(crate) fn listener(l: &TcpListener) {
         if TINY_LISTENER.get() {
             let s = socket2::SockRef::from(l);
+            let both = TINY_BOTH_WAYS.get();
             // (the kernel raises 1 to its minimum)
             s.set_recv_buffer_size(1).expect("SO_RCVBUF");
-            s.set_send_buffer_size(FIXED).expect("SO_SNDBUF");
+            s.set_send_buffer_size(if both { 1 } else { FIXED })
+                .expect("SO_SNDBUF");
+            BOTH_WAYS.store(both, Ordering::SeqCst);
             PORT.store(
                 l.local_addr().expect("a bound port").port(),
                 Ordering::SeqCst,
@@ -59,14 +68,37 @@ pub(crate) mod tiny {
         PORT.store(0, Ordering::SeqCst);
     }
 
+    fn tiny(port: u16) -> bool {
+        port != 0 && port == PORT.load(Ordering::SeqCst)
+    }
+
+    /// Connects a lane; to a listener bound with [`TINY_BOTH_WAYS`], with the smallest receive
+    /// buffer, set before the connect (after it, the buffer only keeps its initial size, else
+    /// the kernel drops what the window let in).
+    pub(crate) fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+        if !(tiny(addr.port()) && BOTH_WAYS.load(Ordering::SeqCst)) {
+            return TcpStream::connect_timeout(addr, timeout);
+        }
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(*addr),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        s.set_recv_buffer_size(1)?;
+        s.connect_timeout(&(*addr).into(), timeout)?;
+        Ok(s.into())
+    }
+
     /// A client connection just made (a send buffer can shrink after the connect; a receive
-    /// buffer only keeps its initial size, else the kernel drops what the window let in).
+    /// buffer only keeps its initial size, see [`connect`]).
     pub(crate) fn client(stream: &TcpStream) {
         let port = stream.peer_addr().map(|a| a.port()).ok();
-        if port.is_some_and(|p| p != 0 && p == PORT.load(Ordering::SeqCst)) {
+        if port.is_some_and(tiny) {
             let s = socket2::SockRef::from(stream);
             s.set_send_buffer_size(1).expect("SO_SNDBUF");
-            s.set_recv_buffer_size(FIXED).expect("SO_RCVBUF");
+            if !BOTH_WAYS.load(Ordering::SeqCst) {
+                s.set_recv_buffer_size(FIXED).expect("SO_RCVBUF");
+            }
         }
     }
 }

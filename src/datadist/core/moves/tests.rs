@@ -194,10 +194,17 @@ fn pipelined_block_moves_land_every_tensor_in_both_directions() {
 #[test]
 fn a_pipelined_read_lands_with_the_smallest_socket_buffers() {
     // under memory pressure TCP gives a connection its smallest buffers (a few KiB): the
-    // lane's unanswered READ requests (256 indices, 2 KiB each) no longer fit them while the
-    // server sends a 1 MiB payload the lane has not started reading; the lane must read
+    // lane's unanswered READ requests (256 indices, 2 KiB each, eight of them within the
+    // lane's windows: 16 KiB of requests, 256 KiB of 32 KiB payloads) no longer fit them
+    // while the server sends a payload the lane has not started reading (the server's send
+    // buffer and the client's receive buffer are the smallest too); the lane must read
     // replies while a request waits to go out, or both sides wait until the deadline (the
     // WRITE back moves a few blocks a tensor: the server's small receive buffer is slow)
+    crate::io::tiny::TINY_BOTH_WAYS.set(true);
+    both_ways(32, 256, 128, 256, 32, true);
+    crate::io::tiny::TINY_BOTH_WAYS.set(false);
+    // 1 MiB payloads (256 indices of 4 KiB blocks) go one at a time (the payload window),
+    // over the smallest buffers on the server's side
     both_ways(32, 256, 4096, 256, 32, true);
 }
 
